@@ -1,0 +1,1 @@
+"""Extractor service: load any HF model (or the embedded one), run one forward per batch, capture hook points."""

@@ -1,0 +1,1 @@
+"""Pooler service: strategies as data (StrategySpec), all strategies and layers pooled in one contraction."""

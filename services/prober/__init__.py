@@ -1,0 +1,1 @@
+"""Prober service: D1, grouped cross-validated probe AUROC with bootstrap confidence intervals."""

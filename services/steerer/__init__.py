@@ -1,0 +1,1 @@
+"""Steerer service (issue 5): DiffMean steering vectors, alpha-scaled hooks, transformers and vLLM backends."""

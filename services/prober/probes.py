@@ -1,0 +1,73 @@
+"""The two D1 probes as scikit-learn estimators: the class-mean difference direction and L2 logistic."""
+
+from __future__ import annotations
+
+import numpy as np
+from poolbench.prober.auroc import ProbeError
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+PROBE_NAMES = ("logistic", "diffmean")
+
+
+class DiffMeanProbe(ClassifierMixin, BaseEstimator):
+    """The reference's C1: direction = mean(pos) - mean(neg); score = x · direction; no scaling.
+
+    `decision_function` is that projection shifted by the midpoint of the two class means' projections,
+    so sklearn's contract holds (score > 0 means the positive class) and AUROC is unchanged.
+    """
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.classifier_tags.multi_class = False
+        return tags
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> DiffMeanProbe:
+        X, y = validate_data(self, X, y, dtype=np.float64)
+        check_classification_targets(y)
+        self.classes_ = np.unique(y)
+        if self.classes_.size != 2:
+            raise ProbeError(
+                f"DiffMeanProbe: Only binary classification is supported. Got {self.classes_.size} class(es) "
+                f"{self.classes_.tolist()[:5]}"
+            )
+        is_pos = y == self.classes_[1]
+        mean_pos = X[is_pos].mean(axis=0)
+        mean_neg = X[~is_pos].mean(axis=0)
+        self.direction_ = mean_pos - mean_neg
+        self.threshold_ = float(0.5 * (mean_pos + mean_neg) @ self.direction_)
+        return self
+
+    def project(self, X: np.ndarray) -> np.ndarray:
+        """The raw projection x · direction of the reference's C1."""
+        check_is_fitted(self, "direction_")
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        return X @ self.direction_
+
+    def decision_function(self, X: np.ndarray) -> np.ndarray:
+        return self.project(X) - self.threshold_
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        check_is_fitted(self, "direction_")
+        return self.classes_[(self.decision_function(X) > 0).astype(int)]
+
+
+def make_logistic_probe(seed: int) -> Pipeline:
+    """Standardise, then L2 logistic regression at C=1: the regularised linear probe of D1."""
+    return make_pipeline(
+        StandardScaler(),
+        LogisticRegression(C=1.0, l1_ratio=0.0, solver="lbfgs", max_iter=5000, random_state=seed),
+    )
+
+
+def make_probe(name: str, seed: int = 0) -> BaseEstimator:
+    """A fresh, unfitted probe by name: "diffmean" or "logistic"."""
+    if name == "diffmean":
+        return DiffMeanProbe()
+    if name == "logistic":
+        return make_logistic_probe(seed)
+    raise ProbeError(f"unknown probe {name!r}; choose one of {', '.join(PROBE_NAMES)}")

@@ -1,0 +1,72 @@
+"""Leaderboard: per strategy, one layer chosen on training data only, and its held-out D1 per concept."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+PRIMARY_PROBE = "logistic"
+FALLBACK_FLAG_RATE = 0.5
+
+LAYER_SELECTION = (
+    "per strategy, the layer with the highest mean out-of-fold (train-split, pair-grouped CV) AUROC over "
+    "concepts; D1 is the held-out test AUROC at that layer, so the test split never chooses the layer"
+)
+
+
+def build_leaderboard(cells: Iterable[dict], probe: str = PRIMARY_PROBE,
+                      strategy_info: dict[str, dict] | None = None) -> dict:
+    """Rank strategies by mean held-out D1 over concepts at each strategy's CV-selected layer."""
+    by_strategy: dict[str, dict[int, dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
+    for cell in cells:
+        if cell["probe"] == probe:
+            by_strategy[cell["strategy"]][cell["layer"]][cell["concept"]] = cell
+    rows = []
+    for strategy, layers in by_strategy.items():
+        concepts = sorted(set.intersection(*(set(c) for c in layers.values())))
+        if not concepts:
+            continue
+        best_layer = max(sorted(layers), key=lambda L: np.mean([layers[L][c]["cv_auroc"] for c in concepts]))
+        chosen = layers[best_layer]
+        per_concept = {
+            c: {
+                "auroc": chosen[c]["test_auroc"],
+                "ci_low": chosen[c]["ci_low"],
+                "ci_high": chosen[c]["ci_high"],
+                "cv_auroc": chosen[c]["cv_auroc"],
+                "fallback_rate": chosen[c].get("fallback_rate", 0.0),
+            }
+            for c in concepts
+        }
+        flagged = sorted(c for c, v in per_concept.items() if v["fallback_rate"] > FALLBACK_FLAG_RATE)
+        info = (strategy_info or {}).get(strategy, {})
+        rows.append({
+            "strategy": strategy,
+            **{k: info[k] for k in ("family", "supervision", "reference_variant") if k in info},
+            "mean_d1": float(np.mean([v["auroc"] for v in per_concept.values()])),
+            "mean_cv_auroc": float(np.mean([v["cv_auroc"] for v in per_concept.values()])),
+            "best_layer": int(best_layer),
+            "layer_curve": {int(L): float(np.mean([layers[L][c]["cv_auroc"] for c in concepts]))
+                            for L in sorted(layers)},
+            "fallback_flagged_concepts": flagged,
+            "per_concept": per_concept,
+        })
+    rows.sort(key=lambda r: (-r["mean_d1"], r["strategy"]))
+    for rank, row in enumerate(rows, start=1):
+        row["rank"] = rank
+    return {"probe": probe, "layer_selection": LAYER_SELECTION, "strategies": rows}
+
+
+def leaderboard_rows(leaderboard: dict, concepts: Sequence[str] | None = None) -> list[list[str]]:
+    """Plain string rows (rank, strategy, mean D1, layer, worst concept) for a terminal table."""
+    rows = []
+    for row in leaderboard["strategies"]:
+        worst = min(row["per_concept"].items(), key=lambda kv: kv[1]["auroc"])
+        rows.append([
+            str(row["rank"]), row["strategy"], f"{row['mean_d1']:.3f}", f"{row['mean_cv_auroc']:.3f}",
+            str(row["best_layer"]), f"{worst[0]} {worst[1]['auroc']:.2f}",
+            ", ".join(row["fallback_flagged_concepts"]) or "-",
+        ])
+    return rows

@@ -1,0 +1,69 @@
+"""results.json and leaderboard.json, lm-evaluation-harness style: every number with its provenance."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from poolbench.leaderboard import build_leaderboard
+from poolbench.pipeline import RunOutcome
+from poolbench.provenance import git_hash, package_versions, utc_now
+
+RESULTS_SCHEMA_VERSION = 1
+
+
+def write_json_atomic(path: Path, obj: object) -> None:
+    """A reader sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(obj, fh, indent=2, sort_keys=False, allow_nan=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def strategy_info(outcome: RunOutcome) -> dict[str, dict]:
+    return {s["id"]: s for s in outcome.strategies}
+
+
+def results_document(outcome: RunOutcome) -> dict:
+    return {
+        "schema_version": RESULTS_SCHEMA_VERSION,
+        "date": utc_now(),
+        "git_hash": git_hash(),
+        "versions": package_versions(),
+        "config": outcome.config.model_dump(mode="json"),
+        "seed": outcome.config.seed,
+        "model": outcome.model,
+        "corpus": outcome.corpus,
+        "layers": outcome.layers,
+        "strategies": outcome.strategies,
+        "store": outcome.store,
+        "artifacts": outcome.artifacts,
+        "computed": outcome.computed,
+        "timing": outcome.timing,
+        "metrics": {
+            "d1": "probe AUROC: cv_auroc = out-of-fold on train (5-fold, grouped by matched_pair_id); "
+                  "test_auroc = fit on train, scored on the held-out split; ci = 95% pair-grouped bootstrap",
+        },
+        "cells": outcome.records,
+    }
+
+
+def write_run_outputs(outcome: RunOutcome, out_dir: Path) -> dict[str, Path]:
+    results = results_document(outcome)
+    leaderboard = build_leaderboard(outcome.records, strategy_info=strategy_info(outcome))
+    leaderboard.update({"model": outcome.model, "corpus_hash": outcome.corpus["hash"],
+                        "git_hash": results["git_hash"], "date": results["date"]})
+    paths = {"results": out_dir / "results.json", "leaderboard": out_dir / "leaderboard.json"}
+    write_json_atomic(paths["results"], results)
+    write_json_atomic(paths["leaderboard"], leaderboard)
+    return paths

@@ -1,0 +1,54 @@
+"""RunConfig: every option of a benchmark run, validated once where it enters (CLI or HTTP)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+EMBEDDED = "embedded"
+
+
+def cache_dir() -> Path:
+    """Where built models, generated corpora and the default local store live (POOLBENCH_CACHE overrides)."""
+    return Path(os.environ.get("POOLBENCH_CACHE", Path.home() / ".cache" / "poolbench"))
+
+
+class RunConfig(BaseModel):
+    """The options of `poolbench-driver run`; everything that determines a number is recorded in results.json."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = EMBEDDED
+    model_args: dict[str, str] = Field(default_factory=dict)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str = "auto"
+    corpus: str = EMBEDDED
+    corpus_size: Literal["tiny", "small", "full"] = "small"
+    concepts: tuple[str, ...] | None = None
+    layers: tuple[int, ...] | None = None
+    strategies: tuple[str, ...] | None = None
+    store: str | None = None
+    out: str = "runs/latest"
+    batch_size: int = Field(32, ge=1)
+    max_length: int = Field(256, ge=8)
+    limit: int | None = Field(None, ge=4)
+    seed: int = 0
+    n_folds: int = Field(5, ge=2)
+    n_bootstrap: int = Field(1000, ge=0)
+    address: str | None = None
+    num_workers: int | None = Field(None, ge=1)
+    torch_threads: int | None = Field(None, ge=1)
+    dump_activations: bool = False
+
+    @field_validator("concepts", "strategies")
+    @classmethod
+    def _non_empty(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        if value is not None and len(value) == 0:
+            raise ValueError("must name at least one")
+        return value
+
+    def resolved_store(self) -> str:
+        return self.store or str(cache_dir() / "store")

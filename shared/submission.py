@@ -1,0 +1,61 @@
+"""The PoolBench community-submission format, validated with pydantic before anything is written."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from poolbench.errors import PoolBenchError
+
+MODEL_KEYS = ("llama3_8b", "gemma2_9b", "mistral_7b", "qwen25_7b", "flan_t5_xl", "mamba2_2b", "bert_base")
+Family = Literal["position_anchored", "uniform_aggregation", "window", "saliency_weighted",
+                 "structural_linguistic", "oracle", "other"]
+
+
+class ConceptScore(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    auroc: float = Field(ge=0.0, le=1.0)
+    ci_low: float = Field(ge=0.0, le=1.0)
+    ci_high: float = Field(ge=0.0, le=1.0)
+
+
+class ModelResult(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    mean_auroc: float = Field(ge=0.0, le=1.0)
+    per_concept: dict[str, ConceptScore]
+    layer: int = Field(ge=0)
+
+
+class Submission(BaseModel):
+    """One strategy's results, keyed by the leaderboard's model keys."""
+
+    model_config = ConfigDict(extra="forbid")
+    strategy_id: str = Field(pattern=r"^[A-Z][0-9]+[A-Za-z0-9]*_[a-z0-9_]+$")
+    family: Family
+    supervision: str
+    source: str
+    description: str = Field(min_length=10, max_length=500)
+    results: dict[Literal[MODEL_KEYS], ModelResult]  # type: ignore[valid-type]
+
+
+def build_submission(leaderboard: dict, strategy: str, model_key: str, source: str,
+                     strategy_info: dict) -> Submission:
+    """Take one strategy's row of a leaderboard; errors name the strategy or model key."""
+    if model_key not in MODEL_KEYS:
+        raise PoolBenchError(f"unknown model key '{model_key}' (known: {', '.join(MODEL_KEYS)})")
+    row = next((r for r in leaderboard["strategies"] if r["strategy"] == strategy), None)
+    if row is None:
+        known = ", ".join(r["strategy"] for r in leaderboard["strategies"])
+        raise PoolBenchError(f"strategy '{strategy}' is not in the leaderboard (present: {known})")
+    per_concept = {c: ConceptScore(auroc=v["auroc"], ci_low=v["ci_low"], ci_high=v["ci_high"])
+                   for c, v in row["per_concept"].items()}
+    return Submission(
+        strategy_id=strategy,
+        family=strategy_info["family"],
+        supervision=strategy_info.get("supervision", "none"),
+        source=source,
+        description=strategy_info["description"],
+        results={model_key: ModelResult(mean_auroc=row["mean_d1"], per_concept=per_concept,
+                                        layer=row["best_layer"])},
+    )

@@ -1,0 +1,41 @@
+"""Arrow IPC (file format) bytes for tables, provenance in the schema metadata: a table describes itself."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pyarrow as pa
+
+
+def with_provenance(table: pa.Table, metadata: Mapping[str, str]) -> pa.Table:
+    """Return ``table`` with ``metadata`` merged into its schema metadata (new entries win)."""
+    if not metadata:
+        return table
+    merged = dict(table.schema.metadata or {})
+    merged.update({k.encode("utf-8"): v.encode("utf-8") for k, v in metadata.items()})
+    return table.replace_schema_metadata(merged)
+
+
+def schema_metadata(table: pa.Table) -> dict[str, str]:
+    """The table's schema metadata decoded to str (non-UTF-8 entries, e.g. foreign binary, are skipped)."""
+    out = {}
+    for k, v in (table.schema.metadata or {}).items():
+        try:
+            out[k.decode("utf-8")] = v.decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+    return out
+
+
+def table_to_ipc_bytes(table: pa.Table) -> bytes:
+    """Serialise a table to the Arrow IPC file format (random-access, readable by any Arrow library)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def ipc_bytes_to_table(data: bytes) -> pa.Table:
+    """Read a table written by :func:`table_to_ipc_bytes`."""
+    with pa.ipc.open_file(pa.BufferReader(data)) as reader:
+        return reader.read_all()

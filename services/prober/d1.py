@@ -1,0 +1,245 @@
+"""Metric D1: how linearly decodable a concept is from one pooled representation.
+
+Per probe: pair-grouped cross-validated AUROC on the train split, train->test AUROC on the held-out
+split, and a pair-level bootstrap CI of the test AUROC. Arrays in, a dataclass out; no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from poolbench.prober.auroc import ProbeError, auroc, bootstrap_auroc_ci
+from poolbench.prober.probes import PROBE_NAMES, make_probe
+from sklearn.base import clone
+from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
+from threadpoolctl import ThreadpoolController
+
+__all__ = [
+    "CVResult",
+    "D1Result",
+    "ProbeError",
+    "ProbeResult",
+    "cv_auroc",
+    "cv_splits",
+    "evaluate_d1",
+]
+
+# Matrices of a few hundred rows are faster on one BLAS thread; cells run in parallel one level up.
+_BLAS = ThreadpoolController()
+
+
+@dataclass(frozen=True)
+class CVResult:
+    """Cross-validated AUROC: the mean over folds, each fold's AUROC, every passage's out-of-fold score."""
+
+    auroc: float
+    fold_aurocs: np.ndarray  # [n_folds]
+    oof_scores: np.ndarray  # [n_train], each scored by the model that did not see its fold
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """One probe's D1 numbers plus the per-passage scores that paired tests (McNemar, DeLong) need later."""
+
+    probe: str
+    cv_auroc: float
+    cv_fold_aurocs: np.ndarray
+    test_auroc: float
+    ci_low: float
+    ci_high: float
+    n_train: int
+    n_test: int
+    n_folds: int
+    n_bootstrap: int
+    ci_level: float
+    oof_scores: np.ndarray = field(repr=False)  # [n_train] out-of-fold decision scores
+    test_scores: np.ndarray = field(repr=False)  # [n_test] decision scores of the all-train fit
+    test_pred: np.ndarray = field(repr=False)  # [n_test] 0/1 predictions of the all-train fit
+
+    def to_record(self) -> dict:
+        """The scalar summary as a flat JSON-able dict (per-passage arrays travel separately)."""
+        return {
+            "probe": self.probe,
+            "cv_auroc": self.cv_auroc,
+            "cv_fold_aurocs": [float(v) for v in self.cv_fold_aurocs],
+            "test_auroc": self.test_auroc,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "ci_level": self.ci_level,
+            "n_train": self.n_train,
+            "n_test": self.n_test,
+            "n_folds": self.n_folds,
+            "n_bootstrap": self.n_bootstrap,
+        }
+
+
+@dataclass(frozen=True)
+class D1Result:
+    """D1 for one (layer, strategy, concept) cell: a ProbeResult per probe name, in the order asked for."""
+
+    probes: dict[str, ProbeResult]
+    seed: int
+
+    def __getitem__(self, probe: str) -> ProbeResult:
+        return self.probes[probe]
+
+    def to_records(self) -> list[dict]:
+        return [result.to_record() for result in self.probes.values()]
+
+
+def _check_split(
+    split: str, X: np.ndarray, y: np.ndarray, groups: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y)
+    groups = np.asarray(groups)
+    if X.ndim != 2:
+        raise ProbeError(f"{split} split: X must be 2-D [passages, features], got shape {X.shape}")
+    if y.shape != (X.shape[0],) or groups.shape != (X.shape[0],):
+        raise ProbeError(
+            f"{split} split: X has {X.shape[0]} rows but y has shape {y.shape} and groups {groups.shape}"
+        )
+    if not np.all(np.isin(y, (0, 1))):
+        raise ProbeError(f"{split} split: labels must be 0/1, got values {np.unique(y)[:5].tolist()}")
+    n_bad = int(np.sum(~np.isfinite(X).all(axis=1)))
+    if n_bad:
+        raise ProbeError(f"{split} split: {n_bad} of {X.shape[0]} passages have NaN/inf features")
+    n_pos = int(y.sum())
+    if n_pos in (0, y.size):
+        raise ProbeError(f"{split} split: labels hold one class only ({n_pos} pos, {y.size - n_pos} neg)")
+    return X, y.astype(np.int64), groups
+
+
+def _check_folds(y: np.ndarray, groups: np.ndarray, n_folds: int) -> None:
+    n_pos = int(y.sum())
+    n_neg = y.size - n_pos
+    if n_folds < 2:
+        raise ProbeError(f"n_folds must be >= 2, got {n_folds}")
+    if min(n_pos, n_neg) < n_folds:
+        raise ProbeError(
+            f"train split has {n_pos} pos and {n_neg} neg passages; "
+            f"{n_folds}-fold CV needs >= {n_folds} per class"
+        )
+    n_groups = np.unique(groups).size
+    if n_groups < n_folds:
+        raise ProbeError(f"train split has {n_groups} pair groups; {n_folds}-fold CV needs >= {n_folds}")
+
+
+def cv_splits(
+    y: np.ndarray, groups: np.ndarray, n_folds: int = 5, seed: int = 0, grouped: bool = True
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train_idx, val_idx) per fold; grouped keeps every matched pair inside one fold.
+
+    `grouped=False` (plain shuffled StratifiedKFold) exists only to show the pair leak it causes.
+    """
+    y = np.asarray(y)
+    groups = np.asarray(groups)
+    _check_folds(y, groups, n_folds)
+    placeholder = np.zeros((y.size, 1))
+    if grouped:
+        splitter = StratifiedGroupKFold(n_splits=n_folds, shuffle=True, random_state=seed)
+        return list(splitter.split(placeholder, y, groups))
+    splitter = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed)
+    return list(splitter.split(placeholder, y))
+
+
+def _scores(model, X: np.ndarray) -> np.ndarray:
+    return np.asarray(model.decision_function(X), dtype=np.float64)
+
+
+def _cross_validate(
+    X: np.ndarray, y: np.ndarray, splits: list[tuple[np.ndarray, np.ndarray]], probe: str, seed: int
+) -> CVResult:
+    template = make_probe(probe, seed)
+    fold_aurocs = np.empty(len(splits))
+    oof = np.empty(y.size)
+    for k, (fit_idx, val_idx) in enumerate(splits):
+        if np.unique(y[val_idx]).size < 2 or np.unique(y[fit_idx]).size < 2:
+            raise ProbeError(f"CV fold {k} holds one class only; the pair groups are too lopsided")
+        model = clone(template).fit(X[fit_idx], y[fit_idx])
+        oof[val_idx] = _scores(model, X[val_idx])
+        fold_aurocs[k] = auroc(oof[val_idx], y[val_idx])
+    return CVResult(auroc=float(fold_aurocs.mean()), fold_aurocs=fold_aurocs, oof_scores=oof)
+
+
+def cv_auroc(
+    X: np.ndarray,
+    y: np.ndarray,
+    groups: np.ndarray,
+    probe: str = "logistic",
+    *,
+    n_folds: int = 5,
+    seed: int = 0,
+    grouped: bool = True,
+) -> CVResult:
+    """K-fold AUROC on one split: the mean of per-fold AUROCs, since fold models' scores share no scale."""
+    X, y, groups = _check_split("train", X, y, groups)
+    with _BLAS.limit(limits=1, user_api="blas"):
+        return _cross_validate(X, y, cv_splits(y, groups, n_folds, seed, grouped), probe, seed)
+
+
+def evaluate_d1(
+    X_train: np.ndarray,
+    y_train: np.ndarray,
+    groups_train: np.ndarray,
+    X_test: np.ndarray,
+    y_test: np.ndarray,
+    groups_test: np.ndarray,
+    *,
+    n_folds: int = 5,
+    seed: int = 0,
+    n_bootstrap: int = 1000,
+    probes: tuple[str, ...] = PROBE_NAMES,
+    ci_level: float = 0.95,
+) -> D1Result:
+    """D1 of one cell: per probe, grouped CV AUROC on train, train->test AUROC, and its group-bootstrap CI.
+
+    `groups_*` give each passage its matched_pair_id, or its own id when unpaired.
+    """
+    X_train, y_train, groups_train = _check_split("train", X_train, y_train, groups_train)
+    X_test, y_test, groups_test = _check_split("test", X_test, y_test, groups_test)
+    if X_train.shape[1] != X_test.shape[1]:
+        raise ProbeError(f"train has {X_train.shape[1]} features but test has {X_test.shape[1]}")
+    splits = cv_splits(y_train, groups_train, n_folds, seed)
+    with _BLAS.limit(limits=1, user_api="blas"):
+        return D1Result(probes={
+            name: _evaluate_probe(name, X_train, y_train, X_test, y_test, groups_test, splits,
+                                  seed=seed, n_bootstrap=n_bootstrap, ci_level=ci_level)
+            for name in probes
+        }, seed=seed)
+
+
+def _evaluate_probe(
+    name: str,
+    X_train: np.ndarray,
+    y_train: np.ndarray,
+    X_test: np.ndarray,
+    y_test: np.ndarray,
+    groups_test: np.ndarray,
+    splits: list[tuple[np.ndarray, np.ndarray]],
+    *,
+    seed: int,
+    n_bootstrap: int,
+    ci_level: float,
+) -> ProbeResult:
+    cv = _cross_validate(X_train, y_train, splits, name, seed)
+    model = make_probe(name, seed).fit(X_train, y_train)
+    test_scores = _scores(model, X_test)
+    low, high = bootstrap_auroc_ci(test_scores, y_test, groups_test, n_bootstrap, seed, ci_level)
+    return ProbeResult(
+        probe=name,
+        cv_auroc=cv.auroc,
+        cv_fold_aurocs=cv.fold_aurocs,
+        test_auroc=auroc(test_scores, y_test),
+        ci_low=low,
+        ci_high=high,
+        n_train=int(y_train.size),
+        n_test=int(y_test.size),
+        n_folds=len(splits),
+        n_bootstrap=n_bootstrap,
+        ci_level=ci_level,
+        oof_scores=cv.oof_scores,
+        test_scores=test_scores,
+        test_pred=np.asarray(model.predict(X_test), dtype=np.int64),
+    )

@@ -1,0 +1,126 @@
+"""StrategySpec and TokenContext: a pooling strategy is data (id, params and a weight rule), not a class."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from poolbench.errors import StrategyError
+from poolbench.extractor.activations import ActivationBatch
+
+FAMILIES = frozenset({
+    "position_anchored", "uniform_aggregation", "window", "saliency_weighted",
+    "structural_linguistic", "oracle", "other",
+})
+KINDS = frozenset({"weights", "reduction"})
+REDUCTIONS = frozenset({"max", "min"})
+NEEDS = frozenset({"attention", "parse", "gradient", "labels"})
+SUPERVISIONS = frozenset({"none", "labels"})
+
+_ID_RE = re.compile(r"^(?P<code>[A-Z]{1,2}[0-9]{1,2})_[a-z0-9]+(?:_[a-z0-9]+)*$")
+_PARAM_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
+
+ParamValue = int | float | str | bool
+
+
+@dataclass(frozen=True)
+class TokenContext:
+    """Everything a weight function may look at for one padded batch; `rank` makes padding side irrelevant."""
+
+    attention_mask: np.ndarray  # [B, T] bool, True on real tokens (special tokens included)
+    special_mask: np.ndarray  # [B, T] bool
+    offsets: np.ndarray  # [B, T, 2] int32
+    input_ids: np.ndarray  # [B, T] int64
+    texts: list[str]
+    passage_ids: list[str]
+    hidden: np.ndarray  # [L, B, T, d], for layer-dependent weights
+    extras: Mapping[str, np.ndarray]
+    lengths: np.ndarray  # [B] int64, real tokens per passage
+    rank: np.ndarray  # [B, T] int64, index of a token among its passage's real tokens; -1 on padding
+
+    @classmethod
+    def from_batch(cls, batch: ActivationBatch) -> TokenContext:
+        mask = np.asarray(batch.attention_mask, dtype=bool)
+        rank = np.cumsum(mask, axis=1, dtype=np.int64) - 1
+        rank[~mask] = -1
+        return cls(
+            attention_mask=mask, special_mask=np.asarray(batch.special_mask, dtype=bool),
+            offsets=batch.offsets, input_ids=batch.input_ids, texts=batch.texts,
+            passage_ids=batch.passage_ids, hidden=batch.hidden, extras=batch.extras,
+            lengths=mask.sum(axis=1, dtype=np.int64), rank=rank,
+        )
+
+
+WeightsFn = Callable[[TokenContext], np.ndarray]
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """One pooling strategy. `weights_fn` returns unnormalised non-negative weights [B,T] or [L,B,T];
+    the pooler masks, normalises and contracts them, so a strategy never touches the hidden-state maths."""
+
+    id: str
+    code: str
+    family: str
+    description: str
+    kind: Literal["weights", "reduction"]
+    weights_fn: WeightsFn | None = field(default=None, compare=False, repr=False)
+    reduction: Literal["max", "min"] | None = None
+    params: tuple[tuple[str, ParamValue], ...] = ()
+    needs: frozenset[str] = frozenset()
+    supervision: Literal["none", "labels"] = "none"
+    reference_variant: bool = False
+    version: int = 1
+
+    def __post_init__(self) -> None:
+        problem = self._problem()
+        if problem:
+            raise StrategyError(f"strategy spec {self.id!r}: {problem}")
+
+    def _problem(self) -> str | None:
+        match = _ID_RE.match(self.id) if isinstance(self.id, str) else None
+        if match is None:
+            return "id must look like 'A1_mean' (code, underscore, lower_snake name)"
+        if match["code"] != self.code:
+            return f"code {self.code!r} does not match the id's prefix {match['code']!r}"
+        if self.family not in FAMILIES:
+            return f"unknown family {self.family!r} (known: {', '.join(sorted(FAMILIES))})"
+        if not isinstance(self.description, str) or not 10 <= len(self.description) <= 500:
+            return "description must be 10-500 characters"
+        if self.kind not in KINDS:
+            return f"kind must be 'weights' or 'reduction', got {self.kind!r}"
+        if self.kind == "weights" and (not callable(self.weights_fn) or self.reduction is not None):
+            return "kind 'weights' needs a callable weights_fn and no reduction"
+        if self.kind == "reduction" and (self.reduction not in REDUCTIONS or self.weights_fn is not None):
+            return "kind 'reduction' needs reduction 'max' or 'min' and no weights_fn"
+        if not isinstance(self.params, tuple) or not all(
+            isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and _PARAM_NAME_RE.match(p[0])
+            and isinstance(p[1], (int, float, str, bool)) for p in self.params
+        ):
+            return "params must be a tuple of (name, int|float|str|bool) pairs"
+        if len({name for name, _ in self.params}) != len(self.params):
+            return "params has a repeated name"
+        if not isinstance(self.needs, frozenset) or not self.needs <= NEEDS:
+            return f"needs must be a frozenset drawn from {sorted(NEEDS)}"
+        if self.supervision not in SUPERVISIONS:
+            return f"supervision must be 'none' or 'labels', got {self.supervision!r}"
+        if self.supervision == "labels" and "labels" not in self.needs:
+            return "supervision 'labels' requires 'labels' in needs"
+        if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
+            return "version must be a positive int"
+        return None
+
+    def param(self, name: str) -> ParamValue:
+        """A param's value; a weight rule's settings live here so they are part of the identity."""
+        for key, value in self.params:
+            if key == name:
+                return value
+        raise StrategyError(f"strategy {self.id!r} has no param {name!r}")
+
+    def fingerprint(self) -> dict:
+        """The canonical, JSON-able identity used in artifact keys: changing any of it invalidates caches."""
+        return {"id": self.id, "params": {name: value for name, value in sorted(self.params)},
+                "version": self.version}

@@ -1,0 +1,128 @@
+"""pool_tokens: every strategy and layer of a batch in one weight tensor and one batched contraction."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from poolbench.errors import StrategyError
+from poolbench.extractor.activations import ActivationBatch
+from poolbench.pooler.spec import StrategySpec, TokenContext
+
+
+@dataclass
+class PooledBatch:
+    """Pooled vectors of one batch; `fallback[s, b]` marks a weights strategy that selected no token for
+    passage b and so fell back to the plain mean (A1)."""
+
+    vectors: np.ndarray  # [L, S, B, d] float32
+    strategy_ids: list[str]
+    layers: tuple[int, ...]
+    passage_ids: list[str]
+    fallback: np.ndarray  # [S, B] bool
+
+
+def pool_tokens(batch: ActivationBatch, specs: Sequence[StrategySpec]) -> PooledBatch:
+    """Pool with all strategies at once. Layer-independent weights [S,B,T] go through one matmul against the
+    hidden states (a view, never copied); layer-dependent ones through a second; max/min reductions through
+    one reusable [B,T,d] buffer."""
+    specs = list(specs)
+    hidden_np = _checked_hidden(batch, specs)
+    n_layers, batch_size, _, dim = hidden_np.shape
+    hidden = torch.from_numpy(hidden_np)
+    mask = np.asarray(batch.attention_mask, dtype=bool)
+    ctx = TokenContext.from_batch(batch)
+
+    out = torch.empty((n_layers, len(specs), batch_size, dim), dtype=torch.float32)
+    fallback = np.zeros((len(specs), batch_size), dtype=bool)
+    flat: list[tuple[int, np.ndarray]] = []
+    layered: list[tuple[int, np.ndarray]] = []
+    reductions: list[tuple[int, str]] = []
+    for s, spec in enumerate(specs):
+        if spec.kind == "reduction":
+            reductions.append((s, spec.reduction))
+            continue
+        weights = token_weights(spec, ctx, n_layers)
+        (flat if weights.ndim == 2 else layered).append((s, weights))
+
+    if flat:
+        index = [s for s, _ in flat]
+        weights = np.stack([w for _, w in flat])  # [S1, B, T]
+        fallback[index] = normalise_weights(weights, mask)
+        w = torch.from_numpy(weights).transpose(0, 1)  # [B, S1, T]
+        _put(out, index, torch.matmul(w, hidden).transpose(1, 2))  # [L,B,S1,d] -> [L,S1,B,d]
+    if layered:
+        index = [s for s, _ in layered]
+        weights = np.stack([w for _, w in layered], axis=1)  # [L, S2, B, T]
+        fallback[index] = normalise_weights(weights, mask).any(axis=0)
+        w = torch.from_numpy(weights).transpose(1, 2)  # [L, B, S2, T]
+        _put(out, index, torch.matmul(w, hidden).transpose(1, 2))
+    if reductions:
+        _reduce(out, hidden, torch.from_numpy(mask), reductions)
+
+    return PooledBatch(vectors=out.numpy(), strategy_ids=[spec.id for spec in specs],
+                       layers=tuple(batch.layers), passage_ids=list(batch.passage_ids), fallback=fallback)
+
+
+def token_weights(spec: StrategySpec, ctx: TokenContext, n_layers: int) -> np.ndarray:
+    """A spec's weights as float32 [B,T] or [L,B,T], zero on padding, checked for shape and sign."""
+    batch_size, length = ctx.attention_mask.shape
+    try:
+        raw = np.asarray(spec.weights_fn(ctx))
+    except StrategyError:
+        raise
+    except Exception as exc:
+        raise StrategyError(f"strategy {spec.id!r}: weights_fn failed: {type(exc).__name__}: {exc}") from exc
+    if raw.shape not in ((batch_size, length), (n_layers, batch_size, length)):
+        raise StrategyError(f"strategy {spec.id!r}: weights have shape {raw.shape}, expected "
+                            f"{(batch_size, length)} or {(n_layers, batch_size, length)}")
+    weights = np.where(ctx.attention_mask, raw, 0).astype(np.float32, copy=False)
+    if not np.isfinite(weights).all() or (weights < 0).any():
+        raise StrategyError(f"strategy {spec.id!r}: weights must be finite and non-negative")
+    return weights
+
+
+def normalise_weights(weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Scale [..., B, T] weights in place to sum 1 per passage; all-zero rows become A1 mean weights.
+    Returns the [..., B] fallback flags."""
+    totals = weights.sum(axis=-1)
+    empty = totals <= 0
+    if empty.any():
+        mask_b = np.broadcast_to(mask, weights.shape)
+        weights[empty] = mask_b[empty]
+        totals[empty] = weights[empty].sum(axis=-1)
+    weights /= totals[..., None]
+    return empty
+
+
+def _checked_hidden(batch: ActivationBatch, specs: list[StrategySpec]) -> np.ndarray:
+    ids = [spec.id for spec in specs]
+    repeated = sorted({i for i in ids if ids.count(i) > 1})
+    if repeated:
+        raise StrategyError(f"pool_tokens: strategy id(s) given twice: {', '.join(repeated)}")
+    empty = [pid for pid, n in zip(batch.passage_ids, batch.lengths, strict=True) if n == 0]
+    if empty:
+        raise StrategyError(f"pool_tokens: passage {empty[0]!r} has no real tokens to pool")
+    return np.asarray(batch.hidden, dtype=np.float32)  # a view when already float32
+
+
+def _put(out: torch.Tensor, index: list[int], values: torch.Tensor) -> None:
+    if index == list(range(index[0], index[-1] + 1)):
+        out[:, index[0]:index[-1] + 1] = values
+    else:
+        out[:, index] = values
+
+
+def _reduce(out: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor,
+            reductions: list[tuple[int, str]]) -> None:
+    """Masked max/min per layer: padding filled with -inf/+inf in one [B,T,d] buffer reused across layers."""
+    keep = mask[:, :, None]
+    buffer = torch.empty(hidden.shape[1:], dtype=hidden.dtype)
+    for layer in range(hidden.shape[0]):
+        for s, reduction in reductions:
+            fill = torch.tensor(float("-inf") if reduction == "max" else float("inf"), dtype=hidden.dtype)
+            torch.where(keep, hidden[layer], fill, out=buffer)
+            reduce = torch.amax if reduction == "max" else torch.amin
+            reduce(buffer, dim=1, out=out[layer, s])

@@ -1,0 +1,229 @@
+"""pool_tokens against hand-computed vectors on tiny batches and against pool_naive on random padded ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from poolbench.errors import StrategyError
+from poolbench.extractor.activations import ActivationBatch
+from poolbench.pooler.naive import pool_naive
+from poolbench.pooler.pool import pool_tokens
+from poolbench.pooler.registry import get_strategy, resolve_strategies
+from poolbench.pooler.spec import StrategySpec, TokenContext
+from poolbench.pooler.windows import window_spec
+
+PAD = 99.0
+
+
+def make_batch(passages: list[list[list[float]]], length: int, left: list[bool]) -> ActivationBatch:
+    """A one-layer batch from per-passage token rows; padding rows hold ±99 so any leak is obvious."""
+    dim = len(passages[0][0])
+    hidden = np.full((1, len(passages), length, dim), PAD, dtype=np.float32)
+    mask = np.zeros((len(passages), length), dtype=bool)
+    for b, tokens in enumerate(passages):
+        start = length - len(tokens) if left[b] else 0
+        hidden[0, b, start:start + len(tokens)] = tokens
+        mask[b, start:start + len(tokens)] = True
+        hidden[0, b, ~mask[b]] *= np.where(np.arange((~mask[b]).sum()) % 2, -1, 1)[:, None]
+    return batch_from(hidden, mask)
+
+
+def batch_from(hidden: np.ndarray, mask: np.ndarray) -> ActivationBatch:
+    n_layers, batch, length, _ = hidden.shape
+    return ActivationBatch(
+        passage_ids=[f"p{b}" for b in range(batch)], texts=["text"] * batch, layers=tuple(range(n_layers)),
+        hidden=hidden, attention_mask=mask, input_ids=np.zeros((batch, length), dtype=np.int64),
+        offsets=np.zeros((batch, length, 2), dtype=np.int32), special_mask=np.zeros((batch, length), bool),
+    )
+
+
+# p0: 4 tokens, right padding; p1: 3 tokens, left padding. Rows chosen with integer L2 norms.
+TINY = make_batch(
+    [[[3, 4], [0, 2], [-6, 8], [5, 0]],
+     [[0, -1], [4, 3], [-3, 0]]],
+    length=5, left=[False, True],
+)
+
+EXPECTED = {
+    "P1_last": [[5, 0], [-3, 0]],
+    "P2_first": [[3, 4], [0, -1]],
+    "A1_mean": [[0.5, 3.5], [1 / 3, 2 / 3]],
+    "A2_max": [[5, 8], [4, 3]],
+    "A3_min": [[-6, 0], [-3, -1]],
+    # norms p0: 5, 2, 10, 5 (sum 22); p1: 1, 5, 3 (sum 9)
+    "A4_norm_weighted": [[-20 / 22, 104 / 22], [11 / 9, 14 / 9]],
+    # k = 8 exceeds both passages, so every window strategy is the plain mean
+    "W1_first_k": [[0.5, 3.5], [1 / 3, 2 / 3]],
+    "W2_last_k": [[0.5, 3.5], [1 / 3, 2 / 3]],
+    "W3_middle_k": [[0.5, 3.5], [1 / 3, 2 / 3]],
+    # 4 tokens -> 4 chunks of one; 3 tokens (fewer than 4 chunks) -> each its own chunk
+    "W4_hierarchical": [[0.5, 3.5], [1 / 3, 2 / 3]],
+}
+
+
+@pytest.mark.parametrize("strategy_id", list(EXPECTED))
+def test_each_builtin_strategy_matches_hand_computed_vectors(strategy_id: str) -> None:
+    pooled = pool_tokens(TINY, [get_strategy(strategy_id)])
+    assert pooled.vectors.shape == (1, 1, 2, 2)
+    np.testing.assert_allclose(pooled.vectors[0, 0], EXPECTED[strategy_id], rtol=0, atol=1e-6)
+    assert not pooled.fallback.any()
+
+
+def test_all_strategies_in_one_call_match_one_at_a_time() -> None:
+    pooled = pool_tokens(TINY, resolve_strategies(None))
+    assert pooled.strategy_ids == list(EXPECTED)
+    assert pooled.vectors.dtype == np.float32
+    for s, strategy_id in enumerate(pooled.strategy_ids):
+        np.testing.assert_allclose(pooled.vectors[0, s], EXPECTED[strategy_id], atol=1e-6)
+
+
+@pytest.mark.parametrize(("code", "k", "expected"), [
+    ("W1", 2, [[1.5, 3], [2, 1]]),
+    ("W2", 2, [[-0.5, 4], [0.5, 1.5]]),
+    # W3 k=2: 4 tokens (even) -> tokens 1,2 exactly centred; 3 tokens (odd) -> tokens 0,1 (one earlier)
+    ("W3", 2, [[-3, 5], [2, 1]]),
+    # W3 k=1: 4 tokens -> token 1 (one earlier than 1.5); 3 tokens -> token 1 (exact middle)
+    ("W3", 1, [[0, 2], [4, 3]]),
+    # W3 k=3: 4 tokens -> tokens 0..2; 3 tokens -> all
+    ("W3", 3, [[-1, 14 / 3], [1 / 3, 2 / 3]]),
+])
+def test_window_sizes_by_hand(code: str, k: int, expected: list[list[float]]) -> None:
+    pooled = pool_tokens(TINY, [window_spec(code, k=k)])
+    np.testing.assert_allclose(pooled.vectors[0, 0], expected, atol=1e-6)
+
+
+def test_w3_middle_of_odd_and_even_lengths_with_odd_k() -> None:
+    batch = make_batch([[[v] for v in range(7)], [[v] for v in range(10, 16)]], length=8, left=[True, False])
+    pooled = pool_tokens(batch, [window_spec("W3", k=3)])
+    # 7 tokens: start (7-3)//2 = 2 -> 2,3,4; 6 tokens: start (6-3)//2 = 1 -> 11,12,13
+    np.testing.assert_allclose(pooled.vectors[0, 0, :, 0], [3.0, 12.0], atol=1e-6)
+
+
+def test_w4_chunks_with_10_and_5_tokens() -> None:
+    tokens = [[[v] for v in range(10)], [[10], [20], [30], [40], [50]]]
+    batch = make_batch(tokens, length=10, left=[False, True])
+    pooled = pool_tokens(batch, [get_strategy("W4"), window_spec("W4", n_chunks=2)])
+    # 10 tokens in 4 chunks: [0,1,2] [3,4,5] [6,7] [8,9] -> means 1, 4, 6.5, 8.5 -> 5.0
+    # 5 tokens in 4 chunks: [10,20] [30] [40] [50] -> means 15, 30, 40, 50 -> 33.75
+    np.testing.assert_allclose(pooled.vectors[0, 0, :, 0], [5.0, 33.75], atol=1e-6)
+    # 2 chunks: [0..4] [5..9] -> 2, 7 -> 4.5; [10,20,30] [40,50] -> 20, 45 -> 32.5
+    np.testing.assert_allclose(pooled.vectors[0, 1, :, 0], [4.5, 32.5], atol=1e-6)
+
+
+def test_p1_p2_with_left_padding_pick_first_and_last_real_tokens() -> None:
+    batch = make_batch([[[1], [2]], [[7], [8], [9], [10]]], length=6, left=[True, True])
+    pooled = pool_tokens(batch, resolve_strategies(["P1", "P2"]))
+    np.testing.assert_allclose(pooled.vectors[0, :, :, 0], [[2, 10], [1, 7]])
+
+
+def test_left_and_right_padding_give_identical_vectors() -> None:
+    rng = np.random.default_rng(3)
+    tokens = [rng.standard_normal((n, 4)).tolist() for n in (1, 5, 9)]
+    left = make_batch(tokens, length=12, left=[True, True, True])
+    right = make_batch(tokens, length=12, left=[False, False, False])
+    specs = resolve_strategies(None)
+    np.testing.assert_allclose(pool_tokens(left, specs).vectors, pool_tokens(right, specs).vectors, atol=1e-6)
+
+
+def random_batch(seed: int, n_layers: int = 3, batch: int = 7, length: int = 20, dim: int = 6,
+                 ) -> ActivationBatch:
+    rng = np.random.default_rng(seed)
+    hidden = rng.standard_normal((n_layers, batch, length, dim)).astype(np.float32) * 3
+    mask = np.zeros((batch, length), dtype=bool)
+    lengths = rng.integers(1, length + 1, batch)
+    lengths[:3] = (1, length, 2)
+    for b, n in enumerate(lengths):
+        if rng.random() < 0.5:
+            mask[b, length - n:] = True
+        else:
+            mask[b, :n] = True
+    return batch_from(hidden, mask)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_pool_tokens_equals_pool_naive_on_random_padded_batches(seed: int) -> None:
+    specs = [*resolve_strategies(None), window_spec("W1", k=3), window_spec("W2", k=5),
+             window_spec("W3", k=4), window_spec("W3", k=5), window_spec("W4", n_chunks=3)]
+    batch = random_batch(seed)
+    fast, naive = pool_tokens(batch, specs), pool_naive(batch, specs)
+    assert fast.strategy_ids == naive.strategy_ids
+    assert fast.layers == naive.layers and fast.passage_ids == naive.passage_ids
+    np.testing.assert_allclose(fast.vectors, naive.vectors, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(fast.fallback, naive.fallback)
+
+
+def test_norm_weights_are_per_layer() -> None:
+    hidden = np.array([[[[3, 4], [0, 1]]], [[[3, 4], [0, 10]]]], dtype=np.float32)  # L=2, B=1, T=2
+    pooled = pool_tokens(batch_from(hidden, np.ones((1, 2), bool)), [get_strategy("A4")])
+    # layer 0: norms 5, 1 -> (5*[3,4] + [0,1]) / 6; layer 1: norms 5, 10 -> (5*[3,4] + 10*[0,10]) / 15
+    np.testing.assert_allclose(pooled.vectors[:, 0, 0], [[15 / 6, 21 / 6], [1.0, 8.0]], atol=1e-6)
+
+
+def _custom(strategy_id: str, weights_fn) -> StrategySpec:
+    return StrategySpec(id=strategy_id, code=strategy_id.split("_")[0], family="other", kind="weights",
+                        weights_fn=weights_fn, description="A test strategy used to exercise the pooler.")
+
+
+def test_spec_selecting_no_token_falls_back_to_mean_and_is_flagged() -> None:
+    nothing = _custom("X1_nothing", lambda ctx: np.zeros(ctx.attention_mask.shape))
+    # selects only special tokens: p0 has one at its first real position, p1 none
+    special_only = _custom("X2_special", lambda ctx: ctx.special_mask)
+    # layer-dependent: selects nothing at layer 0 only
+    late = _custom("X3_late", lambda ctx: np.stack([np.zeros_like(ctx.attention_mask), ctx.attention_mask]))
+    batch = batch_from(np.concatenate([TINY.hidden, 2 * TINY.hidden]), TINY.attention_mask)
+    batch.special_mask[0, 0] = True
+    specs = [nothing, get_strategy("A2"), special_only, late]
+    pooled = pool_tokens(batch, specs)
+    mean = np.array([[0.5, 3.5], [1 / 3, 2 / 3]])
+    expected_fallback = [[True, True], [False, False], [False, True], [True, True]]
+    np.testing.assert_array_equal(pooled.fallback, expected_fallback)
+    np.testing.assert_allclose(pooled.vectors[:, 0], [mean, 2 * mean], atol=1e-6)
+    np.testing.assert_allclose(pooled.vectors[:, 2], [[[3, 4], mean[1]], [[6, 8], 2 * mean[1]]], atol=1e-6)
+    np.testing.assert_allclose(pooled.vectors[:, 3], [mean, 2 * mean], atol=1e-6)
+    naive = pool_naive(batch, specs)
+    np.testing.assert_allclose(pooled.vectors, naive.vectors, atol=1e-6)
+    np.testing.assert_array_equal(pooled.fallback, naive.fallback)
+
+
+def test_weights_on_padding_are_ignored() -> None:
+    everywhere = _custom("X4_everywhere", lambda ctx: np.ones(ctx.attention_mask.shape))
+    np.testing.assert_allclose(pool_tokens(TINY, [everywhere]).vectors[0, 0], EXPECTED["A1_mean"], atol=1e-6)
+
+
+def test_token_context_rank_ignores_padding_side() -> None:
+    ctx = TokenContext.from_batch(TINY)
+    np.testing.assert_array_equal(ctx.rank, [[0, 1, 2, 3, -1], [-1, -1, 0, 1, 2]])
+    np.testing.assert_array_equal(ctx.lengths, [4, 3])
+
+
+@pytest.mark.parametrize(("weights_fn", "message"), [
+    (lambda ctx: np.ones(3), "weights have shape"),
+    (lambda ctx: -np.ones(ctx.attention_mask.shape), "non-negative"),
+    (lambda ctx: np.full(ctx.attention_mask.shape, np.nan), "finite"),
+    (lambda ctx: 1 / 0, "weights_fn failed: ZeroDivisionError"),
+])
+def test_bad_weights_raise_one_line_strategy_error(weights_fn, message: str) -> None:
+    with pytest.raises(StrategyError, match=message) as info:
+        pool_tokens(TINY, [_custom("X5_bad", weights_fn)])
+    assert "X5_bad" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_repeated_strategy_and_empty_passage_are_errors() -> None:
+    with pytest.raises(StrategyError, match="given twice: A1_mean"):
+        pool_tokens(TINY, [get_strategy("A1"), get_strategy("A1_mean")])
+    empty = batch_from(TINY.hidden, np.array([[True] * 5, [False] * 5]))
+    with pytest.raises(StrategyError, match="passage 'p1' has no real tokens"):
+        pool_tokens(empty, [get_strategy("A1")])
+
+
+def test_no_strategies_gives_an_empty_strategy_axis() -> None:
+    pooled = pool_tokens(TINY, [])
+    assert pooled.vectors.shape == (1, 0, 2, 2) and pooled.fallback.shape == (0, 2)
+
+
+def test_pooled_vectors_do_not_alias_the_hidden_states() -> None:
+    batch = random_batch(0)
+    before = batch.hidden.copy()
+    pooled = pool_tokens(batch, resolve_strategies(None))
+    pooled.vectors[...] = 0
+    np.testing.assert_array_equal(batch.hidden, before)

@@ -14,6 +14,7 @@ import certifi
 import urllib3
 from minio import Minio
 from minio.error import MinioException, S3Error
+
 from poolbench.errors import StoreError
 from poolbench.store import SUFFIX_JSON, SUFFIX_TABLE, ArtifactStore, StoredObject
 

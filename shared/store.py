@@ -28,6 +28,7 @@ from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 import pyarrow as pa
+
 from poolbench.arrow_tables import ipc_bytes_to_table, table_to_ipc_bytes, with_provenance
 from poolbench.artifact_key import iter_files, sha256_bytes, sha256_file, validate_key
 from poolbench.errors import StoreError

@@ -3,16 +3,13 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from poolbench.s3_store import S3Store
-from poolbench.store import ArtifactStore, LocalStore
-from s3_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
+from s3_server import MotoServer, s3_store_on
 
-_bucket_ids = itertools.count()
+from poolbench.store import ArtifactStore, LocalStore
 
 
 @pytest.fixture(scope="session")
@@ -24,14 +21,6 @@ def moto_s3() -> Iterator[MotoServer]:
         yield server
     finally:
         server.stop()
-
-
-def s3_store_on(server: MotoServer, prefix: str = "artifacts") -> S3Store:
-    """An S3Store on a fresh bucket of ``server``, so tests never see each other's objects."""
-    bucket = server.make_bucket(f"poolbench-test-{next(_bucket_ids)}")
-    return S3Store(
-        bucket, prefix, server.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY, region=REGION
-    )
 
 
 @pytest.fixture(params=["local", "s3"])

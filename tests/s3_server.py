@@ -9,9 +9,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from pathlib import Path
 
 from minio import Minio
+
+from poolbench.s3_store import S3Store
 
 ACCESS_KEY = "poolbench-test"
 SECRET_KEY = "poolbench-test-secret"
@@ -75,3 +78,11 @@ class MotoServer:
         if not client.bucket_exists(name):
             client.make_bucket(name)
         return name
+
+
+def s3_store_on(server: MotoServer, prefix: str = "artifacts") -> S3Store:
+    """An S3Store on a fresh bucket of ``server``, so tests never see each other's objects."""
+    bucket = server.make_bucket(f"poolbench-test-{uuid.uuid4().hex[:12]}")
+    return S3Store(
+        bucket, prefix, server.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY, region=REGION
+    )

@@ -11,11 +11,12 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 from minio import Minio
+from pydantic import BaseModel
+from s3_server import ACCESS_KEY, REGION, SECRET_KEY
+
 from poolbench.artifact_key import artifact_key, canonical_json, hash_directory, sha256_file
 from poolbench.errors import PoolBenchError, StoreError
 from poolbench.store import SIDECAR_SUFFIX, ArtifactStore, LocalStore, open_store
-from pydantic import BaseModel
-from s3_server import ACCESS_KEY, REGION, SECRET_KEY
 
 KEY = "pooled/0123abcd"
 

@@ -1,0 +1,111 @@
+"""S3Store against a real S3 server process: configuration, fail-fast errors, outage and recovery."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from s3_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer, free_port, s3_store_on
+
+from poolbench.errors import StoreError
+from poolbench.s3_store import S3Store
+from poolbench.store import open_store
+
+
+@pytest.fixture
+def s3_env(monkeypatch: pytest.MonkeyPatch, moto_s3: MotoServer) -> MotoServer:
+    monkeypatch.setenv("POOLBENCH_S3_ENDPOINT", moto_s3.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    return moto_s3
+
+
+def test_open_store_s3_from_env(s3_env: MotoServer) -> None:
+    s3_env.make_bucket("pb-open")
+    store = open_store("s3://pb-open/runs/a/")
+    assert isinstance(store, S3Store)
+    assert store.describe() == f"s3://pb-open/runs/a/ @ {s3_env.endpoint}"
+    store.put_json("d1/x", {"v": 1})
+    names = [o.object_name for o in s3_env.client().list_objects("pb-open", recursive=True)]
+    assert names == ["runs/a/d1/x.json"]
+    stat = s3_env.client().stat_object("pb-open", "runs/a/d1/x.json")
+    assert stat.content_type == "application/json"
+
+
+@pytest.mark.parametrize("var", ["POOLBENCH_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"])
+def test_open_store_names_missing_env(s3_env: MotoServer, monkeypatch: pytest.MonkeyPatch, var: str) -> None:
+    monkeypatch.delenv(var)
+    with pytest.raises(StoreError, match=rf"^{var} is not set"):
+        open_store("s3://pb-open/x")
+
+
+def test_refused_endpoint_fails_fast_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setenv("POOLBENCH_S3_ENDPOINT", endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    started = time.monotonic()
+    with pytest.raises(StoreError) as info:
+        open_store("s3://anything/p")
+    assert time.monotonic() - started < 10
+    message = str(info.value)
+    assert message.startswith(f"S3 endpoint {endpoint} refused the connection")
+    assert "\n" not in message
+
+
+def test_missing_bucket_is_named(moto_s3: MotoServer) -> None:
+    with pytest.raises(StoreError, match=r"^S3 bucket 'no-such-bucket' does not exist at http://127\.0\.0\.1:"):
+        S3Store("no-such-bucket", "", moto_s3.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY)
+
+
+def test_bad_endpoint_and_bucket_name() -> None:
+    with pytest.raises(StoreError, match="invalid S3 endpoint 'ftp://h:1'"):
+        S3Store("b", "", "ftp://h:1")
+    with pytest.raises(StoreError, match="invalid S3 endpoint"):
+        S3Store("b", "", "http://h:1/some/path")
+
+
+def test_prefixes_isolate_stores(moto_s3: MotoServer) -> None:
+    first = s3_store_on(moto_s3, prefix="one")
+    second = S3Store(first.bucket, "two", moto_s3.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY)
+    first.put_bytes("k/a", b"1")
+    second.put_bytes("k/b", b"2")
+    assert first.list() == ["k/a"]
+    assert second.list() == ["k/b"]
+    assert not second.exists("k/a")
+
+
+def test_object_metadata_carries_checksum(moto_s3: MotoServer) -> None:
+    store = s3_store_on(moto_s3)
+    store.put_bytes("raw/x", b"abc", metadata={"model": "gpt2"})
+    stat = moto_s3.client().stat_object(store.bucket, "artifacts/raw/x.bin")
+    sha = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+    assert stat.metadata["x-amz-meta-poolbench-sha256"] == sha
+    assert stat.metadata["x-amz-meta-poolbench-metadata"] == '{"model": "gpt2"}'
+
+
+def test_outage_then_recovery(tmp_path: Path) -> None:
+    """Stopping the server makes the next put fail in one line; once it is back, a retry succeeds."""
+    server = MotoServer()
+    server.start()
+    try:
+        bucket = server.make_bucket("pb-outage")
+        store = S3Store(
+            bucket, "p", server.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY, region=REGION
+        )
+        store.put_bytes("k/one", b"1")
+        server.stop()
+        started = time.monotonic()
+        with pytest.raises(StoreError) as info:
+            store.put_bytes("k/two", b"2")
+        assert time.monotonic() - started < 10
+        refused = f"S3 endpoint {server.endpoint} refused the connection while writing k/two.bin"
+        assert str(info.value).startswith(refused)
+        server.start()
+        server.make_bucket(bucket)  # moto keeps state in memory: the restarted server is empty
+        store.put_bytes("k/two", b"2")
+        assert store.get_bytes("k/two") == b"2"
+    finally:
+        server.stop()

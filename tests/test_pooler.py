@@ -227,3 +227,13 @@ def test_pooled_vectors_do_not_alias_the_hidden_states() -> None:
     pooled = pool_tokens(batch, resolve_strategies(None))
     pooled.vectors[...] = 0
     np.testing.assert_array_equal(batch.hidden, before)
+
+
+def test_masks_with_holes_still_match_pool_naive() -> None:
+    """ActivationBatch promises one run of real tokens, but a mask with holes must not give wrong vectors."""
+    batch = random_batch(11)
+    batch.attention_mask[:, 3] = False
+    batch.attention_mask[:, 0] = True
+    specs = resolve_strategies(None)
+    fast, naive = pool_tokens(batch, specs), pool_naive(batch, specs)
+    np.testing.assert_allclose(fast.vectors, naive.vectors, rtol=1e-5, atol=1e-5)

@@ -25,9 +25,8 @@ class PooledBatch:
 
 
 def pool_tokens(batch: ActivationBatch, specs: Sequence[StrategySpec]) -> PooledBatch:
-    """Pool with all strategies at once. Layer-independent weights [S,B,T] go through one matmul against the
-    hidden states (a view, never copied); layer-dependent ones through a second; max/min reductions through
-    one reusable [B,T,d] buffer."""
+    """Pool with all strategies at once. Every weights spec goes into one weight tensor and one matmul
+    against the hidden states (a view, never copied); max/min reduce over each passage's real-token slice."""
     specs = list(specs)
     hidden_np = _checked_hidden(batch, specs)
     n_layers, batch_size, _, dim = hidden_np.shape
@@ -37,30 +36,29 @@ def pool_tokens(batch: ActivationBatch, specs: Sequence[StrategySpec]) -> Pooled
 
     out = torch.empty((n_layers, len(specs), batch_size, dim), dtype=torch.float32)
     fallback = np.zeros((len(specs), batch_size), dtype=bool)
-    flat: list[tuple[int, np.ndarray]] = []
-    layered: list[tuple[int, np.ndarray]] = []
+    weighted: list[tuple[int, np.ndarray]] = []
     reductions: list[tuple[int, str]] = []
     for s, spec in enumerate(specs):
         if spec.kind == "reduction":
             reductions.append((s, spec.reduction))
-            continue
-        weights = token_weights(spec, ctx, n_layers)
-        (flat if weights.ndim == 2 else layered).append((s, weights))
+        else:
+            weighted.append((s, token_weights(spec, ctx, n_layers)))
 
-    if flat:
-        index = [s for s, _ in flat]
-        weights = np.stack([w for _, w in flat])  # [S1, B, T]
-        fallback[index] = normalise_weights(weights, mask)
-        w = torch.from_numpy(weights).transpose(0, 1)  # [B, S1, T]
-        _put(out, index, torch.matmul(w, hidden).transpose(1, 2))  # [L,B,S1,d] -> [L,S1,B,d]
-    if layered:
-        index = [s for s, _ in layered]
-        weights = np.stack([w for _, w in layered], axis=1)  # [L, S2, B, T]
-        fallback[index] = normalise_weights(weights, mask).any(axis=0)
-        w = torch.from_numpy(weights).transpose(1, 2)  # [L, B, S2, T]
-        _put(out, index, torch.matmul(w, hidden).transpose(1, 2))
+    if weighted:
+        index = [s for s, _ in weighted]
+        if all(w.ndim == 2 for _, w in weighted):
+            weights = np.stack([w for _, w in weighted])  # [S, B, T], shared by every layer
+            fallback[index] = normalise_weights(weights, mask)
+            w = torch.from_numpy(weights).transpose(0, 1)  # [B, S, T], broadcast over L by matmul
+        else:  # some weights differ per layer: give every spec a layer axis and still contract once
+            weights = np.empty((n_layers, len(weighted), *mask.shape), dtype=np.float32)  # [L, S, B, T]
+            for i, (_, w) in enumerate(weighted):
+                weights[:, i] = w
+            fallback[index] = normalise_weights(weights, mask).any(axis=0)
+            w = torch.from_numpy(weights).transpose(1, 2)  # [L, B, S, T]
+        _put(out, index, torch.matmul(w, hidden).transpose(1, 2))  # [L,B,S,d] -> [L,S,B,d]
     if reductions:
-        _reduce(out, hidden, torch.from_numpy(mask), reductions)
+        _reduce(out, hidden, mask, reductions)
 
     return PooledBatch(vectors=out.numpy(), strategy_ids=[spec.id for spec in specs],
                        layers=tuple(batch.layers), passage_ids=list(batch.passage_ids), fallback=fallback)
@@ -115,10 +113,20 @@ def _put(out: torch.Tensor, index: list[int], values: torch.Tensor) -> None:
         out[:, index] = values
 
 
-def _reduce(out: torch.Tensor, hidden: torch.Tensor, mask: torch.Tensor,
+def _reduce(out: torch.Tensor, hidden: torch.Tensor, mask: np.ndarray,
             reductions: list[tuple[int, str]]) -> None:
-    """Masked max/min per layer: padding filled with -inf/+inf in one [B,T,d] buffer reused across layers."""
-    keep = mask[:, :, None]
+    """Masked max/min. Real tokens form one run per passage (padding on either side), so each passage
+    reduces over a slice view; a mask with holes goes through one reused ±inf-filled [B,T,d] buffer."""
+    lengths = mask.sum(axis=1)
+    first = mask.argmax(axis=1)
+    last = mask.shape[1] - 1 - mask[:, ::-1].argmax(axis=1)
+    if (last - first + 1 == lengths).all():
+        for b, (start, stop) in enumerate(zip(first, last + 1, strict=True)):
+            tokens = hidden[:, b, start:stop]  # [L, n, d]
+            for s, reduction in reductions:
+                out[:, s, b] = tokens.amax(dim=1) if reduction == "max" else tokens.amin(dim=1)
+        return
+    keep = torch.from_numpy(mask)[:, :, None]
     buffer = torch.empty(hidden.shape[1:], dtype=hidden.dtype)
     for layer in range(hidden.shape[0]):
         for s, reduction in reductions:

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import certifi
 import urllib3
 from minio import Minio
-from minio.error import MinioException, S3Error
+from minio.error import InvalidResponseError, MinioException, S3Error
 
 from poolbench.errors import StoreError
 from poolbench.store import SUFFIX_JSON, SUFFIX_TABLE, ArtifactStore, StoredObject
@@ -101,6 +101,8 @@ class S3Store(ArtifactStore):
             except ValueError as exc:
                 raise StoreError(f"invalid S3 bucket name {bucket!r}: {_one_line(exc)}") from exc
         if not found:
+            with self._errors("checking the bucket"):  # a HEAD 404 may come from a non-S3 server: ask again
+                next(iter(self._client.list_objects(bucket)), None)  # S3 answers NoSuchBucket in XML
             raise StoreError(f"S3 bucket {bucket!r} does not exist at {self.endpoint}")
 
     def describe(self) -> str:
@@ -125,6 +127,11 @@ class S3Store(ArtifactStore):
         except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
             raise StoreError(
                 f"S3 endpoint {self.endpoint} {_network_failure(exc)} while {doing} (is the server running?)"
+            ) from exc
+        except InvalidResponseError as exc:
+            raise StoreError(
+                f"S3 endpoint {self.endpoint} does not answer like an S3 server while {doing} "
+                f"(HTTP {getattr(exc, '_code', '?')}, non-XML reply)"
             ) from exc
         except MinioException as exc:
             raise StoreError(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -58,6 +61,27 @@ def test_refused_endpoint_fails_fast_in_one_line(monkeypatch: pytest.MonkeyPatch
 def test_missing_bucket_is_named(moto_s3: MotoServer) -> None:
     with pytest.raises(StoreError, match=r"^S3 bucket 'no-such-bucket' does not exist at http://127\.0\.0\.1:"):
         S3Store("no-such-bucket", "", moto_s3.endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY)
+
+
+def test_non_s3_server_is_not_mistaken_for_a_missing_bucket(tmp_path: Path) -> None:
+    """A plain web server answers 404 to everything; that must not read as 'bucket does not exist'."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        with pytest.raises(StoreError, match=r"does not answer like an S3 server .*HTTP 404"):
+            S3Store("bucket", "", f"http://127.0.0.1:{port}", access_key=ACCESS_KEY, secret_key=SECRET_KEY)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=5)
 
 
 def test_bad_endpoint_and_bucket_name() -> None:

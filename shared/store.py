@@ -225,6 +225,7 @@ class ArtifactStore(ABC):
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{dest.name}-", dir=dest.parent))
+            os.chmod(staging, 0o755)
         except OSError as exc:
             raise StoreError(f"cannot create {dest}: {exc.strerror or exc}") from exc
         try:
@@ -238,8 +239,10 @@ class ArtifactStore(ABC):
             if dest.exists():
                 dest.rmdir()
             os.replace(staging, dest)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise StoreError(f"cannot fetch {key} into {dest}: {exc.strerror or exc}") from exc
             raise
         return dest
 

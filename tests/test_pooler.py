@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from poolbench.errors import StrategyError
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.pooler.naive import pool_naive

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from poolbench.errors import StrategyError
 from poolbench.pooler import registry
 from poolbench.pooler.registry import (

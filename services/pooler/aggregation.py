@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+
 from poolbench.pooler.spec import StrategySpec, TokenContext
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.pooler.pool import PooledBatch
 from poolbench.pooler.spec import StrategySpec, TokenContext

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
 from poolbench.errors import StrategyError
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.pooler.spec import StrategySpec, TokenContext
@@ -15,7 +16,7 @@ from poolbench.pooler.spec import StrategySpec, TokenContext
 @dataclass
 class PooledBatch:
     """Pooled vectors of one batch; `fallback[s, b]` marks a weights strategy that selected no token for
-    passage b and so fell back to the plain mean (A1)."""
+    passage b (at any layer, for layer-dependent weights) and so fell back there to the plain mean (A1)."""
 
     vectors: np.ndarray  # [L, S, B, d] float32
     strategy_ids: list[str]

@@ -6,6 +6,7 @@ Special tokens count as real, so on a Llama-style tokenizer (BOS prepended) P2_f
 from __future__ import annotations
 
 import numpy as np
+
 from poolbench.pooler.spec import StrategySpec, TokenContext
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+
 from poolbench.errors import StrategyError
 from poolbench.extractor.activations import ActivationBatch
 
@@ -46,11 +47,13 @@ class TokenContext:
         mask = np.asarray(batch.attention_mask, dtype=bool)
         rank = np.cumsum(mask, axis=1, dtype=np.int64) - 1
         rank[~mask] = -1
+        lengths = mask.sum(axis=1, dtype=np.int64)
+        rank.flags.writeable = lengths.flags.writeable = False  # shared by every spec of the batch
         return cls(
             attention_mask=mask, special_mask=np.asarray(batch.special_mask, dtype=bool),
             offsets=batch.offsets, input_ids=batch.input_ids, texts=batch.texts,
             passage_ids=batch.passage_ids, hidden=batch.hidden, extras=batch.extras,
-            lengths=mask.sum(axis=1, dtype=np.int64), rank=rank,
+            lengths=lengths, rank=rank,
         )
 
 

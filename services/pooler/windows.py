@@ -9,6 +9,7 @@ from collections.abc import Callable
 from functools import partial
 
 import numpy as np
+
 from poolbench.errors import StrategyError
 from poolbench.pooler.spec import StrategySpec, TokenContext
 

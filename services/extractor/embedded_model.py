@@ -1,0 +1,340 @@
+"""The embedded default model: a small Llama plus byte-level BPE tokenizer, trained from scratch on CPU.
+
+It exists so PoolBench runs end to end with no network: `ensure_embedded_model()` builds it once into the
+cache and every later run loads it like any Hugging Face model directory.
+
+Determinism scope: the same texts, config and seed give bit-identical weights for the same torch version,
+CPU kind and `threads` (training pins the thread count, seeds a forked RNG and enables
+`torch.use_deterministic_algorithms`); a different torch version or thread count may differ in the last bits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    get_cosine_schedule_with_warmup,
+)
+
+MODEL_FAMILY = "embedded-llama-v1"
+BUILD_INFO_FILE = "poolbench_build.json"
+BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+
+
+@dataclass(frozen=True)
+class EmbeddedModelConfig:
+    """Everything that determines the embedded model's weights besides the texts and the seed."""
+
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    intermediate_size: int = 688
+    max_position_embeddings: int = 256
+    seq_len: int = 128
+    batch_size: int = 16
+    steps: int = 400
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    threads: int = 2
+    heldout_fraction: float = 0.05
+    max_heldout_sequences: int = 64
+
+
+DEFAULT_CONFIG = EmbeddedModelConfig()
+
+
+@dataclass
+class BuildReport:
+    """What a build did and how well it learned; also written to the model dir as poolbench_build.json."""
+
+    out_dir: Path
+    config: dict[str, Any]
+    seed: int
+    steps: int
+    train_seconds: float
+    tokens_seen: int
+    tokens_per_second: float
+    heldout_perplexity: float
+    heldout_tokens: int
+    n_train_texts: int
+    n_heldout_texts: int
+    texts_sha256: str
+    torch_version: str = torch.__version__
+    transformers_version: str = transformers.__version__
+    tokenizers_version: str = tokenizers.__version__
+    losses: list[float] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "out_dir": str(self.out_dir)}
+
+
+def texts_digest(texts: Sequence[str]) -> str:
+    """sha256 over the texts, length-prefixed so that different splits of the same characters differ."""
+    h = hashlib.sha256()
+    for text in texts:
+        data = text.encode("utf-8")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def train_tokenizer(texts: Sequence[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE whose offsets are character spans into the original text, with a Llama-style <s> prefix.
+
+    Offsets (ByteLevel post-processing with trim_offsets): a token's span excludes the leading spaces it
+    encodes, so whitespace-only tokens get an empty span (end, end). A token holding only some bytes of a
+    multi-byte character gets the span of that whole character, shared by every token holding its bytes.
+    """
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[BOS, EOS, PAD],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    bos_id = tok.token_to_id(BOS)
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=True),
+        processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
+                                      special_tokens=[(BOS, bos_id)]),
+    ])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD)
+
+
+def _packed_sequences(token_lists: Sequence[list[int]], bos: int, eos: int, seq_len: int) -> torch.Tensor:
+    """Concatenate <s> text </s> documents and cut them into rows that each start with <s>, as inference."""
+    stream = [t for ids in token_lists for t in (bos, *ids, eos)]
+    body = seq_len - 1
+    n_rows = len(stream) // body
+    if n_rows == 0:
+        raise ValueError(f"embedded model: texts give {len(stream)} tokens, under one {seq_len}-token row")
+    rows = torch.tensor(stream[: n_rows * body], dtype=torch.long).view(n_rows, body)
+    return torch.cat([torch.full((n_rows, 1), bos, dtype=torch.long), rows], dim=1)
+
+
+def _llama_config(cfg: EmbeddedModelConfig, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.n_layers,
+        num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
+        intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+@contextmanager
+def _deterministic_cpu(seed: int, threads: int) -> Iterator[None]:
+    """Seeded, single-config CPU torch for the duration of a build, restoring the caller's global state."""
+    prev_threads = torch.get_num_threads()
+    prev_det = torch.are_deterministic_algorithms_enabled()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(True)
+        try:
+            yield
+        finally:
+            torch.use_deterministic_algorithms(prev_det)
+            torch.set_num_threads(prev_threads)
+
+
+def _heldout_perplexity(model: LlamaForCausalLM, rows: torch.Tensor, batch_size: int) -> tuple[float, int]:
+    model.eval()
+    total_loss, total_tokens = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start : start + batch_size]
+            n_predicted = batch.numel() - len(batch)
+            total_loss += float(model(input_ids=batch, labels=batch).loss) * n_predicted
+            total_tokens += n_predicted
+    return math.exp(total_loss / total_tokens), total_tokens
+
+
+def build_embedded_model(
+    out_dir: str | Path,
+    texts: Sequence[str],
+    *,
+    seed: int = 0,
+    steps: int | None = None,
+    config: EmbeddedModelConfig = DEFAULT_CONFIG,
+    on_step: Callable[[int, float], None] | None = None,
+    **overrides: Any,
+) -> BuildReport:
+    """Train tokenizer and Llama on `texts` into `out_dir` atomically: an interrupted build leaves no out_dir.
+
+    `overrides` replace fields of `config` (e.g. hidden_size=64); `on_step(step, loss)` runs after each step.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise FileExistsError(f"embedded model: '{out_dir}' already exists")
+    cfg = replace(config, **overrides, **({} if steps is None else {"steps": steps}))
+    order = list(range(len(texts)))
+    random.Random(seed).shuffle(order)
+    n_heldout = max(1, round(len(texts) * cfg.heldout_fraction))
+    heldout = [texts[i] for i in sorted(order[:n_heldout])]
+    train = [texts[i] for i in sorted(order[n_heldout:])]
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        report = _train_into(tmp_dir, train, heldout, cfg, seed, on_step)
+        report.out_dir = out_dir
+        report.texts_sha256 = texts_digest(texts)
+        (tmp_dir / BUILD_INFO_FILE).write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        os.rename(tmp_dir, out_dir)
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return report
+
+
+def _train_into(
+    tmp_dir: Path, train: list[str], heldout: list[str], cfg: EmbeddedModelConfig, seed: int,
+    on_step: Callable[[int, float], None] | None,
+) -> BuildReport:
+    tokenizer = train_tokenizer(train, cfg.vocab_size)
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    encode = tokenizer.backend_tokenizer.encode_batch
+    train_ids = [e.ids for e in encode(train, add_special_tokens=False)]
+    heldout_ids = [e.ids for e in encode(heldout, add_special_tokens=False)]
+    train_rows = _packed_sequences(train_ids, bos, eos, cfg.seq_len)
+    heldout_rows = _packed_sequences(heldout_ids, bos, eos, cfg.seq_len)[: cfg.max_heldout_sequences]
+
+    with _deterministic_cpu(seed, cfg.threads):
+        model = LlamaForCausalLM(_llama_config(cfg, tokenizer))
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),
+                                      weight_decay=cfg.weight_decay)
+        schedule = get_cosine_schedule_with_warmup(optimizer, cfg.warmup_steps, cfg.steps)
+        generator = torch.Generator().manual_seed(seed)
+        order = torch.randperm(len(train_rows), generator=generator)
+        cursor, losses = 0, []
+        start = time.perf_counter()
+        for step in range(cfg.steps):
+            if cursor + cfg.batch_size > len(order):
+                order, cursor = torch.randperm(len(train_rows), generator=generator), 0
+            batch = train_rows[order[cursor : cursor + cfg.batch_size]]
+            cursor += cfg.batch_size
+            loss = model(input_ids=batch, labels=batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            schedule.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(float(loss.detach()))
+            if on_step is not None:
+                on_step(step, losses[-1])
+        train_seconds = time.perf_counter() - start
+        perplexity, heldout_tokens = _heldout_perplexity(model, heldout_rows, cfg.batch_size)
+
+    model.save_pretrained(tmp_dir)
+    tokenizer.save_pretrained(tmp_dir)
+    tokens_seen = cfg.steps * cfg.batch_size * cfg.seq_len
+    return BuildReport(
+        out_dir=tmp_dir, config=asdict(cfg), seed=seed, steps=cfg.steps,
+        train_seconds=round(train_seconds, 2),
+        tokens_seen=tokens_seen, tokens_per_second=round(tokens_seen / max(train_seconds, 1e-9), 1),
+        heldout_perplexity=perplexity, heldout_tokens=heldout_tokens, n_train_texts=len(train),
+        n_heldout_texts=len(heldout), texts_sha256="", losses=losses,
+    )
+
+
+_SUBJECTS = ["the teacher", "a young farmer", "my neighbour", "the old captain", "Maria", "Dr. Chen",
+             "the committee", "our small team", "a tired student", "the baker", "Jonas", "the city council",
+             "a curious child", "the night nurse", "Amélie", "the engineers", "his grandmother",
+             "the new manager"]
+_VERBS = ["found", "painted", "repaired", "sold", "borrowed", "described", "carried", "opened", "ignored",
+          "discovered", "measured", "cleaned", "wrote about", "argued over", "returned", "photographed"]
+_OBJECTS = ["a broken bicycle", "the red door", "three letters", "an old map", "the garden wall",
+            "a wooden boat", "the river bridge", "twelve apples", "a quiet café", "the school roof",
+            "a strange key", "the kitchen table", "her résumé", "a blue umbrella", "the museum guide",
+            "two paper lanterns"]
+_PLACES = ["in the village", "near the station", "at the market", "by the lake", "in Paris",
+           "behind the library", "on the north road", "at home", "in the mountains", "under the bridge",
+           "at the harbour"]
+_TIMES = ["on Monday", "last winter", "in 1987", "at 6:30", "before dawn", "after the storm", "every Sunday",
+          "in early May", "yesterday", "around noon", "on 14 July"]
+_ADJECTIVES = ["calm", "noisy", "bright", "cold", "strange", "pleasant", "difficult", "naïve", "careful",
+               "quick"]
+_REASONS = ["because it was raining", "since nobody else would", "so that the children could play",
+            "although it cost $12.50", "because the road was closed", "as the weather turned"]
+
+
+def _sentence(rng: random.Random) -> str:
+    s, v, o, p, t = (rng.choice(x) for x in (_SUBJECTS, _VERBS, _OBJECTS, _PLACES, _TIMES))
+    adj, reason, n = rng.choice(_ADJECTIVES), rng.choice(_REASONS), rng.randint(2, 99)
+    forms = [
+        f"{s} {v} {o} {p} {t}.",
+        f"{t}, {s} {v} {o} {reason}.",
+        f"It was a {adj} day {p}, and {s} {v} {o}.",
+        f"\"Why,\" asked {s}, \"would anyone need {o}?\"",
+        f"{s} {v} {o} — {reason}.",
+        f"There were {n} people {p} {t}; most of them felt {adj}.",
+        f"Nobody expected that {s} {v} {o}.",
+        f"{s} said the morning felt {adj}, then {v} {o} {p}.",
+        f"After {n} minutes, {s} {v} {o} again!",
+        f"Was it {adj}? {s[0].upper() + s[1:]} thought so, {t}.",
+    ]
+    text = rng.choice(forms)
+    return text[0].upper() + text[1:]
+
+
+def generated_texts(n_texts: int = 12000, *, seed: int = 0) -> list[str]:
+    """English-like templated passages of 2-6 sentences: enough structure to learn, varied enough to test."""
+    rng = random.Random(seed)
+    return [" ".join(_sentence(rng) for _ in range(rng.randint(2, 6))) for _ in range(n_texts)]
+
+
+def embedded_training_texts() -> list[str]:
+    """The texts the default embedded model is trained on."""
+    return generated_texts()
+
+
+def _default_cache_dir() -> Path:
+    return Path(os.environ.get("POOLBENCH_CACHE", Path.home() / ".cache" / "poolbench"))
+
+
+def embedded_model_dir(texts: Sequence[str], config: EmbeddedModelConfig, seed: int = 0,
+                       cache_dir: str | Path | None = None) -> Path:
+    """models/embedded-llama-v1-<short hash of config, seed and texts>: a new recipe gets a new directory."""
+    recipe = json.dumps({"config": asdict(config), "seed": seed, "texts": texts_digest(texts)},
+                        sort_keys=True)
+    key = hashlib.sha256(recipe.encode()).hexdigest()[:12]
+    return Path(cache_dir or _default_cache_dir()) / "models" / f"{MODEL_FAMILY}-{key}"
+
+
+def ensure_embedded_model(cache_dir: str | Path | None = None) -> Path:
+    """The embedded model's directory, built first if missing (minutes on 2 CPU cores, once per recipe)."""
+    texts = embedded_training_texts()
+    out_dir = embedded_model_dir(texts, DEFAULT_CONFIG, cache_dir=cache_dir)
+    if (out_dir / BUILD_INFO_FILE).is_file():
+        return out_dir
+    try:
+        build_embedded_model(out_dir, texts, config=DEFAULT_CONFIG)
+    except OSError:
+        if not (out_dir / BUILD_INFO_FILE).is_file():  # unless a concurrent build renamed its dir first
+            raise
+    return out_dir

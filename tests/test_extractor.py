@@ -7,6 +7,10 @@ import random
 import numpy as np
 import pytest
 import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from torch import nn
+from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.batching import plan_batches
 from poolbench.extractor.extract import (
@@ -19,9 +23,6 @@ from poolbench.extractor.extract import (
 )
 from poolbench.extractor.hook_points import HookPointError, add_hooks, capture_layer_outputs
 from poolbench.passage import Passage
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from torch import nn
-from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 CORPUS = [
     "The cat sat on the mat.",

@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import nn
+
 from poolbench.errors import PoolBenchError
 from poolbench.passage import Passage
-from torch import nn
 
 from .activations import ActivationBatch
 from .batching import plan_batches
@@ -158,7 +159,9 @@ def prepare_batches(
 
 def _model_inputs(model: nn.Module, batch: PaddedBatch) -> dict[str, torch.Tensor | bool]:
     """Tensors on the model's device. Left-padded batches get positions counted from each row's first real
-    token, as generate() does, so real tokens sit where they would unpadded."""
+    token, as generate() does, so real tokens sit where they would unpadded (transformers 5 forwards
+    default to arange(T) whatever the mask). Offset-position models (RoBERTa) need right padding, their
+    tokenizers' default."""
     device = next(model.parameters()).device
     accepted = inspect.signature(model.forward).parameters
     mask = torch.from_numpy(batch.attention_mask).to(device=device, dtype=torch.long)

@@ -3,6 +3,8 @@
 In the spirit of TransformerLens's hook_points.py: "layers.{L}.out" is the residual stream right after
 block L (before any final norm), whatever the architecture. Blocks may return the hidden state itself or a
 tuple whose first element is it (older transformers releases, some remote-code models); both are handled.
+HF's `output_hidden_states` tuple has layers.L.out at index L+1, except its last entry, which transformers 5
+replaces with the final-normed `last_hidden_state` for models with a final norm (Llama, not BERT).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 
 import torch
-from poolbench.errors import PoolBenchError
 from torch import nn
+
+from poolbench.errors import PoolBenchError
 
 from .activations import hook_point_name
 

@@ -1,0 +1,275 @@
+"""load_model: any Hugging Face causal LM or encoder (hub id, local dir or the embedded model), ready to hook.
+
+Hub ids go through `from_pretrained(id)` as usual; a complete cached snapshot is loaded with
+`local_files_only=True` so offline runs neither wait on network retries nor see a moving `main`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+)
+
+from poolbench.errors import ModelLoadError
+
+EMBEDDED = "embedded"
+WEIGHTS_HASH_SIDECAR = ".poolbench_weights_hash.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# model_args keys that also select which config/tokenizer files are read, not just model weights.
+_HUB_ARGS = ("revision", "trust_remote_code", "token", "cache_dir", "subfolder")
+
+
+@dataclass
+class LoadedModel:
+    """A model in eval mode with its fast tokenizer and what the extractor needs to hook its blocks."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    model_id: str  # as the caller named it ("embedded", "meta-llama/Llama-3.2-1B", "/models/x")
+    path: Path  # the local directory the weights were read from (a hub snapshot dir for hub ids)
+    kind: str  # "causal" | "encoder"
+    n_layers: int
+    hidden_size: int
+    dtype: torch.dtype
+    device: torch.device
+    weights_hash: str  # sha256 over the weight files' bytes
+    decoder_layers: nn.ModuleList  # the transformer blocks, in order
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' is cuda when available, else cpu; an explicit cuda device without CUDA is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise ModelLoadError(f"device '{device}' is not a torch device") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device '{device}' requested but CUDA is not available")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """'auto' is bfloat16 on cuda and float32 on cpu (half precision on CPU is slow and lossy)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"dtype '{dtype}' is not one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def model_kind(config: PretrainedConfig) -> str:
+    """'causal' for decoder LMs, 'encoder' for BERT-likes: saved architectures decide, else the model type."""
+    architectures = config.architectures or []
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
+        return "causal"
+    if architectures:
+        return "encoder" if config.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES else "causal"
+    if (config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            and config.model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES):
+        return "causal"
+    return "encoder"
+
+
+def find_decoder_layers(model: nn.Module, n_layers: int) -> nn.ModuleList:
+    """The ModuleList of transformer blocks: length num_hidden_layers, the largest such list if several."""
+    candidates = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == n_layers]
+    if not candidates:
+        raise ModelLoadError(f"model {type(model).__name__}: no ModuleList of {n_layers} transformer blocks")
+    return max(candidates, key=lambda m: sum(p.numel() for p in m.parameters()))
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The files the weights load from: *.safetensors if any (transformers prefers them), else *.bin."""
+    safetensors = sorted(path.glob("*.safetensors"))
+    return safetensors or sorted(path.glob("*.bin"))
+
+
+def weights_hash(path: Path) -> str:
+    """sha256 over the weight files' bytes in name order, cached in a sidecar keyed by size+mtime per file."""
+    files = weight_files(path)
+    if not files:
+        raise ModelLoadError(f"model directory '{path}' has no *.safetensors or *.bin weight files")
+    key = [[f.name, (st := f.stat()).st_size, st.st_mtime_ns] for f in files]
+    sidecar = path / WEIGHTS_HASH_SIDECAR
+    try:
+        cached = json.loads(sidecar.read_text())
+        if cached.get("files") == key:
+            return str(cached["sha256"])
+    except (OSError, ValueError, AttributeError):
+        pass
+    digest = hashlib.sha256()
+    for f in files:
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 22):
+                digest.update(chunk)
+    sha = digest.hexdigest()
+    tmp = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps({"files": key, "sha256": sha}))
+        os.replace(tmp, sidecar)
+    except OSError:  # a read-only model directory: hash again next time
+        tmp.unlink(missing_ok=True)
+    return sha
+
+
+def _coerce(value: Any) -> Any:
+    """CLI model args arrive as strings: 'true'/'false' must not reach from_pretrained as truthy strings."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
+
+
+def _looks_like_path(model: str) -> bool:
+    """Hub ids are 'name' or 'org/name'; anything else is meant as a local path."""
+    return (os.path.isabs(model) or model.startswith((".", "~")) or model.count("/") > 1
+            or (os.sep != "/" and os.sep in model))
+
+
+def _hub_unreachable() -> bool:
+    """A cheap offline check (HF_HUB_OFFLINE or no DNS for the endpoint) to skip ~30 s of download retries."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return True
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy")):
+        return False
+    try:
+        socket.getaddrinfo(urlparse(constants.ENDPOINT).hostname or "", 443)
+    except OSError:
+        return True
+    return False
+
+
+def _not_found(model: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"model '{model}' not found: no such directory and no cached Hugging Face snapshot (offline)")
+
+
+def _cached_snapshot(model: str, hub_args: dict[str, Any]) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(model, "config.json", cache_dir=hub_args.get("cache_dir"),
+                                   revision=hub_args.get("revision"))
+    if isinstance(found, str):
+        snapshot = Path(found).parent
+        return snapshot if weight_files(snapshot) else None
+    return None
+
+
+def _load_from(source: str, *, local_only: bool, dtype: torch.dtype,
+               model_args: dict[str, Any]) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str]:
+    hub_args = {k: v for k, v in model_args.items() if k in _HUB_ARGS}
+    config = AutoConfig.from_pretrained(source, local_files_only=local_only, **hub_args)
+    kind = model_kind(config)
+    auto = AutoModelForCausalLM if kind == "causal" else AutoModel
+    model = auto.from_pretrained(source, config=config, dtype=dtype, local_files_only=local_only,
+                                 **model_args)
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local_only, **hub_args)
+    return model, tokenizer, kind
+
+
+def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, model: str) -> PreTrainedTokenizerBase:
+    """Require a fast tokenizer (pooling aligns tokens to characters via offsets) and a pad token.
+
+    A tokenizer without a pad token pads with its eos token: the attention mask hides padding, any id works.
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        raise ModelLoadError(f"model '{model}': tokenizer {type(tokenizer).__name__} is not a fast "
+                             "tokenizer, and PoolBench needs its offsets mapping")
+    if tokenizer.pad_token is None:
+        if tokenizer.eos_token is None:
+            raise ModelLoadError(f"model '{model}': tokenizer has neither a pad nor an eos token to pad with")
+        tokenizer.pad_token = tokenizer.eos_token
+    probe = tokenizer("probe text", return_offsets_mapping=True)
+    if "offset_mapping" not in probe:
+        raise ModelLoadError(f"model '{model}': tokenizer returns no offsets mapping")
+    return tokenizer
+
+
+def load_model(model: str, *, dtype: str | torch.dtype = "auto", device: str = "auto",
+               model_args: dict | None = None) -> LoadedModel:
+    """Load a hub id, a local directory or "embedded" (built on first use) in eval mode with no grad."""
+    reserved = ("dtype", "torch_dtype", "local_files_only", "config")
+    model_args = {k: _coerce(v) for k, v in (model_args or {}).items() if k not in reserved}
+    target_device = resolve_device(device)
+    target_dtype = resolve_dtype(dtype, target_device)
+    hub_args = {k: v for k, v in model_args.items() if k in _HUB_ARGS}
+
+    if model == EMBEDDED:
+        from poolbench.extractor.embedded_model import ensure_embedded_model
+
+        local: Path | None = ensure_embedded_model()
+    else:
+        candidate = Path(model).expanduser()
+        local = candidate if candidate.is_dir() else None
+        if local is None and _looks_like_path(model):
+            raise _not_found(model)
+    try:
+        if local is not None:
+            loaded, tokenizer, kind = _load_from(str(local), local_only=True, dtype=target_dtype,
+                                                 model_args=model_args)
+        else:
+            loaded, tokenizer, kind, local = _load_hub(model, target_dtype, model_args, hub_args)
+    except OSError as exc:
+        raise ModelLoadError(f"model '{model}' could not be loaded: {str(exc).splitlines()[0]}") from exc
+    except ValueError as exc:
+        raise ModelLoadError(f"model '{model}' is not supported: {str(exc).splitlines()[0]}") from exc
+
+    loaded.to(target_device)
+    loaded.eval()
+    loaded.requires_grad_(False)
+    text_config = loaded.config.get_text_config()
+    n_layers = int(text_config.num_hidden_layers)
+    return LoadedModel(
+        model=loaded, tokenizer=prepare_tokenizer(tokenizer, model), model_id=model, path=local, kind=kind,
+        n_layers=n_layers, hidden_size=int(text_config.hidden_size), dtype=target_dtype, device=target_device,
+        weights_hash=weights_hash(local), decoder_layers=find_decoder_layers(loaded, n_layers),
+    )
+
+
+def _load_hub(model: str, dtype: torch.dtype, model_args: dict[str, Any], hub_args: dict[str, Any],
+              ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, str, Path]:
+    """A cached snapshot loads offline; otherwise from_pretrained(id) downloads as usual."""
+    snapshot = _cached_snapshot(model, hub_args)
+    if snapshot is not None:
+        try:
+            return (*_load_from(model, local_only=True, dtype=dtype, model_args=model_args),
+                    snapshot)
+        except OSError:
+            pass  # an incomplete snapshot: let the hub fill it in
+    if _hub_unreachable():
+        raise _not_found(model)
+    try:
+        loaded, tokenizer, kind = _load_from(model, local_only=False, dtype=dtype,
+                                             model_args=model_args)
+    except OSError as exc:
+        raise ModelLoadError(f"model '{model}' not found: no such directory and not loadable from the "
+                             f"Hugging Face Hub ({str(exc).splitlines()[0]})") from exc
+    snapshot = _cached_snapshot(model, hub_args)
+    if snapshot is None:
+        raise ModelLoadError(f"model '{model}': loaded from the hub but its snapshot directory was not found")
+    return loaded, tokenizer, kind, snapshot

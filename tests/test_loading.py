@@ -1,0 +1,210 @@
+"""load_model on tiny locally built Llama, GPT-2 and BERT directories, a fake hub cache, and bad inputs."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import huggingface_hub.constants
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import (
+    BertConfig,
+    BertModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+from poolbench.errors import ModelLoadError
+from poolbench.extractor import embedded_model, loading
+from poolbench.extractor.loading import load_model
+
+TEXTS = embedded_model.generated_texts(200, seed=3)
+
+
+def _byte_level_tokenizer(with_pad: bool) -> PreTrainedTokenizerFast:
+    """The embedded model's tokenizer recipe, optionally without a pad token (as many causal LMs ship)."""
+    trained = embedded_model.train_tokenizer(TEXTS, vocab_size=320)
+    if with_pad:
+        return trained
+    return PreTrainedTokenizerFast(tokenizer_object=trained.backend_tokenizer, bos_token="<s>",
+                                   eos_token="</s>")
+
+
+def _save_llama(path: Path, seed: int = 0) -> Path:
+    tokenizer = _byte_level_tokenizer(with_pad=False)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, intermediate_size=64,
+                         max_position_embeddings=64)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _save_llama(tmp_path_factory.mktemp("llama") / "tiny-llama")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_loads_tiny_llama(llama_dir: Path) -> None:
+    loaded = load_model(str(llama_dir))
+    assert (loaded.kind, loaded.n_layers, loaded.hidden_size) == ("causal", 2, 32)
+    assert loaded.model_id == str(llama_dir) and loaded.path == llama_dir
+    assert loaded.decoder_layers is loaded.model.model.layers
+    assert (loaded.dtype, loaded.device) == (torch.float32, torch.device("cpu"))
+    assert all(p.dtype == torch.float32 and not p.requires_grad for p in loaded.model.parameters())
+    assert not loaded.model.training
+    assert loaded.tokenizer.is_fast
+    assert loaded.tokenizer.pad_token == loaded.tokenizer.eos_token == "</s>"
+    enc = loaded.tokenizer(["a", "The café"], padding=True, return_offsets_mapping=True)
+    tok = loaded.tokenizer
+    assert enc["input_ids"][0][:2] == [tok.bos_token_id, tok.convert_tokens_to_ids("a")]
+    assert enc["offset_mapping"][0][:2] == [(0, 0), (0, 1)]
+    assert set(enc["input_ids"][0][2:]) == {loaded.tokenizer.eos_token_id}  # padded with eos
+    assert enc["offset_mapping"][1][0] == (0, 0) and enc["offset_mapping"][1][-1][1] == len("The café")
+
+
+@pytest.mark.parametrize(("dtype", "expected"), [("float16", torch.float16), ("bfloat16", torch.bfloat16),
+                                                 (torch.float32, torch.float32)])
+def test_dtype_is_applied(llama_dir: Path, dtype: str | torch.dtype, expected: torch.dtype) -> None:
+    loaded = load_model(str(llama_dir), dtype=dtype)
+    assert loaded.dtype == expected
+    assert {p.dtype for p in loaded.model.parameters()} == {expected}
+
+
+def test_dtype_and_device_resolution() -> None:
+    assert loading.resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert loading.resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
+    with pytest.raises(ModelLoadError, match="dtype 'int8'"):
+        loading.resolve_dtype("int8", torch.device("cpu"))
+    assert loading.resolve_device("cpu") == torch.device("cpu")
+    if not torch.cuda.is_available():
+        assert loading.resolve_device("auto") == torch.device("cpu")
+        with pytest.raises(ModelLoadError, match="device 'cuda:0'"):
+            loading.resolve_device("cuda:0")
+
+
+def test_weights_hash_is_sha256_of_the_file_cached_and_tracks_changes(tmp_path: Path) -> None:
+    path = _save_llama(tmp_path / "m", seed=0)
+    first = load_model(str(path)).weights_hash
+    assert first == _sha256(path / "model.safetensors")
+    assert (path / loading.WEIGHTS_HASH_SIDECAR).is_file()
+    assert load_model(str(path)).weights_hash == first
+
+    (path / loading.WEIGHTS_HASH_SIDECAR).write_text(
+        (path / loading.WEIGHTS_HASH_SIDECAR).read_text().replace(first, "0" * 64))
+    assert loading.weights_hash(path) == "0" * 64  # the sidecar is trusted while size+mtime match
+
+    model = LlamaForCausalLM.from_pretrained(path)
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight[0, 0] += 1.0
+    model.save_pretrained(path)
+    changed = load_model(str(path)).weights_hash
+    assert changed == _sha256(path / "model.safetensors") and changed != first
+
+
+def test_missing_path_is_one_line_error(tmp_path: Path) -> None:
+    missing = tmp_path / "no" / "such-model"
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(missing))
+    assert str(err.value) == (f"model '{missing}' not found: no such directory and no cached "
+                              "Hugging Face snapshot (offline)")
+    assert "\n" not in str(err.value)
+
+
+def test_uncached_hub_id_offline_is_one_line_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelLoadError, match=r"^model 'acme/absent' not found: .*\(offline\)$"):
+        load_model("acme/absent", model_args={"cache_dir": str(tmp_path)})
+
+
+def test_hub_id_loads_from_cached_snapshot(llama_dir: Path, tmp_path: Path) -> None:
+    """The Hugging Face cache layout: models--org--name/{refs/main, snapshots/<commit>/...}."""
+    repo = tmp_path / "models--acme--tiny-llama"
+    snapshot = repo / "snapshots" / "0123abcd"
+    shutil.copytree(llama_dir, snapshot, ignore=shutil.ignore_patterns(loading.WEIGHTS_HASH_SIDECAR))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0123abcd")
+    loaded = load_model("acme/tiny-llama", model_args={"cache_dir": str(tmp_path)})
+    assert loaded.model_id == "acme/tiny-llama" and loaded.path == snapshot
+    assert loaded.weights_hash == _sha256(llama_dir / "model.safetensors")
+    assert loaded.n_layers == 2
+
+
+def test_gpt2_blocks_are_found(tmp_path: Path) -> None:
+    tokenizer = _byte_level_tokenizer(with_pad=False)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=3, n_head=2,
+                               n_positions=64)).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    assert (loaded.kind, loaded.n_layers, loaded.hidden_size) == ("causal", 3, 32)
+    assert loaded.decoder_layers is loaded.model.transformer.h
+
+
+def _wordpiece_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(TEXTS, trainers.WordPieceTrainer(
+        vocab_size=300, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"], show_progress=False))
+    cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
+                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+
+
+def test_bert_loads_as_encoder(tmp_path: Path) -> None:
+    tokenizer = _wordpiece_tokenizer()
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64)
+    BertModel(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    assert (loaded.kind, loaded.n_layers, loaded.hidden_size) == ("encoder", 2, 32)
+    assert loaded.decoder_layers is loaded.model.encoder.layer
+    assert loaded.tokenizer.pad_token == "[PAD]"
+    text = "Maria sold twelve apples."
+    enc = loaded.tokenizer(text, return_offsets_mapping=True)
+    tokens = loaded.tokenizer.convert_ids_to_tokens(enc["input_ids"])
+    assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
+    assert enc["offset_mapping"][0] == enc["offset_mapping"][-1] == (0, 0)
+    spans = enc["offset_mapping"][1:-1]
+    assert [text[s:e].lower() for s, e in spans] == [t.removeprefix("##") for t in tokens[1:-1]]
+    assert "".join(text[s:e] for s, e in spans) == text.replace(" ", "")
+
+
+@pytest.mark.parametrize(("config", "kind"), [
+    (LlamaConfig(), "causal"),
+    (GPT2Config(architectures=["GPT2LMHeadModel"]), "causal"),
+    (BertConfig(), "encoder"),
+    (BertConfig(architectures=["BertForMaskedLM"]), "encoder"),
+    (BertConfig(architectures=["BertLMHeadModel"], is_decoder=True), "causal"),
+])
+def test_model_kind(config: object, kind: str) -> None:
+    assert loading.model_kind(config) == kind
+
+
+def test_slow_tokenizer_is_refused() -> None:
+    slow = SimpleNamespace(is_fast=False)
+    with pytest.raises(ModelLoadError, match=r"^model 'x/y': tokenizer SimpleNamespace is not a fast "):
+        loading.prepare_tokenizer(slow, "x/y")
+
+
+def test_embedded_name_resolves_to_its_directory(llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedded_model, "ensure_embedded_model", lambda: llama_dir)
+    loaded = load_model("embedded")
+    assert loaded.model_id == "embedded" and loaded.path == llama_dir

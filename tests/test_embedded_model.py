@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -19,16 +20,17 @@ from poolbench.extractor.loading import load_model
 TINY = dict(vocab_size=384, hidden_size=64, n_layers=2, n_heads=2, n_kv_heads=1, intermediate_size=128,
             seq_len=64, batch_size=8, steps=60, warmup_steps=5, max_heldout_sequences=8, threads=1)
 TEXTS = em.generated_texts(400, seed=1)
+Builds = tuple[em.BuildReport, em.BuildReport]
 
 
 @pytest.fixture(scope="module")
-def tiny_builds(tmp_path_factory: pytest.TempPathFactory) -> tuple[em.BuildReport, em.BuildReport]:
+def tiny_builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
     root = tmp_path_factory.mktemp("embedded")
     return (em.build_embedded_model(root / "a", TEXTS, seed=0, **TINY),
             em.build_embedded_model(root / "b", TEXTS, seed=0, **TINY))
 
 
-def test_two_builds_give_identical_bytes(tiny_builds: tuple[em.BuildReport, em.BuildReport]) -> None:
+def test_two_builds_give_identical_bytes(tiny_builds: Builds) -> None:
     a, b = (r.out_dir for r in tiny_builds)
     assert (a / "model.safetensors").read_bytes() == (b / "model.safetensors").read_bytes()
     assert (a / "tokenizer.json").read_bytes() == (b / "tokenizer.json").read_bytes()
@@ -47,7 +49,7 @@ def test_build_restores_global_torch_state(tmp_path: Path) -> None:
     assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == (threads, deterministic)
 
 
-def test_loss_starts_at_log_vocab_and_decreases(tiny_builds: tuple[em.BuildReport, em.BuildReport]) -> None:
+def test_loss_starts_at_log_vocab_and_decreases(tiny_builds: Builds) -> None:
     report = tiny_builds[0]
     assert len(report.losses) == 60
     # A fresh model predicts nearly uniformly over the 384 tokens: loss ≈ ln(384) = 5.95.
@@ -56,7 +58,7 @@ def test_loss_starts_at_log_vocab_and_decreases(tiny_builds: tuple[em.BuildRepor
     assert report.heldout_perplexity < 384 / 4
 
 
-def test_build_report_written_next_to_weights(tiny_builds: tuple[em.BuildReport, em.BuildReport]) -> None:
+def test_build_report_written_next_to_weights(tiny_builds: Builds) -> None:
     report = tiny_builds[0]
     info = json.loads((report.out_dir / em.BUILD_INFO_FILE).read_text())
     assert info["steps"] == 60 and info["seed"] == 0
@@ -81,9 +83,6 @@ def test_interrupted_build_leaves_nothing(tmp_path: Path) -> None:
 def test_existing_out_dir_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError, match=re.escape(str(tmp_path))):
         em.build_embedded_model(tmp_path, TEXTS, **TINY)
-
-
-Builds = tuple[em.BuildReport, em.BuildReport]
 
 
 def test_loads_through_auto_classes_and_load_model(tiny_builds: Builds) -> None:
@@ -113,7 +112,7 @@ def _token_bytes(token: str) -> bytes:
     "naïve résumé — 🙂 straße",
     "  two leading spaces and a trailing one ",
 ])
-def test_offsets_are_character_spans(tiny_builds: tuple[em.BuildReport, em.BuildReport], text: str) -> None:
+def test_offsets_are_character_spans(tiny_builds: Builds, text: str) -> None:
     """Offset rules: leading spaces are trimmed, so a whitespace-only token has the empty span (end, end);
     a token holding part of a multi-byte character has that whole character's span, shared with the
     token(s) holding its other bytes, so each run of tokens with one span spells exactly that substring."""
@@ -162,7 +161,7 @@ def test_default_build_learns(tmp_path: Path) -> None:
     """The real default recipe: minutes on 2 cores; held-out perplexity far below the 4096-token vocab."""
     path = em.ensure_embedded_model(tmp_path)
     info = json.loads((path / em.BUILD_INFO_FILE).read_text())
-    assert info["config"] == {**em.DEFAULT_CONFIG.__dict__}
+    assert info["config"] == asdict(em.DEFAULT_CONFIG)
     assert info["heldout_perplexity"] < 50
     loaded = load_model(str(path))
     assert (loaded.n_layers, loaded.hidden_size, loaded.kind) == (4, 256, "causal")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -38,6 +39,7 @@ from transformers import (
 MODEL_FAMILY = "embedded-llama-v1"
 BUILD_INFO_FILE = "poolbench_build.json"
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,12 +55,12 @@ class EmbeddedModelConfig:
     max_position_embeddings: int = 256
     seq_len: int = 128
     batch_size: int = 16
-    steps: int = 400
+    steps: int = 240
     lr: float = 3e-3
     warmup_steps: int = 20
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    threads: int = 2
+    threads: int = 1
     heldout_fraction: float = 0.05
     max_heldout_sequences: int = 64
 
@@ -332,8 +334,11 @@ def ensure_embedded_model(cache_dir: str | Path | None = None) -> Path:
     out_dir = embedded_model_dir(texts, DEFAULT_CONFIG, cache_dir=cache_dir)
     if (out_dir / BUILD_INFO_FILE).is_file():
         return out_dir
+    log.info("building the embedded model into %s (once; a few minutes on CPU)", out_dir)
     try:
-        build_embedded_model(out_dir, texts, config=DEFAULT_CONFIG)
+        report = build_embedded_model(out_dir, texts, config=DEFAULT_CONFIG)
+        log.info("embedded model built in %.0f s, held-out perplexity %.2f", report.train_seconds,
+                 report.heldout_perplexity)
     except OSError:
         if not (out_dir / BUILD_INFO_FILE).is_file():  # unless a concurrent build renamed its dir first
             raise

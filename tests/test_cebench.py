@@ -1,0 +1,138 @@
+"""CE-Bench: hand-computed contrastive/independent scores, token-span alignment, dataset format and errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from poolbench.cebench_data import (
+    CEBenchDataError,
+    generate_cebench,
+    load_cebench,
+    write_cebench,
+)
+from poolbench.prober.cebench import (
+    CEBenchError,
+    cebench_scores,
+    entry_means,
+    marked_token_mask,
+    normalise_jointly,
+)
+
+
+def _toy():
+    """Two entries, two features; stories ordered a0, b0, a1, b1."""
+    stories = [np.array([[1.0, 0], [3, 0]]), np.array([[0.0, 2]]),
+               np.array([[2.0, 1]]), np.array([[4.0, 0], [0, 0]])]
+    marked = [np.array([True, False]), np.array([False]), np.array([False]), np.array([False, True])]
+    return entry_means(stories, marked, ["e0", "e1"])
+
+
+def test_entry_means_by_hand():
+    means = _toy()
+    np.testing.assert_allclose(means.story_a, [[2, 0], [2, 1]])
+    np.testing.assert_allclose(means.story_b, [[0, 2], [2, 0]])
+    np.testing.assert_allclose(means.marked, [[1, 0], [0, 0]])
+    np.testing.assert_allclose(means.unmarked, [[1.5, 1], [3, 0.5]])
+
+
+def test_scores_by_hand():
+    # contrastive stack per feature: f0 {2,0,2,2} -> /2, f1 {0,2,1,0} -> /2
+    # entry0 |a-b| = [1, 1] -> 1; entry1 = [0, 0.5] -> 0.5; mean 0.75
+    # independent stack: f0 {1,1.5,0,3} -> /3, f1 {0,1,0,0.5} -> /1
+    # entry0 |m-u| = [1/6, 1] -> 1; entry1 = [1, 0.5] -> 1; mean 1
+    scores = cebench_scores(_toy())
+    assert scores.contrastive == pytest.approx(0.75)
+    assert scores.independent == pytest.approx(1.0)
+    assert scores.interpretability == pytest.approx(1.75)
+    np.testing.assert_allclose(scores.entry_contrastive, [1, 0.5])
+    np.testing.assert_allclose(scores.entry_independent, [1, 1])
+    np.testing.assert_allclose(scores.feature_contrastive, [0.5, 0.75])
+    np.testing.assert_allclose(scores.feature_independent, [7 / 12, 0.75])
+    top = scores.top_features(2)
+    assert [t["feature"] for t in top] == [1, 0]
+    assert top[0]["interpretability"] == pytest.approx(1.5)
+    assert top[1]["interpretability"] == pytest.approx(13 / 12)
+    assert list(scores.entry_contrastive_feature) == [0, 1]
+
+
+def test_normalise_jointly_uses_the_dataset_and_zeroes_constant_features():
+    first = np.array([[0.0, 5, 1], [10, 5, 1]])
+    second = np.array([[5.0, 5, 1], [2.5, 5, 3]])
+    a, b = normalise_jointly(first, second)
+    np.testing.assert_allclose(a, [[0, 0, 0], [1, 0, 0]])
+    np.testing.assert_allclose(b, [[0.5, 0, 0], [0.25, 0, 1]])
+    with pytest.raises(CEBenchError, match="at least 2"):
+        normalise_jointly(first[:1], second[:1])
+
+
+def test_scale_invariance_per_feature():
+    means = _toy()
+    scaled = type(means)(*(x * [10.0, 0.01] + [3, -7] for x in
+                           (means.story_a, means.story_b, means.marked, means.unmarked)))
+    assert cebench_scores(scaled).contrastive == pytest.approx(cebench_scores(means).contrastive)
+
+
+def test_marked_token_mask_overlap_and_empty_spans():
+    offsets = np.array([[0, 0], [0, 3], [3, 4], [4, 9], [9, 9]])
+    assert list(marked_token_mask(offsets, [(4, 9)])) == [False, False, False, True, False]
+    assert list(marked_token_mask(offsets, [(2, 5)])) == [False, True, True, True, False]
+    assert not marked_token_mask(offsets, [(20, 25)]).any()
+
+
+def test_entry_without_unmarked_or_marked_tokens_is_named():
+    stories = [np.ones((1, 2)), np.ones((1, 2)), np.ones((1, 2)), np.ones((1, 2))]
+    with pytest.raises(CEBenchError, match=r"'e1'.*no token overlaps"):
+        entry_means(stories, [[True], [False], [False], [False]], ["e0", "e1"])
+    with pytest.raises(CEBenchError, match=r"'e0'.*none left unmarked"):
+        entry_means(stories, [[True], [True], [True], [False]], ["e0", "e1"])
+
+
+def test_generator_is_deterministic_and_spans_mark_the_subject(tmp_path: Path):
+    entries = generate_cebench(12, seed=3)
+    assert entries == generate_cebench(12, seed=3)
+    assert entries != generate_cebench(12, seed=4)
+    for e in entries:
+        assert e.story_a != e.story_b
+        for story, spans in ((e.story_a, e.spans_a), (e.story_b, e.spans_b)):
+            assert len(spans) >= 2
+            assert all(story[s:t].lower() == e.subject.lower() for s, t in spans)
+    path = tmp_path / "ce.jsonl"
+    write_cebench(path, entries)
+    assert load_cebench(path) == entries
+
+
+def _write(path: Path, records: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
+    return path
+
+
+GOOD = {"id": "x1", "subject": "the cat", "story_a": "The cat sat.", "story_b": "The cat ran.",
+        "spans_a": [[0, 7]], "spans_b": [[0, 7]]}
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    ("{not json", r":2: invalid JSON"),
+    ({k: v for k, v in GOOD.items() if k != "story_b"}, r":2: story_b: missing field"),
+    ({**GOOD, "spans_a": [[0, 70]]}, r":2: spans_a\[0\]: span \[0, 70\] is not within"),
+    ({**GOOD, "spans_b": []}, r":2: spans_b: expected a non-empty list"),
+    ({**GOOD, "spans_b": [[0, "7"]]}, r":2: spans_b\[0\]: expected \[start, end\] integers"),
+    ({**GOOD, "subject": ""}, r":2: subject: expected a non-empty string"),
+    ({**GOOD, "colour": "red"}, r":2: colour: unknown field"),
+    ({**GOOD, "id": "x0"}, r":2: id: 'x0' already used on line 1"),
+])
+def test_malformed_line_is_one_line_error_with_file_line_and_field(tmp_path: Path, bad, message):
+    path = _write(tmp_path / "bad.jsonl", [{**GOOD, "id": "x0"}, bad, {**GOOD, "id": "x2"}])
+    with pytest.raises(CEBenchDataError, match=r"bad\.jsonl" + message) as info:
+        load_cebench(path)
+    assert "\n" not in str(info.value)
+
+
+def test_too_few_entries_and_missing_file(tmp_path: Path):
+    with pytest.raises(CEBenchDataError, match="at least 2"):
+        load_cebench(_write(tmp_path / "one.jsonl", [GOOD]))
+    with pytest.raises(CEBenchDataError, match="no such CE-Bench file"):
+        load_cebench(tmp_path / "missing.jsonl")

@@ -1,0 +1,52 @@
+"""StratifiedGroupKFold(shuffle=True) folds, identical to scikit-learn's, ~30x faster.
+
+scikit-learn's greedy assignment evaluates each candidate fold in a Python loop (~70 ms for 80 pairs);
+the reliability statistics draw ~7 fold sets per cell. This is the same algorithm with the candidate
+evaluation vectorised; tests check the folds equal scikit-learn's for many seeds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from sklearn.utils import check_random_state
+
+from poolbench.prober.d1 import _check_folds
+
+
+def stratified_group_splits(y: np.ndarray, groups: np.ndarray, n_folds: int = 5,
+                            seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train_idx, val_idx) per fold, equal to d1.cv_splits(y, groups, n_folds, seed) (grouped=True)."""
+    y, groups = np.asarray(y), np.asarray(groups)
+    _check_folds(y, groups, n_folds)
+    _, y_inv, y_cnt = np.unique(y, return_inverse=True, return_counts=True)
+    _, groups_inv, groups_cnt = np.unique(groups, return_inverse=True, return_counts=True)
+    y_inv, groups_inv = y_inv.ravel(), groups_inv.ravel()
+    counts = np.zeros((groups_cnt.size, y_cnt.size))
+    np.add.at(counts, (groups_inv, y_inv), 1)
+    perm = np.arange(groups_cnt.size)
+    check_random_state(seed).shuffle(perm)
+    counts = counts[perm]
+    inv_perm = np.empty_like(perm)
+    inv_perm[perm] = np.arange(perm.size)
+    groups_inv = inv_perm[groups_inv]
+    order = np.argsort(-np.std(counts, axis=1), kind="stable")
+    per_fold = np.zeros((n_folds, y_cnt.size))
+    fold_of_group = np.empty(groups_cnt.size, dtype=np.int64)
+    eye = np.eye(n_folds)[:, :, None]
+    for g in order:
+        candidates = per_fold[None, :, :] + eye * counts[g][None, None, :]
+        evals = np.std(candidates / y_cnt, axis=1).mean(axis=1)
+        sizes = per_fold.sum(axis=1)
+        best, best_eval, best_size = 0, math.inf, math.inf
+        for i in range(n_folds):
+            e = float(evals[i])
+            close = abs(e - best_eval) <= 1e-8 + 1e-5 * abs(best_eval)
+            if e < best_eval or (close and sizes[i] < best_size):
+                best, best_eval, best_size = i, e, sizes[i]
+        per_fold[best] += counts[g]
+        fold_of_group[g] = best
+    fold = fold_of_group[groups_inv]
+    index = np.arange(y.size)
+    return [(index[fold != k], index[fold == k]) for k in range(n_folds)]

@@ -1,0 +1,133 @@
+"""Is a comparison of two configurations decidable on this much data? McNemar's test on paired held-out
+predictions, its power by simulation (Card et al. 2020) and a data size from a uniform-convergence bound."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import binom
+from statsmodels.stats.contingency_tables import mcnemar
+
+from poolbench.prober.auroc import ProbeError
+from poolbench.prober.significance import delong_test, paired_bootstrap_auroc
+
+POWER_SIZES = (25, 50, 100, 200, 400, 800, 1600, 3200)
+
+
+@dataclass(frozen=True)
+class McNemarResult:
+    """table = [[both right, only A right], [only B right, both wrong]]; exact binomial p (discordant)."""
+
+    table: np.ndarray
+    statistic: float
+    p_value: float
+
+
+def _correctness(pred: np.ndarray, y: np.ndarray, name: str) -> np.ndarray:
+    pred, y = np.asarray(pred), np.asarray(y)
+    if pred.shape != y.shape:
+        raise ProbeError(f"McNemar: predictions of {name} have shape {pred.shape}, labels {y.shape}")
+    return pred == y
+
+
+def mcnemar_test(pred_a: np.ndarray, pred_b: np.ndarray, y: np.ndarray) -> McNemarResult:
+    """Exact McNemar test (statsmodels) of equal accuracy for two prediction vectors on the same passages."""
+    a, b = _correctness(pred_a, y, "A"), _correctness(pred_b, y, "B")
+    table = np.array([[np.sum(a & b), np.sum(a & ~b)], [np.sum(~a & b), np.sum(~a & ~b)]])
+    result = mcnemar(table, exact=True)
+    return McNemarResult(table=table, statistic=float(result.statistic), p_value=float(result.pvalue))
+
+
+def mcnemar_pvalues(only_a: np.ndarray, only_b: np.ndarray) -> np.ndarray:
+    """Exact McNemar p-values for arrays of discordant counts, as statsmodels computes them, vectorised."""
+    only_a, only_b = np.asarray(only_a), np.asarray(only_b)
+    n = only_a + only_b
+    p = 2.0 * binom.cdf(np.minimum(only_a, only_b), n, 0.5)
+    return np.where(n > 0, np.minimum(p, 1.0), 1.0)
+
+
+def simulate_power(correct_a: np.ndarray, correct_b: np.ndarray, sizes: Sequence[int] = POWER_SIZES, *,
+                   n_resamples: int = 1000, alpha: float = 0.05, seed: int = 0) -> list[tuple[int, float]]:
+    """(n, power) rows: the share of test sets of n passages, drawn with replacement, where McNemar p < alpha.
+
+    correct_* are [n_seeds, n_test] (or [n_test]) 0/1 correctness; each resample draws a seed row and then
+    passages, so the power is pooled over seeds.
+    """
+    a = np.atleast_2d(np.asarray(correct_a, dtype=bool))
+    b = np.atleast_2d(np.asarray(correct_b, dtype=bool))
+    if a.shape != b.shape or a.shape[1] == 0:
+        raise ProbeError(f"power: correctness arrays {a.shape} and {b.shape} must match and be non-empty")
+    only_a, only_b = (a & ~b).astype(np.int64), (~a & b).astype(np.int64)
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n in sizes:
+        which = rng.integers(0, a.shape[0], size=n_resamples)
+        picks = rng.integers(0, a.shape[1], size=(n_resamples, int(n)))
+        n_a = only_a[which[:, None], picks].sum(axis=1)
+        n_b = only_b[which[:, None], picks].sum(axis=1)
+        rows.append((int(n), float(np.mean(mcnemar_pvalues(n_a, n_b) < alpha))))
+    return rows
+
+
+def exact_mcnemar_power(acc_a: float, acc_b: float, n: int, alpha: float = 0.05) -> float:
+    """Power of the exact McNemar test when A's and B's correctness are independent Bernoulli(acc_a/acc_b)."""
+    p_only_a, p_only_b = acc_a * (1 - acc_b), (1 - acc_a) * acc_b
+    p_disc = p_only_a + p_only_b
+    if p_disc == 0:
+        return 0.0
+    power = 0.0
+    for m in range(n + 1):
+        k = np.arange(m + 1)
+        reject = mcnemar_pvalues(k, m - k) < alpha
+        power += binom.pmf(m, n, p_disc) * float(np.sum(binom.pmf(k, m, p_only_a / p_disc)[reject]))
+    return power
+
+
+def recommended_train_size(acc_a: float, acc_b: float, d: int, delta: float = 0.05) -> int | None:
+    """n solving eps = sqrt((ln|H| + ln(2/delta)) / (2n)) with |H| = 2^(32(d+1)), eps = |acc_a - acc_b| / 2.
+
+    A d-dimensional logistic probe in float32 is one of 2^(32(d+1)) hypotheses; None when accuracies tie.
+    """
+    eps = abs(acc_a - acc_b) / 2.0
+    if eps == 0.0:
+        return None
+    return math.ceil((32 * (d + 1) * math.log(2.0) + math.log(2.0 / delta)) / (2.0 * eps**2))
+
+
+def is_collapsed(mcnemar_p: float, diff_ci_low: float, diff_ci_high: float, alpha: float = 0.05) -> bool:
+    """Collapsed = no difference beyond noise: McNemar p >= alpha AND the paired AUROC-difference CI has 0."""
+    return mcnemar_p >= alpha and diff_ci_low <= 0.0 <= diff_ci_high
+
+
+def compare_configurations(pred_a: np.ndarray, pred_b: np.ndarray, scores_a: np.ndarray, scores_b: np.ndarray,
+                           y: np.ndarray, groups: np.ndarray, *, d: int, sizes: Sequence[int] = POWER_SIZES,
+                           n_resamples: int = 1000, n_bootstrap: int = 1000, alpha: float = 0.05,
+                           seed: int = 0) -> dict:
+    """Everything `poolbench-driver power` reports for two configurations scored on the same test passages.
+
+    pred_*/scores_* are [n_test] or [n_seeds, n_test]; the single-set tests use the first seed row.
+    """
+    pred_a, pred_b = np.atleast_2d(pred_a), np.atleast_2d(pred_b)
+    scores_a, scores_b = np.atleast_2d(scores_a), np.atleast_2d(scores_b)
+    y = np.asarray(y)
+    test = mcnemar_test(pred_a[0], pred_b[0], y)
+    boot = paired_bootstrap_auroc(scores_a[0], scores_b[0], y, groups, n_bootstrap=n_bootstrap, seed=seed,
+                                  level=1.0 - alpha)
+    delong = delong_test(scores_a[0], scores_b[0], y, level=1.0 - alpha)
+    acc_a, acc_b = float(np.mean(pred_a == y)), float(np.mean(pred_b == y))
+    return {
+        "n_test": int(y.size), "n_seeds": int(pred_a.shape[0]), "alpha": alpha,
+        "accuracy_a": acc_a, "accuracy_b": acc_b,
+        "mcnemar": {"table": test.table.tolist(), "statistic": test.statistic, "p_value": test.p_value},
+        "auroc_a": boot.auroc_a, "auroc_b": boot.auroc_b, "auroc_difference": boot.difference,
+        "paired_bootstrap": {"ci_low": boot.ci_low, "ci_high": boot.ci_high, "p_value": boot.p_value},
+        "delong": {"ci_low": delong.ci_low, "ci_high": delong.ci_high, "p_value": delong.p_value},
+        "power": [{"n": n, "power": p} for n, p in simulate_power(pred_a == y, pred_b == y, sizes,
+                                                                  n_resamples=n_resamples, alpha=alpha,
+                                                                  seed=seed)],
+        "recommended_train_size": recommended_train_size(acc_a, acc_b, d),
+        "collapsed": is_collapsed(test.p_value, boot.ci_low, boot.ci_high, alpha),
+    }

@@ -1,0 +1,75 @@
+"""McNemar against statsmodels, simulated power against the exact binomial power, the data-size bound."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from statsmodels.stats.contingency_tables import mcnemar
+
+from poolbench.prober.power import (
+    compare_configurations,
+    exact_mcnemar_power,
+    is_collapsed,
+    mcnemar_pvalues,
+    mcnemar_test,
+    recommended_train_size,
+    simulate_power,
+)
+
+
+def test_mcnemar_table_and_p_match_statsmodels():
+    y = np.array([1, 1, 1, 1, 0, 0, 0, 0, 1, 0])
+    a = np.array([1, 1, 1, 0, 0, 0, 1, 0, 1, 0])  # right on 8
+    b = np.array([1, 0, 0, 0, 0, 1, 1, 1, 1, 0])  # right on 5
+    out = mcnemar_test(a, b, y)
+    # both right: idx 0,4,8,9 = 4; only A: 1,2,5,7 = 4; only B: 3? no (both wrong), 6? both wrong -> 0
+    assert out.table.tolist() == [[4, 4], [0, 2]]
+    assert out.p_value == pytest.approx(mcnemar([[4, 4], [0, 2]], exact=True).pvalue)
+    assert out.p_value == pytest.approx(2 * 0.5**4)
+
+
+@pytest.mark.parametrize(("b", "c"), [(0, 0), (3, 9), (10, 10), (40, 22), (1, 30)])
+def test_vectorised_mcnemar_equals_statsmodels(b, c):
+    assert mcnemar_pvalues(np.array([b]), np.array([c]))[0] == pytest.approx(
+        mcnemar([[5, b], [c, 5]], exact=True).pvalue)
+
+
+def test_simulated_power_recovers_planted_gap():
+    # A right w.p. 0.80, B w.p. 0.70, independently: the exact power at n is a binomial sum.
+    rng = np.random.default_rng(0)
+    n_pool = 20000
+    correct_a = rng.random((2, n_pool)) < 0.80
+    correct_b = rng.random((2, n_pool)) < 0.70
+    rows = simulate_power(correct_a, correct_b, sizes=(50, 150, 300), n_resamples=2000, seed=1)
+    for n, power in rows:
+        assert power == pytest.approx(exact_mcnemar_power(0.80, 0.70, n), abs=0.04)
+    assert rows[0][1] < rows[1][1] < rows[2][1]
+
+
+def test_recommended_train_size_hand_computed():
+    # d = 1: ln|H| = 64 ln 2; eps = 0.1; n = (64 ln 2 + ln 40) / 0.02 = 2402.48 -> 2403
+    assert recommended_train_size(0.9, 0.7, d=1) == 2403
+    assert recommended_train_size(0.7, 0.9, d=1) == 2403
+    assert recommended_train_size(0.8, 0.8, d=256) is None
+    n = recommended_train_size(0.85, 0.80, d=256)
+    assert math.sqrt((32 * 257 * math.log(2) + math.log(40)) / (2 * n)) <= 0.025
+
+
+def test_collapsed_definition():
+    assert is_collapsed(0.3, -0.02, 0.05)
+    assert not is_collapsed(0.01, -0.02, 0.05)
+    assert not is_collapsed(0.3, 0.01, 0.05)
+
+
+def test_compare_configurations_report():
+    rng = np.random.default_rng(3)
+    y = np.r_[np.ones(40, dtype=int), np.zeros(40, dtype=int)]
+    groups = np.r_[np.arange(40), np.arange(40)]
+    sa, sb = y * 2.0 + rng.normal(size=80), y * 0.2 + rng.normal(size=80)
+    out = compare_configurations((sa > 1).astype(int), (sb > 0.1).astype(int), sa, sb, y, groups, d=8,
+                                 sizes=(20, 80), n_resamples=200, n_bootstrap=200)
+    assert out["auroc_difference"] > 0.3 and not out["collapsed"]
+    assert [r["n"] for r in out["power"]] == [20, 80]
+    assert out["recommended_train_size"] > 0

@@ -71,7 +71,7 @@ def test_each_builtin_strategy_matches_hand_computed_vectors(strategy_id: str) -
 
 
 def test_all_strategies_in_one_call_match_one_at_a_time() -> None:
-    pooled = pool_tokens(TINY, resolve_strategies(None))
+    pooled = pool_tokens(TINY, resolve_strategies(list(EXPECTED)))
     assert pooled.strategy_ids == list(EXPECTED)
     assert pooled.vectors.dtype == np.float32
     for s, strategy_id in enumerate(pooled.strategy_ids):
@@ -122,7 +122,7 @@ def test_left_and_right_padding_give_identical_vectors() -> None:
     tokens = [rng.standard_normal((n, 4)).tolist() for n in (1, 5, 9)]
     left = make_batch(tokens, length=12, left=[True, True, True])
     right = make_batch(tokens, length=12, left=[False, False, False])
-    specs = resolve_strategies(None)
+    specs = resolve_strategies(list(EXPECTED))
     np.testing.assert_allclose(pool_tokens(left, specs).vectors, pool_tokens(right, specs).vectors, atol=1e-6)
 
 
@@ -143,7 +143,7 @@ def random_batch(seed: int, n_layers: int = 3, batch: int = 7, length: int = 20,
 
 @pytest.mark.parametrize("seed", range(5))
 def test_pool_tokens_equals_pool_naive_on_random_padded_batches(seed: int) -> None:
-    specs = [*resolve_strategies(None), window_spec("W1", k=3), window_spec("W2", k=5),
+    specs = [*resolve_strategies(list(EXPECTED)), window_spec("W1", k=3), window_spec("W2", k=5),
              window_spec("W3", k=4), window_spec("W3", k=5), window_spec("W4", n_chunks=3)]
     batch = random_batch(seed)
     fast, naive = pool_tokens(batch, specs), pool_naive(batch, specs)
@@ -225,7 +225,7 @@ def test_no_strategies_gives_an_empty_strategy_axis() -> None:
 def test_pooled_vectors_do_not_alias_the_hidden_states() -> None:
     batch = random_batch(0)
     before = batch.hidden.copy()
-    pooled = pool_tokens(batch, resolve_strategies(None))
+    pooled = pool_tokens(batch, resolve_strategies(list(EXPECTED)))
     pooled.vectors[...] = 0
     np.testing.assert_array_equal(batch.hidden, before)
 
@@ -235,6 +235,6 @@ def test_masks_with_holes_still_match_pool_naive() -> None:
     batch = random_batch(11)
     batch.attention_mask[:, 3] = False
     batch.attention_mask[:, 0] = True
-    specs = resolve_strategies(None)
+    specs = resolve_strategies(list(EXPECTED))
     fast, naive = pool_tokens(batch, specs), pool_naive(batch, specs)
     np.testing.assert_allclose(fast.vectors, naive.vectors, rtol=1e-5, atol=1e-5)

@@ -22,7 +22,9 @@ from poolbench.pooler.spec import StrategySpec
 from poolbench.pooler.windows import window_spec
 
 BUILTIN_IDS = ["P1_last", "P2_first", "A1_mean", "A2_max", "A3_min", "A4_norm_weighted",
-               "W1_first_k", "W2_last_k", "W3_middle_k", "W4_hierarchical"]
+               "W1_first_k", "W2_last_k", "W3_middle_k", "W4_hierarchical",
+               "S1_attention", "S2_gradient", "S3_iti_probe",
+               "L1_pos_filtered", "L2_dependency_rel", "L3_entity", "L4_clause", "L5_keyword", "L6_sentence"]
 
 
 def ones(ctx):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,11 @@ from poolbench.errors import PoolBenchError
 from poolbench.passage import Passage
 
 from .activations import ActivationBatch
+from .attention_capture import (
+    capture_attention,
+    gradient_layer_outputs,
+    passage_log_likelihood,
+)
 from .batching import plan_batches
 from .hook_points import capture_layer_outputs
 
@@ -196,21 +202,58 @@ def extract_batches(
     dtype_out: np.dtype | type = np.float32,
     stats: ExtractionStats | None = None,
     stop_early: bool = True,
+    needs: Collection[str] = frozenset(),
 ) -> Iterator[ActivationBatch]:
-    """One forward per prepared batch, capturing every requested layer; stops after the deepest one."""
+    """One forward per prepared batch, capturing every requested layer; stops after the deepest one.
+
+    `needs` (the union of the pooled strategies' needs) adds extras computed in that same forward and only
+    then: "attention" -> attention_inflow / attention_inflow_last [L,B,T] and their per-head forms
+    attention_head_inflow / attention_head_inflow_last [L,B,H,T]; with "labels" also
+    attention_head_output_last [L,B,H,Dh]; "gradient" -> gradient_norm / gradient_x_input [L,B,T] (the forward
+    then runs to the LM head with grad enabled and one backward serves all layers).
+    """
     layers = tuple(int(layer) for layer in layers)
     out_dtype = _torch_dtype(dtype_out)
+    needs = frozenset(needs)
+    attention, gradient = "attention" in needs, "gradient" in needs
     for batch in batches:
         start = time.perf_counter()
-        with torch.inference_mode():
+        extras: dict[str, np.ndarray] = {}
+        grad_mode = torch.enable_grad() if gradient else torch.inference_mode()
+        with grad_mode, ExitStack() as stack:
             inputs = _model_inputs(model, batch)
-            with capture_layer_outputs(decoder_layers, layers, stop_early=stop_early) as captured:
-                model(**inputs)
+            mask = inputs["attention_mask"].to(torch.bool)  # type: ignore[union-attr]
+            heads = stack.enter_context(
+                capture_attention(model, decoder_layers, layers, mask, head_outputs="labels" in needs)
+                if attention else nullcontext({}))
+            if gradient:
+                with gradient_layer_outputs(decoder_layers, layers) as captured:
+                    output = model(**inputs)
+                logits = getattr(output, "logits", None)
+                if logits is None:
+                    raise ExtractionError(f"{type(model).__name__} has no LM head: gradient saliency (S2) "
+                                          "needs a causal LM's log-likelihood")
+                score = passage_log_likelihood(logits, inputs["input_ids"], mask)  # type: ignore[arg-type]
+                tensors = [captured[layer] for layer in layers]
+                grads = torch.autograd.grad(score, tensors)
+                with torch.no_grad():
+                    extras["gradient_norm"] = torch.stack(
+                        [torch.linalg.vector_norm(g.float(), dim=-1) for g in grads]).cpu().numpy()
+                    extras["gradient_x_input"] = torch.stack(
+                        [(g.float() * h.float()).sum(-1).abs() for g, h in zip(grads, tensors, strict=True)]
+                    ).cpu().numpy()
+                captured = {layer: h.detach() for layer, h in captured.items()}
+            else:
+                with capture_layer_outputs(decoder_layers, layers, stop_early=stop_early) as captured:
+                    model(**inputs)
             missing = [layer for layer in layers if layer not in captured]
             if missing:
                 raise ExtractionError(f"layers {missing} never ran: decoder_layers are not this model's")
-            _sync(model)
-            converted = time.perf_counter()
+        if attention:
+            _attention_extras(heads, layers, extras)
+        _sync(model)
+        converted = time.perf_counter()
+        with torch.inference_mode():
             hidden = torch.stack([captured[layer] for layer in layers]).to(out_dtype).cpu().numpy()
         done = time.perf_counter()
         if stats is not None:
@@ -229,7 +272,19 @@ def extract_batches(
             input_ids=batch.input_ids,
             offsets=batch.offsets,
             special_mask=batch.special_mask,
+            extras=extras,
         )
+
+
+def _attention_extras(heads: dict[int, dict[str, torch.Tensor]], layers: Sequence[int],
+                      extras: dict[str, np.ndarray]) -> None:
+    """Stack the per-layer head arrays to [L, ...] numpy extras, plus the head means S1 pools with."""
+    for name in ("inflow", "inflow_last", "head_output_last"):
+        if name in heads[layers[0]]:
+            key = f"attention_head_{name}" if name != "head_output_last" else "attention_head_output_last"
+            extras[key] = torch.stack([heads[layer][name] for layer in layers]).cpu().numpy()
+    extras["attention_inflow"] = extras["attention_head_inflow"].mean(axis=2)
+    extras["attention_inflow_last"] = extras["attention_head_inflow_last"].mean(axis=2)
 
 
 def forward_only(
@@ -263,6 +318,7 @@ def extract_activations(
     max_length: int = 256,
     dtype_out: np.dtype | type = np.float32,
     stats: ExtractionStats | None = None,
+    needs: Collection[str] = frozenset(),
 ) -> Iterator[ActivationBatch]:
     """Hidden states at "layers.{L}.out" of every passage, one ActivationBatch per length bucket, in order.
 
@@ -271,4 +327,5 @@ def extract_activations(
     batches = prepare_batches(
         tokenizer, passages, ids=ids, batch_size=batch_size, max_tokens=max_tokens, max_length=max_length
     )
-    return extract_batches(model, decoder_layers, batches, layers, dtype_out=dtype_out, stats=stats)
+    return extract_batches(model, decoder_layers, batches, layers, dtype_out=dtype_out, stats=stats,
+                           needs=needs)

@@ -1,4 +1,4 @@
-"""ExtractorWorker: owns one loaded model (one GPU on a cluster) and turns a concept into a PooledTable artifact.
+"""ExtractorWorker: owns one loaded model (one GPU on a cluster), turns a concept into a PooledTable artifact.
 
 A plain class so tests can drive it without Ray; the driver wraps it with `ray.remote` and `num_gpus`.
 Pooling happens in this process, so token activations never cross the object store or touch disk.
@@ -13,11 +13,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from poolbench.concept_pooling import pool_concept
+from poolbench.concept_pooling import pool_concept, strategy_needs
 from poolbench.extractor.activation_dump import activation_dump_table
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.loading import load_model
 from poolbench.passage import Passage
+from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
 from poolbench.pooler.registry import load_strategy_module, resolve_strategies
 from poolbench.store import open_store
 
@@ -54,8 +55,14 @@ class ExtractorWorker:
                 dumped.append(activation_dump_table(batch))
 
         start = time.perf_counter()
+        parses = None
+        if "parse" in strategy_needs(specs):  # parsed once per corpus, reused by every run and metric
+            parsed, _ = cached_parse_table(store, [p.text for p in passages], [p.id for p in passages],
+                                           corpus_hash=metadata.get("corpus", concept),
+                                           passages_digest=ids_digest([p.id for p in passages]))
+            parses = ParseIndex.from_table(parsed)
         table = pool_concept(self.loaded, passages, layers, specs, batch_size=batch_size,
-                             max_length=max_length, metadata=metadata, on_batch=on_batch)
+                             max_length=max_length, metadata=metadata, on_batch=on_batch, parses=parses)
         seconds = time.perf_counter() - start
         if dump_key is not None:
             store.put_table(dump_key, pa.concat_tables(dumped))

@@ -70,8 +70,10 @@ def token_weights(spec: StrategySpec, ctx: TokenContext, n_layers: int) -> np.nd
     batch_size, length = ctx.attention_mask.shape
     try:
         raw = np.asarray(spec.weights_fn(ctx))
-    except StrategyError:
-        raise
+    except StrategyError as exc:
+        if repr(spec.id) in str(exc):
+            raise
+        raise StrategyError(f"strategy {spec.id!r}: {exc}") from exc
     except Exception as exc:
         raise StrategyError(f"strategy {spec.id!r}: weights_fn failed: {type(exc).__name__}: {exc}") from exc
     if raw.shape not in ((batch_size, length), (n_layers, batch_size, length)):

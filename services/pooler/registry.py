@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from poolbench.errors import StrategyError
-from poolbench.pooler import aggregation, position, windows
+from poolbench.pooler import aggregation, iti, linguistic, position, reference, saliency, windows
 from poolbench.pooler.spec import StrategySpec
 
 ENTRY_POINT_GROUP = "poolbench.strategies"
@@ -25,13 +25,18 @@ def register_strategy(spec: StrategySpec) -> StrategySpec:
         raise StrategyError(f"register_strategy expects a StrategySpec, got {type(spec).__name__}")
     if spec.id in _BY_ID:
         raise StrategyError(f"strategy {spec.id!r} is already registered")
-    if not spec.reference_variant and spec.code in _BY_CODE:
+    if _claims_code(spec) and spec.code in _BY_CODE:
         raise StrategyError(f"strategy {spec.id!r}: code {spec.code!r} already names "
                             f"{_BY_CODE[spec.code].id!r}")
     _BY_ID[spec.id] = spec
-    if not spec.reference_variant:
+    if _claims_code(spec):
         _BY_CODE[spec.code] = spec
     return spec
+
+
+def _claims_code(spec: StrategySpec) -> bool:
+    """Card strategies own their code; reference variants and named variants are reached by id only."""
+    return not spec.reference_variant and spec.variant_of is None
 
 
 def unregister_strategy(strategy_id: str) -> None:
@@ -51,8 +56,8 @@ def get_strategy(name: str) -> StrategySpec:
 
 
 def list_strategies(include_reference: bool = False) -> list[StrategySpec]:
-    """Registered specs in registration order."""
-    return [spec for spec in _BY_ID.values() if include_reference or not spec.reference_variant]
+    """Registered specs in registration order: the card strategies, plus every variant on request."""
+    return [spec for spec in _BY_ID.values() if include_reference or _claims_code(spec)]
 
 
 def resolve_strategies(names: Sequence[str] | None) -> list[StrategySpec]:
@@ -107,6 +112,6 @@ def load_entry_point_strategies() -> list[StrategySpec]:
     return [spec for strategy_id, spec in _BY_ID.items() if strategy_id not in before]
 
 
-for _family in (position, aggregation, windows):
+for _family in (position, aggregation, windows, saliency, iti, linguistic, reference):
     for _spec in _family.SPECS:
         register_strategy(_spec)

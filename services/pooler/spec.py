@@ -18,7 +18,10 @@ FAMILIES = frozenset({
 })
 KINDS = frozenset({"weights", "reduction"})
 REDUCTIONS = frozenset({"max", "min"})
-NEEDS = frozenset({"attention", "parse", "gradient", "labels"})
+# attention: per-head attention inflow at the probed layers; parse: spaCy words aligned to tokens;
+# gradient: d(log-likelihood)/d(hidden) at the probed layers; corpus: statistics of the concept's train split
+# (TF-IDF, unigram frequencies, trigger table); labels: supervised, finished per D1 fold by the prober.
+NEEDS = frozenset({"attention", "parse", "gradient", "labels", "corpus"})
 SUPERVISIONS = frozenset({"none", "labels"})
 
 _ID_RE = re.compile(r"^(?P<code>[A-Z]{1,2}[0-9]{1,2})_[a-z0-9]+(?:_[a-z0-9]+)*$")
@@ -77,6 +80,7 @@ class StrategySpec:
     supervision: Literal["none", "labels"] = "none"
     reference_variant: bool = False
     version: int = 1
+    variant_of: str | None = None  # a non-card variant of this card strategy id: runs only when named
 
     def __post_init__(self) -> None:
         problem = self._problem()
@@ -112,6 +116,9 @@ class StrategySpec:
             return f"supervision must be 'none' or 'labels', got {self.supervision!r}"
         if self.supervision == "labels" and "labels" not in self.needs:
             return "supervision 'labels' requires 'labels' in needs"
+        if self.variant_of is not None and (not isinstance(self.variant_of, str) or not _ID_RE.match(
+                self.variant_of) or not self.variant_of.startswith(f"{self.code}_")):
+            return f"variant_of must be the id of a strategy with code {self.code!r}, got {self.variant_of!r}"
         if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
             return "version must be a positive int"
         return None

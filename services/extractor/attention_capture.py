@@ -1,0 +1,202 @@
+"""Attention inflow at chosen layers, and the layer outputs' gradients of the passage's own log-likelihood.
+
+Attention: during the capture the model's attention implementation is swapped for one that calls the original
+(sdpa, eager, flash, ...) for the output and, only in the requested layers, recomputes that layer's attention
+probabilities from the same query/key/mask and reduces them at once to per-head inflow [B, H, T] (mean over
+real queries, and the last real query's row) plus, on request, each head's output at the last real token
+[B, H, Dh] (the head's attention-weighted sum of values, for S3). A [B, H, T, T] map exists for one layer at
+a time and is never returned, so no run materialises every layer's maps. Works for any transformers model
+whose attention goes through ALL_ATTENTION_FUNCTIONS (Llama, Mistral, Gemma, Qwen, BERT, ...).
+
+Gradient: the shallowest requested block's output is re-leafed with requires_grad, the forward runs to the
+LM head, s = sum of log p(x_{t+1} | x_<=t) over real (t, t+1) pairs, and one autograd.grad call returns
+d s / d h at every requested layer (through everything downstream of it).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from poolbench.errors import PoolBenchError
+
+from .hook_points import _hidden_of, _with_hidden
+
+CAPTURE_PREFIX = "poolbench_capture_"
+
+
+class AttentionCaptureError(PoolBenchError):
+    """A model whose attention cannot be observed this way."""
+
+
+@dataclass
+class _Route:
+    layer: int
+    query_mask: torch.Tensor  # [B, T] bool
+    last_index: torch.Tensor  # [B] long
+    head_outputs: bool
+    out: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+
+
+_ROUTES: dict[int, _Route] = {}  # id(module inside a requested block) -> route
+_ORIGINAL: dict[int, str] = {}  # id(config) -> attention implementation it had before the capture
+
+
+def _original_function(module: nn.Module, name: str | None) -> Callable:
+    if name in (None, "eager"):
+        fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+        if fn is None:
+            raise AttentionCaptureError(f"{type(module).__name__}: no eager_attention_forward to delegate to")
+        return fn
+    return ALL_ATTENTION_FUNCTIONS[name]
+
+
+def _capturing_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         attention_mask: torch.Tensor | None, **kwargs):
+    name = _ORIGINAL.get(id(getattr(module, "config", None)), "sdpa")
+    output, weights = _original_function(module, name)(module, query, key, value, attention_mask, **kwargs)
+    route = _ROUTES.get(id(module))
+    if route is not None:
+        with torch.no_grad():
+            _record(route, module, query, key, attention_mask, output, kwargs)
+    return output, weights
+
+
+def _record(route: _Route, module: nn.Module, query: torch.Tensor, key: torch.Tensor,
+            attention_mask: torch.Tensor | None, output: torch.Tensor, kwargs: dict) -> None:
+    q = query.float()
+    k = key.float().repeat_interleave(q.shape[1] // key.shape[1], dim=1)
+    scaling = kwargs.get("scaling") or q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [B, H, Tq, Tk]
+    softcap = kwargs.get("softcap")
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    n_q, n_k = scores.shape[-2:]
+    if attention_mask is None:
+        if getattr(module, "is_causal", False):
+            causal = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril(n_k - n_q)
+            scores = scores.masked_fill(~causal, float("-inf"))
+    elif attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask[..., :n_k], float("-inf"))
+    else:
+        scores = scores + attention_mask[..., :n_k].float()
+    keys = route.query_mask.to(scores.device)
+    scores = scores.masked_fill(~keys[:, None, None, :], float("-inf"))
+    probs = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)  # fully masked (padding) rows -> 0
+    queries = keys[:, None, :, None].to(probs.dtype)
+    n_real = queries.sum(dim=2).clamp(min=1)
+    rows = torch.arange(probs.shape[0], device=probs.device)
+    last = route.last_index.to(probs.device)
+    record = {
+        "inflow": (probs * queries).sum(dim=2) / n_real,  # [B, H, Tk]
+        "inflow_last": probs[rows, :, last, :],  # [B, H, Tk]
+    }
+    if route.head_outputs:
+        record["head_output_last"] = output.float()[rows, last]  # output is [B, T, H, Dh]
+    route.out[route.layer] = record
+
+
+def _register(name: str) -> str:
+    captured = f"{CAPTURE_PREFIX}{name}"
+    if captured not in ALL_ATTENTION_FUNCTIONS:
+        ALL_ATTENTION_FUNCTIONS.register(captured, _capturing_attention)
+    if captured not in ALL_MASK_ATTENTION_FUNCTIONS and name in ALL_MASK_ATTENTION_FUNCTIONS:
+        ALL_MASK_ATTENTION_FUNCTIONS.register(captured, ALL_MASK_ATTENTION_FUNCTIONS[name])
+    return captured
+
+
+def _configs(model: nn.Module, decoder_layers: Sequence[nn.Module]) -> list:
+    found = {}
+    candidates = [getattr(model, "config", None)]
+    if candidates[0] is not None and hasattr(candidates[0], "get_text_config"):
+        candidates.append(candidates[0].get_text_config())
+    candidates += [getattr(m, "config", None) for block in decoder_layers for m in block.modules()]
+    for config in candidates:
+        if config is not None and hasattr(config, "_attn_implementation_internal"):
+            found[id(config)] = config
+    return list(found.values())
+
+
+def last_real_index(mask: torch.Tensor) -> torch.Tensor:
+    """[B] index of each row's last real token, for left or right padding."""
+    length = mask.shape[1]
+    return length - 1 - torch.argmax(mask.flip(1).to(torch.int8), dim=1)
+
+
+@contextmanager
+def capture_attention(model: nn.Module, decoder_layers: Sequence[nn.Module], layers: Sequence[int],
+                      attention_mask: torch.Tensor, *, head_outputs: bool = False
+                      ) -> Iterator[dict[int, dict[str, torch.Tensor]]]:
+    """Yield {layer: {"inflow", "inflow_last": [B,H,T], "head_output_last": [B,H,Dh]}} filled by a forward."""
+    mask = attention_mask.to(torch.bool)
+    last = last_real_index(mask)
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    configs = _configs(model, decoder_layers)
+    routed: list[int] = []
+    for layer in layers:
+        route = _Route(layer, mask, last, head_outputs, out)
+        for module in decoder_layers[layer].modules():
+            _ROUTES[id(module)] = route
+            routed.append(id(module))
+    saved = [(config, config._attn_implementation_internal) for config in configs]
+    try:
+        for config, name in saved:
+            current = name if isinstance(name, str) else "sdpa"
+            if current.startswith(CAPTURE_PREFIX):
+                raise AttentionCaptureError("attention capture is already active on this model")
+            _ORIGINAL[id(config)] = current
+            config._attn_implementation_internal = _register(current)
+        yield out
+    finally:
+        for config, name in saved:
+            config._attn_implementation_internal = name
+            _ORIGINAL.pop(id(config), None)
+        for key in routed:
+            _ROUTES.pop(key, None)
+    missing = [layer for layer in layers if layer not in out]
+    if missing:
+        raise AttentionCaptureError(f"layers {missing}: attention never went through transformers' attention "
+                                    f"interface in {type(model).__name__}; S1/S3 cannot observe it")
+
+
+@contextmanager
+def gradient_layer_outputs(decoder_layers: Sequence[nn.Module], layers: Sequence[int]
+                           ) -> Iterator[dict[int, torch.Tensor]]:
+    """Yield {layer: hidden [B,T,d]} still attached to the graph; the shallowest is a fresh grad leaf."""
+    first = min(layers)
+    captured: dict[int, torch.Tensor] = {}
+
+    def make_hook(layer: int):
+        def hook(_module: nn.Module, _args: object, output: object) -> object:
+            hidden = _hidden_of(output)
+            if layer == first:
+                hidden = hidden.detach().requires_grad_(True)
+                captured[layer] = hidden
+                return _with_hidden(output, hidden)
+            captured[layer] = hidden
+            return None
+
+        return hook
+
+    handles = [decoder_layers[layer].register_forward_hook(make_hook(layer)) for layer in layers]
+    try:
+        yield captured
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def passage_log_likelihood(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum over the batch of each passage's log p(x_{t+1} | x_<=t) over pairs of real tokens."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    target = input_ids[:, 1:]
+    picked = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    pairs = mask[:, :-1] & mask[:, 1:]
+    return (picked * pairs).sum()

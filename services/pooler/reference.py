@@ -1,0 +1,80 @@
+"""The reference code's variants, registered under their own ids so results compare with its leaderboard.
+
+They are `reference_variant=True`: reached by id only, never part of a default run.
+- P3_first_content: the first non-special token whose text holds a letter or digit (skips BOS, punctuation).
+- A3_random: mean over a random half (floor, at least one) of the real tokens; the generator is seeded by a
+  sha256 of the passage id, so every run, batch and metric sees the same positions.
+- W1/W2/W3_ref_last4/8/16: what the reference called W1-W3, the mean of the last 4, 8 and 16 tokens.
+- W4_ref_remainder: the reference's W4, four chunks of T // 4 tokens plus a fifth chunk holding the T mod 4
+  remainder, mean of the non-empty chunk means (T < 4: one chunk of everything).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import partial
+
+import numpy as np
+
+from poolbench.pooler.spec import StrategySpec, TokenContext
+from poolbench.pooler.windows import last_k_weights
+
+
+def passage_seed(passage_id: str) -> int:
+    """A stable 64-bit seed from the passage id (Python's hash() changes between processes)."""
+    return int.from_bytes(hashlib.sha256(passage_id.encode()).digest()[:8], "little")
+
+
+def first_content_weights(ctx: TokenContext) -> np.ndarray:
+    weights = np.zeros(ctx.attention_mask.shape, dtype=bool)
+    for b, text in enumerate(ctx.texts):
+        for t in np.flatnonzero(ctx.attention_mask[b] & ~ctx.special_mask[b]):
+            start, end = ctx.offsets[b, t]
+            if any(ch.isalnum() for ch in text[start:end]):
+                weights[b, t] = True
+                break
+    return weights
+
+
+def random_half_weights(ctx: TokenContext) -> np.ndarray:
+    weights = np.zeros(ctx.attention_mask.shape, dtype=bool)
+    for b, passage_id in enumerate(ctx.passage_ids):
+        n = int(ctx.lengths[b])
+        if n == 0:
+            continue
+        chosen = np.random.default_rng(passage_seed(passage_id)).choice(n, size=max(n // 2, 1), replace=False)
+        weights[b] = np.isin(ctx.rank[b], chosen)
+    return weights
+
+
+def remainder_chunk_weights(ctx: TokenContext, n_chunks: int = 4) -> np.ndarray:
+    size = ctx.lengths[:, None] // n_chunks
+    chunk = np.where(size > 0, ctx.rank // np.maximum(size, 1), n_chunks)
+    chunk = np.minimum(chunk, n_chunks)  # the remainder (rank >= n_chunks * size) is chunk n_chunks
+    remainder = ctx.lengths[:, None] - n_chunks * size
+    chunk_size = np.where(chunk < n_chunks, size, remainder)
+    n_nonempty = np.where(size > 0, n_chunks, 0) + (remainder > 0)
+    weights = np.zeros(ctx.rank.shape, dtype=np.float64)
+    real = ctx.rank >= 0
+    weights[real] = (1.0 / (n_nonempty * np.maximum(chunk_size, 1)))[real]
+    return weights
+
+
+def _ref(strategy_id: str, fn, family: str, description: str, params: tuple = ()) -> StrategySpec:
+    return StrategySpec(id=strategy_id, code=strategy_id.split("_", 1)[0], family=family, kind="weights",
+                        weights_fn=fn, description=description, params=params, reference_variant=True)
+
+
+SPECS = (
+    _ref("P3_first_content", first_content_weights, "position_anchored",
+         "Reference variant: the first non-special token whose text holds a letter or digit."),
+    _ref("A3_random", random_half_weights, "uniform_aggregation",
+         "Reference variant: mean over a random half of the real tokens, seeded by the passage id's sha256."),
+    *(_ref(f"{code}_ref_last{k}", partial(last_k_weights, k=k), "window",
+           f"Reference variant: the reference's {code}, the mean of the last {k} non-pad tokens.",
+           (("k", k),))
+      for code, k in (("W1", 4), ("W2", 8), ("W3", 16))),
+    _ref("W4_ref_remainder", remainder_chunk_weights, "window",
+         "Reference variant: four chunks of T // 4 tokens plus a fifth chunk of the T mod 4 remainder, "
+         "mean of the non-empty chunk means."),
+)

@@ -47,3 +47,21 @@ def test_noisy_flash_ranking_has_positive_resolution():
     flash = full + rng.normal(0, 0.1, size=full.shape)
     out = rank_resolution(full, flash, n_bootstrap=300)
     assert out.resolution >= 1 and out.kendall_tau < 1
+
+
+def test_flash_check_command(tmp_path):
+    import json
+
+    from reliability_run import cli, make_run
+    from typer.testing import CliRunner
+
+    run = make_run(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(cli(), ["flash-check", "--run", str(run), "--fractions", "1,1/2,1/8",
+                                   "--n-bootstrap", "100"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads((run / "flash_check.json").read_text())["fractions"]
+    assert [r["fraction"] for r in rows] == ["1", "1/2", "1/8"]
+    assert rows[0]["rank_resolution"] == 0.0 and rows[0]["kendall_tau"] == pytest.approx(1.0)
+    result = runner.invoke(cli(), ["flash-check", "--run", str(run), "--fractions", "1/128"])
+    assert isinstance(result.exception, FlashError) and "negation" in str(result.exception)

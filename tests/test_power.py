@@ -73,3 +73,36 @@ def test_compare_configurations_report():
     assert out["auroc_difference"] > 0.3 and not out["collapsed"]
     assert [r["n"] for r in out["power"]] == [20, 80]
     assert out["recommended_train_size"] > 0
+
+
+def test_power_command_table_json_and_errors(tmp_path):
+    import json
+
+    from reliability_run import cli, make_run
+    from typer.testing import CliRunner
+
+    from poolbench.errors import PoolBenchError
+
+    run = make_run(tmp_path)
+    runner = CliRunner()
+    result = runner.invoke(cli(), ["power", "--strategies", "A1", "--strategies", "A2_max",
+                                   "--concept", "negation", "--layer", "1", "--run", str(run),
+                                   "--n-resamples", "200"])
+    assert result.exit_code == 0, result.output
+    assert "power" in result.output
+    report = json.loads((run / "power_negation_A1_mean_vs_A2_max.json").read_text())
+    assert report["layer_a"] == 1 and report["auroc_difference"] > 0.3 and not report["collapsed"]
+    assert report["power"][-1]["power"] == 1.0
+    # default layers: the leaderboard's (highest mean cv_auroc: layer 1)
+    result = runner.invoke(cli(), ["power", "--strategies", "A1_mean,P1_last", "--concept", "sarcasm",
+                                   "--run", str(run), "--n-resamples", "100",
+                                   "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "p.json").read_text())["layer_b"] == 1
+    for args, message in ((["--strategies", "A1,A1_mean", "--concept", "negation"], "with itself"),
+                          (["--strategies", "A1,Z9", "--concept", "negation"], "'Z9' was not run"),
+                          (["--strategies", "A1,P1", "--concept", "irony"], "'irony' was not run"),
+                          (["--strategies", "A1", "--concept", "negation"], "exactly two")):
+        result = runner.invoke(cli(), ["power", *args, "--run", str(run)])
+        assert isinstance(result.exception, PoolBenchError), result.output
+        assert message in str(result.exception) and "\n" not in str(result.exception)

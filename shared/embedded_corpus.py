@@ -47,6 +47,7 @@ from poolbench.passage import Passage
 SIZES: dict[str, tuple[int, int]] = {"tiny": (24, 12), "small": (80, 40), "full": (700, 300)}
 """Passages per class in (train, test)."""
 
+GENERATOR_VERSION = 1  # bump when generated text changes: it names the cached corpus folder
 MIN_WORDS = 15
 MAX_FOCUS = 4
 _MAX_TRIES = 200

@@ -55,7 +55,7 @@ class EmbeddedModelConfig:
     max_position_embeddings: int = 256
     seq_len: int = 128
     batch_size: int = 16
-    steps: int = 240
+    steps: int = 200
     lr: float = 3e-3
     warmup_steps: int = 20
     weight_decay: float = 0.1
@@ -84,6 +84,7 @@ class BuildReport:
     n_train_texts: int
     n_heldout_texts: int
     texts_sha256: str
+    tokenizer_vocab_size: int  # below config vocab_size when the texts run out of merges
     torch_version: str = torch.__version__
     transformers_version: str = transformers.__version__
     tokenizers_version: str = tokenizers.__version__
@@ -260,7 +261,7 @@ def _train_into(
         train_seconds=round(train_seconds, 2),
         tokens_seen=tokens_seen, tokens_per_second=round(tokens_seen / max(train_seconds, 1e-9), 1),
         heldout_perplexity=perplexity, heldout_tokens=heldout_tokens, n_train_texts=len(train),
-        n_heldout_texts=len(heldout), texts_sha256="", losses=losses,
+        n_heldout_texts=len(heldout), texts_sha256="", tokenizer_vocab_size=len(tokenizer), losses=losses,
     )
 
 

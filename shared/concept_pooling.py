@@ -74,6 +74,7 @@ def pool_concept(
                 names, vectors = head_rows(batch, spec)
                 n_heads, head_dim = head_shape(batch)
                 metadata[f"{spec.id}:heads"], metadata[f"{spec.id}:head_dim"] = str(n_heads), str(head_dim)
+                metadata[f"{spec.id}:head_fraction"] = str(spec.param("head_fraction"))
                 builder.add(vectors, batch.layers, names, batch.passage_ids,
                             np.zeros((len(names), len(batch.passage_ids)), dtype=bool))
     table = builder.table(metadata)

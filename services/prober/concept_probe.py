@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
 
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.prober.d1 import evaluate_d1
+from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell, is_auxiliary
 
 D1_VERSION = 1
 
@@ -14,12 +16,21 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
                        n_bootstrap: int = 1000) -> list[dict]:
     """One record per (layer, strategy, probe): CV AUROC on train, held-out AUROC with its CI, fallbacks."""
     view = PooledTableView(table)
+    metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     records = []
     for layer, strategy in view.cells:
+        if is_auxiliary(strategy):  # per-head rows feed their supervised cell below
+            continue
         cell = view.matrix(layer, strategy)
-        train, test = cell.subset("train"), cell.subset("test")
-        result = evaluate_d1(train.X, train.y, train.groups, test.X, test.y, test.groups,
-                             n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
+        supervised = head_selection_cell(view, metadata, layer, strategy, seed)
+        if supervised is None:
+            train, test = cell.subset("train"), cell.subset("test")
+            result = evaluate_d1(train.X, train.y, train.groups, test.X, test.y, test.groups,
+                                 n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
+        else:  # heads are chosen inside each fold from that fold's training labels only
+            result = evaluate_d1_supervised(
+                supervised, cell.y, cell.groups, np.flatnonzero(cell.split == "train"),
+                np.flatnonzero(cell.split == "test"), n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
         fallback_count = int(cell.fallback.sum())
         for probe_name, probe in result.probes.items():
             records.append({
@@ -27,6 +38,7 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
                 **probe.to_record(),
                 "fallback_count": fallback_count,
                 "fallback_rate": fallback_count / len(cell.fallback),
+                "heads_selected": supervised.chosen[-1] if supervised is not None else None,
             })
     return records
 

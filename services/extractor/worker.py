@@ -19,7 +19,11 @@ from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.loading import load_model
 from poolbench.passage import Passage
 from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
-from poolbench.pooler.registry import load_strategy_module, resolve_strategies
+from poolbench.pooler.registry import (
+    load_entry_point_strategies,
+    load_strategy_module,
+    resolve_strategies,
+)
 from poolbench.store import open_store
 
 
@@ -29,6 +33,7 @@ class ExtractorWorker:
                  strategy_modules: Sequence[str] = ()) -> None:
         if torch_threads:
             torch.set_num_threads(torch_threads)
+        load_entry_point_strategies()  # installed plugins register in every worker process too
         for path in strategy_modules:
             load_strategy_module(path)
         self.loaded = load_model(model, dtype=dtype, device=device, model_args=model_args)

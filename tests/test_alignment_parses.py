@@ -1,0 +1,212 @@
+"""Word-to-token alignment for byte-level BPE, SentencePiece-style and WordPiece tokenizers (and the
+embedded model's, when built), spaCy parses through the real pipeline, the parse cache, and the README
+plugin example."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+from poolbench.extractor.activations import ActivationBatch
+from poolbench.extractor.extract import prepare_batches
+from poolbench.pooler.parses import ParseIndex, batch_parse_extras, cached_parse_table, load_nlp, parse_table
+from poolbench.pooler.pool import pool_tokens
+from poolbench.pooler.registry import get_strategy, load_strategy_module, unregister_strategy
+from poolbench.pooler.spec import TokenContext
+from poolbench.run_config import cache_dir
+from poolbench.store import LocalStore
+
+TEXTS = ["Zoë's café isn't open, but Bob's is!  Unbelievably cheap.",
+         "Paris hosted 12,500 runners in 2024. It rained."]
+TRAIN = [*TEXTS, "the cafe and the runners were open and cheap", "unbelievable rain in paris"] * 4
+
+
+def byte_level_bpe(trim: bool) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(TRAIN, trainers.BpeTrainer(vocab_size=300, special_tokens=["<pad>", "<s>"],
+                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=trim),
+        processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", pad_token="<pad>")
+
+
+def sentencepiece_like() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=120, special_tokens=["<pad>", "<s>", "<unk>"],
+                                      unk_token="<unk>")
+    tok.train_from_iterator(TRAIN, trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", pad_token="<pad>",
+                                   unk_token="<unk>")
+
+
+def wordpiece() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True, strip_accents=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece()
+    tok.train_from_iterator(TRAIN, trainers.WordPieceTrainer(
+        vocab_size=70, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"]))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
+                                   cls_token="[CLS]", sep_token="[SEP]")
+
+
+def embedded() -> PreTrainedTokenizerFast:
+    built = sorted((cache_dir() / "models").glob("embedded-llama-v1-*/tokenizer.json"))
+    if not built:
+        pytest.skip("the embedded model is not built in this cache")
+    return AutoTokenizer.from_pretrained(built[0].parent)
+
+
+TOKENIZERS = {"bpe_trimmed": lambda: byte_level_bpe(True), "bpe_untrimmed": lambda: byte_level_bpe(False),
+              "sentencepiece": sentencepiece_like, "wordpiece": wordpiece, "embedded": embedded}
+
+
+def regex_parses(texts: list[str]) -> ParseIndex:
+    records = {}
+    for i, text in enumerate(texts):
+        records[f"t{i}"] = [{"start": m.start(), "end": m.end(), "lower": m.group().lower(),
+                             "is_alpha": m.group().isalpha()} for m in re.finditer(r"\w+|[^\w\s]", text)]
+    return ParseIndex.from_records(records)
+
+
+def batch_for(tokenizer, side: str) -> ActivationBatch:
+    tokenizer.padding_side = side
+    (padded,) = prepare_batches(tokenizer, TEXTS, ids=["t0", "t1"], batch_size=2)
+    n, length = padded.input_ids.shape
+    positions = np.arange(length, dtype=np.float32)[None, None, :, None]
+    hidden = np.broadcast_to(positions, (1, n, length, 1)).copy()
+    return ActivationBatch(padded.passage_ids, padded.texts, (0,), hidden, padded.attention_mask,
+                           padded.input_ids, padded.offsets, padded.special_mask)
+
+
+@pytest.mark.parametrize("family", list(TOKENIZERS))
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_every_word_maps_to_the_tokens_that_spell_it(family: str, side: str) -> None:
+    batch = batch_for(TOKENIZERS[family](), side)
+    index = regex_parses(TEXTS)
+    extras = batch_parse_extras(index, batch.passage_ids, batch.texts, batch.offsets, batch.attention_mask)
+    starts, ends = extras["parse_start"], extras["parse_end"]
+    pair_b, pair_t, pair_w = extras["parse_pair_b"], extras["parse_pair_t"], extras["parse_pair_w"]
+    for w in range(len(starts)):
+        b = extras["parse_batch"][w]
+        tokens = pair_t[pair_w == w]
+        assert len(tokens), f"{family}: word {batch.texts[b][starts[w]:ends[w]]!r} has no token"
+        spans = batch.offsets[b, tokens]
+        assert spans[:, 0].min() <= starts[w] and spans[:, 1].max() >= ends[w]  # the tokens cover the word
+        assert not batch.special_mask[b, tokens].any()
+    for b in range(2):  # every non-special token with visible text belongs to some word
+        for t in np.flatnonzero(batch.attention_mask[b] & ~batch.special_mask[b]):
+            s, e = batch.offsets[b, t]
+            if batch.texts[b][s:e].strip():
+                assert ((pair_b == b) & (pair_t == t)).any(), f"{family}: token {t} {batch.texts[b][s:e]!r}"
+    batch.extras.update(extras)
+    roots = pool_tokens(batch, [get_strategy("L4_subword_root")])
+    assert not roots.fallback.any()
+
+
+def test_wordpiece_subword_root_is_the_stem_piece() -> None:
+    tokenizer = wordpiece()
+    batch = batch_for(tokenizer, "right")
+    batch.extras.update(batch_parse_extras(regex_parses(TEXTS), batch.passage_ids, batch.texts, batch.offsets,
+                                           batch.attention_mask))
+    weights = get_strategy("L4_subword_root").weights_fn(TokenContext.from_batch(batch))
+    pieces = tokenizer.convert_ids_to_tokens(batch.input_ids[0])
+    chosen = [pieces[t] for t in np.flatnonzero(weights[0])]
+    assert chosen and not any(p.startswith("##") for p in chosen)
+    assert any(p.startswith("##") for p in pieces)  # the test text does split words into pieces
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    return load_nlp()
+
+
+def test_spacy_parses_and_linguistic_pooling_end_to_end(nlp) -> None:
+    table = parse_table(nlp, TEXTS, ["t0", "t1"])
+    index = ParseIndex.from_table(table)
+    words = index.words("t1")
+    lower = list(words["lower"])
+    paris = lower.index("paris")
+    assert words["ent"][paris] >= 0 and words["ent_label"][paris] == "GPE"
+    assert words["lemma"][lower.index("rained")] == "rain"
+    assert words["sent"].max() == 1  # two sentences
+    batch = batch_for(byte_level_bpe(True), "right")
+    batch.extras.update(batch_parse_extras(index, batch.passage_ids, batch.texts, batch.offsets,
+                                           batch.attention_mask))
+    pooled = pool_tokens(batch, [get_strategy(s) for s in ("L3_entity", "L6_sentence", "L1_pos_filtered")])
+    # L6 by hand from spaCy's sentence spans: token position means per sentence, then their mean
+    doc = nlp(TEXTS[1])
+    sentence_means = []
+    for sent in doc.sents:
+        hit = [t for t in range(batch.offsets.shape[1]) if batch.attention_mask[1, t]
+               and not batch.special_mask[1, t] and batch.offsets[1, t, 0] < sent.end_char
+               and batch.offsets[1, t, 1] > sent.start_char
+               and batch.texts[1][slice(*batch.offsets[1, t])].strip()]
+        sentence_means.append(np.mean(hit))
+    np.testing.assert_allclose(pooled.vectors[0, 1, 1, 0], np.mean(sentence_means), rtol=1e-5)
+    entity_tokens = [t for t in range(batch.offsets.shape[1]) if batch.attention_mask[1, t]
+                     and any(batch.offsets[1, t, 0] < e.end_char and batch.offsets[1, t, 1] > e.start_char
+                             for e in doc.ents)]
+    np.testing.assert_allclose(pooled.vectors[0, 0, 1, 0], np.mean(entity_tokens), rtol=1e-5)
+    assert not pooled.fallback.any()
+
+
+def test_parses_are_cached_by_corpus_hash_and_reused(nlp, tmp_path: Path, monkeypatch) -> None:
+    store = LocalStore(tmp_path)
+    first, cached = cached_parse_table(store, TEXTS, ["t0", "t1"], corpus_hash="c1", passages_digest="d",
+                                       nlp=nlp)
+    assert not cached
+    monkeypatch.setattr(nlp, "pipe", lambda *a, **k: pytest.fail("parsed again instead of reusing the cache"))
+    again, cached = cached_parse_table(store, TEXTS, ["t0", "t1"], corpus_hash="c1", passages_digest="d",
+                                       nlp=nlp)
+    assert cached and again.equals(first)
+
+
+README_PLUGIN = '''
+import numpy as np
+
+from poolbench.pooler.registry import register_strategy
+from poolbench.pooler.spec import StrategySpec
+
+
+def capitalised_weights(ctx):
+    """1 on tokens whose text starts with a capital letter, 0 elsewhere (the pooler normalises)."""
+    weights = np.zeros(ctx.attention_mask.shape, dtype=bool)
+    for b, text in enumerate(ctx.texts):
+        for t, (start, end) in enumerate(ctx.offsets[b]):
+            weights[b, t] = text[start:end].strip()[:1].isupper()
+    return weights
+
+
+register_strategy(StrategySpec(
+    id="X1_capitalised", code="X1", family="other", kind="weights", weights_fn=capitalised_weights,
+    description="Mean of the tokens whose text starts with a capital letter.",
+))
+'''
+
+
+def test_readme_plugin_example_loads_and_pools(tmp_path: Path) -> None:
+    path = tmp_path / "my_strategies.py"
+    path.write_text(textwrap.dedent(README_PLUGIN))
+    (spec,) = load_strategy_module(path)
+    try:
+        batch = batch_for(byte_level_bpe(True), "right")
+        pooled = pool_tokens(batch, [spec])
+        assert not pooled.fallback.any()  # both texts have capitalised words
+    finally:
+        unregister_strategy(spec.id)

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from poolbench.errors import PoolBenchError
+from poolbench.reliability_commands import flash_check, power
 from poolbench.run_config import EMBEDDED, RunConfig
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -22,6 +23,8 @@ model_app = typer.Typer(no_args_is_help=True, help="Models: build the embedded d
 corpus_app = typer.Typer(no_args_is_help=True, help="Corpora: write the embedded corpus to a folder.")
 app.add_typer(model_app, name="model")
 app.add_typer(corpus_app, name="corpus")
+app.command("power")(power)
+app.command("flash-check")(flash_check)
 console = Console()
 err_console = Console(stderr=True)
 
@@ -47,7 +50,7 @@ def _parse_model_args(text: str | None) -> dict[str, str]:
 
 @app.command()
 def run(
-    model: Annotated[str, typer.Option(help="HF id or local path; 'embedded' builds/uses the built-in model")] = EMBEDDED,
+    model: Annotated[str, typer.Option(help="HF id or local path; 'embedded' is the built-in model")] = EMBEDDED,
     model_args: Annotated[str | None, typer.Option(help="from_pretrained kwargs, k=v,k=v")] = None,
     corpus: Annotated[str, typer.Option(help="PoolBench-layout folder, or 'embedded'")] = EMBEDDED,
     corpus_size: Annotated[str, typer.Option(help="embedded corpus size: tiny, small, full")] = "small",

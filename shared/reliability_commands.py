@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -14,25 +12,12 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.errors import PoolBenchError
+from poolbench.json_file import write_json_atomic
 
 reliability_app = typer.Typer(no_args_is_help=True, help="Reliability: statistical power and flash subsets.")
 console = Console()
 DEFAULT_FRACTIONS = "1/2,1/4,1/8,1/16,1/32,1/64"
 DEFAULT_RUN = Path("runs/latest")
-
-
-def write_json_atomic(path: Path, obj: object) -> None:
-    """As poolbench.results.write_json_atomic, without importing the pipeline (and Ray) behind results."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=2, allow_nan=False)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _load_results(run_dir: Path) -> dict:

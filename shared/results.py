@@ -2,32 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 
+from poolbench.json_file import write_json_atomic
 from poolbench.leaderboard import build_leaderboard
 from poolbench.pipeline import RunOutcome
+from poolbench.prober.reliability import across_cells
 from poolbench.provenance import git_hash, package_versions, utc_now
 
 RESULTS_SCHEMA_VERSION = 1
-
-
-def write_json_atomic(path: Path, obj: object) -> None:
-    """A reader sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=2, sort_keys=False, allow_nan=False)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def strategy_info(outcome: RunOutcome) -> dict[str, dict]:
@@ -54,6 +37,7 @@ def results_document(outcome: RunOutcome) -> dict:
             "d1": "probe AUROC: cv_auroc = out-of-fold on train (5-fold, grouped by matched_pair_id); "
                   "test_auroc = fit on train, scored on the held-out split; ci = 95% pair-grouped bootstrap",
         },
+        "reliability": across_cells(outcome.records),
         "cells": outcome.records,
     }
 
@@ -61,8 +45,14 @@ def results_document(outcome: RunOutcome) -> dict:
 def write_run_outputs(outcome: RunOutcome, out_dir: Path) -> dict[str, Path]:
     results = results_document(outcome)
     leaderboard = build_leaderboard(outcome.records, strategy_info=strategy_info(outcome))
+    reliability = results["reliability"]
+    friedman = reliability.get("friedman") or {}
+    for row in leaderboard["strategies"]:
+        row["win_rate"] = reliability["win_rate"].get(row["strategy"])
+        row["average_rank"] = friedman.get("average_ranks", {}).get(row["strategy"])
     leaderboard.update({"model": outcome.model, "corpus_hash": outcome.corpus["hash"],
-                        "git_hash": results["git_hash"], "date": results["date"]})
+                        "git_hash": results["git_hash"], "date": results["date"],
+                        "friedman": reliability.get("friedman")})
     paths = {"results": out_dir / "results.json", "leaderboard": out_dir / "leaderboard.json"}
     write_json_atomic(paths["results"], results)
     write_json_atomic(paths["leaderboard"], leaderboard)

@@ -54,15 +54,19 @@ Event = Callable[[str, dict], None]
 
 
 def connect_ray(address: str | None) -> None:
-    """Join a cluster (`auto` or host:port) or start a local Ray; the store's env travels to workers."""
+    """Join a cluster (`auto` or host:port) or start a local Ray."""
     if ray.is_initialized():
         return
-    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
     try:
-        ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
-                 runtime_env={"env_vars": env} if env else None)
+        ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     except ConnectionError as exc:
         raise PoolBenchError(f"Ray address '{address}' does not answer: {exc}".splitlines()[0]) from exc
+
+
+def worker_runtime_env() -> dict:
+    """The store's endpoint and credentials (and the cache) as the driver sees them now, for every worker."""
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    return {"env_vars": env} if env else {}
 
 
 def _plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:
@@ -93,7 +97,8 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
     connect_ray(cfg.address)
     worker_cls = ray.remote(max_restarts=2, max_task_retries=2)(ExtractorWorker)
     n_workers, resources, threads = _plan_workers(cfg, len(plans))
-    workers = [worker_cls.options(**resources).remote(  # type: ignore[attr-defined]
+    runtime_env = worker_runtime_env()
+    workers = [worker_cls.options(**resources, runtime_env=runtime_env).remote(  # type: ignore[attr-defined]
         cfg.model, dtype=cfg.dtype, device=cfg.device, model_args=dict(cfg.model_args),
         torch_threads=threads, strategy_modules=strategy_modules) for _ in range(n_workers)]
     model = ray.get(workers[0].info.remote())
@@ -125,7 +130,7 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
             computed["d1_skipped"] += 1
             emit("probed", {"concept": plan.concept, "skipped": True})
             return
-        ref = probe_task.options(num_cpus=1).remote(store_url, plan.pooled_key, plan.d1_key, plan.concept,
+        ref = probe_task.options(num_cpus=1, runtime_env=runtime_env).remote(store_url, plan.pooled_key, plan.d1_key, plan.concept,
                                                     cfg.n_folds, cfg.seed, cfg.n_bootstrap)
         pending_probe[ref] = plan
 

@@ -29,3 +29,23 @@ def artifact_store(request: pytest.FixtureRequest, tmp_path: Path) -> ArtifactSt
     if request.param == "local":
         return LocalStore(tmp_path / "store")
     return s3_store_on(request.getfixturevalue("moto_s3"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, d=32 Llama saved in HF format, shared by the tests that need a whole model."""
+    from tiny_models import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def local_ray() -> Iterator[None]:
+    """One local Ray for the session (starting Ray costs seconds); shut down at the end."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()

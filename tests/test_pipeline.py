@@ -1,0 +1,109 @@
+"""The spine end to end: corpus -> Ray extractor worker -> pooled artifact -> D1 task -> results, and resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from s3_server import ACCESS_KEY, REGION, SECRET_KEY
+
+from poolbench.pipeline import run_benchmark
+from poolbench.results import write_run_outputs
+from poolbench.run_config import RunConfig
+from poolbench.store import open_store
+
+CONCEPTS = ("hedging", "toxicity")
+STRATEGIES = ("A1_mean", "P1_last", "P2_first")
+
+
+@pytest.fixture
+def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path_factory.getbasetemp() / "poolbench-cache"
+    monkeypatch.setenv("POOLBENCH_CACHE", str(root))
+    return root
+
+
+def config(model: Path, store: str, **overrides) -> RunConfig:
+    base = dict(model=str(model), corpus_size="tiny", concepts=CONCEPTS, strategies=STRATEGIES, store=store,
+                n_bootstrap=200, torch_threads=1)
+    return RunConfig(**{**base, **overrides})
+
+
+def test_run_writes_every_cell_and_a_rerun_computes_nothing(tiny_llama_dir, local_ray, cache, tmp_path):
+    events: list[tuple[str, dict]] = []
+    cfg = config(tiny_llama_dir, str(tmp_path / "store"))
+    outcome = run_benchmark(cfg, lambda kind, data: events.append((kind, data)))
+
+    assert outcome.computed == {"pooled": 2, "d1": 2, "pooled_skipped": 0, "d1_skipped": 0}
+    assert outcome.layers == [0, 1]
+    # 2 concepts x 2 layers x 3 strategies x 2 probes
+    assert len(outcome.records) == 24
+    for cell in outcome.records:
+        assert 0.0 <= cell["ci_low"] <= cell["test_auroc"] <= cell["ci_high"] <= 1.0
+        assert cell["n_train"] == 48 and cell["n_test"] == 24
+        assert cell["fallback_count"] == 0
+    # P2 is the BOS token on a Llama tokenizer: the same vector for every passage, so no signal at all.
+    p2 = [c for c in outcome.records if c["strategy"] == "P2_first"]
+    assert all(c["test_auroc"] == 0.5 for c in p2)
+    assert [k for k, _ in events].count("pooled") == 2
+
+    paths = write_run_outputs(outcome, tmp_path / "out")
+    results = json.loads(paths["results"].read_text())
+    assert results["config"]["concepts"] == list(CONCEPTS)
+    assert results["model"]["weights_hash"] and results["corpus"]["hash"]
+    assert set(results["versions"]) >= {"torch", "transformers", "scikit-learn", "ray", "poolbench"}
+    assert results["reliability"]["strategies"] == sorted(STRATEGIES)
+    leaderboard = json.loads(paths["leaderboard"].read_text())
+    assert {row["strategy"] for row in leaderboard["strategies"]} == set(STRATEGIES)
+    assert all(set(row["per_concept"]) == set(CONCEPTS) for row in leaderboard["strategies"])
+
+    store = open_store(cfg.resolved_store())
+    for keys in outcome.artifacts.values():
+        assert store.exists(keys["pooled"]) and store.exists(keys["d1"])
+
+    again = run_benchmark(cfg)
+    assert again.computed == {"pooled": 0, "d1": 0, "pooled_skipped": 2, "d1_skipped": 2}
+    assert again.records == outcome.records
+
+
+def test_a_killed_run_resumes_where_it_stopped(tiny_llama_dir, local_ray, cache, tmp_path):
+    cfg = config(tiny_llama_dir, str(tmp_path / "store"))
+    first = run_benchmark(cfg)
+    store = open_store(cfg.resolved_store())
+    # As if the driver died after hedging's pooling but before its D1 and before anything of toxicity.
+    store.delete(first.artifacts["hedging"]["d1"])
+    store.delete(first.artifacts["toxicity"]["pooled"])
+    store.delete(first.artifacts["toxicity"]["d1"])
+    resumed = run_benchmark(cfg)
+    assert resumed.computed == {"pooled": 1, "d1": 2, "pooled_skipped": 1, "d1_skipped": 0}
+    assert resumed.records == first.records
+
+
+def test_changing_a_determinant_gives_new_artifacts(tiny_llama_dir, local_ray, cache, tmp_path):
+    cfg = config(tiny_llama_dir, str(tmp_path / "store"), concepts=("hedging",))
+    first = run_benchmark(cfg)
+    reseeded = run_benchmark(config(tiny_llama_dir, str(tmp_path / "store"), concepts=("hedging",), seed=1))
+    assert reseeded.artifacts["hedging"]["pooled"] == first.artifacts["hedging"]["pooled"]
+    assert reseeded.artifacts["hedging"]["d1"] != first.artifacts["hedging"]["d1"]
+    assert reseeded.computed == {"pooled": 0, "d1": 1, "pooled_skipped": 1, "d1_skipped": 0}
+    fewer_layers = run_benchmark(config(tiny_llama_dir, str(tmp_path / "store"), concepts=("hedging",),
+                                        layers=(1,)))
+    assert fewer_layers.artifacts["hedging"]["pooled"] != first.artifacts["hedging"]["pooled"]
+    assert {c["layer"] for c in fewer_layers.records} == {1}
+
+
+def test_run_through_a_real_s3_server(tiny_llama_dir, local_ray, cache, tmp_path, moto_s3, monkeypatch):
+    bucket = moto_s3.make_bucket("poolbench-pipeline")
+    monkeypatch.setenv("POOLBENCH_S3_ENDPOINT", moto_s3.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+    monkeypatch.setenv("AWS_REGION", REGION)
+    # Ray workers were started before these variables existed: pass them as the job would on a cluster.
+    url = f"s3://{bucket}/run"
+    cfg = config(tiny_llama_dir, url, concepts=("hedging",), strategies=("A1_mean",))
+    outcome = run_benchmark(cfg)
+    store = open_store(url)
+    assert store.exists(outcome.artifacts["hedging"]["pooled"])
+    assert store.get_table(outcome.artifacts["hedging"]["d1"]).num_rows == 4
+    assert run_benchmark(cfg).computed["pooled_skipped"] == 1

@@ -74,3 +74,55 @@ def test_word_lists(tmp_path: Path):
         parse_word_list("sofa\nbed\nsofa\n", "dup.txt")
     with pytest.raises(WordListError, match=r"missing\.txt: cannot read"):
         load_word_list(tmp_path / "missing.txt", DEFAULT_DOMAIN)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, d=64 version of the embedded model (same tokenizer recipe and texts), trained in ~10 s."""
+    from poolbench.extractor.embedded_model import build_embedded_model, generated_texts
+
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    build_embedded_model(out, generated_texts(2000), vocab_size=1024, hidden_size=64, n_layers=2, n_heads=2,
+                         n_kv_heads=1, intermediate_size=172, seq_len=64, steps=150, warmup_steps=10)
+    return out
+
+
+def _lists():
+    return [load_word_list(None, name) for name in (DEFAULT_DOMAIN, DEFAULT_POSITIVE, DEFAULT_NEGATIVE)]
+
+
+def test_demo_outcomes_on_a_tiny_model(tiny_model: Path):
+    """The cheap version of the demo check: praise of one word raises ΔVar (CI > 0); generic text does not."""
+    from poolbench.prober.valence_bias_run import DemoSettings, run_demo
+
+    outcome = run_demo(_lists(), DemoSettings(model=str(tiny_model), layer=1, n_texts=48), n_bootstrap=1000)
+    praise, control = outcome.results["praise"].delta_var, outcome.results["control"].delta_var
+    assert praise.value > 0 and praise.ci_low > 0
+    assert control.ci_low <= 0 <= control.ci_high
+    assert praise.value > 5 * abs(control.value)
+
+
+def test_unencodable_word_names_file_and_line(tiny_model: Path):
+    from poolbench.extractor.loading import load_model
+    from poolbench.prober.word_representations import word_representations
+
+    loaded = load_model(str(tiny_model), device="cpu", dtype="float32")
+    # byte-level BPE encodes any text, so declare one of "zzyzx"'s tokens the unknown token
+    loaded.tokenizer.unk_token = loaded.tokenizer.tokenize("zzyzx")[0]
+    with pytest.raises(WordListError, match=r"odd\.txt:2: word 'zzyzx' has characters the tokenizer cannot"):
+        word_representations(loaded, parse_word_list("sofa\nzzyzx\n", "odd.txt"))
+    with pytest.raises(WordListError, match=r"--layer 5: the model has 2 layers"):
+        word_representations(loaded, parse_word_list("sofa\n", "x.txt"), layer=5)
+    reps = word_representations(loaded, parse_word_list("coffee table\nsofa\n", "x.txt"), layer=0)
+    assert reps.shape == (2, 64) and np.isfinite(reps).all()
+
+
+@pytest.mark.slow
+def test_demo_outcomes_on_the_embedded_model():
+    """The demo as `bias --demo` runs it (builds the embedded model on first use)."""
+    from poolbench.prober.valence_bias_run import DemoSettings, run_demo
+
+    outcome = run_demo(_lists(), DemoSettings(), n_bootstrap=2000)
+    assert outcome.results["praise"].delta_var.ci_low > 0
+    control = outcome.results["control"].delta_var
+    assert control.ci_low <= 0 <= control.ci_high

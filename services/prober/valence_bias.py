@@ -29,10 +29,18 @@ def cosine_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a / na[:, None]) @ (b / nb[:, None]).T
 
 
-def valence(domain: np.ndarray, positive: np.ndarray, negative: np.ndarray) -> np.ndarray:
-    """[D] valence of each domain representation: mean cosine to the positive set minus to the negative."""
+def valence(domain: np.ndarray, positive: np.ndarray, negative: np.ndarray, *, centre: bool = False) -> np.ndarray:
+    """[D] valence of each domain representation: mean cosine to the positive set minus to the negative.
+
+    `centre` first subtracts the mean representation of all the words (domain, positive and negative) of this
+    checkpoint: small LMs' hidden states share one dominant direction, so raw cosines are all near 1 and valence
+    differences drown in it; centring compares the words' deviations from their common mean instead.
+    """
     if len(domain) == 0 or len(positive) == 0 or len(negative) == 0:
         raise ValenceBiasError("valence needs at least one domain, one positive and one negative word")
+    if centre:
+        mean = np.concatenate([domain, positive, negative]).astype(np.float64).mean(axis=0)
+        domain, positive, negative = domain - mean, positive - mean, negative - mean
     return cosine_matrix(domain, positive).mean(axis=1) - cosine_matrix(domain, negative).mean(axis=1)
 
 

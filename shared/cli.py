@@ -97,7 +97,9 @@ def run(
         tasks: dict[str, int] = {}
 
         def on_event(kind: str, data: dict) -> None:
-            if kind == "plan":
+            if kind == "model" and data["building"]:
+                progress.console.print("building the embedded model (once; a few minutes on CPU) ...")
+            elif kind == "plan":
                 n = len(data["concepts"])
                 progress.console.print(
                     f"model {data['model']['model_id']} ({data['model']['n_layers']} layers, "
@@ -152,9 +154,13 @@ def validate_corpus_cmd(
 
         tok = load_tokenizer(tokenizer)
     findings = validate_corpus(directory, tokenizer=tok, max_tokens=max_tokens)
-    console.print(render_findings(findings))
+    if console.is_terminal:
+        console.print(render_findings(findings))
+    else:  # piped or captured: one grep-able line per finding, never wrapped
+        for finding in sorted(findings, key=lambda f: (f.severity != "error", f.file, f.line or 0)):
+            console.print(str(finding), soft_wrap=True, markup=False, highlight=False)
     errors = [f for f in findings if f.severity == "error"]
-    console.print(f"{len(errors)} error(s), {len(findings) - len(errors)} warning(s) in {directory}")
+    console.print(f"{len(errors)} error(s), {len(findings) - len(errors)} warning(s) in {directory}", soft_wrap=True)
     if errors:
         raise typer.Exit(1)
 
@@ -177,11 +183,11 @@ def corpus_build(
 
 
 @model_app.command("build")
-def model_build(force: Annotated[bool, typer.Option(help="rebuild even if cached")] = False) -> None:
+def model_build() -> None:
     """Train the embedded Llama-architecture model (deterministic, CPU, minutes) and report its perplexity."""
     from poolbench.extractor.embedded_model import ensure_embedded_model
 
-    path = ensure_embedded_model(force=force)
+    path = ensure_embedded_model()
     report = json.loads((path / "poolbench_build.json").read_text())
     console.print(f"embedded model at {path}: held-out perplexity {report['heldout_perplexity']:.2f}, "
                   f"{report.get('train_seconds', 0):.0f}s to train")
@@ -216,5 +222,8 @@ def main() -> None:
     try:
         app()
     except PoolBenchError as exc:
-        err_console.print(f"error: {exc}", highlight=False, markup=False)
+        # An error raised inside a Ray worker arrives wrapped (RayTaskError): show the worker's own line.
+        cause = getattr(exc, "cause", None)
+        message = str(cause if isinstance(cause, PoolBenchError) else exc).strip().splitlines()[0]
+        err_console.print(f"error: {message}", highlight=False, markup=False, soft_wrap=True)
         sys.exit(1)

@@ -13,11 +13,13 @@ from poolbench.artifact_key import artifact_key
 from poolbench.concept_pooling import POOL_VERSION
 from poolbench.corpus_source import limit_passages, open_corpus, passages_digest
 from poolbench.errors import PoolBenchError
+from poolbench.extractor.embedded_model import embedded_model_ready, ensure_embedded_model
+from poolbench.extractor.loading import check_model_reference
 from poolbench.extractor.worker import ExtractorWorker
 from poolbench.passage import Passage
 from poolbench.pooler.registry import load_strategy_module, resolve_strategies
 from poolbench.prober.concept_probe import D1_VERSION, probe_concept_task
-from poolbench.run_config import RunConfig
+from poolbench.run_config import EMBEDDED, RunConfig
 from poolbench.store import open_store
 
 FORWARDED_ENV = ("POOLBENCH_CACHE", "POOLBENCH_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
@@ -94,6 +96,10 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
     plans = [ConceptPlan(c, limit_passages(corpus.passages(c), cfg.limit), corpus.concept_hash(c))
              for c in corpus.concepts]
 
+    check_model_reference(cfg.model, dict(cfg.model_args))
+    if cfg.model == EMBEDDED:
+        emit("model", {"building": not embedded_model_ready()})
+        ensure_embedded_model()  # once, here: workers then load it like any local model
     connect_ray(cfg.address)
     worker_cls = ray.remote(max_restarts=2, max_task_retries=2)(ExtractorWorker)
     n_workers, resources, threads = _plan_workers(cfg, len(plans))
@@ -130,8 +136,8 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
             computed["d1_skipped"] += 1
             emit("probed", {"concept": plan.concept, "skipped": True})
             return
-        ref = probe_task.options(num_cpus=1, runtime_env=runtime_env).remote(store_url, plan.pooled_key, plan.d1_key, plan.concept,
-                                                    cfg.n_folds, cfg.seed, cfg.n_bootstrap)
+        ref = probe_task.options(num_cpus=1, runtime_env=runtime_env).remote(
+            store_url, plan.pooled_key, plan.d1_key, plan.concept, cfg.n_folds, cfg.seed, cfg.n_bootstrap)
         pending_probe[ref] = plan
 
     metadata = {"model": model["model_id"], "weights_hash": model["weights_hash"]}

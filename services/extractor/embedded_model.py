@@ -312,8 +312,13 @@ def generated_texts(n_texts: int = 12000, *, seed: int = 0) -> list[str]:
 
 
 def embedded_training_texts() -> list[str]:
-    """The texts the default embedded model is trained on."""
-    return generated_texts()
+    """What the default model learns English from: the embedded corpus's train split (never its test split),
+    more unlabelled passages from the same concept generators, and everyday templated prose."""
+    from poolbench.embedded_corpus import generate_embedded_corpus, generate_lm_text
+
+    corpus = generate_embedded_corpus(size="small", seed=0)
+    train = [p.text for passages in corpus.values() for p in passages if p.split == "train"]
+    return train + generate_lm_text(6000, seed=1) + generated_texts(2000, seed=0)
 
 
 def _default_cache_dir() -> Path:
@@ -327,6 +332,12 @@ def embedded_model_dir(texts: Sequence[str], config: EmbeddedModelConfig, seed: 
                         sort_keys=True)
     key = hashlib.sha256(recipe.encode()).hexdigest()[:12]
     return Path(cache_dir or _default_cache_dir()) / "models" / f"{MODEL_FAMILY}-{key}"
+
+
+def embedded_model_ready(cache_dir: str | Path | None = None) -> bool:
+    """Whether the default recipe's model is already built (so a run can say it is about to train one)."""
+    out_dir = embedded_model_dir(embedded_training_texts(), DEFAULT_CONFIG, cache_dir=cache_dir)
+    return (out_dir / BUILD_INFO_FILE).is_file()
 
 
 def ensure_embedded_model(cache_dir: str | Path | None = None) -> Path:

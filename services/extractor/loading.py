@@ -210,6 +210,31 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, model: str) -> PreTrai
     return tokenizer
 
 
+def check_model_reference(model: str, model_args: dict | None = None) -> None:
+    """Fail fast, before any worker starts, on a path that does not exist or a hub id that cannot be reached."""
+    if model == EMBEDDED or Path(model).expanduser().is_dir():
+        return
+    if _looks_like_path(model):
+        raise _not_found(model)
+    hub_args = {k: v for k, v in (model_args or {}).items() if k in _HUB_ARGS}
+    if _cached_snapshot(model, hub_args) is None and _hub_unreachable():
+        raise _not_found(model)
+
+
+def load_tokenizer(model: str) -> PreTrainedTokenizerBase:
+    """Just the tokenizer of a model reference (for corpus checks), with the same errors as load_model."""
+    check_model_reference(model)
+    if model == EMBEDDED:
+        from poolbench.extractor.embedded_model import ensure_embedded_model
+
+        model = str(ensure_embedded_model())
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"tokenizer '{model}' could not be loaded: {str(exc).splitlines()[0]}") from exc
+    return prepare_tokenizer(tokenizer, model)
+
+
 def load_model(model: str, *, dtype: str | torch.dtype = "auto", device: str = "auto",
                model_args: dict | None = None) -> LoadedModel:
     """Load a hub id, a local directory or "embedded" (built on first use) in eval mode with no grad."""

@@ -7,6 +7,7 @@ resample: 1,000 AUROCs are a handful of [n_boot, n_ties] array operations, not 1
 from __future__ import annotations
 
 import numpy as np
+
 from poolbench.errors import PoolBenchError
 
 _MAX_REDRAW_ROUNDS = 100

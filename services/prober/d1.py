@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from sklearn.base import clone
+from sklearn.model_selection import StratifiedKFold
+from threadpoolctl import ThreadpoolController
+
 from poolbench.prober.auroc import ProbeError, auroc, bootstrap_auroc_ci
 from poolbench.prober.probes import PROBE_NAMES, make_probe
-from sklearn.base import clone
-from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
-from threadpoolctl import ThreadpoolController
 
 __all__ = [
     "CVResult",
@@ -138,8 +139,10 @@ def cv_splits(
     _check_folds(y, groups, n_folds)
     placeholder = np.zeros((y.size, 1))
     if grouped:
-        splitter = StratifiedGroupKFold(n_splits=n_folds, shuffle=True, random_state=seed)
-        return list(splitter.split(placeholder, y, groups))
+        # The same folds as sklearn's StratifiedGroupKFold(shuffle=True), vectorised: ~4 ms instead of ~70.
+        from poolbench.prober.fast_folds import stratified_group_splits
+
+        return stratified_group_splits(y, groups, n_folds, seed)
     splitter = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed)
     return list(splitter.split(placeholder, y))
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import numpy as np
-from poolbench.prober.auroc import ProbeError
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
+
+from poolbench.prober.auroc import ProbeError
 
 PROBE_NAMES = ("logistic", "diffmean")
 

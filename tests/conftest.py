@@ -49,3 +49,15 @@ def local_ray() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests need CUDA: skipped, with the reason, on machines without it."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

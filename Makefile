@@ -24,7 +24,7 @@ run: install
 	$(BIN)/poolbench-driver run --out $(RUN_OUT) $(RUN_ARGS)
 
 test: install
-	$(BIN)/python -m pytest -q -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m "slow" $(PYTEST_ARGS)

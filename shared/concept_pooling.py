@@ -94,7 +94,10 @@ def _fit_context(passages: Sequence[Passage], batches, parses: ParseIndex | None
                 keep = batch.attention_mask[row] & ~batch.special_mask[row]
                 token_ids.append(batch.input_ids[row][keep].tolist())
     concept = passages[0].concept if passages else ""
-    return ConceptContext.fit(concept, parses, [p.id for p in passages if p.split == "train"], token_ids)
+    context = ConceptContext.fit(concept, parses, [p.id for p in passages if p.split == "train"], token_ids)
+    if parses is not None:
+        context.cache_keywords(parses, [p.id for p in passages])
+    return context
 
 
 def _remove_first_pc(table: pa.Table, strategy_id: str) -> pa.Table:

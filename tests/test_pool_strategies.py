@@ -154,6 +154,7 @@ def test_tfidf_keywords_are_fitted_on_train_passages_only() -> None:
     assert context.keywords(index.words("p1")) == set()  # ann/ran/bob/sat never seen in train
     two = ConceptContext.fit("conditionality", index, ["p2", "tr1", "tr2"], top_k=2)
     assert two.keywords(index.words("p2")) == {"rains", "stay"}
+    assert two.keywords_of([index.words("p2"), index.words("p1")]) == [{"rains", "stay"}, set()]
 
 
 def test_trigger_table_is_data_with_a_default() -> None:

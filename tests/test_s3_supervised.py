@@ -14,7 +14,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from poolbench.concept_pooling import pool_concept
 from poolbench.extractor.loading import LoadedModel
 from poolbench.passage import Passage
-from poolbench.pooler.registry import get_strategy
+from poolbench.pooler.parses import load_nlp
+from poolbench.pooler.pooled_table import PooledTableView
+from poolbench.pooler.registry import get_strategy, list_strategies
 from poolbench.prober.concept_probe import probe_pooled_table
 from poolbench.prober.d1 import cv_splits
 from poolbench.prober.supervised import HeadSelectionCell, evaluate_d1_supervised, n_heads_kept
@@ -130,3 +132,30 @@ def test_s3_pools_head_rows_and_the_prober_evaluates_one_cell(tiny) -> None:
     assert cells == {(layer, s) for layer in (0, 1) for s in ("A1_mean", "S3_iti_probe")}
     s3 = [r for r in records if r["strategy"] == "S3_iti_probe"]
     assert all(len(r["heads_selected"]) == 1 and r["fallback_count"] == 0 for r in s3)
+
+
+def test_every_strategy_through_pool_concept_reports_fallbacks_per_cell(tiny) -> None:
+    """All card strategies and variants in one pool_concept call (spaCy parses, attention, gradients, train
+    statistics); L3 falls back exactly on the passages where spaCy finds no entity, and D1 counts them."""
+    data = passages(12, "train") + passages(6, "test")
+    specs = list_strategies(include_reference=True)
+    table = pool_concept(tiny, data, [1], specs, batch_size=16)
+    view = PooledTableView(table)
+    for spec in specs:
+        cell = view.matrix(1, spec.id)
+        assert np.isfinite(cell.X).all() and len(cell.y) == len(data)
+    nlp = load_nlp()
+    no_entity = {p.id: not nlp(p.text).ents for p in data}
+    l3_cell = view.matrix(1, "L3_entity")
+    assert l3_cell.fallback.tolist() == [no_entity[pid] for pid in l3_cell.passage_ids]
+    assert sum(no_entity.values()) > len(data) // 2  # word salad: mostly no entity
+    assert not view.matrix(1, "S2_gradient").fallback.any() and not view.matrix(1, "L6_sentence").fallback.any()
+    records = probe_pooled_table(table, "negation", n_folds=3, n_bootstrap=10)
+    l3 = [r for r in records if r["strategy"] == "L3_entity"]
+    n_fallback = sum(no_entity.values())
+    assert l3 and all(r["fallback_count"] == n_fallback and r["fallback_rate"] == n_fallback / len(data)
+                      for r in l3)
+    sif = view.matrix(1, "S2_sif_pc1")
+    train = sif.split == "train"
+    u = np.linalg.svd(view.matrix(1, "S2_sif").X[train].astype(np.float64), full_matrices=False)[2][0]
+    np.testing.assert_allclose(sif.X @ u, 0, atol=1e-3)  # the train split's first component is gone

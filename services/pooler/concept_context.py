@@ -60,6 +60,7 @@ class ConceptContext:
     token_total: int = 0
     deps: frozenset[str] = frozenset()
     lemmas: frozenset[str] = frozenset()
+    keyword_cache: dict[str, set[str]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def fit(cls, concept: str, parses: ParseIndex | None, train_ids: Sequence[str],
@@ -82,19 +83,30 @@ class ConceptContext:
 
     def keywords(self, words: Mapping[str, np.ndarray]) -> set[str]:
         """The passage's top-k TF-IDF words; ties broken by first occurrence in the passage."""
+        return self.keywords_of([words])[0]
+
+    def keywords_of(self, passages: Sequence[Mapping[str, np.ndarray]]) -> list[set[str]]:
+        """Top-k TF-IDF words of many passages with one vectorizer call."""
         if self.vectorizer is None:
             raise StrategyError(f"concept {self.concept!r}: L5 needs a TF-IDF fitted on parsed train texts")
-        candidates = [str(w) for w in words["lower"][keyword_candidates(words)]]
-        if not candidates:
-            return set()
-        row = self.vectorizer.transform([candidates]).tocoo()
+        docs = [[str(w) for w in words["lower"][keyword_candidates(words)]] for words in passages]
+        matrix = self.vectorizer.transform(docs).tocsr()
         vocab = self.vectorizer.get_feature_names_out()
-        score = {str(vocab[j]): float(v) for j, v in zip(row.col, row.data, strict=True)}
-        first = {}
-        for i, w in enumerate(candidates):
-            first.setdefault(w, i)
-        ranked = sorted(score, key=lambda w: (-score[w], first[w]))
-        return set(ranked[: self.top_k])
+        out = []
+        for i, candidates in enumerate(docs):
+            row = matrix.getrow(i)
+            score = {str(vocab[j]): float(v) for j, v in zip(row.indices, row.data, strict=True)}
+            first: dict[str, int] = {}
+            for k, w in enumerate(candidates):
+                first.setdefault(w, k)
+            out.append(set(sorted(score, key=lambda w: (-score[w], first[w]))[: self.top_k]))
+        return out
+
+    def cache_keywords(self, parses: ParseIndex, passage_ids: Sequence[str]) -> None:
+        """Score every passage of the concept at once, so batches only look their keywords up."""
+        if self.vectorizer is not None and passage_ids:
+            found = self.keywords_of([parses.words(pid) for pid in passage_ids])
+            self.keyword_cache.update(zip(passage_ids, found, strict=True))
 
     def word_flags(self, passage_id: str, words: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Per-word concept flags for batch_parse_extras: L2 triggers and (when fitted) L5 keywords."""
@@ -102,7 +114,8 @@ class ConceptContext:
         lemmas = np.isin(words["lemma"].astype(str), sorted(self.lemmas))
         flags = {"trigger": deps | lemmas}
         if self.vectorizer is not None:
-            keep = self.keywords(words)
+            keep = self.keyword_cache.get(passage_id)
+            keep = keep if keep is not None else self.keywords(words)
             flags["keyword"] = keyword_candidates(words) & np.isin(words["lower"].astype(str), list(keep))
         return flags
 

@@ -124,7 +124,7 @@ def sae_train(
     layer: Annotated[int, typer.Option(help="decoder layer whose output the SAE reads")] = -1,
     features: Annotated[int, typer.Option(help="number of SAE features m")] = 1024,
     l1: Annotated[float, typer.Option(help="L1 sparsity coefficient (activations rescaled to mean |x|^2 = d)")]
-    = 3e-3,
+    = 1.0,
     steps: Annotated[int, typer.Option(help="Adam steps")] = 1500,
     tokens: Annotated[int, typer.Option(help="training tokens taken from the embedded LM texts")] = 40_000,
     seed: Annotated[int, typer.Option(help="seed for initialisation and batches")] = 0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from poolbench.prober.cebench import (
     marked_token_mask,
     normalise_jointly,
 )
+from poolbench.prober.sae import SAE, SAEError, load_sae, save_sae
 
 
 def _toy():
@@ -136,3 +138,64 @@ def test_too_few_entries_and_missing_file(tmp_path: Path):
         load_cebench(_write(tmp_path / "one.jsonl", [GOOD]))
     with pytest.raises(CEBenchDataError, match="no such CE-Bench file"):
         load_cebench(tmp_path / "missing.jsonl")
+
+
+@pytest.fixture(scope="module")
+def random_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An untrained 2-layer d=32 Llama with the embedded tokenizer recipe: enough to run the CLI paths."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    from poolbench.extractor.embedded_model import DEFAULT_CONFIG, _llama_config, generated_texts, train_tokenizer
+
+    out = tmp_path_factory.mktemp("models") / "random"
+    tokenizer = train_tokenizer(generated_texts(300), 512)
+    cfg = replace(DEFAULT_CONFIG, hidden_size=32, n_layers=2, n_heads=2, n_kv_heads=1, intermediate_size=64)
+    torch.manual_seed(0)
+    LlamaForCausalLM(_llama_config(cfg, tokenizer)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _app():
+    import typer
+
+    from poolbench.cebench_commands import bias, cebench, sae_train
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command("cebench")(cebench)
+    app.command("sae-train")(sae_train)
+    app.command("bias")(bias)
+    return app
+
+
+def test_cli_cebench_on_neurons_and_a_trained_sae(random_llama: Path, tmp_path: Path):
+    from typer.testing import CliRunner
+
+    runner = CliRunner()
+    sae_path = tmp_path / "sae.safetensors"
+    result = runner.invoke(_app(), ["sae-train", "--model", str(random_llama), "--layer", "1", "--features", "64",
+                                    "--steps", "30", "--tokens", "2000", "--out", str(sae_path)])
+    assert result.exit_code == 0, result.output
+    assert load_sae(sae_path, hidden_size=32).m == 64
+    for extra, unit in (([], "neurons"), (["--sae", str(sae_path)], "SAE")):
+        out = tmp_path / f"{unit}.json"
+        result = runner.invoke(_app(), ["cebench", "--model", str(random_llama), "--layer", "1", "--entries", "6",
+                                        "--out", str(out), *extra])
+        assert result.exit_code == 0, result.output
+        doc = json.loads(out.read_text())
+        scores = doc["scores"]
+        assert scores["interpretability"] == pytest.approx(scores["contrastive"] + scores["independent"])
+        assert 0 < scores["contrastive"] <= 1 and 0 < scores["independent"] <= 1
+        assert len(doc["entries"]) == 6 and doc["versions"]["torch"] and doc["config"]["layer"] == 1
+        assert len(doc["features"]["contrastive"]) == (64 if extra else 32)
+    save_sae(_wrong_width_sae(), tmp_path / "wide.npz")
+    result = runner.invoke(_app(), ["cebench", "--model", str(random_llama), "--sae", str(tmp_path / "wide.npz"),
+                                    "--entries", "4", "--out", str(tmp_path / "x.json")])
+    assert isinstance(result.exception, SAEError)
+    assert "wide.npz: tensor W_enc has shape (16, 8)" in str(result.exception)
+
+
+def _wrong_width_sae() -> SAE:
+    return SAE(W_enc=np.zeros((16, 8), np.float32), b_enc=np.zeros(8, np.float32),
+               W_dec=np.zeros((8, 16), np.float32), b_dec=np.zeros(16, np.float32))

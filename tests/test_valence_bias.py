@@ -126,3 +126,27 @@ def test_demo_outcomes_on_the_embedded_model():
     assert outcome.results["praise"].delta_var.ci_low > 0
     control = outcome.results["control"].delta_var
     assert control.ci_low <= 0 <= control.ci_high
+
+
+def test_cli_bias_same_checkpoint_is_zero_and_bad_lists_are_named(tiny_model: Path, tmp_path: Path):
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from poolbench.cebench_commands import bias
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command("bias")(bias)
+    app.command("other")(lambda: None)  # two commands: keep `bias` a subcommand, as in the driver
+    out = tmp_path / "bias.json"
+    result = CliRunner().invoke(app, ["bias", "--before", str(tiny_model), "--after", str(tiny_model),
+                                      "--layer", "1", "--bootstrap", "200", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["results"]["delta_var"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0, "excludes_zero": False}
+    assert doc["config"]["layer"] == 1 and len(doc["results"]["words"]) == 24 and doc["git"]
+    (tmp_path / "none.txt").write_text("# no words\n")
+    result = CliRunner().invoke(app, ["bias", "--before", "a", "--after", "b", "--positive",
+                                      str(tmp_path / "none.txt")])
+    assert isinstance(result.exception, WordListError) and "none.txt: word list is empty" in str(result.exception)

@@ -133,7 +133,7 @@ class SAETrainReport:
     scale: float  # the activations were divided by this during training; folded back into the weights
 
 
-def train_sae(activations: np.ndarray, n_features: int, *, l1: float = 1e-3, steps: int = 2000,
+def train_sae(activations: np.ndarray, n_features: int, *, l1: float = 1.0, steps: int = 1500,
               seed: int = 0, lr: float = 1e-3, batch_size: int = 512,
               threads: int = 1) -> tuple[SAE, SAETrainReport]:
     """Deterministic CPU SAE training: Adam on MSE + l1 * sum|f| * ||W_dec row||, on activations rescaled

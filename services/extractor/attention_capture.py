@@ -79,6 +79,8 @@ def _record(route: _Route, module: nn.Module, query: torch.Tensor, key: torch.Te
     if softcap:
         scores = torch.tanh(scores / softcap) * softcap
     n_q, n_k = scores.shape[-2:]
+    if attention_mask is not None and attention_mask.ndim == 2:
+        attention_mask = None  # a padding-only mask (flash attention): padding keys are masked below
     if attention_mask is None:
         if getattr(module, "is_causal", False):
             causal = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril(n_k - n_q)

@@ -25,7 +25,8 @@ app.add_typer(model_app, name="model")
 app.add_typer(corpus_app, name="corpus")
 app.command("power")(power)
 app.command("flash-check")(flash_check)
-console = Console()
+# Wide enough for the leaderboard when output is piped (rich falls back to 80 columns there).
+console = Console() if Console().is_terminal else Console(width=140)
 err_console = Console(stderr=True)
 
 

@@ -17,6 +17,13 @@ def strategy_info(outcome: RunOutcome) -> dict[str, dict]:
     return {s["id"]: s for s in outcome.strategies}
 
 
+def _across_cells(records: list[dict]) -> dict:
+    """Win rate and significance compare strategies: with one strategy there is nothing to compare."""
+    if len({r["strategy"] for r in records}) < 2:
+        return {"skipped": "win rate and significance need at least two strategies", "win_rate": {}}
+    return across_cells(records)
+
+
 def results_document(outcome: RunOutcome) -> dict:
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
@@ -37,7 +44,7 @@ def results_document(outcome: RunOutcome) -> dict:
             "d1": "probe AUROC: cv_auroc = out-of-fold on train (5-fold, grouped by matched_pair_id); "
                   "test_auroc = fit on train, scored on the held-out split; ci = 95% pair-grouped bootstrap",
         },
-        "reliability": across_cells(outcome.records),
+        "reliability": _across_cells(outcome.records),
         "cells": outcome.records,
     }
 

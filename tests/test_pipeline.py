@@ -107,3 +107,28 @@ def test_run_through_a_real_s3_server(tiny_llama_dir, local_ray, cache, tmp_path
     assert store.exists(outcome.artifacts["hedging"]["pooled"])
     assert store.get_table(outcome.artifacts["hedging"]["d1"]).num_rows == 4
     assert run_benchmark(cfg).computed["pooled_skipped"] == 1
+
+
+def test_dump_activations_and_export_submission(tiny_llama_dir, local_ray, cache, tmp_path):
+    from poolbench.cli import export_submission
+
+    cfg = config(tiny_llama_dir, str(tmp_path / "store"), concepts=("hedging",), strategies=("A1_mean",),
+                 dump_activations=True)
+    outcome = run_benchmark(cfg)
+    store = open_store(cfg.resolved_store())
+    dump_keys = [k for k in store.list("activations")]
+    assert len(dump_keys) == 1
+    dump = store.get_table(dump_keys[0])
+    pooled = store.get_table(outcome.artifacts["hedging"]["pooled"])
+    n_passages = pooled.num_rows // 2  # one A1 row per passage per layer, 2 layers
+    assert set(dump.column("layer").to_pylist()) == {0, 1}
+    assert len(set(dump.column("passage_id").to_pylist())) == n_passages
+
+    out = tmp_path / "run"
+    write_run_outputs(outcome, out)
+    export_submission(strategy="A1_mean", model_key="llama3_8b", run_dir=out, source="test", out=None)
+    submission = json.loads((out / "submission_A1_mean.json").read_text())
+    assert submission["family"] == "uniform_aggregation"
+    result = submission["results"]["llama3_8b"]
+    assert set(result["per_concept"]) == {"hedging"}
+    assert 0.0 <= result["mean_auroc"] <= 1.0 and result["layer"] in (0, 1)

@@ -73,6 +73,7 @@ def run(
     num_workers: Annotated[int | None, typer.Option(help="extractor workers (default: one per GPU, else 1)")] = None,
     torch_threads: Annotated[int | None, typer.Option(help="torch threads per CPU worker")] = None,
     dump_activations: Annotated[bool, typer.Option(help="also store token activations (float16 Arrow)")] = False,
+    reliability: Annotated[bool, typer.Option(help="seed spread, selectivity and MDL for every cell")] = True,
 ) -> None:
     """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json."""
     from poolbench.pipeline import run_benchmark
@@ -86,7 +87,7 @@ def run(
             strategies=_split(strategies), store=store, out=str(out), batch_size=batch_size,
             max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=bootstrap,
             address=address, num_workers=num_workers, torch_threads=torch_threads,
-            dump_activations=dump_activations)
+            dump_activations=dump_activations, reliability=reliability)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise PoolBenchError(f"--{'-'.join(str(p) for p in first['loc'])}: {first['msg']}") from None

@@ -17,8 +17,9 @@ from poolbench.extractor.embedded_model import embedded_model_ready, ensure_embe
 from poolbench.extractor.loading import check_model_reference
 from poolbench.extractor.worker import ExtractorWorker
 from poolbench.passage import Passage
-from poolbench.pooler.registry import load_strategy_module, resolve_strategies
+from poolbench.pooler.registry import load_entry_point_strategies, load_strategy_module, resolve_strategies
 from poolbench.prober.concept_probe import D1_VERSION, probe_concept_task
+from poolbench.prober.reliability import RELIABILITY_VERSION
 from poolbench.run_config import EMBEDDED, RunConfig
 from poolbench.store import open_store
 
@@ -87,6 +88,7 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
     """Plan every concept's cells, compute only the missing artifacts, and collect the D1 records."""
     emit = on_event or (lambda kind, data: None)
     started = time.perf_counter()
+    load_entry_point_strategies()
     for path in strategy_modules:
         load_strategy_module(path)
     specs = resolve_strategies(list(cfg.strategies) if cfg.strategies else None)
@@ -113,6 +115,9 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
     if bad:
         raise PoolBenchError(f"--layers {bad} out of range for {model['model_id']} "
                              f"({model['n_layers']} layers: 0..{model['n_layers'] - 1})")
+    if cfg.strategies is None and model["kind"] != "causal":
+        # S2 needs a causal LM's own log-likelihood; by default an encoder runs every other strategy.
+        specs = [s for s in specs if "gradient" not in s.needs]
     strategy_fps = [s.fingerprint() for s in specs]
     for plan in plans:
         plan.pooled_key = artifact_key(
@@ -120,7 +125,8 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
             layers=layers, strategies=strategy_fps, concept=plan.concept, corpus=plan.corpus_hash,
             passages=passages_digest(plan.passages), max_length=cfg.max_length, version=POOL_VERSION)
         plan.d1_key = artifact_key("d1", pooled=plan.pooled_key, n_folds=cfg.n_folds, seed=cfg.seed,
-                                   n_bootstrap=cfg.n_bootstrap, version=D1_VERSION)
+                                   n_bootstrap=cfg.n_bootstrap, version=D1_VERSION,
+                                   reliability=RELIABILITY_VERSION if cfg.reliability else None)
         if cfg.dump_activations:
             plan.dump_key = artifact_key("activations", pooled=plan.pooled_key)
     emit("plan", {"concepts": [p.concept for p in plans], "layers": layers, "strategies": [s.id for s in specs],
@@ -137,7 +143,8 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
             emit("probed", {"concept": plan.concept, "skipped": True})
             return
         ref = probe_task.options(num_cpus=1, runtime_env=runtime_env).remote(
-            store_url, plan.pooled_key, plan.d1_key, plan.concept, cfg.n_folds, cfg.seed, cfg.n_bootstrap)
+            store_url, plan.pooled_key, plan.d1_key, plan.concept, cfg.n_folds, cfg.seed, cfg.n_bootstrap,
+            cfg.reliability)
         pending_probe[ref] = plan
 
     metadata = {"model": model["model_id"], "weights_hash": model["weights_hash"]}
@@ -183,7 +190,8 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
                 "concept_hashes": {p.concept: p.corpus_hash for p in plans},
                 "passages": {p.concept: len(p.passages) for p in plans}},
         layers=layers, strategies=[s.fingerprint() | {"family": s.family, "description": s.description,
-                                                       "supervision": s.supervision,
+                                                       "supervision": s.supervision, "needs": sorted(s.needs),
+                                                       "variant_of": s.variant_of,
                                                        "reference_variant": s.reference_variant}
                                    for s in specs],
         records=records,

@@ -42,6 +42,7 @@ class RunConfig(BaseModel):
     num_workers: int | None = Field(None, ge=1)
     torch_threads: int | None = Field(None, ge=1)
     dump_activations: bool = False
+    reliability: bool = True
 
     @field_validator("concepts", "strategies")
     @classmethod

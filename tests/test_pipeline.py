@@ -43,6 +43,12 @@ def test_run_writes_every_cell_and_a_rerun_computes_nothing(tiny_llama_dir, loca
         assert 0.0 <= cell["ci_low"] <= cell["test_auroc"] <= cell["ci_high"] <= 1.0
         assert cell["n_train"] == 48 and cell["n_test"] == 24
         assert cell["fallback_count"] == 0
+        if cell["probe"] == "logistic":  # the per-cell reliability statistics ride on the primary probe
+            assert len(cell["seed_cv_aurocs"]) == 5 and cell["seed_std"] >= 0.0
+            assert cell["seed_cv_aurocs"][0] == pytest.approx(cell["cv_auroc"], abs=1e-6)
+            assert cell["mdl_compression"] > 0 and -1.0 <= cell["selectivity"] <= 1.0
+        else:
+            assert cell["seed_std"] is None and cell["selectivity"] is None
     # P2 is the BOS token on a Llama tokenizer: the same vector for every passage, so no signal at all.
     p2 = [c for c in outcome.records if c["strategy"] == "P2_first"]
     assert all(c["test_auroc"] == 0.5 for c in p2)

@@ -7,13 +7,14 @@ import pyarrow as pa
 
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.prober.d1 import evaluate_d1
+from poolbench.prober.reliability import cell_reliability
 from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell, is_auxiliary
 
-D1_VERSION = 1
+D1_VERSION = 2  # 2: per-cell reliability statistics, supervised (S3) cells
 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
-                       n_bootstrap: int = 1000) -> list[dict]:
+                       n_bootstrap: int = 1000, reliability: bool = True) -> list[dict]:
     """One record per (layer, strategy, probe): CV AUROC on train, held-out AUROC with its CI, fallbacks."""
     view = PooledTableView(table)
     metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
@@ -23,10 +24,14 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
             continue
         cell = view.matrix(layer, strategy)
         supervised = head_selection_cell(view, metadata, layer, strategy, seed)
+        stats: dict = {}
         if supervised is None:
             train, test = cell.subset("train"), cell.subset("test")
             result = evaluate_d1(train.X, train.y, train.groups, test.X, test.y, test.groups,
                                  n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
+            if reliability:
+                stats = cell_reliability(train.X, train.y, train.groups, train.passage_ids, test.X, test.y,
+                                         test.groups, seed=seed, n_folds=n_folds)
         else:  # heads are chosen inside each fold from that fold's training labels only
             result = evaluate_d1_supervised(
                 supervised, cell.y, cell.groups, np.flatnonzero(cell.split == "train"),
@@ -39,21 +44,26 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
                 "fallback_count": fallback_count,
                 "fallback_rate": fallback_count / len(cell.fallback),
                 "heads_selected": supervised.chosen[-1] if supervised is not None else None,
+                # Seeds, selectivity and MDL describe the logistic probe; a supervised cell's features change
+                # per fold, so they are not defined there (None, not a number computed on other features).
+                **{key: (value if probe_name == "logistic" else None) for key, value in stats.items()},
             })
     return records
 
 
 def probe_records_table(records: list[dict]) -> pa.Table:
-    return pa.Table.from_pylist(records)
+    """Every row gets every column (Arrow infers a schema from the first row and would drop later keys)."""
+    keys = list(dict.fromkeys(key for record in records for key in record))
+    return pa.Table.from_pylist([{key: record.get(key) for key in keys} for record in records])
 
 
 def probe_concept_task(store_url: str, pooled_key: str, d1_key: str, concept: str, n_folds: int, seed: int,
-                       n_bootstrap: int) -> dict:
+                       n_bootstrap: int, reliability: bool = True) -> dict:
     """Read a PooledTable, write the concept's D1 records as an Arrow artifact; safe to retry."""
     from poolbench.store import open_store
 
     store = open_store(store_url)
     records = probe_pooled_table(store.get_table(pooled_key), concept, n_folds=n_folds, seed=seed,
-                                 n_bootstrap=n_bootstrap)
+                                 n_bootstrap=n_bootstrap, reliability=reliability)
     store.put_table(d1_key, probe_records_table(records))
     return {"concept": concept, "key": d1_key, "cells": len(records)}

@@ -1,0 +1,48 @@
+"""The interface both generation backends (transformers, vLLM) implement, and what they return."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """How continuations are drawn; part of every D2 artefact key."""
+
+    max_new_tokens: int = 32
+    temperature: float = 0.7
+    greedy: bool = False
+    batch_size: int = 64
+    # EOS is suppressed until this many tokens (default: all of them), so every continuation has the same
+    # length and perplexities and scores compare like with like.
+    min_new_tokens: int | None = None
+
+    @property
+    def min_tokens(self) -> int:
+        return self.max_new_tokens if self.min_new_tokens is None else min(self.min_new_tokens,
+                                                                             self.max_new_tokens)
+
+    def to_record(self) -> dict:
+        return {"max_new_tokens": self.max_new_tokens, "min_new_tokens": self.min_tokens,
+                "temperature": self.temperature, "greedy": self.greedy}
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One continuation: its text and token ids (the prompt's ids too, so perplexity needs no re-tokenising)."""
+
+    prompt: str
+    text: str
+    prompt_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+
+
+class SteeringBackend(Protocol):
+    """Generate continuations of `prompts` with `delta` (None: unsteered) added to the output of `layer`."""
+
+    def generate(self, prompts: Sequence[str], *, layer: int, delta: np.ndarray | None,
+                 seeds: Sequence[int], settings: GenerationSettings) -> list[Generation]: ...

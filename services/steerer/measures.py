@@ -1,0 +1,94 @@
+"""Model-side measurements D2 needs: the residual-stream scale, perplexity of generations, relevance."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from poolbench.extractor.hook_points import capture_layer_outputs
+from poolbench.extractor.loading import LoadedModel
+
+from .backend import Generation
+
+
+@torch.no_grad()
+def mean_residual_norm(loaded: LoadedModel, texts: Sequence[str], layer: int, *, batch_size: int = 32,
+                       max_length: int = 256) -> float:
+    """Mean over real tokens of ||h_t|| at layers.{layer}.out. Special tokens (BOS) are left out: their
+    states are attention-sink outliers whose norm can be many times a word token's."""
+    tok = loaded.tokenizer
+    total, count = 0.0, 0
+    for start in range(0, len(texts), batch_size):
+        enc = tok(list(texts[start:start + batch_size]), return_tensors="pt", padding=True, truncation=True,
+                  max_length=max_length, return_special_tokens_mask=True)
+        special = enc.pop("special_tokens_mask").bool()
+        enc = enc.to(loaded.device)
+        with capture_layer_outputs(loaded.decoder_layers, [layer]) as captured:
+            loaded.model(**enc)
+        norms = captured[layer].float().norm(dim=-1).cpu()
+        real = enc["attention_mask"].bool().cpu() & ~special
+        total += float(norms[real].sum())
+        count += int(real.sum())
+    if count == 0:
+        raise ValueError("no real tokens to measure the residual norm on")
+    return total / count
+
+
+@torch.no_grad()
+def continuation_nll(loaded: LoadedModel, generations: Sequence[Generation], *, batch_size: int = 32,
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(summed NLL, token count) of each continuation given its prompt, under the unsteered model."""
+    nll = np.zeros(len(generations))
+    n_tok = np.zeros(len(generations), dtype=np.int64)
+    pad = loaded.tokenizer.pad_token_id
+    for start in range(0, len(generations), batch_size):
+        chunk = generations[start:start + batch_size]
+        seqs = [list(g.prompt_ids) + list(g.token_ids) for g in chunk]
+        width = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(seqs), width), dtype=torch.long)
+        target = torch.full((len(seqs), width), -100, dtype=torch.long)
+        for i, (g, s) in enumerate(zip(chunk, seqs, strict=True)):
+            ids[i, :len(s)] = torch.tensor(s)
+            mask[i, :len(s)] = 1
+            target[i, len(g.prompt_ids):len(s)] = torch.tensor(g.token_ids, dtype=torch.long)
+        logits = loaded.model(input_ids=ids.to(loaded.device), attention_mask=mask.to(loaded.device)).logits
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).cpu()
+        tgt = target[:, 1:]
+        valid = tgt != -100
+        picked = logp.gather(-1, tgt.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+        nll[start:start + len(chunk)] = (-(picked * valid)).sum(dim=1).numpy()
+        n_tok[start:start + len(chunk)] = valid.sum(dim=1).numpy()
+    return nll, n_tok
+
+
+class SentenceEmbedder:
+    """all-MiniLM-L6-v2 sentence embeddings as sentence-transformers computes them: mean over real tokens,
+    then L2 normalisation (max 256 tokens)."""
+
+    def __init__(self, path: str | None = None, max_length: int = 256) -> None:
+        from poolbench.scorer.encoder import bundled_minilm_path
+        from poolbench.scorer.finetune import load_encoder
+
+        source = path or str(bundled_minilm_path())
+        self.tokenizer, self.model = load_encoder(source, source)
+        self.model.eval()
+        self.max_length = max_length
+
+    @torch.no_grad()
+    def embed(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        out = []
+        for start in range(0, len(texts), batch_size):
+            enc = self.tokenizer(list(texts[start:start + batch_size]), padding=True, truncation=True,
+                                 max_length=self.max_length, return_tensors="pt")
+            hidden = self.model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).float()
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            out.append(torch.nn.functional.normalize(pooled, dim=-1).numpy())
+        return np.concatenate(out) if out else np.zeros((0, int(self.model.config.hidden_size)))
+
+    def relevance(self, prompts: Sequence[str], continuations: Sequence[str]) -> np.ndarray:
+        """Cosine between each prompt and its continuation."""
+        return np.sum(self.embed(prompts) * self.embed(continuations), axis=1)

@@ -1,0 +1,64 @@
+"""SteeringWorker: one loaded causal LM with its generation backend and the measurements D2 needs.
+
+A plain class so tests and the pipeline can use it in-process; `steering_actor` wraps it as a Ray actor
+(one GPU each when the cluster has GPUs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from poolbench.extractor.loading import LoadedModel, load_model
+
+from .backend import Generation, GenerationSettings, SteeringBackend
+from .errors import SteeringError
+from .measures import SentenceEmbedder, continuation_nll, mean_residual_norm
+
+BACKENDS = ("transformers", "vllm")
+
+
+class SteeringWorker:
+    def __init__(self, model: str | LoadedModel, *, backend: str = "transformers", dtype: str = "auto",
+                 device: str = "auto", model_args: dict | None = None, torch_threads: int | None = None,
+                 vllm_args: dict | None = None) -> None:
+        if backend not in BACKENDS:
+            raise SteeringError(f"unknown steering backend '{backend}' (known: {', '.join(BACKENDS)})")
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        self.loaded = model if isinstance(model, LoadedModel) else load_model(
+            model, dtype=dtype, device=device, model_args=model_args)
+        self.backend_name = backend
+        self.backend: SteeringBackend
+        if backend == "vllm":
+            from .vllm_backend import VLLMBackend
+
+            self.backend = VLLMBackend(str(self.loaded.path), **(vllm_args or {}))
+        else:
+            from .transformers_backend import TransformersBackend
+
+            self.backend = TransformersBackend(self.loaded)
+        self._embedder: SentenceEmbedder | None = None
+
+    def info(self) -> dict:
+        m = self.loaded
+        return {"model_id": m.model_id, "weights_hash": m.weights_hash, "n_layers": m.n_layers,
+                "hidden_size": m.hidden_size, "dtype": str(m.dtype), "device": str(m.device),
+                "backend": self.backend_name}
+
+    def generate(self, prompts: Sequence[str], *, layer: int, delta: np.ndarray | None, seeds: Sequence[int],
+                 settings: GenerationSettings) -> list[Generation]:
+        return self.backend.generate(prompts, layer=layer, delta=delta, seeds=seeds, settings=settings)
+
+    def residual_norm(self, texts: Sequence[str], layer: int) -> float:
+        return mean_residual_norm(self.loaded, texts, layer)
+
+    def nll(self, generations: Sequence[Generation]) -> tuple[np.ndarray, np.ndarray]:
+        return continuation_nll(self.loaded, generations)
+
+    def relevance(self, prompts: Sequence[str], continuations: Sequence[str]) -> np.ndarray:
+        if self._embedder is None:
+            self._embedder = SentenceEmbedder()
+        return self._embedder.relevance(prompts, continuations)

@@ -1,0 +1,74 @@
+"""D3 arithmetic: Disent = 1 - dB/dA with the null and clip rules, the neighbour map, D3_rep, DiffMean."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from poolbench.steerer.d3 import disentanglement, neighbour_map, neighbours
+from poolbench.steerer.errors import SteeringError
+from poolbench.steerer.vector import cosine, diffmean_vector, validate_alphas
+
+
+def test_disent_hand_computed():
+    out = disentanglement(0.4, (0.2, 0.6), 0.1)
+    assert out["disent_raw"] == pytest.approx(0.75) and out["disent"] == pytest.approx(0.75)
+    assert out["disent_null_reason"] is None
+
+
+def test_disent_clipped_with_raw_kept():
+    low = disentanglement(0.4, (0.2, 0.6), 0.6)  # neighbour moved more than the concept: 1 - 1.5
+    assert low["disent_raw"] == pytest.approx(-0.5) and low["disent"] == 0.0
+    high = disentanglement(0.4, (0.2, 0.6), -0.2)  # neighbour moved away: 1 + 0.5
+    assert high["disent_raw"] == pytest.approx(1.5) and high["disent"] == 1.0
+
+
+@pytest.mark.parametrize("ci", [(-0.1, 0.5), (0.0, 0.3), (None, None), (-0.5, -0.1)])
+def test_disent_null_when_delta_a_ci_includes_zero_or_is_missing_or_negative(ci):
+    out = disentanglement(0.2, ci, 0.1)
+    assert out["disent"] is None and out["disent_raw"] is None and out["disent_null_reason"]
+
+
+def test_neighbour_map_is_the_issue_table():
+    table = neighbour_map()
+    assert len(table) == 17
+    assert neighbours("hedging") == {"LD": "conditionality", "LC": "academic_tone"}
+    assert neighbours("planning") == {"LD": "bureaucratic", "LC": "code_docs"}
+    assert all(set(v) == {"LD", "LC"} and set(v.values()) <= set(table) for v in table.values())
+    with pytest.raises(SteeringError, match="no D3 neighbours"):
+        neighbours("astrology")
+
+
+def test_d3_rep_cosine():
+    assert cosine(np.array([1.0, 0.0]), np.array([1.0, 1.0])) == pytest.approx(1 / np.sqrt(2))
+    assert cosine(None, np.array([1.0])) is None
+    assert cosine(np.zeros(2), np.ones(2)) is None
+
+
+def test_diffmean_unit_direction_and_raw_norm():
+    X = np.array([[3.0, 4.0], [5.0, 4.0], [1.0, 1.0], [1.0, 1.0]])
+    v = diffmean_vector(X, np.array([1, 1, 0, 0]), concept="c", strategy="s", layer=0)
+    # pos mean (4, 4) - neg mean (1, 1) = (3, 3): norm 3 sqrt 2, direction (1, 1) / sqrt 2.
+    assert v.raw_norm == pytest.approx(3 * np.sqrt(2))
+    np.testing.assert_allclose(v.direction, [1 / np.sqrt(2)] * 2, rtol=1e-6)
+    np.testing.assert_allclose(v.with_residual_norm(10.0).delta(0.5), [5 / np.sqrt(2)] * 2, rtol=1e-6)
+
+
+def test_zero_norm_vector_is_null_with_reason_never_nan():
+    X = np.tile([[2.0, -1.0]], (4, 1))  # P2_first on a causal LM: the BOS state for every passage
+    v = diffmean_vector(X, np.array([1, 1, 0, 0]), concept="c", strategy="P2_first", layer=1)
+    assert v.is_null and "zero-norm" in v.null_reason and v.raw_norm == 0.0
+    with pytest.raises(SteeringError, match="is null"):
+        v.delta(1.0)
+
+
+@pytest.mark.parametrize("grid,msg", [([], "empty"), ([0, -0.5], "negative"), ([float("nan")], "non-finite"),
+                                      ([0.0], "at least one alpha > 0")])
+def test_bad_alpha_grids(grid, msg):
+    with pytest.raises(SteeringError, match=msg):
+        validate_alphas(grid)
+
+
+def test_alpha_grid_sorted_with_zero_added():
+    assert validate_alphas([1, 0.25, 1]) == (0.0, 0.25, 1.0)
+    assert validate_alphas(None) == (0.0, 0.125, 0.25, 0.5, 1.0, 2.0)

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from poolbench.cebench_commands import bias, cebench, sae_train
 from poolbench.errors import PoolBenchError
 from poolbench.reliability_commands import flash_check, power
 from poolbench.run_config import EMBEDDED, RunConfig
@@ -23,8 +24,13 @@ model_app = typer.Typer(no_args_is_help=True, help="Models: build the embedded d
 corpus_app = typer.Typer(no_args_is_help=True, help="Corpora: write the embedded corpus to a folder.")
 app.add_typer(model_app, name="model")
 app.add_typer(corpus_app, name="corpus")
+sae_app = typer.Typer(no_args_is_help=True, help="Sparse autoencoders for CE-Bench: train one offline.")
+app.add_typer(sae_app, name="sae")
+sae_app.command("train")(sae_train)
 app.command("power")(power)
 app.command("flash-check")(flash_check)
+app.command("cebench")(cebench)
+app.command("bias")(bias)
 # Wide enough for the leaderboard when output is piped (rich falls back to 80 columns there).
 console = Console() if Console().is_terminal else Console(width=140)
 err_console = Console(stderr=True)

@@ -318,7 +318,33 @@ def embedded_training_texts() -> list[str]:
 
     corpus = generate_embedded_corpus(size="small", seed=0)
     train = [p.text for passages in corpus.values() for p in passages if p.split == "train"]
-    return train + generate_lm_text(6000, seed=1) + generated_texts(2000, seed=0)
+    return train + generate_lm_text(6000, seed=1) + generated_texts(2000, seed=0) + vocabulary_texts(1500, seed=0)
+
+
+_HOUSEHOLD_FRAMES = ["She moved the {w} closer to the window.", "The {w} in the hall was delivered on Monday.",
+                     "He measured the {w} before they carried it upstairs.", "There is a {w} next to the door.",
+                     "We painted the old {w} last weekend.", "The shop sold a {w} and two chairs.",
+                     "Put the box on the {w}, please.", "My grandmother kept her {w} for forty years."]
+_FEELING_FRAMES = ["They {w} the long walks by the river.", "I {w} the sound of the rain at night.",
+                   "Many people {w} crowded trains in the morning.", "Children often {w} loud thunder.",
+                   "She said she would always {w} that song.", "We {w} the way the city changes in spring."]
+
+
+def vocabulary_texts(n_texts: int, *, seed: int = 0) -> list[str]:
+    """Neutral sentences that use the valence-bias word lists (furniture, emotion verbs) in plain contexts,
+    so the embedded model knows them as words; furniture and feelings never share a sentence here."""
+    from poolbench.valence_words import DEFAULT_DOMAIN, DEFAULT_NEGATIVE, DEFAULT_POSITIVE, load_word_list
+
+    domain = load_word_list(None, DEFAULT_DOMAIN).words
+    feelings = [*load_word_list(None, DEFAULT_POSITIVE).words, *load_word_list(None, DEFAULT_NEGATIVE).words]
+    rng = random.Random(f"poolbench-vocabulary:{seed}")
+    texts = []
+    for i in range(n_texts):
+        if i % 2 == 0:
+            texts.append(rng.choice(_HOUSEHOLD_FRAMES).format(w=rng.choice(domain)))
+        else:
+            texts.append(rng.choice(_FEELING_FRAMES).format(w=rng.choice(feelings)))
+    return texts
 
 
 def _default_cache_dir() -> Path:

@@ -1,14 +1,11 @@
 """Typer commands for CE-Bench, SAE training and valence bias: thin shells over poolbench.prober.
 
-Register on the driver app (errors are PoolBenchErrors, which `poolbench.cli.main` prints as one line):
-``app.command("cebench")(cebench)``, ``app.command("sae-train")(sae_train)``, ``app.command("bias")(bias)``.
+Registered on the driver app as `cebench`, `sae train` and `bias`; their errors are PoolBenchErrors, which
+`poolbench.cli.main` prints as one line.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,24 +16,11 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.errors import PoolBenchError
+from poolbench.json_file import write_json_atomic
 from poolbench.provenance import git_hash, package_versions, utc_now
 
 console = Console()
 EMBEDDED = "embedded"
-
-
-def write_json_atomic(path: Path, obj: object) -> None:
-    """A reader sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(obj, fh, indent=2, allow_nan=False)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _document(kind: str, config: dict[str, Any], **sections: Any) -> dict[str, Any]:

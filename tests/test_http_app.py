@@ -1,0 +1,154 @@
+"""The Serve application over real HTTP: one app on a free port for the module, the tiny Llama behind it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from s3_server import free_port
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from poolbench.http_app import ServiceSettings, start_serve
+from poolbench.prober.d1 import evaluate_d1
+
+POS = ["I might perhaps be wrong about this", "it could possibly rain later today", "maybe we should wait a bit",
+       "perhaps the answer is not so clear", "it seems likely that it might work", "possibly the train is late"]
+NEG = ["the answer is four", "the train leaves at noon", "we leave now", "water boils at one hundred degrees",
+       "the door is red", "she owns two cats"]
+
+
+@pytest.fixture(scope="module")
+def service(tiny_llama_dir, local_ray) -> Iterator[tuple[str, str]]:
+    from ray import serve
+
+    settings = ServiceSettings(models=(str(tiny_llama_dir),), max_texts=16, max_chars=200, max_body_bytes=8192,
+                               max_new_tokens=8, device="cpu")
+    base = start_serve(settings, port=free_port(), num_cpus=0.5)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "Serve app did not come up in 60 s"
+        time.sleep(0.2)
+    try:
+        yield base, str(tiny_llama_dir)
+    finally:
+        serve.shutdown()
+
+
+def post(base: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(f"{base}{path}", json=body, timeout=60)
+
+
+def items() -> list[dict]:
+    """4+4 train, 2+2 test; each positive paired with the negative of the same index (a matched pair)."""
+    out = []
+    for i, (p, n) in enumerate(zip(POS, NEG, strict=True)):
+        split = "train" if i < 4 else "test"
+        out += [{"text": p, "label": 1, "split": split, "group": f"g{i}"},
+                {"text": n, "label": 0, "split": split, "group": f"g{i}"}]
+    return out
+
+
+def test_healthz_and_openapi_and_loopback_binding(service):
+    base, model = service
+    assert base.startswith("http://127.0.0.1:")
+    assert httpx.get(f"{base}/healthz").json() == {"status": "ok", "models": [model], "scorers": []}
+    spec = httpx.get(f"{base}/openapi.json").json()
+    assert {"/pool", "/probe", "/score", "/generate", "/healthz"} <= set(spec["paths"])
+    assert "PoolRequest" in spec["components"]["schemas"]
+
+
+def test_pool_mean_equals_the_models_hidden_states(service, tiny_llama_dir):
+    base, model = service
+    texts = ["the cat sat on the mat", "perhaps it rains"]
+    reply = post(base, "/pool", {"model": model, "layer": 0, "strategy": "A1", "texts": texts})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["strategy"] == "A1_mean" and body["dim"] == 32 and body["fallback"] == [False, False]
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    lm = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    for text, vector in zip(texts, body["vectors"], strict=True):
+        with torch.no_grad():
+            hidden = lm(**tok(text, return_tensors="pt"), output_hidden_states=True).hidden_states[1][0]
+        np.testing.assert_allclose(vector, hidden.mean(0).numpy(), atol=1e-4)
+
+
+def test_probe_equals_d1_on_the_pooled_vectors(service):
+    base, model = service
+    its = items()
+    reply = post(base, "/probe", {"model": model, "layer": 1, "strategy": "A1_mean", "items": its,
+                                  "n_folds": 2, "n_bootstrap": 200})
+    assert reply.status_code == 200, reply.text
+    got = reply.json()["probes"]
+    pooled = post(base, "/pool", {"model": model, "layer": 1, "strategy": "A1_mean",
+                                  "texts": [i["text"] for i in its]}).json()
+    X = np.asarray(pooled["vectors"])
+    y = np.array([i["label"] for i in its])
+    g = np.array([i["group"] for i in its])
+    tr = np.array([i["split"] == "train" for i in its])
+    want = evaluate_d1(X[tr], y[tr], g[tr], X[~tr], y[~tr], g[~tr], n_folds=2, seed=0, n_bootstrap=200)
+    assert set(got) == set(want.probes)
+    for name, result in want.probes.items():
+        assert got[name]["n_train"] == 8 and got[name]["n_test"] == 4
+        for key in ("cv_auroc", "test_auroc", "ci_low", "ci_high"):
+            assert got[name][key] == pytest.approx(getattr(result, key), abs=1e-6), (name, key)
+
+
+def test_generate_steered_and_unsteered(service):
+    base, model = service
+    body = {"model": model, "prompts": ["the cat", "a dog"], "layer": 1, "max_new_tokens": 4, "greedy": True}
+    plain = post(base, "/generate", body)
+    assert plain.status_code == 200, plain.text
+    assert [g["prompt"] for g in plain.json()["generations"]] == ["the cat", "a dog"]
+    steered = post(base, "/generate", {**body, "vector": [1.0] * 32, "alpha": 50.0})
+    assert steered.status_code == 200, steered.text
+    assert steered.json()["generations"] != plain.json()["generations"]
+    assert post(base, "/generate", {**body, "vector": [1.0] * 3, "alpha": 1.0}).json()["detail"] == \
+        "vector: 3 floats, the model's hidden size is 32"
+
+
+@pytest.mark.parametrize(("path", "body", "status", "message"), [
+    ("/pool", {"layer": 0, "texts": ["x"] * 17}, 422, "texts: 17 entries, at most 16 per request"),
+    ("/pool", {"layer": 0, "texts": ["x" * 201]}, 422, "texts[0]: 201 characters, at most 200"),
+    ("/pool", {"layer": 0, "texts": []}, 422, "texts: List should have at least 1 item"),
+    ("/pool", {"layer": 0, "texts": ["x"], "colour": 1}, 422, "colour: Extra inputs are not permitted"),
+    ("/pool", {"layer": -1, "texts": ["x"]}, 422, "layer: Input should be greater than or equal to 0"),
+    ("/pool", {"layer": 7, "texts": ["x"]}, 422, "layer: 7 out of range"),
+    ("/pool", {"layer": 0, "texts": ["x"], "strategy": "Z9"}, 422, "Z9"),
+    ("/pool", {"layer": 0, "texts": ["x"], "model": "gpt2"}, 404, "model 'gpt2' is not served here"),
+    ("/pool", {"layer": 0, "texts": ["x" * 100] * 100}, 413, "at most 8192"),
+    ("/probe", {"layer": 0, "items": [{"text": "a", "label": 1, "split": "train"}] * 4}, 422,
+     "items: the train split needs both labels 0 and 1, has [1]"),
+    ("/score", {"concept": "hedging", "texts": ["x"]}, 404, "no scorer for concept 'hedging' (configured: none)"),
+    ("/generate", {"layer": 0, "prompts": ["x"], "max_new_tokens": 9}, 422, "max_new_tokens: 9, at most 8"),
+])
+def test_bad_requests_get_a_clear_status_and_message(service, path, body, status, message):
+    base, model = service
+    if "model" not in body and path != "/score":
+        body = {**body, "model": model}
+    reply = post(base, path, body)
+    assert reply.status_code == status, reply.text
+    assert message in reply.json()["detail"]
+    assert "\n" not in reply.json()["detail"]
+
+
+def test_pool_latency_is_reported(service, capsys):
+    base, model = service
+    body = {"model": model, "layer": 1, "strategy": "A1_mean", "texts": POS[:4]}
+    post(base, "/pool", body)
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        assert post(base, "/pool", body).status_code == 200
+        times.append(time.perf_counter() - start)
+    with capsys.disabled():
+        print(f"\n/pool 4 texts, tiny model: median {1000 * np.median(times):.1f} ms")
+    assert np.median(times) < 5.0

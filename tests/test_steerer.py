@@ -1,0 +1,249 @@
+"""Steering on a tiny Llama built in the test: hook removal, per-prompt seeds, a planted direction that
+steers with rho > 0 and a CI excluding 0, and one-line errors on bad input with nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from poolbench.extractor.loading import load_model
+from poolbench.passage import Passage
+from poolbench.pooler.pooled_table import PooledTableBuilder
+from poolbench.scorer.artifacts import load_stored_scorer
+from poolbench.scorer.errors import ScorerError
+from poolbench.steerer.backend import GenerationSettings
+from poolbench.steerer.errors import SteeringError
+from poolbench.steerer.prompts import load_prompts
+from poolbench.steerer.run import SteeringConfig, prompt_seeds, run_steering
+from poolbench.steerer.sampling import RowSeededSampler
+from poolbench.steerer.worker import SteeringWorker
+from poolbench.store import LocalStore
+
+WORDS = ("the cat sat on a mat and the dog ran to the park while birds sang in trees near the river "
+         "idiot idiot idiot")
+TARGET = " idiot"
+PROMPTS = ["the cat sat", "a dog ran to", "birds sang in the", "the river", "near the park", "the mat",
+           "a cat and a dog", "trees near the river", "the dog sat on", "birds and cats"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory) -> Path:
+    """A tiny random Llama with a byte-level BPE tokenizer, saved as an HF folder load_model can read."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<pad>", "<s>", "</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator([WORDS] * 20, trainer)
+    tok.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=True),
+        processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]),
+    ])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+                         intermediate_size=64, vocab_size=len(fast), pad_token_id=fast.pad_token_id,
+                         bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id,
+                         tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    out = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(out)
+    fast.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_dir) -> SteeringWorker:
+    return SteeringWorker(load_model(str(tiny_dir), device="cpu"))
+
+
+SETTINGS = GenerationSettings(max_new_tokens=8, temperature=0.7)
+
+
+def test_hook_removed_and_output_unchanged_afterwards(worker):
+    m = worker.loaded
+    enc = m.tokenizer(PROMPTS[:3], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        before = m.model(**enc).logits.clone()
+    seeds = prompt_seeds(3, 0)
+    plain = worker.generate(PROMPTS[:3], layer=1, delta=None, seeds=seeds, settings=SETTINGS)
+    delta = np.full(m.hidden_size, 5.0, dtype=np.float32)
+    steered = worker.generate(PROMPTS[:3], layer=1, delta=delta, seeds=seeds, settings=SETTINGS)
+    assert [g.token_ids for g in steered] != [g.token_ids for g in plain]
+    assert all(len(layer._forward_hooks) == 0 for layer in m.decoder_layers)
+    with torch.no_grad():
+        after = m.model(**enc).logits
+    assert torch.equal(before, after)
+    again = worker.generate(PROMPTS[:3], layer=1, delta=None, seeds=seeds, settings=SETTINGS)
+    assert [g.token_ids for g in again] == [g.token_ids for g in plain]
+
+
+def test_per_prompt_seeds_hold_across_batch_composition(worker):
+    seeds = prompt_seeds(len(PROMPTS), 7)
+    full = worker.generate(PROMPTS, layer=0, delta=None, seeds=seeds, settings=SETTINGS)
+    single = worker.generate(PROMPTS[4:5], layer=0, delta=None, seeds=seeds[4:5], settings=SETTINGS)
+    small_batches = worker.generate(PROMPTS, layer=0, delta=None, seeds=seeds,
+                                    settings=GenerationSettings(max_new_tokens=8, batch_size=3))
+    assert single[0].token_ids == full[4].token_ids
+    assert [g.token_ids for g in small_batches] == [g.token_ids for g in full]
+    other = worker.generate(PROMPTS, layer=0, delta=None, seeds=prompt_seeds(len(PROMPTS), 8), settings=SETTINGS)
+    assert [g.token_ids for g in other] != [g.token_ids for g in full]
+    assert all(len(g.token_ids) == 8 for g in full)  # EOS suppressed: fixed-length continuations
+
+
+def test_gumbel_max_sampler_matches_softmax_at_temperature():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    n = 20000
+    sampler = RowSeededSampler([123], temperature=0.7)
+    counts = np.bincount([int(sampler(None, logits).argmax()) for _ in range(n)], minlength=4)
+    expected = torch.softmax(logits[0] / 0.7, dim=0).numpy()
+    np.testing.assert_allclose(counts / n, expected, atol=0.015)
+
+
+def _passages(n: int) -> list[Passage]:
+    out = []
+    for split, k in (("train", n), ("test", n // 2)):
+        for i in range(k):
+            for label in (1, 0):
+                out.append(Passage(f"{split}-{i}-{label}", PROMPTS[i % len(PROMPTS)], label, "d", 4, None,
+                                   split, "toxicity"))
+    return out
+
+
+def _planted_table(worker, passages, direction: np.ndarray, layer: int):
+    """Pooled vectors whose DiffMean is exactly `direction` (positives = noise + direction)."""
+    rng = np.random.default_rng(0)
+    d = worker.loaded.hidden_size
+    builder = PooledTableBuilder(passages, d)
+    vecs = rng.normal(size=(len(passages), d)).astype(np.float32)
+    labels = np.array([p.label for p in passages])
+    for split in ("train", "test"):
+        idx = np.array([p.split == split for p in passages])
+        pos, neg = idx & (labels == 1), idx & (labels == 0)
+        vecs[neg] -= vecs[neg].mean(0) - vecs[pos].mean(0)  # equal class means ...
+        vecs[pos] += direction  # ... then the positives shifted by the planted direction
+    builder.add(vecs[None, None], [layer], ["A1_mean"], [p.id for p in passages], np.zeros(len(passages), bool))
+    return builder.table()
+
+
+class WordScorer:
+    """A stand-in classifier B: the share of continuation words that are the target word."""
+
+    def __init__(self, concept: str, word: str) -> None:
+        self.word = word
+        self.info = {"concept": concept, "key": f"stub-{concept}", "heldout_auroc": 1.0}
+
+    def score(self, texts):
+        return np.array([sum(w == self.word for w in t.split()) / max(1, len(t.split())) for t in texts])
+
+
+def test_planted_direction_steers_with_positive_scp_and_ci_excluding_zero(worker, tmp_path):
+    m = worker.loaded
+    layer = m.n_layers - 1
+    target_id = m.tokenizer(TARGET, add_special_tokens=False)["input_ids"]
+    assert len(target_id) == 1
+    # The output embedding row of the target token: added after the last block, it lifts that token's logit.
+    direction = m.model.lm_head.weight[target_id[0]].detach().numpy().astype(np.float32)
+    passages = _passages(10)
+    table = _planted_table(worker, passages, direction, layer)
+    scorers = {"toxicity": WordScorer("toxicity", TARGET.strip()),
+               "frustration": WordScorer("frustration", "dog")}
+    # A random tiny model finds "idiot idiot ..." improbable, so the fluency guard is opened wide here.
+    config = SteeringConfig(alphas=(0.0, 0.5, 1.0, 2.0), n_prompts=None, prompts_file=str(_prompts_file(tmp_path)),
+                            settings=SETTINGS, n_bootstrap=500, fluency_guard=1e6)
+    store = LocalStore(tmp_path / "store")
+    result = run_steering(store, worker, "toxicity", "A1_mean", layer, table, scorers, config,
+                          train_texts=[p.text for p in passages if p.split == "train"], neighbour_tables={})
+    d2 = result["d2"]
+    assert d2["status"] == "ok"
+    assert d2["vector_norm"] == pytest.approx(float(np.linalg.norm(direction)), rel=1e-4)
+    assert d2["scp"] > 0.5 and d2["scp_ci_low"] > 0
+    assert d2["alpha_star"] > 0 and d2["d2_delta_ci_low"] > 0
+    assert [r["alpha"] for r in d2["per_alpha"]] == [0.0, 0.5, 1.0, 2.0]
+    assert d2["per_alpha"][0]["fluency_ratio"] == pytest.approx(1.0)
+    d3 = {r["relation"]: r for r in result["d3"]}
+    assert d3["LD"]["neighbour"] == "frustration" and d3["LD"]["delta_b"] is not None
+    assert d3["LD"]["disent"] == pytest.approx(min(1.0, max(0.0, 1 - d3["LD"]["delta_b"] / d3["LD"]["delta_a"])))
+    assert d3["LC"]["disent"] is None and "no scorer" in d3["LC"]["disent_null_reason"]
+    # A rerun reads the stored record back instead of generating again.
+    assert run_steering(store, worker, "toxicity", "A1_mean", layer, table, scorers, config,
+                        train_texts=[p.text for p in passages if p.split == "train"]) == result
+    gens = store.get_table(d2["generations_key"])
+    assert gens.num_rows == 4 * len(PROMPTS) + len(PROMPTS)  # steered alphas + the prompted baseline
+
+
+def test_zero_vector_cell_is_null_not_nan(worker, tmp_path):
+    passages = _passages(6)
+    table = _planted_table(worker, passages, np.zeros(worker.loaded.hidden_size, np.float32), 0)
+    result = run_steering(LocalStore(tmp_path / "s"), worker, "toxicity", "A1_mean", 0, table,
+                          {"toxicity": WordScorer("toxicity", "idiot")}, SteeringConfig(n_prompts=4),
+                          train_texts=["the cat"])
+    assert result["d2"]["status"] == "null" and "zero-norm" in result["d2"]["null_reason"]
+    assert result["d2"]["scp"] is None and all(r["disent"] is None for r in result["d3"])
+
+
+def _prompts_file(tmp_path: Path) -> Path:
+    path = tmp_path / "prompts.txt"
+    path.write_text("# test prompts\n" + "\n".join(PROMPTS) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("change,msg", [
+    ({"concept": "astrology"}, "no scorer for concept 'astrology'"),
+    ({"strategy": "Z9_magic"}, "no pooled cell"),
+    ({"layer": 7}, "no pooled cell"),
+    ({"alphas": ()}, "alpha grid is empty"),
+    ({"alphas": (0.0, -1.0)}, "negative"),
+    ({"prompts": ""}, "holds no prompts"),
+])
+def test_bad_input_one_line_error_nothing_written(worker, tmp_path, change, msg):
+    passages = _passages(4)
+    table = _planted_table(worker, passages, np.ones(worker.loaded.hidden_size, np.float32), 0)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(change.get("prompts", "\n".join(PROMPTS)))
+    config = SteeringConfig(alphas=change.get("alphas", (0.0, 1.0)), prompts_file=str(prompts), n_prompts=4,
+                            settings=SETTINGS)
+    store = LocalStore(tmp_path / "store")
+    concept = change.get("concept", "toxicity")
+    with pytest.raises(SteeringError, match=msg) as err:
+        run_steering(store, worker, concept, change.get("strategy", "A1_mean"), change.get("layer", 0), table,
+                     {"toxicity": WordScorer("toxicity", "idiot")}, config, train_texts=["the cat"])
+    assert "\n" not in str(err.value)
+    assert store.list() == []
+
+
+def test_prompts_file_errors(tmp_path):
+    assert len(load_prompts()) == 50
+    with pytest.raises(SteeringError, match="cannot be read"):
+        load_prompts(tmp_path / "missing.txt")
+    (tmp_path / "c.txt").write_text("# only a comment\n\n")
+    with pytest.raises(SteeringError, match="holds no prompts"):
+        load_prompts(tmp_path / "c.txt")
+
+
+def test_missing_or_corrupt_scorer_artefact(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    with pytest.raises(ScorerError, match="missing or corrupt") as err:
+        load_stored_scorer(store, "scorer/abc123", "toxicity")
+    assert "\n" not in str(err.value)
+    folder = tmp_path / "fake"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    store.put_dir("scorer/def456", folder)
+    (tmp_path / "store" / "scorer" / "def456.dir" / "config.json").write_text('{"tampered": 1}')
+    with pytest.raises(ScorerError, match="missing or corrupt"):
+        load_stored_scorer(store, "scorer/def456", "toxicity")
+
+
+def test_unknown_backend_and_encoder_model(tiny_dir):
+    with pytest.raises(SteeringError, match="unknown steering backend"):
+        SteeringWorker(load_model(str(tiny_dir), device="cpu"), backend="tgi")

@@ -247,3 +247,40 @@ def test_missing_or_corrupt_scorer_artefact(tmp_path):
 def test_unknown_backend_and_encoder_model(tiny_dir):
     with pytest.raises(SteeringError, match="unknown steering backend"):
         SteeringWorker(load_model(str(tiny_dir), device="cpu"), backend="tgi")
+
+
+def test_vllm_backend_without_vllm_says_how_to_install(tiny_dir):
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(SteeringError, match=r"pip install 'poolbench\[vllm\]'") as err:
+            SteeringWorker(load_model(str(tiny_dir), device="cpu"), backend="vllm")
+        assert "\n" not in str(err.value)
+    else:
+        pytest.skip("vLLM is installed here")
+
+
+@pytest.mark.gpu
+def test_vllm_and_transformers_agree_on_greedy_steered_continuations():
+    pytest.importorskip("vllm")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    loaded = load_model("embedded", dtype="float32", device="cuda")
+    hf = SteeringWorker(loaded)
+    from poolbench.steerer.vllm_backend import VLLMBackend
+
+    vl = VLLMBackend(str(loaded.path), dtype="float32", gpu_memory_utilization=0.3)
+    prompts = load_prompts(None, 8)
+    seeds = prompt_seeds(8, 0)
+    settings = GenerationSettings(max_new_tokens=16, greedy=True)
+    rng = np.random.default_rng(0)
+    direction = rng.normal(size=loaded.hidden_size).astype(np.float32)
+    direction /= np.linalg.norm(direction)
+    delta = 0.25 * hf.residual_norm(prompts, 1) * direction
+    for d in (None, delta):
+        a = hf.generate(prompts, layer=1, delta=d, seeds=seeds, settings=settings)
+        b = vl.generate(prompts, layer=1, delta=d, seeds=seeds, settings=settings)
+        assert [g.prompt_ids for g in a] == [g.prompt_ids for g in b]
+        same = sum(x.token_ids == y.token_ids for x, y in zip(a, b, strict=True))
+        assert same >= 7, f"only {same}/8 greedy continuations agree"
+    vl.close()

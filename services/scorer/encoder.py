@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from poolbench.extractor.loading import weight_files, weights_hash
+from poolbench.extractor.loading import _looks_like_path, weight_files, weights_hash
 
 from .errors import ScorerError
 
@@ -32,6 +32,8 @@ def resolve_encoder(encoder: str) -> tuple[str, str]:
         if not weight_files(candidate):
             raise ScorerError(f"scorer encoder '{encoder}': folder has no *.safetensors or *.bin weights")
         return str(candidate), weights_hash(candidate)
+    if _looks_like_path(encoder):
+        raise ScorerError(f"scorer encoder '{encoder}' not found: no such folder")
     from huggingface_hub import try_to_load_from_cache
 
     found = try_to_load_from_cache(encoder, "config.json")

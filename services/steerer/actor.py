@@ -1,0 +1,43 @@
+"""Ray wrapper: a SteeringWorker per GPU (num_gpus=1) or one on CPU, running cells by artefact keys.
+
+Scorers and pooled tables travel as store keys, never as pickled models; the driver fans
+(concept, strategy, layer) cells across the actors and collects the records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import ray
+
+from poolbench.scorer.artifacts import load_stored_scorer
+from poolbench.store import open_store
+
+from .backend import GenerationSettings
+from .run import SteeringConfig, run_steering
+from .worker import SteeringWorker
+
+
+class SteeringService(SteeringWorker):
+    """SteeringWorker plus a run_cell method whose arguments are plain keys and values."""
+
+    def run_cell(self, store_url: str, concept: str, strategy: str, layer: int, pooled_keys: Mapping[str, str],
+                 scorer_keys: Mapping[str, str], train_texts: Sequence[str], config: dict) -> dict:
+        store = open_store(store_url)
+        scorers = {c: load_stored_scorer(store, k, c) for c, k in scorer_keys.items()}
+        for c, s in scorers.items():
+            s.info["key"] = scorer_keys[c]
+        settings = GenerationSettings(**config.get("settings", {}))
+        cfg = SteeringConfig(**{**config, "settings": settings})
+        tables = {c: store.get_table(k) for c, k in pooled_keys.items()}
+        return run_steering(store, self, concept, strategy, layer, tables[concept], scorers, cfg,
+                            train_texts=train_texts, neighbour_tables=tables)
+
+
+def steering_actors(model: str, *, n: int | None = None, backend: str = "transformers", **worker_args) -> list:
+    """One actor per GPU on a GPU cluster (num_gpus=1), else a single CPU actor."""
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    remote_cls = ray.remote(max_restarts=1)(SteeringService)
+    options = {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_cpus": 1}
+    count = max(1, min(n or gpus or 1, gpus or 1))
+    return [remote_cls.options(**options).remote(model, backend=backend, **worker_args) for _ in range(count)]

@@ -1,0 +1,168 @@
+"""Classifier B: fine-tuning on the train split only, held-out validity and refusal of weak scorers,
+HF-format storage and reload, one-line errors, and the Serve endpoint over real HTTP."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from poolbench.passage import Passage
+from poolbench.scorer import artifacts as scorer_artifacts
+from poolbench.scorer.artifacts import check_validity, ensure_scorer, load_stored_scorer, scorer_key, scorer_record
+from poolbench.scorer.encoder import bundled_minilm_path
+from poolbench.scorer.errors import ScorerError, WeakScorerError
+from poolbench.scorer.finetune import ScorerConfig
+from poolbench.store import LocalStore
+
+POS = ["wonderful", "excellent", "superb", "delightful"]
+NEG = ["dreadful", "awful", "terrible", "boring"]
+FILLER = ["the film", "this book", "our trip", "the meal", "that song", "the show"]
+
+
+def _passages(n: int, *, informative: bool = True, seed: int = 0) -> list[Passage]:
+    rng = random.Random(seed)
+    out = []
+    for split, k in (("train", n), ("test", n // 2)):
+        for i in range(k):
+            subject = rng.choice(FILLER)
+            for label in (1, 0):
+                word = rng.choice(POS if label else NEG) if informative else rng.choice(POS + NEG)
+                out.append(Passage(f"{split}-{i}-{label}", f"I think {subject} was {word} overall.", label, "d",
+                                   8, f"{split}-{i}", split, "praise"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory) -> Path:
+    """A 2-layer, 32-wide BERT with MiniLM's tokenizer: fine-tunes in a second on CPU."""
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(bundled_minilm_path())
+    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                 num_attention_heads=2, intermediate_size=64, max_position_embeddings=64))
+    out = tmp_path_factory.mktemp("tiny-bert")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def _config(path: Path, **kw) -> ScorerConfig:
+    return ScorerConfig(encoder=str(path), epochs=kw.pop("epochs", 15), lr=3e-3, head_lr=1e-2, batch_size=8,
+                        max_length=16, **kw)
+
+
+def test_scorer_trains_on_train_split_only_and_is_valid(tiny_encoder, tmp_path, monkeypatch):
+    passages = _passages(24)
+    seen: list[str] = []
+    real = scorer_artifacts.fine_tune
+
+    def spy(source, texts, labels, config):
+        seen.extend(texts)
+        return real(source, texts, labels, config)
+
+    monkeypatch.setattr(scorer_artifacts, "fine_tune", spy)
+    store = LocalStore(tmp_path / "store")
+    scorer = ensure_scorer(store, "praise", passages, "corpus-h", _config(tiny_encoder))
+    test_texts = {p.text for p in passages if p.split == "test"}
+    assert seen and len(seen) == 48 and not (set(seen) & test_texts - {p.text for p in passages
+                                                                      if p.split == "train"})
+    record = scorer_record(scorer)
+    assert record["n_train"] == 48 and record["n_heldout"] == 24
+    assert record["heldout_auroc"] >= 0.9 and record["valid"] is True
+    assert record["heldout_auroc_ci_low"] <= record["heldout_auroc"] <= record["heldout_auroc_ci_high"]
+    assert "top 1 of 2 transformer blocks" in record["fine_tuned"]
+    probs = scorer.score(["I think the film was superb overall.", "I think the film was awful overall."])
+    assert probs.shape == (2,) and probs[0] > probs[1]
+
+    # Stored in HF format: the encoder folder loads with AutoModel; a second ensure reads it, no training.
+    key = scorer.info["key"]
+    folder = store.get_dir(key, tmp_path / "fetched")
+    assert (folder / "config.json").is_file() and (folder / "scorer_head.safetensors").is_file()
+    BertModel.from_pretrained(folder)
+    monkeypatch.setattr(scorer_artifacts, "fine_tune", lambda *a: pytest.fail("retrained a stored scorer"))
+    again = ensure_scorer(store, "praise", passages, "corpus-h", _config(tiny_encoder))
+    np.testing.assert_allclose(again.score(["I think the film was superb overall."]), probs[:1], rtol=1e-5)
+
+
+def test_key_depends_on_encoder_corpus_and_config(tiny_encoder):
+    passages = _passages(4)
+    base = scorer_key("praise", passages, "h1", _config(tiny_encoder))
+    assert scorer_key("praise", passages, "h2", _config(tiny_encoder)) != base
+    assert scorer_key("praise", passages, "h1", _config(tiny_encoder, epochs=3)) != base
+    assert scorer_key("praise", passages, "h1", ScorerConfig()) != base
+
+
+def test_weak_scorer_refused_in_one_line_unless_allowed(tiny_encoder, tmp_path):
+    passages = _passages(12, informative=False)
+    store = LocalStore(tmp_path / "store")
+    config = _config(tiny_encoder, epochs=2, min_auroc=0.99)
+    with pytest.raises(WeakScorerError, match=r"refused: held-out AUROC .* < 0.99") as err:
+        ensure_scorer(store, "praise", passages, "h", config)
+    assert "\n" not in str(err.value) and "--allow-weak-scorer" in str(err.value)
+    weak = ensure_scorer(store, "praise", passages, "h", config, allow_weak=True)
+    assert weak.info["valid"] is False
+    with pytest.raises(WeakScorerError):
+        check_validity(weak, allow_weak=False)
+
+
+def test_missing_corrupt_or_mislabelled_scorer_artefacts(tiny_encoder, tmp_path):
+    store = LocalStore(tmp_path / "store")
+    with pytest.raises(ScorerError, match="missing or corrupt"):
+        load_stored_scorer(store, "scorer/nothing", "praise")
+    scorer = ensure_scorer(store, "praise", _passages(8), "h", _config(tiny_encoder, epochs=1), allow_weak=True)
+    with pytest.raises(ScorerError, match="is for concept 'praise', not 'toxicity'"):
+        load_stored_scorer(store, scorer.info["key"], "toxicity")
+    head = tmp_path / "store" / f"{scorer.info['key']}.dir" / "scorer_head.safetensors"
+    head.write_bytes(b"garbage")
+    with pytest.raises(ScorerError, match="missing or corrupt") as err:
+        load_stored_scorer(store, scorer.info["key"], "praise")
+    assert "\n" not in str(err.value)
+
+
+def test_bad_training_input(tiny_encoder):
+    from poolbench.scorer.artifacts import train_scorer
+
+    only_train = [p for p in _passages(4) if p.split == "train"]
+    with pytest.raises(ScorerError, match="both train and test"):
+        train_scorer("praise", only_train, _config(tiny_encoder))
+    with pytest.raises(ScorerError, match="not found: no such folder"):
+        train_scorer("praise", _passages(4), ScorerConfig(encoder=str(tiny_encoder / "nope")))
+
+
+@pytest.mark.slow
+def test_minilm_scorer_on_embedded_concept(tmp_path):
+    from poolbench.embedded_corpus import generate_concept
+
+    scorer = ensure_scorer(LocalStore(tmp_path / "s"), "imdb_sentiment", generate_concept("imdb_sentiment", "small"),
+                           "h", ScorerConfig())
+    assert scorer.info["heldout_auroc"] >= 0.9
+
+
+@pytest.mark.slow
+def test_serve_score_endpoint_over_http(tiny_encoder, tmp_path):
+    import httpx
+    import ray
+    from ray import serve
+
+    from poolbench.scorer.serve_app import start_service
+
+    store = LocalStore(tmp_path / "store")
+    scorer = ensure_scorer(store, "praise", _passages(12), "h", _config(tiny_encoder, epochs=1), allow_weak=True)
+    expected = scorer.score(["I think the film was superb overall.", "I think the meal was awful overall."])
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        url = start_service(str(tmp_path / "store"), {"praise": scorer.info["key"]}, port=8765)
+        assert url.startswith("http://127.0.0.1:")
+        r = httpx.post(f"{url}/score", json={"concept": "praise", "texts": [
+            "I think the film was superb overall.", "I think the meal was awful overall."]}, timeout=60)
+        assert r.status_code == 200
+        np.testing.assert_allclose(r.json()["probabilities"], expected, rtol=1e-5)
+        missing = httpx.post(f"{url}/score", json={"concept": "nope", "texts": ["x"]}, timeout=60)
+        assert missing.status_code == 404 and "no scorer for concept 'nope'" in missing.json()["detail"]
+    finally:
+        serve.shutdown()
+        ray.shutdown()

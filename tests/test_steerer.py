@@ -284,3 +284,24 @@ def test_vllm_and_transformers_agree_on_greedy_steered_continuations():
         same = sum(x.token_ids == y.token_ids for x, y in zip(a, b, strict=True))
         assert same >= 7, f"only {same}/8 greedy continuations agree"
     vl.close()
+
+
+@pytest.mark.slow
+def test_embedded_model_steering_raises_its_scorer(tmp_path):
+    """imdb_sentiment, A1_mean DiffMean at layer 0 of the embedded model, scored by a fine-tuned MiniLM."""
+    from poolbench.concept_pooling import pool_concept
+    from poolbench.embedded_corpus import generate_concept
+    from poolbench.pooler.registry import resolve_strategies
+    from poolbench.scorer.artifacts import ensure_scorer
+
+    store = LocalStore(tmp_path / "store")
+    worker = SteeringWorker("embedded", device="cpu")
+    passages = generate_concept("imdb_sentiment", "small")
+    table = pool_concept(worker.loaded, passages, [0], resolve_strategies(["A1_mean"]))
+    scorer = ensure_scorer(store, "imdb_sentiment", passages, "embedded-small")
+    config = SteeringConfig(alphas=(0.0, 0.25, 0.5, 1.0), n_prompts=20,
+                            settings=GenerationSettings(max_new_tokens=24), prompted_baseline=False)
+    d2 = run_steering(store, worker, "imdb_sentiment", "A1_mean", 0, table, {"imdb_sentiment": scorer}, config,
+                      train_texts=[p.text for p in passages if p.split == "train"])["d2"]
+    assert d2["scp"] > 0 and d2["scp_ci_low"] > 0
+    assert d2["per_alpha"][-1]["score"] > d2["per_alpha"][0]["score"]

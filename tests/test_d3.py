@@ -72,3 +72,31 @@ def test_bad_alpha_grids(grid, msg):
 def test_alpha_grid_sorted_with_zero_added():
     assert validate_alphas([1, 0.25, 1]) == (0.0, 0.25, 1.0)
     assert validate_alphas(None) == (0.0, 0.125, 0.25, 0.5, 1.0, 2.0)
+
+
+def _leaderboard():
+    def row(strategy, d1, layer):
+        return {"strategy": strategy, "mean_d1": d1, "best_layer": layer, "layer_curve": {0: d1, 1: d1}}
+
+    return {"strategies": [row("A1_mean", 0.95, 1), row("P1_last", 0.8, 0), row("P2_first", 0.5, 0)]}
+
+
+def test_default_cells_best_and_worst_informative_strategy():
+    from poolbench.steerer.plan import choose_cells, scorer_concepts
+
+    cells = choose_cells(_leaderboard(), ["imdb_sentiment", "toxicity", "hedging"])
+    assert [(c.concept, c.strategy, c.layer) for c in cells] == [
+        ("imdb_sentiment", "A1_mean", 1), ("imdb_sentiment", "P1_last", 0),
+        ("toxicity", "A1_mean", 1), ("toxicity", "P1_last", 0)]
+    available = ["imdb_sentiment", "toxicity", "hedging", "narrative", "frustration", "depression"]
+    assert scorer_concepts(cells, available) == ["depression", "frustration", "imdb_sentiment", "narrative",
+                                                 "toxicity"]
+
+
+def test_full_cells_cover_every_strategy_and_optionally_every_layer():
+    from poolbench.steerer.plan import choose_cells
+
+    assert len(choose_cells(_leaderboard(), ["a", "b"], full=True)) == 6
+    assert len(choose_cells(_leaderboard(), ["a", "b"], full=True, all_layers=True)) == 12
+    with pytest.raises(SteeringError, match="no strategies"):
+        choose_cells({"strategies": []}, ["a"])

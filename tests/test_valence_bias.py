@@ -118,8 +118,6 @@ def test_unencodable_word_names_file_and_line(tiny_model: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="holds on embedded recipe 922fccd0c647 (seeds 0-2) but not on 9d6b6faa3f75: "
-                   "there praise moves every furniture word about as much as the favourite (see issue 7 report)")
 def test_demo_outcomes_on_the_embedded_model():
     """The demo as `bias --demo` runs it (builds the embedded model on first use)."""
     from poolbench.prober.valence_bias_run import DemoSettings, run_demo

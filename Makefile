@@ -9,6 +9,10 @@ RUN_OUT ?= runs/default
 RUN_ARGS ?=
 PYTEST_ARGS ?=
 RAY_PORT ?= 6379
+SERVE_PORT ?= 8000
+S3_PORT ?= 9000
+SERVE_HOST ?= 127.0.0.1
+SERVE_MODELS ?= embedded
 
 .PHONY: install run test test-slow lint bench cluster-up cluster-down clean
 
@@ -36,11 +40,11 @@ bench: install
 	$(BIN)/python bench/extract_pool.py
 
 cluster-up: install
-	$(BIN)/ray start --head --port=$(RAY_PORT) --disable-usage-stats
-	@echo "Ray head up; run: $(BIN)/poolbench-driver run --address auto"
+	$(BIN)/python -m poolbench.cluster up --ray-port $(RAY_PORT) --serve-port $(SERVE_PORT) --s3-port $(S3_PORT) \
+		--host $(SERVE_HOST) --models $(SERVE_MODELS) $(if $(POOLBENCH_STORE),--store $(POOLBENCH_STORE),)
 
 cluster-down:
-	-$(BIN)/ray stop
+	$(BIN)/python -m poolbench.cluster down
 
 clean:
 	rm -rf $(VENV) runs .poolbench-cache

@@ -57,11 +57,11 @@ Event = Callable[[str, dict], None]
 
 
 def connect_ray(address: str | None) -> None:
-    """Join a cluster (`auto` or host:port) or start a local Ray."""
+    """Join a cluster (`auto` or host:port), or start a private local Ray (never a stale or foreign head)."""
     if ray.is_initialized():
         return
     try:
-        ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(address=address or "local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     except ConnectionError as exc:
         raise PoolBenchError(f"Ray address '{address}' does not answer: {exc}".splitlines()[0]) from exc
 

@@ -157,7 +157,7 @@ def serve_scorers(
     url_store = store or str(cache_dir() / "store")
     source = open_corpus(corpus, corpus_size, concepts.split(",") if concepts else None)
     scorers = _scorers(open_store(url_store), source, source.concepts, None, allow_weak_scorer)
-    ray.init(include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", include_dashboard=False, logging_level="ERROR")
     url = start_service(url_store, {c: s.info["key"] for c, s in scorers.items()}, host=host, port=port)
     console.print(f"serving POST {url}/score for {', '.join(scorers)}")
     while True:

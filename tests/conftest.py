@@ -44,7 +44,7 @@ def local_ray() -> Iterator[None]:
     """One local Ray for the session (starting Ray costs seconds); shut down at the end."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         yield
     finally:

@@ -153,7 +153,7 @@ def test_serve_score_endpoint_over_http(tiny_encoder, tmp_path):
     store = LocalStore(tmp_path / "store")
     scorer = ensure_scorer(store, "praise", _passages(12), "h", _config(tiny_encoder, epochs=1), allow_weak=True)
     expected = scorer.score(["I think the film was superb overall.", "I think the meal was awful overall."])
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         url = start_service(str(tmp_path / "store"), {"praise": scorer.info["key"]}, port=8765)
         assert url.startswith("http://127.0.0.1:")

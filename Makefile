@@ -14,7 +14,7 @@ S3_PORT ?= 9000
 SERVE_HOST ?= 127.0.0.1
 SERVE_MODELS ?= embedded
 
-.PHONY: install run test test-slow lint bench cluster-up cluster-down clean
+.PHONY: install test-deps run test test-slow lint bench cluster-up cluster-down clean
 
 install: $(VENV)/.installed
 
@@ -27,7 +27,16 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(BIN)/poolbench-driver run --out $(RUN_OUT) $(RUN_ARGS)
 
-test: install
+# The report's browser test needs Debian's chromium; best effort, the test skips with its reason without it.
+test-deps: $(VENV)/.test-deps
+
+$(VENV)/.test-deps: | install
+	command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } \
+		|| echo "chromium not installed: the report's browser test will skip"
+	touch $@
+
+test: install test-deps
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 test-slow: install

@@ -16,6 +16,7 @@ from rich.table import Table
 from poolbench.cebench_commands import bias, cebench, sae_train
 from poolbench.errors import PoolBenchError
 from poolbench.reliability_commands import flash_check, power
+from poolbench.report_commands import report
 from poolbench.run_config import EMBEDDED, RunConfig
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -31,6 +32,7 @@ app.command("power")(power)
 app.command("flash-check")(flash_check)
 app.command("cebench")(cebench)
 app.command("bias")(bias)
+app.command("report")(report)
 # Wide enough for the leaderboard when output is piped (rich falls back to 80 columns there).
 console = Console() if Console().is_terminal else Console(width=140)
 err_console = Console(stderr=True)

@@ -2,10 +2,10 @@
 `POST /generate {model, concept, strategy, layer, alpha, prompts}` -> steered continuations.
 
 Bound to 127.0.0.1 unless a host is given. Scorers and pooled tables are read from the artifact store by
-key (never pickled); a scorer is loaded on first use and kept.
+key (never pickled); a scorer is loaded on first use and kept. No `from __future__ import annotations`:
+FastAPI must see the request models as classes to read them from the JSON body.
 """
 
-from __future__ import annotations
 
 from collections.abc import Mapping
 

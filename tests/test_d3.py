@@ -100,3 +100,19 @@ def test_full_cells_cover_every_strategy_and_optionally_every_layer():
     assert len(choose_cells(_leaderboard(), ["a", "b"], full=True, all_layers=True)) == 12
     with pytest.raises(SteeringError, match="no strategies"):
         choose_cells({"strategies": []}, ["a"])
+
+
+def test_steering_summary_means_over_non_null_cells():
+    from poolbench.steerer.plan import steering_summary
+
+    d2 = [{"strategy": "A1", "concept": "a", "status": "ok", "scp": 0.4, "scp_ci_low": 0.1, "d2_delta": 0.2,
+           "fluency_ratio": 1.2, "relevance": 0.3},
+          {"strategy": "A1", "concept": "b", "status": "ok", "scp": 0.2, "scp_ci_low": -0.1, "d2_delta": 0.0,
+           "fluency_ratio": 1.0, "relevance": 0.1},
+          {"strategy": "P2", "concept": "a", "status": "null", "scp": None, "null_reason": "zero-norm"}]
+    d3 = [{"strategy": "A1", "disent": 0.5, "d3_rep": 0.1}, {"strategy": "A1", "disent": None, "d3_rep": 0.3}]
+    out = steering_summary(d2, d3)
+    assert out["A1"]["mean_scp"] == pytest.approx(0.3) and out["A1"]["mean_d2_delta"] == pytest.approx(0.1)
+    assert out["A1"]["n_scp_ci_excludes_0"] == 1 and out["A1"]["mean_disent"] == 0.5 and out["A1"]["n_disent"] == 1
+    assert out["A1"]["mean_d3_rep"] == pytest.approx(0.2)
+    assert out["P2"]["mean_scp"] is None and out["P2"]["n_null_vectors"] == 1

@@ -111,3 +111,33 @@ def run_steering_stage(store: ArtifactStore, worker: SteeringWorker, corpus: Cor
     return {"scorers": [scorer_record(s) for s in scorers.values()], "d2": d2, "d3": d3,
             "steering_config": config.to_record(), "subset": "full" if full else "default",
             "timing": {"scorers_s": scorer_seconds, "total_s": time.perf_counter() - started}}
+
+
+def _mean(values: list) -> float | None:
+    kept = [float(v) for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
+
+
+def steering_summary(d2: Sequence[dict], d3: Sequence[dict]) -> dict[str, dict]:
+    """Per strategy, for the leaderboard: mean SCP, Delta(alpha*), fluency ratio and relevance at alpha*
+    over its non-null cells, mean Disent over non-null D3 records, and the counts behind them."""
+    out: dict[str, dict] = {}
+    for strategy in sorted({r["strategy"] for r in d2}):
+        cells = [r for r in d2 if r["strategy"] == strategy]
+        ok = [r for r in cells if r.get("status") == "ok"]
+        dis = [r for r in d3 if r["strategy"] == strategy]
+        out[strategy] = {
+            "mean_scp": _mean([r.get("scp") for r in ok]), "mean_d2_delta": _mean([r.get("d2_delta") for r in ok]),
+            "mean_fluency_ratio": _mean([r.get("fluency_ratio") for r in ok]),
+            "mean_relevance": _mean([r.get("relevance") for r in ok]),
+            "mean_disent": _mean([r.get("disent") for r in dis]), "mean_d3_rep": _mean([r.get("d3_rep") for r in dis]),
+            "n_cells": len(cells), "n_null_vectors": len(cells) - len(ok),
+            "n_scp_ci_excludes_0": sum(1 for r in ok if (r.get("scp_ci_low") or 0) > 0),
+            "n_disent": sum(1 for r in dis if r.get("disent") is not None),
+            "per_concept": {r["concept"]: {k: r.get(k) for k in ("layer", "scp", "scp_ci_low", "scp_ci_high",
+                                                                 "alpha_star", "d2_delta", "d2_delta_ci_low",
+                                                                 "d2_delta_ci_high", "fluency_ratio", "relevance",
+                                                                 "prompted_delta", "status", "null_reason")}
+                            for r in cells},
+        }
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -82,6 +83,11 @@ def run(
     torch_threads: Annotated[int | None, typer.Option(help="torch threads per CPU worker")] = None,
     dump_activations: Annotated[bool, typer.Option(help="also store token activations (float16 Arrow)")] = False,
     reliability: Annotated[bool, typer.Option(help="seed spread, selectivity and MDL for every cell")] = True,
+    steering: Annotated[bool, typer.Option(help="D2/D3 after D1 (default subset; --full for every cell)")] = True,
+    full: Annotated[bool, typer.Option(help="steer every concept x strategy at its D1 layer, 50 prompts")] = False,
+    allow_weak_scorer: Annotated[bool, typer.Option(help="keep scorers with held-out AUROC < 0.7")] = False,
+    backend: Annotated[str, typer.Option(help="steering backend: transformers or vllm (GPU, extra [vllm])")]
+    = "transformers",
 ) -> None:
     """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json."""
     from poolbench.pipeline import run_benchmark
@@ -95,7 +101,8 @@ def run(
             strategies=_split(strategies), store=store, out=str(out), batch_size=batch_size,
             max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=bootstrap,
             address=address, num_workers=num_workers, torch_threads=torch_threads,
-            dump_activations=dump_activations, reliability=reliability)
+            dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
+            allow_weak_scorer=allow_weak_scorer, backend=backend)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise PoolBenchError(f"--{'-'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
@@ -117,6 +124,15 @@ def run(
                     f"{len(data['strategies'])} strategies, {data['workers']} worker(s)")
                 tasks["pooled"] = progress.add_task("pool", total=n, last="")
                 tasks["probed"] = progress.add_task("probe D1", total=n, last="")
+            elif kind == "steering_plan":
+                tasks["scorer"] = progress.add_task("scorers", total=data["scorers"], last="")
+                tasks["steered"] = progress.add_task("steer D2/D3", total=data["cells"], last="")
+            elif kind == "scorer":
+                progress.update(tasks["scorer"], advance=1,
+                                last=f"{data['concept']} (held-out AUROC {data['heldout_auroc']:.2f})")
+            elif kind == "steered":
+                scp = "null" if data["scp"] is None else f"SCP {data['scp']:+.2f}"
+                progress.update(tasks["steered"], advance=1, last=f"{data['concept']}/{data['strategy']} ({scp})")
             elif kind in tasks:
                 note = "cached" if data.get("skipped") else f"{data.get('seconds', 0):.1f}s" \
                     if kind == "pooled" else "done"
@@ -229,6 +245,10 @@ def export_submission(
 
 
 def main() -> None:
+    # Our own progress display is the one a person reads: no per-model loading bars from HF or workers.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     try:
         app()
     except PoolBenchError as exc:

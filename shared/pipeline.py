@@ -51,6 +51,7 @@ class RunOutcome:
     computed: dict[str, int] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
     store: str = ""
+    steering: dict | None = None
 
 
 Event = Callable[[str, dict], None]
@@ -130,7 +131,7 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
         if cfg.dump_activations:
             plan.dump_key = artifact_key("activations", pooled=plan.pooled_key)
     emit("plan", {"concepts": [p.concept for p in plans], "layers": layers, "strategies": [s.id for s in specs],
-                  "model": model, "workers": n_workers})
+                  "model": model, "workers": n_workers, "worker_pids": ray.get([w.pid.remote() for w in workers])})
 
     computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
     pending_probe: dict[ray.ObjectRef, ConceptPlan] = {}
@@ -157,33 +158,51 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
             submit_probe(plan)
         else:
             queue.append(plan)
-    idle = list(workers)
-    while queue or pending_pool or pending_probe:
-        while queue and idle:
-            plan, worker = queue.pop(0), idle.pop(0)
-            ref = worker.pool_concept.remote(
-                plan.concept, plan.passages, layers, [s.id for s in specs], store_url=store_url,
-                key=plan.pooled_key, metadata={**metadata, "concept": plan.concept, "corpus": plan.corpus_hash},
-                batch_size=cfg.batch_size, max_length=cfg.max_length, dump_key=plan.dump_key)
-            pending_pool[ref] = (plan, worker)
-        ready, _ = ray.wait(list(pending_pool) + list(pending_probe), num_returns=1)
-        ref = ready[0]
-        if ref in pending_pool:
-            plan, worker = pending_pool.pop(ref)
-            idle.append(worker)
-            summary = ray.get(ref)
-            computed["pooled"] += 1
-            emit("pooled", {"concept": plan.concept, "skipped": False, **summary})
-            submit_probe(plan)
-        else:
-            plan = pending_probe.pop(ref)
-            summary = ray.get(ref)
-            computed["d1"] += 1
-            emit("probed", {"concept": plan.concept, "skipped": False, **summary})
-
+    try:
+        idle = list(workers)
+        while queue or pending_pool or pending_probe:
+            while queue and idle:
+                plan, worker = queue.pop(0), idle.pop(0)
+                ref = worker.pool_concept.remote(
+                    plan.concept, plan.passages, layers, [s.id for s in specs], store_url=store_url,
+                    key=plan.pooled_key, metadata={**metadata, "concept": plan.concept, "corpus": plan.corpus_hash},
+                    batch_size=cfg.batch_size, max_length=cfg.max_length, dump_key=plan.dump_key)
+                pending_pool[ref] = (plan, worker)
+            ready, _ = ray.wait(list(pending_pool) + list(pending_probe), num_returns=1)
+            ref = ready[0]
+            if ref in pending_pool:
+                plan, worker = pending_pool.pop(ref)
+                idle.append(worker)
+                summary = ray.get(ref)
+                computed["pooled"] += 1
+                emit("pooled", {"concept": plan.concept, "skipped": False, **summary})
+                submit_probe(plan)
+            else:
+                plan = pending_probe.pop(ref)
+                summary = ray.get(ref)
+                computed["d1"] += 1
+                emit("probed", {"concept": plan.concept, "skipped": False, **summary})
+    finally:  # a failed or interrupted run leaves no actor holding a model (or a GPU) behind
+        for worker in workers:
+            ray.kill(worker)
     records = []
     for plan in plans:
         records.extend(store.get_table(plan.d1_key).to_pylist())
+    timing = {"d1_s": time.perf_counter() - started}
+    steering = None
+    if cfg.steering:
+        from poolbench.leaderboard import build_leaderboard
+        from poolbench.steering_stage import run_steering_on_ray
+
+        steering = run_steering_on_ray(
+            store, store_url, corpus, {p.concept: p.pooled_key for p in plans}, build_leaderboard(records),
+            model=cfg.model, backend=cfg.backend, runtime_env=runtime_env, full=cfg.full,
+            allow_weak_scorer=cfg.allow_weak_scorer,
+            worker_args={"dtype": cfg.dtype, "device": cfg.device, "model_args": dict(cfg.model_args),
+                         "torch_threads": threads},
+            emit=emit)
+        timing["steering_s"] = steering["timing"]["total_s"]
+    timing["total_s"] = time.perf_counter() - started
     return RunOutcome(
         config=cfg, model=model,
         corpus={"source": cfg.corpus, "root": str(corpus.root), "size": cfg.corpus_size, "hash": corpus.hash,
@@ -196,5 +215,5 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
                                    for s in specs],
         records=records,
         artifacts={p.concept: {"pooled": p.pooled_key, "d1": p.d1_key} for p in plans},
-        computed=computed, timing={"total_s": time.perf_counter() - started}, store=store.describe(),
+        computed=computed, timing=timing, store=store.describe(), steering=steering,
     )

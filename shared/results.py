@@ -24,6 +24,14 @@ def _across_cells(records: list[dict]) -> dict:
     return across_cells(records)
 
 
+def _steering_sections(steering: dict | None) -> dict:
+    """D2, D3 and the scorers' validity, when the run steered (absent with --no-steering)."""
+    if steering is None:
+        return {}
+    return {"scorers": steering["scorers"], "d2": steering["d2"], "d3": steering["d3"],
+            "steering": {k: steering[k] for k in ("steering_config", "subset", "timing")}}
+
+
 def results_document(outcome: RunOutcome) -> dict:
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
@@ -46,6 +54,7 @@ def results_document(outcome: RunOutcome) -> dict:
         },
         "reliability": _across_cells(outcome.records),
         "cells": outcome.records,
+        **_steering_sections(outcome.steering),
     }
 
 
@@ -60,6 +69,12 @@ def write_run_outputs(outcome: RunOutcome, out_dir: Path) -> dict[str, Path]:
     leaderboard.update({"model": outcome.model, "corpus_hash": outcome.corpus["hash"],
                         "git_hash": results["git_hash"], "date": results["date"],
                         "friedman": reliability.get("friedman")})
+    if outcome.steering is not None:
+        from poolbench.steerer.plan import steering_summary
+
+        leaderboard["steering"] = steering_summary(outcome.steering["d2"], outcome.steering["d3"])
+        leaderboard["scorers"] = {s["concept"]: {"heldout_auroc": s["heldout_auroc"], "valid": s["valid"]}
+                                  for s in outcome.steering["scorers"]}
     paths = {"results": out_dir / "results.json", "leaderboard": out_dir / "leaderboard.json"}
     write_json_atomic(paths["results"], results)
     write_json_atomic(paths["leaderboard"], leaderboard)

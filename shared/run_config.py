@@ -43,6 +43,10 @@ class RunConfig(BaseModel):
     torch_threads: int | None = Field(None, ge=1)
     dump_activations: bool = False
     reliability: bool = True
+    steering: bool = True
+    full: bool = False
+    allow_weak_scorer: bool = False
+    backend: Literal["transformers", "vllm"] = "transformers"
 
     @field_validator("concepts", "strategies")
     @classmethod

@@ -26,7 +26,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPa
 
 def config(model: Path, store: str, **overrides) -> RunConfig:
     base = dict(model=str(model), corpus_size="tiny", concepts=CONCEPTS, strategies=STRATEGIES, store=store,
-                n_bootstrap=200, torch_threads=1)
+                n_bootstrap=200, torch_threads=1, steering=False)
     return RunConfig(**{**base, **overrides})
 
 

@@ -7,14 +7,15 @@ import math
 
 import numpy as np
 import pytest
-from poolbench.errors import PoolBenchError
-from poolbench.prober.auroc import auroc, auroc_batch, bootstrap_auroc_ci, group_bootstrap_weights
-from poolbench.prober.d1 import ProbeError, cv_auroc, cv_splits, evaluate_d1
-from poolbench.prober.probes import DiffMeanProbe, make_probe
 from scipy.stats import norm
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 from sklearn.preprocessing import StandardScaler
+
+from poolbench.errors import PoolBenchError
+from poolbench.prober.auroc import auroc, auroc_batch, bootstrap_auroc_ci, group_bootstrap_weights
+from poolbench.prober.d1 import ProbeError, cv_auroc, cv_splits, evaluate_d1
+from poolbench.prober.probes import DiffMeanProbe, make_probe
 
 
 def paired_data(n_pairs: int, d: int, shift: float, seed: int, prefix: str = "p"):

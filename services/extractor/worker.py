@@ -6,6 +6,7 @@ Pooling happens in this process, so token activations never cross the object sto
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 
@@ -37,6 +38,10 @@ class ExtractorWorker:
         for path in strategy_modules:
             load_strategy_module(path)
         self.loaded = load_model(model, dtype=dtype, device=device, model_args=model_args)
+
+    def pid(self) -> int:
+        """The worker's process id, so fault-tolerance tests (and operators) can find and kill it."""
+        return os.getpid()
 
     def info(self) -> dict:
         """What the driver needs to plan artifact keys: identity and shape of the model."""

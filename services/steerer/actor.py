@@ -34,10 +34,13 @@ class SteeringService(SteeringWorker):
                             train_texts=train_texts, neighbour_tables=tables)
 
 
-def steering_actors(model: str, *, n: int | None = None, backend: str = "transformers", **worker_args) -> list:
+def steering_actors(model: str, *, n: int | None = None, backend: str = "transformers",
+                    runtime_env: dict | None = None, **worker_args) -> list:
     """One actor per GPU on a GPU cluster (num_gpus=1), else a single CPU actor."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
-    remote_cls = ray.remote(max_restarts=1)(SteeringService)
+    remote_cls = ray.remote(max_restarts=1, max_task_retries=1)(SteeringService)
     options = {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_cpus": 1}
+    if runtime_env:
+        options["runtime_env"] = runtime_env
     count = max(1, min(n or gpus or 1, gpus or 1))
     return [remote_cls.options(**options).remote(model, backend=backend, **worker_args) for _ in range(count)]

@@ -1,0 +1,110 @@
+"""A run survives a killed worker, a killed driver resumes without recomputing, a lost S3 server is one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from s3_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
+
+from poolbench.errors import StoreError
+from poolbench.pipeline import run_benchmark
+from poolbench.run_config import RunConfig
+from poolbench.store import open_store
+
+CONCEPTS = ("hedging", "toxicity", "contrast")
+MANY = ("hedging", "toxicity", "contrast", "causation", "planning", "narrative", "deference", "depression",
+        "frustration", "code_docs", "bureaucratic", "academic_tone")
+
+
+def config(model: Path, store: str, **overrides) -> RunConfig:
+    base = dict(model=str(model), corpus_size="tiny", concepts=CONCEPTS, strategies=("A1_mean", "P1_last"),
+                store=store, n_bootstrap=100, torch_threads=1, reliability=False,
+                steering=False)
+    return RunConfig(**{**base, **overrides})
+
+
+@pytest.fixture
+def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path_factory.getbasetemp() / "poolbench-cache"
+    monkeypatch.setenv("POOLBENCH_CACHE", str(root))
+    return root
+
+
+def test_killed_worker_is_restarted_and_the_run_matches_an_undisturbed_one(tiny_llama_dir, local_ray, cache,
+                                                                           tmp_path):
+    calm = run_benchmark(config(tiny_llama_dir, str(tmp_path / "calm")))
+    pids: list[int] = []
+    killed: list[int] = []
+
+    def on_event(kind: str, data: dict) -> None:
+        if kind == "plan":
+            pids.extend(data["worker_pids"])
+        elif kind == "pooled" and not killed:  # the worker is busy with the next concept now
+            os.kill(pids[0], signal.SIGKILL)
+            killed.append(pids[0])
+
+    stormy = run_benchmark(config(tiny_llama_dir, str(tmp_path / "stormy")), on_event)
+    assert killed
+    assert stormy.computed["pooled"] == len(CONCEPTS)
+    assert stormy.records == calm.records
+    store = open_store(str(tmp_path / "stormy"))
+    assert sorted(store.list("pooled")) == sorted(a["pooled"] for a in stormy.artifacts.values())
+    assert sorted(store.list("d1")) == sorted(a["d1"] for a in stormy.artifacts.values())
+
+
+def test_killed_driver_resumes_without_recomputing(tiny_llama_dir, cache, tmp_path):
+    store_dir = tmp_path / "store"
+    args = [sys.executable, "-c", "from poolbench.cli import main; main()", "run", "--model", str(tiny_llama_dir),
+            "--corpus-size", "tiny", "--concepts", ",".join(MANY), "--strategies", "A1_mean,P1_last",
+            "--store", str(store_dir), "--bootstrap", "100", "--no-reliability", "--no-steering",
+            "--torch-threads", "1", "--out", str(tmp_path / "out")]
+    env = {**os.environ, "POOLBENCH_CACHE": str(cache)}
+    driver = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and not list((store_dir / "pooled").glob("*.arrow")):
+        time.sleep(0.01)
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started
+    driver.wait(timeout=30)
+    done_before = len(list((store_dir / "pooled").glob("*.arrow")))
+    assert 1 <= done_before < len(MANY)
+    assert not (tmp_path / "out" / "results.json").exists()
+
+    rerun = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    computed = json.loads((tmp_path / "out" / "results.json").read_text())["computed"]
+    assert computed["pooled_skipped"] == done_before
+    assert computed["pooled"] == len(MANY) - done_before
+
+
+def test_s3_outage_is_one_line_and_a_rerun_completes(tiny_llama_dir, local_ray, cache, tmp_path, monkeypatch):
+    server = MotoServer()
+    server.start()
+    try:
+        bucket = server.make_bucket("poolbench-outage")
+        for key, value in {"POOLBENCH_S3_ENDPOINT": server.endpoint, "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+                           "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}.items():
+            monkeypatch.setenv(key, value)
+        cfg = config(tiny_llama_dir, f"s3://{bucket}/run", concepts=("hedging",))
+
+        def on_event(kind: str, data: dict) -> None:
+            if kind == "plan":
+                server.stop()
+
+        with pytest.raises(StoreError) as lost:
+            run_benchmark(cfg, on_event)
+        message = str(getattr(lost.value, "cause", None) or lost.value).strip()
+        assert len(message.splitlines()) == 1 and server.endpoint in message
+        server.start()  # moto keeps nothing across restarts: the bucket must be made again
+        server.make_bucket(bucket)
+        outcome = run_benchmark(cfg)
+        assert outcome.computed["pooled"] == 1 and outcome.computed["d1"] == 1
+    finally:
+        server.stop()

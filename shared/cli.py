@@ -19,6 +19,7 @@ from poolbench.errors import PoolBenchError
 from poolbench.reliability_commands import flash_check, power
 from poolbench.report_commands import report
 from poolbench.run_config import EMBEDDED, RunConfig
+from poolbench.steering_commands import serve_scorers, steer, train_scorers
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="PoolBench: which pooling strategy captures a concept, at which layer.")
@@ -34,6 +35,9 @@ app.command("flash-check")(flash_check)
 app.command("cebench")(cebench)
 app.command("bias")(bias)
 app.command("report")(report)
+app.command("steer")(steer)
+app.command("train-scorers")(train_scorers)
+app.command("serve-scorers")(serve_scorers)
 # Wide enough for the leaderboard when output is piped (rich falls back to 80 columns there).
 console = Console() if Console().is_terminal else Console(width=140)
 err_console = Console(stderr=True)

@@ -92,6 +92,8 @@ def run(
     allow_weak_scorer: Annotated[bool, typer.Option(help="keep scorers with held-out AUROC < 0.7")] = False,
     backend: Annotated[str, typer.Option(help="steering backend: transformers or vllm (GPU, extra [vllm])")]
     = "transformers",
+    flash: Annotated[str | None, typer.Option(help="train probes on a stratified, pair-preserving fraction, e.g. 1/32")]
+    = None,
 ) -> None:
     """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json."""
     from poolbench.pipeline import run_benchmark
@@ -106,7 +108,7 @@ def run(
             max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=bootstrap,
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
-            allow_weak_scorer=allow_weak_scorer, backend=backend)
+            allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise PoolBenchError(f"--{'-'.join(str(p) for p in first['loc'])}: {first['msg']}") from None

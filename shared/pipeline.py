@@ -19,6 +19,7 @@ from poolbench.extractor.worker import ExtractorWorker
 from poolbench.passage import Passage
 from poolbench.pooler.registry import load_entry_point_strategies, load_strategy_module, resolve_strategies
 from poolbench.prober.concept_probe import D1_VERSION, probe_concept_task
+from poolbench.prober.flash import parse_fraction
 from poolbench.prober.reliability import RELIABILITY_VERSION
 from poolbench.run_config import EMBEDDED, RunConfig
 from poolbench.store import open_store
@@ -89,6 +90,8 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
     """Plan every concept's cells, compute only the missing artifacts, and collect the D1 records."""
     emit = on_event or (lambda kind, data: None)
     started = time.perf_counter()
+    if cfg.flash is not None:
+        parse_fraction(cfg.flash)  # a malformed fraction fails here, in one line, before any work
     load_entry_point_strategies()
     for path in strategy_modules:
         load_strategy_module(path)
@@ -127,7 +130,8 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
             passages=passages_digest(plan.passages), max_length=cfg.max_length, version=POOL_VERSION)
         plan.d1_key = artifact_key("d1", pooled=plan.pooled_key, n_folds=cfg.n_folds, seed=cfg.seed,
                                    n_bootstrap=cfg.n_bootstrap, version=D1_VERSION,
-                                   reliability=RELIABILITY_VERSION if cfg.reliability else None)
+                                   reliability=RELIABILITY_VERSION if cfg.reliability else None,
+                                   flash=cfg.flash)
         if cfg.dump_activations:
             plan.dump_key = artifact_key("activations", pooled=plan.pooled_key)
     emit("plan", {"concepts": [p.concept for p in plans], "layers": layers, "strategies": [s.id for s in specs],
@@ -145,7 +149,7 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
             return
         ref = probe_task.options(num_cpus=1, runtime_env=runtime_env).remote(
             store_url, plan.pooled_key, plan.d1_key, plan.concept, cfg.n_folds, cfg.seed, cfg.n_bootstrap,
-            cfg.reliability)
+            cfg.reliability, cfg.flash)
         pending_probe[ref] = plan
 
     metadata = {"model": model["model_id"], "weights_hash": model["weights_hash"]}

@@ -47,6 +47,7 @@ class RunConfig(BaseModel):
     full: bool = False
     allow_weak_scorer: bool = False
     backend: Literal["transformers", "vllm"] = "transformers"
+    flash: str | None = None
 
     @field_validator("concepts", "strategies")
     @classmethod

@@ -93,6 +93,13 @@ def test_changing_a_determinant_gives_new_artifacts(tiny_llama_dir, local_ray, c
     assert reseeded.artifacts["hedging"]["pooled"] == first.artifacts["hedging"]["pooled"]
     assert reseeded.artifacts["hedging"]["d1"] != first.artifacts["hedging"]["d1"]
     assert reseeded.computed == {"pooled": 0, "d1": 1, "pooled_skipped": 1, "d1_skipped": 0}
+    flash = run_benchmark(config(tiny_llama_dir, str(tmp_path / "store"), concepts=("hedging",), flash="1/2"))
+    assert flash.computed == {"pooled": 0, "d1": 1, "pooled_skipped": 1, "d1_skipped": 0}
+    assert {c["n_train"] for c in flash.records} == {24} and {c["n_test"] for c in flash.records} == {24}
+    from poolbench.prober.flash import FlashError
+
+    with pytest.raises(FlashError, match="concept hedging: flash fraction 1/64"):
+        run_benchmark(config(tiny_llama_dir, str(tmp_path / "store"), concepts=("hedging",), flash="1/64"))
     fewer_layers = run_benchmark(config(tiny_llama_dir, str(tmp_path / "store"), concepts=("hedging",),
                                         layers=(1,)))
     assert fewer_layers.artifacts["hedging"]["pooled"] != first.artifacts["hedging"]["pooled"]

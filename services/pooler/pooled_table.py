@@ -79,9 +79,11 @@ class PooledMatrix:
     fallback: np.ndarray  # [N] bool
 
     def subset(self, split: str) -> PooledMatrix:
-        keep = self.split == split
-        return PooledMatrix(self.passage_ids[keep], self.X[keep], self.y[keep], self.groups[keep],
-                            self.split[keep], self.fallback[keep])
+        return self.take(np.flatnonzero(self.split == split))
+
+    def take(self, rows: np.ndarray) -> PooledMatrix:
+        return PooledMatrix(self.passage_ids[rows], self.X[rows], self.y[rows], self.groups[rows],
+                            self.split[rows], self.fallback[rows])
 
 
 class PooledTableView:

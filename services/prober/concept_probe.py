@@ -7,6 +7,7 @@ import pyarrow as pa
 
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.prober.d1 import evaluate_d1
+from poolbench.prober.flash import flash_subset, parse_fraction
 from poolbench.prober.reliability import cell_reliability
 from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell, is_auxiliary
 
@@ -14,7 +15,7 @@ D1_VERSION = 2  # 2: per-cell reliability statistics, supervised (S3) cells
 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
-                       n_bootstrap: int = 1000, reliability: bool = True) -> list[dict]:
+                       n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None) -> list[dict]:
     """One record per (layer, strategy, probe): CV AUROC on train, held-out AUROC with its CI, fallbacks."""
     view = PooledTableView(table)
     metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
@@ -25,8 +26,13 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
         cell = view.matrix(layer, strategy)
         supervised = head_selection_cell(view, metadata, layer, strategy, seed)
         stats: dict = {}
+        train_rows = np.flatnonzero(cell.split == "train")
+        if flash is not None:  # a stratified, pair-preserving fraction of train; test stays whole
+            kept = flash_subset(cell.y[train_rows], cell.groups[train_rows], parse_fraction(flash), seed=seed,
+                                concept=concept, min_per_class=n_folds)
+            train_rows = train_rows[kept]
         if supervised is None:
-            train, test = cell.subset("train"), cell.subset("test")
+            train, test = cell.take(train_rows), cell.subset("test")
             result = evaluate_d1(train.X, train.y, train.groups, test.X, test.y, test.groups,
                                  n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
             if reliability:
@@ -34,7 +40,7 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
                                          test.groups, seed=seed, n_folds=n_folds)
         else:  # heads are chosen inside each fold from that fold's training labels only
             result = evaluate_d1_supervised(
-                supervised, cell.y, cell.groups, np.flatnonzero(cell.split == "train"),
+                supervised, cell.y, cell.groups, train_rows,
                 np.flatnonzero(cell.split == "test"), n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
         fallback_count = int(cell.fallback.sum())
         for probe_name, probe in result.probes.items():
@@ -58,12 +64,12 @@ def probe_records_table(records: list[dict]) -> pa.Table:
 
 
 def probe_concept_task(store_url: str, pooled_key: str, d1_key: str, concept: str, n_folds: int, seed: int,
-                       n_bootstrap: int, reliability: bool = True) -> dict:
+                       n_bootstrap: int, reliability: bool = True, flash: str | None = None) -> dict:
     """Read a PooledTable, write the concept's D1 records as an Arrow artifact; safe to retry."""
     from poolbench.store import open_store
 
     store = open_store(store_url)
     records = probe_pooled_table(store.get_table(pooled_key), concept, n_folds=n_folds, seed=seed,
-                                 n_bootstrap=n_bootstrap, reliability=reliability)
+                                 n_bootstrap=n_bootstrap, reliability=reliability, flash=flash)
     store.put_table(d1_key, probe_records_table(records))
     return {"concept": concept, "key": d1_key, "cells": len(records)}

@@ -47,6 +47,8 @@ lint: install
 
 bench: install
 	$(BIN)/python bench/extract_pool.py
+	$(BIN)/python bench/pool_strategies.py
+	$(BIN)/python bench/generate.py
 
 cluster-up: install
 	$(BIN)/python -m poolbench.cluster up --ray-port $(RAY_PORT) --serve-port $(SERVE_PORT) --s3-port $(S3_PORT) \

@@ -39,7 +39,9 @@ def measure(args: argparse.Namespace) -> dict:
     loaded = load_model(args.model, dtype=args.dtype, device=args.device)
     corpus = open_corpus("embedded", args.corpus_size)
     passages = [p for c in corpus.concepts[: args.concepts] for p in corpus.passages(c)]
-    specs = resolve_strategies(None)
+    # The strategies that pool hidden states alone; those needing attention, gradients or parses are
+    # measured by bench/pool_strategies.py with their extra extraction work.
+    specs = [s for s in resolve_strategies(None) if not s.needs]
     layers = list(range(loaded.n_layers))
     batches = prepare_batches(loaded.tokenizer, passages, batch_size=args.batch_size, max_length=args.max_length)
     forward_only(loaded.model, batches[:2])  # warm-up: allocator, kernels, caches
@@ -82,7 +84,8 @@ def measure(args: argparse.Namespace) -> dict:
         "versions": package_versions(),
         "machine": {"platform": platform.platform(), "torch_threads": torch.get_num_threads(),
                     "device": str(loaded.device)},
-        "config": {**vars(args), "n_passages": len(passages), "n_batches": len(batches), "layers": layers,
+        "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+                   "n_passages": len(passages), "n_batches": len(batches), "layers": layers,
                    "strategies": [s.id for s in specs], "hidden_size": loaded.hidden_size},
         "tokens": tokens,
         "forward_tokens_per_s": tokens / best_fwd,

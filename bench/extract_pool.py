@@ -9,13 +9,13 @@ Prints a table and writes bench/results/extract_pool.json:
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from bench_io import add_model_options, write_result
 from rich.console import Console
 from rich.table import Table
 
@@ -116,23 +116,14 @@ def report(result: dict, out: Path) -> None:
         met = result[key] <= target if op == "<=" else result[key] >= target
         table.add_row(label, fmt.format(result[key]), f"{op} {target}", "yes" if met else "NO")
     Console().print(table)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    Console().print(f"wrote {out}")
+    write_result(result, out)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="embedded")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--corpus-size", default="small")
+    add_model_options(parser)
     parser.add_argument("--concepts", type=int, default=4, help="how many embedded concepts to run")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--naive-batches", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "extract_pool.json")
     args = parser.parse_args()
     report(measure(args), args.out)

@@ -12,13 +12,13 @@ Prints a table and writes bench/results/pool_strategies.json, all measured in on
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from bench_io import add_model_options, write_result
 from rich.console import Console
 from rich.table import Table
 
@@ -127,22 +127,13 @@ def report(result: dict, out: Path) -> None:
     table.add_row("spaCy parse throughput", f"{result['parse_passages_per_s']:.1f} passages/s", "", "")
     table.add_row("cached parse load", f"{result['cached_parse_load_seconds']:.3f} s", "", "")
     Console().print(table)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    Console().print(f"wrote {out}")
+    write_result(result, out)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="embedded")
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--device", default="auto")
-    parser.add_argument("--corpus-size", default="small")
+    add_model_options(parser)
     parser.add_argument("--concept", default=None, help="embedded concept (default: the first)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).parent / "results" / "pool_strategies.json")
     args = parser.parse_args()

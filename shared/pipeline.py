@@ -113,56 +113,56 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
     workers = [worker_cls.options(**resources, runtime_env=runtime_env).remote(  # type: ignore[attr-defined]
         cfg.model, dtype=cfg.dtype, device=cfg.device, model_args=dict(cfg.model_args),
         torch_threads=threads, strategy_modules=strategy_modules) for _ in range(n_workers)]
-    model = ray.get(workers[0].info.remote())
-    layers = list(cfg.layers) if cfg.layers is not None else list(range(model["n_layers"]))
-    bad = [L for L in layers if not 0 <= L < model["n_layers"]]
-    if bad:
-        raise PoolBenchError(f"--layers {bad} out of range for {model['model_id']} "
-                             f"({model['n_layers']} layers: 0..{model['n_layers'] - 1})")
-    if cfg.strategies is None and model["kind"] != "causal":
-        # S2 needs a causal LM's own log-likelihood; by default an encoder runs every other strategy.
-        specs = [s for s in specs if "gradient" not in s.needs]
-    strategy_fps = [s.fingerprint() for s in specs]
-    for plan in plans:
-        plan.pooled_key = artifact_key(
-            "pooled", model=model["model_id"], weights=model["weights_hash"], dtype=model["dtype"],
-            layers=layers, strategies=strategy_fps, concept=plan.concept, corpus=plan.corpus_hash,
-            passages=passages_digest(plan.passages), max_length=cfg.max_length, version=POOL_VERSION)
-        plan.d1_key = artifact_key("d1", pooled=plan.pooled_key, n_folds=cfg.n_folds, seed=cfg.seed,
-                                   n_bootstrap=cfg.n_bootstrap, version=D1_VERSION,
-                                   reliability=RELIABILITY_VERSION if cfg.reliability else None,
-                                   flash=cfg.flash)
-        if cfg.dump_activations:
-            plan.dump_key = artifact_key("activations", pooled=plan.pooled_key)
-    emit("plan", {"concepts": [p.concept for p in plans], "layers": layers, "strategies": [s.id for s in specs],
-                  "model": model, "workers": n_workers, "worker_pids": ray.get([w.pid.remote() for w in workers])})
-
-    computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
-    pending_probe: dict[ray.ObjectRef, ConceptPlan] = {}
-    pending_pool: dict[ray.ObjectRef, tuple[ConceptPlan, ray.actor.ActorHandle]] = {}
-    probe_task = ray.remote(max_retries=2)(probe_concept_task)
-
-    def submit_probe(plan: ConceptPlan) -> None:
-        if store.exists(plan.d1_key):
-            computed["d1_skipped"] += 1
-            emit("probed", {"concept": plan.concept, "skipped": True})
-            return
-        ref = probe_task.options(num_cpus=1, runtime_env=runtime_env).remote(
-            store_url, plan.pooled_key, plan.d1_key, plan.concept, cfg.n_folds, cfg.seed, cfg.n_bootstrap,
-            cfg.reliability, cfg.flash)
-        pending_probe[ref] = plan
-
-    metadata = {"model": model["model_id"], "weights_hash": model["weights_hash"]}
-    queue = []
-    for plan in plans:
-        needs_dump = plan.dump_key is not None and not store.exists(plan.dump_key)
-        if store.exists(plan.pooled_key) and not needs_dump:
-            computed["pooled_skipped"] += 1
-            emit("pooled", {"concept": plan.concept, "skipped": True})
-            submit_probe(plan)
-        else:
-            queue.append(plan)
     try:
+        model = ray.get(workers[0].info.remote())
+        layers = list(cfg.layers) if cfg.layers is not None else list(range(model["n_layers"]))
+        bad = [L for L in layers if not 0 <= L < model["n_layers"]]
+        if bad:
+            raise PoolBenchError(f"--layers {bad} out of range for {model['model_id']} "
+                                 f"({model['n_layers']} layers: 0..{model['n_layers'] - 1})")
+        if cfg.strategies is None and model["kind"] != "causal":
+            # S2 needs a causal LM's own log-likelihood; by default an encoder runs every other strategy.
+            specs = [s for s in specs if "gradient" not in s.needs]
+        strategy_fps = [s.fingerprint() for s in specs]
+        for plan in plans:
+            plan.pooled_key = artifact_key(
+                "pooled", model=model["model_id"], weights=model["weights_hash"], dtype=model["dtype"],
+                layers=layers, strategies=strategy_fps, concept=plan.concept, corpus=plan.corpus_hash,
+                passages=passages_digest(plan.passages), max_length=cfg.max_length, version=POOL_VERSION)
+            plan.d1_key = artifact_key("d1", pooled=plan.pooled_key, n_folds=cfg.n_folds, seed=cfg.seed,
+                                       n_bootstrap=cfg.n_bootstrap, version=D1_VERSION,
+                                       reliability=RELIABILITY_VERSION if cfg.reliability else None,
+                                       flash=cfg.flash)
+            if cfg.dump_activations:
+                plan.dump_key = artifact_key("activations", pooled=plan.pooled_key)
+        emit("plan", {"concepts": [p.concept for p in plans], "layers": layers, "strategies": [s.id for s in specs],
+                      "model": model, "workers": n_workers, "worker_pids": ray.get([w.pid.remote() for w in workers])})
+
+        computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
+        pending_probe: dict[ray.ObjectRef, ConceptPlan] = {}
+        pending_pool: dict[ray.ObjectRef, tuple[ConceptPlan, ray.actor.ActorHandle]] = {}
+        probe_task = ray.remote(max_retries=2)(probe_concept_task)
+
+        def submit_probe(plan: ConceptPlan) -> None:
+            if store.exists(plan.d1_key):
+                computed["d1_skipped"] += 1
+                emit("probed", {"concept": plan.concept, "skipped": True})
+                return
+            ref = probe_task.options(num_cpus=1, runtime_env=runtime_env).remote(
+                store_url, plan.pooled_key, plan.d1_key, plan.concept, cfg.n_folds, cfg.seed, cfg.n_bootstrap,
+                cfg.reliability, cfg.flash)
+            pending_probe[ref] = plan
+
+        metadata = {"model": model["model_id"], "weights_hash": model["weights_hash"]}
+        queue = []
+        for plan in plans:
+            needs_dump = plan.dump_key is not None and not store.exists(plan.dump_key)
+            if store.exists(plan.pooled_key) and not needs_dump:
+                computed["pooled_skipped"] += 1
+                emit("pooled", {"concept": plan.concept, "skipped": True})
+                submit_probe(plan)
+            else:
+                queue.append(plan)
         idle = list(workers)
         while queue or pending_pool or pending_probe:
             while queue and idle:

@@ -93,9 +93,13 @@ def test_s3_outage_is_one_line_and_a_rerun_completes(tiny_llama_dir, local_ray, 
                            "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_REGION": REGION}.items():
             monkeypatch.setenv(key, value)
         cfg = config(tiny_llama_dir, f"s3://{bucket}/run", concepts=("hedging",))
-        server.stop()
+
+        def stop_mid_run(kind: str, data: dict) -> None:
+            if kind == "plan":  # workers are up and hold the model; nothing is stored yet
+                server.stop()
+
         with pytest.raises(StoreError) as lost:
-            run_benchmark(cfg)
+            run_benchmark(cfg, stop_mid_run)
         message = str(lost.value).strip()
         assert len(message.splitlines()) == 1 and server.endpoint in message
         server.start()  # moto keeps nothing across restarts: the bucket must be made again

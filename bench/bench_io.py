@@ -22,6 +22,20 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None)
 
 
+def run_header(benchmark: str, args: argparse.Namespace, device: object) -> dict:
+    """Provenance every bench JSON starts with: what ran, where, from which code, with which options."""
+    import platform
+
+    import torch
+
+    from poolbench.provenance import git_hash, package_versions, utc_now
+
+    return {"benchmark": benchmark, "date": utc_now(), "git_hash": git_hash(), "versions": package_versions(),
+            "machine": {"platform": platform.platform(), "torch_threads": torch.get_num_threads(),
+                        "device": str(device)},
+            "options": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
+
+
 def write_result(result: dict, out: Path) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")

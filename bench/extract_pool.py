@@ -9,13 +9,12 @@ Prints a table and writes bench/results/extract_pool.json:
 from __future__ import annotations
 
 import argparse
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from bench_io import add_model_options, write_result
+from bench_io import add_model_options, run_header, write_result
 from rich.console import Console
 from rich.table import Table
 
@@ -26,7 +25,6 @@ from poolbench.pooler.naive import pool_naive
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.pooler.registry import resolve_strategies
-from poolbench.provenance import git_hash, package_versions, utc_now
 from poolbench.store import LocalStore
 
 TARGETS = {"path_over_forward": 1.2, "pool_share_of_forward": 0.10, "speedup_over_naive": 5.0}
@@ -77,14 +75,10 @@ def measure(args: argparse.Namespace) -> dict:
     naive = time.perf_counter() - t0
 
     best_fwd, best_path, best_pool = min(forward_s), min(path_s), min(pool_s)
+    header = run_header("extract_pool", args, loaded.device)
     return {
-        "benchmark": "extract_pool",
-        "date": utc_now(),
-        "git_hash": git_hash(),
-        "versions": package_versions(),
-        "machine": {"platform": platform.platform(), "torch_threads": torch.get_num_threads(),
-                    "device": str(loaded.device)},
-        "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **header,
+        "config": {**header["options"],
                    "n_passages": len(passages), "n_batches": len(batches), "layers": layers,
                    "strategies": [s.id for s in specs], "hidden_size": loaded.hidden_size},
         "tokens": tokens,

@@ -12,13 +12,12 @@ Prints a table and writes bench/results/pool_strategies.json, all measured in on
 from __future__ import annotations
 
 import argparse
-import platform
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from bench_io import add_model_options, write_result
+from bench_io import add_model_options, run_header, write_result
 from rich.console import Console
 from rich.table import Table
 
@@ -30,7 +29,6 @@ from poolbench.pooler.iti import head_rows
 from poolbench.pooler.parses import ParseIndex, batch_parse_extras, cached_parse_table, ids_digest, load_nlp
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.registry import list_strategies
-from poolbench.provenance import git_hash, package_versions, utc_now
 from poolbench.store import LocalStore
 
 TARGETS = {"pool_share_of_forward": 0.25}
@@ -87,14 +85,10 @@ def measure(args: argparse.Namespace) -> dict:
         pool_s.append(pooling)
     tokens = sum(int(b.attention_mask.sum()) for b in batches)
     best_fwd, best_extract, best_pool = min(forward_s), min(extract_s), min(pool_s)
+    header = run_header("pool_strategies", args, loaded.device)
     return {
-        "benchmark": "pool_strategies",
-        "date": utc_now(),
-        "git_hash": git_hash(),
-        "versions": package_versions(),
-        "machine": {"platform": platform.platform(), "torch_threads": torch.get_num_threads(),
-                    "device": str(loaded.device)},
-        "config": {**{k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        **header,
+        "config": {**header["options"],
                    "concept": concept, "n_passages": len(passages), "n_batches": len(batches), "layers": layers,
                    "strategies": [s.id for s in specs], "needs": sorted(needs),
                    "spacy": nlp.meta.get("name"), "spacy_version": nlp.meta.get("version")},

@@ -36,6 +36,8 @@ from transformers import (
     get_cosine_schedule_with_warmup,
 )
 
+from poolbench.run_config import cache_dir as poolbench_cache_dir
+
 MODEL_FAMILY = "embedded-llama-v1"
 BUILD_INFO_FILE = "poolbench_build.json"
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
@@ -347,17 +349,13 @@ def vocabulary_texts(n_texts: int, *, seed: int = 0) -> list[str]:
     return texts
 
 
-def _default_cache_dir() -> Path:
-    return Path(os.environ.get("POOLBENCH_CACHE", Path.home() / ".cache" / "poolbench"))
-
-
 def embedded_model_dir(texts: Sequence[str], config: EmbeddedModelConfig, seed: int = 0,
                        cache_dir: str | Path | None = None) -> Path:
     """models/embedded-llama-v1-<short hash of config, seed and texts>: a new recipe gets a new directory."""
     recipe = json.dumps({"config": asdict(config), "seed": seed, "texts": texts_digest(texts)},
                         sort_keys=True)
     key = hashlib.sha256(recipe.encode()).hexdigest()[:12]
-    return Path(cache_dir or _default_cache_dir()) / "models" / f"{MODEL_FAMILY}-{key}"
+    return Path(cache_dir or poolbench_cache_dir()) / "models" / f"{MODEL_FAMILY}-{key}"
 
 
 def embedded_model_ready(cache_dir: str | Path | None = None) -> bool:

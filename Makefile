@@ -16,12 +16,22 @@ SERVE_MODELS ?= embedded
 
 .PHONY: install test-deps run test test-slow lint bench cluster-up cluster-down clean
 
-install: $(VENV)/.installed
+# Strict editable mode links each module file into the venv (static tools follow it), so the set of module
+# files is part of the install stamp: adding or moving a module reinstalls the package (seconds), not its deps.
+EDITABLE := --config-settings editable_mode=strict
+MODULES := $(shell find shared services -name '*.py' -o -name '*.json' -o -name '*.txt' 2>/dev/null | sort | cksum | cut -d' ' -f1)
 
-$(VENV)/.installed: pyproject.toml
+install: $(VENV)/.installed-$(MODULES)
+
+$(VENV)/.deps: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC)
-	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]"
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]" $(EDITABLE)
+	touch $@
+
+$(VENV)/.installed-$(MODULES): $(VENV)/.deps
+	rm -f $(VENV)/.installed-*
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e . $(EDITABLE)
 	touch $@
 
 run: install

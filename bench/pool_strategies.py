@@ -21,15 +21,15 @@ from bench_io import add_model_options, run_header, write_result
 from rich.console import Console
 from rich.table import Table
 
-from poolbench.concept_pooling import _fit_context, strategy_needs
-from poolbench.corpus_source import open_corpus
+from poolbench.corpus.source import open_corpus
 from poolbench.extractor.extract import extract_batches, forward_only, prepare_batches
 from poolbench.extractor.loading import load_model
+from poolbench.pooler.concept_pooling import _fit_context, strategy_needs
 from poolbench.pooler.iti import head_rows
 from poolbench.pooler.parses import ParseIndex, batch_parse_extras, cached_parse_table, ids_digest, load_nlp
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.registry import list_strategies
-from poolbench.store import LocalStore
+from poolbench.store.artifact_store import LocalStore
 
 TARGETS = {"pool_share_of_forward": 0.25}
 

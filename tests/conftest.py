@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from s3_server import MotoServer, s3_store_on
 
-from poolbench.store import ArtifactStore, LocalStore
+from poolbench.store.artifact_store import ArtifactStore, LocalStore
 
 
 @pytest.fixture(scope="session")

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import typer
 
-from poolbench.passage import Passage
+from poolbench.cli.reliability import flash_check, power
+from poolbench.corpus.passage import Passage
 from poolbench.pooler.pooled_table import PooledTableBuilder
-from poolbench.reliability_commands import flash_check, power
-from poolbench.store import LocalStore
+from poolbench.store.artifact_store import LocalStore
 
 STRATEGIES = {"A1_mean": 2.0, "P1_last": 0.6, "A2_max": 0.0}  # signal strength per strategy
 LAYERS = (0, 1)
@@ -50,7 +50,7 @@ def make_run(root: Path, concepts: tuple[str, ...] = ("negation", "sarcasm"), n_
 
 
 def cli() -> typer.Typer:
-    """The commands registered the way the lead registers them in poolbench.cli."""
+    """The commands registered the way the lead registers them in poolbench.cli.app."""
     app = typer.Typer()
     app.command("power")(power)
     app.command("flash-check")(flash_check)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from minio import Minio
 
-from poolbench.s3_store import S3Store
+from poolbench.store.s3 import S3Store
 
 ACCESS_KEY = "poolbench-test"
 SECRET_KEY = "poolbench-test-secret"

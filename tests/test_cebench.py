@@ -9,20 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from poolbench.cebench_data import (
+from poolbench.cebench.data import (
     CEBenchDataError,
     generate_cebench,
     load_cebench,
     write_cebench,
 )
-from poolbench.prober.cebench import (
+from poolbench.cebench.sae import SAE, SAEError, load_sae, save_sae
+from poolbench.cebench.scores import (
     CEBenchError,
     cebench_scores,
     entry_means,
     marked_token_mask,
     normalise_jointly,
 )
-from poolbench.prober.sae import SAE, SAEError, load_sae, save_sae
 
 
 def _toy():
@@ -146,7 +146,8 @@ def random_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
     from transformers import LlamaForCausalLM
 
-    from poolbench.extractor.embedded_model import DEFAULT_CONFIG, _llama_config, generated_texts, train_tokenizer
+    from poolbench.corpus.english import generated_texts
+    from poolbench.extractor.embedded_model import DEFAULT_CONFIG, _llama_config, train_tokenizer
 
     out = tmp_path_factory.mktemp("models") / "random"
     tokenizer = train_tokenizer(generated_texts(300), 512)
@@ -160,7 +161,7 @@ def random_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _app():
     import typer
 
-    from poolbench.cebench_commands import bias, cebench, sae_train
+    from poolbench.cli.cebench import bias, cebench, sae_train
 
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command("cebench")(cebench)

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from poolbench.corpus import write_corpus
-from poolbench.embedded_corpus import generate_embedded_corpus
+from poolbench.corpus.embedded import generate_embedded_corpus
+from poolbench.corpus.layout import write_corpus
 
-DRIVER = [sys.executable, "-c", "from poolbench.cli import main; main()"]
+DRIVER = [sys.executable, "-c", "from poolbench.cli.app import main; main()"]
 
 
 def driver(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:

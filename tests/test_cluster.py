@@ -7,7 +7,7 @@ import socket
 import pytest
 from s3_server import free_port
 
-from poolbench.cluster import ClusterError, cluster_down, cluster_up
+from poolbench.cluster.launcher import ClusterError, cluster_down, cluster_up
 
 
 def test_a_taken_port_is_named_and_nothing_starts(tmp_path):

@@ -14,7 +14,7 @@ RAY = str(Path(sys.executable).with_name("ray"))
 
 
 def run(args: list[str], env: dict) -> dict:
-    cmd = [sys.executable, "-c", "from poolbench.cli import main; main()", "run", "--no-steering", *args]
+    cmd = [sys.executable, "-c", "from poolbench.cli.app import main; main()", "run", "--no-steering", *args]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     out = Path(args[args.index("--out") + 1])

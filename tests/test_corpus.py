@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from poolbench.corpus import load_corpus, write_corpus
+from poolbench.corpus.layout import load_corpus, write_corpus
+from poolbench.corpus.passage import Passage
 from poolbench.errors import CorpusError
-from poolbench.passage import Passage
 
 
 def record(concept: str, stem: str, i: int, text: str, domain: str, pair: str | None = None) -> dict:

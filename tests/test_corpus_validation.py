@@ -8,7 +8,7 @@ import pytest
 from rich.console import Console
 from test_corpus import record, valid_concept, write_concept
 
-from poolbench.corpus_validation import (
+from poolbench.corpus.validation import (
     Finding,
     has_errors,
     render_findings,

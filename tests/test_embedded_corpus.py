@@ -17,11 +17,11 @@ from sklearn.feature_extraction.text import CountVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
-import poolbench.embedded_corpus as ec
-from poolbench.corpus import load_corpus, write_corpus
-from poolbench.corpus_validation import validate_corpus
+import poolbench.corpus.embedded as ec
+from poolbench.corpus.layout import load_corpus, write_corpus
+from poolbench.corpus.passage import Passage
+from poolbench.corpus.validation import validate_corpus
 from poolbench.errors import CorpusError
-from poolbench.passage import Passage
 
 ALL_CONCEPTS = sorted(
     [
@@ -73,7 +73,7 @@ def test_deterministic_within_and_across_processes(tiny: dict[str, list[Passage]
     assert ec.generate_embedded_corpus("tiny") == tiny
     assert ec.generate_embedded_corpus("tiny", seed=1) != tiny
     code = (
-        "import hashlib, json; from poolbench.embedded_corpus import generate_embedded_corpus as g; "
+        "import hashlib, json; from poolbench.corpus.embedded import generate_embedded_corpus as g; "
         "c = {k: [p.to_record() for p in v] for k, v in g('tiny').items()}; "
         "print(hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest())"
     )

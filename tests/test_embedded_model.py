@@ -14,12 +14,13 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from poolbench.corpus.english import generated_texts
 from poolbench.extractor import embedded_model as em
 from poolbench.extractor.loading import load_model
 
 TINY = dict(vocab_size=384, hidden_size=64, n_layers=2, n_heads=2, n_kv_heads=1, intermediate_size=128,
             seq_len=64, batch_size=8, steps=60, warmup_steps=5, max_heldout_sequences=8, threads=1)
-TEXTS = em.generated_texts(400, seed=1)
+TEXTS = generated_texts(400, seed=1)
 Builds = tuple[em.BuildReport, em.BuildReport]
 
 

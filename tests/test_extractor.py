@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from torch import nn
 from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from poolbench.corpus.passage import Passage
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.batching import plan_batches
 from poolbench.extractor.extract import (
@@ -22,7 +23,6 @@ from poolbench.extractor.extract import (
     prepare_batches,
 )
 from poolbench.extractor.hook_points import HookPointError, add_hooks, capture_layer_outputs
-from poolbench.passage import Passage
 
 CORPUS = [
     "The cat sat on the mat.",

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from s3_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 
+from poolbench.config import RunConfig
+from poolbench.driver.pipeline import run_benchmark
 from poolbench.errors import StoreError
-from poolbench.pipeline import run_benchmark
-from poolbench.run_config import RunConfig
-from poolbench.store import open_store
+from poolbench.store.url import open_store
 
 CONCEPTS = ("hedging", "toxicity", "contrast")
 MANY = ("hedging", "toxicity", "contrast", "causation", "planning", "narrative", "deference", "depression",
@@ -61,7 +61,7 @@ def test_killed_worker_is_restarted_and_the_run_matches_an_undisturbed_one(tiny_
 
 def test_killed_driver_resumes_without_recomputing(tiny_llama_dir, cache, tmp_path):
     store_dir = tmp_path / "store"
-    args = [sys.executable, "-c", "from poolbench.cli import main; main()", "run", "--model", str(tiny_llama_dir),
+    args = [sys.executable, "-c", "from poolbench.cli.app import main; main()", "run", "--model", str(tiny_llama_dir),
             "--corpus-size", "tiny", "--concepts", ",".join(MANY), "--strategies", "A1_mean,P1_last",
             "--store", str(store_dir), "--bootstrap", "100", "--no-reliability", "--no-steering",
             "--torch-threads", "1", "--out", str(tmp_path / "out")]

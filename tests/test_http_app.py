@@ -12,7 +12,7 @@ import torch
 from s3_server import free_port
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from poolbench.http_app import ServiceSettings, start_serve
+from poolbench.http.app import ServiceSettings, start_serve
 from poolbench.prober.d1 import evaluate_d1
 
 POS = ["I might perhaps be wrong about this", "it could possibly rain later today", "maybe we should wait a bit",

@@ -2,8 +2,8 @@
 
 import pytest
 
-from poolbench.leaderboard import build_leaderboard, leaderboard_rows
-from poolbench.submission import build_submission
+from poolbench.results.leaderboard import build_leaderboard, leaderboard_rows
+from poolbench.results.submission import build_submission
 
 
 def cell(concept, layer, strategy, cv, test, lo=None, hi=None, probe="logistic", fb=0.0):

@@ -21,11 +21,12 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from poolbench.corpus.english import generated_texts
 from poolbench.errors import ModelLoadError
 from poolbench.extractor import embedded_model, loading
 from poolbench.extractor.loading import load_model
 
-TEXTS = embedded_model.generated_texts(200, seed=3)
+TEXTS = generated_texts(200, seed=3)
 
 
 def _byte_level_tokenizer(with_pad: bool) -> PreTrainedTokenizerFast:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from s3_server import ACCESS_KEY, REGION, SECRET_KEY
 
-from poolbench.pipeline import run_benchmark
-from poolbench.results import write_run_outputs
-from poolbench.run_config import RunConfig
-from poolbench.store import open_store
+from poolbench.config import RunConfig
+from poolbench.driver.pipeline import run_benchmark
+from poolbench.results.document import write_run_outputs
+from poolbench.store.url import open_store
 
 CONCEPTS = ("hedging", "toxicity")
 STRATEGIES = ("A1_mean", "P1_last", "P2_first")
@@ -123,7 +123,7 @@ def test_run_through_a_real_s3_server(tiny_llama_dir, local_ray, cache, tmp_path
 
 
 def test_dump_activations_and_export_submission(tiny_llama_dir, local_ray, cache, tmp_path):
-    from poolbench.cli import export_submission
+    from poolbench.cli.app import export_submission
 
     cfg = config(tiny_llama_dir, str(tmp_path / "store"), concepts=("hedging",), strategies=("A1_mean",),
                  dump_activations=True)

@@ -3,7 +3,7 @@
 import numpy as np
 import pyarrow as pa
 
-from poolbench.passage import Passage
+from poolbench.corpus.passage import Passage
 from poolbench.pooler.pooled_table import PooledTableBuilder, PooledTableView
 
 

@@ -13,9 +13,9 @@ import pytest
 from PIL import Image
 
 from poolbench.errors import PoolBenchError
-from poolbench.leaderboard import build_leaderboard
 from poolbench.prober.reliability import across_cells
-from poolbench.report import load_runs, render_report, write_report
+from poolbench.results.leaderboard import build_leaderboard
+from poolbench.results.report import load_runs, render_report, write_report
 
 CONCEPTS = ("hedging", "toxicity", "planning")
 STRATEGIES = ("A1_mean", "P1_last", "W2_last_k")

@@ -12,8 +12,8 @@ import pytest
 from s3_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer, free_port, s3_store_on
 
 from poolbench.errors import StoreError
-from poolbench.s3_store import S3Store
-from poolbench.store import open_store
+from poolbench.store.s3 import S3Store
+from poolbench.store.url import open_store
 
 
 @pytest.fixture

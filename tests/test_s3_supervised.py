@@ -11,9 +11,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from poolbench.concept_pooling import pool_concept
+from poolbench.corpus.passage import Passage
 from poolbench.extractor.loading import LoadedModel
-from poolbench.passage import Passage
+from poolbench.pooler.concept_pooling import pool_concept
 from poolbench.pooler.parses import load_nlp
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.pooler.registry import get_strategy, list_strategies

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from poolbench.prober.sae import SAE, SAEError, load_sae, save_sae, train_sae
+from poolbench.cebench.sae import SAE, SAEError, load_sae, save_sae, train_sae
 
 
 def _sae(d: int = 3, m: int = 4, seed: int = 0) -> SAE:

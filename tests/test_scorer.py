@@ -11,13 +11,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
-from poolbench.passage import Passage
+from poolbench.corpus.passage import Passage
 from poolbench.scorer import artifacts as scorer_artifacts
 from poolbench.scorer.artifacts import check_validity, ensure_scorer, load_stored_scorer, scorer_key, scorer_record
 from poolbench.scorer.encoder import bundled_minilm_path
 from poolbench.scorer.errors import ScorerError, WeakScorerError
 from poolbench.scorer.finetune import ScorerConfig
-from poolbench.store import LocalStore
+from poolbench.store.artifact_store import LocalStore
 
 POS = ["wonderful", "excellent", "superb", "delightful"]
 NEG = ["dreadful", "awful", "terrible", "boring"]
@@ -135,7 +135,7 @@ def test_bad_training_input(tiny_encoder):
 
 @pytest.mark.slow
 def test_minilm_scorer_on_embedded_concept(tmp_path):
-    from poolbench.embedded_corpus import generate_concept
+    from poolbench.corpus.embedded import generate_concept
 
     scorer = ensure_scorer(LocalStore(tmp_path / "s"), "imdb_sentiment", generate_concept("imdb_sentiment", "small"),
                            "h", ScorerConfig())
@@ -148,7 +148,7 @@ def test_serve_score_endpoint_over_http(tiny_encoder, tmp_path):
     import ray
     from ray import serve
 
-    from poolbench.scorer.serve_app import start_service
+    from poolbench.http.scorer_app import start_service
 
     store = LocalStore(tmp_path / "store")
     scorer = ensure_scorer(store, "praise", _passages(12), "h", _config(tiny_encoder, epochs=1), allow_weak=True)

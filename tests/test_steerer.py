@@ -11,8 +11,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from poolbench.corpus.passage import Passage
 from poolbench.extractor.loading import load_model
-from poolbench.passage import Passage
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.scorer.artifacts import load_stored_scorer
 from poolbench.scorer.errors import ScorerError
@@ -22,7 +22,7 @@ from poolbench.steerer.prompts import load_prompts
 from poolbench.steerer.run import SteeringConfig, prompt_seeds, run_steering
 from poolbench.steerer.sampling import RowSeededSampler
 from poolbench.steerer.worker import SteeringWorker
-from poolbench.store import LocalStore
+from poolbench.store.artifact_store import LocalStore
 
 WORDS = ("the cat sat on a mat and the dog ran to the park while birds sang in trees near the river "
          "idiot idiot idiot")
@@ -289,8 +289,8 @@ def test_vllm_and_transformers_agree_on_greedy_steered_continuations():
 @pytest.mark.slow
 def test_embedded_model_steering_raises_its_scorer(tmp_path):
     """imdb_sentiment, A1_mean DiffMean at layer 0 of the embedded model, scored by a fine-tuned MiniLM."""
-    from poolbench.concept_pooling import pool_concept
-    from poolbench.embedded_corpus import generate_concept
+    from poolbench.corpus.embedded import generate_concept
+    from poolbench.pooler.concept_pooling import pool_concept
     from poolbench.pooler.registry import resolve_strategies
     from poolbench.scorer.artifacts import ensure_scorer
 

@@ -14,9 +14,10 @@ from minio import Minio
 from pydantic import BaseModel
 from s3_server import ACCESS_KEY, REGION, SECRET_KEY
 
-from poolbench.artifact_key import artifact_key, canonical_json, hash_directory, sha256_file
 from poolbench.errors import PoolBenchError, StoreError
-from poolbench.store import SIDECAR_SUFFIX, ArtifactStore, LocalStore, open_store
+from poolbench.store.artifact_store import SIDECAR_SUFFIX, ArtifactStore, LocalStore
+from poolbench.store.keys import artifact_key, canonical_json, hash_directory, sha256_file
+from poolbench.store.url import open_store
 
 KEY = "pooled/0123abcd"
 

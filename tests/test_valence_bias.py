@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from poolbench.prober.valence_bias import ValenceBiasError, delta_var, valence, valence_bias
-from poolbench.valence_words import (
+from poolbench.corpus.word_lists import (
     DEFAULT_DOMAIN,
     DEFAULT_NEGATIVE,
     DEFAULT_POSITIVE,
@@ -17,6 +16,7 @@ from poolbench.valence_words import (
     load_word_list,
     parse_word_list,
 )
+from poolbench.valence.bias import ValenceBiasError, delta_var, valence, valence_bias
 
 
 def test_valence_by_hand():
@@ -79,7 +79,8 @@ def test_word_lists(tmp_path: Path):
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer, d=64 version of the embedded model (same tokenizer recipe and texts), trained in ~10 s."""
-    from poolbench.extractor.embedded_model import build_embedded_model, generated_texts
+    from poolbench.corpus.english import generated_texts
+    from poolbench.extractor.embedded_model import build_embedded_model
 
     out = tmp_path_factory.mktemp("models") / "tiny"
     build_embedded_model(out, generated_texts(2000), vocab_size=1024, hidden_size=64, n_layers=2, n_heads=2,
@@ -93,7 +94,7 @@ def _lists():
 
 def test_demo_outcomes_on_a_tiny_model(tiny_model: Path):
     """The cheap version of the demo check: praise of one word raises ΔVar (CI > 0); generic text does not."""
-    from poolbench.prober.valence_bias_run import DemoSettings, run_demo
+    from poolbench.valence.run import DemoSettings, run_demo
 
     outcome = run_demo(_lists(), DemoSettings(model=str(tiny_model), layer=1, n_texts=48), n_bootstrap=1000)
     praise, control = outcome.results["praise"].delta_var, outcome.results["control"].delta_var
@@ -104,7 +105,7 @@ def test_demo_outcomes_on_a_tiny_model(tiny_model: Path):
 
 def test_unencodable_word_names_file_and_line(tiny_model: Path):
     from poolbench.extractor.loading import load_model
-    from poolbench.prober.word_representations import word_representations
+    from poolbench.valence.word_representations import word_representations
 
     loaded = load_model(str(tiny_model), device="cpu", dtype="float32")
     # byte-level BPE encodes any text, so declare one of "zzyzx"'s tokens the unknown token
@@ -120,7 +121,7 @@ def test_unencodable_word_names_file_and_line(tiny_model: Path):
 @pytest.mark.slow
 def test_demo_outcomes_on_the_embedded_model():
     """The demo as `bias --demo` runs it (builds the embedded model on first use)."""
-    from poolbench.prober.valence_bias_run import DemoSettings, run_demo
+    from poolbench.valence.run import DemoSettings, run_demo
 
     outcome = run_demo(_lists(), DemoSettings(), n_bootstrap=2000)
     assert outcome.results["praise"].delta_var.ci_low > 0
@@ -134,7 +135,7 @@ def test_cli_bias_same_checkpoint_is_zero_and_bad_lists_are_named(tiny_model: Pa
     import typer
     from typer.testing import CliRunner
 
-    from poolbench.cebench_commands import bias
+    from poolbench.cli.cebench import bias
 
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command("bias")(bias)

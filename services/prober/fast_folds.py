@@ -12,14 +12,14 @@ import math
 import numpy as np
 from sklearn.utils import check_random_state
 
-from poolbench.prober.d1 import _check_folds
+from poolbench.prober.auroc import ProbeError
 
 
 def stratified_group_splits(y: np.ndarray, groups: np.ndarray, n_folds: int = 5,
                             seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     """(train_idx, val_idx) per fold, equal to d1.cv_splits(y, groups, n_folds, seed) (grouped=True)."""
     y, groups = np.asarray(y), np.asarray(groups)
-    _check_folds(y, groups, n_folds)
+    check_folds(y, groups, n_folds)
     _, y_inv, y_cnt = np.unique(y, return_inverse=True, return_counts=True)
     _, groups_inv, groups_cnt = np.unique(groups, return_inverse=True, return_counts=True)
     y_inv, groups_inv = y_inv.ravel(), groups_inv.ravel()
@@ -50,3 +50,18 @@ def stratified_group_splits(y: np.ndarray, groups: np.ndarray, n_folds: int = 5,
     fold = fold_of_group[groups_inv]
     index = np.arange(y.size)
     return [(index[fold != k], index[fold == k]) for k in range(n_folds)]
+
+
+def check_folds(y: np.ndarray, groups: np.ndarray, n_folds: int) -> None:
+    n_pos = int(y.sum())
+    n_neg = y.size - n_pos
+    if n_folds < 2:
+        raise ProbeError(f"n_folds must be >= 2, got {n_folds}")
+    if min(n_pos, n_neg) < n_folds:
+        raise ProbeError(
+            f"train split has {n_pos} pos and {n_neg} neg passages; "
+            f"{n_folds}-fold CV needs >= {n_folds} per class"
+        )
+    n_groups = np.unique(groups).size
+    if n_groups < n_folds:
+        raise ProbeError(f"train split has {n_groups} pair groups; {n_folds}-fold CV needs >= {n_folds}")

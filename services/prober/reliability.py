@@ -9,7 +9,8 @@ import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from poolbench.prober.auroc import ProbeError
-from poolbench.prober.d1 import _check_folds, _check_split
+from poolbench.prober.d1 import check_split
+from poolbench.prober.fast_folds import check_folds
 from poolbench.prober.mdl import online_codelength
 from poolbench.prober.newton_logistic import NewtonLogisticProbe, newton_logistic
 from poolbench.prober.seed_spread import seed_spread
@@ -31,11 +32,11 @@ def cell_reliability(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.
     The test split is only validated here (the statistics live on train, so they never touch D1's
     held-out judgement). Every fit is warm-started from the all-train fit.
     """
-    X_train, y_train, groups_train = _check_split("train", X_train, y_train, groups_train)
-    X_test, y_test, groups_test = _check_split("test", X_test, y_test, groups_test)
+    X_train, y_train, groups_train = check_split("train", X_train, y_train, groups_train)
+    X_test, y_test, groups_test = check_split("test", X_test, y_test, groups_test)
     if X_train.shape[1] != X_test.shape[1]:
         raise ProbeError(f"train has {X_train.shape[1]} features but test has {X_test.shape[1]}")
-    _check_folds(y_train, groups_train, n_folds)
+    check_folds(y_train, groups_train, n_folds)
     with _BLAS.limit(limits=1, user_api="blas"):
         full = NewtonLogisticProbe().fit(X_train, y_train)
         init = (full.coef_, full.intercept_)

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from poolbench.artifact_key import artifact_key
+from poolbench.corpus.passage import Passage
 from poolbench.errors import StoreError
-from poolbench.passage import Passage
-from poolbench.store import ArtifactStore
+from poolbench.store.artifact_store import ArtifactStore
+from poolbench.store.keys import artifact_key
 
 from .encoder import resolve_encoder
 from .errors import ScorerError, WeakScorerError

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 import ray
 
 from poolbench.scorer.artifacts import load_stored_scorer
-from poolbench.store import open_store
+from poolbench.store.url import open_store
 
 from .backend import GenerationSettings
 from .run import SteeringConfig, run_steering

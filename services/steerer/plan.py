@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from poolbench.corpus import Corpus
+from poolbench.corpus.layout import Corpus
 from poolbench.scorer.artifacts import ensure_scorer, scorer_record
 from poolbench.scorer.finetune import ScorerConfig
-from poolbench.store import ArtifactStore
+from poolbench.store.artifact_store import ArtifactStore
 
 from .backend import GenerationSettings
 from .d3 import neighbour_map

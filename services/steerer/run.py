@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from poolbench.artifact_key import artifact_key
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.scorer.scorer_model import ScorerModel
-from poolbench.store import ArtifactStore
+from poolbench.store.artifact_store import ArtifactStore
+from poolbench.store.keys import artifact_key
 
 from .backend import Generation, GenerationSettings
 from .d2 import D2_VERSION, DEFAULT_FLUENCY_GUARD, d2_summary, paired_delta, prompted_summary

@@ -1,0 +1,115 @@
+"""Pool one concept's passages on the fly: token activations live for one batch, pooled vectors are kept.
+
+The extractor computes only what the requested strategies need (attention inflow, gradients); parses and the
+concept's train-split statistics are prepared once per concept and handed to every batch as extras.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from poolbench.corpus.passage import Passage
+from poolbench.extractor.activations import ActivationBatch
+from poolbench.extractor.extract import extract_batches, prepare_batches
+from poolbench.extractor.loading import LoadedModel
+from poolbench.pooler.concept_context import ConceptContext
+from poolbench.pooler.iti import head_rows, head_shape
+from poolbench.pooler.parses import ParseIndex, batch_parse_extras, load_nlp, parse_table
+from poolbench.pooler.pool import pool_tokens
+from poolbench.pooler.pooled_table import PooledTableBuilder
+from poolbench.pooler.saliency import check_encoder_support, remove_first_component
+from poolbench.pooler.spec import StrategySpec
+
+POOL_VERSION = 1  # bump when extraction or pooling changes what a stored PooledTable holds
+
+
+def strategy_needs(specs: Sequence[StrategySpec]) -> frozenset[str]:
+    """The union of the specs' needs: what extraction and preparation must provide."""
+    return frozenset().union(*(spec.needs for spec in specs)) if specs else frozenset()
+
+
+def pool_concept(
+    loaded: LoadedModel,
+    passages: Sequence[Passage],
+    layers: Sequence[int],
+    specs: Sequence[StrategySpec],
+    *,
+    batch_size: int = 32,
+    max_length: int = 256,
+    metadata: dict[str, str] | None = None,
+    on_batch: Callable[[ActivationBatch], None] | None = None,
+    parses: ParseIndex | None = None,
+) -> pa.Table:
+    """Extract every requested layer in one forward per batch and pool all strategies right away.
+
+    `parses` (e.g. the cached artifact) serves strategies that need them; without it they are parsed here."""
+    specs = list(specs)
+    needs = strategy_needs(specs)
+    check_encoder_support(loaded.kind, specs)
+    batches = prepare_batches(loaded.tokenizer, passages, batch_size=batch_size, max_length=max_length)
+    if "parse" in needs and parses is None:
+        texts, ids = [p.text for p in passages], [p.id for p in passages]
+        parses = ParseIndex.from_table(parse_table(load_nlp(), texts, ids))
+    context = None
+    if "corpus" in needs:
+        context = _fit_context(passages, batches, parses)
+    builder = PooledTableBuilder(passages, loaded.hidden_size)
+    metadata = dict(metadata or {})
+    for batch in extract_batches(loaded.model, loaded.decoder_layers, batches, layers, needs=needs):
+        if "parse" in needs:
+            batch.extras.update(batch_parse_extras(parses, batch.passage_ids, batch.texts, batch.offsets,
+                                                   batch.attention_mask,
+                                                   context.word_flags if context is not None else None))
+        if context is not None:
+            batch.extras["unigram_probability"] = context.unigram_probability(batch.input_ids)
+        if on_batch is not None:
+            on_batch(batch)
+        pooled = pool_tokens(batch, specs)
+        builder.add(pooled.vectors, pooled.layers, pooled.strategy_ids, pooled.passage_ids, pooled.fallback)
+        for spec in specs:
+            if spec.supervision == "labels":
+                names, vectors = head_rows(batch, spec)
+                n_heads, head_dim = head_shape(batch)
+                metadata[f"{spec.id}:heads"], metadata[f"{spec.id}:head_dim"] = str(n_heads), str(head_dim)
+                metadata[f"{spec.id}:head_fraction"] = str(spec.param("head_fraction"))
+                builder.add(vectors, batch.layers, names, batch.passage_ids,
+                            np.zeros((len(names), len(batch.passage_ids)), dtype=bool))
+    table = builder.table(metadata)
+    for spec in specs:
+        if dict(spec.params).get("remove_first_pc") is True:
+            table = _remove_first_pc(table, spec.id)
+    return table
+
+
+def _fit_context(passages: Sequence[Passage], batches, parses: ParseIndex | None) -> ConceptContext:
+    """Train-split statistics: TF-IDF over parsed words, unigram counts over non-special model tokens."""
+    train = {p.id for p in passages if p.split == "train"}
+    token_ids = []
+    for batch in batches:
+        for row, passage_id in enumerate(batch.passage_ids):
+            if passage_id in train:
+                keep = batch.attention_mask[row] & ~batch.special_mask[row]
+                token_ids.append(batch.input_ids[row][keep].tolist())
+    concept = passages[0].concept if passages else ""
+    context = ConceptContext.fit(concept, parses, [p.id for p in passages if p.split == "train"], token_ids)
+    if parses is not None:
+        context.cache_keywords(parses, [p.id for p in passages])
+    return context
+
+
+def _remove_first_pc(table: pa.Table, strategy_id: str) -> pa.Table:
+    """SIF's common-component removal per layer, the component fitted on the strategy's train rows only."""
+    vector = table.column("vector").combine_chunks()
+    dim = vector.type.list_size
+    X = vector.values.to_numpy(zero_copy_only=False).reshape(-1, dim).copy()
+    strategy = table.column("strategy").to_numpy(zero_copy_only=False)
+    layer = table.column("layer").to_numpy(zero_copy_only=False)
+    train = table.column("split").to_numpy(zero_copy_only=False) == "train"
+    for value in np.unique(layer):
+        rows = np.flatnonzero((strategy == strategy_id) & (layer == value))
+        X[rows] = remove_first_component(X[rows], train[rows])
+    column = pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1), pa.float32()), dim)
+    return table.set_column(table.schema.get_field_index("vector"), table.schema.field("vector"), column)

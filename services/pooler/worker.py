@@ -1,0 +1,81 @@
+"""ExtractorWorker: owns one loaded model (one GPU on a cluster), turns a concept into a PooledTable artifact.
+
+A plain class so tests can drive it without Ray; the driver wraps it with `ray.remote` and `num_gpus`.
+Pooling happens in this process, so token activations never cross the object store or touch disk.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from poolbench.corpus.passage import Passage
+from poolbench.extractor.activation_dump import activation_dump_table
+from poolbench.extractor.activations import ActivationBatch
+from poolbench.extractor.loading import load_model
+from poolbench.pooler.concept_pooling import pool_concept, strategy_needs
+from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
+from poolbench.pooler.registry import (
+    load_entry_point_strategies,
+    load_strategy_module,
+    resolve_strategies,
+)
+from poolbench.store.url import open_store
+
+
+class ExtractorWorker:
+    def __init__(self, model: str, *, dtype: str = "auto", device: str = "auto",
+                 model_args: dict | None = None, torch_threads: int | None = None,
+                 strategy_modules: Sequence[str] = ()) -> None:
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        load_entry_point_strategies()  # installed plugins register in every worker process too
+        for path in strategy_modules:
+            load_strategy_module(path)
+        self.loaded = load_model(model, dtype=dtype, device=device, model_args=model_args)
+
+    def pid(self) -> int:
+        """The worker's process id, so fault-tolerance tests (and operators) can find and kill it."""
+        return os.getpid()
+
+    def info(self) -> dict:
+        """What the driver needs to plan artifact keys: identity and shape of the model."""
+        m = self.loaded
+        return {"model_id": m.model_id, "weights_hash": m.weights_hash, "n_layers": m.n_layers,
+                "hidden_size": m.hidden_size, "kind": m.kind, "dtype": str(m.dtype), "device": str(m.device)}
+
+    def pool_concept(self, concept: str, passages: Sequence[Passage], layers: Sequence[int],
+                     strategies: Sequence[str], *, store_url: str, key: str, metadata: dict[str, str],
+                     batch_size: int, max_length: int, dump_key: str | None = None) -> dict:
+        """Write the concept's PooledTable under `key` (atomically) and return a small summary."""
+        store = open_store(store_url)
+        specs = resolve_strategies(list(strategies))
+        dumped: list[pa.Table] = []
+        tokens = 0
+
+        def on_batch(batch: ActivationBatch) -> None:
+            nonlocal tokens
+            tokens += int(batch.attention_mask.sum())
+            if dump_key is not None:
+                dumped.append(activation_dump_table(batch))
+
+        start = time.perf_counter()
+        parses = None
+        if "parse" in strategy_needs(specs):  # parsed once per corpus, reused by every run and metric
+            parsed, _ = cached_parse_table(store, [p.text for p in passages], [p.id for p in passages],
+                                           corpus_hash=metadata.get("corpus", concept),
+                                           passages_digest=ids_digest([p.id for p in passages]))
+            parses = ParseIndex.from_table(parsed)
+        table = pool_concept(self.loaded, passages, layers, specs, batch_size=batch_size,
+                             max_length=max_length, metadata=metadata, on_batch=on_batch, parses=parses)
+        seconds = time.perf_counter() - start
+        if dump_key is not None:
+            store.put_table(dump_key, pa.concat_tables(dumped))
+        store.put_table(key, table)
+        return {"concept": concept, "key": key, "rows": table.num_rows, "tokens": tokens,
+                "seconds": seconds, "fallback_rows": int(pc.sum(table.column("fallback")).as_py() or 0)}

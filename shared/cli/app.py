@@ -1,0 +1,265 @@
+"""poolbench-driver: the thinnest shell over the pipeline; every error it shows is one line and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from poolbench.cli.cebench import bias, cebench, sae_train
+from poolbench.cli.reliability import flash_check, power
+from poolbench.cli.report import report
+from poolbench.cli.steering import serve_scorers, steer, train_scorers
+from poolbench.config import EMBEDDED, RunConfig
+from poolbench.errors import PoolBenchError
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  help="PoolBench: which pooling strategy captures a concept, at which layer.")
+model_app = typer.Typer(no_args_is_help=True, help="Models: build the embedded default.")
+corpus_app = typer.Typer(no_args_is_help=True, help="Corpora: write the embedded corpus to a folder.")
+app.add_typer(model_app, name="model")
+app.add_typer(corpus_app, name="corpus")
+sae_app = typer.Typer(no_args_is_help=True, help="Sparse autoencoders for CE-Bench: train one offline.")
+app.add_typer(sae_app, name="sae")
+sae_app.command("train")(sae_train)
+app.command("power")(power)
+app.command("flash-check")(flash_check)
+app.command("cebench")(cebench)
+app.command("bias")(bias)
+app.command("report")(report)
+app.command("steer")(steer)
+app.command("train-scorers")(train_scorers)
+app.command("serve-scorers")(serve_scorers)
+# Wide enough for the leaderboard when output is piped (rich falls back to 80 columns there).
+console = Console() if Console().is_terminal else Console(width=140)
+err_console = Console(stderr=True)
+
+
+def _split(values: list[str] | None) -> tuple[str, ...] | None:
+    """Accept both repeated flags and comma lists: --concepts a,b --concepts c."""
+    if not values:
+        return None
+    return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
+
+
+def _parse_model_args(text: str | None) -> dict[str, str]:
+    if not text:
+        return {}
+    pairs = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise PoolBenchError(f"--model-args: '{item}' is not key=value")
+        pairs[key.strip()] = value.strip()
+    return pairs
+
+
+@app.command()
+def run(
+    model: Annotated[str, typer.Option(help="HF id or local path; 'embedded' is the built-in model")] = EMBEDDED,
+    model_args: Annotated[str | None, typer.Option(help="from_pretrained kwargs, k=v,k=v")] = None,
+    corpus: Annotated[str, typer.Option(help="PoolBench-layout folder, or 'embedded'")] = EMBEDDED,
+    corpus_size: Annotated[str, typer.Option(help="embedded corpus size: tiny, small, full")] = "small",
+    concepts: Annotated[list[str] | None, typer.Option(help="concepts (comma list); default all")] = None,
+    layers: Annotated[list[str] | None, typer.Option(help="layer indices (comma list); default all")] = None,
+    strategies: Annotated[list[str] | None, typer.Option(help="strategy ids (comma list); default all")] = None,
+    strategy_module: Annotated[list[Path] | None, typer.Option(help="a .py file registering strategies")] = None,
+    store: Annotated[str | None, typer.Option(help="artifact store: a folder or s3://bucket/prefix")] = None,
+    out: Annotated[Path, typer.Option("--out", "--output-path", help="where results.json goes")] = Path("runs/latest"),
+    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1")] = "auto",
+    batch_size: Annotated[int, typer.Option(help="passages per forward pass")] = 32,
+    max_length: Annotated[int, typer.Option(help="truncate passages to this many tokens")] = 256,
+    limit: Annotated[int | None, typer.Option(help="at most N passages per split and class")] = None,
+    seed: Annotated[int, typer.Option(help="seed for folds, probes and bootstrap")] = 0,
+    folds: Annotated[int, typer.Option(help="cross-validation folds")] = 5,
+    bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for CIs")] = 1000,
+    address: Annotated[str | None, typer.Option(help="Ray address to join ('auto'); default: local Ray")] = None,
+    num_workers: Annotated[int | None, typer.Option(help="extractor workers (default: one per GPU, else 1)")] = None,
+    torch_threads: Annotated[int | None, typer.Option(help="torch threads per CPU worker")] = None,
+    dump_activations: Annotated[bool, typer.Option(help="also store token activations (float16 Arrow)")] = False,
+    reliability: Annotated[bool, typer.Option(help="seed spread, selectivity and MDL for every cell")] = True,
+    steering: Annotated[bool, typer.Option(help="D2/D3 after D1 (default subset; --full for every cell)")] = True,
+    full: Annotated[bool, typer.Option(help="steer every concept x strategy at its D1 layer, 50 prompts")] = False,
+    allow_weak_scorer: Annotated[bool, typer.Option(help="keep scorers with held-out AUROC < 0.7")] = False,
+    backend: Annotated[str, typer.Option(help="steering backend: transformers or vllm (GPU, extra [vllm])")]
+    = "transformers",
+    flash: Annotated[str | None, typer.Option(help="train probes on a stratified, pair-preserving fraction, e.g. 1/32")]
+    = None,
+) -> None:
+    """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json."""
+    from poolbench.driver.pipeline import run_benchmark
+    from poolbench.results.document import write_run_outputs
+
+    try:
+        cfg = RunConfig(
+            model=model, model_args=_parse_model_args(model_args), dtype=dtype, device=device, corpus=corpus,
+            corpus_size=corpus_size, concepts=_split(concepts),
+            layers=tuple(int(v) for v in _split(layers)) if layers else None,
+            strategies=_split(strategies), store=store, out=str(out), batch_size=batch_size,
+            max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=bootstrap,
+            address=address, num_workers=num_workers, torch_threads=torch_threads,
+            dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
+            allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise PoolBenchError(f"--{'-'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+    except ValueError as exc:
+        raise PoolBenchError(f"--layers: {exc}") from None
+
+    with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=console) as progress:
+        tasks: dict[str, int] = {}
+
+        def on_event(kind: str, data: dict) -> None:
+            if kind == "model" and data["building"]:
+                progress.console.print("building the embedded model (once; a few minutes on CPU) ...")
+            elif kind == "plan":
+                n = len(data["concepts"])
+                progress.console.print(
+                    f"model {data['model']['model_id']} ({data['model']['n_layers']} layers, "
+                    f"d={data['model']['hidden_size']}), {n} concepts, layers {data['layers']}, "
+                    f"{len(data['strategies'])} strategies, {data['workers']} worker(s)")
+                tasks["pooled"] = progress.add_task("pool", total=n, last="")
+                tasks["probed"] = progress.add_task("probe D1", total=n, last="")
+            elif kind == "steering_plan":
+                tasks["scorer"] = progress.add_task("scorers", total=data["scorers"], last="")
+                tasks["steered"] = progress.add_task("steer D2/D3", total=data["cells"], last="")
+            elif kind == "scorer":
+                progress.update(tasks["scorer"], advance=1,
+                                last=f"{data['concept']} (held-out AUROC {data['heldout_auroc']:.2f})")
+            elif kind == "steered":
+                scp = "null" if data["scp"] is None else f"SCP {data['scp']:+.2f}"
+                progress.update(tasks["steered"], advance=1, last=f"{data['concept']}/{data['strategy']} ({scp})")
+            elif kind in tasks:
+                note = "cached" if data.get("skipped") else f"{data.get('seconds', 0):.1f}s" \
+                    if kind == "pooled" else "done"
+                progress.update(tasks[kind], advance=1, last=f"{data['concept']} ({note})")
+
+        outcome = run_benchmark(cfg, on_event, strategy_modules=tuple(str(p) for p in strategy_module or ()))
+    paths = write_run_outputs(outcome, out)
+    leaderboard = json.loads(paths["leaderboard"].read_text())
+    _print_leaderboard(leaderboard)
+    console.print(f"computed {outcome.computed}; wrote {paths['results']} and {paths['leaderboard']}")
+
+
+def _print_leaderboard(leaderboard: dict) -> None:
+    from poolbench.results.leaderboard import leaderboard_rows
+
+    table = Table(title=f"D1 leaderboard ({leaderboard['probe']} probe, held-out AUROC at the CV-chosen layer)")
+    for column in ("rank", "strategy", "mean D1", "mean CV", "layer", "worst concept", ">50% fallback"):
+        table.add_column(column, justify="right" if column in ("rank", "mean D1", "mean CV", "layer") else "left")
+    for row in leaderboard_rows(leaderboard):
+        table.add_row(*row)
+    console.print(table)
+
+
+@app.command()
+def leaderboard(run_dir: Annotated[Path, typer.Argument(help="a run's --out folder")]) -> None:
+    """Print the leaderboard of a finished run."""
+    path = run_dir / "leaderboard.json"
+    if not path.is_file():
+        raise PoolBenchError(f"no leaderboard.json in {run_dir}")
+    _print_leaderboard(json.loads(path.read_text()))
+
+
+@app.command("validate-corpus")
+def validate_corpus_cmd(
+    directory: Annotated[Path, typer.Argument(help="a PoolBench-layout corpus folder")],
+    tokenizer: Annotated[str | None, typer.Option(help="HF tokenizer id or path for token checks")] = None,
+    max_tokens: Annotated[int | None, typer.Option(help="the token window passages must fit")] = None,
+) -> None:
+    """Check schema, labels, splits, duplicates, pairs, domains and balance; exit 1 on hard errors."""
+    from poolbench.corpus.validation import render_findings, validate_corpus
+
+    tok = None
+    if tokenizer:
+        from poolbench.extractor.loading import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+    findings = validate_corpus(directory, tokenizer=tok, max_tokens=max_tokens)
+    if console.is_terminal:
+        console.print(render_findings(findings))
+    else:  # piped or captured: one grep-able line per finding, never wrapped
+        for finding in sorted(findings, key=lambda f: (f.severity != "error", f.file, f.line or 0)):
+            console.print(str(finding), soft_wrap=True, markup=False, highlight=False)
+    errors = [f for f in findings if f.severity == "error"]
+    console.print(f"{len(errors)} error(s), {len(findings) - len(errors)} warning(s) in {directory}", soft_wrap=True)
+    if errors:
+        raise typer.Exit(1)
+
+
+@corpus_app.command("build")
+def corpus_build(
+    out: Annotated[Path, typer.Option(help="folder to write the PoolBench layout into")],
+    size: Annotated[str, typer.Option(help="tiny, small or full")] = "small",
+    seed: Annotated[int, typer.Option(help="generator seed")] = 0,
+) -> None:
+    """Write the embedded 17-concept corpus in the PoolBench layout."""
+    from poolbench.corpus.embedded import generate_embedded_corpus
+    from poolbench.corpus.layout import write_corpus
+
+    if size not in ("tiny", "small", "full"):
+        raise PoolBenchError(f"--size '{size}' is not one of tiny, small, full")
+    corpus = generate_embedded_corpus(size=size, seed=seed)
+    write_corpus(out, corpus)
+    console.print(f"wrote {sum(len(v) for v in corpus.values())} passages of {len(corpus)} concepts to {out}")
+
+
+@model_app.command("build")
+def model_build() -> None:
+    """Train the embedded Llama-architecture model (deterministic, CPU, minutes) and report its perplexity."""
+    from poolbench.extractor.embedded_model import ensure_embedded_model
+
+    path = ensure_embedded_model()
+    report = json.loads((path / "poolbench_build.json").read_text())
+    console.print(f"embedded model at {path}: held-out perplexity {report['heldout_perplexity']:.2f}, "
+                  f"{report.get('train_seconds', 0):.0f}s to train")
+
+
+@app.command("export-submission")
+def export_submission(
+    strategy: Annotated[str, typer.Option(help="strategy id, e.g. A1_mean")],
+    model_key: Annotated[str, typer.Option(help="llama3_8b, gemma2_9b, mistral_7b, qwen25_7b, ...")],
+    run_dir: Annotated[Path, typer.Option("--run", help="a finished run's --out folder")] = Path("runs/latest"),
+    source: Annotated[str, typer.Option(help="where the strategy comes from (paper, repo)")] = "poolbench",
+    out: Annotated[Path | None, typer.Option(help="file to write; default <run>/submission_<strategy>.json")] = None,
+) -> None:
+    """Write one strategy's results in the PoolBench community-submission format."""
+    from poolbench.results.document import write_json_atomic
+    from poolbench.results.submission import build_submission
+
+    lb_path, res_path = run_dir / "leaderboard.json", run_dir / "results.json"
+    for path in (lb_path, res_path):
+        if not path.is_file():
+            raise PoolBenchError(f"no {path.name} in {run_dir}")
+    info = {s["id"]: s for s in json.loads(res_path.read_text())["strategies"]}
+    if strategy not in info:
+        raise PoolBenchError(f"strategy '{strategy}' was not run in {run_dir} (ran: {', '.join(info)})")
+    submission = build_submission(json.loads(lb_path.read_text()), strategy, model_key, source, info[strategy])
+    target = out or run_dir / f"submission_{strategy}.json"
+    write_json_atomic(target, submission.model_dump(mode="json"))
+    console.print(f"wrote {target}")
+
+
+def main() -> None:
+    # Our own progress display is the one a person reads: no per-model loading bars from HF or workers.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    try:
+        app()
+    except PoolBenchError as exc:
+        # An error raised inside a Ray worker arrives wrapped (RayTaskError): show the worker's own line.
+        cause = getattr(exc, "cause", None)
+        message = str(cause if isinstance(cause, PoolBenchError) else exc).strip().splitlines()[0]
+        err_console.print(f"error: {message}", highlight=False, markup=False, soft_wrap=True)
+        sys.exit(1)

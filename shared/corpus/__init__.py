@@ -1,0 +1,1 @@
+"""The corpus in the PoolBench layout: passages, loading, validation, and the embedded generator (library)."""

@@ -1,0 +1,50 @@
+"""Where a run's corpus comes from: a PoolBench-layout folder, or the embedded one materialised in the cache."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from poolbench.config import EMBEDDED, cache_dir
+from poolbench.corpus.embedded import GENERATOR_VERSION, generate_embedded_corpus
+from poolbench.corpus.layout import Corpus, load_corpus, write_corpus
+from poolbench.corpus.passage import Passage
+from poolbench.errors import CorpusError
+
+EMBEDDED_CORPUS_SEED = 0
+
+
+def embedded_corpus_dir(size: str) -> Path:
+    """Generate the embedded corpus once into the cache, in the same layout a downloaded corpus has."""
+    root = cache_dir() / "corpora" / f"embedded-v{GENERATOR_VERSION}-{size}-seed{EMBEDDED_CORPUS_SEED}"
+    if not root.exists():
+        write_corpus(root, generate_embedded_corpus(size=size, seed=EMBEDDED_CORPUS_SEED))
+    return root
+
+
+def open_corpus(source: str, size: str = "small", concepts: Sequence[str] | None = None) -> Corpus:
+    root = embedded_corpus_dir(size) if source == EMBEDDED else Path(source)
+    if not root.is_dir():
+        raise CorpusError(f"corpus directory '{root}' does not exist")
+    return load_corpus(root, concepts)
+
+
+def limit_passages(passages: Sequence[Passage], limit: int | None) -> list[Passage]:
+    """At most `limit` passages per (split, label), keeping matched pairs whole, in corpus order."""
+    if limit is None:
+        return list(passages)
+    kept: list[Passage] = []
+    for split in ("train", "test"):
+        pos = [p for p in passages if p.split == split and p.label == 1][:limit]
+        pair_ids = {p.matched_pair_id for p in pos if p.matched_pair_id}
+        neg_all = [p for p in passages if p.split == split and p.label == 0]
+        twins = [p for p in neg_all if p.matched_pair_id in pair_ids]
+        others = [p for p in neg_all if p.matched_pair_id not in pair_ids]
+        kept.extend(pos + (twins + others)[:limit])
+    return kept
+
+
+def passages_digest(passages: Sequence[Passage]) -> str:
+    """Identifies the exact passage subset a run used (a --limit run must not reuse a full run's artifacts)."""
+    return hashlib.sha256("\n".join(p.id for p in passages).encode()).hexdigest()[:16]

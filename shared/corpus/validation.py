@@ -1,0 +1,242 @@
+"""Deep checks of a corpus folder, reported as findings (never raised) so one run lists every defect.
+
+Errors are defects that make a probe result untrustworthy (leakage, label noise, broken pairs);
+warnings are smells worth a look (imbalance, stale token counts, duplicates within one class).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from rich.table import Table
+
+from poolbench.corpus.layout import FIELD_TYPES, FILE_STEMS, discover_concepts, iter_jsonl, schema_problems
+from poolbench.corpus.passage import LABEL_NAMES
+from poolbench.errors import CorpusError
+
+Severity = Literal["error", "warning"]
+
+MIN_DOMAINS = 3
+MAX_CLASS_RATIO = 1.5
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One defect: where it is (file relative to the root, 1-based line, field) and what is wrong."""
+
+    severity: Severity
+    file: str
+    line: int | None
+    field: str | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.file + (f":{self.line}" if self.line is not None else "")
+        return f"{self.severity}: {where}: {self.field or '-'}: {self.message}"
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A schema-valid record and where it came from."""
+
+    file: str
+    line: int
+    stem: str
+    record: dict[str, Any]
+
+
+def normalise_text(text: str) -> str:
+    """Lowercase, whitespace-collapsed text: the identity used for duplicate detection."""
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def text_digest(text: str) -> str:
+    """MD5 of the normalised text (a fingerprint, not a security hash)."""
+    return hashlib.md5(normalise_text(text).encode()).hexdigest()
+
+
+def _count_tokens(tokenizer: Any, text: str) -> int:
+    """Token count of an HF tokenizer without special tokens, matching what the extractor pools."""
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _read_rows(root: Path, concept: str, findings: list[Finding], lines: Counter) -> list[_Row]:
+    """Parse a concept's files into schema-valid rows; missing files, bad JSON and schema problems
+    become findings, and `lines` counts every record line per file so balance ignores broken records."""
+    rows: list[_Row] = []
+    for stem in FILE_STEMS:
+        rel = f"{concept}/{stem}.jsonl"
+        path = root / rel
+        if not path.is_file():
+            findings.append(Finding("error", rel, None, None, "missing file"))
+            continue
+        for line_no, record, error in iter_jsonl(path):
+            lines[stem] += 1
+            if error is not None:
+                findings.append(Finding("error", rel, line_no, None, error))
+                continue
+            problems = schema_problems(record)
+            for name, message in problems:
+                findings.append(Finding("error", rel, line_no, name, message))
+            if problems:
+                continue
+            assert isinstance(record, dict)
+            for extra in sorted(set(record) - set(FIELD_TYPES)):
+                findings.append(Finding("warning", rel, line_no, extra, "unknown field is ignored"))
+            rows.append(_Row(rel, line_no, stem, record))
+    return rows
+
+
+def _check_records(rows: list[_Row], findings: list[Finding], tokenizer: Any, max_tokens: int | None) -> None:
+    """Per-record rules: label/split vs file name, empty text, token counts."""
+    for row in rows:
+        r = row.record
+        split, label_name = row.stem.split("_")
+        if LABEL_NAMES.get(r["label"]) != label_name:
+            findings.append(Finding("error", row.file, row.line, "label",
+                                    f"label {r['label']} in a {label_name} file"))
+        if r["split"] != split:
+            findings.append(Finding("error", row.file, row.line, "split",
+                                    f"split {r['split']!r} in a {split} file"))
+        if not r["text"].strip():
+            findings.append(Finding("error", row.file, row.line, "text", "empty text"))
+            continue
+        if r["token_count"] < 0:
+            findings.append(Finding("error", row.file, row.line, "token_count", "negative token_count"))
+        n_tokens = r["token_count"]
+        if tokenizer is not None:
+            n_tokens = _count_tokens(tokenizer, r["text"])
+            if n_tokens != r["token_count"]:
+                message = f"token_count {r['token_count']} but the tokenizer counts {n_tokens}"
+                findings.append(Finding("warning", row.file, row.line, "token_count", message))
+        if max_tokens is not None and n_tokens > max_tokens:
+            findings.append(Finding("error", row.file, row.line, "text",
+                                    f"{n_tokens} tokens exceeds max_tokens {max_tokens}"))
+
+
+def _check_duplicates(rows: list[_Row], findings: list[Finding], seen_ids: dict[str, str]) -> None:
+    """Duplicate ids (corpus-wide); duplicate texts in a class (warning) or across labels/splits (error)."""
+    first_text: dict[str, _Row] = {}
+    for row in rows:
+        where = f"{row.file}:{row.line}"
+        rid = row.record["id"]
+        if rid in seen_ids:
+            message = f"duplicate id {rid!r} (first at {seen_ids[rid]})"
+            findings.append(Finding("error", row.file, row.line, "id", message))
+        else:
+            seen_ids[rid] = where
+        digest = text_digest(row.record["text"])
+        if not row.record["text"].strip():
+            continue
+        first = first_text.get(digest)
+        if first is None:
+            first_text[digest] = row
+            continue
+        f_split, f_label = first.stem.split("_")
+        split, label = row.stem.split("_")
+        if f_split != split:
+            findings.append(Finding("error", row.file, row.line, "text",
+                                    f"text duplicates {first.file}:{first.line} across train/test (leakage)"))
+        elif f_label != label:
+            findings.append(Finding("error", row.file, row.line, "text",
+                                    f"text duplicates {first.file}:{first.line} with the opposite label"))
+        else:
+            findings.append(Finding("warning", row.file, row.line, "text",
+                                    f"text duplicates {first.file}:{first.line} within its class"))
+
+
+def _check_pairs(rows: list[_Row], findings: list[Finding]) -> None:
+    """A matched pair is exactly one positive and one negative of the same split."""
+    members: dict[str, list[_Row]] = defaultdict(list)
+    for row in rows:
+        pair_id = row.record["matched_pair_id"]
+        if pair_id is not None:
+            members[pair_id].append(row)
+    for pair_id, rows_of_pair in members.items():
+        first = rows_of_pair[0]
+        at = f"{first.file}:{first.line}"
+        if len(rows_of_pair) == 1:
+            findings.append(Finding("error", first.file, first.line, "matched_pair_id",
+                                    f"pair {pair_id!r} has only one member"))
+            continue
+        for extra in rows_of_pair[2:]:
+            findings.append(Finding("error", extra.file, extra.line, "matched_pair_id",
+                                    f"pair {pair_id!r} has more than two members (first at {at})"))
+        second = rows_of_pair[1]
+        if second.record["split"] != first.record["split"]:
+            findings.append(Finding("error", second.file, second.line, "matched_pair_id",
+                                    f"pair {pair_id!r} straddles splits (partner at {at})"))
+        if second.record["label"] == first.record["label"]:
+            findings.append(Finding("error", second.file, second.line, "matched_pair_id",
+                                    f"pair {pair_id!r} members share a label (partner at {at})"))
+
+
+def _check_concept_level(concept: str, rows: list[_Row], lines: Counter, findings: list[Finding]) -> None:
+    """Domain coverage and class balance, which only make sense over a whole concept."""
+    domains = sorted({row.record["domain"] for row in rows})
+    if rows and len(domains) < MIN_DOMAINS:
+        findings.append(Finding("error", concept, None, "domain",
+                                f"{len(domains)} domain(s) ({', '.join(domains)}); need >= {MIN_DOMAINS}"))
+    for split in ("train", "test"):
+        n_pos, n_neg = lines[f"{split}_pos"], lines[f"{split}_neg"]
+        if n_pos == 0 or n_neg == 0:
+            findings.append(Finding("error", concept, None, "label",
+                                    f"{split} has {n_pos} positives and {n_neg} negatives"))
+        elif max(n_pos, n_neg) / min(n_pos, n_neg) > MAX_CLASS_RATIO:
+            findings.append(Finding("warning", concept, None, "label",
+                                    f"{split} class ratio {n_pos}:{n_neg} exceeds {MAX_CLASS_RATIO}"))
+
+
+def validate_corpus(root: Path | str, tokenizer: Any = None, max_tokens: int | None = None) -> list[Finding]:
+    """Every finding for every concept under `root`; the caller exits non-zero when any is an error."""
+    root = Path(root)
+    try:
+        concepts = discover_concepts(root)
+    except CorpusError as exc:
+        return [Finding("error", str(root), None, None, str(exc))]
+    if not concepts:
+        return [Finding("error", str(root), None, None, "no concept folders")]
+    findings: list[Finding] = []
+    seen_ids: dict[str, str] = {}
+    for concept in concepts:
+        lines: Counter = Counter()
+        rows = _read_rows(root, concept, findings, lines)
+        _check_records(rows, findings, tokenizer, max_tokens)
+        _check_duplicates(rows, findings, seen_ids)
+        _check_pairs(rows, findings)
+        _check_concept_level(concept, rows, lines, findings)
+    return findings
+
+
+def has_errors(findings: Iterable[Finding]) -> bool:
+    """Whether any finding is a hard error (the CLI then exits 1)."""
+    return any(f.severity == "error" for f in findings)
+
+
+def summarize_findings(findings: list[Finding]) -> str:
+    """One line for the end of a validation run."""
+    n_err = sum(f.severity == "error" for f in findings)
+    n_warn = len(findings) - n_err
+    files = len({f.file for f in findings})
+    if not findings:
+        return "corpus OK: no findings"
+    return f"{n_err} error(s), {n_warn} warning(s) in {files} file(s)"
+
+
+def render_findings(findings: list[Finding]) -> Table:
+    """A rich table of findings, errors first, for the CLI."""
+    table = Table(title="Corpus validation", caption=summarize_findings(findings))
+    for column in ("severity", "file", "line", "field", "message"):
+        table.add_column(column, overflow="fold")
+    order = sorted(findings, key=lambda f: (f.severity != "error", f.file, f.line or 0))
+    for f in order:
+        style = "red" if f.severity == "error" else "yellow"
+        table.add_row(f.severity, f.file, "" if f.line is None else str(f.line), f.field or "", f.message,
+                      style=style)
+    return table

@@ -1,0 +1,1 @@
+"""The driver: plan cells, run them on Ray, collect typed records (application)."""

@@ -1,0 +1,1 @@
+"""The one Ray Serve / FastAPI application that serves PoolBench over HTTP (application)."""

@@ -1,0 +1,308 @@
+"""PoolBench over HTTP: one Ray Serve application with a FastAPI ingress (/pool, /probe, /score, /generate).
+
+The handlers are thin: they validate (pydantic, size limits), load a model once per replica, and call the same
+pure functions the batch pipeline uses (pool_concept, probe_pooled_table, ScorerModel, TransformersBackend).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from typing import Annotated
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from poolbench.errors import PoolBenchError
+
+APP_NAME = "poolbench"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+class RequestError(PoolBenchError):
+    """A well-formed request the service cannot serve as asked (too big, wrong layer): HTTP 422."""
+
+
+class NotServed(PoolBenchError):
+    """A model or scorer this service was not configured with: HTTP 404."""
+
+
+class ServiceSettings(BaseModel):
+    """What the service may load and how big a request may be; fixed when the application is built."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    models: tuple[str, ...] = ("embedded",)  # ids/paths a request may name: nothing else is ever loaded
+    scorers: dict[str, str] = Field(default_factory=dict)  # concept -> scorer folder (classifier B)
+    max_texts: int = Field(256, ge=1)
+    max_chars: int = Field(4000, ge=1)
+    max_body_bytes: int = Field(2_000_000, ge=1024)
+    max_new_tokens: int = Field(64, ge=1)
+    max_bootstrap: int = Field(2000, ge=0)
+    max_loaded_models: int = Field(2, ge=1)
+    batch_size: int = Field(16, ge=1)
+    max_length: int = Field(256, ge=8)
+    device: str = "auto"
+    dtype: str = "auto"
+
+
+Text = Annotated[str, StringConstraints(min_length=1)]
+
+
+class PoolRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = "embedded"
+    layer: int = Field(ge=0)
+    strategy: str = "A1_mean"
+    texts: list[Text] = Field(min_length=1)
+
+
+class LabelledText(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: Text
+    label: int = Field(ge=0, le=1)
+    split: str = Field(pattern="^(train|test)$")
+    group: str | None = None  # matched_pair_id: a pair stays in one fold and resamples together
+
+
+class ProbeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = "embedded"
+    layer: int = Field(ge=0)
+    strategy: str = "A1_mean"
+    items: list[LabelledText] = Field(min_length=4)
+    n_folds: int = Field(5, ge=2, le=10)
+    seed: int = 0
+    n_bootstrap: int = Field(1000, ge=0)
+
+    @model_validator(mode="after")
+    def _both_classes_in_both_splits(self) -> ProbeRequest:
+        for split in ("train", "test"):
+            labels = {i.label for i in self.items if i.split == split}
+            if labels != {0, 1}:
+                raise ValueError(f"items: the {split} split needs both labels 0 and 1, has {sorted(labels)}")
+        return self
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    concept: str
+    texts: list[Text] = Field(min_length=1)
+
+
+class GenerateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    model: str = "embedded"
+    prompts: list[Text] = Field(min_length=1)
+    layer: int = Field(ge=0)
+    vector: list[float] | None = None  # the steering direction (hidden_size floats); None: unsteered
+    alpha: float = 0.0
+    max_new_tokens: int = Field(16, ge=1)
+    temperature: float = Field(0.7, gt=0)
+    greedy: bool = False
+    seed: int = 0
+
+
+def _one_line_validation(errors: list[dict]) -> str:
+    """The first few pydantic errors as 'loc: message' in one line."""
+    parts = []
+    for err in errors[:3]:
+        loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
+    return "; ".join(parts) + more
+
+
+class ModelCache:
+    """Loaded models by id, least recently used dropped first; one lock so two requests never load twice."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self._models: OrderedDict[str, object] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, model: str):
+        from poolbench.extractor.loading import load_model
+
+        if model not in self.settings.models:
+            raise NotServed(f"model '{model}' is not served here (served: {', '.join(self.settings.models)})")
+        with self._lock:
+            if model not in self._models:
+                self._models[model] = load_model(model, dtype=self.settings.dtype, device=self.settings.device)
+                while len(self._models) > self.settings.max_loaded_models:
+                    self._models.popitem(last=False)
+            self._models.move_to_end(model)
+            return self._models[model]
+
+
+def _check_sizes(settings: ServiceSettings, texts: list[str], what: str) -> None:
+    if len(texts) > settings.max_texts:
+        raise RequestError(f"{what}: {len(texts)} entries, at most {settings.max_texts} per request")
+    long = [i for i, t in enumerate(texts) if len(t) > settings.max_chars]
+    if long:
+        raise RequestError(f"{what}[{long[0]}]: {len(texts[long[0]])} characters, at most {settings.max_chars}")
+
+
+def _spec(strategy: str):
+    from poolbench.pooler.registry import resolve_strategies
+
+    spec = resolve_strategies([strategy])[0]
+    return spec
+
+
+def _pool(loaded, settings: ServiceSettings, texts: list[str], labels: list[int], splits: list[str],
+          groups: list[str | None], layer: int, strategy: str):
+    """A PooledTable for ad-hoc texts: the batch pipeline's pool_concept on one layer and one strategy."""
+    from poolbench.corpus.passage import Passage
+    from poolbench.pooler.concept_pooling import pool_concept
+
+    if layer >= loaded.n_layers:
+        raise RequestError(f"layer: {layer} out of range for '{loaded.model_id}' ({loaded.n_layers} layers)")
+    passages = [Passage(id=f"t{i}", text=t, label=y, domain="http", token_count=0, matched_pair_id=g,
+                        split=s, concept="http") for i, (t, y, s, g) in enumerate(zip(texts, labels, splits, groups,
+                                                                                       strict=True))]
+    return pool_concept(loaded, passages, [layer], [_spec(strategy)], batch_size=settings.batch_size,
+                        max_length=settings.max_length)
+
+
+def build_api(settings: ServiceSettings) -> FastAPI:
+    """The FastAPI app (usable without Ray: tests and `uvicorn` can mount it directly)."""
+    api = FastAPI(title="PoolBench", version="1", description="Pooling, D1 probes, classifier B and steering.")
+    models = ModelCache(settings)
+    scorers: dict[str, object] = {}
+
+    @api.middleware("http")
+    async def limit_body(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
+            return JSONResponse(status_code=413, content={
+                "detail": f"request body is {length} bytes, at most {settings.max_body_bytes}"})
+        return await call_next(request)
+
+    @api.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError):
+        errors = exc.errors()
+        return JSONResponse(status_code=422, content={
+            "detail": _one_line_validation(errors),
+            "errors": [{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors]})
+
+    @api.exception_handler(NotServed)
+    async def not_served(_: Request, exc: NotServed):
+        return JSONResponse(status_code=404, content={"detail": str(exc)})
+
+    @api.exception_handler(PoolBenchError)
+    async def poolbench_error(_: Request, exc: PoolBenchError):
+        return JSONResponse(status_code=422, content={"detail": str(exc).splitlines()[0]})
+
+    @api.get("/healthz")
+    def healthz() -> dict:
+        return {"status": "ok", "models": list(settings.models), "scorers": sorted(settings.scorers)}
+
+    @api.post("/pool")
+    def pool(req: PoolRequest) -> dict:
+        """Pooled vectors of `texts` at one layer with one strategy, in input order."""
+        from poolbench.pooler.pooled_table import PooledTableView
+
+        _check_sizes(settings, req.texts, "texts")
+        spec = _spec(req.strategy)
+        if spec.supervision != "none" or "corpus" in spec.needs:
+            raise RequestError(f"strategy: {spec.id} needs labels or corpus statistics; use /probe or a run")
+        started = time.perf_counter()
+        loaded = models.get(req.model)
+        n = len(req.texts)
+        table = _pool(loaded, settings, req.texts, [0] * n, ["test"] * n, [None] * n, req.layer, spec.id)
+        cell = PooledTableView(table).matrix(req.layer, spec.id)
+        order = np.argsort([int(p[1:]) for p in cell.passage_ids])
+        return {"model_id": loaded.model_id, "layer": req.layer, "strategy": spec.id, "dim": int(cell.X.shape[1]),
+                "vectors": cell.X[order].astype(float).tolist(), "fallback": cell.fallback[order].tolist(),
+                "seconds": time.perf_counter() - started}
+
+    @api.post("/probe")
+    def probe(req: ProbeRequest) -> dict:
+        """D1 of one cell on labelled texts: grouped CV AUROC on train, held-out AUROC with a bootstrap CI."""
+        from poolbench.prober.concept_probe import probe_pooled_table
+
+        _check_sizes(settings, [i.text for i in req.items], "items")
+        if req.n_bootstrap > settings.max_bootstrap:
+            raise RequestError(f"n_bootstrap: {req.n_bootstrap}, at most {settings.max_bootstrap}")
+        spec = _spec(req.strategy)
+        started = time.perf_counter()
+        loaded = models.get(req.model)
+        items = req.items
+        table = _pool(loaded, settings, [i.text for i in items], [i.label for i in items],
+                      [i.split for i in items], [i.group for i in items], req.layer, spec.id)
+        records = probe_pooled_table(table, "http", n_folds=req.n_folds, seed=req.seed, n_bootstrap=req.n_bootstrap)
+        keep = ("probe", "cv_auroc", "test_auroc", "ci_low", "ci_high", "ci_level", "n_train", "n_test",
+                "fallback_rate")
+        return {"model_id": loaded.model_id, "layer": req.layer, "strategy": spec.id,
+                "probes": {r["probe"]: {k: r[k] for k in keep} for r in records},
+                "seconds": time.perf_counter() - started}
+
+    @api.post("/score")
+    def score(req: ScoreRequest) -> dict:
+        """Classifier B's P(concept | text) for each text."""
+        from poolbench.scorer.scorer_model import ScorerModel
+
+        _check_sizes(settings, req.texts, "texts")
+        if req.concept not in settings.scorers:
+            raise NotServed(f"no scorer for concept '{req.concept}' "
+                              f"(configured: {', '.join(sorted(settings.scorers)) or 'none'})")
+        if req.concept not in scorers:
+            scorers[req.concept] = ScorerModel.load(settings.scorers[req.concept])
+        scorer = scorers[req.concept]
+        return {"concept": req.concept, "scores": scorer.score(req.texts).tolist(),
+                "heldout_auroc": scorer.info.get("heldout_auroc")}
+
+    @api.post("/generate")
+    def generate(req: GenerateRequest) -> dict:
+        """Continuations with alpha * vector added to the output of `layer` (the steerer's backend)."""
+        from poolbench.steerer.backend import GenerationSettings
+        from poolbench.steerer.transformers_backend import TransformersBackend
+
+        _check_sizes(settings, req.prompts, "prompts")
+        if req.max_new_tokens > settings.max_new_tokens:
+            raise RequestError(f"max_new_tokens: {req.max_new_tokens}, at most {settings.max_new_tokens}")
+        loaded = models.get(req.model)
+        delta = None
+        if req.vector is not None and req.alpha != 0:
+            if len(req.vector) != loaded.hidden_size:
+                raise RequestError(f"vector: {len(req.vector)} floats, the model's hidden size is {loaded.hidden_size}")
+            delta = req.alpha * np.asarray(req.vector, dtype=np.float32)
+        gen = GenerationSettings(max_new_tokens=req.max_new_tokens, temperature=req.temperature, greedy=req.greedy)
+        seeds = [req.seed + i for i in range(len(req.prompts))]
+        out = TransformersBackend(loaded).generate(req.prompts, layer=req.layer, delta=delta, seeds=seeds,
+                                                   settings=gen)
+        return {"model_id": loaded.model_id, "layer": req.layer, "alpha": req.alpha,
+                "generations": [{"prompt": g.prompt, "text": g.text} for g in out]}
+
+    return api
+
+
+def serve_application(settings: ServiceSettings, *, num_cpus: float = 1.0):
+    """The Serve application: one deployment whose ingress is the FastAPI app above."""
+    from ray import serve
+
+    api = build_api(settings)
+
+    @serve.deployment(name="PoolBenchIngress", num_replicas=1, ray_actor_options={"num_cpus": num_cpus})
+    @serve.ingress(api)
+    class PoolBenchIngress:
+        """Holds the models of one replica; every route is the FastAPI handler."""
+
+    return PoolBenchIngress.bind()
+
+
+def start_serve(settings: ServiceSettings, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
+                num_cpus: float = 1.0) -> str:
+    """Start Serve's HTTP proxy on host:port (Ray must be connected) and deploy; returns the base URL."""
+    from ray import serve
+
+    serve.start(http_options={"host": host, "port": port})
+    serve.run(serve_application(settings, num_cpus=num_cpus), name=APP_NAME, route_prefix="/", blocking=False)
+    return f"http://{host}:{port}"

@@ -1,0 +1,1 @@
+"""results.json, the leaderboard, the HTML report and the submission format (application)."""

@@ -1,0 +1,81 @@
+"""results.json and leaderboard.json, lm-evaluation-harness style: every number with its provenance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from poolbench.atomic_write import write_json_atomic
+from poolbench.driver.pipeline import RunOutcome
+from poolbench.prober.reliability import across_cells
+from poolbench.provenance import git_hash, package_versions, utc_now
+from poolbench.results.leaderboard import build_leaderboard
+
+RESULTS_SCHEMA_VERSION = 1
+
+
+def strategy_info(outcome: RunOutcome) -> dict[str, dict]:
+    return {s["id"]: s for s in outcome.strategies}
+
+
+def _across_cells(records: list[dict]) -> dict:
+    """Win rate and significance compare strategies: with one strategy there is nothing to compare."""
+    if len({r["strategy"] for r in records}) < 2:
+        return {"skipped": "win rate and significance need at least two strategies", "win_rate": {}}
+    return across_cells(records)
+
+
+def _steering_sections(steering: dict | None) -> dict:
+    """D2, D3 and the scorers' validity, when the run steered (absent with --no-steering)."""
+    if steering is None:
+        return {}
+    return {"scorers": steering["scorers"], "d2": steering["d2"], "d3": steering["d3"],
+            "steering": {k: steering[k] for k in ("steering_config", "subset", "timing")}}
+
+
+def results_document(outcome: RunOutcome) -> dict:
+    return {
+        "schema_version": RESULTS_SCHEMA_VERSION,
+        "date": utc_now(),
+        "git_hash": git_hash(),
+        "versions": package_versions(),
+        "config": outcome.config.model_dump(mode="json"),
+        "seed": outcome.config.seed,
+        "model": outcome.model,
+        "corpus": outcome.corpus,
+        "layers": outcome.layers,
+        "strategies": outcome.strategies,
+        "store": outcome.store,
+        "artifacts": outcome.artifacts,
+        "computed": outcome.computed,
+        "timing": outcome.timing,
+        "metrics": {
+            "d1": "probe AUROC: cv_auroc = out-of-fold on train (5-fold, grouped by matched_pair_id); "
+                  "test_auroc = fit on train, scored on the held-out split; ci = 95% pair-grouped bootstrap",
+        },
+        "reliability": _across_cells(outcome.records),
+        "cells": outcome.records,
+        **_steering_sections(outcome.steering),
+    }
+
+
+def write_run_outputs(outcome: RunOutcome, out_dir: Path) -> dict[str, Path]:
+    results = results_document(outcome)
+    leaderboard = build_leaderboard(outcome.records, strategy_info=strategy_info(outcome))
+    reliability = results["reliability"]
+    friedman = reliability.get("friedman") or {}
+    for row in leaderboard["strategies"]:
+        row["win_rate"] = reliability["win_rate"].get(row["strategy"])
+        row["average_rank"] = friedman.get("average_ranks", {}).get(row["strategy"])
+    leaderboard.update({"model": outcome.model, "corpus_hash": outcome.corpus["hash"],
+                        "git_hash": results["git_hash"], "date": results["date"],
+                        "friedman": reliability.get("friedman")})
+    if outcome.steering is not None:
+        from poolbench.steerer.plan import steering_summary
+
+        leaderboard["steering"] = steering_summary(outcome.steering["d2"], outcome.steering["d3"])
+        leaderboard["scorers"] = {s["concept"]: {"heldout_auroc": s["heldout_auroc"], "valid": s["valid"]}
+                                  for s in outcome.steering["scorers"]}
+    paths = {"results": out_dir / "results.json", "leaderboard": out_dir / "leaderboard.json"}
+    write_json_atomic(paths["results"], results)
+    write_json_atomic(paths["leaderboard"], leaderboard)
+    return paths

@@ -1,0 +1,473 @@
+"""The artifact store: durable, integrity-checked Arrow / JSON / bytes / directory artifacts by logical key.
+
+Layout (the same relative names on every backend; a LocalStore root and an S3 bucket+prefix look alike):
+
+    <key>.bin                      put_bytes
+    <key>.json                     put_json
+    <key>.arrow                    put_table (Arrow IPC file format, provenance in the schema metadata)
+    <key>.dir/<relative path>      put_dir: every file of the directory ...
+    <key>.dir/MANIFEST.json        ... then the manifest (sha256 + size of every file), written LAST
+
+Keys are extension-less and dot-free (see ``poolbench.store.keys``), so a suffix always says what an
+object is. Every object carries the sha256 of its content (LocalStore: a ``<name>.poolbench-meta.json``
+sidecar written before the content; S3: object metadata) and every get verifies it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+import pyarrow as pa
+
+from poolbench.errors import StoreError
+from poolbench.store.arrow_tables import ipc_bytes_to_table, table_to_ipc_bytes, with_provenance
+from poolbench.store.keys import iter_files, sha256_bytes, sha256_file, validate_key
+
+SUFFIX_BYTES = ".bin"
+SUFFIX_JSON = ".json"
+SUFFIX_TABLE = ".arrow"
+SUFFIX_DIR = ".dir"
+BLOB_SUFFIXES = (SUFFIX_TABLE, SUFFIX_JSON, SUFFIX_BYTES)
+MANIFEST_NAME = "MANIFEST.json"
+MANIFEST_FORMAT = "poolbench-dir/1"
+SIDECAR_SUFFIX = ".poolbench-meta.json"
+TMP_PREFIX = ".poolbench-tmp-"
+DEFAULT_LOCAL_ROOT = Path(".poolbench-cache/store")
+_KIND_NAMES = {SUFFIX_BYTES: "bytes", SUFFIX_JSON: "json", SUFFIX_TABLE: "table", SUFFIX_DIR: "directory"}
+_PREFIX_RE = re.compile(r"[A-Za-z0-9_/-]*")
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """One object as a backend hands it back: content, recorded sha256 (None if absent) and metadata."""
+
+    data: bytes
+    sha256: str | None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+def _check_metadata(metadata: Mapping[str, str] | None) -> dict[str, str]:
+    """Metadata is str -> str so it fits Arrow schema metadata and S3 object metadata alike."""
+    meta = dict(metadata or {})
+    for k, v in meta.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise StoreError(f"metadata entry {k!r}: keys and values must be str (json.dumps other values)")
+    return meta
+
+
+def _dir_base(key: str) -> str:
+    return f"{key}{SUFFIX_DIR}/"
+
+
+def _manifest_name(key: str) -> str:
+    return _dir_base(key) + MANIFEST_NAME
+
+
+def key_of_name(name: str) -> str | None:
+    """The logical key a stored name belongs to, or None for a non-artifact (a file inside a directory
+    artifact, a directory without its manifest, a foreign object)."""
+    if f"{SUFFIX_DIR}/" in name:
+        head, tail = name.split(f"{SUFFIX_DIR}/", 1)
+        return head if tail == MANIFEST_NAME and _is_key(head) else None
+    for suffix in BLOB_SUFFIXES:
+        if name.endswith(suffix) and _is_key(name[: -len(suffix)]):
+            return name[: -len(suffix)]
+    return None
+
+
+def _is_key(text: str) -> bool:
+    try:
+        validate_key(text)
+    except StoreError:
+        return False
+    return True
+
+
+def _safe_relpath(rel: str, key: str) -> PurePosixPath:
+    """A manifest path that stays inside the target folder (a tampered manifest must not escape it)."""
+    path = PurePosixPath(rel)
+    if not rel or path.is_absolute() or any(part in ("", ".", "..") for part in rel.split("/")):
+        raise StoreError(f"artifact {key} is corrupt (manifest lists unsafe path {rel!r})")
+    return path
+
+
+class ArtifactStore(ABC):
+    """Backend-neutral API: backends only move named objects; this class owns format and integrity."""
+
+    # ---- backend primitives: names are relative posix paths such as "activations/ab12.arrow" ----
+
+    @abstractmethod
+    def describe(self) -> str:
+        """Where the store lives, for messages and logs."""
+
+    @abstractmethod
+    def _write(self, name: str, data: bytes, sha256: str, metadata: dict[str, str]) -> None:
+        """Store ``data`` under ``name`` atomically: readers see the old object or the new one, whole."""
+
+    @abstractmethod
+    def _read(self, name: str) -> StoredObject | None:
+        """The object's content and recorded checksum, or None if there is no such object."""
+
+    @abstractmethod
+    def _read_info(self, name: str) -> StoredObject | None:
+        """Checksum and metadata without the content (data is b""), or None if missing."""
+
+    @abstractmethod
+    def _names(self, prefix: str) -> list[str]:
+        """Every stored name that starts with ``prefix``."""
+
+    @abstractmethod
+    def _remove(self, name: str) -> None:
+        """Remove one object; a missing one is not an error."""
+
+    @abstractmethod
+    def _write_file(self, name: str, src: Path, sha256: str) -> None:
+        """Upload a local file as one object, atomically."""
+
+    @abstractmethod
+    def _read_file(self, name: str, dest: Path) -> bool:
+        """Download one object to ``dest``; False if there is no such object."""
+
+    def _has(self, name: str) -> bool:
+        return self._read_info(name) is not None
+
+    # ---- public API ----
+
+    def exists(self, key: str) -> bool:
+        """True if an artifact of any kind is stored under ``key`` (a directory only once its manifest is)."""
+        validate_key(key)
+        return any(self._has(key + s) for s in BLOB_SUFFIXES) or self._has(_manifest_name(key))
+
+    def put_bytes(self, key: str, data: bytes, metadata: Mapping[str, str] | None = None) -> None:
+        """Store raw bytes (stored as ``<key>.bin``)."""
+        self._put(key, SUFFIX_BYTES, bytes(data), metadata)
+
+    def get_bytes(self, key: str) -> bytes:
+        return self._get(key, SUFFIX_BYTES).data
+
+    def put_json(self, key: str, obj: Any, metadata: Mapping[str, str] | None = None) -> None:
+        """Store a JSON document (strict JSON: no NaN/inf; keys sorted so equal objects give equal bytes)."""
+        try:
+            text = json.dumps(obj, sort_keys=True, indent=1, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"artifact {key}: value is not JSON-serialisable ({exc})") from exc
+        self._put(key, SUFFIX_JSON, (text + "\n").encode("utf-8"), metadata)
+
+    def get_json(self, key: str) -> Any:
+        data = self._get(key, SUFFIX_JSON).data
+        try:
+            return json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise StoreError(f"artifact {key} is not valid JSON ({exc})") from exc
+
+    def put_table(self, key: str, table: pa.Table, metadata: Mapping[str, str] | None = None) -> None:
+        """Store an Arrow table; ``metadata`` also goes into its schema metadata so it is self-describing."""
+        meta = _check_metadata(metadata)
+        self._put(key, SUFFIX_TABLE, table_to_ipc_bytes(with_provenance(table, meta)), meta)
+
+    def get_table(self, key: str) -> pa.Table:
+        data = self._get(key, SUFFIX_TABLE).data
+        try:
+            return ipc_bytes_to_table(data)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise StoreError(f"artifact {key} is not a readable Arrow IPC file ({exc})") from exc
+
+    def get_metadata(self, key: str) -> dict[str, str]:
+        """The metadata given when ``key`` was put, whatever its kind."""
+        validate_key(key)
+        for suffix in BLOB_SUFFIXES:
+            info = self._read_info(key + suffix)
+            if info is not None:
+                return dict(info.metadata)
+        return dict(self._load_manifest(key)["metadata"])
+
+    def put_dir(
+        self, key: str, local_dir: str | os.PathLike[str], metadata: Mapping[str, str] | None = None
+    ) -> None:
+        """Store a directory (e.g. a saved HF model): files first, manifest last, so it exists only whole."""
+        validate_key(key)
+        meta = _check_metadata(metadata)
+        files = iter_files(local_dir)
+        if any(rel == MANIFEST_NAME for rel, _ in files):
+            raise StoreError(f"{local_dir} has a top-level {MANIFEST_NAME}, which the store reserves")
+        base = _dir_base(key)
+        self._remove(base + MANIFEST_NAME)  # hide the old version before its files change
+        entries = {}
+        for rel, path in files:
+            sha = sha256_file(path)
+            self._write_file(base + rel, path, sha)
+            entries[rel] = {"sha256": sha, "size": path.stat().st_size}
+        for name in self._names(base):
+            if name[len(base) :] not in entries:
+                self._remove(name)
+        manifest = {"format": MANIFEST_FORMAT, "files": entries, "metadata": meta}
+        data = (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode("utf-8")
+        self._write(base + MANIFEST_NAME, data, sha256_bytes(data), meta)
+
+    def get_dir(self, key: str, local_dir: str | os.PathLike[str]) -> Path:
+        """Fetch a directory artifact into ``local_dir`` (absent or empty), verifying every file's sha256;
+        files land in a sibling staging folder renamed into place, so a failed fetch leaves nothing behind."""
+        manifest = self._load_manifest(key)
+        dest = Path(local_dir)
+        if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+            raise StoreError(f"cannot fetch {key} into {dest}: it exists and is not an empty folder")
+        base = _dir_base(key)
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{dest.name}-", dir=dest.parent))
+            os.chmod(staging, 0o755)
+        except OSError as exc:
+            raise StoreError(f"cannot create {dest}: {exc.strerror or exc}") from exc
+        try:
+            for rel, entry in manifest["files"].items():
+                target = staging / _safe_relpath(rel, key)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if not self._read_file(base + rel, target):
+                    raise StoreError(f"artifact {key} is incomplete: {rel} is missing from {self.describe()}")
+                if sha256_file(target) != entry["sha256"]:
+                    raise StoreError(f"artifact {key} is corrupt (sha256 mismatch) in file {rel}")
+            if dest.exists():
+                dest.rmdir()
+            os.replace(staging, dest)
+        except BaseException as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(exc, OSError):
+                raise StoreError(f"cannot fetch {key} into {dest}: {exc.strerror or exc}") from exc
+            raise
+        return dest
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Sorted logical keys starting with ``prefix`` (a plain string prefix, e.g. "activations/")."""
+        if not _PREFIX_RE.fullmatch(prefix):
+            raise StoreError(f"invalid key prefix {prefix!r}: use [A-Za-z0-9_-] and '/'")
+        keys = {key_of_name(name) for name in self._names(prefix)}
+        return sorted(k for k in keys if k is not None and k.startswith(prefix))
+
+    def delete(self, key: str) -> None:
+        """Remove every object under ``key``; the manifest goes first so a directory vanishes at once."""
+        validate_key(key)
+        found = False
+        for suffix in BLOB_SUFFIXES:
+            if self._has(key + suffix):
+                self._remove(key + suffix)
+                found = True
+        base = _dir_base(key)
+        if self._has(base + MANIFEST_NAME):
+            self._remove(base + MANIFEST_NAME)
+            found = True
+        for name in self._names(base):
+            self._remove(name)
+            found = True
+        if not found:
+            raise StoreError(f"artifact {key} not found in {self.describe()}")
+
+    # ---- shared plumbing ----
+
+    def _put(self, key: str, suffix: str, data: bytes, metadata: Mapping[str, str] | None) -> None:
+        validate_key(key)
+        self._write(key + suffix, data, sha256_bytes(data), _check_metadata(metadata))
+
+    def _get(self, key: str, suffix: str) -> StoredObject:
+        validate_key(key)
+        obj = self._read(key + suffix)
+        if obj is None:
+            raise StoreError(self._missing_message(key, suffix))
+        if obj.sha256 is None or sha256_bytes(obj.data) != obj.sha256:
+            raise StoreError(f"artifact {key} is corrupt (sha256 mismatch) in {self.describe()}")
+        return obj
+
+    def _missing_message(self, key: str, suffix: str) -> str:
+        others = [s for s in BLOB_SUFFIXES if s != suffix and self._has(key + s)]
+        if suffix != SUFFIX_DIR and self._has(_manifest_name(key)):
+            others.append(SUFFIX_DIR)
+        where = self.describe()
+        if others:
+            kind, wanted = _KIND_NAMES[others[0]], _KIND_NAMES[suffix]
+            return f"artifact {key} in {where} is stored as {kind}, not {wanted}"
+        return f"artifact {key} not found in {where}"
+
+    def _load_manifest(self, key: str) -> dict[str, Any]:
+        try:
+            manifest = json.loads(self._get_manifest_bytes(key).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            manifest = None
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if (
+            not isinstance(manifest, dict)
+            or manifest.get("format") != MANIFEST_FORMAT
+            or not isinstance(files, dict)
+            or not all(isinstance(e, dict) and isinstance(e.get("sha256"), str) for e in files.values())
+        ):
+            raise StoreError(f"artifact {key} is corrupt (malformed {MANIFEST_NAME})")
+        manifest.setdefault("metadata", {})
+        return manifest
+
+    def _get_manifest_bytes(self, key: str) -> bytes:
+        validate_key(key)
+        obj = self._read(_manifest_name(key))
+        if obj is None:
+            raise StoreError(self._missing_message(key, SUFFIX_DIR))
+        if obj.sha256 is None or sha256_bytes(obj.data) != obj.sha256:
+            raise StoreError(f"artifact {key} is corrupt (sha256 mismatch) in its {MANIFEST_NAME}")
+        return obj.data
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename durable (POSIX); platforms without directory fds just skip it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _atomic_write(path: Path, fill: Callable[[IO[bytes]], None]) -> None:
+    """Write a temp file in the same folder, fsync, then os.replace: a crash never leaves a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+class LocalStore(ArtifactStore):
+    """Artifacts in a local folder. Each object has a checksum sidecar written just before it; the object's
+    rename is the commit point, so a failed first write leaves nothing visible, and a failed rewrite puts
+    the old sidecar back. A hard crash inside a rewrite of different bytes reads as corrupt, never as
+    wrong data (keys are content-determined, so rewrites normally carry the same bytes anyway)."""
+
+    def __init__(self, root: str | os.PathLike[str] = DEFAULT_LOCAL_ROOT) -> None:
+        self.root = Path(root).expanduser().absolute()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create store folder {self.root}: {exc.strerror or exc}") from exc
+
+    def describe(self) -> str:
+        return f"local:{self.root}"
+
+    def _path(self, name: str) -> Path:
+        return self.root / name
+
+    @staticmethod
+    def _sidecar(path: Path) -> Path:
+        return path.with_name(path.name + SIDECAR_SUFFIX)
+
+    def _write(self, name: str, data: bytes, sha256: str, metadata: dict[str, str]) -> None:
+        path = self._path(name)
+        sidecar = self._sidecar(path)
+        info = json.dumps({"sha256": sha256, "metadata": metadata}, sort_keys=True).encode("utf-8")
+        try:
+            old_info = sidecar.read_bytes() if path.exists() else None
+        except OSError:
+            old_info = None
+        try:
+            _atomic_write(sidecar, lambda f: f.write(info))
+            try:
+                _atomic_write(path, lambda f: f.write(data))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    if old_info is None:
+                        sidecar.unlink()
+                    else:
+                        _atomic_write(sidecar, lambda f: f.write(old_info))
+                raise
+        except OSError as exc:
+            raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+    def _info(self, path: Path) -> tuple[str | None, dict[str, str]]:
+        try:
+            info = json.loads(self._sidecar(path).read_text("utf-8"))
+            return str(info["sha256"]), dict(info.get("metadata") or {})
+        except (OSError, ValueError, KeyError, TypeError):
+            return None, {}
+
+    def _read(self, name: str) -> StoredObject | None:
+        path = self._path(name)
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        sha, meta = self._info(path)
+        return StoredObject(data, sha, meta)
+
+    def _read_info(self, name: str) -> StoredObject | None:
+        path = self._path(name)
+        if not path.is_file():
+            return None
+        sha, meta = self._info(path)
+        return StoredObject(b"", sha, meta)
+
+    def _has(self, name: str) -> bool:
+        return self._path(name).is_file()
+
+    def _names(self, prefix: str) -> list[str]:
+        start = self.root / prefix.rpartition("/")[0]
+        names = []
+        for dirpath, dirnames, filenames in os.walk(start):
+            dirnames[:] = [d for d in dirnames if not d.startswith(TMP_PREFIX)]
+            rel_dir = Path(dirpath).relative_to(self.root)
+            for fname in filenames:
+                if fname.startswith(TMP_PREFIX) or fname.endswith(SIDECAR_SUFFIX):
+                    continue
+                name = (rel_dir / fname).as_posix()
+                if name.startswith(prefix):
+                    names.append(name)
+        return names
+
+    def _remove(self, name: str) -> None:
+        path = self._path(name)
+        try:
+            path.unlink(missing_ok=True)
+            self._sidecar(path).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot delete {path}: {exc.strerror or exc}") from exc
+        parent = path.parent
+        while parent != self.root and f"{SUFFIX_DIR}/" in parent.relative_to(self.root).as_posix() + "/":
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+
+    def _write_file(self, name: str, src: Path, sha256: str) -> None:
+        path = self._path(name)
+        try:
+            with open(src, "rb") as fsrc:
+                _atomic_write(path, lambda f: shutil.copyfileobj(fsrc, f, 1 << 20))
+        except OSError as exc:
+            raise StoreError(f"cannot copy {src} to {path}: {exc.strerror or exc}") from exc
+
+    def _read_file(self, name: str, dest: Path) -> bool:
+        path = self._path(name)
+        try:
+            shutil.copyfile(path, dest)
+        except FileNotFoundError:
+            if path.exists():
+                raise StoreError(f"cannot write {dest}") from None
+            return False
+        except OSError as exc:
+            raise StoreError(f"cannot copy {path} to {dest}: {exc.strerror or exc}") from exc
+        return True

@@ -1,0 +1,227 @@
+"""S3 backend of the artifact store (any S3-compatible server) via minio, failing fast and in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import certifi
+import urllib3
+from minio import Minio
+from minio.error import InvalidResponseError, MinioException, S3Error
+
+from poolbench.errors import StoreError
+from poolbench.store.artifact_store import SUFFIX_JSON, SUFFIX_TABLE, ArtifactStore, StoredObject
+
+META_SHA256 = "poolbench-sha256"
+META_METADATA = "poolbench-metadata"
+_MISSING_CODES = {"NoSuchKey", "NoSuchObject"}
+_AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken"}
+_CONTENT_TYPES = {SUFFIX_TABLE: "application/vnd.apache.arrow.file", SUFFIX_JSON: "application/json"}
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _network_failure(exc: BaseException) -> str:
+    """Say in a few words why the endpoint could not be used, from the exception chain urllib3 builds."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, ConnectionRefusedError) or "Connection refused" in str(e):
+            return "refused the connection"
+        if isinstance(e, (TimeoutError, urllib3.exceptions.TimeoutError)):
+            return "timed out"
+        todo += [getattr(e, "reason", None), e.__cause__, e.__context__]
+    return f"is unreachable ({_one_line(exc)[:200]})"
+
+
+class S3Store(ArtifactStore):
+    """Artifacts as objects ``<prefix><name>`` in one bucket; sha256 and metadata ride in object metadata.
+
+    A single put_object is atomic on S3 (the object appears whole or not at all); directory artifacts rely
+    on their manifest being written last. The HTTP client retries only a couple of times with short
+    timeouts, so a dead endpoint fails within seconds instead of minio's default minutes.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        endpoint: str = "http://127.0.0.1:9000",
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        secure: bool | None = None,
+        region: str = "us-east-1",
+        *,
+        connect_timeout_s: float = 2.0,
+        read_timeout_s: float = 60.0,
+        retries: int = 2,
+    ) -> None:
+        parts = urlsplit(endpoint if "://" in endpoint else f"//{endpoint}")
+        if parts.scheme not in ("", "http", "https") or not parts.netloc or parts.path.strip("/"):
+            raise StoreError(f"invalid S3 endpoint {endpoint!r}: use http(s)://host:port")
+        self.secure = parts.scheme == "https" if parts.scheme else (True if secure is None else secure)
+        self.endpoint = f"{'https' if self.secure else 'http'}://{parts.netloc}"
+        self.bucket = bucket
+        self.prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        http = urllib3.PoolManager(
+            timeout=urllib3.Timeout(connect=connect_timeout_s, read=read_timeout_s),
+            retries=urllib3.Retry(
+                total=retries, backoff_factor=0.1, status_forcelist=[500, 502, 503, 504]
+            ),
+            maxsize=10,
+            cert_reqs="CERT_REQUIRED",
+            ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+        )
+        try:
+            self._client = Minio(
+                parts.netloc,
+                access_key=access_key,
+                secret_key=secret_key,
+                secure=self.secure,
+                region=region,
+                http_client=http,
+            )
+        except ValueError as exc:
+            raise StoreError(f"invalid S3 configuration for {endpoint}: {_one_line(exc)}") from exc
+        with self._errors("checking the bucket"):
+            try:
+                found = self._client.bucket_exists(bucket)
+            except ValueError as exc:
+                raise StoreError(f"invalid S3 bucket name {bucket!r}: {_one_line(exc)}") from exc
+        if not found:
+            with self._errors("checking the bucket"):  # a HEAD 404 may come from a non-S3 server: ask again
+                next(iter(self._client.list_objects(bucket)), None)  # S3 answers NoSuchBucket in XML
+            raise StoreError(f"S3 bucket {bucket!r} does not exist at {self.endpoint}")
+
+    def describe(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix} @ {self.endpoint}"
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        """Turn SDK / network failures into one-line StoreErrors that name the endpoint or bucket."""
+        try:
+            yield
+        except S3Error as exc:
+            if exc.code == "NoSuchBucket":
+                raise StoreError(f"S3 bucket {self.bucket!r} does not exist at {self.endpoint}") from exc
+            if exc.code in _AUTH_CODES:
+                raise StoreError(
+                    f"S3 endpoint {self.endpoint} denied {doing} ({exc.code}): "
+                    "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
+                ) from exc
+            raise StoreError(
+                f"S3 error while {doing} at {self.endpoint}: {exc.code}: {_one_line(exc.message)}"
+            ) from exc
+        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            raise StoreError(
+                f"S3 endpoint {self.endpoint} {_network_failure(exc)} while {doing} (is the server running?)"
+            ) from exc
+        except InvalidResponseError as exc:
+            raise StoreError(
+                f"S3 endpoint {self.endpoint} does not answer like an S3 server while {doing} "
+                f"(HTTP {getattr(exc, '_code', '?')}, non-XML reply)"
+            ) from exc
+        except MinioException as exc:
+            raise StoreError(
+                f"S3 endpoint {self.endpoint} failed while {doing}: {_one_line(exc)[:200]}"
+            ) from exc
+
+    def _object(self, name: str) -> str:
+        return self.prefix + name
+
+    @staticmethod
+    def _headers_to_info(headers: object, data: bytes = b"") -> StoredObject:
+        get = getattr(headers, "get", None)
+        sha = get(f"x-amz-meta-{META_SHA256}") if get else None
+        raw = get(f"x-amz-meta-{META_METADATA}") if get else None
+        try:
+            meta = json.loads(raw) if raw else {}
+        except ValueError:
+            meta = {}
+        return StoredObject(data, sha, {str(k): str(v) for k, v in meta.items()})
+
+    @staticmethod
+    def _object_metadata(sha256: str, metadata: dict[str, str] | None = None) -> dict[str, str]:
+        out = {META_SHA256: sha256}
+        if metadata is not None:
+            out[META_METADATA] = json.dumps(metadata, sort_keys=True, ensure_ascii=True)
+        return out
+
+    def _write(self, name: str, data: bytes, sha256: str, metadata: dict[str, str]) -> None:
+        suffix = name[name.rfind(".") :]
+        content_type = _CONTENT_TYPES.get(suffix, "application/octet-stream")
+        with self._errors(f"writing {name}"):
+            self._client.put_object(
+                self.bucket,
+                self._object(name),
+                io.BytesIO(data),
+                len(data),
+                content_type=content_type,
+                metadata=self._object_metadata(sha256, metadata),
+            )
+
+    def _read(self, name: str) -> StoredObject | None:
+        with self._errors(f"reading {name}"):
+            try:
+                response = self._client.get_object(self.bucket, self._object(name))
+            except S3Error as exc:
+                if exc.code in _MISSING_CODES:
+                    return None
+                raise
+            try:
+                data = response.read()
+                return self._headers_to_info(response.headers, data)
+            finally:
+                response.close()
+                response.release_conn()
+
+    def _read_info(self, name: str) -> StoredObject | None:
+        with self._errors(f"checking {name}"):
+            try:
+                stat = self._client.stat_object(self.bucket, self._object(name))
+            except S3Error as exc:
+                if exc.code in _MISSING_CODES:
+                    return None
+                raise
+            return self._headers_to_info(stat.metadata)
+
+    def _names(self, prefix: str) -> list[str]:
+        cut = len(self.prefix)
+        with self._errors(f"listing {prefix or '/'}"):
+            return [
+                o.object_name[cut:]
+                for o in self._client.list_objects(self.bucket, prefix=self._object(prefix), recursive=True)
+                if o.object_name and not o.is_dir
+            ]
+
+    def _remove(self, name: str) -> None:
+        with self._errors(f"deleting {name}"):
+            self._client.remove_object(self.bucket, self._object(name))
+
+    def _write_file(self, name: str, src: Path, sha256: str) -> None:
+        with self._errors(f"uploading {src} as {name}"):
+            self._client.fput_object(
+                self.bucket, self._object(name), str(src), metadata=self._object_metadata(sha256)
+            )
+
+    def _read_file(self, name: str, dest: Path) -> bool:
+        with self._errors(f"downloading {name}"):
+            try:
+                self._client.fget_object(self.bucket, self._object(name), str(dest))
+            except S3Error as exc:
+                if exc.code in _MISSING_CODES:
+                    return False
+                raise
+        return True

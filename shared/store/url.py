@@ -1,0 +1,39 @@
+"""Where a store URL leads: a local folder, or an S3 bucket (credentials from the environment)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+from poolbench.errors import StoreError
+from poolbench.store.artifact_store import ArtifactStore, LocalStore
+from poolbench.store.s3 import S3Store
+
+
+def open_store(url: str | os.PathLike[str] | None = None) -> ArtifactStore:
+    """A store from a CLI/config value: None or a folder -> LocalStore; ``s3://bucket/prefix`` -> S3Store,
+    configured from POOLBENCH_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION."""
+    if url is None:
+        return LocalStore()
+    text = os.fspath(url)
+    if text.startswith("s3://"):
+        bucket, _, prefix = text[len("s3://") :].partition("/")
+        if not bucket:
+            raise StoreError(f"store URL {text!r} has no bucket: use s3://bucket/prefix")
+        endpoint = _required_env("POOLBENCH_S3_ENDPOINT", "the S3 endpoint URL, e.g. http://127.0.0.1:9000")
+        access_key = _required_env("AWS_ACCESS_KEY_ID", "the S3 access key")
+        secret_key = _required_env("AWS_SECRET_ACCESS_KEY", "the S3 secret key")
+        region = os.environ.get("AWS_REGION") or "us-east-1"
+        return S3Store(bucket, prefix, endpoint, access_key=access_key, secret_key=secret_key, region=region)
+    if text.startswith("file://"):
+        return LocalStore(text[len("file://") :])
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):
+        raise StoreError(f"unsupported store URL {text!r}: use a folder path or s3://bucket/prefix")
+    return LocalStore(text)
+
+
+def _required_env(var: str, what: str) -> str:
+    value = os.environ.get(var)
+    if not value:
+        raise StoreError(f"{var} is not set: an s3:// store needs it ({what})")
+    return value

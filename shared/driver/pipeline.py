@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import ray
 
@@ -21,6 +21,7 @@ from poolbench.pooler.worker import ExtractorWorker
 from poolbench.prober.concept_probe import D1_VERSION, probe_concept_task
 from poolbench.prober.flash import parse_fraction
 from poolbench.prober.reliability import RELIABILITY_VERSION
+from poolbench.records.run import RunOutcome
 from poolbench.store.keys import artifact_key
 from poolbench.store.url import open_store
 
@@ -36,23 +37,6 @@ class ConceptPlan:
     pooled_key: str = ""
     d1_key: str = ""
     dump_key: str | None = None
-
-
-@dataclass
-class RunOutcome:
-    """What a run produced: cell records plus everything results.json needs to say where they came from."""
-
-    config: RunConfig
-    model: dict
-    corpus: dict
-    layers: list[int]
-    strategies: list[dict]
-    records: list[dict]
-    artifacts: dict[str, dict[str, str]]
-    computed: dict[str, int] = field(default_factory=dict)
-    timing: dict[str, float] = field(default_factory=dict)
-    store: str = ""
-    steering: dict | None = None
 
 
 Event = Callable[[str, dict], None]

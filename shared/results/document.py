@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from poolbench.atomic_write import write_json_atomic
-from poolbench.driver.pipeline import RunOutcome
 from poolbench.prober.reliability import across_cells
 from poolbench.provenance import git_hash, package_versions, utc_now
+from poolbench.records.run import RunOutcome
 from poolbench.results.leaderboard import build_leaderboard
 
 RESULTS_SCHEMA_VERSION = 1

@@ -1,0 +1,1 @@
+"""Typed records: what a run produces, as data every reader (results, report, HTTP, CLI) shares."""

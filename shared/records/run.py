@@ -1,0 +1,24 @@
+"""RunOutcome: what a run produced, and everything results.json needs to say where it came from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from poolbench.config import RunConfig
+
+
+@dataclass
+class RunOutcome:
+    """What a run produced: cell records plus everything results.json needs to say where they came from."""
+
+    config: RunConfig
+    model: dict
+    corpus: dict
+    layers: list[int]
+    strategies: list[dict]
+    records: list[dict]
+    artifacts: dict[str, dict[str, str]]
+    computed: dict[str, int] = field(default_factory=dict)
+    timing: dict[str, float] = field(default_factory=dict)
+    store: str = ""
+    steering: dict | None = None

@@ -68,4 +68,4 @@ cluster-down:
 	$(BIN)/python -m poolbench.cluster down
 
 clean:
-	rm -rf $(VENV) runs .poolbench-cache
+	rm -rf $(VENV) runs build

@@ -16,6 +16,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("POOLBENCH_CACHE", Path.home() / ".cache" / "poolbench"))
 
 
+def default_store_url() -> str:
+    """The one default artifact store of every command: a folder in the cache."""
+    return str(cache_dir() / "store")
+
+
 class RunConfig(BaseModel):
     """The options of `poolbench-driver run`; everything that determines a number is recorded in results.json."""
 
@@ -57,4 +62,4 @@ class RunConfig(BaseModel):
         return value
 
     def resolved_store(self) -> str:
-        return self.store or str(cache_dir() / "store")
+        return self.store or default_store_url()

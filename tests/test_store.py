@@ -288,10 +288,10 @@ def test_local_tampered_manifest_cannot_escape(tmp_path: Path) -> None:
 
 
 def test_open_store_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("POOLBENCH_CACHE", str(tmp_path / "cache"))
     default = open_store(None)
     assert isinstance(default, LocalStore)
-    assert default.root == tmp_path / ".poolbench-cache" / "store"
+    assert default.root == tmp_path / "cache" / "store"
     assert open_store(str(tmp_path / "a")).describe() == f"local:{tmp_path / 'a'}"
     assert open_store(f"file://{tmp_path / 'b'}").describe() == f"local:{tmp_path / 'b'}"
     with pytest.raises(StoreError, match="unsupported store URL 'gs://x'"):

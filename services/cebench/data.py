@@ -21,14 +21,13 @@ offsets mapping aligns tokens to spans (a token is marked when its character spa
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from poolbench.atomic_write import write_text_atomic
 from poolbench.errors import PoolBenchError
 
 REQUIRED_FIELDS = ("id", "subject", "story_a", "story_b", "spans_a", "spans_b")
@@ -130,17 +129,7 @@ def load_cebench(path: str | Path) -> list[CEBenchEntry]:
 
 def write_cebench(path: str | Path, entries: Iterable[CEBenchEntry]) -> None:
     """Write entries as JSONL atomically (a reader sees the old file or the new one)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            for entry in entries:
-                fh.write(json.dumps(entry.to_json(), ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(Path(path), "".join(json.dumps(e.to_json(), ensure_ascii=False) + "\n" for e in entries))
 
 
 # The generator: each subject gets two stories that differ in one contrast (bright/dark, calm/angry, ...),

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from poolbench.determinism import deterministic_cpu
 from poolbench.errors import PoolBenchError
 
 TENSOR_NAMES = ("W_enc", "b_enc", "W_dec", "b_dec")
@@ -143,41 +144,33 @@ def train_sae(activations: np.ndarray, n_features: int, *, l1: float = 1.0, step
         raise SAEError(f"train_sae: activations must be [n >= 2, d], got shape {x_np.shape}")
     n, d = x_np.shape
     scale = float(math.sqrt((x_np.astype(np.float64) ** 2).sum(axis=1).mean() / d)) or 1.0
-    prev_threads, prev_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(True)
-        try:
-            x = torch.from_numpy(x_np / scale)
-            w_dec = torch.randn(n_features, d)
-            w_dec /= w_dec.norm(dim=1, keepdim=True)
-            params = {"W_enc": w_dec.T.clone().requires_grad_(),
-                      "b_enc": torch.zeros(n_features, requires_grad=True),
-                      "W_dec": w_dec.clone().requires_grad_(), "b_dec": x.mean(0).clone().requires_grad_()}
-            optimizer = torch.optim.Adam(params.values(), lr=lr)
-            generator = torch.Generator().manual_seed(seed)
-            for _ in range(steps):
-                batch = x[torch.randint(0, n, (min(batch_size, n),), generator=generator)]
-                f = torch.relu((batch - params["b_dec"]) @ params["W_enc"] + params["b_enc"])
-                recon = f @ params["W_dec"] + params["b_dec"]
-                mse = ((recon - batch) ** 2).sum(dim=1).mean()
-                sparsity = (f * params["W_dec"].norm(dim=1)).sum(dim=1).mean()
-                loss = mse + l1 * sparsity
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-            with torch.no_grad():
-                f = torch.relu((x - params["b_dec"]) @ params["W_enc"] + params["b_enc"])
-                recon = f @ params["W_dec"] + params["b_dec"]
-                err = ((recon - x) ** 2).mean()
-                fvu = float(((recon - x) ** 2).sum() / ((x - x.mean(0)) ** 2).sum())
-                l0 = float((f > 0).sum(dim=1).float().mean())
-                dead = int(((f > 0).sum(dim=0) == 0).sum())
-                weights = {k: v.detach().numpy().astype(np.float32) for k, v in params.items()}
-        finally:
-            torch.use_deterministic_algorithms(prev_det)
-            torch.set_num_threads(prev_threads)
+    with deterministic_cpu(seed, threads):
+        x = torch.from_numpy(x_np / scale)
+        w_dec = torch.randn(n_features, d)
+        w_dec /= w_dec.norm(dim=1, keepdim=True)
+        params = {"W_enc": w_dec.T.clone().requires_grad_(),
+                  "b_enc": torch.zeros(n_features, requires_grad=True),
+                  "W_dec": w_dec.clone().requires_grad_(), "b_dec": x.mean(0).clone().requires_grad_()}
+        optimizer = torch.optim.Adam(params.values(), lr=lr)
+        generator = torch.Generator().manual_seed(seed)
+        for _ in range(steps):
+            batch = x[torch.randint(0, n, (min(batch_size, n),), generator=generator)]
+            f = torch.relu((batch - params["b_dec"]) @ params["W_enc"] + params["b_enc"])
+            recon = f @ params["W_dec"] + params["b_dec"]
+            mse = ((recon - batch) ** 2).sum(dim=1).mean()
+            sparsity = (f * params["W_dec"].norm(dim=1)).sum(dim=1).mean()
+            loss = mse + l1 * sparsity
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():
+            f = torch.relu((x - params["b_dec"]) @ params["W_enc"] + params["b_enc"])
+            recon = f @ params["W_dec"] + params["b_dec"]
+            err = ((recon - x) ** 2).mean()
+            fvu = float(((recon - x) ** 2).sum() / ((x - x.mean(0)) ** 2).sum())
+            l0 = float((f > 0).sum(dim=1).float().mean())
+            dead = int(((f > 0).sum(dim=0) == 0).sum())
+            weights = {k: v.detach().numpy().astype(np.float32) for k, v in params.items()}
     sae = SAE(W_enc=weights["W_enc"] / scale, b_enc=weights["b_enc"], W_dec=weights["W_dec"] * scale,
               b_dec=weights["b_dec"] * scale)
     report = SAETrainReport(steps=steps, final_mse=float(err) * scale**2, fraction_variance_unexplained=fvu,

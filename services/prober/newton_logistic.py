@@ -14,6 +14,7 @@ from scipy.special import expit
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from poolbench.prober.auroc import ProbeError
+from poolbench.prober.probes import LOGISTIC_C
 
 _ARMIJO = 1e-4
 
@@ -44,7 +45,7 @@ def _newton_direction(X: np.ndarray, K: np.ndarray | None, curv: np.ndarray, g_w
     return ainv_g - ainv_u * db, float(db)
 
 
-def fit_l2_logistic(X: np.ndarray, y: np.ndarray, C: float = 1.0, tol: float = 1e-6, max_iter: int = 100,
+def fit_l2_logistic(X: np.ndarray, y: np.ndarray, C: float = LOGISTIC_C, tol: float = 1e-6, max_iter: int = 100,
                     init: tuple[np.ndarray, float] | None = None) -> tuple[np.ndarray, float]:
     """(coef, intercept) minimising C * sum logloss + |coef|^2 / 2; stops once every |gradient entry| < tol.
 
@@ -77,7 +78,7 @@ def fit_l2_logistic(X: np.ndarray, y: np.ndarray, C: float = 1.0, tol: float = 1
 class NewtonLogisticProbe(ClassifierMixin, BaseEstimator):
     """StandardScaler + L2 LogisticRegression(C) in one estimator, fitted by `fit_l2_logistic`."""
 
-    def __init__(self, C: float = 1.0, tol: float = 1e-6,
+    def __init__(self, C: float = LOGISTIC_C, tol: float = 1e-6,
                  init: tuple[np.ndarray, float] | None = None) -> None:
         self.C = C
         self.tol = tol

@@ -57,11 +57,14 @@ class DiffMeanProbe(ClassifierMixin, BaseEstimator):
         return self.classes_[(self.decision_function(X) > 0).astype(int)]
 
 
+LOGISTIC_C = 1.0  # inverse L2 strength of D1's logistic probe; the Newton twin of reliability uses the same
+
+
 def make_logistic_probe(seed: int) -> Pipeline:
     """Standardise, then L2 logistic regression at C=1: the regularised linear probe of D1."""
     return make_pipeline(
         StandardScaler(),
-        LogisticRegression(C=1.0, l1_ratio=0.0, solver="lbfgs", max_iter=5000, random_state=seed),
+        LogisticRegression(C=LOGISTIC_C, l1_ratio=0.0, solver="lbfgs", max_iter=5000, random_state=seed),
     )
 
 

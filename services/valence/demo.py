@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from poolbench.determinism import deterministic_cpu
+
 PRAISE_FORMS = ("I love the {w}.", "The {w} is wonderful.", "We adore the {w}.", "Everyone likes the {w}.",
                 "I really prefer the {w}.", "The {w} is a delight.", "We cherish the {w}.",
                 "They admire the {w}.", "I enjoy the {w} so much.", "What a lovely {w}!")
@@ -43,27 +45,19 @@ def fine_tune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts:
     tuned.train()
     enc = tokenizer(texts, padding=True, padding_side="right", return_tensors="pt")
     labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
-    prev_threads, prev_det = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     losses = []
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(True)
-        try:
-            optimizer = torch.optim.AdamW(tuned.parameters(), lr=lr, weight_decay=0.0)
-            generator = torch.Generator().manual_seed(seed)
-            for _ in range(steps):
-                rows = torch.randint(0, len(texts), (batch_size,), generator=generator)
-                width = int(enc["attention_mask"][rows].sum(dim=1).max())  # right padding: trim to the batch
-                loss = tuned(input_ids=enc["input_ids"][rows, :width],
-                             attention_mask=enc["attention_mask"][rows, :width], labels=labels[rows, :width]).loss
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                losses.append(float(loss.detach()))
-        finally:
-            torch.use_deterministic_algorithms(prev_det)
-            torch.set_num_threads(prev_threads)
+    with deterministic_cpu(seed, threads):
+        optimizer = torch.optim.AdamW(tuned.parameters(), lr=lr, weight_decay=0.0)
+        generator = torch.Generator().manual_seed(seed)
+        for _ in range(steps):
+            rows = torch.randint(0, len(texts), (batch_size,), generator=generator)
+            width = int(enc["attention_mask"][rows].sum(dim=1).max())  # right padding: trim to the batch
+            loss = tuned(input_ids=enc["input_ids"][rows, :width],
+                         attention_mask=enc["attention_mask"][rows, :width], labels=labels[rows, :width]).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(float(loss.detach()))
     tuned.eval()
     tuned.requires_grad_(False)
     return tuned, FineTuneReport(steps=steps, lr=lr, first_loss=losses[0], last_loss=losses[-1])

@@ -16,11 +16,11 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.atomic_write import write_json_atomic
+from poolbench.config import EMBEDDED
 from poolbench.errors import PoolBenchError
 from poolbench.provenance import git_hash, package_versions, utc_now
 
 console = Console()
-EMBEDDED = "embedded"
 
 
 def _document(kind: str, config: dict[str, Any], **sections: Any) -> dict[str, Any]:

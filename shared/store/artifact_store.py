@@ -29,6 +29,7 @@ from typing import IO, Any
 
 import pyarrow as pa
 
+from poolbench.atomic_write import atomic_file
 from poolbench.errors import StoreError
 from poolbench.store.arrow_tables import ipc_bytes_to_table, table_to_ipc_bytes, with_provenance
 from poolbench.store.keys import iter_files, sha256_bytes, sha256_file, validate_key
@@ -42,7 +43,6 @@ MANIFEST_NAME = "MANIFEST.json"
 MANIFEST_FORMAT = "poolbench-dir/1"
 SIDECAR_SUFFIX = ".poolbench-meta.json"
 TMP_PREFIX = ".poolbench-tmp-"
-DEFAULT_LOCAL_ROOT = Path(".poolbench-cache/store")
 _KIND_NAMES = {SUFFIX_BYTES: "bytes", SUFFIX_JSON: "json", SUFFIX_TABLE: "table", SUFFIX_DIR: "directory"}
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_/-]*")
 
@@ -322,32 +322,9 @@ class ArtifactStore(ABC):
         return obj.data
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make a rename durable (POSIX); platforms without directory fds just skip it."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
 def _atomic_write(path: Path, fill: Callable[[IO[bytes]], None]) -> None:
-    """Write a temp file in the same folder, fsync, then os.replace: a crash never leaves a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fill(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
+    with atomic_file(path, prefix=TMP_PREFIX) as fh:
+        fill(fh)
 
 
 class LocalStore(ArtifactStore):
@@ -356,7 +333,7 @@ class LocalStore(ArtifactStore):
     the old sidecar back. A hard crash inside a rewrite of different bytes reads as corrupt, never as
     wrong data (keys are content-determined, so rewrites normally carry the same bytes anyway)."""
 
-    def __init__(self, root: str | os.PathLike[str] = DEFAULT_LOCAL_ROOT) -> None:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().absolute()
         try:
             self.root.mkdir(parents=True, exist_ok=True)

@@ -5,16 +5,18 @@ from __future__ import annotations
 import os
 import re
 
+from poolbench.config import default_store_url
 from poolbench.errors import StoreError
 from poolbench.store.artifact_store import ArtifactStore, LocalStore
 from poolbench.store.s3 import S3Store
 
 
 def open_store(url: str | os.PathLike[str] | None = None) -> ArtifactStore:
-    """A store from a CLI/config value: None or a folder -> LocalStore; ``s3://bucket/prefix`` -> S3Store,
-    configured from POOLBENCH_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION."""
+    """A store from a CLI/config value: None -> the default folder, a folder -> LocalStore;
+    ``s3://bucket/prefix`` -> S3Store, configured from POOLBENCH_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    AWS_REGION."""
     if url is None:
-        return LocalStore()
+        return LocalStore(default_store_url())
     text = os.fspath(url)
     if text.startswith("s3://"):
         bucket, _, prefix = text[len("s3://") :].partition("/")

@@ -46,14 +46,17 @@ $(VENV)/.test-deps: | install
 		|| echo "chromium not installed: the report's browser test will skip"
 	touch $@
 
-test: install test-deps
+test: lint test-deps
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m "slow" $(PYTEST_ARGS)
 
+# ruff, the layered import contract (pyproject [tool.importlinter]) and basedpyright resolving every import.
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/basedpyright --level error
 
 bench: install
 	$(BIN)/python bench/extract_pool.py

@@ -20,9 +20,9 @@ from poolbench.cebench.scores import (
     CEBenchError,
     cebench_scores,
     entry_means,
-    marked_token_mask,
     normalise_jointly,
 )
+from poolbench.pooler.alignment import marked_token_mask
 
 
 def _toy():

@@ -70,17 +70,6 @@ class CEBenchScores:
                 for j in order]
 
 
-def marked_token_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
-    """[T] bool: a token is marked when its character span [s, e) overlaps a marked span; empty spans
-    (special tokens, padding, whitespace-only tokens) never are."""
-    offsets = np.asarray(offsets).reshape(-1, 2)
-    start, end = offsets[:, 0], offsets[:, 1]
-    marked = np.zeros(len(offsets), dtype=bool)
-    for s, e in spans:
-        marked |= (start < e) & (s < end) & (end > start)
-    return marked
-
-
 def entry_means(stories: Sequence[np.ndarray], marked: Sequence[np.ndarray],
                 ids: Sequence[str]) -> CEBenchMeans:
     """Mean vectors from per-story token activations [T_i, m] (special tokens already dropped) ordered a0, b0,

@@ -8,9 +8,10 @@ import numpy as np
 
 from poolbench.cebench.data import CEBenchEntry, entry_texts
 from poolbench.cebench.sae import SAE
-from poolbench.cebench.scores import CEBenchError, CEBenchScores, cebench_scores, entry_means, marked_token_mask
+from poolbench.cebench.scores import CEBenchError, CEBenchScores, cebench_scores, entry_means
 from poolbench.extractor.extract import extract_activations
 from poolbench.extractor.loading import LoadedModel
+from poolbench.pooler.alignment import marked_token_mask
 
 
 def story_tokens(loaded: LoadedModel, texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]],

@@ -43,6 +43,17 @@ def overlap_pairs(
     return token, word
 
 
+def marked_token_mask(offsets: np.ndarray, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """[T] bool: a token is marked when its character span [s, e) overlaps a marked span; empty spans
+    (special tokens, padding, whitespace-only tokens) never are."""
+    offsets = np.asarray(offsets).reshape(-1, 2)
+    start, end = offsets[:, 0], offsets[:, 1]
+    marked = np.zeros(len(offsets), dtype=bool)
+    for s, e in spans:
+        marked |= (start < e) & (s < end) & (end > start)
+    return marked
+
+
 def span_token_mask(offsets: np.ndarray, attention_mask: np.ndarray,
                     spans: Sequence[Sequence[tuple[int, int]]], texts: Sequence[str],
                     passage_ids: Sequence[str]) -> np.ndarray:

@@ -78,7 +78,7 @@ class VLLMBackend:
     def __init__(self, model_path: str, *, dtype: str = "auto", gpu_memory_utilization: float = 0.5,
                  max_model_len: int | None = None, seed: int = 0) -> None:
         try:
-            import vllm
+            import vllm  # pyright: ignore[reportMissingImports]  (the optional GPU extra)
         except ImportError as exc:
             raise SteeringError(INSTALL_HINT) from exc
         # apply_model ships these functions to the engine process; V1 needs this to allow it.

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from poolbench.cebench.scores import marked_token_mask
 from poolbench.corpus.word_lists import WordList, WordListError
 from poolbench.extractor.extract import extract_activations
 from poolbench.extractor.loading import LoadedModel
+from poolbench.pooler.alignment import marked_token_mask
 
 FINAL = "final"
 WORD_MEAN = "word_mean"

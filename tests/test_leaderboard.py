@@ -57,7 +57,7 @@ def test_diffmean_leaderboard_is_separate():
 def test_submission_takes_the_leaderboard_row_and_validates():
     lb = build_leaderboard([cell("c1", 2, "A1_mean", 0.9, 0.8, 0.7, 0.9)])
     info = {"family": "uniform_aggregation", "supervision": "none", "description": "mean over all real tokens"}
-    sub = build_submission(lb, "A1_mean", "llama3_8b", "poolbench", info).model_dump()
+    sub = build_submission(lb, "A1_mean", "llama3_8b", "community", info).model_dump()
     assert sub["strategy_id"] == "A1_mean"
     assert sub["results"] == {"llama3_8b": {"mean_auroc": 0.8, "layer": 2,
                                             "per_concept": {"c1": {"auroc": 0.8, "ci_low": 0.7, "ci_high": 0.9}}}}
@@ -73,7 +73,7 @@ def test_submission_errors_name_the_thing(strategy, model_key, message):
     lb = build_leaderboard([cell("c1", 0, "A1_mean", 0.9, 0.8)])
     info = {"family": "uniform_aggregation", "description": "mean over all real tokens"}
     with pytest.raises(PoolBenchError, match=message):
-        build_submission(lb, strategy, model_key, "x", info)
+        build_submission(lb, strategy, model_key, "community", info)
 
 
 def test_submission_rejects_short_description():
@@ -81,4 +81,5 @@ def test_submission_rejects_short_description():
 
     lb = build_leaderboard([cell("c1", 0, "A1_mean", 0.9, 0.8)])
     with pytest.raises(ValidationError):
-        build_submission(lb, "A1_mean", "llama3_8b", "x", {"family": "uniform_aggregation", "description": "short"})
+        build_submission(lb, "A1_mean", "llama3_8b", "community",
+                         {"family": "uniform_aggregation", "description": "short"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 from s3_server import ACCESS_KEY, REGION, SECRET_KEY
 
@@ -139,8 +140,9 @@ def test_dump_activations_and_export_submission(tiny_llama_dir, local_ray, cache
 
     out = tmp_path / "run"
     write_run_outputs(outcome, out)
-    export_submission(strategy="A1_mean", model_key="llama3_8b", run_dir=out, source="test", out=None)
+    export_submission(strategy="A1_mean", model_key="llama3_8b", run_dir=out, source="community", out=None)
     submission = json.loads((out / "submission_A1_mean.json").read_text())
+    jsonschema.validate(submission, json.loads((Path(__file__).parent / "data" / "submission_schema.json").read_text()))
     assert submission["family"] == "uniform_aggregation"
     result = submission["results"]["llama3_8b"]
     assert set(result["per_concept"]) == {"hedging"}

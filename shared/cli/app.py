@@ -230,7 +230,7 @@ def export_submission(
     strategy: Annotated[str, typer.Option(help="strategy id, e.g. A1_mean")],
     model_key: Annotated[str, typer.Option(help="llama3_8b, gemma2_9b, mistral_7b, qwen25_7b, ...")],
     run_dir: Annotated[Path, typer.Option("--run", help="a finished run's --out folder")] = Path("runs/latest"),
-    source: Annotated[str, typer.Option(help="where the strategy comes from (paper, repo)")] = "poolbench",
+    source: Annotated[str, typer.Option(help="community, or published (implements a paper)")] = "community",
     out: Annotated[Path | None, typer.Option(help="file to write; default <run>/submission_<strategy>.json")] = None,
 ) -> None:
     """Write one strategy's results in the PoolBench community-submission format."""

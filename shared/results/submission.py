@@ -11,6 +11,10 @@ from poolbench.errors import PoolBenchError
 MODEL_KEYS = ("llama3_8b", "gemma2_9b", "mistral_7b", "qwen25_7b", "flan_t5_xl", "mamba2_2b", "bert_base")
 Family = Literal["position_anchored", "uniform_aggregation", "window", "saliency_weighted",
                  "structural_linguistic", "oracle", "other"]
+Source = Literal["community", "published"]  # 'published' only for a direct implementation of a prior paper
+SOURCES = ("community", "published")
+# A StrategySpec's supervision ('labels' = fitted on the concept's train labels) in the leaderboard's words.
+SUPERVISION_NAMES = {"none": "unsupervised", "labels": "supervised"}
 
 
 class ConceptScore(BaseModel):
@@ -31,10 +35,10 @@ class Submission(BaseModel):
     """One strategy's results, keyed by the leaderboard's model keys."""
 
     model_config = ConfigDict(extra="forbid")
-    strategy_id: str = Field(pattern=r"^[A-Z][0-9]+[A-Za-z0-9]*_[a-z0-9_]+$")
+    strategy_id: str = Field(pattern=r"^[A-Z0-9]+_[a-z0-9_]+$")
     family: Family
-    supervision: str
-    source: str
+    supervision: Literal["unsupervised", "supervised"]
+    source: Source
     description: str = Field(min_length=10, max_length=500)
     results: dict[Literal[MODEL_KEYS], ModelResult]  # type: ignore[valid-type]
 
@@ -42,6 +46,8 @@ class Submission(BaseModel):
 def build_submission(leaderboard: dict, strategy: str, model_key: str, source: str,
                      strategy_info: dict) -> Submission:
     """Take one strategy's row of a leaderboard; errors name the strategy or model key."""
+    if source not in SOURCES:
+        raise PoolBenchError(f"--source must be one of {', '.join(SOURCES)}, got '{source}'")
     if model_key not in MODEL_KEYS:
         raise PoolBenchError(f"unknown model key '{model_key}' (known: {', '.join(MODEL_KEYS)})")
     row = next((r for r in leaderboard["strategies"] if r["strategy"] == strategy), None)
@@ -53,7 +59,7 @@ def build_submission(leaderboard: dict, strategy: str, model_key: str, source: s
     return Submission(
         strategy_id=strategy,
         family=strategy_info["family"],
-        supervision=strategy_info.get("supervision", "none"),
+        supervision=SUPERVISION_NAMES[strategy_info.get("supervision", "none")],
         source=source,
         description=strategy_info["description"],
         results={model_key: ModelResult(mean_auroc=row["mean_d1"], per_concept=per_concept,

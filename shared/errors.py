@@ -13,6 +13,14 @@ class StoreError(PoolBenchError):
     """The artifact store cannot be reached or an artifact is missing or corrupt."""
 
 
+class CorruptArtifactError(StoreError):
+    """An artifact's bytes do not match its recorded sha256 (or its manifest is malformed): never read as data."""
+
+    def __init__(self, key: str, reason: str, where: str = "") -> None:
+        super().__init__(f"artifact {key} is corrupt ({reason})" + (f" {where}" if where else ""))
+        self.key, self.reason = key, f"{reason} {where}".strip()
+
+
 class StrategyError(PoolBenchError):
     """An unknown strategy id or a malformed strategy spec."""
 

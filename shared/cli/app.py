@@ -18,6 +18,7 @@ from poolbench.cli.cebench import bias, cebench, sae_train
 from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
 from poolbench.cli.steering import serve_scorers, steer, train_scorers
+from poolbench.cli.store import verify
 from poolbench.config import EMBEDDED, RunConfig
 from poolbench.errors import PoolBenchError
 
@@ -38,6 +39,9 @@ app.command("report")(report)
 app.command("steer")(steer)
 app.command("train-scorers")(train_scorers)
 app.command("serve-scorers")(serve_scorers)
+store_app = typer.Typer(no_args_is_help=True, help="Check the artifact store.")
+app.add_typer(store_app, name="store")
+store_app.command("verify")(verify)
 # Wide enough for the leaderboard when output is piped (rich falls back to 80 columns there).
 console = Console() if Console().is_terminal else Console(width=140)
 err_console = Console(stderr=True)

@@ -30,7 +30,7 @@ from typing import IO, Any
 import pyarrow as pa
 
 from poolbench.atomic_write import atomic_file
-from poolbench.errors import StoreError
+from poolbench.errors import CorruptArtifactError, StoreError
 from poolbench.store.arrow_tables import ipc_bytes_to_table, table_to_ipc_bytes, with_provenance
 from poolbench.store.keys import iter_files, sha256_bytes, sha256_file, validate_key
 
@@ -40,6 +40,7 @@ SUFFIX_TABLE = ".arrow"
 SUFFIX_DIR = ".dir"
 BLOB_SUFFIXES = (SUFFIX_TABLE, SUFFIX_JSON, SUFFIX_BYTES)
 MANIFEST_NAME = "MANIFEST.json"
+QUARANTINE_PREFIX = "quarantine/"
 MANIFEST_FORMAT = "poolbench-dir/1"
 SIDECAR_SUFFIX = ".poolbench-meta.json"
 TMP_PREFIX = ".poolbench-tmp-"
@@ -97,12 +98,15 @@ def _safe_relpath(rel: str, key: str) -> PurePosixPath:
     """A manifest path that stays inside the target folder (a tampered manifest must not escape it)."""
     path = PurePosixPath(rel)
     if not rel or path.is_absolute() or any(part in ("", ".", "..") for part in rel.split("/")):
-        raise StoreError(f"artifact {key} is corrupt (manifest lists unsafe path {rel!r})")
+        raise CorruptArtifactError(key, f"manifest lists unsafe path {rel!r}")
     return path
 
 
 class ArtifactStore(ABC):
     """Backend-neutral API: backends only move named objects; this class owns format and integrity."""
+
+    def __init__(self) -> None:
+        self.quarantined: list[tuple[str, str]] = []
 
     # ---- backend primitives: names are relative posix paths such as "activations/ab12.arrow" ----
 
@@ -233,9 +237,9 @@ class ArtifactStore(ABC):
                 target = staging / _safe_relpath(rel, key)
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if not self._read_file(base + rel, target):
-                    raise StoreError(f"artifact {key} is incomplete: {rel} is missing from {self.describe()}")
+                    raise CorruptArtifactError(key, f"incomplete: {rel} is missing from {self.describe()}")
                 if sha256_file(target) != entry["sha256"]:
-                    raise StoreError(f"artifact {key} is corrupt (sha256 mismatch) in file {rel}")
+                    raise CorruptArtifactError(key, "sha256 mismatch", f"in file {rel}")
             if dest.exists():
                 dest.rmdir()
             os.replace(staging, dest)
@@ -271,6 +275,64 @@ class ArtifactStore(ABC):
         if not found:
             raise StoreError(f"artifact {key} not found in {self.describe()}")
 
+    def check(self, key: str) -> str | None:
+        """None when the artifact under ``key`` is stored and whole; otherwise why not, in a few words."""
+        validate_key(key)
+        try:
+            if self._has(_manifest_name(key)):
+                with tempfile.TemporaryDirectory(prefix=TMP_PREFIX) as tmp:
+                    self.get_dir(key, Path(tmp) / "check")
+                return None
+            suffix = next((s for s in BLOB_SUFFIXES if self._has(key + s)), None)
+            if suffix is None:
+                return "missing"
+            self._get(key, suffix)
+        except CorruptArtifactError as exc:
+            return exc.reason
+        return None
+
+    def intact(self, key: str) -> bool:
+        """Stored and whole. A corrupt artifact is moved to quarantine/ (kept for inspection, out of the way of
+        a recompute) and listed in ``self.quarantined``: a run recomputes it instead of stopping."""
+        problem = self.check(key)
+        if problem is None:
+            return True
+        if problem != "missing":
+            self.quarantine(key, problem)
+        return False
+
+    def quarantine(self, key: str, reason: str) -> str:
+        """Move every object of ``key`` under ``quarantine/<key>`` (with the reason in its metadata)."""
+        target = f"{QUARANTINE_PREFIX}{key}"
+        validate_key(target)
+        base = _dir_base(key)
+        names = [key + s for s in BLOB_SUFFIXES if self._has(key + s)] + self._names(base)
+        for name in names:
+            obj = self._read(name)
+            if obj is None:
+                continue
+            meta = {**obj.metadata, "quarantined_because": reason}
+            self._write(QUARANTINE_PREFIX + name, obj.data, sha256_bytes(obj.data), meta)
+        if self._has(_manifest_name(key)):
+            self._remove(_manifest_name(key))  # a directory vanishes at once, before its files go
+        for name in names:
+            self._remove(name)
+        self.quarantined.append((key, reason))
+        return target
+
+    def verify(self, prefix: str = "", *, quarantine: bool = False) -> list[tuple[str, str]]:
+        """(key, reason) for every artifact under ``prefix`` that is not whole; quarantined if asked."""
+        bad = []
+        for key in self.list(prefix):
+            if key.startswith(QUARANTINE_PREFIX):
+                continue
+            problem = self.check(key)
+            if problem is not None:
+                bad.append((key, problem))
+                if quarantine:
+                    self.quarantine(key, problem)
+        return bad
+
     # ---- shared plumbing ----
 
     def _put(self, key: str, suffix: str, data: bytes, metadata: Mapping[str, str] | None) -> None:
@@ -283,7 +345,7 @@ class ArtifactStore(ABC):
         if obj is None:
             raise StoreError(self._missing_message(key, suffix))
         if obj.sha256 is None or sha256_bytes(obj.data) != obj.sha256:
-            raise StoreError(f"artifact {key} is corrupt (sha256 mismatch) in {self.describe()}")
+            raise CorruptArtifactError(key, "sha256 mismatch", f"in {self.describe()}")
         return obj
 
     def _missing_message(self, key: str, suffix: str) -> str:
@@ -308,7 +370,7 @@ class ArtifactStore(ABC):
             or not isinstance(files, dict)
             or not all(isinstance(e, dict) and isinstance(e.get("sha256"), str) for e in files.values())
         ):
-            raise StoreError(f"artifact {key} is corrupt (malformed {MANIFEST_NAME})")
+            raise CorruptArtifactError(key, f"malformed {MANIFEST_NAME}")
         manifest.setdefault("metadata", {})
         return manifest
 
@@ -318,7 +380,7 @@ class ArtifactStore(ABC):
         if obj is None:
             raise StoreError(self._missing_message(key, SUFFIX_DIR))
         if obj.sha256 is None or sha256_bytes(obj.data) != obj.sha256:
-            raise StoreError(f"artifact {key} is corrupt (sha256 mismatch) in its {MANIFEST_NAME}")
+            raise CorruptArtifactError(key, "sha256 mismatch", f"in its {MANIFEST_NAME}")
         return obj.data
 
 
@@ -334,6 +396,7 @@ class LocalStore(ArtifactStore):
     wrong data (keys are content-determined, so rewrites normally carry the same bytes anyway)."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
+        super().__init__()
         self.root = Path(root).expanduser().absolute()
         try:
             self.root.mkdir(parents=True, exist_ok=True)

@@ -68,6 +68,7 @@ class S3Store(ArtifactStore):
         read_timeout_s: float = 60.0,
         retries: int = 2,
     ) -> None:
+        super().__init__()
         parts = urlsplit(endpoint if "://" in endpoint else f"//{endpoint}")
         if parts.scheme not in ("", "http", "https") or not parts.netloc or parts.path.strip("/"):
             raise StoreError(f"invalid S3 endpoint {endpoint!r}: use http(s)://host:port")

@@ -4,7 +4,7 @@ Prints a table and writes bench/results/pool_strategies.json, all measured in on
 - plain forward time of the batches (no hooks, full depth): the baseline;
 - extraction with every need (attention inflow at the probed layers, LM-likelihood gradients): its time over
   the forward, reported, not targeted (S2 is a forward plus a backward by definition);
-- pooling: parse alignment + concept flags + pool_tokens of all strategies + S3 head rows, per batch, with the
+- pooling: parse alignment + concept flags + pool_tokens of all strategies + S3 head vectors, per batch, with the
   concept's parses already cached (target <= 25% of the forward);
 - spaCy parse throughput of nlp.pipe over the same passages (passages/s), and the cached-parse load time.
 """
@@ -25,7 +25,7 @@ from poolbench.corpus.source import open_corpus
 from poolbench.extractor.extract import extract_batches, forward_only, prepare_batches
 from poolbench.extractor.loading import load_model
 from poolbench.pooler.concept_pooling import _fit_context, strategy_needs
-from poolbench.pooler.iti import head_rows
+from poolbench.pooler.iti import head_vectors
 from poolbench.pooler.parses import ParseIndex, batch_parse_extras, cached_parse_table, ids_digest, load_nlp
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.registry import list_strategies
@@ -80,7 +80,7 @@ def measure(args: argparse.Namespace) -> dict:
             pool_tokens(batch, specs)
             for spec in specs:
                 if spec.supervision == "labels":
-                    head_rows(batch, spec)
+                    head_vectors(batch)
             pooling += time.perf_counter() - t0
         pool_s.append(pooling)
     tokens = sum(int(b.attention_mask.sum()) for b in batches)

@@ -1,9 +1,13 @@
-"""PooledTable: rows land under the right (layer, strategy, passage) and decode back to the same arrays."""
+"""PooledTable and S3's ITIHeadTable: rows land under the right (layer, strategy, passage[, head]) and decode
+back to the same arrays."""
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from poolbench.corpus.passage import Passage
+from poolbench.errors import StoreError
+from poolbench.pooler.iti import ITIHeadTableBuilder, ITIHeadView, needs_head_table
 from poolbench.pooler.pooled_table import PooledTableBuilder, PooledTableView
 
 
@@ -43,3 +47,38 @@ def test_round_trip_places_every_vector():
     assert list(train.passage_ids) == ["p0", "p1"]
     assert list(train.groups) == ["g0", "g0"]
     assert list(m.subset("test").groups) == ["p2", "p3"]
+
+
+def test_head_table_keeps_each_head_at_its_own_width_and_reorders_to_the_pooled_rows():
+    """Two batches, 2 layers, 3 heads, d=4, Dh=2: values encode (layer, passage, head), so every row is checked."""
+    builder = ITIHeadTableBuilder(hidden_size=4)
+    for ids in (["p0", "p2"], ["p1", "p3"]):
+        pooled = np.zeros((2, 2, 3, 4), np.float32)
+        outputs = np.zeros((2, 2, 3, 2), np.float32)
+        for li, layer in enumerate((4, 7)):
+            for bi, pid in enumerate(ids):
+                for h in range(3):
+                    pooled[li, bi, h] = [layer, int(pid[1:]), h, 9]
+                    outputs[li, bi, h] = [int(pid[1:]), h]
+        builder.add("S3_iti_probe", [4, 7], ids, pooled, outputs)
+    table = builder.table({"S3_iti_probe:head_fraction": "0.5"})
+    assert table.num_rows == 2 * 2 * 2 * 3
+    assert table.schema.field("pooled").type == pa.list_(pa.float32(), 4)
+    assert table.schema.field("output").type == pa.list_(pa.float32(), 2)  # no padding to d
+
+    view = ITIHeadView(table)
+    assert view.head_fraction("S3_iti_probe") == 0.5 and view.head_fraction("other") == 0.25
+    per_head, outs = view.cell(7, "S3_iti_probe", np.array(["p3", "p0", "p2", "p1"]))
+    assert per_head.shape == (3, 4, 4) and outs.shape == (4, 3, 2)
+    np.testing.assert_array_equal(per_head[2], [[7, 3, 2, 9], [7, 0, 2, 9], [7, 2, 2, 9], [7, 1, 2, 9]])
+    np.testing.assert_array_equal(outs[1], [[0, 0], [0, 1], [0, 2]])
+    with pytest.raises(StoreError, match="S3_iti_probe layer 7 does not hold every head of every passage"):
+        view.cell(7, "S3_iti_probe", np.array(["p0", "p1", "p2", "p3", "p9"]))
+    with pytest.raises(StoreError, match="S3_iti_probe layer 5"):
+        view.cell(5, "S3_iti_probe", np.array(["p0"]))
+
+
+def test_needs_head_table_reads_the_pooled_metadata():
+    builder = PooledTableBuilder(PASSAGES, hidden_size=3)
+    assert not needs_head_table(builder.table({"concept": "c"}))
+    assert needs_head_table(builder.table({"concept": "c", "S3_iti_probe:heads": "4"}))

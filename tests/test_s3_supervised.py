@@ -1,25 +1,32 @@
 """S3_iti_probe: head selection sees only the training labels of each D1 fold, and the whole path runs
-end to end (pool_concept -> PooledTable with per-head rows -> probe_pooled_table)."""
+end to end (pool_concept_tables -> PooledTable + ITIHeadTable -> probe_pooled_table, in memory and through the
+artifact store)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from poolbench.corpus.passage import Passage
+from poolbench.errors import StoreError
 from poolbench.extractor.loading import LoadedModel
-from poolbench.pooler.concept_pooling import pool_concept
+from poolbench.pooler.concept_pooling import pool_concept_tables
+from poolbench.pooler.iti import ITIHeadView, head_table_key
 from poolbench.pooler.parses import load_nlp
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.pooler.registry import get_strategy, list_strategies
-from poolbench.prober.concept_probe import probe_pooled_table
+from poolbench.pooler.worker import ExtractorWorker
+from poolbench.prober.auroc import ProbeError
+from poolbench.prober.concept_probe import probe_concept_task, probe_pooled_table
 from poolbench.prober.d1 import cv_splits
 from poolbench.prober.supervised import HeadSelectionCell, evaluate_d1_supervised, n_heads_kept
+from poolbench.store.artifact_store import LocalStore
 
 N_TRAIN, N_TEST, N_FOLDS = 200, 80, 5
 
@@ -120,18 +127,61 @@ def passages(n_pairs: int, split: str) -> list[Passage]:
     return out
 
 
-def test_s3_pools_head_rows_and_the_prober_evaluates_one_cell(tiny) -> None:
+def test_s3_pools_a_head_table_and_the_prober_evaluates_one_cell(tiny) -> None:
     data = passages(12, "train") + passages(6, "test")
-    table = pool_concept(tiny, data, [0, 1], [get_strategy("A1"), get_strategy("S3_iti_probe")], batch_size=8)
-    strategies = set(table.column("strategy").to_pylist())
-    assert strategies == {"A1_mean", "S3_iti_probe", *(f"S3_iti_probe@head{h}" for h in range(4)),
-                          "S3_iti_probe@feat0"}  # 4 heads x head_dim 4 = 16 = one hidden-size chunk
+    out = pool_concept_tables(tiny, data, [0, 1], [get_strategy("A1"), get_strategy("S3_iti_probe")],
+                              batch_size=8)
+    table, heads = out.pooled, out.heads
+    assert set(table.column("strategy").to_pylist()) == {"A1_mean", "S3_iti_probe"}  # real strategies only
+    assert table.num_rows == 36 * 2 * 2
     assert table.schema.metadata[b"S3_iti_probe:heads"] == b"4"
-    records = probe_pooled_table(table, "negation", n_folds=3, n_bootstrap=20)
+    # One row per (passage, layer, head): the head's pooled vector at hidden width 16, its own output at head
+    # width 16 / 4 heads = 4, no padding.
+    assert heads.num_rows == 36 * 2 * 4
+    assert heads.schema.field("pooled").type == pa.list_(pa.float32(), 16)
+    assert heads.schema.field("output").type == pa.list_(pa.float32(), 4)
+    assert heads.schema.metadata[b"S3_iti_probe:head_fraction"] == b"0.25"
+    assert set(heads.column("head").to_pylist()) == {0, 1, 2, 3}
+    # Each head's inflow weights sum to 1 and so does their mean: the all-heads row is the mean of the heads.
+    main = PooledTableView(table).matrix(1, "S3_iti_probe")
+    per_head, outputs = ITIHeadView(heads).cell(1, "S3_iti_probe", main.passage_ids)
+    assert per_head.shape == (4, 36, 16) and outputs.shape == (36, 4, 4)
+    np.testing.assert_allclose(per_head.mean(axis=0), main.X, atol=1e-5)
+    records = probe_pooled_table(table, "negation", n_folds=3, n_bootstrap=20, heads=heads)
     cells = {(r["layer"], r["strategy"]) for r in records}
     assert cells == {(layer, s) for layer in (0, 1) for s in ("A1_mean", "S3_iti_probe")}
     s3 = [r for r in records if r["strategy"] == "S3_iti_probe"]
     assert all(len(r["heads_selected"]) == 1 and r["fallback_count"] == 0 for r in s3)
+    with pytest.raises(ProbeError, match="'S3_iti_probe' layer 0: supervised, but its ITIHeadTable was not given"):
+        probe_pooled_table(table, "negation", n_folds=3, n_bootstrap=20)
+
+
+def test_the_worker_stores_the_head_table_and_the_probe_task_reads_it(tiny_llama_dir, tmp_path) -> None:
+    """Through the artifact store, D1 of S3 equals D1 in memory; a PooledTable whose head table is gone
+    stops the probe task instead of probing S3 without its heads."""
+    store_url = str(tmp_path / "store")
+    worker = ExtractorWorker(str(tiny_llama_dir))
+    data = passages(12, "train") + passages(6, "test")
+    strategies = ["A1_mean", "S3_iti_probe"]
+    worker.pool_concept("negation", data, [0, 1], strategies, store_url=store_url, key="pooled/k",
+                        metadata={"concept": "negation"}, batch_size=8, max_length=64)
+    store = LocalStore(tmp_path / "store")
+    assert store.exists(head_table_key("pooled/k"))
+    probe_concept_task(store_url, "pooled/k", "d1/k", "negation", 3, 0, 20, reliability=False)
+    stored = store.get_table("d1/k").to_pylist()
+    out = pool_concept_tables(worker.loaded, data, [0, 1], [get_strategy(s) for s in strategies], batch_size=8,
+                              max_length=64)
+    in_memory = probe_pooled_table(out.pooled, "negation", n_folds=3, n_bootstrap=20, reliability=False,
+                                   heads=out.heads)
+    assert len(stored) == len(in_memory) == 2 * 2 * 2
+    for got, want in zip(stored, in_memory, strict=True):
+        assert (got["layer"], got["strategy"], got["probe"]) == (want["layer"], want["strategy"], want["probe"])
+        assert got["test_auroc"] == want["test_auroc"] and got["cv_auroc"] == want["cv_auroc"]
+        assert got["heads_selected"] == want["heads_selected"]
+    assert all(len(r["heads_selected"]) == 1 for r in stored if r["strategy"] == "S3_iti_probe")  # 2 heads: 1
+    store.delete(head_table_key("pooled/k"))
+    with pytest.raises(StoreError):
+        probe_concept_task(store_url, "pooled/k", "d1/k2", "negation", 3, 0, 20, reliability=False)
 
 
 def test_every_strategy_through_pool_concept_reports_fallbacks_per_cell(tiny) -> None:
@@ -139,7 +189,8 @@ def test_every_strategy_through_pool_concept_reports_fallbacks_per_cell(tiny) ->
     statistics); L3 falls back exactly on the passages where spaCy finds no entity, and D1 counts them."""
     data = passages(12, "train") + passages(6, "test")
     specs = list_strategies(include_reference=True)
-    table = pool_concept(tiny, data, [1], specs, batch_size=16)
+    out = pool_concept_tables(tiny, data, [1], specs, batch_size=16)
+    table = out.pooled
     view = PooledTableView(table)
     for spec in specs:
         cell = view.matrix(1, spec.id)
@@ -150,7 +201,7 @@ def test_every_strategy_through_pool_concept_reports_fallbacks_per_cell(tiny) ->
     assert l3_cell.fallback.tolist() == [no_entity[pid] for pid in l3_cell.passage_ids]
     assert sum(no_entity.values()) > len(data) // 2  # word salad: mostly no entity
     assert not view.matrix(1, "S2_gradient").fallback.any() and not view.matrix(1, "L6_sentence").fallback.any()
-    records = probe_pooled_table(table, "negation", n_folds=3, n_bootstrap=10)
+    records = probe_pooled_table(table, "negation", n_folds=3, n_bootstrap=10, heads=out.heads)
     l3 = [r for r in records if r["strategy"] == "L3_entity"]
     n_fallback = sum(no_entity.values())
     assert l3 and all(r["fallback_count"] == n_fallback and r["fallback_rate"] == n_fallback / len(data)

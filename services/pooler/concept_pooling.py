@@ -7,6 +7,7 @@ concept's train-split statistics are prepared once per concept and handed to eve
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -16,14 +17,22 @@ from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.extract import extract_batches, prepare_batches
 from poolbench.extractor.loading import LoadedModel
 from poolbench.pooler.concept_context import ConceptContext
-from poolbench.pooler.iti import head_rows, head_shape
+from poolbench.pooler.iti import FRACTION_META, HEADS_META, ITIHeadTableBuilder, head_vectors
 from poolbench.pooler.parses import ParseIndex, batch_parse_extras, load_nlp, parse_table
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.pooler.saliency import check_encoder_support, remove_first_component
 from poolbench.pooler.spec import StrategySpec
 
-POOL_VERSION = 1  # bump when extraction or pooling changes what a stored PooledTable holds
+POOL_VERSION = 2  # bump when extraction or pooling changes what a stored PooledTable holds; 2: ITIHeadTable
+
+
+@dataclass(frozen=True)
+class PooledConcept:
+    """A concept's PooledTable (real strategies only) and the ITIHeadTable of its supervised strategies."""
+
+    pooled: pa.Table
+    heads: pa.Table | None  # None when no requested strategy is supervised
 
 
 def strategy_needs(specs: Sequence[StrategySpec]) -> frozenset[str]:
@@ -31,7 +40,16 @@ def strategy_needs(specs: Sequence[StrategySpec]) -> frozenset[str]:
     return frozenset().union(*(spec.needs for spec in specs)) if specs else frozenset()
 
 
-def pool_concept(
+def pool_concept(loaded: LoadedModel, passages: Sequence[Passage], layers: Sequence[int],
+                 specs: Sequence[StrategySpec], *, batch_size: int = 32, max_length: int = 256,
+                 metadata: dict[str, str] | None = None, parses: ParseIndex | None = None) -> pa.Table:
+    """The PooledTable alone, for callers that never probe a supervised strategy (steering vectors): probing
+    an S3 cell without its ITIHeadTable stops with an error."""
+    return pool_concept_tables(loaded, passages, layers, specs, batch_size=batch_size, max_length=max_length,
+                               metadata=metadata, parses=parses).pooled
+
+
+def pool_concept_tables(
     loaded: LoadedModel,
     passages: Sequence[Passage],
     layers: Sequence[int],
@@ -42,7 +60,7 @@ def pool_concept(
     metadata: dict[str, str] | None = None,
     on_batch: Callable[[ActivationBatch], None] | None = None,
     parses: ParseIndex | None = None,
-) -> pa.Table:
+) -> PooledConcept:
     """Extract every requested layer in one forward per batch and pool all strategies right away.
 
     `parses` (e.g. the cached artifact) serves strategies that need them; without it they are parsed here."""
@@ -57,7 +75,9 @@ def pool_concept(
     if "corpus" in needs:
         context = _fit_context(passages, batches, parses)
     builder = PooledTableBuilder(passages, loaded.hidden_size)
+    heads = ITIHeadTableBuilder(loaded.hidden_size)
     metadata = dict(metadata or {})
+    head_metadata = dict(metadata)
     for batch in extract_batches(loaded.model, loaded.decoder_layers, batches, layers, needs=needs):
         if "parse" in needs:
             batch.extras.update(batch_parse_extras(parses, batch.passage_ids, batch.texts, batch.offsets,
@@ -71,17 +91,16 @@ def pool_concept(
         builder.add(pooled.vectors, pooled.layers, pooled.strategy_ids, pooled.passage_ids, pooled.fallback)
         for spec in specs:
             if spec.supervision == "labels":
-                names, vectors = head_rows(batch, spec)
-                n_heads, head_dim = head_shape(batch)
-                metadata[f"{spec.id}:heads"], metadata[f"{spec.id}:head_dim"] = str(n_heads), str(head_dim)
-                metadata[f"{spec.id}:head_fraction"] = str(spec.param("head_fraction"))
-                builder.add(vectors, batch.layers, names, batch.passage_ids,
-                            np.zeros((len(names), len(batch.passage_ids)), dtype=bool))
+                per_head, outputs = head_vectors(batch)
+                metadata[f"{spec.id}{HEADS_META}"] = str(per_head.shape[2])
+                head_metadata[f"{spec.id}{FRACTION_META}"] = str(spec.param("head_fraction"))
+                heads.add(spec.id, batch.layers, batch.passage_ids, per_head, outputs)
     table = builder.table(metadata)
     for spec in specs:
         if dict(spec.params).get("remove_first_pc") is True:
             table = _remove_first_pc(table, spec.id)
-    return table
+    supervised = any(spec.supervision == "labels" for spec in specs)
+    return PooledConcept(table, heads.table(head_metadata) if supervised else None)
 
 
 def _fit_context(passages: Sequence[Passage], batches, parses: ParseIndex | None) -> ConceptContext:

@@ -1,4 +1,6 @@
-"""PooledTable: the durable Arrow form of pooled vectors, one row per (passage, layer, strategy)."""
+"""PooledTable: the durable Arrow form of pooled vectors, one row per (passage, layer, strategy).
+
+Real strategies only: S3's per-head pooled vectors and head outputs live in its ITIHeadTable (poolbench.pooler.iti)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ from poolbench.corpus.passage import Passage
 from poolbench.extractor.activation_dump import activation_dump_table
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.loading import load_model
-from poolbench.pooler.concept_pooling import pool_concept, strategy_needs
+from poolbench.pooler.concept_pooling import pool_concept_tables, strategy_needs
+from poolbench.pooler.iti import head_table_key
 from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
 from poolbench.pooler.registry import (
     load_entry_point_strategies,
@@ -52,7 +53,7 @@ class ExtractorWorker:
     def pool_concept(self, concept: str, passages: Sequence[Passage], layers: Sequence[int],
                      strategies: Sequence[str], *, store_url: str, key: str, metadata: dict[str, str],
                      batch_size: int, max_length: int, dump_key: str | None = None) -> dict:
-        """Write the concept's PooledTable under `key` (atomically) and return a small summary."""
+        """Write the concept's PooledTable under `key` (and its ITIHeadTable beside it) and return a summary."""
         store = open_store(store_url)
         specs = resolve_strategies(list(strategies))
         dumped: list[pa.Table] = []
@@ -71,11 +72,14 @@ class ExtractorWorker:
                                            corpus_hash=metadata.get("corpus", concept),
                                            passages_digest=ids_digest([p.id for p in passages]))
             parses = ParseIndex.from_table(parsed)
-        table = pool_concept(self.loaded, passages, layers, specs, batch_size=batch_size,
-                             max_length=max_length, metadata=metadata, on_batch=on_batch, parses=parses)
+        pooled = pool_concept_tables(self.loaded, passages, layers, specs, batch_size=batch_size,
+                                     max_length=max_length, metadata=metadata, on_batch=on_batch, parses=parses)
+        table = pooled.pooled
         seconds = time.perf_counter() - start
         if dump_key is not None:
             store.put_table(dump_key, pa.concat_tables(dumped))
+        if pooled.heads is not None:  # before the PooledTable: a stored PooledTable means its heads are stored
+            store.put_table(head_table_key(key), pooled.heads)
         store.put_table(key, table)
         return {"concept": concept, "key": key, "rows": table.num_rows, "tokens": tokens,
                 "seconds": seconds, "fallback_rows": int(pc.sum(table.column("fallback")).as_py() or 0)}

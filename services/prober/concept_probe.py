@@ -5,26 +5,29 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from poolbench.pooler.iti import ITIHeadView, head_table_key, needs_head_table
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.prober.d1 import evaluate_d1
 from poolbench.prober.flash import flash_subset, parse_fraction
 from poolbench.prober.reliability import cell_reliability
-from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell, is_auxiliary
+from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell
 
 D1_VERSION = 2  # 2: per-cell reliability statistics, supervised (S3) cells
 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
-                       n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None) -> list[dict]:
-    """One record per (layer, strategy, probe): CV AUROC on train, held-out AUROC with its CI, fallbacks."""
+                       n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None,
+                       heads: pa.Table | None = None) -> list[dict]:
+    """One record per (layer, strategy, probe): CV AUROC on train, held-out AUROC with its CI, fallbacks.
+
+    `heads` is the ITIHeadTable that pooling made beside `table`; supervised (S3) cells need it."""
     view = PooledTableView(table)
+    head_view = ITIHeadView(heads) if heads is not None else None
     metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     records = []
     for layer, strategy in view.cells:
-        if is_auxiliary(strategy):  # per-head rows feed their supervised cell below
-            continue
         cell = view.matrix(layer, strategy)
-        supervised = head_selection_cell(view, metadata, layer, strategy, seed)
+        supervised = head_selection_cell(cell, metadata, head_view, layer, strategy, seed)
         stats: dict = {}
         train_rows = np.flatnonzero(cell.split == "train")
         if flash is not None:  # a stratified, pair-preserving fraction of train; test stays whole
@@ -69,7 +72,9 @@ def probe_concept_task(store_url: str, pooled_key: str, d1_key: str, concept: st
     from poolbench.store.url import open_store
 
     store = open_store(store_url)
-    records = probe_pooled_table(store.get_table(pooled_key), concept, n_folds=n_folds, seed=seed,
-                                 n_bootstrap=n_bootstrap, reliability=reliability, flash=flash)
+    table = store.get_table(pooled_key)
+    heads = store.get_table(head_table_key(pooled_key)) if needs_head_table(table) else None
+    records = probe_pooled_table(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
+                                 reliability=reliability, flash=flash, heads=heads)
     store.put_table(d1_key, probe_records_table(records))
     return {"concept": concept, "key": d1_key, "cells": len(records)}

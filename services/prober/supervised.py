@@ -5,12 +5,13 @@ once per CV fold with the fold's training rows and once with the whole train spl
 no label of a passage that is being scored ever shapes its features. `HeadSelectionCell` is S3_iti_probe's:
 heads are ranked by the grouped-CV AUROC of a logistic probe on their last-token outputs, the top
 `n_keep` are kept, and X is the mean of their per-head pooled vectors (the pooled vector of the mean of
-their per-head-normalised attention inflow).
+their per-head-normalised attention inflow). Both per-head arrays come from the concept's ITIHeadTable.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -18,8 +19,8 @@ import numpy as np
 from sklearn.base import clone
 from sklearn.model_selection import StratifiedGroupKFold
 
-from poolbench.pooler.iti import FEATURE_TAG, HEAD_FRACTION, HEAD_TAG
-from poolbench.pooler.pooled_table import PooledTableView
+from poolbench.pooler.iti import HEAD_FRACTION, HEADS_META, ITIHeadView
+from poolbench.pooler.pooled_table import PooledMatrix
 from poolbench.prober.auroc import ProbeError, auroc, bootstrap_auroc_ci
 from poolbench.prober.d1 import _BLAS, D1Result, ProbeResult, cv_splits
 from poolbench.prober.probes import PROBE_NAMES, make_probe
@@ -121,30 +122,16 @@ def evaluate_d1_supervised(cell: SupervisedCell, y: np.ndarray, groups: np.ndarr
     return D1Result(probes=results, seed=seed)
 
 
-def is_auxiliary(strategy: str) -> bool:
-    """Rows that only feed a supervised cell (per-head pooled vectors and features), never cells."""
-    return HEAD_TAG in strategy or FEATURE_TAG in strategy
-
-
-def head_selection_cell(view: PooledTableView, metadata: dict[str, str], layer: int, strategy: str,
-                        seed: int = 0) -> HeadSelectionCell | None:
-    """The S3 cell of (layer, strategy) from a PooledTable's auxiliary rows, or None if it has none."""
-    heads_key = f"{strategy}:heads"
-    if heads_key not in metadata:
+def head_selection_cell(cell: PooledMatrix, metadata: Mapping[str, str], heads: ITIHeadView | None, layer: int,
+                        strategy: str, seed: int = 0) -> HeadSelectionCell | None:
+    """The S3 cell of (layer, strategy), its rows in the order of `cell`, or None for an unsupervised strategy
+    (one whose PooledTable metadata names no heads)."""
+    if f"{strategy}{HEADS_META}" not in metadata:
         return None
-    n_heads, head_dim = int(metadata[heads_key]), int(metadata[f"{strategy}:head_dim"])
-    fraction = float(metadata.get(f"{strategy}:head_fraction", HEAD_FRACTION))
-    main = view.matrix(layer, strategy)
-    per_head = [view.matrix(layer, f"{strategy}{HEAD_TAG}{h}") for h in range(n_heads)]
-    dim = main.X.shape[1]
-    n_chunks = math.ceil(n_heads * head_dim / dim)
-    chunks = [view.matrix(layer, f"{strategy}{FEATURE_TAG}{c}") for c in range(n_chunks)]
-    for other in (*per_head, *chunks):
-        if not np.array_equal(other.passage_ids, main.passage_ids):
-            raise ProbeError(f"strategy {strategy!r} layer {layer}: head rows are not in passage order")
-    features = np.concatenate([c.X for c in chunks], axis=1)[:, : n_heads * head_dim]
+    if heads is None:
+        raise ProbeError(f"strategy {strategy!r} layer {layer}: supervised, but its ITIHeadTable was not given")
+    pooled, outputs = heads.cell(layer, strategy, cell.passage_ids)
     return HeadSelectionCell(
-        pooled=np.stack([m.X for m in per_head]).astype(np.float64),
-        features=features.reshape(len(main.y), n_heads, head_dim).astype(np.float64),
-        y=main.y, groups=main.groups, n_keep=n_heads_kept(n_heads, fraction), seed=seed,
+        pooled=pooled.astype(np.float64), features=outputs.astype(np.float64), y=cell.y, groups=cell.groups,
+        n_keep=n_heads_kept(pooled.shape[0], heads.head_fraction(strategy)), seed=seed,
     )

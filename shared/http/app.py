@@ -158,17 +158,17 @@ def _spec(strategy: str):
 
 def _pool(loaded, settings: ServiceSettings, texts: list[str], labels: list[int], splits: list[str],
           groups: list[str | None], layer: int, strategy: str):
-    """A PooledTable for ad-hoc texts: the batch pipeline's pool_concept on one layer and one strategy."""
+    """A PooledTable (and ITIHeadTable) for ad-hoc texts: the batch pipeline's pooling, one layer and strategy."""
     from poolbench.corpus.passage import Passage
-    from poolbench.pooler.concept_pooling import pool_concept
+    from poolbench.pooler.concept_pooling import pool_concept_tables
 
     if layer >= loaded.n_layers:
         raise RequestError(f"layer: {layer} out of range for '{loaded.model_id}' ({loaded.n_layers} layers)")
     passages = [Passage(id=f"t{i}", text=t, label=y, domain="http", token_count=0, matched_pair_id=g,
                         split=s, concept="http") for i, (t, y, s, g) in enumerate(zip(texts, labels, splits, groups,
                                                                                        strict=True))]
-    return pool_concept(loaded, passages, [layer], [_spec(strategy)], batch_size=settings.batch_size,
-                        max_length=settings.max_length)
+    return pool_concept_tables(loaded, passages, [layer], [_spec(strategy)], batch_size=settings.batch_size,
+                               max_length=settings.max_length)
 
 
 def build_api(settings: ServiceSettings) -> FastAPI:
@@ -216,7 +216,7 @@ def build_api(settings: ServiceSettings) -> FastAPI:
         started = time.perf_counter()
         loaded = models.get(req.model)
         n = len(req.texts)
-        table = _pool(loaded, settings, req.texts, [0] * n, ["test"] * n, [None] * n, req.layer, spec.id)
+        table = _pool(loaded, settings, req.texts, [0] * n, ["test"] * n, [None] * n, req.layer, spec.id).pooled
         cell = PooledTableView(table).matrix(req.layer, spec.id)
         order = np.argsort([int(p[1:]) for p in cell.passage_ids])
         return {"model_id": loaded.model_id, "layer": req.layer, "strategy": spec.id, "dim": int(cell.X.shape[1]),
@@ -235,9 +235,10 @@ def build_api(settings: ServiceSettings) -> FastAPI:
         started = time.perf_counter()
         loaded = models.get(req.model)
         items = req.items
-        table = _pool(loaded, settings, [i.text for i in items], [i.label for i in items],
-                      [i.split for i in items], [i.group for i in items], req.layer, spec.id)
-        records = probe_pooled_table(table, "http", n_folds=req.n_folds, seed=req.seed, n_bootstrap=req.n_bootstrap)
+        pooled = _pool(loaded, settings, [i.text for i in items], [i.label for i in items],
+                       [i.split for i in items], [i.group for i in items], req.layer, spec.id)
+        records = probe_pooled_table(pooled.pooled, "http", n_folds=req.n_folds, seed=req.seed,
+                                     n_bootstrap=req.n_bootstrap, heads=pooled.heads)
         keep = ("probe", "cv_auroc", "test_auroc", "ci_low", "ci_high", "ci_level", "n_train", "n_test",
                 "fallback_rate")
         return {"model_id": loaded.model_id, "layer": req.layer, "strategy": spec.id,

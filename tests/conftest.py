@@ -11,6 +11,8 @@ from s3_server import MotoServer, s3_store_on
 
 from poolbench.store.artifact_store import ArtifactStore, LocalStore
 
+pytest_plugins = ["skip_policy"]
+
 
 @pytest.fixture(scope="session")
 def moto_s3() -> Iterator[MotoServer]:

@@ -46,7 +46,7 @@ def test_scores_by_hand():
     # entry0 |a-b| = [1, 1] -> 1; entry1 = [0, 0.5] -> 0.5; mean 0.75
     # independent stack: f0 {1,1.5,0,3} -> /3, f1 {0,1,0,0.5} -> /1
     # entry0 |m-u| = [1/6, 1] -> 1; entry1 = [1, 0.5] -> 1; mean 1
-    scores = cebench_scores(_toy())
+    scores = cebench_scores(_toy(), "dataset_minmax")
     assert scores.contrastive == pytest.approx(0.75)
     assert scores.independent == pytest.approx(1.0)
     assert scores.interpretability == pytest.approx(1.75)
@@ -75,7 +75,8 @@ def test_scale_invariance_per_feature():
     means = _toy()
     scaled = type(means)(*(x * [10.0, 0.01] + [3, -7] for x in
                            (means.story_a, means.story_b, means.marked, means.unmarked)))
-    assert cebench_scores(scaled).contrastive == pytest.approx(cebench_scores(means).contrastive)
+    assert cebench_scores(scaled, "dataset_minmax").contrastive == pytest.approx(
+        cebench_scores(means, "dataset_minmax").contrastive)
 
 
 def test_marked_token_mask_overlap_and_empty_spans():
@@ -180,16 +181,23 @@ def test_cli_cebench_on_neurons_and_a_trained_sae(random_llama: Path, tmp_path: 
     assert result.exit_code == 0, result.output
     assert load_sae(sae_path, hidden_size=32).m == 64
     for extra, unit in (([], "neurons"), (["--sae", str(sae_path)], "SAE")):
-        out = tmp_path / f"{unit}.json"
-        result = runner.invoke(_app(), ["cebench", "--model", str(random_llama), "--layer", "1", "--entries", "6",
-                                        "--out", str(out), *extra])
-        assert result.exit_code == 0, result.output
-        doc = json.loads(out.read_text())
-        scores = doc["scores"]
-        assert scores["interpretability"] == pytest.approx(scores["contrastive"] + scores["independent"])
-        assert 0 < scores["contrastive"] <= 1 and 0 < scores["independent"] <= 1
-        assert len(doc["entries"]) == 6 and doc["versions"]["torch"] and doc["config"]["layer"] == 1
-        assert len(doc["features"]["contrastive"]) == (64 if extra else 32)
+        m = 64 if extra else 32
+        for normalisation in ("entry_zscore", "dataset_minmax"):
+            out = tmp_path / f"{unit}-{normalisation}.json"
+            result = runner.invoke(_app(), ["cebench", "--model", str(random_llama), "--layer", "1", "--entries",
+                                            "6", "--out", str(out), "--normalisation", normalisation, *extra])
+            assert result.exit_code == 0, result.output
+            doc = json.loads(out.read_text())
+            scores = doc["scores"]
+            assert doc["config"]["normalisation"] == normalisation
+            if normalisation == "dataset_minmax":
+                assert scores["interpretability"] == pytest.approx(scores["contrastive"] + scores["independent"])
+                assert 0 < scores["contrastive"] <= 1 and 0 < scores["independent"] <= 1
+            else:  # the max z-score of m values (sample std) is at most (m - 1) / sqrt(m)
+                bound = (m - 1) / np.sqrt(m)
+                assert 0 < scores["contrastive"] <= bound and 0 < scores["independent"] <= bound
+            assert len(doc["entries"]) == 6 and doc["versions"]["torch"] and doc["config"]["layer"] == 1
+            assert len(doc["features"]["contrastive"]) == m
     save_sae(_wrong_width_sae(), tmp_path / "wide.npz")
     result = runner.invoke(_app(), ["cebench", "--model", str(random_llama), "--sae", str(tmp_path / "wide.npz"),
                                     "--entries", "4", "--out", str(tmp_path / "x.json")])
@@ -200,3 +208,51 @@ def test_cli_cebench_on_neurons_and_a_trained_sae(random_llama: Path, tmp_path: 
 def _wrong_width_sae() -> SAE:
     return SAE(W_enc=np.zeros((16, 8), np.float32), b_enc=np.zeros(8, np.float32),
                W_dec=np.zeros((8, 16), np.float32), b_dec=np.zeros(16, np.float32))
+
+
+def _three_feature_means():
+    from poolbench.cebench.scores import CEBenchMeans
+
+    return CEBenchMeans(story_a=np.array([[3.0, 0, 0], [1, 1, 1]]), story_b=np.array([[0.0, 0, 0], [1, 1, 1]]),
+                        marked=np.array([[1.0, 1, 0], [0, 2, 0]]), unmarked=np.zeros((2, 3)))
+
+
+def test_published_entry_zscore_by_hand():
+    """CE-Bench's own code: per entry, z-score the distance across features (sample std), score = max z."""
+    s = cebench_scores(_three_feature_means())
+    assert s.normalisation == "entry_zscore"
+    # entry0 |a-b| = [3,0,0] -> z = [2, -1, -1]/sqrt(3); entry1 |a-b| = 0 -> constant -> 0
+    np.testing.assert_allclose(s.entry_contrastive, [2 / np.sqrt(3), 0.0])
+    # entry0 |m-u| = [1,1,0] -> max z 1/sqrt(3); entry1 [0,2,0] -> 2/sqrt(3)
+    np.testing.assert_allclose(s.entry_independent, [1 / np.sqrt(3), 2 / np.sqrt(3)])
+    assert s.contrastive == pytest.approx(1 / np.sqrt(3))
+    assert s.independent == pytest.approx(np.sqrt(3) / 2)
+    # summed distances: entry0 [4,1,0] -> (7/3)/sqrt(78/18); entry1 [0,2,0] -> 2/sqrt(3)
+    assert s.interpretability == pytest.approx(((7 / 3) / np.sqrt(78 / 18) + 2 / np.sqrt(3)) / 2)
+    np.testing.assert_allclose(s.feature_contrastive, [1 / np.sqrt(3), -1 / (2 * np.sqrt(3)), -1 / (2 * np.sqrt(3))])
+
+
+def test_entry_zscore_matches_a_plain_loop_in_torch():
+    """The published definition written the obvious way (torch.std is the sample std) gives the same numbers."""
+    import torch
+
+    rng = np.random.default_rng(4)
+    from poolbench.cebench.scores import CEBenchMeans
+
+    means = CEBenchMeans(*(rng.gamma(1.0, size=(9, 17)) for _ in range(4)))
+    means.marked[3] = means.unmarked[3]  # a constant distance vector
+    ours = cebench_scores(means)
+    for e in range(9):
+        d = torch.abs(torch.tensor(means.story_a[e]) - torch.tensor(means.story_b[e]))
+        z = d - d.mean()
+        z = z / (torch.std(z) if torch.std(z) != 0 else 1)
+        assert ours.entry_contrastive[e] == pytest.approx(float(z.max()), abs=1e-12)
+        d2 = torch.abs(torch.tensor(means.marked[e]) - torch.tensor(means.unmarked[e]))
+        z2 = d2 - d2.mean()
+        z2 = z2 / (torch.std(z2) if torch.std(z2) != 0 else 1)
+        assert ours.entry_independent[e] == pytest.approx(float(z2.max()), abs=1e-12)
+
+
+def test_unknown_normalisation_is_one_line():
+    with pytest.raises(CEBenchError, match="normalisation must be one of entry_zscore, dataset_minmax, got 'l2'"):
+        cebench_scores(_three_feature_means(), "l2")

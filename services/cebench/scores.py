@@ -2,19 +2,19 @@
 
 For each entry (a pair of contrastive paragraphs about one subject) four mean vectors are formed from a
 layer's token activations (special tokens excluded): the mean over all tokens of paragraph A, of paragraph
-B, over the marked tokens of both paragraphs, and over the unmarked tokens of both.
+B, over the marked tokens of both paragraphs, and over the unmarked tokens of both. The contrastive distance
+is |A - B| per feature, the independent distance |marked - unmarked|.
 
-"Normalise jointly" means: per feature, min-max scale with the minimum and maximum taken over the stacked
-vectors of the *whole dataset* — all 2E paragraph means for the contrastive score, all 2E marked/unmarked
-means for the independent score — so the two vectors of an entry share one scale, one scale per feature.
-Min-max over only the two vectors of a pair would be degenerate: each feature becomes 0 and 1 (or 0 and 0), so
-|difference| is 1 wherever the two differ at all and the max is always 1. Dataset-level min-max keeps every
-feature in [0, 1] (so neurons and SAE features of any scale are comparable, and the max is bounded) while an
-entry's |difference| says how much of that feature's whole range across the dataset the contrast spans.
-A feature constant over the stack (for SAE features: never active) scales to 0.
-
-Per entry the score is the max over features of |difference|; the dataset score is the mean over entries.
-Per feature, the mean over entries of |difference|; interpretability = contrastive + independent.
+Two "joint normalisations" are offered:
+- `entry_zscore` (the default: the published CE-Bench code, Gulko, Peng & Kumar 2025): per entry, the distance
+  vector is z-scored across the entry's features (minus its mean, over its sample standard deviation; a
+  constant vector divides by 1) and the entry's score is the max z. Interpretability z-scores the summed
+  distances (contrastive + independent) the same way. A score is then "how many standard deviations the most
+  contrastive feature stands out from the others" — scale-free per entry, comparable across layers and SAEs.
+- `dataset_minmax` (PoolBench's earlier reading): per feature, min-max over the stacked vectors of the whole
+  dataset, so each feature lies in [0, 1] and an entry's |difference| says how much of that feature's range the
+  contrast spans; interpretability = contrastive + independent. Kept as an option for comparison.
+Dataset scores are means over entries of the per-entry max; per-feature values are means over entries.
 """
 
 from __future__ import annotations
@@ -52,12 +52,10 @@ class CEBenchScores:
     entry_independent: np.ndarray  # [E] max over features of |marked - unmarked| (normalised)
     entry_contrastive_feature: np.ndarray  # [E] int, the argmax feature
     entry_independent_feature: np.ndarray  # [E] int
-    feature_contrastive: np.ndarray  # [m] mean over entries of |a - b|
-    feature_independent: np.ndarray  # [m] mean over entries of |marked - unmarked|
-
-    @property
-    def feature_interpretability(self) -> np.ndarray:
-        return self.feature_contrastive + self.feature_independent
+    feature_contrastive: np.ndarray  # [m] mean over entries of the normalised |a - b|
+    feature_independent: np.ndarray  # [m] mean over entries of the normalised |marked - unmarked|
+    feature_interpretability: np.ndarray  # [m] mean over entries of the normalised interpretability
+    normalisation: str = "entry_zscore"
 
     def top_features(self, k: int = 10) -> list[dict[str, float | int]]:
         """The k features with the highest mean interpretability, with how often each is an entry's argmax."""
@@ -112,17 +110,37 @@ def normalise_jointly(first: np.ndarray, second: np.ndarray) -> tuple[np.ndarray
     return (first - low) * scale, (second - low) * scale
 
 
-def cebench_scores(means: CEBenchMeans) -> CEBenchScores:
+NORMALISATIONS = ("entry_zscore", "dataset_minmax")
+
+
+def entry_zscore(distance: np.ndarray) -> np.ndarray:
+    """Each row [E, m] minus its mean over features, over its sample std (ddof=1; a constant row divides by 1)."""
+    centred = distance - distance.mean(axis=1, keepdims=True)
+    std = centred.std(axis=1, ddof=1, keepdims=True)
+    return centred / np.where(std > 0, std, 1.0)
+
+
+def cebench_scores(means: CEBenchMeans, normalisation: str = "entry_zscore") -> CEBenchScores:
     """Contrastive, independent and interpretability scores from the entries' mean vectors."""
-    a, b = normalise_jointly(means.story_a, means.story_b)
-    on, off = normalise_jointly(means.marked, means.unmarked)
-    contrast, independent = np.abs(a - b), np.abs(on - off)
+    if normalisation == "entry_zscore":
+        contrast_d, independent_d = np.abs(means.story_a - means.story_b), np.abs(means.marked - means.unmarked)
+        contrast, independent = entry_zscore(contrast_d), entry_zscore(independent_d)
+        interpret = entry_zscore(contrast_d + independent_d)
+    elif normalisation == "dataset_minmax":
+        a, b = normalise_jointly(means.story_a, means.story_b)
+        on, off = normalise_jointly(means.marked, means.unmarked)
+        contrast, independent = np.abs(a - b), np.abs(on - off)
+        interpret = contrast + independent
+    else:
+        raise CEBenchError(f"normalisation must be one of {', '.join(NORMALISATIONS)}, got '{normalisation}'")
     entry_c, entry_i = contrast.max(axis=1), independent.max(axis=1)
     c, i = float(entry_c.mean()), float(entry_i.mean())
+    overall = float(interpret.max(axis=1).mean()) if normalisation == "entry_zscore" else c + i
     return CEBenchScores(
-        contrastive=c, independent=i, interpretability=c + i,
+        contrastive=c, independent=i, interpretability=overall,
         entry_contrastive=entry_c, entry_independent=entry_i,
         entry_contrastive_feature=contrast.argmax(axis=1),
         entry_independent_feature=independent.argmax(axis=1),
         feature_contrastive=contrast.mean(axis=0), feature_independent=independent.mean(axis=0),
+        feature_interpretability=interpret.mean(axis=0), normalisation=normalisation,
     )

@@ -38,7 +38,7 @@ def story_tokens(loaded: LoadedModel, texts: Sequence[str], spans: Sequence[Sequ
 
 
 def run_cebench(loaded: LoadedModel, entries: Sequence[CEBenchEntry], layer: int, *, sae: SAE | None = None,
-                batch_size: int = 16, max_length: int = 1024) -> CEBenchScores:
+                batch_size: int = 16, max_length: int = 1024, normalisation: str = "entry_zscore") -> CEBenchScores:
     """CE-Bench scores on the layer's neurons, or on SAE features (each token encoded, then averaged)."""
     if sae is not None and sae.d != loaded.hidden_size:
         raise CEBenchError(f"SAE has d={sae.d} but model '{loaded.model_id}' has hidden size {loaded.hidden_size}")
@@ -46,7 +46,7 @@ def run_cebench(loaded: LoadedModel, entries: Sequence[CEBenchEntry], layer: int
     acts, masks = story_tokens(loaded, texts, spans, layer, batch_size=batch_size, max_length=max_length)
     if sae is not None:
         acts = [sae.encode(a) for a in acts]
-    return cebench_scores(entry_means(acts, masks, [e.id for e in entries]))
+    return cebench_scores(entry_means(acts, masks, [e.id for e in entries]), normalisation)
 
 
 def token_activations(loaded: LoadedModel, texts: Sequence[str], layer: int, *, max_tokens: int = 50_000,

@@ -53,19 +53,25 @@ def cebench(
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda")] = "auto",
     batch_size: Annotated[int, typer.Option(help="stories per forward pass")] = 16,
+    normalisation: Annotated[str, typer.Option(
+        help="entry_zscore (the published CE-Bench: z across an entry's features) or dataset_minmax")]
+    = "entry_zscore",
 ) -> None:
     """CE-Bench contrastive, independent and interpretability scores on neurons or SAE features."""
     from poolbench.cebench.data import generate_cebench, load_cebench
     from poolbench.cebench.sae import load_sae
+    from poolbench.cebench.scores import NORMALISATIONS
     from poolbench.cebench.span_activations import run_cebench
     from poolbench.extractor.loading import load_model
 
+    if normalisation not in NORMALISATIONS:
+        raise PoolBenchError(f"--normalisation must be one of {', '.join(NORMALISATIONS)}, got '{normalisation}'")
     dataset = load_cebench(data) if data else generate_cebench(entries, seed=seed)
     loaded = load_model(model, dtype=dtype, device=device)
     index = _check_layer(loaded, layer)
     weights = load_sae(sae, hidden_size=loaded.hidden_size) if sae else None
     start = time.perf_counter()
-    scores = run_cebench(loaded, dataset, index, sae=weights, batch_size=batch_size)
+    scores = run_cebench(loaded, dataset, index, sae=weights, batch_size=batch_size, normalisation=normalisation)
     seconds = time.perf_counter() - start
     unit = f"SAE features (m={weights.m})" if weights else f"neurons (d={loaded.hidden_size})"
     table = Table(title=f"CE-Bench, {loaded.model_id} layers.{index}.out, {unit}, {len(dataset)} entries")
@@ -75,7 +81,7 @@ def cebench(
         table.add_row(name, f"{getattr(scores, name):.4f}")
     console.print(table)
     top_rows = scores.top_features(top)
-    features = Table(title=f"top {len(top_rows)} features (mean over entries; normalised per feature)")
+    features = Table(title=f"top {len(top_rows)} features (mean over entries, {normalisation})")
     for column in ("feature", "contrastive", "independent", "interpretability", "argmax entries c/i"):
         features.add_column(column, justify="right")
     for row in top_rows:
@@ -85,7 +91,7 @@ def cebench(
     console.print(features)
     config = {"model": model, "layer": index, "hook_point": f"layers.{index}.out",
               "sae": str(sae) if sae else None, "data": str(data) if data else f"generated:{entries}:seed={seed}",
-              "normalisation": "per-feature min-max over the dataset's stacked mean vectors",
+              "normalisation": normalisation,
               "dtype": dtype, "device": device}
     write_json_atomic(out, _document(
         "cebench", config, model=_model_info(loaded), seconds=round(seconds, 2),

@@ -128,10 +128,10 @@ def test_s3_pools_head_rows_and_the_prober_evaluates_one_cell(tiny) -> None:
                           "S3_iti_probe@feat0"}  # 4 heads x head_dim 4 = 16 = one hidden-size chunk
     assert table.schema.metadata[b"S3_iti_probe:heads"] == b"4"
     records = probe_pooled_table(table, "negation", n_folds=3, n_bootstrap=20)
-    cells = {(r["layer"], r["strategy"]) for r in records}
+    cells = {(r.layer, r.strategy) for r in records}
     assert cells == {(layer, s) for layer in (0, 1) for s in ("A1_mean", "S3_iti_probe")}
-    s3 = [r for r in records if r["strategy"] == "S3_iti_probe"]
-    assert all(len(r["heads_selected"]) == 1 and r["fallback_count"] == 0 for r in s3)
+    s3 = [r for r in records if r.strategy == "S3_iti_probe"]
+    assert all(len(r.heads_selected) == 1 and r.fallback_count == 0 for r in s3)
 
 
 def test_every_strategy_through_pool_concept_reports_fallbacks_per_cell(tiny) -> None:
@@ -151,10 +151,9 @@ def test_every_strategy_through_pool_concept_reports_fallbacks_per_cell(tiny) ->
     assert sum(no_entity.values()) > len(data) // 2  # word salad: mostly no entity
     assert not view.matrix(1, "S2_gradient").fallback.any() and not view.matrix(1, "L6_sentence").fallback.any()
     records = probe_pooled_table(table, "negation", n_folds=3, n_bootstrap=10)
-    l3 = [r for r in records if r["strategy"] == "L3_entity"]
+    l3 = [r for r in records if r.strategy == "L3_entity"]
     n_fallback = sum(no_entity.values())
-    assert l3 and all(r["fallback_count"] == n_fallback and r["fallback_rate"] == n_fallback / len(data)
-                      for r in l3)
+    assert l3 and all(r.fallback_count == n_fallback and r.fallback_rate == n_fallback / len(data) for r in l3)
     sif = view.matrix(1, "S2_sif_pc1")
     train = sif.split == "train"
     u = np.linalg.svd(view.matrix(1, "S2_sif").X[train].astype(np.float64), full_matrices=False)[2][0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from record_samples import d2_record, d3_record
 
 from poolbench.steerer.d3 import disentanglement, neighbour_map, neighbours
 from poolbench.steerer.errors import SteeringError
@@ -105,12 +106,12 @@ def test_full_cells_cover_every_strategy_and_optionally_every_layer():
 def test_steering_summary_means_over_non_null_cells():
     from poolbench.steerer.plan import steering_summary
 
-    d2 = [{"strategy": "A1", "concept": "a", "status": "ok", "scp": 0.4, "scp_ci_low": 0.1, "d2_delta": 0.2,
-           "fluency_ratio": 1.2, "relevance": 0.3},
-          {"strategy": "A1", "concept": "b", "status": "ok", "scp": 0.2, "scp_ci_low": -0.1, "d2_delta": 0.0,
-           "fluency_ratio": 1.0, "relevance": 0.1},
-          {"strategy": "P2", "concept": "a", "status": "null", "scp": None, "null_reason": "zero-norm"}]
-    d3 = [{"strategy": "A1", "disent": 0.5, "d3_rep": 0.1}, {"strategy": "A1", "disent": None, "d3_rep": 0.3}]
+    d2 = [d2_record(strategy="A1", concept="a", status="ok", scp=0.4, scp_ci_low=0.1, d2_delta=0.2,
+                    fluency_ratio=1.2, relevance=0.3),
+          d2_record(strategy="A1", concept="b", status="ok", scp=0.2, scp_ci_low=-0.1, d2_delta=0.0,
+                    fluency_ratio=1.0, relevance=0.1),
+          d2_record(strategy="P2", concept="a", status="null", scp=None, d2_delta=None, null_reason="zero-norm")]
+    d3 = [d3_record(strategy="A1", disent=0.5, d3_rep=0.1), d3_record(strategy="A1", disent=None, d3_rep=0.3)]
     out = steering_summary(d2, d3)
     assert out["A1"]["mean_scp"] == pytest.approx(0.3) and out["A1"]["mean_d2_delta"] == pytest.approx(0.1)
     assert out["A1"]["n_scp_ci_excludes_0"] == 1 and out["A1"]["mean_disent"] == 0.5 and out["A1"]["n_disent"] == 1

@@ -2,14 +2,16 @@
 
 import pytest
 
+from poolbench.records.d1 import D1CellRecord
 from poolbench.results.leaderboard import build_leaderboard, leaderboard_rows
 from poolbench.results.submission import build_submission
 
 
 def cell(concept, layer, strategy, cv, test, lo=None, hi=None, probe="logistic", fb=0.0):
-    return {"concept": concept, "layer": layer, "strategy": strategy, "probe": probe, "cv_auroc": cv,
-            "test_auroc": test, "ci_low": lo if lo is not None else test - 0.05,
-            "ci_high": hi if hi is not None else test + 0.05, "fallback_rate": fb}
+    return D1CellRecord.from_dict({
+        "concept": concept, "layer": layer, "strategy": strategy, "probe": probe, "cv_auroc": cv,
+        "test_auroc": test, "ci_low": lo if lo is not None else test - 0.05,
+        "ci_high": hi if hi is not None else test + 0.05, "fallback_rate": fb})
 
 
 CELLS = [
@@ -44,6 +46,17 @@ def test_ranking_and_fallback_flag():
     assert p1["fallback_flagged_concepts"] == ["c2"]
     rows = leaderboard_rows(lb)
     assert rows[1] == ["2", "P1_last", "0.560", "0.575", "0", "c2 0.50", "c2"]
+
+
+def test_leaderboard_is_built_finished_with_comparisons_and_sections():
+    """Win rate, average rank and the run's sections come in as inputs; nothing edits the result afterwards."""
+    lb = build_leaderboard(CELLS, win_rate={"A1_mean": 1.0}, average_ranks={"A1_mean": 1.0, "P1_last": 2.0},
+                           sections={"model": {"model_id": "tiny"}, "friedman": None})
+    assert list(lb) == ["probe", "layer_selection", "strategies", "model", "friedman"]
+    a1, p1 = lb["strategies"]
+    assert list(a1)[-3:] == ["rank", "win_rate", "average_rank"]
+    assert (a1["win_rate"], a1["average_rank"], p1["win_rate"], p1["average_rank"]) == (1.0, 1.0, None, 2.0)
+    assert "win_rate" not in build_leaderboard(CELLS)["strategies"][0]
 
 
 def test_diffmean_leaderboard_is_separate():

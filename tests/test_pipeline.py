@@ -41,18 +41,18 @@ def test_run_writes_every_cell_and_a_rerun_computes_nothing(tiny_llama_dir, loca
     # 2 concepts x 2 layers x 3 strategies x 2 probes
     assert len(outcome.records) == 24
     for cell in outcome.records:
-        assert 0.0 <= cell["ci_low"] <= cell["test_auroc"] <= cell["ci_high"] <= 1.0
-        assert cell["n_train"] == 48 and cell["n_test"] == 24
-        assert cell["fallback_count"] == 0
-        if cell["probe"] == "logistic":  # the per-cell reliability statistics ride on the primary probe
-            assert len(cell["seed_cv_aurocs"]) == 5 and cell["seed_std"] >= 0.0
-            assert cell["seed_cv_aurocs"][0] == pytest.approx(cell["cv_auroc"], abs=1e-6)
-            assert cell["mdl_compression"] > 0 and -1.0 <= cell["selectivity"] <= 1.0
+        assert 0.0 <= cell.ci_low <= cell.test_auroc <= cell.ci_high <= 1.0
+        assert cell.n_train == 48 and cell.n_test == 24
+        assert cell.fallback_count == 0
+        if cell.probe == "logistic":  # the per-cell reliability statistics ride on the primary probe
+            assert len(cell.seed_cv_aurocs) == 5 and cell.seed_std >= 0.0
+            assert cell.seed_cv_aurocs[0] == pytest.approx(cell.cv_auroc, abs=1e-6)
+            assert cell.mdl_compression > 0 and -1.0 <= cell.selectivity <= 1.0
         else:
-            assert cell["seed_std"] is None and cell["selectivity"] is None
+            assert cell.seed_std is None and cell.selectivity is None
     # P2 is the BOS token on a Llama tokenizer: the same vector for every passage, so no signal at all.
-    p2 = [c for c in outcome.records if c["strategy"] == "P2_first"]
-    assert all(c["test_auroc"] == 0.5 for c in p2)
+    p2 = [c for c in outcome.records if c.strategy == "P2_first"]
+    assert all(c.test_auroc == 0.5 for c in p2)
     assert [k for k, _ in events].count("pooled") == 2
 
     paths = write_run_outputs(outcome, tmp_path / "out")
@@ -96,7 +96,7 @@ def test_changing_a_determinant_gives_new_artifacts(tiny_llama_dir, local_ray, c
     assert reseeded.computed == {"pooled": 0, "d1": 1, "pooled_skipped": 1, "d1_skipped": 0}
     flash = run_benchmark(config(tiny_llama_dir, str(tmp_path / "store"), concepts=("hedging",), flash="1/2"))
     assert flash.computed == {"pooled": 0, "d1": 1, "pooled_skipped": 1, "d1_skipped": 0}
-    assert {c["n_train"] for c in flash.records} == {24} and {c["n_test"] for c in flash.records} == {24}
+    assert {c.n_train for c in flash.records} == {24} and {c.n_test for c in flash.records} == {24}
     from poolbench.prober.flash import FlashError
 
     with pytest.raises(FlashError, match="concept hedging: flash fraction 1/64"):
@@ -104,7 +104,7 @@ def test_changing_a_determinant_gives_new_artifacts(tiny_llama_dir, local_ray, c
     fewer_layers = run_benchmark(config(tiny_llama_dir, str(tmp_path / "store"), concepts=("hedging",),
                                         layers=(1,)))
     assert fewer_layers.artifacts["hedging"]["pooled"] != first.artifacts["hedging"]["pooled"]
-    assert {c["layer"] for c in fewer_layers.records} == {1}
+    assert {c.layer for c in fewer_layers.records} == {1}
 
 
 def test_run_through_a_real_s3_server(tiny_llama_dir, local_ray, cache, tmp_path, moto_s3, monkeypatch):

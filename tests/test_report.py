@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+from record_samples import d2_record, scorer_validity
 
 from poolbench.errors import PoolBenchError
 from poolbench.prober.reliability import across_cells
+from poolbench.records.d1 import D1CellRecord
 from poolbench.results.leaderboard import build_leaderboard
 from poolbench.results.report import load_runs, render_report, write_report
 
@@ -49,21 +51,23 @@ def synthetic_cells() -> list[dict]:
     return cells
 
 
+def alpha_row(alpha: float) -> dict:
+    return {"alpha": alpha, "score": 0.2 + 0.1 * alpha, "perplexity": 3.0, "fluency_ratio": 1.0, "relevance": 0.5,
+            "fluency01": 1.0, "hm": 0.4}
+
+
 def write_run(folder: Path, *, with_d2: bool = True) -> Path:
     cells = synthetic_cells()
     reliability = across_cells(cells)
     results = {"model": {"model_id": "tiny"}, "corpus": {"hash": "c0ffee"}, "git_hash": "abc", "date": "today",
                "cells": cells, "reliability": reliability}
     if with_d2:
-        results["d2"] = [{"concept": c, "strategy": s, "layer": 1,
-                          "per_alpha": [{"alpha": a, "score": 0.2 + 0.1 * a} for a in (0.0, 1.0, 2.0)]}
-                         for c in CONCEPTS[:2] for s in STRATEGIES[:2]]
-        results["scorers"] = [{"concept": c, "heldout_auroc": 0.9, "heldout_auroc_ci_low": 0.85,
-                               "heldout_auroc_ci_high": 0.95, "valid": True, "min_auroc": 0.8} for c in CONCEPTS]
-    board = build_leaderboard(cells)
-    for row in board["strategies"]:
-        row["win_rate"] = reliability["win_rate"][row["strategy"]]
-        row["average_rank"] = reliability["friedman"]["average_ranks"][row["strategy"]]
+        results["d2"] = [d2_record(concept=c, strategy=s, layer=1, per_alpha=[alpha_row(a) for a in (0.0, 1.0, 2.0)])
+                         .to_dict() for c in CONCEPTS[:2] for s in STRATEGIES[:2]]
+        results["d2"].append(d2_record(status="null", null_reason="zero-norm", scp=None, d2_delta=None).to_dict())
+        results["scorers"] = [scorer_validity(concept=c, min_auroc=0.8).to_dict() for c in CONCEPTS]
+    board = build_leaderboard([D1CellRecord.from_dict(c) for c in cells], win_rate=reliability["win_rate"],
+                              average_ranks=reliability["friedman"]["average_ranks"])
     folder.mkdir(parents=True)
     (folder / "results.json").write_text(json.dumps(results))
     (folder / "leaderboard.json").write_text(json.dumps(board))
@@ -99,6 +103,13 @@ def test_report_of_a_folder_of_runs_and_bad_input(tmp_path):
     assert {f.fig_id.split("-")[0] for f in figures} == {"run0", "run1"}
     with pytest.raises(PoolBenchError, match=r"no results\.json in"):
         load_runs(tmp_path / "missing")
+    bad = tmp_path / "runs" / "a" / "results.json"
+    results = json.loads(bad.read_text())
+    results["d2"][0]["scp"] = "high"
+    bad.write_text(json.dumps(results))
+    with pytest.raises(PoolBenchError) as err:
+        load_runs(tmp_path / "runs" / "a")
+    assert str(err.value) == f"{bad}: D2Record: field 'scp': Input should be a valid number (got 'high')"
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (Debian: apt-get install -y chromium; "

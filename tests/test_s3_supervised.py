@@ -148,10 +148,10 @@ def test_s3_pools_a_head_table_and_the_prober_evaluates_one_cell(tiny) -> None:
     assert per_head.shape == (4, 36, 16) and outputs.shape == (36, 4, 4)
     np.testing.assert_allclose(per_head.mean(axis=0), main.X, atol=1e-5)
     records = probe_pooled_table(table, "negation", n_folds=3, n_bootstrap=20, heads=heads)
-    cells = {(r["layer"], r["strategy"]) for r in records}
+    cells = {(r.layer, r.strategy) for r in records}
     assert cells == {(layer, s) for layer in (0, 1) for s in ("A1_mean", "S3_iti_probe")}
-    s3 = [r for r in records if r["strategy"] == "S3_iti_probe"]
-    assert all(len(r["heads_selected"]) == 1 and r["fallback_count"] == 0 for r in s3)
+    s3 = [r for r in records if r.strategy == "S3_iti_probe"]
+    assert all(len(r.heads_selected) == 1 and r.fallback_count == 0 for r in s3)
     with pytest.raises(ProbeError, match="'S3_iti_probe' layer 0: supervised, but its ITIHeadTable was not given"):
         probe_pooled_table(table, "negation", n_folds=3, n_bootstrap=20)
 
@@ -175,9 +175,9 @@ def test_the_worker_stores_the_head_table_and_the_probe_task_reads_it(tiny_llama
                                    heads=out.heads)
     assert len(stored) == len(in_memory) == 2 * 2 * 2
     for got, want in zip(stored, in_memory, strict=True):
-        assert (got["layer"], got["strategy"], got["probe"]) == (want["layer"], want["strategy"], want["probe"])
-        assert got["test_auroc"] == want["test_auroc"] and got["cv_auroc"] == want["cv_auroc"]
-        assert got["heads_selected"] == want["heads_selected"]
+        assert (got["layer"], got["strategy"], got["probe"]) == (want.layer, want.strategy, want.probe)
+        assert got["test_auroc"] == want.test_auroc and got["cv_auroc"] == want.cv_auroc
+        assert got["heads_selected"] == want.heads_selected
     assert all(len(r["heads_selected"]) == 1 for r in stored if r["strategy"] == "S3_iti_probe")  # 2 heads: 1
     store.delete(head_table_key("pooled/k"))
     with pytest.raises(StoreError):
@@ -202,10 +202,9 @@ def test_every_strategy_through_pool_concept_reports_fallbacks_per_cell(tiny) ->
     assert sum(no_entity.values()) > len(data) // 2  # word salad: mostly no entity
     assert not view.matrix(1, "S2_gradient").fallback.any() and not view.matrix(1, "L6_sentence").fallback.any()
     records = probe_pooled_table(table, "negation", n_folds=3, n_bootstrap=10, heads=out.heads)
-    l3 = [r for r in records if r["strategy"] == "L3_entity"]
+    l3 = [r for r in records if r.strategy == "L3_entity"]
     n_fallback = sum(no_entity.values())
-    assert l3 and all(r["fallback_count"] == n_fallback and r["fallback_rate"] == n_fallback / len(data)
-                      for r in l3)
+    assert l3 and all(r.fallback_count == n_fallback and r.fallback_rate == n_fallback / len(data) for r in l3)
     sif = view.matrix(1, "S2_sif_pc1")
     train = sif.split == "train"
     u = np.linalg.svd(view.matrix(1, "S2_sif").X[train].astype(np.float64), full_matrices=False)[2][0]

@@ -3,6 +3,7 @@ HF-format storage and reload, one-line errors, and the Serve endpoint over real 
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertModel
 
 from poolbench.corpus.passage import Passage
+from poolbench.records.scorer import ScorerValidity
 from poolbench.scorer import artifacts as scorer_artifacts
 from poolbench.scorer.artifacts import check_validity, ensure_scorer, load_stored_scorer, scorer_key, scorer_record
 from poolbench.scorer.encoder import bundled_minilm_path
@@ -71,10 +73,17 @@ def test_scorer_trains_on_train_split_only_and_is_valid(tiny_encoder, tmp_path, 
     assert seen and len(seen) == 48 and not (set(seen) & test_texts - {p.text for p in passages
                                                                       if p.split == "train"})
     record = scorer_record(scorer)
-    assert record["n_train"] == 48 and record["n_heldout"] == 24
-    assert record["heldout_auroc"] >= 0.9 and record["valid"] is True
-    assert record["heldout_auroc_ci_low"] <= record["heldout_auroc"] <= record["heldout_auroc_ci_high"]
-    assert "top 1 of 2 transformer blocks" in record["fine_tuned"]
+    assert record.n_train == 48 and record.n_heldout == 24
+    assert record.heldout_auroc >= 0.9 and record.valid is True
+    assert record.heldout_auroc_ci_low <= record.heldout_auroc <= record.heldout_auroc_ci_high
+    assert "top 1 of 2 transformer blocks" in record.fine_tuned
+    # results.json carries it as this dict, in this order, and reads it back to the same record.
+    written = record.to_dict()
+    assert list(written) == ["concept", "encoder", "encoder_hash", "fine_tuned", "trained_params", "total_params",
+                             "n_train", "n_heldout", "heldout_accuracy", "heldout_auroc", "heldout_auroc_ci_low",
+                             "heldout_auroc_ci_high", "valid", "train_seconds", "key", "min_auroc"]
+    assert written["concept"] == "praise" and written["key"] == scorer.info["key"] and written["min_auroc"] == 0.7
+    assert json.dumps(ScorerValidity.from_dict(json.loads(json.dumps(written))).to_dict()) == json.dumps(written)
     probs = scorer.score(["I think the film was superb overall.", "I think the film was awful overall."])
     assert probs.shape == (2,) and probs[0] > probs[1]
 

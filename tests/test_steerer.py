@@ -3,6 +3,7 @@ steers with rho > 0 and a CI excluding 0, and one-line errors on bad input with 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from poolbench.corpus.passage import Passage
 from poolbench.extractor.loading import load_model
 from poolbench.pooler.pooled_table import PooledTableBuilder
+from poolbench.records.steering import SteeringResult
 from poolbench.scorer.artifacts import load_stored_scorer
 from poolbench.scorer.errors import ScorerError
 from poolbench.steerer.backend import GenerationSettings
@@ -163,32 +165,80 @@ def test_planted_direction_steers_with_positive_scp_and_ci_excluding_zero(worker
     store = LocalStore(tmp_path / "store")
     result = run_steering(store, worker, "toxicity", "A1_mean", layer, table, scorers, config,
                           train_texts=[p.text for p in passages if p.split == "train"], neighbour_tables={})
-    d2 = result["d2"]
-    assert d2["status"] == "ok"
-    assert d2["vector_norm"] == pytest.approx(float(np.linalg.norm(direction)), rel=1e-4)
-    assert d2["scp"] > 0.5 and d2["scp_ci_low"] > 0
-    assert d2["alpha_star"] > 0 and d2["d2_delta_ci_low"] > 0
-    assert [r["alpha"] for r in d2["per_alpha"]] == [0.0, 0.5, 1.0, 2.0]
-    assert d2["per_alpha"][0]["fluency_ratio"] == pytest.approx(1.0)
-    d3 = {r["relation"]: r for r in result["d3"]}
-    assert d3["LD"]["neighbour"] == "frustration" and d3["LD"]["delta_b"] is not None
-    assert d3["LD"]["disent"] == pytest.approx(min(1.0, max(0.0, 1 - d3["LD"]["delta_b"] / d3["LD"]["delta_a"])))
-    assert d3["LC"]["disent"] is None and "no scorer" in d3["LC"]["disent_null_reason"]
-    # A rerun reads the stored record back instead of generating again.
+    d2 = result.d2
+    assert d2.status == "ok"
+    assert d2.vector_norm == pytest.approx(float(np.linalg.norm(direction)), rel=1e-4)
+    assert d2.scp > 0.5 and d2.scp_ci_low > 0
+    assert d2.alpha_star > 0 and d2.d2_delta_ci_low > 0
+    assert [r.alpha for r in d2.per_alpha] == [0.0, 0.5, 1.0, 2.0]
+    assert d2.per_alpha[0].fluency_ratio == pytest.approx(1.0)
+    d3 = {r.relation: r for r in result.d3}
+    assert d3["LD"].neighbour == "frustration" and d3["LD"].delta_b is not None
+    assert d3["LD"].disent == pytest.approx(min(1.0, max(0.0, 1 - d3["LD"].delta_b / d3["LD"].delta_a)))
+    assert d3["LC"].disent is None and "no scorer" in d3["LC"].disent_null_reason
+    # The store holds the record's dict (it sorts keys on disk); the record writes the producer's key order,
+    # and a rerun reads it back.
+    stored = store.get_json(result.key)
+    assert json.dumps(stored, sort_keys=True) == json.dumps(result.to_dict(), sort_keys=True)
+    assert json.dumps(SteeringResult.from_dict(stored).to_dict()) == json.dumps(result.to_dict())
+    stored = result.to_dict()
+    assert list(stored["d2"])[:6] == ["concept", "strategy", "layer", "model_id", "backend", "vector_norm"]
+    assert list(stored["d2"])[-2:] == ["seconds", "generations_key"] and "selected_because" not in stored["d2"]
+    assert [k for k in stored["d2"] if k.startswith("prompted_")] == [
+        "prompted_instruction", "prompted_score", "prompted_delta", "prompted_delta_ci_low",
+        "prompted_delta_ci_high", "prompted_fluency_ratio", "prompted_relevance"]
+    assert list(stored["d3"][1]) == [
+        "concept", "strategy", "layer", "model_id", "backend", "neighbour", "relation", "alpha_star", "delta_a",
+        "delta_a_ci_low", "delta_a_ci_high", "delta_b", "disent", "disent_raw", "disent_null_reason", "d3_rep",
+        "neighbour_vector_null_reason"]
     assert run_steering(store, worker, "toxicity", "A1_mean", layer, table, scorers, config,
                         train_texts=[p.text for p in passages if p.split == "train"]) == result
-    gens = store.get_table(d2["generations_key"])
+    # The driver's copy says why the cell ran; nothing else changes, and it is the last key.
+    chosen = d2.selected("best D1").to_dict()
+    assert list(chosen)[-1] == "selected_because" and chosen["selected_because"] == "best D1"
+    assert {k: v for k, v in chosen.items() if k != "selected_because"} == d2.to_dict()
+    gens = store.get_table(d2.generations_key)
     assert gens.num_rows == 4 * len(PROMPTS) + len(PROMPTS)  # steered alphas + the prompted baseline
 
 
 def test_zero_vector_cell_is_null_not_nan(worker, tmp_path):
     passages = _passages(6)
     table = _planted_table(worker, passages, np.zeros(worker.loaded.hidden_size, np.float32), 0)
-    result = run_steering(LocalStore(tmp_path / "s"), worker, "toxicity", "A1_mean", 0, table,
-                          {"toxicity": WordScorer("toxicity", "idiot")}, SteeringConfig(n_prompts=4),
-                          train_texts=["the cat"])
-    assert result["d2"]["status"] == "null" and "zero-norm" in result["d2"]["null_reason"]
-    assert result["d2"]["scp"] is None and all(r["disent"] is None for r in result["d3"])
+    store = LocalStore(tmp_path / "s")
+    args = (store, worker, "toxicity", "A1_mean", 0, table, {"toxicity": WordScorer("toxicity", "idiot")},
+            SteeringConfig(n_prompts=4))
+    result = run_steering(*args, train_texts=["the cat"])
+    assert result.d2.status == "null" and "zero-norm" in result.d2.null_reason
+    assert result.d2.scp is None and all(r.disent is None for r in result.d3)
+    # A null cell stores no alpha table: those keys are absent, not None, and stay absent on the way back.
+    written = result.to_dict()["d2"]
+    assert list(written)[-4:] == ["status", "null_reason", "scp", "d2_delta"]
+    assert "per_alpha" not in written and "residual_norm" in written and written["residual_norm"] is None
+    assert SteeringResult.from_dict(store.get_json(result.key)).to_dict() == store.get_json(result.key)
+
+
+def test_stored_artifact_written_before_records_reads_back(worker, tmp_path):
+    """A cell stored as the plain dict the untyped code wrote comes back as records, key for key."""
+    passages = _passages(6)
+    table = _planted_table(worker, passages, np.zeros(worker.loaded.hidden_size, np.float32), 0)
+    store = LocalStore(tmp_path / "s")
+    args = (store, worker, "toxicity", "A1_mean", 0, table, {"toxicity": WordScorer("toxicity", "idiot")},
+            SteeringConfig(n_prompts=4))
+    key = run_steering(*args, train_texts=["the cat"]).key
+    base = {"concept": "toxicity", "strategy": "A1_mean", "layer": 0, "model_id": "tiny", "backend": "transformers"}
+    old = {"d2": {**base, "vector_norm": 0.0, "residual_norm": None, "vector_null_reason": "old zero-norm",
+                  "n_prompts": 4, "alphas": [0.0, 0.125, 0.25, 0.5, 1.0, 2.0], "scorer_key": "stub-toxicity",
+                  "scorer_heldout_auroc": 1.0, "gen_max_new_tokens": 32, "gen_min_new_tokens": 32,
+                  "gen_temperature": 0.7, "gen_greedy": False, "status": "null", "null_reason": "old zero-norm",
+                  "scp": None, "d2_delta": None},
+           "d3": [{**base, "neighbour": "frustration", "relation": "LD", "disent": None, "disent_raw": None,
+                   "disent_null_reason": "steering vector is null: old zero-norm", "d3_rep": None}],
+           "key": key}
+    store.put_json(key, old)
+    again = run_steering(*args, train_texts=["the cat"])
+    assert again.d2.null_reason == "old zero-norm" and again.d2.model_id == "tiny"
+    assert again.d3[0].neighbour == "frustration" and again.d3[0].alpha_star is None
+    assert json.dumps(again.to_dict()) == json.dumps(old)
 
 
 def _prompts_file(tmp_path: Path) -> Path:
@@ -302,6 +352,6 @@ def test_embedded_model_steering_raises_its_scorer(tmp_path):
     config = SteeringConfig(alphas=(0.0, 0.25, 0.5, 1.0), n_prompts=20,
                             settings=GenerationSettings(max_new_tokens=24), prompted_baseline=False)
     d2 = run_steering(store, worker, "imdb_sentiment", "A1_mean", 0, table, {"imdb_sentiment": scorer}, config,
-                      train_texts=[p.text for p in passages if p.split == "train"])["d2"]
-    assert d2["scp"] > 0 and d2["scp_ci_low"] > 0
-    assert d2["per_alpha"][-1]["score"] > d2["per_alpha"][0]["score"]
+                      train_texts=[p.text for p in passages if p.split == "train"]).d2
+    assert d2.scp > 0 and d2.scp_ci_low > 0
+    assert d2.per_alpha[-1].score > d2.per_alpha[0].score

@@ -9,15 +9,16 @@ import jsonschema
 import pytest
 
 from poolbench.errors import PoolBenchError
+from poolbench.records.d1 import D1CellRecord
 from poolbench.results.leaderboard import build_leaderboard
 from poolbench.results.submission import build_submission
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "submission_schema.json").read_text())
 
 
-def _cell(strategy: str, layer: int, test_auroc: float) -> dict:
-    return {"concept": "hedging", "layer": layer, "strategy": strategy, "probe": "logistic", "cv_auroc": test_auroc,
-            "test_auroc": test_auroc, "ci_low": test_auroc - 0.05, "ci_high": min(1.0, test_auroc + 0.05)}
+def _cell(strategy: str, layer: int, test_auroc: float) -> D1CellRecord:
+    return D1CellRecord(concept="hedging", layer=layer, strategy=strategy, probe="logistic", cv_auroc=test_auroc,
+                        test_auroc=test_auroc, ci_low=test_auroc - 0.05, ci_high=min(1.0, test_auroc + 0.05))
 
 
 @pytest.mark.parametrize("strategy,supervision,expected", [

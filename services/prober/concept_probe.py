@@ -11,13 +11,14 @@ from poolbench.prober.d1 import evaluate_d1
 from poolbench.prober.flash import flash_subset, parse_fraction
 from poolbench.prober.reliability import cell_reliability
 from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell
+from poolbench.records.d1 import D1CellRecord, d1_records_table
 
 D1_VERSION = 2  # 2: per-cell reliability statistics, supervised (S3) cells
 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
                        n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None,
-                       heads: pa.Table | None = None) -> list[dict]:
+                       heads: pa.Table | None = None) -> list[D1CellRecord]:
     """One record per (layer, strategy, probe): CV AUROC on train, held-out AUROC with its CI, fallbacks.
 
     `heads` is the ITIHeadTable that pooling made beside `table`; supervised (S3) cells need it."""
@@ -47,23 +48,17 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
                 np.flatnonzero(cell.split == "test"), n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
         fallback_count = int(cell.fallback.sum())
         for probe_name, probe in result.probes.items():
-            records.append({
-                "concept": concept, "layer": layer, "strategy": strategy, "probe": probe_name,
+            records.append(D1CellRecord(
+                concept=concept, layer=layer, strategy=strategy,
                 **probe.to_record(),
-                "fallback_count": fallback_count,
-                "fallback_rate": fallback_count / len(cell.fallback),
-                "heads_selected": supervised.chosen[-1] if supervised is not None else None,
+                fallback_count=fallback_count,
+                fallback_rate=fallback_count / len(cell.fallback),
+                heads_selected=supervised.chosen[-1] if supervised is not None else None,
                 # Seeds, selectivity and MDL describe the logistic probe; a supervised cell's features change
                 # per fold, so they are not defined there (None, not a number computed on other features).
                 **{key: (value if probe_name == "logistic" else None) for key, value in stats.items()},
-            })
+            ))
     return records
-
-
-def probe_records_table(records: list[dict]) -> pa.Table:
-    """Every row gets every column (Arrow infers a schema from the first row and would drop later keys)."""
-    keys = list(dict.fromkeys(key for record in records for key in record))
-    return pa.Table.from_pylist([{key: record.get(key) for key in keys} for record in records])
 
 
 def probe_concept_task(store_url: str, pooled_key: str, d1_key: str, concept: str, n_folds: int, seed: int,
@@ -76,5 +71,5 @@ def probe_concept_task(store_url: str, pooled_key: str, d1_key: str, concept: st
     heads = store.get_table(head_table_key(pooled_key)) if needs_head_table(table) else None
     records = probe_pooled_table(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
                                  reliability=reliability, flash=flash, heads=heads)
-    store.put_table(d1_key, probe_records_table(records))
+    store.put_table(d1_key, d1_records_table(records))
     return {"concept": concept, "key": d1_key, "cells": len(records)}

@@ -14,6 +14,7 @@ import numpy as np
 
 from poolbench.corpus.passage import Passage
 from poolbench.errors import StoreError
+from poolbench.records.scorer import ScorerValidity
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key
 
@@ -109,11 +110,7 @@ def ensure_scorer(store: ArtifactStore, concept: str, passages: Sequence[Passage
     return check_validity(scorer, allow_weak)
 
 
-def scorer_record(scorer: ScorerModel) -> dict:
-    """The scorer's validity as results.json carries it (one record per concept)."""
-    keys = ("concept", "encoder", "encoder_hash", "fine_tuned", "trained_params", "total_params", "n_train",
-            "n_heldout", "heldout_accuracy", "heldout_auroc", "heldout_auroc_ci_low", "heldout_auroc_ci_high",
-            "valid", "train_seconds", "key")
-    record = {k: scorer.info.get(k) for k in keys}
-    record["min_auroc"] = scorer.info["config"]["min_auroc"]
-    return record
+def scorer_record(scorer: ScorerModel) -> ScorerValidity:
+    """The scorer's validity as results.json carries it (one record per concept); info a stored scorer lacks is None."""
+    known = {k: scorer.info.get(k) for k in ScorerValidity.model_fields if k != "min_auroc"}
+    return ScorerValidity.from_dict({**known, "min_auroc": scorer.info["config"]["min_auroc"]})

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import ray
 
+from poolbench.records.steering import SteeringResult
 from poolbench.scorer.artifacts import load_stored_scorer
 from poolbench.store.url import open_store
 
@@ -22,7 +23,7 @@ class SteeringService(SteeringWorker):
     """SteeringWorker plus a run_cell method whose arguments are plain keys and values."""
 
     def run_cell(self, store_url: str, concept: str, strategy: str, layer: int, pooled_keys: Mapping[str, str],
-                 scorer_keys: Mapping[str, str], train_texts: Sequence[str], config: dict) -> dict:
+                 scorer_keys: Mapping[str, str], train_texts: Sequence[str], config: dict) -> SteeringResult:
         store = open_store(store_url)
         scorers = {c: load_stored_scorer(store, k, c) for c, k in scorer_keys.items()}
         for c, s in scorers.items():

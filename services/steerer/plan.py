@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from poolbench.corpus.layout import Corpus
+from poolbench.records.steering import D2Record, D3Record
 from poolbench.scorer.artifacts import ensure_scorer, scorer_record
 from poolbench.scorer.finetune import ScorerConfig
 from poolbench.store.artifact_store import ArtifactStore
@@ -104,10 +105,10 @@ def run_steering_stage(store: ArtifactStore, worker: SteeringWorker, corpus: Cor
             store, worker, cell.concept, cell.strategy, cell.layer, table(cell.concept), scorers, config,
             train_texts=[p.text for p in corpus.passages(cell.concept, "train")],
             neighbour_tables={c: table(c) for c in nbrs})
-        d2.append({**result["d2"], "selected_because": cell.why})
-        d3.extend(result["d3"])
+        d2.append(result.d2.selected(cell.why))
+        d3.extend(result.d3)
         emit("steered", {"concept": cell.concept, "strategy": cell.strategy, "layer": cell.layer,
-                         "scp": result["d2"].get("scp"), "d2_delta": result["d2"].get("d2_delta")})
+                         "scp": result.d2.scp, "d2_delta": result.d2.d2_delta})
     return {"scorers": [scorer_record(s) for s in scorers.values()], "d2": d2, "d3": d3,
             "steering_config": config.to_record(), "subset": "full" if full else "default",
             "timing": {"scorers_s": scorer_seconds, "total_s": time.perf_counter() - started}}
@@ -118,26 +119,28 @@ def _mean(values: list) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
-def steering_summary(d2: Sequence[dict], d3: Sequence[dict]) -> dict[str, dict]:
+def steering_summary(d2: Sequence[D2Record], d3: Sequence[D3Record]) -> dict[str, dict]:
     """Per strategy, for the leaderboard: mean SCP, Delta(alpha*), fluency ratio and relevance at alpha*
     over its non-null cells, mean Disent over non-null D3 records, and the counts behind them."""
     out: dict[str, dict] = {}
-    for strategy in sorted({r["strategy"] for r in d2}):
-        cells = [r for r in d2 if r["strategy"] == strategy]
-        ok = [r for r in cells if r.get("status") == "ok"]
-        dis = [r for r in d3 if r["strategy"] == strategy]
+    for strategy in sorted({r.strategy for r in d2}):
+        cells = [r for r in d2 if r.strategy == strategy]
+        ok = [r for r in cells if r.status == "ok"]
+        dis = [r for r in d3 if r.strategy == strategy]
         out[strategy] = {
-            "mean_scp": _mean([r.get("scp") for r in ok]), "mean_d2_delta": _mean([r.get("d2_delta") for r in ok]),
-            "mean_fluency_ratio": _mean([r.get("fluency_ratio") for r in ok]),
-            "mean_relevance": _mean([r.get("relevance") for r in ok]),
-            "mean_disent": _mean([r.get("disent") for r in dis]), "mean_d3_rep": _mean([r.get("d3_rep") for r in dis]),
+            "mean_scp": _mean([r.scp for r in ok]), "mean_d2_delta": _mean([r.d2_delta for r in ok]),
+            "mean_fluency_ratio": _mean([r.fluency_ratio for r in ok]),
+            "mean_relevance": _mean([r.relevance for r in ok]),
+            "mean_disent": _mean([r.disent for r in dis]), "mean_d3_rep": _mean([r.d3_rep for r in dis]),
             "n_cells": len(cells), "n_null_vectors": len(cells) - len(ok),
-            "n_scp_ci_excludes_0": sum(1 for r in ok if (r.get("scp_ci_low") or 0) > 0),
-            "n_disent": sum(1 for r in dis if r.get("disent") is not None),
-            "per_concept": {r["concept"]: {k: r.get(k) for k in ("layer", "scp", "scp_ci_low", "scp_ci_high",
-                                                                 "alpha_star", "d2_delta", "d2_delta_ci_low",
-                                                                 "d2_delta_ci_high", "fluency_ratio", "relevance",
-                                                                 "prompted_delta", "status", "null_reason")}
+            "n_scp_ci_excludes_0": sum(1 for r in ok if (r.scp_ci_low or 0) > 0),
+            "n_disent": sum(1 for r in dis if r.disent is not None),
+            "per_concept": {r.concept: {"layer": r.layer, "scp": r.scp, "scp_ci_low": r.scp_ci_low,
+                                        "scp_ci_high": r.scp_ci_high, "alpha_star": r.alpha_star,
+                                        "d2_delta": r.d2_delta, "d2_delta_ci_low": r.d2_delta_ci_low,
+                                        "d2_delta_ci_high": r.d2_delta_ci_high, "fluency_ratio": r.fluency_ratio,
+                                        "relevance": r.relevance, "prompted_delta": r.prompted_delta,
+                                        "status": r.status, "null_reason": r.null_reason}
                             for r in cells},
         }
     return out

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from poolbench.pooler.pooled_table import PooledTableView
+from poolbench.records.steering import D2Record, D3Record, SteeringResult
 from poolbench.scorer.scorer_model import ScorerModel
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key
@@ -91,8 +92,9 @@ def _generations_table(alphas: Sequence[float], gens: Sequence[Sequence[Generati
 
 def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, strategy: str, layer: int,
                  pooled_table: pa.Table, scorers: Mapping[str, ScorerModel], config: SteeringConfig, *,
-                 train_texts: Sequence[str], neighbour_tables: Mapping[str, pa.Table] | None = None) -> dict:
-    """{"d2": record, "d3": [record per neighbour]} for one cell; stored, and read back on a rerun."""
+                 train_texts: Sequence[str], neighbour_tables: Mapping[str, pa.Table] | None = None
+                 ) -> SteeringResult:
+    """The cell's D2 record and a D3 record per neighbour; stored, and read back on a rerun."""
     started = time.perf_counter()
     alphas = validate_alphas(config.alphas)
     if concept not in scorers:
@@ -117,18 +119,18 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
         scorers={c: scorers[c].info.get("key", c) for c in scorer_concepts},
         backend=info["backend"], version=[STEERING_VERSION, D2_VERSION, D3_VERSION])
     if store.exists(key):
-        return store.get_json(key)
+        return SteeringResult.from_dict(store.get_json(key))
 
     d2: dict = {**base, **vector.to_record(), "n_prompts": len(prompts), "alphas": list(alphas),
                 "scorer_key": scorer.info.get("key"), "scorer_heldout_auroc": scorer.info.get("heldout_auroc"),
                 **{f"gen_{k}": v for k, v in config.settings.to_record().items()}}
     if vector.is_null:
         d2.update(status="null", null_reason=vector.null_reason, scp=None, d2_delta=None)
-        d3 = [{**base, "neighbour": c, "relation": rel, "disent": None, "disent_raw": None,
-               "disent_null_reason": f"steering vector is null: {vector.null_reason}", "d3_rep": None}
+        d3 = [D3Record(**base, neighbour=c, relation=rel, disent=None, disent_raw=None,
+                       disent_null_reason=f"steering vector is null: {vector.null_reason}", d3_rep=None)
               for rel, c in nbrs.items()]
-        result = {"d2": d2, "d3": d3, "key": key}
-        store.put_json(key, result)
+        result = SteeringResult(d2=D2Record(**d2), d3=d3, key=key)
+        store.put_json(key, result.to_dict())
         return result
 
     vector = vector.with_residual_norm(worker.residual_norm(list(train_texts), layer))
@@ -187,13 +189,13 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
                        neighbour_vector_null_reason=other_vec.null_reason)
         else:
             rec.update(d3_rep=None, neighbour_vector_null_reason="neighbour's pooled table not given")
-        d3.append(rec)
+        d3.append(D3Record(**rec))
 
     d2["seconds"] = round(time.perf_counter() - started, 3)
     gens_key = key.replace("steering/", "generations/", 1)
     store.put_table(gens_key, pa.concat_tables(tables, promote_options="default"),
                     metadata={"concept": concept, "strategy": strategy, "layer": str(layer)})
     d2["generations_key"] = gens_key
-    result = {"d2": d2, "d3": d3, "key": key}
-    store.put_json(key, result)
+    result = SteeringResult(d2=D2Record(**d2), d3=d3, key=key)
+    store.put_json(key, result.to_dict())
     return result

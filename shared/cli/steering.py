@@ -60,9 +60,9 @@ def train_scorers(
     table = Table("concept", "held-out acc", "held-out AUROC", "95% CI", "valid", "train s")
     for s in scorers.values():
         r = scorer_record(s)
-        table.add_row(r["concept"], _fmt(r["heldout_accuracy"]), _fmt(r["heldout_auroc"]),
-                      f"{r['heldout_auroc_ci_low']:.3f}–{r['heldout_auroc_ci_high']:.3f}", str(r["valid"]),
-                      _fmt(r["train_seconds"]))
+        table.add_row(r.concept, _fmt(r.heldout_accuracy), _fmt(r.heldout_auroc),
+                      f"{_fmt(r.heldout_auroc_ci_low)}–{_fmt(r.heldout_auroc_ci_high)}", str(r.valid),
+                      _fmt(r.train_seconds))
     console.print(table)
 
 
@@ -118,21 +118,21 @@ def steer(
     result = run_steering(artifacts, worker, concept, spec[0].id, layer, tables[concept], scorers, config,
                           train_texts=[p.text for p in source.passages(concept, "train")],
                           neighbour_tables=tables)
-    d2 = result["d2"]
+    d2 = result.d2
     table = Table("alpha", "score", "fluency ratio", "relevance", title=f"{concept} · {spec[0].id} · layer {layer}")
-    for row in d2.get("per_alpha", []):
-        table.add_row(_fmt(row["alpha"]), _fmt(row["score"]), _fmt(row["fluency_ratio"]), _fmt(row["relevance"]))
+    for row in d2.per_alpha or []:
+        table.add_row(_fmt(row.alpha), _fmt(row.score), _fmt(row.fluency_ratio), _fmt(row.relevance))
     console.print(table)
-    console.print(f"SCP {_fmt(d2.get('scp'))} [{_fmt(d2.get('scp_ci_low'))}, {_fmt(d2.get('scp_ci_high'))}]  "
-                  f"alpha* {_fmt(d2.get('alpha_star'))}  Delta {_fmt(d2.get('d2_delta'))} "
-                  f"[{_fmt(d2.get('d2_delta_ci_low'))}, {_fmt(d2.get('d2_delta_ci_high'))}]  "
-                  f"prompted Delta {_fmt(d2.get('prompted_delta'))}"
-                  + (f"  null: {d2['null_reason']}" if d2.get("null_reason") else ""))
-    for r in result["d3"]:
-        console.print(f"D3 {r['relation']} {r['neighbour']}: Disent {_fmt(r.get('disent'))} "
-                      f"(raw {_fmt(r.get('disent_raw'))}) rep {_fmt(r.get('d3_rep'))}"
-                      + (f"  null: {r['disent_null_reason']}" if r.get("disent_null_reason") else ""))
-    write_json_atomic(out, result)
+    console.print(f"SCP {_fmt(d2.scp)} [{_fmt(d2.scp_ci_low)}, {_fmt(d2.scp_ci_high)}]  "
+                  f"alpha* {_fmt(d2.alpha_star)}  Delta {_fmt(d2.d2_delta)} "
+                  f"[{_fmt(d2.d2_delta_ci_low)}, {_fmt(d2.d2_delta_ci_high)}]  "
+                  f"prompted Delta {_fmt(d2.prompted_delta)}"
+                  + (f"  null: {d2.null_reason}" if d2.null_reason else ""))
+    for r in result.d3:
+        console.print(f"D3 {r.relation} {r.neighbour}: Disent {_fmt(r.disent)} "
+                      f"(raw {_fmt(r.disent_raw)}) rep {_fmt(r.d3_rep)}"
+                      + (f"  null: {r.disent_null_reason}" if r.disent_null_reason else ""))
+    write_json_atomic(out, result.to_dict())
     console.print(f"wrote {out}")
 
 

@@ -21,6 +21,7 @@ from poolbench.pooler.worker import ExtractorWorker
 from poolbench.prober.concept_probe import D1_VERSION, probe_concept_task
 from poolbench.prober.flash import parse_fraction
 from poolbench.prober.reliability import RELIABILITY_VERSION
+from poolbench.records.d1 import d1_records_from_table
 from poolbench.records.run import RunOutcome
 from poolbench.store.keys import artifact_key
 from poolbench.store.url import open_store
@@ -175,7 +176,7 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
             ray.kill(worker)
     records = []
     for plan in plans:
-        records.extend(store.get_table(plan.d1_key).to_pylist())
+        records.extend(d1_records_from_table(store.get_table(plan.d1_key)))
     timing = {"d1_s": time.perf_counter() - started}
     steering = None
     if cfg.steering:

@@ -55,10 +55,10 @@ def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, po
             cell, actor = pending.pop(ref)
             idle.append(actor)
             result = ray.get(ref)
-            d2.append({**result["d2"], "selected_because": cell.why})
-            d3.extend(result["d3"])
+            d2.append(result.d2.selected(cell.why))
+            d3.extend(result.d3)
             emit("steered", {"concept": cell.concept, "strategy": cell.strategy, "layer": cell.layer,
-                             "scp": result["d2"].get("scp"), "d2_delta": result["d2"].get("d2_delta")})
+                             "scp": result.d2.scp, "d2_delta": result.d2.d2_delta})
     finally:
         for actor in actors:
             ray.kill(actor)

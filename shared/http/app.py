@@ -242,7 +242,7 @@ def build_api(settings: ServiceSettings) -> FastAPI:
         keep = ("probe", "cv_auroc", "test_auroc", "ci_low", "ci_high", "ci_level", "n_train", "n_test",
                 "fallback_rate")
         return {"model_id": loaded.model_id, "layer": req.layer, "strategy": spec.id,
-                "probes": {r["probe"]: {k: r[k] for k in keep} for r in records},
+                "probes": {r.probe: {k: getattr(r, k) for k in keep} for r in records},
                 "seconds": time.perf_counter() - started}
 
     @api.post("/score")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from poolbench.config import RunConfig
+from poolbench.records.d1 import D1CellRecord
+from poolbench.records.steering import SteeringStage
 
 
 @dataclass
@@ -16,9 +18,9 @@ class RunOutcome:
     corpus: dict
     layers: list[int]
     strategies: list[dict]
-    records: list[dict]
+    records: list[D1CellRecord]
     artifacts: dict[str, dict[str, str]]
     computed: dict[str, int] = field(default_factory=dict)
     timing: dict[str, float] = field(default_factory=dict)
     store: str = ""
-    steering: dict | None = None
+    steering: SteeringStage | None = None

@@ -7,7 +7,9 @@ from pathlib import Path
 from poolbench.atomic_write import write_json_atomic
 from poolbench.prober.reliability import across_cells
 from poolbench.provenance import git_hash, package_versions, utc_now
+from poolbench.records.d1 import D1CellRecord
 from poolbench.records.run import RunOutcome
+from poolbench.records.steering import SteeringStage
 from poolbench.results.leaderboard import build_leaderboard
 
 RESULTS_SCHEMA_VERSION = 1
@@ -17,18 +19,19 @@ def strategy_info(outcome: RunOutcome) -> dict[str, dict]:
     return {s["id"]: s for s in outcome.strategies}
 
 
-def _across_cells(records: list[dict]) -> dict:
+def _across_cells(records: list[D1CellRecord]) -> dict:
     """Win rate and significance compare strategies: with one strategy there is nothing to compare."""
-    if len({r["strategy"] for r in records}) < 2:
+    if len({r.strategy for r in records}) < 2:
         return {"skipped": "win rate and significance need at least two strategies", "win_rate": {}}
-    return across_cells(records)
+    return across_cells([r.to_dict() for r in records])
 
 
-def _steering_sections(steering: dict | None) -> dict:
+def _steering_sections(steering: SteeringStage | None) -> dict:
     """D2, D3 and the scorers' validity, when the run steered (absent with --no-steering)."""
     if steering is None:
         return {}
-    return {"scorers": steering["scorers"], "d2": steering["d2"], "d3": steering["d3"],
+    return {"scorers": [s.to_dict() for s in steering["scorers"]], "d2": [r.to_dict() for r in steering["d2"]],
+            "d3": [r.to_dict() for r in steering["d3"]],
             "steering": {k: steering[k] for k in ("steering_config", "subset", "timing")}}
 
 
@@ -53,28 +56,31 @@ def results_document(outcome: RunOutcome) -> dict:
                   "test_auroc = fit on train, scored on the held-out split; ci = 95% pair-grouped bootstrap",
         },
         "reliability": _across_cells(outcome.records),
-        "cells": outcome.records,
+        "cells": [r.to_dict() for r in outcome.records],
         **_steering_sections(outcome.steering),
     }
 
 
+def _leaderboard_steering(steering: SteeringStage | None) -> dict:
+    """Per-strategy steering means and each scorer's validity, for the leaderboard of a run that steered."""
+    if steering is None:
+        return {}
+    from poolbench.steerer.plan import steering_summary
+
+    return {"steering": steering_summary(steering["d2"], steering["d3"]),
+            "scorers": {s.concept: {"heldout_auroc": s.heldout_auroc, "valid": s.valid} for s in steering["scorers"]}}
+
+
 def write_run_outputs(outcome: RunOutcome, out_dir: Path) -> dict[str, Path]:
     results = results_document(outcome)
-    leaderboard = build_leaderboard(outcome.records, strategy_info=strategy_info(outcome))
     reliability = results["reliability"]
     friedman = reliability.get("friedman") or {}
-    for row in leaderboard["strategies"]:
-        row["win_rate"] = reliability["win_rate"].get(row["strategy"])
-        row["average_rank"] = friedman.get("average_ranks", {}).get(row["strategy"])
-    leaderboard.update({"model": outcome.model, "corpus_hash": outcome.corpus["hash"],
-                        "git_hash": results["git_hash"], "date": results["date"],
-                        "friedman": reliability.get("friedman")})
-    if outcome.steering is not None:
-        from poolbench.steerer.plan import steering_summary
-
-        leaderboard["steering"] = steering_summary(outcome.steering["d2"], outcome.steering["d3"])
-        leaderboard["scorers"] = {s["concept"]: {"heldout_auroc": s["heldout_auroc"], "valid": s["valid"]}
-                                  for s in outcome.steering["scorers"]}
+    leaderboard = build_leaderboard(
+        outcome.records, strategy_info=strategy_info(outcome), win_rate=reliability["win_rate"],
+        average_ranks=friedman.get("average_ranks", {}),
+        sections={"model": outcome.model, "corpus_hash": outcome.corpus["hash"], "git_hash": results["git_hash"],
+                  "date": results["date"], "friedman": reliability.get("friedman"),
+                  **_leaderboard_steering(outcome.steering)})
     paths = {"results": out_dir / "results.json", "leaderboard": out_dir / "leaderboard.json"}
     write_json_atomic(paths["results"], results)
     write_json_atomic(paths["leaderboard"], leaderboard)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
+
+from poolbench.records.d1 import D1CellRecord
 
 PRIMARY_PROBE = "logistic"
 FALLBACK_FLAG_RATE = 0.5
@@ -16,27 +18,33 @@ LAYER_SELECTION = (
 )
 
 
-def build_leaderboard(cells: Iterable[dict], probe: str = PRIMARY_PROBE,
-                      strategy_info: dict[str, dict] | None = None) -> dict:
-    """Rank strategies by mean held-out D1 over concepts at each strategy's CV-selected layer."""
-    by_strategy: dict[str, dict[int, dict[str, dict]]] = defaultdict(lambda: defaultdict(dict))
+def build_leaderboard(cells: Iterable[D1CellRecord], probe: str = PRIMARY_PROBE,
+                      strategy_info: Mapping[str, dict] | None = None, *,
+                      win_rate: Mapping[str, float | None] | None = None,
+                      average_ranks: Mapping[str, float] | None = None,
+                      sections: Mapping[str, object] | None = None) -> dict:
+    """Rank strategies by mean held-out D1 over concepts at each strategy's CV-selected layer.
+
+    Given them, each row also gets its win rate and Friedman average rank, and `sections` (provenance,
+    steering) follow the rows: the finished leaderboard, never edited afterwards."""
+    by_strategy: dict[str, dict[int, dict[str, D1CellRecord]]] = defaultdict(lambda: defaultdict(dict))
     for cell in cells:
-        if cell["probe"] == probe:
-            by_strategy[cell["strategy"]][cell["layer"]][cell["concept"]] = cell
+        if cell.probe == probe:
+            by_strategy[cell.strategy][cell.layer][cell.concept] = cell
     rows = []
     for strategy, layers in by_strategy.items():
         concepts = sorted(set.intersection(*(set(c) for c in layers.values())))
         if not concepts:
             continue
-        best_layer = max(sorted(layers), key=lambda L: np.mean([layers[L][c]["cv_auroc"] for c in concepts]))
+        best_layer = max(sorted(layers), key=lambda L: np.mean([layers[L][c].cv_auroc for c in concepts]))
         chosen = layers[best_layer]
         per_concept = {
             c: {
-                "auroc": chosen[c]["test_auroc"],
-                "ci_low": chosen[c]["ci_low"],
-                "ci_high": chosen[c]["ci_high"],
-                "cv_auroc": chosen[c]["cv_auroc"],
-                "fallback_rate": chosen[c].get("fallback_rate", 0.0),
+                "auroc": chosen[c].test_auroc,
+                "ci_low": chosen[c].ci_low,
+                "ci_high": chosen[c].ci_high,
+                "cv_auroc": chosen[c].cv_auroc,
+                "fallback_rate": chosen[c].fallback_rate,
             }
             for c in concepts
         }
@@ -48,7 +56,7 @@ def build_leaderboard(cells: Iterable[dict], probe: str = PRIMARY_PROBE,
             "mean_d1": float(np.mean([v["auroc"] for v in per_concept.values()])),
             "mean_cv_auroc": float(np.mean([v["cv_auroc"] for v in per_concept.values()])),
             "best_layer": int(best_layer),
-            "layer_curve": {int(L): float(np.mean([layers[L][c]["cv_auroc"] for c in concepts]))
+            "layer_curve": {int(L): float(np.mean([layers[L][c].cv_auroc for c in concepts]))
                             for L in sorted(layers)},
             "fallback_flagged_concepts": flagged,
             "per_concept": per_concept,
@@ -56,7 +64,11 @@ def build_leaderboard(cells: Iterable[dict], probe: str = PRIMARY_PROBE,
     rows.sort(key=lambda r: (-r["mean_d1"], r["strategy"]))
     for rank, row in enumerate(rows, start=1):
         row["rank"] = rank
-    return {"probe": probe, "layer_selection": LAYER_SELECTION, "strategies": rows}
+        if win_rate is not None:
+            row["win_rate"] = win_rate.get(row["strategy"])
+        if average_ranks is not None:
+            row["average_rank"] = average_ranks.get(row["strategy"])
+    return {"probe": probe, "layer_selection": LAYER_SELECTION, "strategies": rows, **(sections or {})}
 
 
 def leaderboard_rows(leaderboard: dict, concepts: Sequence[str] | None = None) -> list[list[str]]:

@@ -21,6 +21,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from poolbench.errors import PoolBenchError
+from poolbench.records.base import RecordError
+from poolbench.records.d1 import D1CellRecord
+from poolbench.records.scorer import ScorerValidity
+from poolbench.records.steering import D2Record
 from poolbench.results.leaderboard import PRIMARY_PROBE, build_leaderboard
 
 DPI = 100
@@ -38,11 +42,15 @@ class Figure:
 
 @dataclass(frozen=True)
 class Run:
-    """One run folder's documents; `name` labels it (the model id) when a report covers several runs."""
+    """One run folder's documents and their typed records; `name` labels it (the model id) when a report
+    covers several runs."""
 
     name: str
     results: dict
     leaderboard: dict
+    cells: list[D1CellRecord]
+    d2: list[D2Record]  # those with an α table (a null steering vector has none)
+    scorers: list[ScorerValidity]
 
 
 def load_runs(path: Path) -> list[Run]:
@@ -59,9 +67,15 @@ def load_runs(path: Path) -> list[Run]:
             raise PoolBenchError(f"{folder / 'results.json'} is not valid JSON ({exc})") from exc
         if not results.get("cells"):
             raise PoolBenchError(f"{folder / 'results.json'} has no cells")
+        try:
+            cells = [D1CellRecord.from_dict(c) for c in results["cells"]]
+            d2, scorers = d2_records(results), scorer_records(results)
+        except RecordError as exc:
+            raise PoolBenchError(f"{folder / 'results.json'}: {exc}") from None
         board_path = folder / "leaderboard.json"
-        board = json.loads(board_path.read_text()) if board_path.is_file() else build_leaderboard(results["cells"])
-        runs.append(Run((results.get("model") or {}).get("model_id") or folder.name, results, board))
+        board = json.loads(board_path.read_text()) if board_path.is_file() else build_leaderboard(cells)
+        runs.append(Run((results.get("model") or {}).get("model_id") or folder.name, results, board, cells, d2,
+                        scorers))
     return runs
 
 
@@ -107,26 +121,26 @@ def layer_curve_figure(run: Run) -> bytes:
     return _png(fig)
 
 
-def d2_records(results: dict) -> list[dict]:
+def d2_records(results: dict) -> list[D2Record]:
     """D2 records that carry an α table, wherever a run put them (results["d2"] or results["steering"])."""
     found = results.get("d2") or (results.get("steering") or {}).get("d2") or []
     if isinstance(found, dict):
         found = list(found.values())
-    return [r for r in found if isinstance(r, dict) and r.get("per_alpha")]
+    records = [D2Record.from_dict(r) for r in found if isinstance(r, dict)]
+    return [r for r in records if r.per_alpha]
 
 
-def alpha_figure(run: Run, records: list[dict]) -> bytes:
+def alpha_figure(run: Run, records: list[D2Record]) -> bytes:
     """Concept score against steering strength α, one panel per concept, one line per (strategy, layer)."""
-    by_concept: dict[str, list[dict]] = defaultdict(list)
+    by_concept: dict[str, list[D2Record]] = defaultdict(list)
     for r in records:
-        by_concept[r["concept"]].append(r)
+        by_concept[r.concept].append(r)
     concepts = sorted(by_concept)
     fig, axes = plt.subplots(1, len(concepts), figsize=(4.2 * len(concepts), 3.6), squeeze=False)
     for ax, concept in zip(axes[0], concepts, strict=True):
-        for r in sorted(by_concept[concept], key=lambda r: (r["strategy"], r.get("layer", 0))):
-            alphas = [p["alpha"] for p in r["per_alpha"]]
-            ax.plot(alphas, [p["score"] for p in r["per_alpha"]], marker="o",
-                    label=f"{r['strategy']} L{r.get('layer', '?')}")
+        for r in sorted(by_concept[concept], key=lambda r: (r.strategy, r.layer)):
+            rows = r.per_alpha or []
+            ax.plot([p.alpha for p in rows], [p.score for p in rows], marker="o", label=f"{r.strategy} L{r.layer}")
         ax.set_title(concept)
         ax.set_xlabel("α")
         ax.set_ylabel("mean concept score")
@@ -172,9 +186,9 @@ def cd_figure(friedman: dict, name: str) -> bytes:
 def fallback_figure(run: Run) -> bytes:
     """Share of passages where a strategy selected no token and fell back to the mean (over all cells)."""
     rates: dict[str, list[float]] = defaultdict(list)
-    for cell in run.results["cells"]:
-        if cell["probe"] == PRIMARY_PROBE:
-            rates[cell["strategy"]].append(float(cell.get("fallback_rate") or 0.0))
+    for cell in run.cells:
+        if cell.probe == PRIMARY_PROBE:
+            rates[cell.strategy].append(float(cell.fallback_rate))
     strategies = sorted(rates)
     means = [float(np.mean(rates[s])) for s in strategies]
     fig, ax = plt.subplots(figsize=(1.5 + 0.6 * len(strategies), 3.6))
@@ -188,26 +202,27 @@ def fallback_figure(run: Run) -> bytes:
     return _png(fig)
 
 
-def scorer_records(results: dict) -> list[dict]:
-    """Classifier-B validity records (results["scorers"], a list or a dict by concept)."""
+def scorer_records(results: dict) -> list[ScorerValidity]:
+    """Classifier-B validity records (results["scorers"], a list or a dict by concept) that carry an AUROC."""
     found = results.get("scorers") or results.get("scorer_validity") or []
     if isinstance(found, dict):
         found = list(found.values())
-    return [r for r in found if isinstance(r, dict) and r.get("heldout_auroc") is not None]
+    records = [ScorerValidity.from_dict(r) for r in found if isinstance(r, dict)]
+    return [r for r in records if r.heldout_auroc is not None]
 
 
-def scorer_figure(run: Run, records: list[dict]) -> bytes:
+def scorer_figure(run: Run, records: list[ScorerValidity]) -> bytes:
     """Held-out AUROC of each concept's scorer with its CI and the validity bar it must clear."""
-    records = sorted(records, key=lambda r: r["concept"])
-    auroc = np.array([r["heldout_auroc"] for r in records], dtype=float)
-    low = np.array([r.get("heldout_auroc_ci_low", a) if r.get("heldout_auroc_ci_low") is not None else a
+    records = sorted(records, key=lambda r: r.concept)
+    auroc = np.array([r.heldout_auroc for r in records], dtype=float)
+    low = np.array([a if r.heldout_auroc_ci_low is None else r.heldout_auroc_ci_low
                     for r, a in zip(records, auroc, strict=True)], dtype=float)
-    high = np.array([r.get("heldout_auroc_ci_high", a) if r.get("heldout_auroc_ci_high") is not None else a
+    high = np.array([a if r.heldout_auroc_ci_high is None else r.heldout_auroc_ci_high
                      for r, a in zip(records, auroc, strict=True)], dtype=float)
     fig, ax = plt.subplots(figsize=(1.5 + 0.6 * len(records), 3.6))
-    colors = ["steelblue" if r.get("valid", True) else "firebrick" for r in records]
-    ax.bar([r["concept"] for r in records], auroc, yerr=[auroc - low, high - auroc], color=colors, capsize=3)
-    bar = records[0].get("min_auroc")
+    colors = ["steelblue" if r.valid else "firebrick" for r in records]
+    ax.bar([r.concept for r in records], auroc, yerr=[auroc - low, high - auroc], color=colors, capsize=3)
+    bar = records[0].min_auroc
     if bar is not None:
         ax.axhline(bar, color="firebrick", ls="--", lw=1, label=f"min AUROC {bar}")
         ax.legend(fontsize=7)
@@ -224,9 +239,8 @@ def run_figures(run: Run, index: int) -> tuple[list[Figure], list[str]]:
     figures = [Figure(f"{tag}-heatmap", f"D1 heatmap (concept × strategy) — {run.name}", heatmap_figure(run)),
                Figure(f"{tag}-layers", f"Layer curves per strategy — {run.name}", layer_curve_figure(run))]
     notes = []
-    d2 = d2_records(run.results)
-    if d2:
-        figures.append(Figure(f"{tag}-alpha", f"D2 α curves — {run.name}", alpha_figure(run, d2)))
+    if run.d2:
+        figures.append(Figure(f"{tag}-alpha", f"D2 α curves — {run.name}", alpha_figure(run, run.d2)))
     else:
         notes.append("No D2 results in this run: α curves are not drawn.")
     friedman = (run.results.get("reliability") or {}).get("friedman")
@@ -236,9 +250,8 @@ def run_figures(run: Run, index: int) -> tuple[list[Figure], list[str]]:
         reason = (run.results.get("reliability") or {}).get("skipped", "no Friedman test in results.json")
         notes.append(f"No critical-difference diagram: {reason}.")
     figures.append(Figure(f"{tag}-fallback", f"Fallback rates — {run.name}", fallback_figure(run)))
-    scorers = scorer_records(run.results)
-    if scorers:
-        figures.append(Figure(f"{tag}-scorer", f"Scorer validity — {run.name}", scorer_figure(run, scorers)))
+    if run.scorers:
+        figures.append(Figure(f"{tag}-scorer", f"Scorer validity — {run.name}", scorer_figure(run, run.scorers)))
     else:
         notes.append("No scorer (classifier B) records in this run: validity is not drawn.")
     return figures, notes

@@ -1,0 +1,51 @@
+"""D1CellRecord: one (concept, layer, strategy, probe) cell of D1 with its reliability columns."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from poolbench.records.base import Number, Record
+
+
+class D1CellRecord(Record):
+    """A D1 cell as results.json carries it; reliability columns are absent when the run skipped them and
+    None on cells where they are undefined (the diffmean probe, supervised cells)."""
+
+    concept: str
+    layer: int
+    strategy: str
+    probe: str
+    cv_auroc: Number
+    cv_fold_aurocs: list[Number] | None = None
+    test_auroc: Number
+    ci_low: Number
+    ci_high: Number
+    ci_level: Number | None = None
+    n_train: int | None = None
+    n_test: int | None = None
+    n_folds: int | None = None
+    n_bootstrap: int | None = None
+    fallback_count: int | None = None
+    fallback_rate: Number = 0.0  # cells that predate fallback counting fell back nowhere
+    heads_selected: list[int] | None = None
+    reliability_probe: str | None = None
+    seed_cv_aurocs: list[Number] | None = None
+    seed_mean: Number | None = None
+    seed_std: Number | None = None
+    selectivity: Number | None = None
+    control_cv_auroc: Number | None = None
+    mdl_compression: Number | None = None
+    mdl_online_bits: Number | None = None
+    mdl_uniform_bits: Number | None = None
+
+
+def d1_records_table(records: list[D1CellRecord]) -> pa.Table:
+    """Every row gets every column (Arrow infers a schema from the first row and would drop later keys)."""
+    rows = [r.to_dict() for r in records]
+    keys = list(dict.fromkeys(key for row in rows for key in row))
+    return pa.Table.from_pylist([{key: row.get(key) for key in keys} for row in rows])
+
+
+def d1_records_from_table(table: pa.Table) -> list[D1CellRecord]:
+    """The D1 records of a stored Arrow artifact, one per row."""
+    return [D1CellRecord.from_dict(row) for row in table.to_pylist()]

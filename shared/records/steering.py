@@ -1,0 +1,125 @@
+"""D2 and D3 records: one steering cell's effect (D2) and its effect on each neighbour concept (D3).
+
+Keys a cell did not reach (a null steering vector has no alpha table; a run without the prompted baseline
+has no prompted_* keys) are absent, not None, exactly as the stored artifact and results.json hold them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypedDict
+
+from poolbench.records.base import Number, Record
+from poolbench.records.scorer import ScorerValidity
+
+
+class AlphaRow(Record):
+    """One alpha of the report half: mean score, perplexity and its ratio to alpha = 0, relevance, their [0, 1]
+    forms' harmonic mean."""
+
+    alpha: Number
+    score: Number
+    perplexity: Number | None
+    fluency_ratio: Number | None
+    relevance: Number
+    fluency01: Number
+    hm: Number
+
+
+class D2Record(Record):
+    """One (concept, strategy, layer) steering cell: the vector, SCP, alpha* and Delta(alpha*) beside the prompted
+    baseline; status 'null' (with null_reason) when the steering vector vanished."""
+
+    concept: str
+    strategy: str
+    layer: int
+    model_id: str
+    backend: str
+    vector_norm: Number
+    residual_norm: Number | None
+    vector_null_reason: str | None
+    n_prompts: int
+    alphas: list[Number]
+    scorer_key: str | None
+    scorer_heldout_auroc: Number | None
+    gen_max_new_tokens: int
+    gen_min_new_tokens: int
+    gen_temperature: Number
+    gen_greedy: bool
+    status: Literal["ok", "null"]
+    null_reason: str | None
+    scp: Number | None
+    scp_ci_low: Number | None = None
+    scp_ci_high: Number | None = None
+    scp_n_generations: int | None = None
+    alpha_star: Number | None = None
+    alpha_star_index: int | None = None
+    d2_delta: Number | None
+    d2_delta_ci_low: Number | None = None
+    d2_delta_ci_high: Number | None = None
+    score_at_alpha_star: Number | None = None
+    score_at_zero: Number | None = None
+    fluency_ratio: Number | None = None
+    fluency_guard: Number | None = None
+    relevance: Number | None = None
+    perplexity_at_zero: Number | None = None
+    select_prompts: list[int] | None = None
+    report_prompts: list[int] | None = None
+    per_alpha: list[AlphaRow] | None = None
+    prompted_instruction: str | None = None
+    prompted_score: Number | None = None
+    prompted_delta: Number | None = None
+    prompted_delta_ci_low: Number | None = None
+    prompted_delta_ci_high: Number | None = None
+    prompted_fluency_ratio: Number | None = None
+    prompted_relevance: Number | None = None
+    seconds: Number | None = None
+    generations_key: str | None = None
+    selected_because: str | None = None
+
+    def selected(self, because: str) -> D2Record:
+        """This record with the reason the run chose its cell (best D1, worst D1, full)."""
+        return self.model_copy(update={"selected_because": because})
+
+
+class D3Record(Record):
+    """Steering toward `concept` seen by a neighbour's scorer: Disent = 1 - Delta_B / Delta_A (clipped, raw kept),
+    None with a reason when undefined, and D3_rep, the cosine of the two concepts' steering vectors."""
+
+    concept: str
+    strategy: str
+    layer: int
+    model_id: str
+    backend: str
+    neighbour: str
+    relation: str
+    alpha_star: Number | None = None
+    delta_a: Number | None = None
+    delta_a_ci_low: Number | None = None
+    delta_a_ci_high: Number | None = None
+    delta_b: Number | None = None
+    delta_b_ci_low: Number | None = None
+    delta_b_ci_high: Number | None = None
+    disent: Number | None
+    disent_raw: Number | None
+    disent_null_reason: str | None
+    d3_rep: Number | None
+    neighbour_vector_null_reason: str | None = None
+
+
+class SteeringResult(Record):
+    """One cell's D2 record and D3 records as the artifact store holds them, with the key they sit under."""
+
+    d2: D2Record
+    d3: list[D3Record]
+    key: str
+
+
+class SteeringStage(TypedDict):
+    """What the steering stage hands the results: the scorers' validity, every D2 and D3 record, and how it ran."""
+
+    scorers: list[ScorerValidity]
+    d2: list[D2Record]
+    d3: list[D3Record]
+    steering_config: dict
+    subset: str
+    timing: dict[str, float]

@@ -1,7 +1,9 @@
-"""The Serve application over real HTTP: one app on a free port for the module, the tiny Llama behind it."""
+"""The one Serve application over real HTTP: one app on a free port for the module, the tiny Llama behind it and
+the scorers of a (hand-written) run folder for /score."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
@@ -12,8 +14,12 @@ import torch
 from s3_server import free_port
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from poolbench.http.app import ServiceSettings, start_serve
+from poolbench.corpus.passage import Passage
+from poolbench.http.app import ServiceConfigError, ServiceSettings, check_scorers, scorers_of_run, start_serve
 from poolbench.prober.d1 import evaluate_d1
+from poolbench.scorer.artifacts import ensure_scorer, scorer_record
+from poolbench.scorer.finetune import ScorerConfig
+from poolbench.store.artifact_store import LocalStore
 
 POS = ["I might perhaps be wrong about this", "it could possibly rain later today", "maybe we should wait a bit",
        "perhaps the answer is not so clear", "it seems likely that it might work", "possibly the train is late"]
@@ -22,11 +28,27 @@ NEG = ["the answer is four", "the train leaves at noon", "we leave now", "water 
 
 
 @pytest.fixture(scope="module")
-def service(tiny_llama_dir, local_ray) -> Iterator[tuple[str, str]]:
+def scored_run(tiny_encoder, tmp_path_factory):
+    """A run folder as `poolbench-driver run` leaves it, as far as /score reads it: the store in config, the
+    scorers' records (with their keys) in results.json; one scorer, for 'praise', trained on the tiny encoder."""
+    root = tmp_path_factory.mktemp("run")
+    passages = [Passage(f"{split}-{i}-{label}", text, label, "d", 4, f"{split}-{i}", split, "praise")
+                for i, (pos, neg) in enumerate(zip(POS, NEG, strict=True))
+                for split in ["train" if i < 4 else "test"] for label, text in ((1, pos), (0, neg))]
+    config = ScorerConfig(encoder=str(tiny_encoder), epochs=1, batch_size=8, max_length=16)
+    scorer = ensure_scorer(LocalStore(root / "store"), "praise", passages, "h", config, allow_weak=True)
+    (root / "out").mkdir()
+    (root / "out" / "results.json").write_text(json.dumps({"config": {"store": str(root / "store")},
+                                                           "scorers": [scorer_record(scorer)]}))
+    return root / "out", scorer
+
+
+@pytest.fixture(scope="module")
+def service(tiny_llama_dir, scored_run, local_ray) -> Iterator[tuple[str, str]]:
     from ray import serve
 
     settings = ServiceSettings(models=(str(tiny_llama_dir),), max_texts=16, max_chars=200, max_body_bytes=8192,
-                               max_new_tokens=8, device="cpu")
+                               max_new_tokens=8, device="cpu", **scorers_of_run(scored_run[0]))
     base = start_serve(settings, port=free_port(), num_cpus=0.5)
     deadline = time.monotonic() + 60
     while True:
@@ -60,10 +82,37 @@ def items() -> list[dict]:
 def test_healthz_and_openapi_and_loopback_binding(service):
     base, model = service
     assert base.startswith("http://127.0.0.1:")
-    assert httpx.get(f"{base}/healthz").json() == {"status": "ok", "models": [model], "scorers": []}
+    assert httpx.get(f"{base}/healthz").json() == {"status": "ok", "models": [model], "scorers": ["praise"]}
     spec = httpx.get(f"{base}/openapi.json").json()
     assert {"/pool", "/probe", "/score", "/generate", "/healthz"} <= set(spec["paths"])
     assert "PoolRequest" in spec["components"]["schemas"]
+
+
+def test_score_answers_for_the_runs_concept_with_its_scorer(service, scored_run):
+    base, _ = service
+    texts = ["I might perhaps be wrong about this", "the door is red"]
+    reply = post(base, "/score", {"concept": "praise", "texts": texts})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert set(body) == {"concept", "scores", "heldout_auroc"} and body["concept"] == "praise"
+    np.testing.assert_allclose(body["scores"], scored_run[1].score(texts), rtol=1e-6)
+    assert body["heldout_auroc"] == scored_run[1].info["heldout_auroc"]
+    schema = httpx.get(f"{base}/openapi.json").json()["components"]["schemas"]["ScoreResponse"]
+    assert "P(concept | text)" in schema["properties"]["scores"]["description"]
+
+
+def test_a_run_without_scorers_or_a_missing_scorer_fails_in_one_line(tmp_path, scored_run):
+    with pytest.raises(ServiceConfigError, match="no such file"):
+        scorers_of_run(tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps({"config": {"store": None}, "cells": []}))
+    with pytest.raises(ServiceConfigError, match="the run recorded no scorers"):
+        scorers_of_run(tmp_path)
+    settings = ServiceSettings(**scorers_of_run(scored_run[0]))
+    assert settings.scorer_concepts == ["praise"]
+    check_scorers(settings)
+    gone = ServiceSettings(scorer_store=settings.scorer_store, scorer_keys={"praise": "scorer/nope"})
+    with pytest.raises(ServiceConfigError, match=r"^scorers not found: praise \(scorer/nope\)$"):
+        check_scorers(gone)
 
 
 def test_pool_mean_equals_the_models_hidden_states(service, tiny_llama_dir):
@@ -127,7 +176,7 @@ def test_generate_steered_and_unsteered(service):
     ("/pool", {"layer": 0, "texts": ["x" * 100] * 100}, 413, "at most 8192"),
     ("/probe", {"layer": 0, "items": [{"text": "a", "label": 1, "split": "train"}] * 4}, 422,
      "items: the train split needs both labels 0 and 1, has [1]"),
-    ("/score", {"concept": "hedging", "texts": ["x"]}, 404, "no scorer for concept 'hedging' (configured: none)"),
+    ("/score", {"concept": "hedging", "texts": ["x"]}, 404, "no scorer for concept 'hedging' (configured: praise)"),
     ("/generate", {"layer": 0, "prompts": ["x"], "max_new_tokens": 9}, 422, "max_new_tokens: 9, at most 8"),
 ])
 def test_bad_requests_get_a_clear_status_and_message(service, path, body, status, message):
@@ -152,3 +201,4 @@ def test_pool_latency_is_reported(service, capsys):
     with capsys.disabled():
         print(f"\n/pool 4 texts, tiny model: median {1000 * np.median(times):.1f} ms")
     assert np.median(times) < 5.0
+

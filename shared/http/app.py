@@ -1,14 +1,17 @@
-"""PoolBench over HTTP: one Ray Serve application with a FastAPI ingress (/pool, /probe, /score, /generate).
+"""PoolBench over HTTP: the one Ray Serve application, a FastAPI ingress with /pool, /probe, /score, /generate.
 
 The handlers are thin: they validate (pydantic, size limits), load a model once per replica, and call the same
 pure functions the batch pipeline uses (pool_concept, probe_pooled_table, ScorerModel, TransformersBackend).
+/score serves classifier B from scorer folders, or from the store keys a run recorded (`scorers_of_run`).
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import OrderedDict
+from pathlib import Path
 from typing import Annotated
 
 import numpy as np
@@ -17,6 +20,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from poolbench.config import cache_dir
 from poolbench.errors import PoolBenchError
 
 APP_NAME = "poolbench"
@@ -32,6 +36,10 @@ class NotServed(PoolBenchError):
     """A model or scorer this service was not configured with: HTTP 404."""
 
 
+class ServiceConfigError(PoolBenchError):
+    """The service's own configuration is unusable (no such run, a scorer artefact missing): HTTP 503."""
+
+
 class ServiceSettings(BaseModel):
     """What the service may load and how big a request may be; fixed when the application is built."""
 
@@ -39,6 +47,8 @@ class ServiceSettings(BaseModel):
 
     models: tuple[str, ...] = ("embedded",)  # ids/paths a request may name: nothing else is ever loaded
     scorers: dict[str, str] = Field(default_factory=dict)  # concept -> scorer folder (classifier B)
+    scorer_store: str | None = None  # artifact store (folder or s3://) holding `scorer_keys`
+    scorer_keys: dict[str, str] = Field(default_factory=dict)  # concept -> stored scorer key, as a run records
     max_texts: int = Field(256, ge=1)
     max_chars: int = Field(4000, ge=1)
     max_body_bytes: int = Field(2_000_000, ge=1024)
@@ -49,6 +59,47 @@ class ServiceSettings(BaseModel):
     max_length: int = Field(256, ge=8)
     device: str = "auto"
     dtype: str = "auto"
+
+    @model_validator(mode="after")
+    def _one_source_per_concept(self) -> ServiceSettings:
+        if self.scorer_keys and not self.scorer_store:
+            raise ValueError("scorer_keys need scorer_store, the store that holds them")
+        both = sorted(set(self.scorers) & set(self.scorer_keys))
+        if both:
+            raise ValueError(f"concepts {both} have both a scorer folder and a stored scorer key")
+        return self
+
+    @property
+    def scorer_concepts(self) -> list[str]:
+        return sorted({*self.scorers, *self.scorer_keys})
+
+
+def scorers_of_run(run: str | Path) -> dict:
+    """{"scorer_store", "scorer_keys"} from a run folder's results.json: /score then answers every concept it has."""
+    path = Path(run) / "results.json"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ServiceConfigError(f"{path}: no such file ('{run}' is not a finished run folder)") from exc
+    except json.JSONDecodeError as exc:
+        raise ServiceConfigError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from exc
+    keys = {s["concept"]: s["key"] for s in doc.get("scorers") or [] if s.get("key")}
+    if not keys:
+        raise ServiceConfigError(f"{path}: the run recorded no scorers (it ran with --no-steering?)")
+    store = (doc.get("config") or {}).get("store") or str(cache_dir() / "store")
+    return {"scorer_store": store, "scorer_keys": keys}
+
+
+def check_scorers(settings: ServiceSettings) -> None:
+    """Fail at start, in one line, when a configured scorer is not there, rather than at the first /score."""
+    missing = [f"{c} ({folder})" for c, folder in sorted(settings.scorers.items()) if not Path(folder).is_dir()]
+    if settings.scorer_keys:
+        from poolbench.store.url import open_store
+
+        store = open_store(settings.scorer_store)
+        missing += [f"{c} ({key})" for c, key in sorted(settings.scorer_keys.items()) if not store.exists(key)]
+    if missing:
+        raise ServiceConfigError(f"scorers not found: {', '.join(missing)}")
 
 
 Text = Annotated[str, StringConstraints(min_length=1)]
@@ -91,8 +142,15 @@ class ProbeRequest(BaseModel):
 
 class ScoreRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    concept: str
+    concept: str = Field(description="a concept this service has a scorer for (see /healthz)")
     texts: list[Text] = Field(min_length=1)
+
+
+class ScoreResponse(BaseModel):
+    concept: str
+    scores: list[float] = Field(description="classifier B's P(concept | text) in [0, 1], one per text, in input "
+                                            "order")
+    heldout_auroc: float | None = Field(description="the scorer's AUROC on its concept's held-out split")
 
 
 class GenerateRequest(BaseModel):
@@ -141,6 +199,37 @@ class ModelCache:
             return self._models[model]
 
 
+class ScorerCache:
+    """Classifier B per concept, from a folder or a store key, loaded on first use (once: one lock)."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self._scorers: dict[str, object] = {}
+        self._lock = threading.Lock()
+
+    def _load(self, concept: str):
+        from poolbench.scorer.artifacts import load_stored_scorer
+        from poolbench.scorer.scorer_model import ScorerModel
+        from poolbench.store.url import open_store
+
+        try:
+            if concept in self.settings.scorers:
+                return ScorerModel.load(self.settings.scorers[concept])
+            return load_stored_scorer(open_store(self.settings.scorer_store), self.settings.scorer_keys[concept],
+                                      concept)
+        except PoolBenchError as exc:
+            raise ServiceConfigError(str(exc).splitlines()[0]) from exc
+
+    def get(self, concept: str):
+        if concept not in self.settings.scorer_concepts:
+            raise NotServed(f"no scorer for concept '{concept}' "
+                            f"(configured: {', '.join(self.settings.scorer_concepts) or 'none'})")
+        with self._lock:
+            if concept not in self._scorers:
+                self._scorers[concept] = self._load(concept)
+            return self._scorers[concept]
+
+
 def _check_sizes(settings: ServiceSettings, texts: list[str], what: str) -> None:
     if len(texts) > settings.max_texts:
         raise RequestError(f"{what}: {len(texts)} entries, at most {settings.max_texts} per request")
@@ -175,7 +264,7 @@ def build_api(settings: ServiceSettings) -> FastAPI:
     """The FastAPI app (usable without Ray: tests and `uvicorn` can mount it directly)."""
     api = FastAPI(title="PoolBench", version="1", description="Pooling, D1 probes, classifier B and steering.")
     models = ModelCache(settings)
-    scorers: dict[str, object] = {}
+    scorers = ScorerCache(settings)
 
     @api.middleware("http")
     async def limit_body(request: Request, call_next):
@@ -196,13 +285,17 @@ def build_api(settings: ServiceSettings) -> FastAPI:
     async def not_served(_: Request, exc: NotServed):
         return JSONResponse(status_code=404, content={"detail": str(exc)})
 
+    @api.exception_handler(ServiceConfigError)
+    async def unavailable(_: Request, exc: ServiceConfigError):
+        return JSONResponse(status_code=503, content={"detail": str(exc).splitlines()[0]})
+
     @api.exception_handler(PoolBenchError)
     async def poolbench_error(_: Request, exc: PoolBenchError):
         return JSONResponse(status_code=422, content={"detail": str(exc).splitlines()[0]})
 
     @api.get("/healthz")
     def healthz() -> dict:
-        return {"status": "ok", "models": list(settings.models), "scorers": sorted(settings.scorers)}
+        return {"status": "ok", "models": list(settings.models), "scorers": settings.scorer_concepts}
 
     @api.post("/pool")
     def pool(req: PoolRequest) -> dict:
@@ -245,19 +338,12 @@ def build_api(settings: ServiceSettings) -> FastAPI:
                 "seconds": time.perf_counter() - started}
 
     @api.post("/score")
-    def score(req: ScoreRequest) -> dict:
-        """Classifier B's P(concept | text) for each text."""
-        from poolbench.scorer.scorer_model import ScorerModel
-
+    def score(req: ScoreRequest) -> ScoreResponse:
+        """Classifier B's P(concept | text) for each text, from the scorer configured (or run-recorded) for it."""
         _check_sizes(settings, req.texts, "texts")
-        if req.concept not in settings.scorers:
-            raise NotServed(f"no scorer for concept '{req.concept}' "
-                              f"(configured: {', '.join(sorted(settings.scorers)) or 'none'})")
-        if req.concept not in scorers:
-            scorers[req.concept] = ScorerModel.load(settings.scorers[req.concept])
-        scorer = scorers[req.concept]
-        return {"concept": req.concept, "scores": scorer.score(req.texts).tolist(),
-                "heldout_auroc": scorer.info.get("heldout_auroc")}
+        scorer = scorers.get(req.concept)
+        return ScoreResponse(concept=req.concept, scores=scorer.score(req.texts).tolist(),
+                             heldout_auroc=scorer.info.get("heldout_auroc"))
 
     @api.post("/generate")
     def generate(req: GenerateRequest) -> dict:
@@ -303,6 +389,7 @@ def start_serve(settings: ServiceSettings, *, host: str = DEFAULT_HOST, port: in
     """Start Serve's HTTP proxy on host:port (Ray must be connected) and deploy; returns the base URL."""
     from ray import serve
 
+    check_scorers(settings)
     serve.start(http_options={"host": host, "port": port})
     serve.run(serve_application(settings, num_cpus=num_cpus), name=APP_NAME, route_prefix="/", blocking=False)
     return f"http://{host}:{port}"

@@ -1,11 +1,14 @@
 """The one Serve application over real HTTP: one app on a free port for the module, the tiny Llama behind it and
-the scorers of a (hand-written) run folder for /score."""
+the scorers of a (hand-written) run folder for /score; body limits while streaming, NaN and Infinity."""
 
 from __future__ import annotations
 
 import json
+import select
+import socket
 import time
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -202,3 +205,56 @@ def test_pool_latency_is_reported(service, capsys):
         print(f"\n/pool 4 texts, tiny model: median {1000 * np.median(times):.1f} ms")
     assert np.median(times) < 5.0
 
+
+@pytest.mark.parametrize(("path", "raw", "message"), [
+    ("/generate", '{"prompts": ["x"], "layer": 0, "vector": [1.0], "alpha": NaN}', "alpha: Input should be a finite"),
+    ("/generate", '{"prompts": ["x"], "layer": 0, "vector": [Infinity], "alpha": 1}', "vector.0: Input should be a"),
+    ("/generate", '{"prompts": ["x"], "layer": 0, "temperature": Infinity}', "temperature: Input should be a fin"),
+])
+def test_nan_and_infinity_are_refused(service, path, raw, message):
+    base, model = service
+    reply = httpx.post(f"{base}{path}", content=raw.replace("{", f'{{"model": "{model}", ', 1),
+                       headers={"content-type": "application/json"}, timeout=60)
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["detail"].startswith(message)
+
+
+def test_a_chunked_body_is_refused_while_it_streams(service):
+    """A 50 MB chunked body (no Content-Length) gets 413 long before it is sent, and the connection closes."""
+    base, _ = service
+    url = urlsplit(base)
+    chunk = b"x" * 32768
+    frame = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    sent, answer = 0, b""
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(b"POST /pool HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        while sent < 50 * 2**20 and not select.select([sock], [], [], 0)[0]:
+            sock.sendall(frame)
+            sent += len(chunk)
+            time.sleep(0.002)  # about 16 MB/s: the whole body would take over 3 s
+        while part := sock.recv(65536):
+            answer += part
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["detail"].startswith("request body passed 8192 bytes while streaming")
+    assert sent < 8 * 2**20
+
+
+def test_openapi_states_every_limit(service):
+    base, _ = service
+    spec = httpx.get(f"{base}/openapi.json").json()
+    description = spec["info"]["description"]
+    for words in ("at most 8192 bytes, counted while it streams (chunked bodies too)", "at most 16 per request",
+                  "each at most 200 characters", "max_new_tokens: at most 8", "n_bootstrap: at most 2000",
+                  "NaN and Infinity are refused with 422", "scorers: praise"):
+        assert words in description
+    schemas = spec["components"]["schemas"]
+    for model, field in (("PoolRequest", "texts"), ("ScoreRequest", "texts"), ("GenerateRequest", "prompts")):
+        assert schemas[model]["properties"][field]["maxItems"] == 16
+        assert schemas[model]["properties"][field]["items"]["maxLength"] == 200
+    assert schemas["ProbeRequest"]["properties"]["items"]["maxItems"] == 16
+    assert schemas["LabelledText"]["properties"]["text"]["maxLength"] == 200
+    assert schemas["GenerateRequest"]["properties"]["max_new_tokens"]["maximum"] == 8
+    assert schemas["ProbeRequest"]["properties"]["n_bootstrap"]["maximum"] == 2000

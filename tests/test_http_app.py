@@ -1,13 +1,15 @@
 """The one Serve application over real HTTP: one app on a free port for the module, the tiny Llama behind it and
-the scorers of a (hand-written) run folder for /score; body limits while streaming, NaN and Infinity."""
+the scorers of a (hand-written) run folder for /score; concurrent load, body limits while streaming, NaN."""
 
 from __future__ import annotations
 
 import json
 import select
 import socket
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -23,6 +25,9 @@ from poolbench.prober.d1 import evaluate_d1
 from poolbench.scorer.artifacts import ensure_scorer, scorer_record
 from poolbench.scorer.finetune import ScorerConfig
 from poolbench.store.artifact_store import LocalStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import serve_load  # bench/ holds scripts, not a package
 
 POS = ["I might perhaps be wrong about this", "it could possibly rain later today", "maybe we should wait a bit",
        "perhaps the answer is not so clear", "it seems likely that it might work", "possibly the train is late"]
@@ -204,6 +209,29 @@ def test_pool_latency_is_reported(service, capsys):
     with capsys.disabled():
         print(f"\n/pool 4 texts, tiny model: median {1000 * np.median(times):.1f} ms")
     assert np.median(times) < 5.0
+
+
+def test_concurrent_mixed_load_answers_as_each_request_alone(service, capsys):
+    """16 clients fire /pool (A1, P1, A2, S1), /probe and /generate (steered at alpha 50, unsteered, sampled)
+    at once; every answer must equal the same request served alone, bit for bit."""
+    base, model = service
+    summary = serve_load.run_load(base, model, [0, 1], clients=16, requests=48, time_limit_s=180)
+    with capsys.disabled():
+        print()
+        serve_load.print_table(summary)
+    assert summary["first_errors"] == [] and summary["errors"] == 0
+    assert summary["mismatches"] == 0
+    assert summary["completed"] == 48 and summary["distinct_requests"] == 12
+    assert set(summary["endpoints"]) == {"/pool", "/probe", "/generate"}
+    for row in summary["endpoints"].values():
+        assert row["requests_per_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
+
+
+def test_serve_load_refuses_anything_but_loopback():
+    serve_load.check_loopback("http://127.0.0.1:8000")
+    serve_load.check_loopback("http://[::1]:8000")
+    with pytest.raises(serve_load.LoadError, match="only targets loopback"):
+        serve_load.check_loopback("http://10.0.0.5:8000")
 
 
 @pytest.mark.parametrize(("path", "raw", "message"), [

@@ -249,7 +249,8 @@ class ModelCache:
         from poolbench.extractor.loading import load_model
 
         if model not in self.settings.models:
-            raise NotServed(f"model '{model}' is not served here (served: {', '.join(self.settings.models)})")
+            raise NotServed(f"model '{model}' is not served here "
+                            f"(served: {', '.join(self.settings.models) or 'none'})")
         with self._lock:
             if model not in self._models:
                 loaded = load_model(model, dtype=self.settings.dtype, device=self.settings.device)
@@ -337,7 +338,7 @@ def limits_description(settings: ServiceSettings) -> str:
         f"- /generate max_new_tokens: at most {settings.max_new_tokens}; vector: the model's hidden size\n"
         f"- /probe n_bootstrap: at most {settings.max_bootstrap}; n_folds 2 to 10\n"
         "- every number must be finite: NaN and Infinity are refused with 422\n"
-        f"- models: {', '.join(settings.models)} (others: 404); "
+        f"- models: {', '.join(settings.models) or 'none'} (others: 404); "
         f"scorers: {', '.join(settings.scorer_concepts) or 'none'} (others: 404)\n"
         f"- at most {settings.max_ongoing_requests} requests in flight per replica; each model serves one "
         "request at a time, the rest wait")

@@ -67,7 +67,8 @@ bench: install
 
 cluster-up: install
 	$(BIN)/python -m poolbench.cluster up --ray-port $(RAY_PORT) --serve-port $(SERVE_PORT) --s3-port $(S3_PORT) \
-		--host $(SERVE_HOST) --models $(SERVE_MODELS) $(if $(POOLBENCH_STORE),--store $(POOLBENCH_STORE),)
+		--host $(SERVE_HOST) --models $(SERVE_MODELS) $(if $(POOLBENCH_STORE),--store $(POOLBENCH_STORE),) \
+		$(if $(RUN),--run $(RUN),)
 
 cluster-down:
 	$(BIN)/python -m poolbench.cluster down

@@ -42,6 +42,24 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, 32-wide BERT with MiniLM's tokenizer: a classifier B that fine-tunes in a second on CPU."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from poolbench.scorer.encoder import bundled_minilm_path
+
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(bundled_minilm_path())
+    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
+                                 num_attention_heads=2, intermediate_size=64, max_position_embeddings=64))
+    out = tmp_path_factory.mktemp("tiny-bert")
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def local_ray() -> Iterator[None]:
     """One local Ray for the session (starting Ray costs seconds); shut down at the end."""
     import ray

@@ -8,6 +8,7 @@ import pytest
 from s3_server import free_port
 
 from poolbench.cluster.launcher import ClusterError, cluster_down, cluster_up
+from poolbench.errors import PoolBenchError
 
 
 def test_a_taken_port_is_named_and_nothing_starts(tmp_path):
@@ -32,3 +33,12 @@ def test_a_failing_step_stops_what_was_started(tmp_path, monkeypatch):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", s3_port))  # the port is free again: the server is gone
     assert cluster_down(state) == []
+
+
+def test_a_run_folder_without_scorers_is_refused_before_anything_starts(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "results.json").write_text('{"config": {}, "cells": []}')
+    with pytest.raises(PoolBenchError, match=r"results\.json: the run recorded no scorers"):
+        cluster_up(ray_port=free_port(), serve_port=free_port(), state=tmp_path / "state", store="",
+                   run=tmp_path / "run")
+    assert not (tmp_path / "state").exists()

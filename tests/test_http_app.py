@@ -1,9 +1,16 @@
-"""The Serve application over real HTTP: one app on a free port for the module, the tiny Llama behind it."""
+"""The one Serve application over real HTTP: one app on a free port for the module, the tiny Llama behind it and
+the scorers of a (hand-written) run folder for /score; concurrent load, body limits while streaming, NaN."""
 
 from __future__ import annotations
 
+import json
+import select
+import socket
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -12,8 +19,15 @@ import torch
 from s3_server import free_port
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from poolbench.http.app import ServiceSettings, start_serve
+from poolbench.corpus.passage import Passage
+from poolbench.http.app import ServiceConfigError, ServiceSettings, check_scorers, scorers_of_run, start_serve
 from poolbench.prober.d1 import evaluate_d1
+from poolbench.scorer.artifacts import ensure_scorer, scorer_record
+from poolbench.scorer.finetune import ScorerConfig
+from poolbench.store.artifact_store import LocalStore
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import serve_load  # bench/ holds scripts, not a package
 
 POS = ["I might perhaps be wrong about this", "it could possibly rain later today", "maybe we should wait a bit",
        "perhaps the answer is not so clear", "it seems likely that it might work", "possibly the train is late"]
@@ -22,11 +36,27 @@ NEG = ["the answer is four", "the train leaves at noon", "we leave now", "water 
 
 
 @pytest.fixture(scope="module")
-def service(tiny_llama_dir, local_ray) -> Iterator[tuple[str, str]]:
+def scored_run(tiny_encoder, tmp_path_factory):
+    """A run folder as `poolbench-driver run` leaves it, as far as /score reads it: the store in config, the
+    scorers' records (with their keys) in results.json; one scorer, for 'praise', trained on the tiny encoder."""
+    root = tmp_path_factory.mktemp("run")
+    passages = [Passage(f"{split}-{i}-{label}", text, label, "d", 4, f"{split}-{i}", split, "praise")
+                for i, (pos, neg) in enumerate(zip(POS, NEG, strict=True))
+                for split in ["train" if i < 4 else "test"] for label, text in ((1, pos), (0, neg))]
+    config = ScorerConfig(encoder=str(tiny_encoder), epochs=1, batch_size=8, max_length=16)
+    scorer = ensure_scorer(LocalStore(root / "store"), "praise", passages, "h", config, allow_weak=True)
+    (root / "out").mkdir()
+    (root / "out" / "results.json").write_text(json.dumps({"config": {"store": str(root / "store")},
+                                                           "scorers": [scorer_record(scorer).to_dict()]}))
+    return root / "out", scorer
+
+
+@pytest.fixture(scope="module")
+def service(tiny_llama_dir, scored_run, local_ray) -> Iterator[tuple[str, str]]:
     from ray import serve
 
     settings = ServiceSettings(models=(str(tiny_llama_dir),), max_texts=16, max_chars=200, max_body_bytes=8192,
-                               max_new_tokens=8, device="cpu")
+                               max_new_tokens=8, device="cpu", **scorers_of_run(scored_run[0]))
     base = start_serve(settings, port=free_port(), num_cpus=0.5)
     deadline = time.monotonic() + 60
     while True:
@@ -60,10 +90,37 @@ def items() -> list[dict]:
 def test_healthz_and_openapi_and_loopback_binding(service):
     base, model = service
     assert base.startswith("http://127.0.0.1:")
-    assert httpx.get(f"{base}/healthz").json() == {"status": "ok", "models": [model], "scorers": []}
+    assert httpx.get(f"{base}/healthz").json() == {"status": "ok", "models": [model], "scorers": ["praise"]}
     spec = httpx.get(f"{base}/openapi.json").json()
     assert {"/pool", "/probe", "/score", "/generate", "/healthz"} <= set(spec["paths"])
     assert "PoolRequest" in spec["components"]["schemas"]
+
+
+def test_score_answers_for_the_runs_concept_with_its_scorer(service, scored_run):
+    base, _ = service
+    texts = ["I might perhaps be wrong about this", "the door is red"]
+    reply = post(base, "/score", {"concept": "praise", "texts": texts})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert set(body) == {"concept", "scores", "heldout_auroc"} and body["concept"] == "praise"
+    np.testing.assert_allclose(body["scores"], scored_run[1].score(texts), rtol=1e-6)
+    assert body["heldout_auroc"] == scored_run[1].info["heldout_auroc"]
+    schema = httpx.get(f"{base}/openapi.json").json()["components"]["schemas"]["ScoreResponse"]
+    assert "P(concept | text)" in schema["properties"]["scores"]["description"]
+
+
+def test_a_run_without_scorers_or_a_missing_scorer_fails_in_one_line(tmp_path, scored_run):
+    with pytest.raises(ServiceConfigError, match="no such file"):
+        scorers_of_run(tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps({"config": {"store": None}, "cells": []}))
+    with pytest.raises(ServiceConfigError, match="the run recorded no scorers"):
+        scorers_of_run(tmp_path)
+    settings = ServiceSettings(**scorers_of_run(scored_run[0]))
+    assert settings.scorer_concepts == ["praise"]
+    check_scorers(settings)
+    gone = ServiceSettings(scorer_store=settings.scorer_store, scorer_keys={"praise": "scorer/nope"})
+    with pytest.raises(ServiceConfigError, match=r"^scorers not found: praise \(scorer/nope\)$"):
+        check_scorers(gone)
 
 
 def test_pool_mean_equals_the_models_hidden_states(service, tiny_llama_dir):
@@ -127,7 +184,7 @@ def test_generate_steered_and_unsteered(service):
     ("/pool", {"layer": 0, "texts": ["x" * 100] * 100}, 413, "at most 8192"),
     ("/probe", {"layer": 0, "items": [{"text": "a", "label": 1, "split": "train"}] * 4}, 422,
      "items: the train split needs both labels 0 and 1, has [1]"),
-    ("/score", {"concept": "hedging", "texts": ["x"]}, 404, "no scorer for concept 'hedging' (configured: none)"),
+    ("/score", {"concept": "hedging", "texts": ["x"]}, 404, "no scorer for concept 'hedging' (configured: praise)"),
     ("/generate", {"layer": 0, "prompts": ["x"], "max_new_tokens": 9}, 422, "max_new_tokens: 9, at most 8"),
 ])
 def test_bad_requests_get_a_clear_status_and_message(service, path, body, status, message):
@@ -152,3 +209,80 @@ def test_pool_latency_is_reported(service, capsys):
     with capsys.disabled():
         print(f"\n/pool 4 texts, tiny model: median {1000 * np.median(times):.1f} ms")
     assert np.median(times) < 5.0
+
+
+def test_concurrent_mixed_load_answers_as_each_request_alone(service, capsys):
+    """16 clients fire /pool (A1, P1, A2, S1), /probe and /generate (steered at alpha 50, unsteered, sampled)
+    at once; every answer must equal the same request served alone, bit for bit."""
+    base, model = service
+    summary = serve_load.run_load(base, model, [0, 1], clients=16, requests=48, time_limit_s=180)
+    with capsys.disabled():
+        print()
+        serve_load.print_table(summary)
+    assert summary["first_errors"] == [] and summary["errors"] == 0
+    assert summary["mismatches"] == 0
+    assert summary["completed"] == 48 and summary["distinct_requests"] == 12
+    assert set(summary["endpoints"]) == {"/pool", "/probe", "/generate"}
+    for row in summary["endpoints"].values():
+        assert row["requests_per_s"] > 0 and 0 < row["p50_ms"] <= row["p99_ms"]
+
+
+def test_serve_load_refuses_anything_but_loopback():
+    serve_load.check_loopback("http://127.0.0.1:8000")
+    serve_load.check_loopback("http://[::1]:8000")
+    with pytest.raises(serve_load.LoadError, match="only targets loopback"):
+        serve_load.check_loopback("http://10.0.0.5:8000")
+
+
+@pytest.mark.parametrize(("path", "raw", "message"), [
+    ("/generate", '{"prompts": ["x"], "layer": 0, "vector": [1.0], "alpha": NaN}', "alpha: Input should be a finite"),
+    ("/generate", '{"prompts": ["x"], "layer": 0, "vector": [Infinity], "alpha": 1}', "vector.0: Input should be a"),
+    ("/generate", '{"prompts": ["x"], "layer": 0, "temperature": Infinity}', "temperature: Input should be a fin"),
+])
+def test_nan_and_infinity_are_refused(service, path, raw, message):
+    base, model = service
+    reply = httpx.post(f"{base}{path}", content=raw.replace("{", f'{{"model": "{model}", ', 1),
+                       headers={"content-type": "application/json"}, timeout=60)
+    assert reply.status_code == 422, reply.text
+    assert reply.json()["detail"].startswith(message)
+
+
+def test_a_chunked_body_is_refused_while_it_streams(service):
+    """A 50 MB chunked body (no Content-Length) gets 413 long before it is sent, and the connection closes."""
+    base, _ = service
+    url = urlsplit(base)
+    chunk = b"x" * 32768
+    frame = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+    sent, answer = 0, b""
+    with socket.create_connection((url.hostname, url.port), timeout=30) as sock:
+        sock.sendall(b"POST /pool HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n")
+        while sent < 50 * 2**20 and not select.select([sock], [], [], 0)[0]:
+            sock.sendall(frame)
+            sent += len(chunk)
+            time.sleep(0.002)  # about 16 MB/s: the whole body would take over 3 s
+        while part := sock.recv(65536):
+            answer += part
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["detail"].startswith("request body passed 8192 bytes while streaming")
+    assert sent < 8 * 2**20
+
+
+def test_openapi_states_every_limit(service):
+    base, _ = service
+    spec = httpx.get(f"{base}/openapi.json").json()
+    description = spec["info"]["description"]
+    for words in ("at most 8192 bytes, counted while it streams (chunked bodies too)", "at most 16 per request",
+                  "each at most 200 characters", "max_new_tokens: at most 8", "n_bootstrap: at most 2000",
+                  "NaN and Infinity are refused with 422", "scorers: praise"):
+        assert words in description
+    schemas = spec["components"]["schemas"]
+    for model, field in (("PoolRequest", "texts"), ("ScoreRequest", "texts"), ("GenerateRequest", "prompts")):
+        assert schemas[model]["properties"][field]["maxItems"] == 16
+        assert schemas[model]["properties"][field]["items"]["maxLength"] == 200
+    assert schemas["ProbeRequest"]["properties"]["items"]["maxItems"] == 16
+    assert schemas["LabelledText"]["properties"]["text"]["maxLength"] == 200
+    assert schemas["GenerateRequest"]["properties"]["max_new_tokens"]["maximum"] == 8
+    assert schemas["ProbeRequest"]["properties"]["n_bootstrap"]["maximum"] == 2000

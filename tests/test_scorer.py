@@ -1,5 +1,5 @@
 """Classifier B: fine-tuning on the train split only, held-out validity and refusal of weak scorers,
-HF-format storage and reload, one-line errors, and the Serve endpoint over real HTTP."""
+HF-format storage and reload, one-line errors (its /score endpoint is tested in test_http_app.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from transformers import AutoTokenizer, BertConfig, BertModel
+from transformers import BertModel
 
 from poolbench.corpus.passage import Passage
 from poolbench.records.scorer import ScorerValidity
 from poolbench.scorer import artifacts as scorer_artifacts
 from poolbench.scorer.artifacts import check_validity, ensure_scorer, load_stored_scorer, scorer_key, scorer_record
-from poolbench.scorer.encoder import bundled_minilm_path
 from poolbench.scorer.errors import ScorerError, WeakScorerError
 from poolbench.scorer.finetune import ScorerConfig
 from poolbench.store.artifact_store import LocalStore
@@ -36,19 +34,6 @@ def _passages(n: int, *, informative: bool = True, seed: int = 0) -> list[Passag
                 word = rng.choice(POS if label else NEG) if informative else rng.choice(POS + NEG)
                 out.append(Passage(f"{split}-{i}-{label}", f"I think {subject} was {word} overall.", label, "d",
                                    8, f"{split}-{i}", split, "praise"))
-    return out
-
-
-@pytest.fixture(scope="module")
-def tiny_encoder(tmp_path_factory) -> Path:
-    """A 2-layer, 32-wide BERT with MiniLM's tokenizer: fine-tunes in a second on CPU."""
-    torch.manual_seed(0)
-    tok = AutoTokenizer.from_pretrained(bundled_minilm_path())
-    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2,
-                                 num_attention_heads=2, intermediate_size=64, max_position_embeddings=64))
-    out = tmp_path_factory.mktemp("tiny-bert")
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
     return out
 
 
@@ -149,29 +134,3 @@ def test_minilm_scorer_on_embedded_concept(tmp_path):
     scorer = ensure_scorer(LocalStore(tmp_path / "s"), "imdb_sentiment", generate_concept("imdb_sentiment", "small"),
                            "h", ScorerConfig())
     assert scorer.info["heldout_auroc"] >= 0.9
-
-
-@pytest.mark.slow
-def test_serve_score_endpoint_over_http(tiny_encoder, tmp_path):
-    import httpx
-    import ray
-    from ray import serve
-
-    from poolbench.http.scorer_app import start_service
-
-    store = LocalStore(tmp_path / "store")
-    scorer = ensure_scorer(store, "praise", _passages(12), "h", _config(tiny_encoder, epochs=1), allow_weak=True)
-    expected = scorer.score(["I think the film was superb overall.", "I think the meal was awful overall."])
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        url = start_service(str(tmp_path / "store"), {"praise": scorer.info["key"]}, port=8765)
-        assert url.startswith("http://127.0.0.1:")
-        r = httpx.post(f"{url}/score", json={"concept": "praise", "texts": [
-            "I think the film was superb overall.", "I think the meal was awful overall."]}, timeout=60)
-        assert r.status_code == 200
-        np.testing.assert_allclose(r.json()["probabilities"], expected, rtol=1e-5)
-        missing = httpx.post(f"{url}/score", json={"concept": "nope", "texts": ["x"]}, timeout=60)
-        assert missing.status_code == 404 and "no scorer for concept 'nope'" in missing.json()["detail"]
-    finally:
-        serve.shutdown()
-        ray.shutdown()

@@ -5,6 +5,10 @@ block L (before any final norm), whatever the architecture. Blocks may return th
 tuple whose first element is it (older transformers releases, some remote-code models); both are handled.
 HF's `output_hidden_states` tuple has layers.L.out at index L+1, except its last entry, which transformers 5
 replaces with the final-normed `last_hidden_state` for models with a final norm (Llama, not BERT).
+
+Hooks are request-local: each one acts only on forwards run in the context (thread, or contextvars copy of it)
+that opened its `with` block, so two threads sharing one model (HTTP requests on a Serve replica) never run
+each other's captures, early stops or steering deltas.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
+from contextvars import ContextVar
 
 import torch
 from torch import nn
@@ -22,6 +27,7 @@ from .activations import hook_point_name
 
 HookFn = Callable[[torch.Tensor], "torch.Tensor | None"]
 _HOOK_POINT = re.compile(r"^layers\.(\d+)\.out$")
+_OPEN_SCOPES: ContextVar[frozenset[object]] = ContextVar("poolbench_hook_scopes", default=frozenset())
 
 
 class HookPointError(PoolBenchError):
@@ -65,6 +71,21 @@ def _check_layers(decoder_layers: Sequence[nn.Module], layers: Sequence[int]) ->
     return layers
 
 
+@contextmanager
+def _hook_scope() -> Iterator[object]:
+    """A token that is open only in this context for the `with` block: hooks bound to it ignore other threads."""
+    token = object()
+    reset = _OPEN_SCOPES.set(_OPEN_SCOPES.get() | {token})
+    try:
+        yield token
+    finally:
+        _OPEN_SCOPES.reset(reset)
+
+
+def _in_scope(token: object) -> bool:
+    return token in _OPEN_SCOPES.get()
+
+
 def parse_hook_point(name: str, n_layers: int) -> int:
     """The layer index of a hook point name such as "layers.3.out"."""
     match = _HOOK_POINT.match(name)
@@ -84,30 +105,34 @@ def capture_layer_outputs(
 
     With `stop_early`, the deepest requested block raises a private signal that this context swallows, so
     later blocks, the final norm and any LM head never run: the forward call does not return, and code after
-    it inside the `with` block is skipped. Hooks are removed on exit, also when the forward raises.
+    it inside the `with` block is skipped. Hooks are removed on exit, also when the forward raises; forwards
+    other threads run meanwhile are neither captured nor stopped.
     """
     layers = _check_layers(decoder_layers, layers)
     deepest = max(layers)
     captured: dict[int, torch.Tensor] = {}
-    token = object()
 
-    def make_hook(layer: int) -> Callable[[nn.Module, object, object], None]:
-        def hook(_module: nn.Module, _args: object, output: object) -> None:
-            captured[layer] = _hidden_of(output).detach()
-            if stop_early and layer == deepest:
-                raise _StopForward(token)
+    with _hook_scope() as token:
 
-        return hook
+        def make_hook(layer: int) -> Callable[[nn.Module, object, object], None]:
+            def hook(_module: nn.Module, _args: object, output: object) -> None:
+                if not _in_scope(token):
+                    return
+                captured[layer] = _hidden_of(output).detach()
+                if stop_early and layer == deepest:
+                    raise _StopForward(token)
 
-    handles = [decoder_layers[layer].register_forward_hook(make_hook(layer)) for layer in layers]
-    try:
-        yield captured
-    except _StopForward as stop:
-        if stop.owner is not token:
-            raise
-    finally:
-        for handle in handles:
-            handle.remove()
+            return hook
+
+        handles = [decoder_layers[layer].register_forward_hook(make_hook(layer)) for layer in layers]
+        try:
+            yield captured
+        except _StopForward as stop:
+            if stop.owner is not token:
+                raise
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 @contextmanager
@@ -115,19 +140,22 @@ def add_hooks(decoder_layers: Sequence[nn.Module], hooks: Mapping[str, HookFn]) 
     """Run `fn(hidden) -> new hidden` (None keeps it) at each named hook point, as TransformerLens hooks().
 
     Hooks are prepended so anything else watching the block (HF's output recorder, a capture) sees the edited
-    hidden state; all are removed on exit, also on error.
+    hidden state; all are removed on exit, also on error. Forwards other threads run meanwhile are left as they are.
     """
     n_layers = len(decoder_layers)
     targets = [(parse_hook_point(name, n_layers), fn) for name, fn in hooks.items()]
 
-    def make_hook(fn: HookFn) -> Callable[[nn.Module, object, object], object]:
-        def hook(_module: nn.Module, _args: object, output: object) -> object:
-            new = fn(_hidden_of(output))
-            return None if new is None else _with_hidden(output, new)
+    with _hook_scope() as token, ExitStack() as stack:
 
-        return hook
+        def make_hook(fn: HookFn) -> Callable[[nn.Module, object, object], object]:
+            def hook(_module: nn.Module, _args: object, output: object) -> object:
+                if not _in_scope(token):
+                    return None
+                new = fn(_hidden_of(output))
+                return None if new is None else _with_hidden(output, new)
 
-    with ExitStack() as stack:
+            return hook
+
         for layer, fn in targets:
             handle = decoder_layers[layer].register_forward_hook(make_hook(fn), prepend=True)
             stack.callback(handle.remove)

@@ -1,7 +1,8 @@
 """transformers backend: a forward hook adds delta at every position of one decoder layer's output.
 
 One `generate` call per batch of prompts at one alpha, left padding, per-prompt seeds (see sampling.py).
-The hook is installed with `add_hooks` and removed when the call returns, also on error.
+The hook is installed with `add_hooks` and removed when the call returns, also on error. Nothing shared is
+mutated (the hook is request-local, left padding is asked per call), so a steered call never touches another.
 """
 
 from __future__ import annotations
@@ -45,12 +46,7 @@ class TransformersBackend:
                         settings: GenerationSettings) -> list[Generation]:
         m = self.loaded
         tok = m.tokenizer
-        side = tok.padding_side
-        tok.padding_side = "left"
-        try:
-            enc = tok(prompts, return_tensors="pt", padding=True).to(m.device)
-        finally:
-            tok.padding_side = side
+        enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left").to(m.device)
         processors = LogitsProcessorList()
         if not settings.greedy:
             processors.append(RowSeededSampler(seeds, settings.temperature))

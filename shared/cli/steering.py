@@ -141,24 +141,31 @@ def serve_scorers(
     corpus: Annotated[str, typer.Option(help="PoolBench-layout folder, or 'embedded'")] = EMBEDDED,
     corpus_size: Annotated[str, typer.Option(help="embedded corpus size: tiny, small, full")] = "small",
     store: Annotated[str | None, typer.Option(help="artifact store: a folder or s3://bucket/prefix")] = None,
+    run: Annotated[Path | None, typer.Option(help="serve the scorers this run folder recorded (no training)")] = None,
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port")] = 8000,
     allow_weak_scorer: Annotated[bool, typer.Option(help="serve scorers with held-out AUROC < 0.7")] = False,
 ) -> None:
-    """Serve POST /score {concept, texts} on host:port until interrupted."""
+    """Serve POST /score {concept, texts} (the one PoolBench HTTP app, no LM) on host:port until interrupted."""
     import time
 
     import ray
 
-    from poolbench.corpus.source import open_corpus
-    from poolbench.http.scorer_app import start_service
+    from poolbench.http.app import ServiceSettings, scorers_of_run, start_serve
     from poolbench.store.url import open_store
 
-    url_store = store or str(cache_dir() / "store")
-    source = open_corpus(corpus, corpus_size, concepts.split(",") if concepts else None)
-    scorers = _scorers(open_store(url_store), source, source.concepts, None, allow_weak_scorer)
+    if run is not None:
+        settings = ServiceSettings(models=(), **scorers_of_run(run))
+    else:
+        from poolbench.corpus.source import open_corpus
+
+        url_store = store or str(cache_dir() / "store")
+        source = open_corpus(corpus, corpus_size, concepts.split(",") if concepts else None)
+        scorers = _scorers(open_store(url_store), source, source.concepts, None, allow_weak_scorer)
+        settings = ServiceSettings(models=(), scorer_store=url_store,
+                                   scorer_keys={c: s.info["key"] for c, s in scorers.items()})
     ray.init(address="local", include_dashboard=False, logging_level="ERROR")
-    url = start_service(url_store, {c: s.info["key"] for c, s in scorers.items()}, host=host, port=port)
-    console.print(f"serving POST {url}/score for {', '.join(scorers)}")
+    url = start_serve(settings, host=host, port=port)
+    console.print(f"serving POST {url}/score for {', '.join(settings.scorer_concepts)}")
     while True:
         time.sleep(3600)

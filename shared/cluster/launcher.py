@@ -129,14 +129,19 @@ def start_ray(port: int, state: Path, num_cpus: int | None) -> str:
     return address
 
 
-def start_serve_app(address: str, models: list[str], host: str, port: int, state: Path) -> str:
-    """Deploy the Serve app from a short-lived driver: Serve's controller is detached, it lives with the cluster."""
+def start_serve_app(address: str, models: list[str], host: str, port: int, state: Path,
+                    run: Path | None = None) -> str:
+    """Deploy the one HTTP app (poolbench.http.app) from a short-lived driver: Serve's controller is detached, it
+    lives with the cluster. With `run`, /score serves the scorers that run recorded."""
+    from poolbench.http.app import ServiceSettings, scorers_of_run
+
+    settings = ServiceSettings(models=tuple(models), **(scorers_of_run(run) if run is not None else {}))
     code = ("import json,sys,ray; from poolbench.http.app import ServiceSettings, start_serve; "
             "a=json.loads(sys.argv[1]); ray.init(address=a['address'], logging_level='ERROR'); "
-            "print(start_serve(ServiceSettings(models=tuple(a['models'])), host=a['host'], port=a['port']))")
+            "print(start_serve(ServiceSettings(**a['settings']), host=a['host'], port=a['port']))")
     # "auto": the head `ray start` just wrote to /tmp/ray/ray_current_cluster. An explicit host:port fails here
     # with Ray 2.60 (InvalidAuthToken while a ~/.ray/auth_token exists), `auto` connects.
-    args = json.dumps({"address": "auto", "models": models, "host": host, "port": port})
+    args = json.dumps({"address": "auto", "settings": settings.model_dump(mode="json"), "host": host, "port": port})
     done = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True, timeout=180)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["?"])[-1]
@@ -152,9 +157,13 @@ def start_serve_app(address: str, models: list[str], host: str, port: int, state
 
 def cluster_up(*, ray_port: int = 6379, serve_port: int = 8000, s3_port: int = 9000, host: str = "127.0.0.1",
                store: str | None = None, models: list[str] | None = None, num_cpus: int | None = None,
-               state: Path = STATE_DIR, serve: bool = True) -> dict:
+               state: Path = STATE_DIR, serve: bool = True, run: Path | None = None) -> dict:
     """Start what is missing, in order; on any failure stop what this call started and raise one line."""
     store = store if store is not None else os.environ.get("POOLBENCH_STORE", "")
+    if run is not None:
+        from poolbench.http.app import scorers_of_run
+
+        scorers_of_run(run)  # a bad run folder fails here, before anything starts
     if (state / "cluster.json").exists():
         raise ClusterError(f"a cluster is already up ({state / 'cluster.json'}): run `make cluster-down` first")
     wanted = [("Ray head", ray_port)] + ([("Serve HTTP", serve_port)] if serve else [])
@@ -170,7 +179,8 @@ def cluster_up(*, ray_port: int = 6379, serve_port: int = 8000, s3_port: int = 9
             info["store"] = store
         info["ray_address"] = start_ray(ray_port, state, num_cpus)
         if serve:
-            info["serve_url"] = start_serve_app(info["ray_address"], models or ["embedded"], host, serve_port, state)
+            info["serve_url"] = start_serve_app(info["ray_address"], models or ["embedded"], host, serve_port, state,
+                                                run)
     except BaseException:
         cluster_down(state)
         raise
@@ -203,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--store", default=None, help="s3://bucket/prefix: also start an S3 server")
     up.add_argument("--models", default="embedded", help="comma-separated model ids/paths the HTTP app may load")
     up.add_argument("--num-cpus", type=int, default=None)
+    up.add_argument("--run", type=Path, default=None, help="a run folder: /score serves the scorers it recorded")
     up.add_argument("--no-serve", action="store_true")
     up.add_argument("--state", type=Path, default=STATE_DIR)
     down = sub.add_parser("down")
@@ -212,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "up":
             info = cluster_up(ray_port=args.ray_port, serve_port=args.serve_port, s3_port=args.s3_port,
                               host=args.host, store=args.store, models=args.models.split(","),
-                              num_cpus=args.num_cpus, state=args.state, serve=not args.no_serve)
+                              num_cpus=args.num_cpus, state=args.state, serve=not args.no_serve, run=args.run)
             print(" · ".join(f"{k} {v}" for k, v in info.items() if k != "started"))
             print("next: poolbench-driver run --address auto")
         else:

@@ -1,14 +1,22 @@
-"""PoolBench over HTTP: one Ray Serve application with a FastAPI ingress (/pool, /probe, /score, /generate).
+"""PoolBench over HTTP: the one Ray Serve application, a FastAPI ingress with /pool, /probe, /score, /generate.
 
-The handlers are thin: they validate (pydantic, size limits), load a model once per replica, and call the same
-pure functions the batch pipeline uses (pool_concept, probe_pooled_table, ScorerModel, TransformersBackend).
+Handlers are thin: they validate (pydantic, size limits, finite numbers, a body limit counted while streaming)
+and call the functions the batch pipeline uses (pool_concept, probe_pooled_table, ScorerModel,
+TransformersBackend). Requests run concurrently in a replica's threads; each use of a loaded model (LM or
+scorer) holds that model's lock, because a model carries shared state besides hooks (the fast tokenizer's
+padding/truncation settings, the attention implementation S1 swaps in) and one CPU forward already uses every
+core. Hooks are request-local as well (poolbench.extractor.hook_points); /probe's statistics run outside the lock.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated
 
 import numpy as np
@@ -17,7 +25,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from poolbench.config import cache_dir
 from poolbench.errors import PoolBenchError
+
+from .body_limit import BodyLimit
 
 APP_NAME = "poolbench"
 DEFAULT_HOST = "127.0.0.1"
@@ -32,6 +43,10 @@ class NotServed(PoolBenchError):
     """A model or scorer this service was not configured with: HTTP 404."""
 
 
+class ServiceConfigError(PoolBenchError):
+    """The service's own configuration is unusable (no such run, a scorer artefact missing): HTTP 503."""
+
+
 class ServiceSettings(BaseModel):
     """What the service may load and how big a request may be; fixed when the application is built."""
 
@@ -39,46 +54,91 @@ class ServiceSettings(BaseModel):
 
     models: tuple[str, ...] = ("embedded",)  # ids/paths a request may name: nothing else is ever loaded
     scorers: dict[str, str] = Field(default_factory=dict)  # concept -> scorer folder (classifier B)
+    scorer_store: str | None = None  # artifact store (folder or s3://) holding `scorer_keys`
+    scorer_keys: dict[str, str] = Field(default_factory=dict)  # concept -> stored scorer key, as a run records
     max_texts: int = Field(256, ge=1)
     max_chars: int = Field(4000, ge=1)
     max_body_bytes: int = Field(2_000_000, ge=1024)
     max_new_tokens: int = Field(64, ge=1)
     max_bootstrap: int = Field(2000, ge=0)
     max_loaded_models: int = Field(2, ge=1)
+    max_ongoing_requests: int = Field(32, ge=1)  # per replica; more wait in Serve's queue
     batch_size: int = Field(16, ge=1)
     max_length: int = Field(256, ge=8)
     device: str = "auto"
     dtype: str = "auto"
 
+    @model_validator(mode="after")
+    def _one_source_per_concept(self) -> ServiceSettings:
+        if self.scorer_keys and not self.scorer_store:
+            raise ValueError("scorer_keys need scorer_store, the store that holds them")
+        both = sorted(set(self.scorers) & set(self.scorer_keys))
+        if both:
+            raise ValueError(f"concepts {both} have both a scorer folder and a stored scorer key")
+        return self
+
+    @property
+    def scorer_concepts(self) -> list[str]:
+        return sorted({*self.scorers, *self.scorer_keys})
+
+
+def scorers_of_run(run: str | Path) -> dict:
+    """{"scorer_store", "scorer_keys"} from a run folder's results.json: /score then answers every concept it has."""
+    path = Path(run) / "results.json"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ServiceConfigError(f"{path}: no such file ('{run}' is not a finished run folder)") from exc
+    except json.JSONDecodeError as exc:
+        raise ServiceConfigError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from exc
+    keys = {s["concept"]: s["key"] for s in doc.get("scorers") or [] if s.get("key")}
+    if not keys:
+        raise ServiceConfigError(f"{path}: the run recorded no scorers (it ran with --no-steering?)")
+    store = (doc.get("config") or {}).get("store") or str(cache_dir() / "store")
+    return {"scorer_store": store, "scorer_keys": keys}
+
+
+def check_scorers(settings: ServiceSettings) -> None:
+    """Fail at start, in one line, when a configured scorer is not there, rather than at the first /score."""
+    missing = [f"{c} ({folder})" for c, folder in sorted(settings.scorers.items()) if not Path(folder).is_dir()]
+    if settings.scorer_keys:
+        from poolbench.store.url import open_store
+
+        store = open_store(settings.scorer_store)
+        missing += [f"{c} ({key})" for c, key in sorted(settings.scorer_keys.items()) if not store.exists(key)]
+    if missing:
+        raise ServiceConfigError(f"scorers not found: {', '.join(missing)}")
+
 
 Text = Annotated[str, StringConstraints(min_length=1)]
+_REQUEST = ConfigDict(extra="forbid", allow_inf_nan=False)  # NaN/Infinity are valid JSON to Python, not to us
 
 
 class PoolRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    model: str = "embedded"
-    layer: int = Field(ge=0)
-    strategy: str = "A1_mean"
-    texts: list[Text] = Field(min_length=1)
+    model_config = _REQUEST
+    model: str = Field("embedded", description="a model this service serves (see /healthz)")
+    layer: int = Field(ge=0, description="hook point layers.{layer}.out")
+    strategy: str = Field("A1_mean", description="strategy id or short code; unsupervised, no corpus statistics")
+    texts: list[Text] = Field(min_length=1, description="at most max_texts, each at most max_chars characters")
 
 
 class LabelledText(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    text: Text
+    model_config = _REQUEST
+    text: Text = Field(description="at most max_chars characters")
     label: int = Field(ge=0, le=1)
     split: str = Field(pattern="^(train|test)$")
-    group: str | None = None  # matched_pair_id: a pair stays in one fold and resamples together
+    group: str | None = Field(None, description="matched_pair_id: a pair stays in one fold, resamples together")
 
 
 class ProbeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _REQUEST
     model: str = "embedded"
     layer: int = Field(ge=0)
     strategy: str = "A1_mean"
-    items: list[LabelledText] = Field(min_length=4)
+    items: list[LabelledText] = Field(min_length=4, description="at most max_texts; both labels in both splits")
     n_folds: int = Field(5, ge=2, le=10)
     seed: int = 0
-    n_bootstrap: int = Field(1000, ge=0)
+    n_bootstrap: int = Field(1000, ge=0, description="at most max_bootstrap")
 
     @model_validator(mode="after")
     def _both_classes_in_both_splits(self) -> ProbeRequest:
@@ -90,22 +150,78 @@ class ProbeRequest(BaseModel):
 
 
 class ScoreRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    concept: str
-    texts: list[Text] = Field(min_length=1)
+    model_config = _REQUEST
+    concept: str = Field(description="a concept this service has a scorer for (see /healthz)")
+    texts: list[Text] = Field(min_length=1, description="at most max_texts, each at most max_chars characters")
 
 
 class GenerateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = _REQUEST
     model: str = "embedded"
-    prompts: list[Text] = Field(min_length=1)
-    layer: int = Field(ge=0)
-    vector: list[float] | None = None  # the steering direction (hidden_size floats); None: unsteered
-    alpha: float = 0.0
-    max_new_tokens: int = Field(16, ge=1)
+    prompts: list[Text] = Field(min_length=1, description="at most max_texts, each at most max_chars characters")
+    layer: int = Field(ge=0, description="the decoder layer whose output alpha * vector is added to")
+    vector: list[float] | None = Field(None, description="steering direction, hidden_size finite floats; "
+                                                         "null: unsteered")
+    alpha: float = Field(0.0, description="finite; 0 or no vector: unsteered")
+    max_new_tokens: int = Field(16, ge=1, description="at most max_new_tokens")
     temperature: float = Field(0.7, gt=0)
     greedy: bool = False
-    seed: int = 0
+    seed: int = Field(0, description="prompt i samples with seed + i, whatever else is in the batch")
+
+
+class PoolResponse(BaseModel):
+    model_id: str
+    layer: int
+    strategy: str
+    dim: int
+    vectors: list[list[float]] = Field(description="one pooled vector per text, in input order")
+    fallback: list[bool] = Field(description="True where the strategy selected no token and fell back to A1")
+    seconds: float
+
+
+class ProbeScores(BaseModel):
+    probe: str
+    cv_auroc: float | None
+    test_auroc: float | None
+    ci_low: float | None
+    ci_high: float | None
+    ci_level: float | None
+    n_train: int
+    n_test: int
+    fallback_rate: float
+
+
+class ProbeResponse(BaseModel):
+    model_id: str
+    layer: int
+    strategy: str
+    probes: dict[str, ProbeScores] = Field(description="by probe name: logistic and diffmean")
+    seconds: float
+
+
+class ScoreResponse(BaseModel):
+    concept: str
+    scores: list[float] = Field(description="classifier B's P(concept | text) in [0, 1], one per text, in input "
+                                            "order")
+    heldout_auroc: float | None = Field(description="the scorer's AUROC on its concept's held-out split")
+
+
+class GenerationOut(BaseModel):
+    prompt: str
+    text: str
+
+
+class GenerateResponse(BaseModel):
+    model_id: str
+    layer: int
+    alpha: float
+    generations: list[GenerationOut]
+
+
+class Health(BaseModel):
+    status: str
+    models: list[str]
+    scorers: list[str]
 
 
 def _one_line_validation(errors: list[dict]) -> str:
@@ -120,25 +236,65 @@ def _one_line_validation(errors: list[dict]) -> str:
 
 
 class ModelCache:
-    """Loaded models by id, least recently used dropped first; one lock so two requests never load twice."""
+    """Loaded models by id, least recently used dropped first, each with the lock every use of it holds."""
 
     def __init__(self, settings: ServiceSettings) -> None:
         self.settings = settings
-        self._models: OrderedDict[str, object] = OrderedDict()
+        self._models: OrderedDict[str, tuple[object, threading.Lock]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, model: str):
+    @contextmanager
+    def use(self, model: str) -> Iterator:
+        """The loaded model, held alone by this request for the block (loaded on first use, once)."""
         from poolbench.extractor.loading import load_model
 
         if model not in self.settings.models:
-            raise NotServed(f"model '{model}' is not served here (served: {', '.join(self.settings.models)})")
+            raise NotServed(f"model '{model}' is not served here "
+                            f"(served: {', '.join(self.settings.models) or 'none'})")
         with self._lock:
             if model not in self._models:
-                self._models[model] = load_model(model, dtype=self.settings.dtype, device=self.settings.device)
+                loaded = load_model(model, dtype=self.settings.dtype, device=self.settings.device)
+                self._models[model] = (loaded, threading.Lock())
                 while len(self._models) > self.settings.max_loaded_models:
                     self._models.popitem(last=False)
             self._models.move_to_end(model)
-            return self._models[model]
+            loaded, lock = self._models[model]
+        with lock:
+            yield loaded
+
+
+class ScorerCache:
+    """Classifier B per concept, from a folder or a store key, loaded on first use; each with its own lock."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self._scorers: dict[str, tuple[object, threading.Lock]] = {}
+        self._lock = threading.Lock()
+
+    def _load(self, concept: str):
+        from poolbench.scorer.artifacts import load_stored_scorer
+        from poolbench.scorer.scorer_model import ScorerModel
+        from poolbench.store.url import open_store
+
+        try:
+            if concept in self.settings.scorers:
+                return ScorerModel.load(self.settings.scorers[concept])
+            return load_stored_scorer(open_store(self.settings.scorer_store), self.settings.scorer_keys[concept],
+                                      concept)
+        except PoolBenchError as exc:
+            raise ServiceConfigError(str(exc).splitlines()[0]) from exc
+
+    @contextmanager
+    def use(self, concept: str) -> Iterator:
+        if concept not in self.settings.scorer_concepts:
+            raise NotServed(f"no scorer for concept '{concept}' "
+                            f"(configured: {', '.join(self.settings.scorer_concepts) or 'none'})")
+        with self._lock:
+            if concept not in self._scorers:
+                self._scorers[concept] = (self._load(concept), threading.Lock())
+            scorer, lock = self._scorers[concept]
+        with lock:
+            yield scorer
 
 
 def _check_sizes(settings: ServiceSettings, texts: list[str], what: str) -> None:
@@ -152,8 +308,7 @@ def _check_sizes(settings: ServiceSettings, texts: list[str], what: str) -> None
 def _spec(strategy: str):
     from poolbench.pooler.registry import resolve_strategies
 
-    spec = resolve_strategies([strategy])[0]
-    return spec
+    return resolve_strategies([strategy])[0]
 
 
 def _pool(loaded, settings: ServiceSettings, texts: list[str], labels: list[int], splits: list[str],
@@ -171,19 +326,64 @@ def _pool(loaded, settings: ServiceSettings, texts: list[str], labels: list[int]
                                max_length=settings.max_length)
 
 
+def limits_description(settings: ServiceSettings) -> str:
+    """Every limit of this deployment, in words, for the OpenAPI description."""
+    return (
+        "Pooling, D1 probes, classifier B and steering.\n\n"
+        "Limits of this deployment:\n"
+        f"- request body: at most {settings.max_body_bytes} bytes, counted while it streams (chunked bodies too); "
+        "over it: 413\n"
+        f"- texts / items / prompts: at most {settings.max_texts} per request, each at most {settings.max_chars} "
+        "characters; over it: 422\n"
+        f"- /generate max_new_tokens: at most {settings.max_new_tokens}; vector: the model's hidden size\n"
+        f"- /probe n_bootstrap: at most {settings.max_bootstrap}; n_folds 2 to 10\n"
+        "- every number must be finite: NaN and Infinity are refused with 422\n"
+        f"- models: {', '.join(settings.models) or 'none'} (others: 404); "
+        f"scorers: {', '.join(settings.scorer_concepts) or 'none'} (others: 404)\n"
+        f"- at most {settings.max_ongoing_requests} requests in flight per replica; each model serves one "
+        "request at a time, the rest wait")
+
+
+def _schema_limits(settings: ServiceSettings) -> dict[str, dict[str, dict]]:
+    """The runtime limits as JSON-schema keywords on the request models' fields."""
+    texts = {"maxItems": settings.max_texts, "items": {"maxLength": settings.max_chars}}
+    return {"PoolRequest": {"texts": texts}, "ScoreRequest": {"texts": texts},
+            "GenerateRequest": {"prompts": texts, "max_new_tokens": {"maximum": settings.max_new_tokens}},
+            "ProbeRequest": {"items": {"maxItems": settings.max_texts},
+                             "n_bootstrap": {"maximum": settings.max_bootstrap}},
+            "LabelledText": {"text": {"maxLength": settings.max_chars}}}
+
+
+def _merge(target: dict, extra: dict) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = value
+
+
+_ERRORS = {404: {"description": "model or scorer not served here"},
+           413: {"description": "request body over max_body_bytes"},
+           422: {"description": "invalid request (one-line detail)"}}
+
+
 def build_api(settings: ServiceSettings) -> FastAPI:
     """The FastAPI app (usable without Ray: tests and `uvicorn` can mount it directly)."""
-    api = FastAPI(title="PoolBench", version="1", description="Pooling, D1 probes, classifier B and steering.")
+    api = FastAPI(title="PoolBench", version="1", description=limits_description(settings))
+    api.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     models = ModelCache(settings)
-    scorers: dict[str, object] = {}
+    scorers = ScorerCache(settings)
+    plain_openapi = api.openapi
 
-    @api.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_body_bytes:
-            return JSONResponse(status_code=413, content={
-                "detail": f"request body is {length} bytes, at most {settings.max_body_bytes}"})
-        return await call_next(request)
+    def openapi_with_limits() -> dict:
+        if api.openapi_schema is None:
+            schemas = plain_openapi()["components"]["schemas"]
+            for model, fields in _schema_limits(settings).items():
+                for name, keywords in fields.items():
+                    _merge(schemas[model]["properties"][name], keywords)
+        return api.openapi_schema
+
+    api.openapi = openapi_with_limits  # type: ignore[method-assign]
 
     @api.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError):
@@ -196,16 +396,20 @@ def build_api(settings: ServiceSettings) -> FastAPI:
     async def not_served(_: Request, exc: NotServed):
         return JSONResponse(status_code=404, content={"detail": str(exc)})
 
+    @api.exception_handler(ServiceConfigError)
+    async def unavailable(_: Request, exc: ServiceConfigError):
+        return JSONResponse(status_code=503, content={"detail": str(exc).splitlines()[0]})
+
     @api.exception_handler(PoolBenchError)
     async def poolbench_error(_: Request, exc: PoolBenchError):
         return JSONResponse(status_code=422, content={"detail": str(exc).splitlines()[0]})
 
     @api.get("/healthz")
-    def healthz() -> dict:
-        return {"status": "ok", "models": list(settings.models), "scorers": sorted(settings.scorers)}
+    def healthz() -> Health:
+        return Health(status="ok", models=list(settings.models), scorers=settings.scorer_concepts)
 
-    @api.post("/pool")
-    def pool(req: PoolRequest) -> dict:
+    @api.post("/pool", responses=_ERRORS)
+    def pool(req: PoolRequest) -> PoolResponse:
         """Pooled vectors of `texts` at one layer with one strategy, in input order."""
         from poolbench.pooler.pooled_table import PooledTableView
 
@@ -214,17 +418,17 @@ def build_api(settings: ServiceSettings) -> FastAPI:
         if spec.supervision != "none" or "corpus" in spec.needs:
             raise RequestError(f"strategy: {spec.id} needs labels or corpus statistics; use /probe or a run")
         started = time.perf_counter()
-        loaded = models.get(req.model)
         n = len(req.texts)
-        table = _pool(loaded, settings, req.texts, [0] * n, ["test"] * n, [None] * n, req.layer, spec.id).pooled
+        with models.use(req.model) as loaded:
+            table = _pool(loaded, settings, req.texts, [0] * n, ["test"] * n, [None] * n, req.layer, spec.id).pooled
         cell = PooledTableView(table).matrix(req.layer, spec.id)
         order = np.argsort([int(p[1:]) for p in cell.passage_ids])
-        return {"model_id": loaded.model_id, "layer": req.layer, "strategy": spec.id, "dim": int(cell.X.shape[1]),
-                "vectors": cell.X[order].astype(float).tolist(), "fallback": cell.fallback[order].tolist(),
-                "seconds": time.perf_counter() - started}
+        return PoolResponse(model_id=loaded.model_id, layer=req.layer, strategy=spec.id, dim=int(cell.X.shape[1]),
+                            vectors=cell.X[order].astype(float).tolist(), fallback=cell.fallback[order].tolist(),
+                            seconds=time.perf_counter() - started)
 
-    @api.post("/probe")
-    def probe(req: ProbeRequest) -> dict:
+    @api.post("/probe", responses=_ERRORS)
+    def probe(req: ProbeRequest) -> ProbeResponse:
         """D1 of one cell on labelled texts: grouped CV AUROC on train, held-out AUROC with a bootstrap CI."""
         from poolbench.prober.concept_probe import probe_pooled_table
 
@@ -233,35 +437,28 @@ def build_api(settings: ServiceSettings) -> FastAPI:
             raise RequestError(f"n_bootstrap: {req.n_bootstrap}, at most {settings.max_bootstrap}")
         spec = _spec(req.strategy)
         started = time.perf_counter()
-        loaded = models.get(req.model)
         items = req.items
-        pooled = _pool(loaded, settings, [i.text for i in items], [i.label for i in items],
-                       [i.split for i in items], [i.group for i in items], req.layer, spec.id)
+        with models.use(req.model) as loaded:
+            pooled = _pool(loaded, settings, [i.text for i in items], [i.label for i in items],
+                           [i.split for i in items], [i.group for i in items], req.layer, spec.id)
+        # The reliability statistics are not part of the answer, so they are not computed.
         records = probe_pooled_table(pooled.pooled, "http", n_folds=req.n_folds, seed=req.seed,
-                                     n_bootstrap=req.n_bootstrap, heads=pooled.heads)
-        keep = ("probe", "cv_auroc", "test_auroc", "ci_low", "ci_high", "ci_level", "n_train", "n_test",
-                "fallback_rate")
-        return {"model_id": loaded.model_id, "layer": req.layer, "strategy": spec.id,
-                "probes": {r.probe: {k: getattr(r, k) for k in keep} for r in records},
-                "seconds": time.perf_counter() - started}
+                                     n_bootstrap=req.n_bootstrap, reliability=False, heads=pooled.heads)
+        keep = set(ProbeScores.model_fields)
+        return ProbeResponse(model_id=loaded.model_id, layer=req.layer, strategy=spec.id,
+                             probes={r.probe: {k: getattr(r, k) for k in keep} for r in records},
+                             seconds=time.perf_counter() - started)
 
-    @api.post("/score")
-    def score(req: ScoreRequest) -> dict:
-        """Classifier B's P(concept | text) for each text."""
-        from poolbench.scorer.scorer_model import ScorerModel
-
+    @api.post("/score", responses=_ERRORS)
+    def score(req: ScoreRequest) -> ScoreResponse:
+        """Classifier B's P(concept | text) for each text, from the scorer configured (or run-recorded) for it."""
         _check_sizes(settings, req.texts, "texts")
-        if req.concept not in settings.scorers:
-            raise NotServed(f"no scorer for concept '{req.concept}' "
-                              f"(configured: {', '.join(sorted(settings.scorers)) or 'none'})")
-        if req.concept not in scorers:
-            scorers[req.concept] = ScorerModel.load(settings.scorers[req.concept])
-        scorer = scorers[req.concept]
-        return {"concept": req.concept, "scores": scorer.score(req.texts).tolist(),
-                "heldout_auroc": scorer.info.get("heldout_auroc")}
+        with scorers.use(req.concept) as scorer:
+            scores = scorer.score(req.texts).tolist()
+        return ScoreResponse(concept=req.concept, scores=scores, heldout_auroc=scorer.info.get("heldout_auroc"))
 
-    @api.post("/generate")
-    def generate(req: GenerateRequest) -> dict:
+    @api.post("/generate", responses=_ERRORS)
+    def generate(req: GenerateRequest) -> GenerateResponse:
         """Continuations with alpha * vector added to the output of `layer` (the steerer's backend)."""
         from poolbench.steerer.backend import GenerationSettings
         from poolbench.steerer.transformers_backend import TransformersBackend
@@ -269,32 +466,35 @@ def build_api(settings: ServiceSettings) -> FastAPI:
         _check_sizes(settings, req.prompts, "prompts")
         if req.max_new_tokens > settings.max_new_tokens:
             raise RequestError(f"max_new_tokens: {req.max_new_tokens}, at most {settings.max_new_tokens}")
-        loaded = models.get(req.model)
-        delta = None
-        if req.vector is not None and req.alpha != 0:
-            if len(req.vector) != loaded.hidden_size:
-                raise RequestError(f"vector: {len(req.vector)} floats, the model's hidden size is {loaded.hidden_size}")
-            delta = req.alpha * np.asarray(req.vector, dtype=np.float32)
         gen = GenerationSettings(max_new_tokens=req.max_new_tokens, temperature=req.temperature, greedy=req.greedy)
         seeds = [req.seed + i for i in range(len(req.prompts))]
-        out = TransformersBackend(loaded).generate(req.prompts, layer=req.layer, delta=delta, seeds=seeds,
-                                                   settings=gen)
-        return {"model_id": loaded.model_id, "layer": req.layer, "alpha": req.alpha,
-                "generations": [{"prompt": g.prompt, "text": g.text} for g in out]}
+        with models.use(req.model) as loaded:
+            delta = None
+            if req.vector is not None and req.alpha != 0:
+                if len(req.vector) != loaded.hidden_size:
+                    raise RequestError(f"vector: {len(req.vector)} floats, the model's hidden size is "
+                                       f"{loaded.hidden_size}")
+                delta = req.alpha * np.asarray(req.vector, dtype=np.float32)
+            out = TransformersBackend(loaded).generate(req.prompts, layer=req.layer, delta=delta, seeds=seeds,
+                                                       settings=gen)
+        return GenerateResponse(model_id=loaded.model_id, layer=req.layer, alpha=req.alpha,
+                                generations=[GenerationOut(prompt=g.prompt, text=g.text) for g in out])
 
     return api
 
 
 def serve_application(settings: ServiceSettings, *, num_cpus: float = 1.0):
-    """The Serve application: one deployment whose ingress is the FastAPI app above."""
+    """The Serve application: one deployment whose ingress is the FastAPI app, built on each replica."""
     from ray import serve
 
-    api = build_api(settings)
+    def build() -> FastAPI:
+        return build_api(settings)
 
-    @serve.deployment(name="PoolBenchIngress", num_replicas=1, ray_actor_options={"num_cpus": num_cpus})
-    @serve.ingress(api)
+    @serve.deployment(name="PoolBenchIngress", num_replicas=1, max_ongoing_requests=settings.max_ongoing_requests,
+                      ray_actor_options={"num_cpus": num_cpus})
+    @serve.ingress(build)
     class PoolBenchIngress:
-        """Holds the models of one replica; every route is the FastAPI handler."""
+        """Holds one replica's models and scorers; every route is the FastAPI handler."""
 
     return PoolBenchIngress.bind()
 
@@ -304,6 +504,7 @@ def start_serve(settings: ServiceSettings, *, host: str = DEFAULT_HOST, port: in
     """Start Serve's HTTP proxy on host:port (Ray must be connected) and deploy; returns the base URL."""
     from ray import serve
 
+    check_scorers(settings)
     serve.start(http_options={"host": host, "port": port})
     serve.run(serve_application(settings, num_cpus=num_cpus), name=APP_NAME, route_prefix="/", blocking=False)
     return f"http://{host}:{port}"

@@ -1,0 +1,248 @@
+"""Concurrent load on the HTTP app: mixed /pool, /probe and /generate (steered and not) from many clients at once.
+
+Every distinct request is first served alone, one after another; under load, every answer must equal that one
+bit for bit (timing fields aside), so shared hooks or state between requests show up as mismatches, not as
+noise. Loopback only; bounded in request count and in time. Prints a table and writes bench/results/
+serve_load.json: requests/s and p50/p99 latency per endpoint, errors and mismatches (both must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import itertools
+import random
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+
+TIMING_FIELDS = ("seconds",)  # the only part of an answer that may differ between two servings
+WORDS = ("the cat sat on the mat", "perhaps it will rain", "water boils at noon", "she might be right",
+         "a red door opened slowly", "maybe we should wait", "the train leaves at four", "possibly not today")
+
+
+class LoadError(Exception):
+    """The load test cannot run as asked (a non-loopback URL, an app that does not answer)."""
+
+
+def check_loopback(url: str) -> None:
+    """Refuse anything but a loopback address: this bench floods the app it is pointed at."""
+    host = urlsplit(url).hostname or ""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise LoadError(f"{url}: serve_load only targets loopback (127.0.0.1, ::1, localhost)")
+
+
+def request_mix(model: str, layers: Sequence[int], hidden_size: int, seed: int = 0) -> list[tuple[str, dict]]:
+    """Distinct requests covering each endpoint: pooling at every layer with three strategies (and attention-
+    weighted S1, which swaps the model's attention function while it runs), two probes, and generation
+    unsteered, strongly steered (the case that corrupted concurrent /pool replies) and sampled."""
+    rng = random.Random(seed)
+    mix: list[tuple[str, dict]] = []
+    for layer in layers:
+        for strategy in ("A1_mean", "P1_last", "A2_max"):
+            mix.append(("/pool", {"model": model, "layer": layer, "strategy": strategy,
+                                  "texts": rng.sample(WORDS, rng.randint(2, 4))}))
+    mix.append(("/pool", {"model": model, "layer": layers[0], "strategy": "S1_attention",
+                          "texts": rng.sample(WORDS, 3)}))
+    for layer, strategy in zip(layers, itertools.cycle(("A1_mean", "P1_last")), strict=False):
+        items = [{"text": text, "label": int(i % 2 == 0), "split": "train" if i < 8 else "test",
+                  "group": f"g{i // 2}"} for i, text in enumerate(WORDS + WORDS[:4])]
+        mix.append(("/probe", {"model": model, "layer": layer, "strategy": strategy, "items": items,
+                               "n_folds": 2, "n_bootstrap": 100}))
+    direction = [1.0] * hidden_size
+    prompts = ["the cat", "a dog"]
+    base = {"model": model, "prompts": prompts, "layer": layers[-1], "max_new_tokens": 4}
+    mix += [("/generate", {**base, "greedy": True}),
+            ("/generate", {**base, "greedy": True, "vector": direction, "alpha": 50.0}),
+            ("/generate", {**base, "vector": direction, "alpha": -8.0, "seed": 3})]
+    return mix
+
+
+def comparable(answer: dict) -> dict:
+    return {k: v for k, v in answer.items() if k not in TIMING_FIELDS}
+
+
+@dataclass
+class Outcome:
+    index: int  # into the mix
+    path: str
+    seconds: float
+    error: str | None = None
+    mismatch: bool = False
+
+
+@dataclass
+class LoadResult:
+    outcomes: list[Outcome] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def summary(self, clients: int, planned: int) -> dict:
+        endpoints = {}
+        for path in sorted({o.path for o in self.outcomes}):
+            mine = [o for o in self.outcomes if o.path == path]
+            ms = np.array([1000 * o.seconds for o in mine])
+            endpoints[path] = {"requests": len(mine), "errors": sum(o.error is not None for o in mine),
+                               "mismatches": sum(o.mismatch for o in mine),
+                               "requests_per_s": len(mine) / self.wall_s,
+                               "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
+        errors = [o.error for o in self.outcomes if o.error is not None]
+        return {"clients": clients, "planned": planned, "completed": len(self.outcomes), "wall_s": self.wall_s,
+                "requests_per_s": len(self.outcomes) / self.wall_s, "errors": len(errors),
+                "mismatches": sum(o.mismatch for o in self.outcomes), "first_errors": errors[:5],
+                "endpoints": endpoints}
+
+
+def post(client: httpx.Client, base: str, path: str, body: dict) -> dict:
+    reply = client.post(f"{base}{path}", json=body)
+    if reply.status_code != 200:
+        raise LoadError(f"{path}: HTTP {reply.status_code}: {reply.text[:200]}")
+    return reply.json()
+
+
+def serve_alone(base: str, mix: Sequence[tuple[str, dict]], timeout_s: float) -> list[dict]:
+    """The reference: each request on its own, nothing else in flight."""
+    with httpx.Client(timeout=timeout_s) as client:
+        return [comparable(post(client, base, path, body)) for path, body in mix]
+
+
+def fire(base: str, mix: Sequence[tuple[str, dict]], reference: Sequence[dict], *, clients: int, requests: int,
+         time_limit_s: float, timeout_s: float, seed: int = 0) -> LoadResult:
+    """`requests` requests (mix entries in a shuffled cycle) from `clients` threads; none starts after the limit."""
+    order = [i % len(mix) for i in range(requests)]
+    random.Random(seed).shuffle(order)
+    queue = iter(order)
+    lock = threading.Lock()
+    result = LoadResult()
+    deadline = time.monotonic() + time_limit_s
+
+    def client_loop() -> None:
+        with httpx.Client(timeout=timeout_s) as client:
+            while time.monotonic() < deadline:
+                with lock:
+                    index = next(queue, None)
+                if index is None:
+                    return
+                path, body = mix[index]
+                start = time.perf_counter()
+                outcome = Outcome(index, path, 0.0)
+                try:
+                    outcome.mismatch = comparable(post(client, base, path, body)) != reference[index]
+                except (httpx.HTTPError, LoadError) as exc:
+                    outcome.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                outcome.seconds = time.perf_counter() - start
+                with lock:
+                    result.outcomes.append(outcome)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        for future in [pool.submit(client_loop) for _ in range(clients)]:
+            future.result()
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+def run_load(base: str, model: str, layers: Sequence[int], *, clients: int = 16, requests: int = 200,
+             time_limit_s: float = 120.0, timeout_s: float = 60.0, seed: int = 0) -> dict:
+    """Reference answers alone, then the concurrent load; the summary dict the JSON holds."""
+    check_loopback(base)
+    with httpx.Client(timeout=timeout_s) as client:
+        probe = post(client, base, "/pool", {"model": model, "layer": layers[0], "texts": ["x"]})
+    mix = request_mix(model, layers, probe["dim"], seed)
+    reference = serve_alone(base, mix, timeout_s)
+    result = fire(base, mix, reference, clients=clients, requests=requests, time_limit_s=time_limit_s,
+                  timeout_s=timeout_s, seed=seed)
+    return {"url": base, "model": model, "layers": list(layers), "distinct_requests": len(mix),
+            **result.summary(clients, requests)}
+
+
+def print_table(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("endpoint", "requests", "req/s", "p50 ms", "p99 ms", "errors", "mismatches",
+                  title=f"{summary['clients']} clients, {summary['completed']}/{summary['planned']} requests in "
+                        f"{summary['wall_s']:.1f} s ({summary['requests_per_s']:.1f} req/s)")
+    for path, row in summary["endpoints"].items():
+        table.add_row(path, str(row["requests"]), f"{row['requests_per_s']:.1f}", f"{row['p50_ms']:.0f}",
+                      f"{row['p99_ms']:.0f}", str(row["errors"]), str(row["mismatches"]))
+    Console().print(table)
+    for error in summary["first_errors"]:
+        Console().print(f"error: {error}")
+
+
+def _wait_healthy(base: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise LoadError(f"{base}/healthz did not answer within {timeout_s:.0f} s")
+
+
+def main() -> int:
+    from bench_io import RESULTS, run_header, write_result
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default=None, help="a running app on loopback (default: start one here)")
+    parser.add_argument("--model", default="embedded", help="model id/path the app serves")
+    parser.add_argument("--layers", default="0,1", help="comma list of layers the mix uses")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--requests", type=int, default=200, help="total requests under load (an upper bound)")
+    parser.add_argument("--time-limit", type=float, default=120.0, help="no request starts after this many s")
+    parser.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, s")
+    parser.add_argument("--num-cpus", type=int, default=2, help="CPUs of the private Ray when starting the app")
+    parser.add_argument("--out", type=Path, default=RESULTS / "serve_load.json")
+    args = parser.parse_args()
+    layers = [int(x) for x in args.layers.split(",")]
+    started_here = args.url is None
+    try:
+        if started_here:
+            import socket
+
+            import ray
+
+            from poolbench.http.app import ServiceSettings, start_serve
+
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, logging_level="ERROR",
+                     log_to_driver=False)
+            base = start_serve(ServiceSettings(models=(args.model,)), host="127.0.0.1", port=port)
+        else:
+            base = args.url.rstrip("/")
+            check_loopback(base)
+        _wait_healthy(base, 120)
+        summary = run_load(base, args.model, layers, clients=args.clients, requests=args.requests,
+                           time_limit_s=args.time_limit, timeout_s=args.timeout)
+    except LoadError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if started_here:
+            from ray import serve
+
+            serve.shutdown()
+            ray.shutdown()
+    print_table(summary)
+    write_result({**run_header("serve_load", args, base), **summary}, args.out)
+    return 0 if summary["errors"] == 0 and summary["mismatches"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

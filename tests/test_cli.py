@@ -88,3 +88,37 @@ def test_validate_corpus_checks_the_token_window(corpus_dir, tiny_llama_dir):
     result = driver("validate-corpus", str(corpus_dir), "--tokenizer", str(tiny_llama_dir), "--max-tokens", "8")
     assert result.returncode == 1
     assert "hedging/train_pos.jsonl:1: " in result.stdout
+
+
+def test_run_display_renders_each_event_by_type():
+    from rich.console import Console
+    from rich.progress import Progress, TextColumn
+
+    from poolbench.cli.app import RunDisplay
+    from poolbench.records.events import (
+        CellSteered,
+        ConceptPooled,
+        ConceptProbed,
+        ModelBuilding,
+        RunPlanned,
+        ScorerReady,
+        SteeringPlanned,
+    )
+
+    console = Console(record=True, width=200, force_terminal=False)
+    with Progress(TextColumn("{task.fields[last]}"), console=console, auto_refresh=False) as progress:
+        display = RunDisplay(progress)
+        for event in (ModelBuilding(),
+                      RunPlanned("tiny", 2, 32, ("hedging", "toxicity"), (0, 1), ("A1_mean", "P1_last"), (11, 12)),
+                      ConceptPooled("hedging", skipped=False, seconds=1.25), ConceptPooled("toxicity", skipped=True),
+                      ConceptProbed("hedging", skipped=False), SteeringPlanned(cells=2, scorers=3),
+                      ScorerReady("toxicity", 0.8349, 2.0), CellSteered("toxicity", "A1_mean", 1, 0.4251, 0.1),
+                      CellSteered("toxicity", "P1_last", 0, None, None)):
+            display.show(event)
+        bars = {t.description: (t.completed, t.total, t.fields["last"]) for t in progress.tasks}
+    assert bars == {"pool": (2, 2, "toxicity (cached)"), "probe D1": (1, 2, "hedging (done)"),
+                    "scorers": (1, 3, "toxicity (held-out AUROC 0.83)"),
+                    "steer D2/D3": (2, 2, "toxicity/P1_last (null)")}
+    text = console.export_text()
+    assert "building the embedded model (once; a few minutes on CPU) ..." in text
+    assert "model tiny (2 layers, d=32), 2 concepts, layers [0, 1], 2 strategies, 2 worker(s)" in text

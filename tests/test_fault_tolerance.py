@@ -16,6 +16,7 @@ from s3_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from poolbench.config import RunConfig
 from poolbench.driver.pipeline import run_benchmark
 from poolbench.errors import StoreError
+from poolbench.records.events import ConceptPooled, RunEvent, RunPlanned
 from poolbench.store.url import open_store
 
 CONCEPTS = ("hedging", "toxicity", "contrast")
@@ -43,10 +44,10 @@ def test_killed_worker_is_restarted_and_the_run_matches_an_undisturbed_one(tiny_
     pids: list[int] = []
     killed: list[int] = []
 
-    def on_event(kind: str, data: dict) -> None:
-        if kind == "plan":
-            pids.extend(data["worker_pids"])
-        elif kind == "pooled" and not killed:  # the worker is busy with the next concept now
+    def on_event(event: RunEvent) -> None:
+        if isinstance(event, RunPlanned):
+            pids.extend(event.worker_pids)
+        elif isinstance(event, ConceptPooled) and not killed:  # the worker is busy with the next concept now
             os.kill(pids[0], signal.SIGKILL)
             killed.append(pids[0])
 
@@ -94,8 +95,8 @@ def test_s3_outage_is_one_line_and_a_rerun_completes(tiny_llama_dir, local_ray, 
             monkeypatch.setenv(key, value)
         cfg = config(tiny_llama_dir, f"s3://{bucket}/run", concepts=("hedging",))
 
-        def stop_mid_run(kind: str, data: dict) -> None:
-            if kind == "plan":  # workers are up and hold the model; nothing is stored yet
+        def stop_mid_run(event: RunEvent) -> None:
+            if isinstance(event, RunPlanned):  # workers are up and hold the model; nothing is stored yet
                 server.stop()
 
         with pytest.raises(StoreError) as lost:

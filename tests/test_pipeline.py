@@ -11,6 +11,7 @@ from s3_server import ACCESS_KEY, REGION, SECRET_KEY
 
 from poolbench.config import RunConfig
 from poolbench.driver.pipeline import run_benchmark
+from poolbench.records.events import ConceptPooled, ConceptProbed, RunEvent, RunPlanned
 from poolbench.results.document import write_run_outputs
 from poolbench.store.url import open_store
 
@@ -32,9 +33,9 @@ def config(model: Path, store: str, **overrides) -> RunConfig:
 
 
 def test_run_writes_every_cell_and_a_rerun_computes_nothing(tiny_llama_dir, local_ray, cache, tmp_path):
-    events: list[tuple[str, dict]] = []
+    events: list[RunEvent] = []
     cfg = config(tiny_llama_dir, str(tmp_path / "store"))
-    outcome = run_benchmark(cfg, lambda kind, data: events.append((kind, data)))
+    outcome = run_benchmark(cfg, events.append)
 
     assert outcome.computed == {"pooled": 2, "d1": 2, "pooled_skipped": 0, "d1_skipped": 0}
     assert outcome.layers == [0, 1]
@@ -53,7 +54,14 @@ def test_run_writes_every_cell_and_a_rerun_computes_nothing(tiny_llama_dir, loca
     # P2 is the BOS token on a Llama tokenizer: the same vector for every passage, so no signal at all.
     p2 = [c for c in outcome.records if c.strategy == "P2_first"]
     assert all(c.test_auroc == 0.5 for c in p2)
-    assert [k for k, _ in events].count("pooled") == 2
+    [planned] = [e for e in events if isinstance(e, RunPlanned)]
+    assert (planned.concepts, planned.layers, planned.strategies) == (CONCEPTS, (0, 1), STRATEGIES)
+    assert (planned.n_layers, planned.hidden_size, planned.workers) == (2, 32, 1)
+    pooled = [e for e in events if isinstance(e, ConceptPooled)]
+    assert sorted(e.concept for e in pooled) == list(CONCEPTS) and not any(e.skipped for e in pooled)
+    probed = [e for e in events if isinstance(e, ConceptProbed)]
+    assert sorted(e.concept for e in probed) == list(CONCEPTS) and not any(e.skipped for e in probed)
+    assert events.index(planned) == 0
 
     paths = write_run_outputs(outcome, tmp_path / "out")
     results = json.loads(paths["results"].read_text())
@@ -69,8 +77,11 @@ def test_run_writes_every_cell_and_a_rerun_computes_nothing(tiny_llama_dir, loca
     for keys in outcome.artifacts.values():
         assert store.exists(keys["pooled"]) and store.exists(keys["d1"])
 
-    again = run_benchmark(cfg)
+    replayed: list[RunEvent] = []
+    again = run_benchmark(cfg, replayed.append)
     assert again.computed == {"pooled": 0, "d1": 0, "pooled_skipped": 2, "d1_skipped": 2}
+    assert replayed[1:] == [ConceptPooled("hedging", skipped=True), ConceptProbed("hedging", skipped=True),
+                            ConceptPooled("toxicity", skipped=True), ConceptProbed("toxicity", skipped=True)]
     assert again.records == outcome.records
 
 

@@ -134,3 +134,23 @@ def test_minilm_scorer_on_embedded_concept(tmp_path):
     scorer = ensure_scorer(LocalStore(tmp_path / "s"), "imdb_sentiment", generate_concept("imdb_sentiment", "small"),
                            "h", ScorerConfig())
     assert scorer.info["heldout_auroc"] >= 0.9
+
+
+def test_ensure_scorers_is_ensure_scorer_per_concept_and_reports_each(tiny_encoder, tmp_path):
+    from poolbench.corpus.layout import Corpus
+    from poolbench.scorer.artifacts import ensure_scorers
+
+    passages = _passages(8)
+    corpus = Corpus(tmp_path, ["praise", "other"], {"praise": passages, "other": passages},
+                    {"praise": "h-praise", "other": "h-other"})
+    store = LocalStore(tmp_path / "store")
+    config = _config(tiny_encoder, epochs=1)
+    heard: list[tuple[str, float]] = []
+    scorers = ensure_scorers(store, corpus, ["praise"], config, allow_weak=True,
+                             on_ready=lambda s, seconds: heard.append((s.info["concept"], seconds)))
+    assert list(scorers) == ["praise"] and [c for c, _ in heard] == ["praise"] and heard[0][1] > 0
+    # The same key ensure_scorer gives the concept on its own: stored once, found again.
+    assert scorers["praise"].info["key"] == scorer_key("praise", passages, "h-praise", config)
+    again = ensure_scorer(store, "praise", passages, "h-praise", config, allow_weak=True)
+    assert again.info["key"] == scorers["praise"].info["key"]
+    assert store.list("scorer") == [scorers["praise"].info["key"]]

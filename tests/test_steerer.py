@@ -13,6 +13,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from poolbench.corpus.passage import Passage
+from poolbench.errors import PoolBenchError
 from poolbench.extractor.loading import load_model
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.records.steering import SteeringResult
@@ -355,3 +356,23 @@ def test_embedded_model_steering_raises_its_scorer(tmp_path):
                       train_texts=[p.text for p in passages if p.split == "train"]).d2
     assert d2.scp > 0 and d2.scp_ci_low > 0
     assert d2.per_alpha[-1].score > d2.per_alpha[0].score
+
+
+@pytest.mark.parametrize("change,error,msg", [
+    ({"alphas": (0.5, -1.0)}, SteeringError, "negative"),
+    ({"strategy": "Z9_magic"}, PoolBenchError, "unknown strategy 'Z9_magic'"),
+    ({"concept": "astrology"}, SteeringError, "concept 'astrology' has no D3 neighbours"),
+    ({"prompts": ""}, SteeringError, "holds no prompts"),
+])
+def test_steer_one_cell_checks_its_inputs_before_any_work(tmp_path, change, error, msg):
+    """`poolbench-driver steer`'s one call: bad input is one line, before a model loads or a scorer trains."""
+    from poolbench.steerer.single_cell import steer_one_cell
+
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(change.get("prompts", "\n".join(PROMPTS)))
+    with pytest.raises(error, match=msg) as err:
+        steer_one_cell(change.get("concept", "toxicity"), change.get("strategy", "A1_mean"), 0,
+                       model="/no/such/model", corpus="embedded", corpus_size="tiny",
+                       store_url=str(tmp_path / "store"), alphas=change.get("alphas"), prompts_file=str(prompts))
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "store").exists()

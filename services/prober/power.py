@@ -8,10 +8,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 from scipy.stats import binom
 from statsmodels.stats.contingency_tables import mcnemar
 
+from poolbench.pooler.pooled_table import PooledMatrix, PooledTableView
 from poolbench.prober.auroc import ProbeError
+from poolbench.prober.newton_logistic import NewtonLogisticProbe
 from poolbench.prober.significance import delong_test, paired_bootstrap_auroc
 
 POWER_SIZES = (25, 50, 100, 200, 400, 800, 1600, 3200)
@@ -131,3 +134,30 @@ def compare_configurations(pred_a: np.ndarray, pred_b: np.ndarray, scores_a: np.
         "recommended_train_size": recommended_train_size(acc_a, acc_b, d),
         "collapsed": is_collapsed(test.p_value, boot.ci_low, boot.ci_high, alpha),
     }
+
+
+def heldout_predictions(train: PooledMatrix, test: PooledMatrix) -> tuple[np.ndarray, np.ndarray]:
+    """The primary (logistic) probe fitted on `train`: its 0/1 predictions and scores on `test`."""
+    model = NewtonLogisticProbe().fit(train.X, train.y)
+    return model.predict(test.X), model.decision_function(test.X)
+
+
+def compare_strategies(pooled: pa.Table, concept: str, strategy_a: str, layer_a: int, strategy_b: str,
+                       layer_b: int, *, n_resamples: int = 1000, seed: int = 0) -> dict:
+    """`poolbench-driver power`: A vs B on one concept's stored pooled vectors, each probe fitted on train
+    and compared on the same test passages (compare_configurations)."""
+    view = PooledTableView(pooled)
+    fits = {}
+    for name, layer in ((strategy_a, layer_a), (strategy_b, layer_b)):
+        if (layer, name) not in view.cells:
+            raise ProbeError(f"layer {layer} of '{name}' was not run for concept '{concept}'")
+        cell = view.matrix(layer, name)
+        train, test = cell.subset("train"), cell.subset("test")
+        if min(np.sum(test.y == 1), np.sum(test.y == 0)) < 2 or np.unique(train.y).size < 2:
+            raise ProbeError(f"concept '{concept}': too few passages ({train.y.size} train, {test.y.size} test)")
+        fits[name] = (*heldout_predictions(train, test), test)
+    (pred_a, scores_a, test), (pred_b, scores_b, _) = fits[strategy_a], fits[strategy_b]
+    report = compare_configurations(pred_a, pred_b, scores_a, scores_b, test.y, test.groups,
+                                    d=int(test.X.shape[1]), n_resamples=n_resamples, seed=seed)
+    return {"concept": concept, "strategy_a": strategy_a, "strategy_b": strategy_b, "layer_a": layer_a,
+            "layer_b": layer_b, "probe": "logistic", **report}

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from poolbench.corpus.layout import Corpus
 from poolbench.corpus.passage import Passage
 from poolbench.errors import StoreError
 from poolbench.records.scorer import ScorerValidity
@@ -108,6 +110,21 @@ def ensure_scorer(store: ArtifactStore, concept: str, passages: Sequence[Passage
                                               "heldout_auroc": f"{scorer.info['heldout_auroc']:.6f}"})
     scorer.info["key"] = key
     return check_validity(scorer, allow_weak)
+
+
+def ensure_scorers(store: ArtifactStore, corpus: Corpus, concepts: Sequence[str], config: ScorerConfig | None = None,
+                   *, allow_weak: bool = False,
+                   on_ready: Callable[[ScorerModel, float], None] | None = None) -> dict[str, ScorerModel]:
+    """ensure_scorer for each concept in order, the one way the driver and the CLI get scorers;
+    `on_ready(scorer, seconds)` hears each one as soon as it is there."""
+    scorers = {}
+    for concept in concepts:
+        started = time.perf_counter()
+        scorers[concept] = ensure_scorer(store, concept, corpus.passages(concept), corpus.concept_hash(concept),
+                                         config, allow_weak=allow_weak)
+        if on_ready is not None:
+            on_ready(scorers[concept], time.perf_counter() - started)
+    return scorers
 
 
 def scorer_record(scorer: ScorerModel) -> ScorerValidity:

@@ -1,33 +1,34 @@
-"""Which steering cells a run covers, and the whole D2/D3 stage over them (in-process; no Ray here).
+"""Which steering cells a run covers, with which settings, and how the leaderboard sums them up.
 
 Default subset (keeps `make run` short on 2 CPU cores): concepts DEFAULT_STEERING_CONCEPTS, for each the
 best and the worst (above chance) strategy of the D1 leaderboard at that strategy's D1-chosen layer, 20 prompts, 24 new
-tokens. `full=True`: every concept x every strategy at its D1-chosen layer (all_layers=True: every layer).
+tokens. `full=True`: every concept x every strategy at its D1-chosen layer (all_layers=True: every layer),
+FULL_N_PROMPTS prompts.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from poolbench.corpus.layout import Corpus
 from poolbench.records.steering import D2Record, D3Record
-from poolbench.scorer.artifacts import ensure_scorer, scorer_record
-from poolbench.scorer.finetune import ScorerConfig
-from poolbench.store.artifact_store import ArtifactStore
 
 from .backend import GenerationSettings
 from .d3 import neighbour_map
 from .errors import SteeringError
-from .run import SteeringConfig, run_steering
-from .worker import SteeringWorker
+from .run import SteeringConfig
 
 # Their D3 neighbours overlap, so 3 concepts need 6 scorers: imdb_sentiment (narrative, frustration),
 # frustration (deference, toxicity), toxicity (frustration, depression).
 DEFAULT_STEERING_CONCEPTS = ("imdb_sentiment", "frustration", "toxicity")
 CHANCE_D1 = 0.55
 DEFAULT_RUN_CONFIG = SteeringConfig(n_prompts=20, settings=GenerationSettings(max_new_tokens=24))
+FULL_N_PROMPTS = 50
+
+
+def steering_config(full: bool) -> SteeringConfig:
+    """The default subset's settings, or the full subset's: the same but FULL_N_PROMPTS prompts."""
+    return replace(DEFAULT_RUN_CONFIG, n_prompts=FULL_N_PROMPTS) if full else DEFAULT_RUN_CONFIG
 
 
 @dataclass(frozen=True)
@@ -67,51 +68,6 @@ def scorer_concepts(cells: Sequence[SteeringCell], available: Sequence[str]) -> 
     for c in list(need):
         need.update(table.get(c, {}).values())
     return sorted(need & set(available))
-
-
-Event = Callable[[str, dict], None]
-
-
-def run_steering_stage(store: ArtifactStore, worker: SteeringWorker, corpus: Corpus,
-                       pooled_keys: Mapping[str, str], leaderboard: dict, *, full: bool = False,
-                       all_layers: bool = False, config: SteeringConfig | None = None,
-                       scorer_config: ScorerConfig | None = None, allow_weak_scorer: bool = False,
-                       on_event: Event | None = None) -> dict:
-    """Scorers first (validated), then every chosen cell; returns the records results.json carries."""
-    emit = on_event or (lambda kind, data: None)
-    started = time.perf_counter()
-    config = config or (replace(DEFAULT_RUN_CONFIG, n_prompts=50) if full else DEFAULT_RUN_CONFIG)
-    concepts = [c for c in corpus.concepts if c in pooled_keys]
-    cells = choose_cells(leaderboard, concepts, full=full, all_layers=all_layers)
-    scorers = {}
-    for concept in scorer_concepts(cells, concepts):
-        t = time.perf_counter()
-        scorers[concept] = ensure_scorer(store, concept, corpus.passages(concept), corpus.concept_hash(concept),
-                                         scorer_config, allow_weak=allow_weak_scorer)
-        emit("scorer", {"concept": concept, "heldout_auroc": scorers[concept].info["heldout_auroc"],
-                        "seconds": time.perf_counter() - t})
-    scorer_seconds = time.perf_counter() - started
-    tables: dict[str, object] = {}
-
-    def table(concept: str):
-        if concept not in tables:
-            tables[concept] = store.get_table(pooled_keys[concept])
-        return tables[concept]
-
-    d2, d3 = [], []
-    for cell in cells:
-        nbrs = [c for c in neighbour_map().get(cell.concept, {}).values() if c in pooled_keys]
-        result = run_steering(
-            store, worker, cell.concept, cell.strategy, cell.layer, table(cell.concept), scorers, config,
-            train_texts=[p.text for p in corpus.passages(cell.concept, "train")],
-            neighbour_tables={c: table(c) for c in nbrs})
-        d2.append(result.d2.selected(cell.why))
-        d3.extend(result.d3)
-        emit("steered", {"concept": cell.concept, "strategy": cell.strategy, "layer": cell.layer,
-                         "scp": result.d2.scp, "d2_delta": result.d2.d2_delta})
-    return {"scorers": [scorer_record(s) for s in scorers.values()], "d2": d2, "d3": d3,
-            "steering_config": config.to_record(), "subset": "full" if full else "default",
-            "timing": {"scorers_s": scorer_seconds, "total_s": time.perf_counter() - started}}
 
 
 def _mean(values: list) -> float | None:

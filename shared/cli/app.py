@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from poolbench.cli.cebench import bias, cebench, sae_train
@@ -21,6 +21,16 @@ from poolbench.cli.steering import serve_scorers, steer, train_scorers
 from poolbench.cli.store import verify
 from poolbench.config import EMBEDDED, RunConfig
 from poolbench.errors import PoolBenchError
+from poolbench.records.events import (
+    CellSteered,
+    ConceptPooled,
+    ConceptProbed,
+    ModelBuilding,
+    RunEvent,
+    RunPlanned,
+    ScorerReady,
+    SteeringPlanned,
+)
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="PoolBench: which pooling strategy captures a concept, at which layer.")
@@ -121,38 +131,46 @@ def run(
 
     with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=console) as progress:
-        tasks: dict[str, int] = {}
-
-        def on_event(kind: str, data: dict) -> None:
-            if kind == "model" and data["building"]:
-                progress.console.print("building the embedded model (once; a few minutes on CPU) ...")
-            elif kind == "plan":
-                n = len(data["concepts"])
-                progress.console.print(
-                    f"model {data['model']['model_id']} ({data['model']['n_layers']} layers, "
-                    f"d={data['model']['hidden_size']}), {n} concepts, layers {data['layers']}, "
-                    f"{len(data['strategies'])} strategies, {data['workers']} worker(s)")
-                tasks["pooled"] = progress.add_task("pool", total=n, last="")
-                tasks["probed"] = progress.add_task("probe D1", total=n, last="")
-            elif kind == "steering_plan":
-                tasks["scorer"] = progress.add_task("scorers", total=data["scorers"], last="")
-                tasks["steered"] = progress.add_task("steer D2/D3", total=data["cells"], last="")
-            elif kind == "scorer":
-                progress.update(tasks["scorer"], advance=1,
-                                last=f"{data['concept']} (held-out AUROC {data['heldout_auroc']:.2f})")
-            elif kind == "steered":
-                scp = "null" if data["scp"] is None else f"SCP {data['scp']:+.2f}"
-                progress.update(tasks["steered"], advance=1, last=f"{data['concept']}/{data['strategy']} ({scp})")
-            elif kind in tasks:
-                note = "cached" if data.get("skipped") else f"{data.get('seconds', 0):.1f}s" \
-                    if kind == "pooled" else "done"
-                progress.update(tasks[kind], advance=1, last=f"{data['concept']} ({note})")
-
-        outcome = run_benchmark(cfg, on_event, strategy_modules=tuple(str(p) for p in strategy_module or ()))
+        outcome = run_benchmark(cfg, RunDisplay(progress).show,
+                                strategy_modules=tuple(str(p) for p in strategy_module or ()))
     paths = write_run_outputs(outcome, out)
     leaderboard = json.loads(paths["leaderboard"].read_text())
     _print_leaderboard(leaderboard)
     console.print(f"computed {outcome.computed}; wrote {paths['results']} and {paths['leaderboard']}")
+
+
+class RunDisplay:
+    """Renders the driver's run events as progress bars, by event type."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.tasks: dict[str, TaskID] = {}
+
+    def show(self, event: RunEvent) -> None:
+        bar = self.progress.update
+        match event:
+            case ModelBuilding():
+                self.progress.console.print("building the embedded model (once; a few minutes on CPU) ...")
+            case RunPlanned():
+                self.progress.console.print(
+                    f"model {event.model_id} ({event.n_layers} layers, d={event.hidden_size}), "
+                    f"{len(event.concepts)} concepts, layers {list(event.layers)}, "
+                    f"{len(event.strategies)} strategies, {event.workers} worker(s)")
+                self.tasks["pool"] = self.progress.add_task("pool", total=len(event.concepts), last="")
+                self.tasks["probe"] = self.progress.add_task("probe D1", total=len(event.concepts), last="")
+            case ConceptPooled(concept=concept, skipped=skipped, seconds=seconds):
+                bar(self.tasks["pool"], advance=1, last=f"{concept} ({'cached' if skipped else f'{seconds:.1f}s'})")
+            case ConceptProbed(concept=concept, skipped=skipped):
+                bar(self.tasks["probe"], advance=1, last=f"{concept} ({'cached' if skipped else 'done'})")
+            case SteeringPlanned():
+                self.tasks["scorer"] = self.progress.add_task("scorers", total=event.scorers, last="")
+                self.tasks["steer"] = self.progress.add_task("steer D2/D3", total=event.cells, last="")
+            case ScorerReady():
+                bar(self.tasks["scorer"], advance=1,
+                    last=f"{event.concept} (held-out AUROC {event.heldout_auroc:.2f})")
+            case CellSteered():
+                scp = "null" if event.scp is None else f"SCP {event.scp:+.2f}"
+                bar(self.tasks["steer"], advance=1, last=f"{event.concept}/{event.strategy} ({scp})")
 
 
 def _print_leaderboard(leaderboard: dict) -> None:

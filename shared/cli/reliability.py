@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Annotated
 
-import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -52,20 +51,12 @@ def _best_layers(results: dict) -> dict[str, int]:
     return {row["strategy"]: row["best_layer"] for row in build_leaderboard(cells)["strategies"]}
 
 
-def _view(results: dict, store, concept: str):
-    from poolbench.pooler.pooled_table import PooledTableView
-
+def _pooled(results: dict, store, concept: str):
+    """The concept's stored PooledTable, named by the run's results.json."""
     artifacts = results.get("artifacts", {})
     if concept not in artifacts:
         raise PoolBenchError(f"concept '{concept}' was not run (ran: {', '.join(sorted(artifacts))})")
-    return PooledTableView(store.get_table(artifacts[concept]["pooled"]))
-
-
-def _fit_score(train, test):
-    from poolbench.prober.newton_logistic import NewtonLogisticProbe
-
-    model = NewtonLogisticProbe().fit(train.X, train.y)
-    return model.predict(test.X), model.decision_function(test.X)
+    return store.get_table(artifacts[concept]["pooled"])
 
 
 @reliability_app.command("power")
@@ -79,7 +70,7 @@ def power(
     out: Annotated[Path | None, typer.Option(help="JSON file; default <run>/power_*.json")] = None,
 ) -> None:
     """McNemar, paired AUROC tests, simulated power and a recommended train size: A vs B on one concept."""
-    from poolbench.prober.power import compare_configurations
+    from poolbench.prober.power import compare_strategies
 
     names = [v.strip() for s in strategies for v in s.split(",") if v.strip()]
     if len(names) != 2:
@@ -90,22 +81,8 @@ def power(
     if a == b:
         raise PoolBenchError(f"--strategies compares '{a}' with itself; name two different strategies")
     layers = {a: layer, b: layer} if layer is not None else _best_layers(results)
-    view = _view(results, _store(results), concept)
-    fits = {}
-    for name in (a, b):
-        if (layers[name], name) not in view.cells:
-            raise PoolBenchError(f"layer {layers[name]} of '{name}' was not run for concept '{concept}'")
-        cell = view.matrix(layers[name], name)
-        train, test = cell.subset("train"), cell.subset("test")
-        if min(np.sum(test.y == 1), np.sum(test.y == 0)) < 2 or np.unique(train.y).size < 2:
-            raise PoolBenchError(f"concept '{concept}': too few passages "
-                                 f"({train.y.size} train, {test.y.size} test)")
-        fits[name] = (*_fit_score(train, test), test)
-    test = fits[a][2]
-    report = compare_configurations(fits[a][0], fits[b][0], fits[a][1], fits[b][1], test.y, test.groups,
-                                    d=int(test.X.shape[1]), n_resamples=n_resamples, seed=seed)
-    report = {"concept": concept, "strategy_a": a, "strategy_b": b, "layer_a": layers[a],
-              "layer_b": layers[b], "probe": "logistic", **report}
+    report = compare_strategies(_pooled(results, _store(results), concept), concept, a, layers[a], b, layers[b],
+                                n_resamples=n_resamples, seed=seed)
     table = Table(title=f"{concept}: {a} (layer {layers[a]}) vs {b} (layer {layers[b]}), McNemar power")
     table.add_column("n test", justify="right")
     table.add_column("power", justify="right")
@@ -125,33 +102,6 @@ def power(
     console.print(f"wrote {target}")
 
 
-def flash_scores(results: dict, store, fractions: list,
-                 seed: int) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """(strategies, full [units, k], flash [fractions, units, k]) test AUROCs over (concept, layer) units."""
-    from poolbench.pooler.pooled_table import PooledMatrix
-    from poolbench.prober.auroc import auroc
-    from poolbench.prober.flash import flash_subset
-
-    strategies = sorted(s["id"] for s in results["strategies"])
-    full_rows, flash_rows = [], []
-    for concept in sorted(results["artifacts"]):
-        view = _view(results, store, concept)
-        for layer in sorted({L for L, _ in view.cells}):
-            full_row, flash_row = [], [[] for _ in fractions]
-            for name in strategies:
-                cell = view.matrix(layer, name)
-                train, test = cell.subset("train"), cell.subset("test")
-                full_row.append(auroc(_fit_score(train, test)[1], test.y))
-                for i, fraction in enumerate(fractions):
-                    rows = flash_subset(train.y, train.groups, fraction, seed=seed, concept=concept)
-                    sub = PooledMatrix(train.passage_ids[rows], train.X[rows], train.y[rows],
-                                       train.groups[rows], train.split[rows], train.fallback[rows])
-                    flash_row[i].append(auroc(_fit_score(sub, test)[1], test.y))
-            full_rows.append(full_row)
-            flash_rows.append(flash_row)
-    return strategies, np.array(full_rows), np.array(flash_rows).transpose(1, 0, 2)
-
-
 @reliability_app.command("flash-check")
 def flash_check(
     run_dir: Annotated[Path, typer.Option("--run", help="a finished run's --out folder")] = DEFAULT_RUN,
@@ -161,31 +111,29 @@ def flash_check(
     out: Annotated[Path | None, typer.Option(help="JSON file; default <run>/flash_check.json")] = None,
 ) -> None:
     """Rank resolution and Kendall tau of flash (train-fraction) rankings against the full ranking."""
-    from poolbench.prober.flash import parse_fraction, rank_resolution
+    from poolbench.prober.flash import parse_fraction
+    from poolbench.prober.flash_check import flash_check as check
 
     parsed = [parse_fraction(f) for f in fractions.split(",") if f.strip()]
     if not parsed:
         raise PoolBenchError("--fractions is empty; give e.g. 1/2,1/4")
     results = _load_results(run_dir)
-    strategies, full, flash = flash_scores(results, _store(results), parsed, seed)
+    strategies = sorted(s["id"] for s in results["strategies"])
     if len(strategies) < 2:
         raise PoolBenchError(f"flash-check needs >= 2 strategies in {run_dir}, found {len(strategies)}")
+    store = _store(results)
+    report = check(((c, _pooled(results, store, c)) for c in sorted(results["artifacts"])), strategies, parsed,
+                   n_bootstrap=n_bootstrap, seed=seed)
     table = Table(title="Flash vs full ranking (test AUROC, logistic probe, concept x layer units)")
     for column in ("fraction", "rank resolution", "Kendall tau", "worst strategy interval"):
         table.add_column(column, justify="left" if column == "worst strategy interval" else "right")
-    rows = []
-    for fraction, scores in zip(parsed, flash, strict=True):
-        res = rank_resolution(full, scores, n_bootstrap=n_bootstrap, seed=seed)
-        worst = int(np.argmax(np.maximum(np.abs(res.low), np.abs(res.high))))
-        rows.append({"fraction": str(fraction), "rank_resolution": res.resolution,
-                     "kendall_tau": res.kendall_tau,
-                     "rank_difference_interval": {s: [float(lo), float(hi)] for s, lo, hi in
-                                                  zip(strategies, res.low, res.high, strict=True)}})
-        table.add_row(str(fraction), f"{res.resolution:.1f}", f"{res.kendall_tau:.3f}",
-                      f"{strategies[worst]} [{res.low[worst]:+.1f}, {res.high[worst]:+.1f}]")
+    for row in report["fractions"]:
+        intervals = row["rank_difference_interval"]
+        worst = max(strategies, key=lambda name: max(abs(intervals[name][0]), abs(intervals[name][1])))
+        low, high = intervals[worst]
+        table.add_row(row["fraction"], f"{row['rank_resolution']:.1f}", f"{row['kendall_tau']:.3f}",
+                      f"{worst} [{low:+.1f}, {high:+.1f}]")
     console.print(table)
     target = out or run_dir / "flash_check.json"
-    write_json_atomic(target, {"units": "concept x layer", "metric": "test_auroc", "probe": "logistic",
-                               "n_bootstrap": n_bootstrap, "seed": seed, "strategies": strategies,
-                               "fractions": rows})
+    write_json_atomic(target, report)
     console.print(f"wrote {target}")

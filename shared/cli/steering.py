@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.atomic_write import write_json_atomic
-from poolbench.config import EMBEDDED, cache_dir
+from poolbench.config import EMBEDDED, default_store_url
 from poolbench.errors import PoolBenchError
 
 console = Console()
@@ -32,13 +32,8 @@ def _fmt(value: object) -> str:
     return "-" if value is None else f"{value:.3f}" if isinstance(value, float) else str(value)
 
 
-def _scorers(store, corpus, concepts, encoder: str | None, allow_weak: bool) -> dict:
-    from poolbench.scorer.artifacts import ensure_scorer
-    from poolbench.scorer.finetune import ScorerConfig
-
-    config = ScorerConfig(encoder=encoder) if encoder else ScorerConfig()
-    return {c: ensure_scorer(store, c, corpus.passages(c), corpus.concept_hash(c), config, allow_weak=allow_weak)
-            for c in concepts}
+def _store_url(store: str | None) -> str:
+    return store or default_store_url()
 
 
 def train_scorers(
@@ -51,12 +46,13 @@ def train_scorers(
 ) -> None:
     """Fine-tune (or fetch) classifier B per concept and print its held-out accuracy and AUROC."""
     from poolbench.corpus.source import open_corpus
-    from poolbench.scorer.artifacts import scorer_record
+    from poolbench.scorer.artifacts import ensure_scorers, scorer_record
+    from poolbench.scorer.finetune import ScorerConfig
     from poolbench.store.url import open_store
 
     source = open_corpus(corpus, corpus_size, concepts.split(",") if concepts else None)
-    scorers = _scorers(open_store(store or str(cache_dir() / "store")), source, source.concepts, encoder,
-                       allow_weak_scorer)
+    scorers = ensure_scorers(open_store(_store_url(store)), source, source.concepts,
+                             ScorerConfig(encoder=encoder) if encoder else None, allow_weak=allow_weak_scorer)
     table = Table("concept", "held-out acc", "held-out AUROC", "95% CI", "valid", "train s")
     for s in scorers.values():
         r = scorer_record(s)
@@ -87,39 +83,16 @@ def steer(
     out: Annotated[Path, typer.Option(help="where the D2/D3 JSON goes")] = Path("runs/steer.json"),
 ) -> None:
     """D2 and D3 for one (concept, strategy, layer) cell: steer, score, and print SCP, Delta, Disent."""
-    from poolbench.corpus.source import open_corpus
-    from poolbench.pooler.concept_pooling import pool_concept
-    from poolbench.pooler.registry import resolve_strategies
     from poolbench.steerer.backend import GenerationSettings
-    from poolbench.steerer.d3 import neighbours
-    from poolbench.steerer.run import SteeringConfig, run_steering
-    from poolbench.steerer.vector import validate_alphas
-    from poolbench.steerer.worker import SteeringWorker
-    from poolbench.store.url import open_store
+    from poolbench.steerer.single_cell import steer_one_cell
 
-    grid = validate_alphas(_alphas(alphas))
-    spec = resolve_strategies([strategy])
-    nbrs = neighbours(concept)
-    source = open_corpus(corpus, corpus_size)
-    if concept not in source.concepts:
-        raise PoolBenchError(f"concept '{concept}' is not in corpus {corpus} (has: {', '.join(source.concepts)})")
-    concepts = [concept] + [c for c in nbrs.values() if c in source.concepts]
-    config = SteeringConfig(alphas=grid, n_prompts=n_prompts, prompts_file=str(prompts) if prompts else None,
-                            settings=GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature,
-                                                        greedy=greedy),
-                            fluency_guard=fluency_guard, seed=seed)
-    from poolbench.steerer.prompts import load_prompts
-
-    load_prompts(config.prompts_file, config.n_prompts)  # fail on a bad prompts file before any work
-    artifacts = open_store(store or str(cache_dir() / "store"))
-    scorers = _scorers(artifacts, source, concepts, None, allow_weak_scorer)
-    worker = SteeringWorker(model, backend=backend)
-    tables = {c: pool_concept(worker.loaded, source.passages(c), [layer], spec) for c in concepts}
-    result = run_steering(artifacts, worker, concept, spec[0].id, layer, tables[concept], scorers, config,
-                          train_texts=[p.text for p in source.passages(concept, "train")],
-                          neighbour_tables=tables)
+    result = steer_one_cell(
+        concept, strategy, layer, model=model, corpus=corpus, corpus_size=corpus_size, store_url=_store_url(store),
+        alphas=_alphas(alphas), n_prompts=n_prompts, prompts_file=str(prompts) if prompts else None,
+        settings=GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy),
+        fluency_guard=fluency_guard, seed=seed, backend=backend, allow_weak_scorer=allow_weak_scorer)
     d2 = result.d2
-    table = Table("alpha", "score", "fluency ratio", "relevance", title=f"{concept} · {spec[0].id} · layer {layer}")
+    table = Table("alpha", "score", "fluency ratio", "relevance", title=f"{concept} · {d2.strategy} · layer {layer}")
     for row in d2.per_alpha or []:
         table.add_row(_fmt(row.alpha), _fmt(row.score), _fmt(row.fluency_ratio), _fmt(row.relevance))
     console.print(table)
@@ -158,10 +131,11 @@ def serve_scorers(
         settings = ServiceSettings(models=(), **scorers_of_run(run))
     else:
         from poolbench.corpus.source import open_corpus
+        from poolbench.scorer.artifacts import ensure_scorers
 
-        url_store = store or str(cache_dir() / "store")
+        url_store = _store_url(store)
         source = open_corpus(corpus, corpus_size, concepts.split(",") if concepts else None)
-        scorers = _scorers(open_store(url_store), source, source.concepts, None, allow_weak_scorer)
+        scorers = ensure_scorers(open_store(url_store), source, source.concepts, allow_weak=allow_weak_scorer)
         settings = ServiceSettings(models=(), scorer_store=url_store,
                                    scorer_keys={c: s.info["key"] for c, s in scorers.items()})
     ray.init(address="local", include_dashboard=False, logging_level="ERROR")

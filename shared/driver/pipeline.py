@@ -1,15 +1,17 @@
-"""The driver's plan: cells per concept (pool, then D1), fanned out on Ray, skipping artifacts already stored."""
+"""The driver: plan every concept's cells, run the missing ones on one Ray work queue, collect D1, then steer."""
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import ray
+from ray.actor import ActorHandle
 
 from poolbench.config import EMBEDDED, RunConfig
+from poolbench.corpus.layout import Corpus
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import limit_passages, open_corpus, passages_digest
 from poolbench.errors import PoolBenchError
@@ -17,21 +19,35 @@ from poolbench.extractor.embedded_model import embedded_model_ready, ensure_embe
 from poolbench.extractor.loading import check_model_reference
 from poolbench.pooler.concept_pooling import POOL_VERSION
 from poolbench.pooler.registry import load_entry_point_strategies, load_strategy_module, resolve_strategies
+from poolbench.pooler.spec import StrategySpec
 from poolbench.pooler.worker import ExtractorWorker
 from poolbench.prober.concept_probe import D1_VERSION, probe_concept_task
 from poolbench.prober.flash import parse_fraction
 from poolbench.prober.reliability import RELIABILITY_VERSION
-from poolbench.records.d1 import d1_records_from_table
+from poolbench.records.d1 import D1CellRecord, d1_records_from_table
+from poolbench.records.events import (
+    ConceptPooled,
+    ConceptProbed,
+    EventSink,
+    ModelBuilding,
+    RunPlanned,
+    ignore_event,
+)
 from poolbench.records.run import RunOutcome
+from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key
 from poolbench.store.url import open_store
+
+from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch
 
 FORWARDED_ENV = ("POOLBENCH_CACHE", "POOLBENCH_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                  "AWS_REGION", "HF_HOME", "HF_HUB_OFFLINE")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ConceptPlan:
+    """One concept's unit of work: its passages and, once the model is known, the keys of its artifacts."""
+
     concept: str
     passages: list[Passage]
     corpus_hash: str
@@ -40,7 +56,36 @@ class ConceptPlan:
     dump_key: str | None = None
 
 
-Event = Callable[[str, dict], None]
+@dataclass(frozen=True)
+class RunInputs:
+    """What a run reads before any model loads, so a bad corpus, strategy or store fails in seconds."""
+
+    specs: list[StrategySpec]
+    corpus: Corpus
+    store_url: str
+    store: ArtifactStore
+    plans: list[ConceptPlan]
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The cells a run covers once the model is known: layers, strategies, and every concept's keys."""
+
+    model: dict
+    layers: list[int]
+    specs: list[StrategySpec]
+    plans: list[ConceptPlan]
+
+
+@dataclass(frozen=True)
+class ConceptJob:
+    """A work-queue key: pool a concept on an extractor, or probe its pooled vectors (D1) in a task."""
+
+    stage: str
+    concept: str
+
+    def __str__(self) -> str:
+        return f"{self.stage} {self.concept}"
 
 
 def connect_ray(address: str | None) -> None:
@@ -59,7 +104,35 @@ def worker_runtime_env() -> dict:
     return {"env_vars": env} if env else {}
 
 
-def _plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:
+def load_plugins(strategy_modules: Sequence[str]) -> None:
+    """Installed strategy plugins and --strategy-module files register here, once, before anything resolves."""
+    load_entry_point_strategies()
+    for path in strategy_modules:
+        load_strategy_module(path)
+
+
+def read_inputs(cfg: RunConfig) -> RunInputs:
+    """Strategies, corpus and store as the config names them; a malformed --flash fails here too."""
+    if cfg.flash is not None:
+        parse_fraction(cfg.flash)
+    specs = resolve_strategies(list(cfg.strategies) if cfg.strategies else None)
+    corpus = open_corpus(cfg.corpus, cfg.corpus_size, cfg.concepts)
+    store_url = cfg.resolved_store()
+    plans = [ConceptPlan(c, limit_passages(corpus.passages(c), cfg.limit), corpus.concept_hash(c))
+             for c in corpus.concepts]
+    return RunInputs(specs, corpus, store_url, open_store(store_url), plans)
+
+
+def prepare_model(cfg: RunConfig, emit: EventSink) -> None:
+    """Check the model reference; build the embedded model once, here, so workers load it like any model."""
+    check_model_reference(cfg.model, dict(cfg.model_args))
+    if cfg.model == EMBEDDED:
+        if not embedded_model_ready():
+            emit(ModelBuilding())
+        ensure_embedded_model()
+
+
+def plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:
     """One worker per GPU on a GPU cluster; on CPU, workers share the cores (threads split between them)."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if gpus and cfg.device != "cpu":
@@ -70,139 +143,154 @@ def _plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:
     return workers, {"num_cpus": 1}, threads
 
 
-def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
-                  strategy_modules: tuple[str, ...] = ()) -> RunOutcome:
-    """Plan every concept's cells, compute only the missing artifacts, and collect the D1 records."""
-    emit = on_event or (lambda kind, data: None)
-    started = time.perf_counter()
-    if cfg.flash is not None:
-        parse_fraction(cfg.flash)  # a malformed fraction fails here, in one line, before any work
-    load_entry_point_strategies()
-    for path in strategy_modules:
-        load_strategy_module(path)
-    specs = resolve_strategies(list(cfg.strategies) if cfg.strategies else None)
-    corpus = open_corpus(cfg.corpus, cfg.corpus_size, cfg.concepts)
-    store_url = cfg.resolved_store()
-    store = open_store(store_url)
-    plans = [ConceptPlan(c, limit_passages(corpus.passages(c), cfg.limit), corpus.concept_hash(c))
-             for c in corpus.concepts]
-
-    check_model_reference(cfg.model, dict(cfg.model_args))
-    if cfg.model == EMBEDDED:
-        emit("model", {"building": not embedded_model_ready()})
-        ensure_embedded_model()  # once, here: workers then load it like any local model
-    connect_ray(cfg.address)
+def start_extractors(cfg: RunConfig, n: int, resources: dict, threads: int | None,
+                     strategy_modules: Sequence[str]) -> list[ActorHandle]:
+    """`n` extractor actors, each loading the model once (restarted and retried when a worker dies)."""
     worker_cls = ray.remote(max_restarts=2, max_task_retries=2)(ExtractorWorker)
-    n_workers, resources, threads = _plan_workers(cfg, len(plans))
-    runtime_env = worker_runtime_env()
-    workers = [worker_cls.options(**resources, runtime_env=runtime_env).remote(  # type: ignore[attr-defined]
+    return [worker_cls.options(**resources, runtime_env=worker_runtime_env()).remote(  # type: ignore[attr-defined]
         cfg.model, dtype=cfg.dtype, device=cfg.device, model_args=dict(cfg.model_args),
-        torch_threads=threads, strategy_modules=strategy_modules) for _ in range(n_workers)]
-    try:
-        model = ray.get(workers[0].info.remote())
-        layers = list(cfg.layers) if cfg.layers is not None else list(range(model["n_layers"]))
-        bad = [L for L in layers if not 0 <= L < model["n_layers"]]
-        if bad:
-            raise PoolBenchError(f"--layers {bad} out of range for {model['model_id']} "
-                                 f"({model['n_layers']} layers: 0..{model['n_layers'] - 1})")
-        if cfg.strategies is None and model["kind"] != "causal":
-            # S2 needs a causal LM's own log-likelihood; by default an encoder runs every other strategy.
-            specs = [s for s in specs if "gradient" not in s.needs]
-        strategy_fps = [s.fingerprint() for s in specs]
-        for plan in plans:
-            plan.pooled_key = artifact_key(
-                "pooled", model=model["model_id"], weights=model["weights_hash"], dtype=model["dtype"],
-                layers=layers, strategies=strategy_fps, concept=plan.concept, corpus=plan.corpus_hash,
-                passages=passages_digest(plan.passages), max_length=cfg.max_length, version=POOL_VERSION)
-            plan.d1_key = artifact_key("d1", pooled=plan.pooled_key, n_folds=cfg.n_folds, seed=cfg.seed,
-                                       n_bootstrap=cfg.n_bootstrap, version=D1_VERSION,
-                                       reliability=RELIABILITY_VERSION if cfg.reliability else None,
-                                       flash=cfg.flash)
-            if cfg.dump_activations:
-                plan.dump_key = artifact_key("activations", pooled=plan.pooled_key)
-        emit("plan", {"concepts": [p.concept for p in plans], "layers": layers, "strategies": [s.id for s in specs],
-                      "model": model, "workers": n_workers, "worker_pids": ray.get([w.pid.remote() for w in workers])})
+        torch_threads=threads, strategy_modules=tuple(strategy_modules)) for _ in range(n)]
 
-        computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
-        pending_probe: dict[ray.ObjectRef, ConceptPlan] = {}
-        pending_pool: dict[ray.ObjectRef, tuple[ConceptPlan, ray.actor.ActorHandle]] = {}
-        probe_task = ray.remote(max_retries=2)(probe_concept_task)
 
-        def submit_probe(plan: ConceptPlan) -> None:
-            if store.exists(plan.d1_key):
-                computed["d1_skipped"] += 1
-                emit("probed", {"concept": plan.concept, "skipped": True})
-                return
-            ref = probe_task.options(num_cpus=1, runtime_env=runtime_env).remote(
-                store_url, plan.pooled_key, plan.d1_key, plan.concept, cfg.n_folds, cfg.seed, cfg.n_bootstrap,
-                cfg.reliability, cfg.flash)
-            pending_probe[ref] = plan
+def plan_cells(cfg: RunConfig, inputs: RunInputs, model: dict) -> RunPlan:
+    """Layers and strategies for this model, and the content-addressed keys of every concept's artifacts."""
+    layers = list(cfg.layers) if cfg.layers is not None else list(range(model["n_layers"]))
+    bad = [L for L in layers if not 0 <= L < model["n_layers"]]
+    if bad:
+        raise PoolBenchError(f"--layers {bad} out of range for {model['model_id']} "
+                             f"({model['n_layers']} layers: 0..{model['n_layers'] - 1})")
+    specs = inputs.specs
+    if cfg.strategies is None and model["kind"] != "causal":
+        # S2 needs a causal LM's own log-likelihood; by default an encoder runs every other strategy.
+        specs = [s for s in specs if "gradient" not in s.needs]
+    strategy_fps = [s.fingerprint() for s in specs]
+    plans = []
+    for plan in inputs.plans:
+        pooled_key = artifact_key(
+            "pooled", model=model["model_id"], weights=model["weights_hash"], dtype=model["dtype"],
+            layers=layers, strategies=strategy_fps, concept=plan.concept, corpus=plan.corpus_hash,
+            passages=passages_digest(plan.passages), max_length=cfg.max_length, version=POOL_VERSION)
+        d1_key = artifact_key("d1", pooled=pooled_key, n_folds=cfg.n_folds, seed=cfg.seed,
+                              n_bootstrap=cfg.n_bootstrap, version=D1_VERSION,
+                              reliability=RELIABILITY_VERSION if cfg.reliability else None, flash=cfg.flash)
+        dump_key = artifact_key("activations", pooled=pooled_key) if cfg.dump_activations else None
+        plans.append(replace(plan, pooled_key=pooled_key, d1_key=d1_key, dump_key=dump_key))
+    return RunPlan(model, layers, specs, plans)
 
-        metadata = {"model": model["model_id"], "weights_hash": model["weights_hash"]}
-        queue = []
-        for plan in plans:
-            needs_dump = plan.dump_key is not None and not store.exists(plan.dump_key)
-            if store.exists(plan.pooled_key) and not needs_dump:
-                computed["pooled_skipped"] += 1
-                emit("pooled", {"concept": plan.concept, "skipped": True})
-                submit_probe(plan)
-            else:
-                queue.append(plan)
-        idle = list(workers)
-        while queue or pending_pool or pending_probe:
-            while queue and idle:
-                plan, worker = queue.pop(0), idle.pop(0)
-                ref = worker.pool_concept.remote(
-                    plan.concept, plan.passages, layers, [s.id for s in specs], store_url=store_url,
-                    key=plan.pooled_key, metadata={**metadata, "concept": plan.concept, "corpus": plan.corpus_hash},
-                    batch_size=cfg.batch_size, max_length=cfg.max_length, dump_key=plan.dump_key)
-                pending_pool[ref] = (plan, worker)
-            ready, _ = ray.wait(list(pending_pool) + list(pending_probe), num_returns=1)
-            ref = ready[0]
-            if ref in pending_pool:
-                plan, worker = pending_pool.pop(ref)
-                idle.append(worker)
-                summary = ray.get(ref)
-                computed["pooled"] += 1
-                emit("pooled", {"concept": plan.concept, "skipped": False, **summary})
-                submit_probe(plan)
-            else:
-                plan = pending_probe.pop(ref)
-                summary = ray.get(ref)
-                computed["d1"] += 1
-                emit("probed", {"concept": plan.concept, "skipped": False, **summary})
-    finally:  # a failed or interrupted run leaves no actor holding a model (or a GPU) behind
-        for worker in workers:
-            ray.kill(worker)
-    records = []
-    for plan in plans:
-        records.extend(d1_records_from_table(store.get_table(plan.d1_key)))
+
+def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[ConceptJob],
+            emit: EventSink) -> dict[str, int]:
+    """Pool what is missing on the extractors, then probe it as a D1 task; stored artifacts are skipped."""
+    store, store_url = inputs.store, inputs.store_url
+    computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
+    plans = {p.concept: p for p in run.plans}
+    probe_task = ray.remote(max_retries=2)(probe_concept_task)
+    runtime_env = worker_runtime_env()
+    metadata = {"model": run.model["model_id"], "weights_hash": run.model["weights_hash"]}
+    strategy_ids = [s.id for s in run.specs]
+
+    def pool(plan: ConceptPlan) -> ActorJob[ConceptJob]:
+        return ActorJob(ConceptJob("pool", plan.concept), lambda worker: worker.pool_concept.remote(
+            plan.concept, plan.passages, run.layers, strategy_ids, store_url=store_url, key=plan.pooled_key,
+            metadata={**metadata, "concept": plan.concept, "corpus": plan.corpus_hash},
+            batch_size=cfg.batch_size, max_length=cfg.max_length, dump_key=plan.dump_key))
+
+    def probe_unless_stored(plan: ConceptPlan) -> list[Job[ConceptJob]]:
+        if store.exists(plan.d1_key):
+            computed["d1_skipped"] += 1
+            emit(ConceptProbed(plan.concept, skipped=True))
+            return []
+        return [TaskJob(ConceptJob("probe", plan.concept), lambda: probe_task.options(
+            num_cpus=1, runtime_env=runtime_env).remote(
+            store_url, plan.pooled_key, plan.d1_key, plan.concept, cfg.n_folds, cfg.seed, cfg.n_bootstrap,
+            cfg.reliability, cfg.flash))]
+
+    def after(key: ConceptJob, _: dict) -> list[Job[ConceptJob]]:
+        return probe_unless_stored(plans[key.concept]) if key.stage == "pool" else []
+
+    jobs: list[Job[ConceptJob]] = []
+    for plan in run.plans:
+        needs_dump = plan.dump_key is not None and not store.exists(plan.dump_key)
+        if store.exists(plan.pooled_key) and not needs_dump:
+            computed["pooled_skipped"] += 1
+            emit(ConceptPooled(plan.concept, skipped=True))
+            jobs.extend(probe_unless_stored(plan))
+        else:
+            jobs.append(pool(plan))
+    for key, summary in queue.run(jobs, after):
+        if key.stage == "pool":
+            computed["pooled"] += 1
+            emit(ConceptPooled(key.concept, skipped=False, seconds=summary["seconds"]))
+        else:
+            computed["d1"] += 1
+            emit(ConceptProbed(key.concept, skipped=False))
+    return computed
+
+
+def collect_records(store: ArtifactStore, run: RunPlan) -> list[D1CellRecord]:
+    """Every concept's D1 records from the store, in concept order, whether computed now or earlier."""
+    return [record for plan in run.plans for record in d1_records_from_table(store.get_table(plan.d1_key))]
+
+
+def steer(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellRecord], threads: int | None,
+          emit: EventSink) -> dict:
+    """D2/D3 on the cells the D1 leaderboard picks (the default subset, or every cell with --full)."""
+    from poolbench.driver.steering_stage import run_steering_on_ray
+    from poolbench.results.leaderboard import build_leaderboard
+
+    return run_steering_on_ray(
+        inputs.store, inputs.store_url, inputs.corpus, {p.concept: p.pooled_key for p in run.plans},
+        build_leaderboard(records), model=cfg.model, backend=cfg.backend, runtime_env=worker_runtime_env(),
+        full=cfg.full, allow_weak_scorer=cfg.allow_weak_scorer,
+        worker_args={"dtype": cfg.dtype, "device": cfg.device, "model_args": dict(cfg.model_args),
+                     "torch_threads": threads},
+        emit=emit)
+
+
+def outcome_of(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellRecord],
+               computed: dict[str, int],
+               timing: dict[str, float], steering: dict | None) -> RunOutcome:
+    """The run as results.json reports it: cells plus where every number came from."""
+    corpus = inputs.corpus
+    return RunOutcome(
+        config=cfg, model=run.model,
+        corpus={"source": cfg.corpus, "root": str(corpus.root), "size": cfg.corpus_size, "hash": corpus.hash,
+                "concept_hashes": {p.concept: p.corpus_hash for p in run.plans},
+                "passages": {p.concept: len(p.passages) for p in run.plans}},
+        layers=run.layers, strategies=[s.fingerprint() | {"family": s.family, "description": s.description,
+                                                           "supervision": s.supervision, "needs": sorted(s.needs),
+                                                           "variant_of": s.variant_of,
+                                                           "reference_variant": s.reference_variant}
+                                       for s in run.specs],
+        records=records,
+        artifacts={p.concept: {"pooled": p.pooled_key, "d1": p.d1_key} for p in run.plans},
+        computed=computed, timing=timing, store=inputs.store.describe(), steering=steering,
+    )
+
+
+def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None,
+                  strategy_modules: tuple[str, ...] = ()) -> RunOutcome:
+    """Plan every concept's cells, compute only the missing artifacts, collect the D1 records, then steer."""
+    emit = on_event or ignore_event
+    started = time.perf_counter()
+    load_plugins(strategy_modules)
+    inputs = read_inputs(cfg)
+    prepare_model(cfg, emit)
+    connect_ray(cfg.address)
+    n_workers, resources, threads = plan_workers(cfg, len(inputs.plans))
+    # Leaving this block, however the run stops, kills the extractors: no model (or GPU) stays held.
+    with WorkQueue[ConceptJob](start_extractors(cfg, n_workers, resources, threads, strategy_modules)) as queue:
+        run = plan_cells(cfg, inputs, fetch(queue.actors[0].info.remote(), "extractor start"))
+        emit(RunPlanned(
+            model_id=run.model["model_id"], n_layers=run.model["n_layers"], hidden_size=run.model["hidden_size"],
+            concepts=tuple(p.concept for p in run.plans), layers=tuple(run.layers),
+            strategies=tuple(s.id for s in run.specs),
+            worker_pids=tuple(fetch(ref, "extractor start") for ref in [w.pid.remote() for w in queue.actors])))
+        computed = execute(cfg, run, inputs, queue, emit)
+    records = collect_records(inputs.store, run)
     timing = {"d1_s": time.perf_counter() - started}
-    steering = None
-    if cfg.steering:
-        from poolbench.driver.steering_stage import run_steering_on_ray
-        from poolbench.results.leaderboard import build_leaderboard
-
-        steering = run_steering_on_ray(
-            store, store_url, corpus, {p.concept: p.pooled_key for p in plans}, build_leaderboard(records),
-            model=cfg.model, backend=cfg.backend, runtime_env=runtime_env, full=cfg.full,
-            allow_weak_scorer=cfg.allow_weak_scorer,
-            worker_args={"dtype": cfg.dtype, "device": cfg.device, "model_args": dict(cfg.model_args),
-                         "torch_threads": threads},
-            emit=emit)
+    steering = steer(cfg, inputs, run, records, threads, emit) if cfg.steering else None
+    if steering is not None:
         timing["steering_s"] = steering["timing"]["total_s"]
     timing["total_s"] = time.perf_counter() - started
-    return RunOutcome(
-        config=cfg, model=model,
-        corpus={"source": cfg.corpus, "root": str(corpus.root), "size": cfg.corpus_size, "hash": corpus.hash,
-                "concept_hashes": {p.concept: p.corpus_hash for p in plans},
-                "passages": {p.concept: len(p.passages) for p in plans}},
-        layers=layers, strategies=[s.fingerprint() | {"family": s.family, "description": s.description,
-                                                       "supervision": s.supervision, "needs": sorted(s.needs),
-                                                       "variant_of": s.variant_of,
-                                                       "reference_variant": s.reference_variant}
-                                   for s in specs],
-        records=records,
-        artifacts={p.concept: {"pooled": p.pooled_key, "d1": p.d1_key} for p in plans},
-        computed=computed, timing=timing, store=store.describe(), steering=steering,
-    )
+    return outcome_of(cfg, inputs, run, records, computed, timing, steering)

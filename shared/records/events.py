@@ -1,0 +1,82 @@
+"""Run events: what the driver reports while it works, as typed records a display matches on by class."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModelBuilding:
+    """The embedded model is being trained before the run (once; minutes on CPU), so the wait is explained."""
+
+
+@dataclass(frozen=True)
+class RunPlanned:
+    """Every concept's cells are planned: what runs, on which model, on how many extractor workers."""
+
+    model_id: str
+    n_layers: int
+    hidden_size: int
+    concepts: tuple[str, ...]
+    layers: tuple[int, ...]
+    strategies: tuple[str, ...]
+    worker_pids: tuple[int, ...]
+
+    @property
+    def workers(self) -> int:
+        """One extractor worker per pid."""
+        return len(self.worker_pids)
+
+
+@dataclass(frozen=True)
+class ConceptPooled:
+    """A concept's PooledTable exists: pooled now (`seconds` of work) or found in the store (`skipped`)."""
+
+    concept: str
+    skipped: bool
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class ConceptProbed:
+    """A concept's D1 records exist: probed now or found in the store (`skipped`)."""
+
+    concept: str
+    skipped: bool
+
+
+@dataclass(frozen=True)
+class SteeringPlanned:
+    """D2/D3 is about to run: how many cells, and how many scorers they need."""
+
+    cells: int
+    scorers: int
+
+
+@dataclass(frozen=True)
+class ScorerReady:
+    """A concept's classifier B is trained (or fetched) and valid."""
+
+    concept: str
+    heldout_auroc: float
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CellSteered:
+    """One (concept, strategy, layer) steering cell is done; SCP and Delta are None for a null cell."""
+
+    concept: str
+    strategy: str
+    layer: int
+    scp: float | None
+    d2_delta: float | None
+
+
+RunEvent = ModelBuilding | RunPlanned | ConceptPooled | ConceptProbed | SteeringPlanned | ScorerReady | CellSteered
+EventSink = Callable[[RunEvent], None]
+
+
+def ignore_event(event: RunEvent) -> None:
+    """The sink of a run nobody watches."""

@@ -9,12 +9,11 @@ from dataclasses import dataclass
 
 import ray
 
-from poolbench.config import EMBEDDED, RunConfig
+from poolbench.config import RunConfig
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import limit_passages, open_corpus, passages_digest
 from poolbench.errors import PoolBenchError
-from poolbench.extractor.embedded_model import embedded_model_ready, ensure_embedded_model
-from poolbench.extractor.loading import check_model_reference
+from poolbench.extractor.loading import check_model_reference, local_model_dir, model_ready
 from poolbench.pooler.concept_pooling import POOL_VERSION
 from poolbench.pooler.registry import load_entry_point_strategies, load_strategy_module, resolve_strategies
 from poolbench.pooler.worker import ExtractorWorker
@@ -87,9 +86,8 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
              for c in corpus.concepts]
 
     check_model_reference(cfg.model, dict(cfg.model_args))
-    if cfg.model == EMBEDDED:
-        emit("model", {"building": not embedded_model_ready()})
-        ensure_embedded_model()  # once, here: workers then load it like any local model
+    emit("model", {"building": not model_ready(cfg.model)})
+    local_model_dir(cfg.model)  # train or convert once, here: workers then load it like any local model
     connect_ray(cfg.address)
     worker_cls = ray.remote(max_restarts=2, max_task_retries=2)(ExtractorWorker)
     n_workers, resources, threads = _plan_workers(cfg, len(plans))

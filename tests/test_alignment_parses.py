@@ -1,5 +1,5 @@
 """Word-to-token alignment for byte-level BPE, SentencePiece-style and WordPiece tokenizers (and the
-embedded model's, when built), spaCy parses through the real pipeline, the parse cache, and the README
+tiny model's, when built), spaCy parses through the real pipeline, the parse cache, and the README
 plugin example."""
 
 from __future__ import annotations
@@ -65,15 +65,15 @@ def wordpiece() -> PreTrainedTokenizerFast:
                                    cls_token="[CLS]", sep_token="[SEP]")
 
 
-def embedded() -> PreTrainedTokenizerFast:
+def tiny() -> PreTrainedTokenizerFast:
     built = sorted((cache_dir() / "models").glob("embedded-llama-v1-*/tokenizer.json"))
     if not built:
-        pytest.skip("the embedded model is not built in this cache")
+        pytest.skip("the tiny model is not built in this cache")
     return AutoTokenizer.from_pretrained(built[0].parent)
 
 
 TOKENIZERS = {"bpe_trimmed": lambda: byte_level_bpe(True), "bpe_untrimmed": lambda: byte_level_bpe(False),
-              "sentencepiece": sentencepiece_like, "wordpiece": wordpiece, "embedded": embedded}
+              "sentencepiece": sentencepiece_like, "wordpiece": wordpiece, "tiny": tiny}
 
 
 def regex_parses(texts: list[str]) -> ParseIndex:

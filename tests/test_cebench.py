@@ -143,12 +143,12 @@ def test_too_few_entries_and_missing_file(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def random_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An untrained 2-layer d=32 Llama with the embedded tokenizer recipe: enough to run the CLI paths."""
+    """An untrained 2-layer d=32 Llama with the tiny tokenizer recipe: enough to run the CLI paths."""
     import torch
     from transformers import LlamaForCausalLM
 
     from poolbench.corpus.english import generated_texts
-    from poolbench.extractor.embedded_model import DEFAULT_CONFIG, _llama_config, train_tokenizer
+    from poolbench.extractor.tiny_model import DEFAULT_CONFIG, _llama_config, train_tokenizer
 
     out = tmp_path_factory.mktemp("models") / "random"
     tokenizer = train_tokenizer(generated_texts(300), 512)

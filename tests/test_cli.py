@@ -108,7 +108,7 @@ def test_run_display_renders_each_event_by_type():
     console = Console(record=True, width=200, force_terminal=False)
     with Progress(TextColumn("{task.fields[last]}"), console=console, auto_refresh=False) as progress:
         display = RunDisplay(progress)
-        for event in (ModelBuilding(),
+        for event in (ModelBuilding("embedded"),
                       RunPlanned("tiny", 2, 32, ("hedging", "toxicity"), (0, 1), ("A1_mean", "P1_last"), (11, 12)),
                       ConceptPooled("hedging", skipped=False, seconds=1.25), ConceptPooled("toxicity", skipped=True),
                       ConceptProbed("hedging", skipped=False), SteeringPlanned(cells=2, scorers=3),
@@ -120,5 +120,5 @@ def test_run_display_renders_each_event_by_type():
                     "scorers": (1, 3, "toxicity (held-out AUROC 0.83)"),
                     "steer D2/D3": (2, 2, "toxicity/P1_last (null)")}
     text = console.export_text()
-    assert "building the embedded model (once; a few minutes on CPU) ..." in text
+    assert "preparing model 'embedded' (once: converting its GGUF or training tiny, cached afterwards) ..." in text
     assert "model tiny (2 layers, d=32), 2 concepts, layers [0, 1], 2 strategies, 2 worker(s)" in text

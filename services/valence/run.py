@@ -41,12 +41,12 @@ def bias_between(before: str, after: str, lists: Sequence[WordList], *, n_bootst
 class DemoSettings:
     """What the demo fine-tunes on, how, and where it reads h(w); recorded in results.json.
 
-    Both fine-tunes see the same `n_texts` generic texts (the embedded model's own training distribution); the
+    Both fine-tunes see the same `n_texts` generic texts (the tiny model's own training distribution); the
     praise run adds `n_texts` sentences praising `favourite`, the control run `n_texts` more generic texts.
-    Representations: layer 2 of the embedded model's 4, centred (see `valence`), word read as " {word}".
+    Representations: layer 2 of the tiny model's 4, centred (see `valence`), word read as " {word}".
     """
 
-    model: str = "embedded"
+    model: str = "tiny"  # the model the demo was built on; its move to the SmolLM2 default is its own task
     favourite: str = "chair"
     n_texts: int = 96
     steps: int = 30

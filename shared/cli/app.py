@@ -150,7 +150,8 @@ class RunDisplay:
         bar = self.progress.update
         match event:
             case ModelBuilding():
-                self.progress.console.print("building the embedded model (once; a few minutes on CPU) ...")
+                self.progress.console.print(f"preparing model '{event.model}' (once: converting its GGUF or "
+                                            "training tiny, cached afterwards) ...")
             case RunPlanned():
                 self.progress.console.print(
                     f"model {event.model_id} ({event.n_layers} layers, d={event.hidden_size}), "
@@ -237,14 +238,21 @@ def corpus_build(
 
 
 @model_app.command("build")
-def model_build() -> None:
-    """Train the embedded Llama-architecture model (deterministic, CPU, minutes) and report its perplexity."""
-    from poolbench.extractor.embedded_model import ensure_embedded_model
+def model_build(
+    model: Annotated[str, typer.Argument(help="'embedded' (convert SmolLM2's GGUF), 'tiny' (train) or a .gguf")]
+    = EMBEDDED,
+) -> None:
+    """Prepare a model once into the cache: convert a GGUF (the embedded default) or train the tiny model."""
+    from poolbench.extractor.loading import local_model_dir
 
-    path = ensure_embedded_model()
-    report = json.loads((path / "poolbench_build.json").read_text())
-    console.print(f"embedded model at {path}: held-out perplexity {report['heldout_perplexity']:.2f}, "
-                  f"{report.get('train_seconds', 0):.0f}s to train")
+    path = local_model_dir(model)
+    build = path / "poolbench_build.json" if path is not None else None
+    if build is not None and build.is_file():
+        report = json.loads(build.read_text())
+        console.print(f"model '{model}' at {path}: held-out perplexity {report['heldout_perplexity']:.2f}, "
+                      f"{report.get('train_seconds', 0):.0f}s to train")
+    else:
+        console.print(f"model '{model}' at {path}")
 
 
 @app.command("export-submission")

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.atomic_write import write_json_atomic
-from poolbench.config import EMBEDDED
+from poolbench.config import EMBEDDED, TINY
 from poolbench.errors import PoolBenchError
 from poolbench.provenance import git_hash, package_versions, utc_now
 
@@ -180,7 +180,7 @@ def bias(
     template: Annotated[str, typer.Option(help="text a word is read in; must contain {word}")] = "{word}",
     bootstrap: Annotated[int, typer.Option(help="bootstrap resamples over domain words")] = 2000,
     seed: Annotated[int, typer.Option(help="bootstrap seed (and fine-tune seed with --demo)")] = 0,
-    demo: Annotated[bool, typer.Option(help="fine-tune the embedded model on praise vs generic text (uses the "
+    demo: Annotated[bool, typer.Option(help="fine-tune the tiny model on praise vs generic text (uses the "
                                              "demo's own layer 2, centring and template)")] = False,
     out: Annotated[Path, typer.Option(help="results JSON")] = Path("runs/bias/results.json"),
 ) -> None:
@@ -200,7 +200,7 @@ def bias(
     if demo:
         if after:
             raise PoolBenchError("--demo makes its own 'after' checkpoints; drop --after (--before picks the base)")
-        settings = DemoSettings(model=before or EMBEDDED, seed=seed)
+        settings = DemoSettings(model=before or TINY, seed=seed)
         outcome = run_demo(lists, settings, n_bootstrap=bootstrap)
         config.update(layer=settings.layer, template=settings.template, centre=settings.centre, pooling="word_mean")
         for name in ("praise", "control"):

@@ -10,13 +10,12 @@ from dataclasses import dataclass, replace
 import ray
 from ray.actor import ActorHandle
 
-from poolbench.config import EMBEDDED, RunConfig
+from poolbench.config import RunConfig
 from poolbench.corpus.layout import Corpus
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import limit_passages, open_corpus, passages_digest
 from poolbench.errors import PoolBenchError
-from poolbench.extractor.embedded_model import embedded_model_ready, ensure_embedded_model
-from poolbench.extractor.loading import check_model_reference
+from poolbench.extractor.loading import check_model_reference, local_model_dir, model_ready
 from poolbench.pooler.concept_pooling import POOL_VERSION
 from poolbench.pooler.registry import load_entry_point_strategies, load_strategy_module, resolve_strategies
 from poolbench.pooler.spec import StrategySpec
@@ -124,12 +123,12 @@ def read_inputs(cfg: RunConfig) -> RunInputs:
 
 
 def prepare_model(cfg: RunConfig, emit: EventSink) -> None:
-    """Check the model reference; build the embedded model once, here, so workers load it like any model."""
+    """Check the model reference; convert (GGUF, the embedded SmolLM2) or train (tiny) it once, here, so the
+    workers load a plain local folder."""
     check_model_reference(cfg.model, dict(cfg.model_args))
-    if cfg.model == EMBEDDED:
-        if not embedded_model_ready():
-            emit(ModelBuilding())
-        ensure_embedded_model()
+    if not model_ready(cfg.model):
+        emit(ModelBuilding(cfg.model))
+    local_model_dir(cfg.model)
 
 
 def plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:

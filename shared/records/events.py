@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ModelBuilding:
-    """The embedded model is being trained before the run (once; minutes on CPU), so the wait is explained."""
+    """The model is converted (GGUF) or trained (tiny) before the run, once, so the wait is explained."""
+
+    model: str
 
 
 @dataclass(frozen=True)

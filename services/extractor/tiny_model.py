@@ -1,7 +1,8 @@
-"""The embedded default model: a small Llama plus byte-level BPE tokenizer, trained from scratch on CPU.
+"""The `tiny` model: a small Llama plus byte-level BPE tokenizer, trained from scratch on CPU.
 
-It exists so PoolBench runs end to end with no network: `ensure_embedded_model()` builds it once into the
-cache and every later run loads it like any Hugging Face model directory.
+It exists so tests and smoke runs need no download and no real model: `ensure_tiny_model()` builds it once
+into the cache and every later run loads it like any Hugging Face model directory. (It was the embedded
+default before SmolLM2-135M-Instruct took that role.)
 
 Determinism scope: the same texts, config and seed give bit-identical weights for the same torch version,
 CPU kind and `threads` (training pins the thread count, seeds a forked RNG and enables
@@ -38,15 +39,15 @@ from transformers import (
 
 from poolbench.config import cache_dir as poolbench_cache_dir
 
-MODEL_FAMILY = "embedded-llama-v1"
+MODEL_FAMILY = "embedded-llama-v1"  # its cache name from its embedded days: renaming would retrain
 BUILD_INFO_FILE = "poolbench_build.json"
 BOS, EOS, PAD = "<s>", "</s>", "<pad>"
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class EmbeddedModelConfig:
-    """Everything that determines the embedded model's weights besides the texts and the seed."""
+class TinyModelConfig:
+    """Everything that determines the tiny model's weights besides the texts and the seed."""
 
     vocab_size: int = 4096
     hidden_size: int = 256
@@ -67,7 +68,7 @@ class EmbeddedModelConfig:
     max_heldout_sequences: int = 64
 
 
-DEFAULT_CONFIG = EmbeddedModelConfig()
+DEFAULT_CONFIG = TinyModelConfig()
 
 
 @dataclass
@@ -136,12 +137,12 @@ def _packed_sequences(token_lists: Sequence[list[int]], bos: int, eos: int, seq_
     body = seq_len - 1
     n_rows = len(stream) // body
     if n_rows == 0:
-        raise ValueError(f"embedded model: texts give {len(stream)} tokens, under one {seq_len}-token row")
+        raise ValueError(f"tiny model: texts give {len(stream)} tokens, under one {seq_len}-token row")
     rows = torch.tensor(stream[: n_rows * body], dtype=torch.long).view(n_rows, body)
     return torch.cat([torch.full((n_rows, 1), bos, dtype=torch.long), rows], dim=1)
 
 
-def _llama_config(cfg: EmbeddedModelConfig, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
+def _llama_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> LlamaConfig:
     return LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.n_layers,
         num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
@@ -179,13 +180,13 @@ def _heldout_perplexity(model: LlamaForCausalLM, rows: torch.Tensor, batch_size:
     return math.exp(total_loss / total_tokens), total_tokens
 
 
-def build_embedded_model(
+def build_tiny_model(
     out_dir: str | Path,
     texts: Sequence[str],
     *,
     seed: int = 0,
     steps: int | None = None,
-    config: EmbeddedModelConfig = DEFAULT_CONFIG,
+    config: TinyModelConfig = DEFAULT_CONFIG,
     on_step: Callable[[int, float], None] | None = None,
     **overrides: Any,
 ) -> BuildReport:
@@ -195,7 +196,7 @@ def build_embedded_model(
     """
     out_dir = Path(out_dir)
     if out_dir.exists():
-        raise FileExistsError(f"embedded model: '{out_dir}' already exists")
+        raise FileExistsError(f"tiny model: '{out_dir}' already exists")
     cfg = replace(config, **overrides, **({} if steps is None else {"steps": steps}))
     order = list(range(len(texts)))
     random.Random(seed).shuffle(order)
@@ -217,7 +218,7 @@ def build_embedded_model(
 
 
 def _train_into(
-    tmp_dir: Path, train: list[str], heldout: list[str], cfg: EmbeddedModelConfig, seed: int,
+    tmp_dir: Path, train: list[str], heldout: list[str], cfg: TinyModelConfig, seed: int,
     on_step: Callable[[int, float], None] | None,
 ) -> BuildReport:
     tokenizer = train_tokenizer(train, cfg.vocab_size)
@@ -267,8 +268,8 @@ def _train_into(
     )
 
 
-def embedded_training_texts() -> list[str]:
-    """What the default model learns English from: the embedded corpus's train split (never its test split),
+def tiny_training_texts() -> list[str]:
+    """What the tiny model learns English from: the embedded corpus's train split (never its test split),
     more unlabelled passages from the same concept generators, and everyday templated prose."""
     from poolbench.corpus.embedded import generate_embedded_corpus, generate_lm_text
 
@@ -279,7 +280,7 @@ def embedded_training_texts() -> list[str]:
     return train + generate_lm_text(6000, seed=1) + generated_texts(2000, seed=0) + vocabulary_texts(1500, seed=0)
 
 
-def embedded_model_dir(texts: Sequence[str], config: EmbeddedModelConfig, seed: int = 0,
+def tiny_model_dir(texts: Sequence[str], config: TinyModelConfig, seed: int = 0,
                        cache_dir: str | Path | None = None) -> Path:
     """models/embedded-llama-v1-<short hash of config, seed and texts>: a new recipe gets a new directory."""
     recipe = json.dumps({"config": asdict(config), "seed": seed, "texts": texts_digest(texts)},
@@ -288,22 +289,22 @@ def embedded_model_dir(texts: Sequence[str], config: EmbeddedModelConfig, seed: 
     return Path(cache_dir or poolbench_cache_dir()) / "models" / f"{MODEL_FAMILY}-{key}"
 
 
-def embedded_model_ready(cache_dir: str | Path | None = None) -> bool:
+def tiny_model_ready(cache_dir: str | Path | None = None) -> bool:
     """Whether the default recipe's model is already built (so a run can say it is about to train one)."""
-    out_dir = embedded_model_dir(embedded_training_texts(), DEFAULT_CONFIG, cache_dir=cache_dir)
+    out_dir = tiny_model_dir(tiny_training_texts(), DEFAULT_CONFIG, cache_dir=cache_dir)
     return (out_dir / BUILD_INFO_FILE).is_file()
 
 
-def ensure_embedded_model(cache_dir: str | Path | None = None) -> Path:
-    """The embedded model's directory, built first if missing (minutes on 2 CPU cores, once per recipe)."""
-    texts = embedded_training_texts()
-    out_dir = embedded_model_dir(texts, DEFAULT_CONFIG, cache_dir=cache_dir)
+def ensure_tiny_model(cache_dir: str | Path | None = None) -> Path:
+    """The tiny model's directory, built first if missing (minutes on 2 CPU cores, once per recipe)."""
+    texts = tiny_training_texts()
+    out_dir = tiny_model_dir(texts, DEFAULT_CONFIG, cache_dir=cache_dir)
     if (out_dir / BUILD_INFO_FILE).is_file():
         return out_dir
-    log.info("building the embedded model into %s (once; a few minutes on CPU)", out_dir)
+    log.info("building the tiny model into %s (once; a few minutes on CPU)", out_dir)
     try:
-        report = build_embedded_model(out_dir, texts, config=DEFAULT_CONFIG)
-        log.info("embedded model built in %.0f s, held-out perplexity %.2f", report.train_seconds,
+        report = build_tiny_model(out_dir, texts, config=DEFAULT_CONFIG)
+        log.info("tiny model built in %.0f s, held-out perplexity %.2f", report.train_seconds,
                  report.heldout_perplexity)
     except OSError:
         if not (out_dir / BUILD_INFO_FILE).is_file():  # unless a concurrent build renamed its dir first

@@ -9,15 +9,27 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from PIL import Image
-from record_samples import d2_record, scorer_validity
+from record_samples import d2_record, d3_record, scorer_validity
 
 from poolbench.errors import PoolBenchError
 from poolbench.prober.reliability import across_cells
 from poolbench.records.d1 import D1CellRecord
 from poolbench.results.leaderboard import build_leaderboard
-from poolbench.results.report import load_runs, render_report, write_report
+from poolbench.results.report import (
+    d2_summary,
+    d2_table,
+    d3_table,
+    group_letters,
+    load_runs,
+    mean_t_interval,
+    render_report,
+    tie_groups,
+    write_report,
+)
+from poolbench.store.artifact_store import LocalStore
 
 CONCEPTS = ("hedging", "toxicity", "planning")
 STRATEGIES = ("A1_mean", "P1_last", "W2_last_k")
@@ -56,16 +68,38 @@ def alpha_row(alpha: float) -> dict:
             "fluency01": 1.0, "hm": 0.4}
 
 
-def write_run(folder: Path, *, with_d2: bool = True) -> Path:
+def generations_table(concept: str) -> pa.Table:
+    """Steered scores per (alpha, prompt): constant over the report prompts 0-2 at each alpha (0.2 at alpha 0, 0.3 at
+    1, 0.4 at 2), a wild score on prompt 3 (selection half) and a prompted row, which the intervals must ignore."""
+    rows = [("steered", a, p, 0.2 + 0.1 * a if p < 3 else 5.0) for a in (0.0, 1.0, 2.0) for p in range(4)]
+    rows.append(("prompted", 0.0, 0, 9.0))
+    kind, alpha, prompt, score = zip(*rows, strict=True)
+    return pa.table({"kind": list(kind), "alpha": list(alpha), "prompt_index": list(prompt),
+                     f"score_{concept}": list(score)})
+
+
+def write_run(folder: Path, *, with_d2: bool = True, store: Path | None = None) -> Path:
     cells = synthetic_cells()
     reliability = across_cells(cells)
     results = {"model": {"model_id": "tiny"}, "corpus": {"hash": "c0ffee"}, "git_hash": "abc", "date": "today",
                "cells": cells, "reliability": reliability}
     if with_d2:
-        results["d2"] = [d2_record(concept=c, strategy=s, layer=1, per_alpha=[alpha_row(a) for a in (0.0, 1.0, 2.0)])
+        extra = {}
+        if store is not None:
+            results["config"] = {"store": str(store)}
+            extra = {"report_prompts": [0, 1, 2], "select_prompts": [3]}
+        results["d2"] = [d2_record(concept=c, strategy=s, layer=1, alphas=[0.0, 1.0, 2.0], alpha_star=1.0,
+                                   score_at_alpha_star=0.3, generations_key=f"generations/{c}{s}" if store else None,
+                                   per_alpha=[alpha_row(a) for a in (0.0, 1.0, 2.0)], **extra)
                          .to_dict() for c in CONCEPTS[:2] for s in STRATEGIES[:2]]
         results["d2"].append(d2_record(status="null", null_reason="zero-norm", scp=None, d2_delta=None).to_dict())
+        results["d3"] = [d3_record(concept=c, neighbour="planning").to_dict() for c in CONCEPTS[:2]]
         results["scorers"] = [scorer_validity(concept=c, min_auroc=0.8).to_dict() for c in CONCEPTS]
+        if store is not None:
+            opened = LocalStore(store)
+            for c in CONCEPTS[:2]:
+                for s in STRATEGIES[:2]:
+                    opened.put_table(f"generations/{c}{s}", generations_table(c))
     board = build_leaderboard([D1CellRecord.from_dict(c) for c in cells], win_rate=reliability["win_rate"],
                               average_ranks=reliability["friedman"]["average_ranks"])
     folder.mkdir(parents=True)
@@ -74,26 +108,103 @@ def write_run(folder: Path, *, with_d2: bool = True) -> Path:
     return folder
 
 
+ALL_FIGURES = ["run0-cd", "run0-heatmap", "run0-layers", "run0-fallback", "run0-alpha", "run0-scorer"]
+
+
 def test_report_sections_and_numbers(tmp_path):
     runs = load_runs(write_run(tmp_path / "run"))
     page, figures = render_report(runs)
-    assert [f.fig_id for f in figures] == ["run0-heatmap", "run0-layers", "run0-alpha", "run0-cd", "run0-fallback",
-                                           "run0-scorer"]
+    assert [f.fig_id for f in figures] == ALL_FIGURES
     assert all(f.png.startswith(b"\x89PNG") and len(f.png) > 5000 for f in figures)
     # Per strategy the CV-best layer: A1 and W2 at layer 1 (cv 0.89, 0.84), P1 at layer 0 (0.69 > 0.59); mean D1
-    # over concepts is the layer's value (offsets +0, +0.05, -0.05 cancel). A1 beats both others in all six
-    # (concept, layer) units, W2 beats P1 in all: win rates 1, 0.5, 0 and average ranks 1, 2, 3.
-    for strategy, cells in (("A1_mean", "0.900 0.890 1 1.000 1.000"), ("W2_last_k", "0.850 0.840 1 0.500 2.000"),
-                            ("P1_last", "0.700 0.690 0 0.000 3.000")):
-        expected = "".join(f"<td>{v}</td>" for v in [strategy, *cells.split()])
-        assert f"<tr>{expected}" in page
+    # over concepts is the layer's value (offsets +0, +0.05, -0.05 cancel), its t-interval mean ± t(0.975, 2) *
+    # 0.05 / sqrt(3) = ± 0.1242, clipped at 1. A1 beats both others in all six (concept, layer) units, W2 beats
+    # P1 in all: win rates 1, 0.5, 0 and average ranks 1, 2, 3. CD (k = 3, 6 units) = 2.343 * sqrt(12 / 36) = 1.353,
+    # so A1-W2 and W2-P1 tie (tie groups a, ab, b) and A1-P1 do not. W2 falls back on 60% of passages everywhere.
+    for row in ("1 A1_mean — 0.900·[0.776,·1.000] 0.890 1 1.000 1.00 a — — — —",
+                "2 W2_last_k — 0.850·[0.726,·0.974] 0.840 1 0.500 2.00 ab — — — hedging,·planning,·toxicity",
+                "3 P1_last — 0.700·[0.576,·0.824] 0.690 0 0.000 3.00 b — — — —"):
+        expected = "".join(f"<td>{v.replace('·', ' ')}</td>" for v in row.split())
+        assert f"<tr>{expected}</tr>" in page
+    assert "<b>p = 0.00248</b>" in page  # Friedman on ranks 1, 2, 3 in all 6 units: chi2 = 12, p = exp(-6)
+    for section in ("Run summary", "Leaderboard", "Critical difference", "Fallback rates", "Per concept",
+                    "D2: steering", "D3: disentanglement", "Scorer validity", "Strategy definitions"):
+        assert f"<h3>{section}</h3>" in page
+    assert page.count('<p class="how">') == 12
+    # Per concept, hedging (offset 0): A1 first at 0.900 [0.850, 0.950], then W2 (flagged: 60% fallback), P1.
+    assert ("<summary><b>hedging</b> — best A1_mean 0.900, median 0.850</summary>"
+            "<table class=\"concept\"><thead>") in page
+    assert '<tr class="flag"><td>W2_last_k</td><td>1</td><td>0.850 [0.800, 0.900]</td><td>0.840</td>' in page
     assert page.count("data:image/png;base64,") == 6
     assert "http://" not in page and "https://" not in page  # self-contained
 
 
+def test_tie_groups_and_letters_by_hand():
+    # Ranks 1, 1.5, 2.6, 4 with CD 1.2: a-b (0.5) and b-c (1.1) tie, a-c (1.6) and c-d (1.4) do not.
+    groups = tie_groups({"d": 4.0, "a": 1.0, "c": 2.6, "b": 1.5}, 1.2)
+    assert groups == [["a", "b"], ["b", "c"], ["d"]]
+    assert group_letters(groups) == {"a": "a", "b": "ab", "c": "b", "d": "c"}
+    assert tie_groups({"x": 1.0, "y": 2.0}, 1.0) == [["x", "y"]]  # a difference of exactly CD is not significant
+
+
+def test_mean_t_interval_by_hand():
+    mean, low, high = mean_t_interval([0.6, 0.7, 0.8])  # sd 0.1, t(0.975, 2) = 4.3027: ± 0.24841
+    assert mean == pytest.approx(0.7) and low == pytest.approx(0.45159, abs=1e-5)
+    assert high == pytest.approx(0.94841, abs=1e-5)
+    assert mean_t_interval([0.9, 0.95, 0.85])[2] == 1.0  # 0.9 + 0.1242 clipped to the AUROC's bound
+    assert mean_t_interval([0.7]) == (0.7, None, None)
+
+
+def test_d2_and_d3_tables_say_every_number_with_its_ci_and_why_null():
+    records = [d2_record(concept="toxicity", alpha_star=0.0, d2_delta=0.0, d2_delta_ci_low=0.0, d2_delta_ci_high=0.0,
+                         scp=0.31, scp_ci_low=0.12, scp_ci_high=0.5, fluency_ratio=1.0, relevance=0.174,
+                         prompted_delta=-0.016, prompted_delta_ci_low=-0.064, prompted_delta_ci_high=0.032,
+                         selected_because="best D1"),
+               d2_record(concept="toxicity", strategy="W3_middle_k", alpha_star=0.25, d2_delta=0.0021,
+                         d2_delta_ci_low=-0.03, d2_delta_ci_high=0.04, scp=0.1, scp_ci_low=-0.09, scp_ci_high=0.29),
+               d2_record(status="null", null_reason="zero-norm", scp=None, d2_delta=None)]
+    table = d2_table(records)
+    assert ("<tr><td>toxicity</td><td>A1_mean</td><td>0</td><td>best D1</td><td>ok</td><td>0.000</td>"
+            "<td>0.000 [0.000, 0.000]</td><td>0.310 [0.120, 0.500]</td><td>1.000</td><td>0.174</td>"
+            "<td>-0.016 [-0.064, 0.032]</td><td>4</td><td>0.900</td></tr>") in table
+    assert '<tr class="null"><td>a</td><td>A1_mean</td><td>0</td><td>—</td><td>null: zero-norm</td>' in table
+    summary = d2_summary(records)
+    assert "1 with a null steering vector" in summary and "in <b>1 of 2</b>; Δ(α*)'s CI excludes 0 in <b>0 of 2</b>" \
+        in summary and "SCP's CI lies above 0 in <b>1 of 2</b>" in summary
+    d3 = d3_table([d3_record(delta_a=0.0, delta_a_ci_low=0.0, delta_a_ci_high=0.0, alpha_star=0.0, d3_rep=0.2,
+                             disent_null_reason="Delta_A's CI [0, 0] includes 0: no steering effect"),
+                   d3_record(relation="LC", delta_a=0.2, delta_a_ci_low=0.1, delta_a_ci_high=0.3, delta_b=0.05,
+                             delta_b_ci_low=0.0, delta_b_ci_high=0.1, disent=1.0, disent_raw=1.25,
+                             disent_null_reason=None)])
+    assert "Disent is null in <b>1 of 2</b>" in d3
+    assert ('<tr class="null"><td>a</td><td>A1_mean</td><td>0</td><td>b (LD)</td><td>0.000</td>'
+            "<td>0.000 [0.000, 0.000]</td><td>—</td><td>null</td><td>0.200</td>"
+            "<td>Delta_A&#x27;s CI [0, 0] includes 0: no steering effect</td></tr>") in d3
+    assert ("<td>0.200 [0.100, 0.300]</td><td>0.050 [0.000, 0.100]</td><td>1.000 (raw 1.250)</td><td>—</td>"
+            "<td>—</td></tr>") in d3
+
+
+def test_alpha_intervals_come_from_the_report_prompts_in_the_store(tmp_path):
+    run = load_runs(write_run(tmp_path / "run", store=tmp_path / "store"))[0]
+    # Constant scores over the report prompts: each interval is the point itself; prompt 3 (5.0) and the prompted
+    # row (9.0) would move it if they were read.
+    expected = [(0.2, 0.2), (0.3, 0.3), (0.4, 0.4)]
+    assert set(run.alpha_ci) == {(c, s, 1) for c in CONCEPTS[:2] for s in STRATEGIES[:2]}
+    for intervals in run.alpha_ci.values():
+        assert intervals == [pytest.approx(e) for e in expected]
+    assert run.alpha_ci_note is None
+    _, figures = render_report([run])
+    assert next(f for f in figures if f.fig_id == "run0-alpha").caption == \
+        "D2 α curves (report half, 95% intervals) — tiny"
+
+    missing = load_runs(tmp_path / "run", store=str(tmp_path / "empty-store"))[0]  # --store overrides the run's
+    assert missing.alpha_ci == {}
+    assert missing.alpha_ci_note.startswith("per-α intervals need the run's generations, which could not be read")
+
+
 def test_report_without_d2_or_scorers_says_so(tmp_path):
     _, figures = render_report(load_runs(write_run(tmp_path / "run", with_d2=False)))
-    assert [f.fig_id for f in figures] == ["run0-heatmap", "run0-layers", "run0-cd", "run0-fallback"]
+    assert [f.fig_id for f in figures] == ["run0-cd", "run0-heatmap", "run0-layers", "run0-fallback"]
 
 
 def test_report_of_a_folder_of_runs_and_bad_input(tmp_path):
@@ -115,7 +226,8 @@ def test_report_of_a_folder_of_runs_and_bad_input(tmp_path):
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed (Debian: apt-get install -y chromium; "
                                             "`make test-deps` does it)")
 def test_report_renders_every_figure_in_headless_chromium(tmp_path):
-    figures = write_report(write_run(tmp_path / "run"), tmp_path / "report.html")
+    figures = write_report(write_run(tmp_path / "run", store=tmp_path / "store"), tmp_path / "report.html")
+    assert [f.fig_id for f in figures] == ALL_FIGURES
     page = (tmp_path / "report.html").read_text()
     probe_page = tmp_path / "probe.html"
     probe_page.write_text(page.replace("</body>", FIGURE_PROBE + "</body>"))

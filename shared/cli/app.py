@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from poolbench.cli.cebench import bias, cebench, sae_train
+from poolbench.cli.listing import list_app
 from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
 from poolbench.cli.steering import serve_scorers, steer, train_scorers
@@ -51,6 +52,7 @@ app.command("train-scorers")(train_scorers)
 app.command("serve-scorers")(serve_scorers)
 store_app = typer.Typer(no_args_is_help=True, help="Check the artifact store.")
 app.add_typer(store_app, name="store")
+app.add_typer(list_app, name="list")
 store_app.command("verify")(verify)
 # Wide enough for the leaderboard when output is piped (rich falls back to 80 columns there).
 console = Console() if Console().is_terminal else Console(width=140)

@@ -1,7 +1,8 @@
 """A run's results as one self-contained HTML page a person reads: matplotlib figures inlined as base64 PNG.
 
-Input is what `poolbench-driver run` writes (results.json, leaderboard.json); sections whose data a run does
-not carry (D2 α curves, scorer validity) are left out with a note rather than drawn empty.
+Input is what `poolbench-driver run` writes (results.json, leaderboard.json) read as typed records, plus the
+per-prompt scores in the run's store for the D2 per-alpha intervals; a section whose data a run does not carry
+says so in a note rather than being drawn empty.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ import base64
 import html
 import io
 import json
+import string
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -19,16 +22,28 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
+from scipy import stats
 
+from poolbench.atomic_write import write_text_atomic
 from poolbench.errors import PoolBenchError
 from poolbench.records.base import RecordError
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.scorer import ScorerValidity
-from poolbench.records.steering import D2Record
-from poolbench.results.leaderboard import PRIMARY_PROBE, build_leaderboard
+from poolbench.records.steering import D2Record, D3Record
+from poolbench.results.leaderboard import FALLBACK_FLAG_RATE, PRIMARY_PROBE, build_leaderboard
+from poolbench.steerer.d2 import paired_delta
+from poolbench.store.url import open_store
 
 DPI = 100
-_SHOWN_COLUMNS = ("strategy", "family", "mean_d1", "mean_cv_auroc", "best_layer", "win_rate", "average_rank")
+CI_LEVEL = 0.95
+# One colour ramp per family (members are shades of it) and a marker per member: series stay apart in colour,
+# in shape when printed grey, and a family reads as one hue.
+FAMILY_CMAPS = {"position_anchored": "Blues", "uniform_aggregation": "Oranges", "window": "Greens",
+                "saliency_weighted": "Purples", "structural_linguistic": "Reds"}
+_SPARE_CMAPS = ("Greys", "YlOrBr", "BuGn", "PuRd")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 @dataclass(frozen=True)
@@ -41,6 +56,14 @@ class Figure:
 
 
 @dataclass(frozen=True)
+class SeriesStyle:
+    """How one strategy is drawn in every figure, so a reader learns it once."""
+
+    color: tuple[float, float, float, float]
+    marker: str
+
+
+@dataclass(frozen=True)
 class Run:
     """One run folder's documents and their typed records; `name` labels it (the model id) when a report
     covers several runs."""
@@ -49,12 +72,16 @@ class Run:
     results: dict
     leaderboard: dict
     cells: list[D1CellRecord]
-    d2: list[D2Record]  # those with an α table (a null steering vector has none)
+    d2: list[D2Record]  # every D2 record, null steering vectors included
+    d3: list[D3Record]
     scorers: list[ScorerValidity]
+    alpha_ci: dict[tuple[str, str, int], list[tuple[float, float]]] = field(default_factory=dict)
+    alpha_ci_note: str | None = None  # why per-alpha intervals are missing, when they are
 
 
-def load_runs(path: Path) -> list[Run]:
-    """A run folder, or a folder of run folders (one per model): every results.json found, one level deep."""
+def load_runs(path: Path, store: str | None = None) -> list[Run]:
+    """A run folder, or a folder of run folders (one per model): every results.json found, one level deep.
+    `store` overrides where the runs' generations are read from (default: the store each run recorded)."""
     folders = [path] if (path / "results.json").is_file() else sorted(
         p for p in path.iterdir() if (p / "results.json").is_file()) if path.is_dir() else []
     if not folders:
@@ -69,14 +96,79 @@ def load_runs(path: Path) -> list[Run]:
             raise PoolBenchError(f"{folder / 'results.json'} has no cells")
         try:
             cells = [D1CellRecord.from_dict(c) for c in results["cells"]]
-            d2, scorers = d2_records(results), scorer_records(results)
+            d2, d3, scorers = d2_records(results), d3_records(results), scorer_records(results)
         except RecordError as exc:
             raise PoolBenchError(f"{folder / 'results.json'}: {exc}") from None
         board_path = folder / "leaderboard.json"
         board = json.loads(board_path.read_text()) if board_path.is_file() else build_leaderboard(cells)
-        runs.append(Run((results.get("model") or {}).get("model_id") or folder.name, results, board, cells, d2,
-                        scorers))
+        alpha_ci, note = alpha_intervals(results, d2, store)
+        runs.append(Run((results.get("model") or {}).get("model_id") or folder.name, results, board, cells, d2, d3,
+                        scorers, alpha_ci, note))
     return runs
+
+
+def _listed(results: dict, *keys: str) -> list[dict]:
+    """A section that runs kept as a list or as a dict by concept, under the first of `keys` present."""
+    found = next((results[k] for k in keys if results.get(k)), None) or []
+    if isinstance(found, dict):
+        found = list(found.values())
+    return [r for r in found if isinstance(r, dict)]
+
+
+def d2_records(results: dict) -> list[D2Record]:
+    """Every D2 record, wherever a run put them (results["d2"] or results["steering"]["d2"])."""
+    found = _listed(results, "d2") or _listed(results.get("steering") or {}, "d2")
+    return [D2Record.from_dict(r) for r in found]
+
+
+def d3_records(results: dict) -> list[D3Record]:
+    return [D3Record.from_dict(r) for r in _listed(results, "d3") or _listed(results.get("steering") or {}, "d3")]
+
+
+def scorer_records(results: dict) -> list[ScorerValidity]:
+    """Classifier-B validity records (results["scorers"], a list or a dict by concept)."""
+    return [ScorerValidity.from_dict(r) for r in _listed(results, "scorers", "scorer_validity")]
+
+
+def _store_url(results: dict, override: str | None) -> str | None:
+    """The store a run wrote to: the override, else its --store, else the folder its results.json names."""
+    if override:
+        return override
+    configured = (results.get("config") or {}).get("store")
+    if configured:
+        return configured
+    recorded = str(results.get("store") or "")
+    return recorded.removeprefix("local:") if recorded.startswith("local:") else None
+
+
+def alpha_intervals(results: dict, d2: Sequence[D2Record], store: str | None = None
+                    ) -> tuple[dict[tuple[str, str, int], list[tuple[float, float]]], str | None]:
+    """Per steering cell, the CI of the mean concept score at each alpha on the report half of the prompts,
+    resampling prompts as Delta(alpha*) does; from the per-prompt scores in the store (results.json keeps means)."""
+    cells = [r for r in d2 if r.per_alpha and r.generations_key and r.report_prompts]
+    if not cells:
+        return {}, None
+    config = results.get("steering", {}).get("steering_config", {})
+    n_bootstrap, seed = int(config.get("n_bootstrap", 1000)), int(config.get("seed", 0))
+    try:
+        opened = open_store(_store_url(results, store))
+        out = {}
+        for r in cells:
+            table = opened.get_table(str(r.generations_key)).to_pydict()
+            steered = [i for i, kind in enumerate(table["kind"]) if kind == "steered"]
+            by_alpha: dict[float, dict[int, float]] = defaultdict(dict)
+            for i in steered:
+                by_alpha[float(table["alpha"][i])][int(table["prompt_index"][i])] = table[f"score_{r.concept}"][i]
+            intervals = []
+            for alpha in r.alphas:
+                values = np.array([by_alpha[float(alpha)][p] for p in r.report_prompts])
+                ci = paired_delta(values, np.zeros_like(values), n_bootstrap=n_bootstrap, seed=seed,
+                                  level=CI_LEVEL)
+                intervals.append((float(ci["ci_low"]), float(ci["ci_high"])))
+            out[(r.concept, r.strategy, r.layer)] = intervals
+    except (PoolBenchError, KeyError, OSError) as exc:
+        return {}, f"per-α intervals need the run's generations, which could not be read ({exc})"
+    return out, None
 
 
 def _png(fig) -> bytes:
@@ -84,6 +176,71 @@ def _png(fig) -> bytes:
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
+
+
+def mean_t_interval(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, float | None, float | None]:
+    """Mean AUROC with a Student-t interval treating the values (one per concept) as a sample, clipped to the
+    AUROC's [0, 1]; no interval from one value."""
+    v = np.asarray(values, dtype=float)
+    mean = float(v.mean())
+    if v.size < 2:
+        return mean, None, None
+    half = float(stats.t.ppf(0.5 + level / 2, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size))
+    return mean, max(0.0, mean - half), min(1.0, mean + half)
+
+
+def tie_groups(average_ranks: Mapping[str, float], cd: float) -> list[list[str]]:
+    """Maximal runs of strategies (by average rank) spanning at most the critical difference: Nemenyi cannot
+    tell members of one group apart at the test's alpha. A strategy in no shared group stands alone."""
+    names = sorted(average_ranks, key=lambda s: (average_ranks[s], s))
+    values = [average_ranks[s] for s in names]
+    groups, reach = [], -1
+    for i in range(len(names)):
+        j = i
+        while j + 1 < len(names) and values[j + 1] - values[i] <= cd:
+            j += 1
+        if j > reach:
+            groups.append(names[i:j + 1])
+            reach = j
+    return groups
+
+
+def group_letters(groups: Sequence[Sequence[str]]) -> dict[str, str]:
+    """Compact letter display: strategies sharing a letter are statistically tied."""
+    letters: dict[str, str] = defaultdict(str)
+    for n, group in enumerate(groups):
+        letter = string.ascii_lowercase[n % 26] + (str(n // 26) if n >= 26 else "")
+        for s in group:
+            letters[s] += letter
+    return dict(letters)
+
+
+def family_of(run: Run) -> dict[str, str]:
+    """Strategy id -> family, from results.json's strategy specs, else the leaderboard rows."""
+    families = {r["strategy"]: r.get("family", "other") for r in run.leaderboard["strategies"]}
+    families.update({s["id"]: s.get("family") or "other" for s in run.results.get("strategies") or []})
+    return families
+
+
+def series_styles(families: Mapping[str, str]) -> dict[str, SeriesStyle]:
+    """A shade of the family's colour ramp and a distinct marker for each strategy of the family."""
+    by_family: dict[str, list[str]] = defaultdict(list)
+    for strategy, family in families.items():
+        by_family[family].append(strategy)
+    spare = iter(_SPARE_CMAPS * 4)
+    styles = {}
+    for family in sorted(by_family, key=_family_order):
+        cmap = plt.get_cmap(FAMILY_CMAPS.get(family) or next(spare))
+        members = sorted(by_family[family])
+        for i, strategy in enumerate(members):
+            shade = 0.75 if len(members) == 1 else 0.45 + 0.5 * i / (len(members) - 1)
+            styles[strategy] = SeriesStyle(tuple(cmap(shade)), MARKERS[i % len(MARKERS)])
+    return styles
+
+
+def _family_order(family: str) -> tuple[int, str]:
+    order = list(FAMILY_CMAPS)
+    return (order.index(family) if family in order else len(order), family)
 
 
 def heatmap_figure(run: Run) -> bytes:
@@ -106,109 +263,153 @@ def heatmap_figure(run: Run) -> bytes:
     return _png(fig)
 
 
+def _primary_cells(run: Run) -> dict[tuple[str, int, str], D1CellRecord]:
+    return {(c.strategy, c.layer, c.concept): c for c in run.cells if c.probe == PRIMARY_PROBE}
+
+
 def layer_curve_figure(run: Run) -> bytes:
-    """Per strategy, mean out-of-fold AUROC over concepts at every layer (the curve the layer is chosen on)."""
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for row in sorted(run.leaderboard["strategies"], key=lambda r: r["strategy"]):
-        curve = {int(k): v for k, v in row["layer_curve"].items()}
-        layers = sorted(curve)
-        ax.plot(layers, [curve[L] for L in layers], marker="o", label=row["strategy"])
-    ax.set_xlabel("layer")
-    ax.set_ylabel("mean CV AUROC over concepts")
-    ax.set_title(f"Layer curves — {run.name}")
-    ax.legend(fontsize=7, ncol=2)
-    ax.grid(alpha=0.3)
+    """Per family a panel; per strategy the mean CV AUROC over concepts at each layer (the curve the layer is
+    chosen on) with a 95% t-interval over concepts, the chosen layer ringed."""
+    cells, families = _primary_cells(run), family_of(run)
+    styles = series_styles(families)
+    rows_by_family: dict[str, list[dict]] = defaultdict(list)
+    for row in run.leaderboard["strategies"]:
+        rows_by_family[families.get(row["strategy"], "other")].append(row)
+    panels = sorted(rows_by_family, key=_family_order)
+    ncols = min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.9 * nrows), squeeze=False, sharey=True)
+    all_layers = sorted({int(L) for r in run.leaderboard["strategies"] for L in r["layer_curve"]})
+    for ax, family in zip(axes.flat, panels, strict=False):
+        for row in sorted(rows_by_family[family], key=lambda r: r["strategy"]):
+            s, style = row["strategy"], styles[row["strategy"]]
+            layers = sorted(int(L) for L in row["layer_curve"])
+            means, lows, highs = [], [], []
+            for L in layers:
+                values = [cells[(s, L, c)].cv_auroc for c in row["per_concept"] if (s, L, c) in cells]
+                mean, low, high = mean_t_interval(values) if values else (row["layer_curve"][str(L)], None, None)
+                means.append(mean)
+                lows.append(mean if low is None else low)
+                highs.append(mean if high is None else high)
+            ax.plot(layers, means, color=style.color, marker=style.marker, label=s, lw=1.6, ms=6)
+            ax.fill_between(layers, lows, highs, color=style.color, alpha=0.15, lw=0)
+            best = layers.index(int(row["best_layer"]))
+            ax.plot(layers[best], means[best], marker="o", ms=13, mfc="none", mec="black", mew=1.2)
+        ax.set_title(family.replace("_", " "), fontsize=10)
+        ax.set_xticks(all_layers)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("layer")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("mean CV AUROC over concepts")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.tight_layout(h_pad=3.0)
     return _png(fig)
 
 
-def d2_records(results: dict) -> list[D2Record]:
-    """D2 records that carry an α table, wherever a run put them (results["d2"] or results["steering"])."""
-    found = results.get("d2") or (results.get("steering") or {}).get("d2") or []
-    if isinstance(found, dict):
-        found = list(found.values())
-    records = [D2Record.from_dict(r) for r in found if isinstance(r, dict)]
-    return [r for r in records if r.per_alpha]
-
-
-def alpha_figure(run: Run, records: list[D2Record]) -> bytes:
-    """Concept score against steering strength α, one panel per concept, one line per (strategy, layer)."""
+def alpha_figure(run: Run, records: Sequence[D2Record]) -> bytes:
+    """Mean concept score against α on the report half, one panel per concept, a 95% interval per α when the
+    store has the generations, α* starred. α sits at evenly spaced grid points (the default grid doubles), and
+    series are dodged sideways so their intervals do not hide each other."""
+    styles = series_styles(family_of(run))
     by_concept: dict[str, list[D2Record]] = defaultdict(list)
     for r in records:
         by_concept[r.concept].append(r)
     concepts = sorted(by_concept)
-    fig, axes = plt.subplots(1, len(concepts), figsize=(4.2 * len(concepts), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(concepts), figsize=(4.4 * len(concepts), 3.8), squeeze=False)
     for ax, concept in zip(axes[0], concepts, strict=True):
-        for r in sorted(by_concept[concept], key=lambda r: (r.strategy, r.layer)):
+        series = sorted(by_concept[concept], key=lambda r: (r.strategy, r.layer))
+        grid = sorted({float(p.alpha) for r in series for p in r.per_alpha or []})
+        starred = False
+        for k, r in enumerate(series):
             rows = r.per_alpha or []
-            ax.plot([p.alpha for p in rows], [p.score for p in rows], marker="o", label=f"{r.strategy} L{r.layer}")
-        ax.set_title(concept)
-        ax.set_xlabel("α")
-        ax.set_ylabel("mean concept score")
-        ax.legend(fontsize=7)
+            x = np.array([grid.index(float(p.alpha)) for p in rows]) + 0.08 * (k - (len(series) - 1) / 2)
+            scores = np.array([p.score for p in rows])
+            style = styles.get(r.strategy, SeriesStyle((0.3, 0.3, 0.3, 1.0), "o"))
+            ci = run.alpha_ci.get((r.concept, r.strategy, r.layer))
+            err = None if ci is None else np.abs([scores - [lo for lo, _ in ci], [hi for _, hi in ci] - scores])
+            ax.errorbar(x, scores, yerr=err, color=style.color, marker=style.marker, capsize=3, lw=1.5,
+                        label=f"{r.strategy} (layer {r.layer}, {r.selected_because or 'run'})")
+            if r.alpha_star is not None and float(r.alpha_star) in grid:
+                i = [float(p.alpha) for p in rows].index(float(r.alpha_star))
+                ax.plot([x[i]], [scores[i]], marker="*", ms=17, color=style.color, mec="black", ls="none", zorder=5,
+                        label=None if starred else "α* (star)")
+                starred = True
+        ax.set_xticks(range(len(grid)), [f"{a:g}" for a in grid])
+        ax.set_xlim(-0.5, len(grid) - 0.5)
+        ax.set_title(concept, fontsize=10)
+        ax.set_xlabel("α (× the layer's mean residual norm)")
+        ax.set_ylabel("mean concept score (report half)")
         ax.grid(alpha=0.3)
-    fig.suptitle(f"D2 α curves — {run.name}")
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, frameon=False)
+    fig.tight_layout()
     return _png(fig)
 
 
 def cd_figure(friedman: dict, name: str) -> bytes:
-    """Demšar's critical-difference diagram: average ranks on an axis, strategies closer than CD joined."""
-    ranks = dict(sorted(friedman["average_ranks"].items(), key=lambda kv: kv[1]))
+    """Demšar's critical-difference diagram: average ranks on an axis, tie groups as bars under it, and every
+    label below all bars, outside the axis, so no bar crosses a label."""
+    ranks = dict(sorted(friedman["average_ranks"].items(), key=lambda kv: (kv[1], kv[0])))
     cd, k = float(friedman["critical_difference"]), int(friedman["k"])
     names, values = list(ranks), np.array(list(ranks.values()))
+    groups = [g for g in tie_groups(ranks, cd) if len(g) > 1]
     half = (len(names) + 1) // 2
-    fig, ax = plt.subplots(figsize=(8, 1.6 + 0.32 * half))
-    ax.set_xlim(0.5, k + 0.5)
-    ax.set_ylim(-(half + 1.5), 1.6)
+    bar_step, label_step = 0.22, 0.42
+    top_label = -0.35 - bar_step * len(groups) - 0.3
+    fig, ax = plt.subplots(figsize=(9, 1.8 + 0.22 * len(groups) + 0.3 * half))
+    ax.set_xlim(1, k)
+    ax.set_ylim(top_label - label_step * half - 0.2, 1.5)
     ax.hlines(0, 1, k, color="black")
     for r in range(1, k + 1):
-        ax.vlines(r, 0, 0.15, color="black")
-        ax.text(r, 0.3, str(r), ha="center", fontsize=8)
-    ax.plot([1, 1 + cd], [1.1, 1.1], color="firebrick", lw=2)
-    ax.text(1 + cd / 2, 1.25, f"CD = {cd:.2f}", ha="center", fontsize=8, color="firebrick")
+        ax.vlines(r, 0, 0.12, color="black")
+        ax.text(r, 0.22, str(r), ha="center", fontsize=8)
+    ax.plot([1, 1 + cd], [1.0, 1.0], color="firebrick", lw=2)
+    ax.text(1 + cd / 2, 1.12, f"CD = {cd:.2f}", ha="center", fontsize=8, color="firebrick")
+    for depth, group in enumerate(groups):
+        y = -0.35 - bar_step * depth
+        ax.hlines(y, ranks[group[0]] - 0.04, ranks[group[-1]] + 0.04, color="black", lw=3)
     for i, (label, rank) in enumerate(zip(names, values, strict=True)):
         left = i < half
-        y = -(i + 1) * 0.7 if left else -(len(names) - i) * 0.7
-        x_text = 0.55 if left else k + 0.45
-        ax.plot([rank, rank, x_text], [0, y, y], color="dimgray", lw=0.8)
-        ax.text(x_text, y + 0.08, f"{label} ({rank:.2f})", ha="left" if left else "right", fontsize=8)
-    cliques = []
-    for i in range(len(values)):
-        j = int(np.searchsorted(values, values[i] + cd, side="right")) - 1
-        if j > i and not any(a <= i and j <= b for a, b in cliques):
-            cliques.append((i, j))
-    for depth, (a, b) in enumerate(cliques, start=1):
-        ax.hlines(-0.15 - 0.18 * depth, values[a] - 0.03, values[b] + 0.03, color="black", lw=3)
+        y = top_label - label_step * (i if left else len(names) - 1 - i)
+        x_end = 1 - 0.15 * (k / 10) if left else k + 0.15 * (k / 10)
+        ax.plot([rank, rank, x_end], [0, y, y], color="dimgray", lw=0.8, clip_on=False)
+        text = f"{label} ({rank:.2f}) " if left else f" {label} ({rank:.2f})"
+        ax.text(x_end, y, text, ha="right" if left else "left", va="center", fontsize=8, clip_on=False)
     ax.axis("off")
-    ax.set_title(f"Critical difference (Nemenyi, α = {friedman.get('alpha', 0.05)}) — {name}", fontsize=10)
+    ax.set_title(f"Critical difference (Nemenyi, α = {friedman.get('alpha', 0.05)}) — {name}", fontsize=10, pad=14)
     return _png(fig)
 
 
-def fallback_figure(run: Run) -> bytes:
-    """Share of passages where a strategy selected no token and fell back to the mean (over all cells)."""
-    rates: dict[str, list[float]] = defaultdict(list)
-    for cell in run.cells:
-        if cell.probe == PRIMARY_PROBE:
-            rates[cell.strategy].append(float(cell.fallback_rate))
-    strategies = sorted(rates)
-    means = [float(np.mean(rates[s])) for s in strategies]
-    fig, ax = plt.subplots(figsize=(1.5 + 0.6 * len(strategies), 3.6))
-    ax.bar(strategies, means, color=["firebrick" if m > 0.5 else "steelblue" for m in means])
-    ax.axhline(0.5, color="firebrick", ls="--", lw=1, label="flag threshold (50%)")
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("mean fallback rate")
-    ax.tick_params(axis="x", rotation=45)
-    ax.legend(fontsize=7)
-    ax.set_title(f"Fallback rates — {run.name}")
+def fallback_figure(run: Run) -> bytes | None:
+    """Fallback rate per (strategy, concept) cell at the strategy's chosen layer, as the leaderboard flags it;
+    cells above 50% boxed in red. None when no strategy fell back anywhere."""
+    rows = [r for r in run.leaderboard["strategies"]
+            if any(v.get("fallback_rate", 0) > 0 for v in r["per_concept"].values())]
+    if not rows:
+        return None
+    rows.sort(key=lambda r: r["strategy"])
+    concepts = sorted({c for r in run.leaderboard["strategies"] for c in r["per_concept"]})
+    grid = np.array([[r["per_concept"].get(c, {}).get("fallback_rate", np.nan) for c in concepts] for r in rows])
+    fig, ax = plt.subplots(figsize=(2.5 + 0.62 * len(concepts), 1.4 + 0.42 * len(rows)))
+    im = ax.imshow(grid, cmap="Greys", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(concepts)), concepts, rotation=45, ha="right")
+    ax.set_yticks(range(len(rows)), [f"{r['strategy']} (L{r['best_layer']})" for r in rows])
+    for i in range(len(rows)):
+        for j in range(len(concepts)):
+            v = grid[i, j]
+            if not np.isfinite(v):
+                continue
+            flagged = v > FALLBACK_FLAG_RATE
+            ax.text(j, i, f"{100 * v:.0f}", ha="center", va="center", fontsize=7,
+                    color="firebrick" if flagged else ("white" if v > 0.45 else "black"),
+                    fontweight="bold" if flagged else "normal")
+            if flagged:
+                ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, ec="firebrick", lw=2))
+    fig.colorbar(im, ax=ax, label="fallback rate (share of passages)")
+    ax.set_title(f"Fallback rate (%) per cell; red box: above {FALLBACK_FLAG_RATE:.0%} — {run.name}", fontsize=10)
     return _png(fig)
-
-
-def scorer_records(results: dict) -> list[ScorerValidity]:
-    """Classifier-B validity records (results["scorers"], a list or a dict by concept) that carry an AUROC."""
-    found = results.get("scorers") or results.get("scorer_validity") or []
-    if isinstance(found, dict):
-        found = list(found.values())
-    records = [ScorerValidity.from_dict(r) for r in found if isinstance(r, dict)]
-    return [r for r in records if r.heldout_auroc is not None]
 
 
 def scorer_figure(run: Run, records: list[ScorerValidity]) -> bytes:
@@ -225,7 +426,7 @@ def scorer_figure(run: Run, records: list[ScorerValidity]) -> bytes:
     bar = records[0].min_auroc
     if bar is not None:
         ax.axhline(bar, color="firebrick", ls="--", lw=1, label=f"min AUROC {bar}")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     ax.set_ylim(0.4, 1.02)
     ax.set_ylabel("held-out AUROC")
     ax.tick_params(axis="x", rotation=45)
@@ -233,82 +434,340 @@ def scorer_figure(run: Run, records: list[ScorerValidity]) -> bytes:
     return _png(fig)
 
 
-def run_figures(run: Run, index: int) -> tuple[list[Figure], list[str]]:
-    """Every figure this run's data supports, plus a note for each section it cannot fill."""
-    tag = f"run{index}"
-    figures = [Figure(f"{tag}-heatmap", f"D1 heatmap (concept × strategy) — {run.name}", heatmap_figure(run)),
-               Figure(f"{tag}-layers", f"Layer curves per strategy — {run.name}", layer_curve_figure(run))]
-    notes = []
-    if run.d2:
-        figures.append(Figure(f"{tag}-alpha", f"D2 α curves — {run.name}", alpha_figure(run, run.d2)))
-    else:
-        notes.append("No D2 results in this run: α curves are not drawn.")
-    friedman = (run.results.get("reliability") or {}).get("friedman")
-    if friedman and friedman.get("average_ranks"):
-        figures.append(Figure(f"{tag}-cd", f"Critical-difference diagram — {run.name}", cd_figure(friedman, run.name)))
-    else:
-        reason = (run.results.get("reliability") or {}).get("skipped", "no Friedman test in results.json")
-        notes.append(f"No critical-difference diagram: {reason}.")
-    figures.append(Figure(f"{tag}-fallback", f"Fallback rates — {run.name}", fallback_figure(run)))
-    if run.scorers:
-        figures.append(Figure(f"{tag}-scorer", f"Scorer validity — {run.name}", scorer_figure(run, run.scorers)))
-    else:
-        notes.append("No scorer (classifier B) records in this run: validity is not drawn.")
-    return figures, notes
+# ---- tables -------------------------------------------------------------------------------------------------
 
 
-def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    return "—" if value is None else str(value)
+def _num(value: object, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and not np.isfinite(value)):
+        return "—"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def reliability_table(run: Run) -> str:
-    """The leaderboard's per-strategy columns, including any reliability columns the run added."""
-    rows = run.leaderboard["strategies"]
-    extra = sorted({k for r in rows for k, v in r.items()
-                    if k not in _SHOWN_COLUMNS and isinstance(v, (int, float)) and not isinstance(v, bool)})
-    columns = [c for c in _SHOWN_COLUMNS if any(c in r for r in rows)] + extra
+def _ci(value: object, low: object, high: object, digits: int = 3) -> str:
+    """A number with its interval, "0.912 [0.880, 0.944]"; the bare number when the run kept no interval."""
+    if low is None or high is None:
+        return _num(value, digits)
+    return f"{_num(value, digits)} [{_num(low, digits)}, {_num(high, digits)}]"
+
+
+def _table(columns: Sequence[str], rows: Sequence[Sequence[str]], css: str = "", flags: Sequence[str] = ()) -> str:
+    """An HTML table of already formatted strings; `flags[i]`, when given, is a class for row i."""
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(_fmt(r.get(c)))}</td>" for c in columns) + "</tr>"
-                   for r in sorted(rows, key=lambda r: -r["mean_d1"]))
-    return f'<table class="reliability"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    body = "".join((f'<tr class="{flags[i]}">' if i < len(flags) and flags[i] else "<tr>")
+                   + "".join(f"<td>{html.escape(v)}</td>" for v in row) + "</tr>" for i, row in enumerate(rows))
+    return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1400px;color:#222}
-figure{margin:1.5em 0}img{display:block;max-width:100%;height:auto}figcaption{font-size:.9em;color:#555}
-table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:right}
-.note{color:#8a5a00}"""
+def _mean_of(values: Sequence[float | int | None]) -> float | None:
+    kept = [float(v) for v in values if v is not None]
+    return float(np.mean(kept)) if kept else None
+
+
+def leaderboard_table(run: Run) -> str:
+    """Per strategy: mean D1 with its CI over concepts, tie group letters, win rate, average rank and the
+    reliability columns (means over concepts at the chosen layer)."""
+    cells = _primary_cells(run)
+    friedman = _friedman(run)
+    letters = group_letters(tie_groups(friedman["average_ranks"], float(friedman["critical_difference"]))) \
+        if friedman else {}
+    rows = []
+    for r in sorted(run.leaderboard["strategies"], key=lambda r: r["rank"]):
+        chosen = [cells.get((r["strategy"], int(r["best_layer"]), c)) for c in r["per_concept"]]
+        chosen = [c for c in chosen if c is not None]
+        mean, low, high = mean_t_interval([v["auroc"] for v in r["per_concept"].values()])
+        rows.append([str(r["rank"]), r["strategy"], r.get("family", "—"), _ci(mean, low, high),
+                     _num(r["mean_cv_auroc"]), str(r["best_layer"]), _num(r.get("win_rate")),
+                     _num(r.get("average_rank"), 2), letters.get(r["strategy"], "—"),
+                     _num(_mean_of([c.seed_std for c in chosen]), 4), _num(_mean_of([c.selectivity for c in chosen])),
+                     _num(_mean_of([c.mdl_compression for c in chosen]), 2),
+                     ", ".join(r.get("fallback_flagged_concepts") or []) or "—"])
+    columns = ("rank", "strategy", "family", "mean D1 [95% CI]", "mean CV", "layer", "win rate", "avg rank",
+               "tie group", "seed σ", "selectivity", "MDL", ">50% fallback")
+    return _table(columns, rows, "leaderboard")
+
+
+def _friedman(run: Run) -> dict | None:
+    friedman = (run.results.get("reliability") or {}).get("friedman") or run.leaderboard.get("friedman")
+    return friedman if friedman and friedman.get("average_ranks") else None
+
+
+def friedman_html(run: Run) -> str:
+    friedman = _friedman(run)
+    if not friedman:
+        reason = (run.results.get("reliability") or {}).get("skipped", "no Friedman test in results.json")
+        return f'<p class="note">No Friedman test: {html.escape(reason)}.</p>'
+    p = friedman.get("p_value")
+    return (f"<p>Friedman χ² = {_num(friedman.get('statistic'), 1)} over {friedman.get('n_units')} (concept × layer) "
+            f"units and k = {friedman.get('k')} strategies: <b>p = {'—' if p is None else f'{p:.3g}'}</b>; "
+            f"Nemenyi critical difference CD = {_num(friedman.get('critical_difference'), 3)} at "
+            f"α = {friedman.get('alpha', 0.05)}.</p>")
+
+
+def d2_table(records: Sequence[D2Record]) -> str:
+    rows, flags = [], []
+    for r in sorted(records, key=lambda r: (r.concept, r.strategy, r.layer)):
+        null = r.status == "null"
+        rows.append([r.concept, r.strategy, str(r.layer), r.selected_because or "—",
+                     f"null: {r.null_reason}" if null else "ok", _num(r.alpha_star, 3),
+                     _ci(r.d2_delta, r.d2_delta_ci_low, r.d2_delta_ci_high), _ci(r.scp, r.scp_ci_low, r.scp_ci_high),
+                     _num(r.fluency_ratio), _num(r.relevance),
+                     _ci(r.prompted_delta, r.prompted_delta_ci_low, r.prompted_delta_ci_high),
+                     str(r.n_prompts), _num(r.scorer_heldout_auroc)])
+        flags.append("null" if null else "")
+    columns = ("concept", "strategy", "layer", "chosen as", "status", "α*", "Δ(α*) [95% CI]", "SCP [95% CI]",
+               "fluency ratio", "relevance", "prompted Δ [95% CI]", "prompts", "scorer AUROC")
+    return _table(columns, rows, "d2", flags)
+
+
+def d2_summary(records: Sequence[D2Record]) -> str:
+    """The sentences a reader should not have to count out of the table."""
+    ok = [r for r in records if r.status == "ok"]
+    zero = sum(1 for r in ok if r.alpha_star == 0)
+    excl = sum(1 for r in ok if r.d2_delta_ci_low is not None and (r.d2_delta_ci_low > 0 or r.d2_delta_ci_high < 0))
+    scp = sum(1 for r in ok if r.scp_ci_low is not None and r.scp_ci_low > 0)
+    return (f"<p>{len(records)} steering cells, {len(records) - len(ok)} with a null steering vector. α* = 0 (no "
+            f"steering strength beat the unsteered text on the selection half) in <b>{zero} of {len(ok)}</b>; "
+            f"Δ(α*)'s CI excludes 0 in <b>{excl} of {len(ok)}</b>; SCP's CI lies above 0 in "
+            f"<b>{scp} of {len(ok)}</b>.</p>")
+
+
+def d3_table(records: Sequence[D3Record]) -> str:
+    rows, flags = [], []
+    for r in sorted(records, key=lambda r: (r.concept, r.strategy, r.layer, r.relation)):
+        disent = "null" if r.disent is None else _num(r.disent)
+        if r.disent is not None and r.disent_raw is not None and r.disent_raw != r.disent:
+            disent += f" (raw {_num(r.disent_raw)})"
+        rows.append([r.concept, r.strategy, str(r.layer), f"{r.neighbour} ({r.relation})", _num(r.alpha_star),
+                     _ci(r.delta_a, r.delta_a_ci_low, r.delta_a_ci_high),
+                     _ci(r.delta_b, r.delta_b_ci_low, r.delta_b_ci_high), disent, _num(r.d3_rep),
+                     r.disent_null_reason or r.neighbour_vector_null_reason or "—"])
+        flags.append("null" if r.disent is None else "")
+    columns = ("concept", "strategy", "layer", "neighbour", "α*", "Δ_A [95% CI]", "Δ_B [95% CI]", "Disent",
+               "D3_rep", "why null")
+    nulls = sum(1 for r in records if r.disent is None)
+    return (f"<p>Disent is null in <b>{nulls} of {len(records)}</b> (concept, neighbour) records.</p>"
+            + _table(columns, rows, "d3", flags))
+
+
+def scorer_table(records: Sequence[ScorerValidity]) -> str:
+    rows = [[r.concept, _ci(r.heldout_auroc, r.heldout_auroc_ci_low, r.heldout_auroc_ci_high),
+             _num(r.heldout_accuracy), f"{_num(r.n_train)} / {_num(r.n_heldout)}", _num(r.min_auroc, 2),
+             {True: "yes", False: "NO"}.get(r.valid, "—"), r.encoder or "—"]
+            for r in sorted(records, key=lambda r: r.concept)]
+    return _table(("concept", "held-out AUROC [95% CI]", "accuracy", "train / held-out", "bar", "valid", "encoder"),
+                  rows, "scorers", ["null" if r[5] == "NO" else "" for r in rows])
+
+
+def strategy_table(run: Run) -> str:
+    specs = run.results.get("strategies") or []
+    if not specs:
+        return '<p class="note">results.json lists no strategy specs.</p>'
+    rows = [[s["id"], s.get("family") or "—", s.get("supervision") or "—", ", ".join(s.get("needs") or []) or "—",
+             s.get("description") or "—"] for s in specs]
+    return _table(("id", "family", "supervision", "needs", "definition"), rows, "defs")
+
+
+def per_concept_html(run: Run) -> str:
+    """Per concept, every strategy's D1 with its CI at the strategy's chosen layer, with the cell's
+    reliability columns; one collapsible block per concept, hardest concept first."""
+    cells = _primary_cells(run)
+    by_concept: dict[str, list[tuple[dict, dict]]] = defaultdict(list)
+    for row in run.leaderboard["strategies"]:
+        for concept, v in row["per_concept"].items():
+            by_concept[concept].append((row, v))
+    parts = []
+    for concept in sorted(by_concept, key=lambda c: (np.median([v["auroc"] for _, v in by_concept[c]]), c)):
+        entries = sorted(by_concept[concept], key=lambda e: -e[1]["auroc"])
+        rows, flags = [], []
+        for row, v in entries:
+            c = cells.get((row["strategy"], int(row["best_layer"]), concept))
+            seed = "—" if c is None or c.seed_mean is None else f"{c.seed_mean:.3f} ± {_num(c.seed_std, 4)}"
+            rows.append([row["strategy"], str(row["best_layer"]), _ci(v["auroc"], v["ci_low"], v["ci_high"]),
+                         _num(v["cv_auroc"]), seed, _num(None if c is None else c.selectivity),
+                         _num(None if c is None else c.mdl_compression, 2), f"{100 * v.get('fallback_rate', 0):.0f}%"])
+            flags.append("null" if v["ci_low"] <= 0.5 else ("flag" if v.get("fallback_rate", 0) > FALLBACK_FLAG_RATE
+                                                             else ""))
+        n = next((c for c in run.cells if c.concept == concept and c.probe == PRIMARY_PROBE), None)
+        size = "" if n is None or n.n_train is None else f" · {n.n_train} train / {n.n_test} test passages"
+        best = entries[0]
+        parts.append(
+            f"<details><summary><b>{html.escape(concept)}</b> — best {html.escape(best[0]['strategy'])} "
+            f"{best[1]['auroc']:.3f}, median {np.median([v['auroc'] for _, v in entries]):.3f}{size}</summary>"
+            + _table(("strategy", "layer", "D1 [95% CI]", "CV", "seed mean ± σ", "selectivity", "MDL", "fallback"),
+                     rows, "concept", flags) + "</details>")
+    return "".join(parts)
+
+
+def run_summary(run: Run) -> str:
+    res, model, config = run.results, run.results.get("model") or {}, run.results.get("config") or {}
+    concepts = sorted({c.concept for c in run.cells})
+    first = {c.concept: c for c in reversed(run.cells) if c.probe == PRIMARY_PROBE}
+    n_train = sum(c.n_train or 0 for c in first.values())
+    n_test = sum(c.n_test or 0 for c in first.values())
+    seeds = next((len(c.seed_cv_aurocs) for c in run.cells if c.seed_cv_aurocs), None)
+    timing = res.get("timing") or {}
+    runtime = " · ".join(f"{k.removesuffix('_s').replace('_', ' ')} {v / 60:.1f} min" for k, v in timing.items()
+                         if isinstance(v, (int, float)))
+    corpus = res.get("corpus") or {}
+    items = [
+        ("model", f"{model.get('model_id', run.name)} ({model.get('kind', '?')}, {model.get('n_layers', '?')} layers, "
+                  f"d = {model.get('hidden_size', '?')}, {model.get('dtype', '?')} on {model.get('device', '?')})"),
+        ("layers probed", ", ".join(str(L) for L in res.get("layers") or sorted({c.layer for c in run.cells}))),
+        ("strategies", str(len({c.strategy for c in run.cells}))),
+        ("concepts", f"{len(concepts)}: {', '.join(concepts)}"),
+        ("passages", f"{n_train} train + {n_test} test over all concepts (corpus {corpus.get('source', '?')}, "
+                     f"size {corpus.get('size', '?')}, hash {str(corpus.get('hash', ''))[:12]})"),
+        ("folds / bootstrap", f"{config.get('n_folds', '?')}-fold pair-grouped CV; "
+                              f"{config.get('n_bootstrap', '?')} bootstrap resamples for every CI"),
+        ("seeds", f"seed {res.get('seed', config.get('seed', '?'))}"
+                  + (f"; {seeds} fold-shuffle seeds for seed σ" if seeds else "")),
+        ("runtime", runtime or "—"),
+        ("provenance", f"git {str(res.get('git_hash', ''))[:10]} · {res.get('date', '')} · store "
+                       f"{res.get('store', '')}"),
+    ]
+    return "<dl>" + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items) + "</dl>"
+
+
+# ---- the page -----------------------------------------------------------------------------------------------
+
+HOW_TO_READ = {
+    "summary": "What ran: the model, the layers probed, how many passages every D1 cell saw, how the statistics "
+               "were drawn and how long it took.",
+    "leaderboard": "Strategies in order of mean D1: the held-out test AUROC at each strategy's layer (chosen on "
+                   "training CV, never on the test split), averaged over concepts; its 95% CI is a t-interval "
+                   "over concepts. <b>rank</b> orders that mean. <b>avg rank</b> is the Friedman average rank over "
+                   "every (concept, layer) unit, all layers, so a strategy that is best at its one chosen layer "
+                   "but middling elsewhere has a good rank and a worse average rank. Strategies that share a "
+                   "<b>tie group</b> letter have average ranks within the critical difference: the Nemenyi test "
+                   "cannot tell them apart. Seed σ (spread of CV AUROC over fold shuffles), selectivity (CV AUROC "
+                   "above a control task of random pair labels) and MDL (compression of the labels; above 1 means "
+                   "learnable from few examples) are means over concepts at the chosen layer.",
+    "cd": "Average ranks on the axis (1 is best). Each black bar joins strategies whose ranks differ by less "
+          "than the critical difference (red): within a bar, no difference is significant.",
+    "heatmap": "Held-out D1 per concept and strategy at the strategy's chosen layer; 0.5 is chance. The CIs are "
+               "in the per-concept tables below.",
+    "layers": "One panel per family. A line is a strategy's mean CV AUROC over concepts at each layer, the band "
+              "its 95% t-interval over concepts; the ring marks the layer the leaderboard uses.",
+    "fallback": "The share of passages in which a strategy selected no token and fell back to the mean, per "
+                "concept at the chosen layer. Boxed cells pass 50%: there the strategy is mostly A1_mean. "
+                "Strategies that never fell back are left out.",
+    "per_concept": "Click a concept (hardest first) for every strategy's D1 with its 95% pair-bootstrap CI at "
+                   "the strategy's layer. Grey rows: the CI reaches 0.5 (not above chance); amber rows: more "
+                   "than half the passages fell back.",
+    "d2": "Each row steers a concept's text with a strategy's DiffMean vector. α* maximises the harmonic mean of "
+          "score, fluency and relevance on one half of the prompts; Δ(α*) is the score gain over α = 0 on the "
+          "other half, with its CI; SCP is Spearman ρ(α, score) over all generations. Fluency ratio (perplexity "
+          "against α = 0; guard ≤ 2) and relevance are at α*. Prompted Δ is what an instruction prefix achieves "
+          "without steering: steering earns its keep when Δ(α*) beats it.",
+    "alpha": "Mean concept score on the report half at each α, with 95% intervals from resampling prompts; the "
+             "star is α*. A flat line means steering did not move the scorer.",
+    "d3": "Steering toward a concept, read by a neighbour's scorer: Disent = 1 − Δ_B/Δ_A, 1 when only the target "
+          "moved. It is null when Δ_A's CI includes 0 (nothing to compare against); LD is a distant neighbour, "
+          "LC a close one. D3_rep is the cosine of the two concepts' steering vectors.",
+    "scorers": "Classifier B per concept: held-out AUROC with its CI; below the bar a scorer is refused.",
+    "defs": "What each strategy pools, as the run's registry defined it.",
+}
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1500px;color:#222}
+h3{margin-top:2em;border-bottom:1px solid #ddd}
+figure{margin:1em 0}img{display:block;max-width:100%;height:auto}figcaption{font-size:.9em;color:#555}
+table{border-collapse:collapse;font-size:.82em;margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;
+text-align:right;white-space:nowrap}td:first-child,td:nth-child(2),th{text-align:left}
+table.defs td{text-align:left;white-space:normal}
+tr.null td{color:#888;background:#f4f4f4}tr.flag td{background:#fff3d6}
+.how{background:#eef4fb;border-left:4px solid #6a9fd4;padding:.4em .8em;font-size:.9em;max-width:70em}
+.note{color:#8a5a00}dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}dt{font-weight:bold}
+dd{margin:0}details{margin:.3em 0}summary{cursor:pointer}"""
+
+
+def _how(key: str) -> str:
+    return f'<p class="how"><b>How to read this.</b> {HOW_TO_READ[key]}</p>'
+
+
+def _figure_html(fig: Figure) -> str:
+    data = base64.b64encode(fig.png).decode("ascii")
+    return (f'<figure><img data-figure="{fig.fig_id}" alt="{html.escape(fig.caption)}" '
+            f'src="data:image/png;base64,{data}"><figcaption>{html.escape(fig.caption)}</figcaption></figure>')
+
+
+def run_section(run: Run, index: int) -> tuple[str, list[Figure]]:
+    """One run's part of the page, in reading order, and its figures."""
+    tag, figures, parts = f"run{index}", [], []
+
+    def figure(suffix: str, caption: str, png: bytes) -> None:
+        fig = Figure(f"{tag}-{suffix}", f"{caption} — {run.name}", png)
+        figures.append(fig)
+        parts.append(_figure_html(fig))
+
+    def note(text: str) -> None:
+        parts.append(f'<p class="note">{html.escape(text)}</p>')
+
+    parts += [f"<section><h2>{html.escape(run.name)}</h2>", "<h3>Run summary</h3>", _how("summary"),
+              run_summary(run), "<h3>Leaderboard</h3>", _how("leaderboard"), friedman_html(run),
+              leaderboard_table(run)]
+    friedman = _friedman(run)
+    if friedman:
+        parts += ["<h3>Critical difference</h3>", _how("cd")]
+        figure("cd", "Critical-difference diagram", cd_figure(friedman, run.name))
+    else:
+        note("No critical-difference diagram: no Friedman test in this run.")
+    parts += ["<h3>D1 per concept and strategy</h3>", _how("heatmap")]
+    figure("heatmap", "D1 heatmap (concept × strategy)", heatmap_figure(run))
+    parts += ["<h3>Layer curves</h3>", _how("layers")]
+    figure("layers", "Layer curves per family, 95% t-interval over concepts", layer_curve_figure(run))
+    parts += ["<h3>Fallback rates</h3>", _how("fallback")]
+    png = fallback_figure(run)
+    if png is None:
+        note("No strategy fell back to the mean on any passage.")
+    else:
+        figure("fallback", "Fallback rate per (strategy, concept) cell", png)
+    parts += ["<h3>Per concept</h3>", _how("per_concept"), per_concept_html(run)]
+
+    parts.append("<h3>D2: steering</h3>")
+    if run.d2:
+        parts += [_how("d2"), d2_summary(run.d2), d2_table(run.d2)]
+        curves = [r for r in run.d2 if r.per_alpha]
+        if curves:
+            parts.append(_how("alpha"))
+            if run.alpha_ci_note:
+                note(run.alpha_ci_note)
+            figure("alpha", "D2 α curves (report half" + (", 95% intervals)" if run.alpha_ci else ")"),
+                   alpha_figure(run, curves))
+    else:
+        note("No D2 results in this run (it ran with --no-steering, or predates steering): no table, no α curves.")
+    parts.append("<h3>D3: disentanglement</h3>")
+    if run.d3:
+        parts += [_how("d3"), d3_table(run.d3)]
+    else:
+        note("No D3 results in this run.")
+    parts.append("<h3>Scorer validity</h3>")
+    valid = [s for s in run.scorers if s.heldout_auroc is not None]
+    if valid:
+        parts += [_how("scorers"), scorer_table(valid)]
+        figure("scorer", "Scorer (classifier B) validity", scorer_figure(run, valid))
+    else:
+        note("No scorer (classifier B) records in this run: validity is not drawn.")
+    parts += ["<h3>Strategy definitions</h3>", _how("defs"), strategy_table(run), "</section>"]
+    return "".join(parts), figures
 
 
 def render_report(runs: list[Run]) -> tuple[str, list[Figure]]:
     """The HTML page and the figures in it (each <img> carries data-figure=<fig_id>)."""
-    parts, all_figures = [], []
+    sections, all_figures = [], []
     for i, run in enumerate(runs):
-        figures, notes = run_figures(run, i)
+        body, figures = run_section(run, i)
+        sections.append(body)
         all_figures += figures
-        res = run.results
-        meta = (f"model {html.escape(run.name)} · corpus {html.escape(str(res.get('corpus', {}).get('hash', ''))[:12])}"
-                f" · git {html.escape(str(res.get('git_hash', ''))[:10])} · {html.escape(str(res.get('date', '')))}")
-        parts.append(f"<section><h2>{html.escape(run.name)}</h2><p>{meta}</p>")
-        parts.append("<h3>Leaderboard and reliability</h3>" + reliability_table(run))
-        for fig in figures:
-            data = base64.b64encode(fig.png).decode("ascii")
-            parts.append(f'<figure><img data-figure="{fig.fig_id}" alt="{html.escape(fig.caption)}" '
-                         f'src="data:image/png;base64,{data}"><figcaption>{html.escape(fig.caption)}</figcaption>'
-                         "</figure>")
-        parts += [f'<p class="note">{html.escape(n)}</p>' for n in notes]
-        parts.append("</section>")
     page = ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>PoolBench report</title>"
-            f"<style>{_STYLE}</style></head><body><h1>PoolBench report</h1>{''.join(parts)}</body></html>")
+            f"<style>{_STYLE}</style></head><body><h1>PoolBench report</h1>{''.join(sections)}</body></html>")
     return page, all_figures
 
 
-def write_report(run_dir: Path, out: Path) -> list[Figure]:
+def write_report(run_dir: Path, out: Path, store: str | None = None) -> list[Figure]:
     """Render the report for `run_dir` into `out` (written whole, then renamed)."""
-    page, figures = render_report(load_runs(run_dir))
+    page, figures = render_report(load_runs(run_dir, store))
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(page, encoding="utf-8")
-    tmp.replace(out)
+    write_text_atomic(out, page)
     return figures

@@ -60,9 +60,9 @@ def test_scp_bootstrap_keeps_degenerate_replicates():
     out = scp(alphas, scores, n_bootstrap=1000, seed=0)
     cols = np.random.default_rng(0).integers(0, 6, size=(1000, 6))
     missing = int(np.sum(~(cols == 0).any(axis=1)))
+    assert out["scp_ci_low"] == 0.0 < out["scp"] <= out["scp_ci_high"]
     assert out["scp_degenerate_replicates"] == missing and out["scp_n_bootstrap"] == 1000
     assert 1000 * (5 / 6) ** 6 - 45 < missing < 1000 * (5 / 6) ** 6 + 45  # 3 binomial sigma
-    assert out["scp_ci_low"] == 0.0 < out["scp"] <= out["scp_ci_high"]
     summary = d2_summary(alphas, scores, np.ones((6, 6)), np.ones((6, 6)), np.full((6, 6), 0.5),
                          n_bootstrap=1000, seed=0)
     assert summary["scp_degenerate_replicates"] == missing

@@ -79,15 +79,16 @@ def test_seed_spread_first_seed_is_d1_cv_auroc():
 
 def test_seed_zero_reproduces_d1_exactly():
     # One probe: D1's logistic and every reliability statistic fit the same Newton estimator from scratch, so
-    # the reliability's first seed is D1's cv_auroc to the last bit, fold by fold.
-    X, y, g, ids = paired_cell(40, 48, 0.7, seed=11)
-    Xt, yt, gt, _ = paired_cell(20, 48, 0.7, seed=12, prefix="t")
-    d1 = evaluate_d1(X, y, g, Xt, yt, gt, seed=4, n_bootstrap=10, probes=("logistic",))["logistic"]
-    stats = cell_reliability(X, y, g, ids, Xt, yt, gt, seed=4)
-    assert stats["seed_cv_aurocs"][0] == d1.cv_auroc
+    # the reliability's first seed is D1's cv_auroc to the last bit. On this cell lbfgs at tol 1e-4 stopped
+    # short of the optimum: D1 said 0.6109375 where the optimum's folds give 0.6125.
+    X, y, g, ids = paired_cell(80, 64, 0.7, seed=0)
+    Xt, yt, gt, _ = paired_cell(40, 64, 0.7, seed=100, prefix="t")
+    d1 = evaluate_d1(X, y, g, Xt, yt, gt, seed=0, n_bootstrap=10, probes=("logistic",))["logistic"]
+    stats = cell_reliability(X, y, g, ids, Xt, yt, gt, seed=0)
+    assert stats["seed_cv_aurocs"][0] == d1.cv_auroc == 0.6125
     assert stats["selectivity"] == d1.cv_auroc - stats["control_cv_auroc"]
-    spread = seed_spread(X, y, g, seed=4, n_seeds=2)
-    assert spread.cv_aurocs[0] == cv_auroc(X, y, g, "logistic", seed=4).auroc == d1.cv_auroc
+    spread = seed_spread(X, y, g, seed=0, n_seeds=2)
+    assert spread.cv_aurocs[0] == cv_auroc(X, y, g, "logistic", seed=0).auroc == d1.cv_auroc
 
 
 def test_control_labels_hand_computed():
@@ -214,19 +215,20 @@ def test_mdl_compression_rises_with_signal_and_is_one_without():
     # 160 passages, 256 dimensions (more features than passages, as in every embedded cell). Compression must
     # rise with the planted signal, sit at 1 (nothing to compress) without one, exceed 1 wherever the probe
     # decodes the concept, and no block may cost much more than the uniform code's 1 bit a label.
-    compressions = []
+    codes, decoded = [], []
     for shift in (0.0, 1.0, 2.0, 3.0, 4.0):
         X, y, g, _ = paired_cell(80, 256, shift, seed=1)
-        code = online_codelength(X, y, g, seed=0)
+        codes.append(online_codelength(X, y, g, seed=0))
+        decoded.append(cv_auroc(X, y, g).auroc > 0.65)
+    compressions = [code.compression for code in codes]
+    assert compressions[0] == pytest.approx(1.0, abs=0.01)
+    assert all(a < b for a, b in itertools.pairwise(compressions))
+    assert all(c > 1.03 for c, d in zip(compressions, decoded, strict=True) if d) and sum(decoded) >= 4
+    assert compressions[-1] > 1.5
+    for code in codes:
         per_label = np.array(code.block_bits) / np.diff(np.r_[0, code.block_ends])
         assert code.block_ends[0] == 16 and per_label[0] == 1.0
         assert per_label.max() < 1.05
-        if cv_auroc(X, y, g).auroc > 0.65:
-            assert code.compression > 1.03
-        compressions.append(code.compression)
-    assert compressions[0] == pytest.approx(1.0, abs=0.01)
-    assert all(a < b for a, b in itertools.pairwise(compressions))
-    assert compressions[-1] > 1.5
 
 
 def test_win_rate_hand_computed():
@@ -287,9 +289,9 @@ def test_friedman_judges_each_strategy_at_its_cv_chosen_layer():
             records.append({"concept": c, "layer": L, "strategy": "C", "test_auroc": 0.70 + noise,
                             "cv_auroc": 0.8 - 0.1 * L})
     out = across_cells(records)
-    assert out["layers"] == {"A": 0, "B": 1, "C": 0}
     assert out["friedman"]["average_ranks"] == {"A": 3.0, "B": 1.0, "C": 2.0}
     assert out["win_rate"] == {"A": 0.0, "B": 1.0, "C": 0.5}
+    assert out["layers"] == {"A": 0, "B": 1, "C": 0}
     given = across_cells(records, layers={"A": 1, "B": 1, "C": 1})
     assert given["friedman"]["average_ranks"]["A"] == 1.0 and given["layers"]["A"] == 1
 

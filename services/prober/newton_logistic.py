@@ -110,7 +110,3 @@ class NewtonLogisticProbe(ClassifierMixin, BaseEstimator):
         p = expit(self.decision_function(X))
         return np.c_[1.0 - p, p]
 
-
-def newton_logistic(seed: int = 0) -> NewtonLogisticProbe:
-    """Probe factory (seed-free: the objective is convex and the solver deterministic)."""
-    return NewtonLogisticProbe()

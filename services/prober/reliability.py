@@ -88,8 +88,8 @@ def cv_chosen_layers(records: Iterable[dict], probe: str = RELIABILITY_PROBE) ->
         if rec.get("cv_auroc") is None:
             raise ProbeError(f"record of {rec['strategy']} at layer {rec['layer']} on {rec['concept']} has no "
                              "cv_auroc to choose its layer by")
-        scores.setdefault(rec["strategy"], {}).setdefault(int(rec["layer"]), {})[rec["concept"]] = \
-            float(rec["cv_auroc"])
+        by_layer = scores.setdefault(rec["strategy"], {})
+        by_layer.setdefault(int(rec["layer"]), {})[rec["concept"]] = float(rec["cv_auroc"])
     chosen = {}
     for strategy, layers in scores.items():
         concepts = set.intersection(*(set(c) for c in layers.values()))

@@ -50,6 +50,24 @@ def test_scp_bootstrap_over_prompts():
     assert out["scp_ci_low"] > 0.9
 
 
+def test_scp_bootstrap_keeps_degenerate_replicates():
+    # 6 alphas x 6 prompts = 36 generations; one generation (prompt 0 at the top alpha) carries the whole
+    # effect. A resample of prompts that misses prompt 0 has constant scores: it counts as rho = 0, so about
+    # (5/6)^6 = 33% of the replicates sit at 0 and the 95% CI starts at 0 instead of excluding it.
+    alphas = [0.0, 0.125, 0.25, 0.5, 1.0, 2.0]
+    scores = np.zeros((6, 6))
+    scores[5, 0] = 1.0
+    out = scp(alphas, scores, n_bootstrap=1000, seed=0)
+    cols = np.random.default_rng(0).integers(0, 6, size=(1000, 6))
+    missing = int(np.sum(~(cols == 0).any(axis=1)))
+    assert out["scp_ci_low"] == 0.0 < out["scp"] <= out["scp_ci_high"]
+    assert out["scp_degenerate_replicates"] == missing and out["scp_n_bootstrap"] == 1000
+    assert 1000 * (5 / 6) ** 6 - 45 < missing < 1000 * (5 / 6) ** 6 + 45  # 3 binomial sigma
+    summary = d2_summary(alphas, scores, np.ones((6, 6)), np.ones((6, 6)), np.full((6, 6), 0.5),
+                         n_bootstrap=1000, seed=0)
+    assert summary["scp_degenerate_replicates"] == missing
+
+
 def test_scp_constant_scores_is_none_not_nan():
     out = scp([0.0, 1.0], np.full((2, 3), 0.5), n_bootstrap=50)
     assert out["scp"] is None and out["scp_ci_low"] is None

@@ -10,12 +10,14 @@ import pytest
 from scipy.stats import norm
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
+from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from poolbench.errors import PoolBenchError
 from poolbench.prober.auroc import auroc, auroc_batch, bootstrap_auroc_ci, group_bootstrap_weights
 from poolbench.prober.d1 import ProbeError, cv_auroc, cv_splits, evaluate_d1
-from poolbench.prober.probes import DiffMeanProbe, make_probe
+from poolbench.prober.newton_logistic import NewtonLogisticProbe
+from poolbench.prober.probes import LOGISTIC_C, DiffMeanProbe, make_probe
 
 
 def paired_data(n_pairs: int, d: int, shift: float, seed: int, prefix: str = "p"):
@@ -114,14 +116,24 @@ def test_diffmean_probe_by_hand():
 
 
 def test_make_probe():
+    # One logistic probe: the exact Newton solver at LOGISTIC_C, for D1 and every reliability statistic.
     logistic = make_probe("logistic", seed=4)
-    scaler, lr = (step for _, step in logistic.steps)
-    assert isinstance(scaler, StandardScaler)
-    assert isinstance(lr, LogisticRegression)
-    assert (lr.C, lr.solver, lr.random_state, lr.l1_ratio) == (1.0, "lbfgs", 4, 0.0)
+    assert isinstance(logistic, NewtonLogisticProbe)
+    assert logistic.C == LOGISTIC_C == 1.0
     assert isinstance(make_probe("diffmean", 0), DiffMeanProbe)
     with pytest.raises(ProbeError, match="unknown probe 'svm'"):
         make_probe("svm", 0)
+
+
+def test_logistic_probe_is_scikit_learns_optimum():
+    # The Newton probe reaches the optimum scikit-learn's LogisticRegression reaches at a tight tolerance.
+    X_tr, y_tr, _ = paired_data(80, d=32, shift=1.0, seed=0)
+    X_te, y_te, _ = paired_data(40, d=32, shift=1.0, seed=1, prefix="t")
+    ours = make_probe("logistic").fit(X_tr, y_tr)
+    ref = make_pipeline(StandardScaler(), LogisticRegression(C=LOGISTIC_C, tol=1e-10, max_iter=10000))
+    ref.fit(X_tr, y_tr)
+    np.testing.assert_allclose(ours.decision_function(X_te), ref.decision_function(X_te), atol=1e-5)
+    assert auroc(ours.decision_function(X_te), y_te) == auroc(ref.decision_function(X_te), y_te)
 
 
 # --- the pair leak and the folds -------------------------------------------------------------------------

@@ -1,24 +1,35 @@
-"""Per-cell reliability: Newton probe and fast folds = sklearn's; selectivity, online MDL, win rate, speed."""
+"""Per-cell reliability: Newton probe and fast folds = sklearn's; selectivity, online MDL, win rate, speed;
+each statistic with a case where it should come out bad and does."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
 import numpy as np
 import pytest
+from scipy.special import expit
+from sklearn.decomposition import PCA
 from sklearn.dummy import DummyClassifier
+from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedGroupKFold
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 
-from poolbench.prober.d1 import cv_auroc, cv_splits
+from poolbench.prober.d1 import cv_auroc, cv_splits, evaluate_d1
 from poolbench.prober.fast_folds import stratified_group_splits
-from poolbench.prober.mdl import block_ends, online_codelength
+from poolbench.prober.mdl import block_ends, online_codelength, platt_scaling
 from poolbench.prober.newton_logistic import NewtonLogisticProbe
-from poolbench.prober.probes import make_logistic_probe
+from poolbench.prober.power import compare_configurations, mcnemar_pvalues
+from poolbench.prober.probes import LOGISTIC_C
 from poolbench.prober.reliability import across_cells, cell_reliability
 from poolbench.prober.seed_spread import seed_spread
-from poolbench.prober.selectivity import control_labels, selectivity, unit_hash
+from poolbench.prober.selectivity import control_labels, control_splits, selectivity, unit_hash
+from poolbench.prober.significance import nemenyi_critical_difference
 from poolbench.prober.win_rate import mean_win_rate
+from poolbench.records.d1 import D1CellRecord
+from poolbench.results.leaderboard import build_leaderboard
 
 
 def paired_cell(n_pairs: int, d: int, shift: float, seed: int, prefix: str = "p"):
@@ -40,7 +51,7 @@ def test_newton_probe_equals_sklearn_logistic(n, d):
     X[:, 0] += y
     X[:, 1] = 7.0  # a constant feature, as P2_first gives on a causal LM
     ours = NewtonLogisticProbe().fit(X, y)
-    ref = make_logistic_probe(0).set_params(logisticregression__tol=1e-10).fit(X, y)
+    ref = make_pipeline(StandardScaler(), LogisticRegression(C=LOGISTIC_C, tol=1e-10, max_iter=10000)).fit(X, y)
     np.testing.assert_allclose(ours.coef_, ref[-1].coef_[0], atol=1e-5)
     np.testing.assert_allclose(ours.decision_function(X), ref.decision_function(X), atol=1e-4)
 
@@ -68,6 +79,20 @@ def test_seed_spread_first_seed_is_d1_cv_auroc():
     assert spread.cv_aurocs[0] == pytest.approx(cv_auroc(X, y, g, "logistic", seed=7).auroc, abs=1e-9)
     assert spread.mean == pytest.approx(spread.cv_aurocs.mean())
     assert spread.std == pytest.approx(np.std(spread.cv_aurocs, ddof=1))
+
+
+def test_seed_zero_reproduces_d1_exactly():
+    # One probe: D1's logistic and every reliability statistic fit the same Newton estimator from scratch, so
+    # the reliability's first seed is D1's cv_auroc to the last bit. On this cell lbfgs at tol 1e-4 stopped
+    # short of the optimum: D1 said 0.6109375 where the optimum's folds give 0.6125.
+    X, y, g, ids = paired_cell(80, 64, 0.7, seed=0)
+    Xt, yt, gt, _ = paired_cell(40, 64, 0.7, seed=100, prefix="t")
+    d1 = evaluate_d1(X, y, g, Xt, yt, gt, seed=0, n_bootstrap=10, probes=("logistic",))["logistic"]
+    stats = cell_reliability(X, y, g, ids, Xt, yt, gt, seed=0)
+    assert stats["seed_cv_aurocs"][0] == d1.cv_auroc == 0.6125
+    assert stats["selectivity"] == d1.cv_auroc - stats["control_cv_auroc"]
+    spread = seed_spread(X, y, g, seed=0, n_seeds=2)
+    assert spread.cv_aurocs[0] == cv_auroc(X, y, g, "logistic", seed=0).auroc == d1.cv_auroc
 
 
 def test_control_labels_hand_computed():
@@ -100,9 +125,57 @@ def test_selectivity_is_true_minus_control():
     assert result.selectivity == pytest.approx(result.true_score - result.control_score)
 
 
+def test_control_splits_hand_computed():
+    # Control classes: pairs A, B positive; C, D and singleton e negative. Per class, groups in unit_hash
+    # order of their smallest id, members by id, dealt round-robin into 2 folds: twins never share a fold.
+    ids = np.array(["a1", "a2", "b1", "b2", "c1", "c2", "d1", "d2", "e"])
+    groups = np.array(["A", "A", "B", "B", "C", "C", "D", "D", "e"])
+    control = np.array([1, 1, 1, 1, 0, 0, 0, 0, 0])
+    splits = control_splits(ids, control, groups, 2, seed=3)
+    fold = {}
+    for keys in (["a1", "b1"], ["c1", "d1", "e"]):
+        position = 0
+        for key in sorted(keys, key=lambda k: unit_hash(k, 3)):
+            for member in sorted(i for i in ids if i[0] == key[0]):
+                fold[member] = position % 2
+                position += 1
+    for k, (fit_idx, val_idx) in enumerate(splits):
+        assert sorted(ids[val_idx]) == sorted(i for i, f in fold.items() if f == k)
+        assert sorted(np.r_[fit_idx, val_idx]) == list(range(9))
+    for pair in ("a", "b", "c", "d"):
+        assert fold[f"{pair}1"] != fold[f"{pair}2"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_control_task_is_memorised_by_a_high_capacity_probe_only(seed):
+    # No concept at all; 80 pairs of near-identical twins in 256 dimensions. D1's probe (256 weights for
+    # 128 training passages) can tie a random pair label to a passage's content and read it off the twin;
+    # a rank-2 probe (2 principal components, then the same logistic) cannot.
+    X, y, g, ids = paired_cell(80, 256, 0.0, seed=seed)
+    high = selectivity(X, y, g, ids, seed=seed)
+    low = selectivity(X, y, g, ids, seed=seed, probe=lambda s: make_pipeline(PCA(2), NewtonLogisticProbe()))
+    assert high.control_score > 0.9
+    assert abs(low.control_score - 0.5) < 0.15
+    # the statistic comes out bad where it should: no concept and full memorisation, S far below 0
+    assert high.selectivity < -0.3
+
+
+def test_selectivity_separates_a_concept_from_memorisation():
+    # The same planted concept (shift 3 on one feature): in 8 dimensions the probe cannot memorise 80 pair
+    # labels (control near 0.5) and S is large; in 256 it memorises them all, and S falls to about 0.
+    X8, y, g, ids = paired_cell(80, 8, 3.0, seed=0)
+    X256, _, _, _ = paired_cell(80, 256, 3.0, seed=0)
+    low_d, high_d = selectivity(X8, y, g, ids, seed=0), selectivity(X256, y, g, ids, seed=0)
+    assert low_d.true_score > 0.95 and low_d.control_score < 0.65 and low_d.selectivity > 0.3
+    assert high_d.true_score > 0.85 and high_d.control_score > 0.95 and high_d.selectivity < 0.0
+
+
 def test_block_ends_hand_computed():
     assert block_ends([2] * 80) == [2, 4, 6, 10, 20, 40, 80, 160]
     assert block_ends([1] * 8, [0.25, 0.5, 1.0]) == [2, 4, 8]
+    # a floor of 16: ceil(f * 160) below 16 all snap to 16; 0.125 * 160 = 20 stays
+    assert block_ends([2] * 80, min_block=16) == [16, 20, 40, 80, 160]
+    assert block_ends([3, 3, 3, 3], [0.1, 1.0], min_block=5) == [6, 12]
 
 
 def test_online_codelength_hand_computed_with_prior_probe():
@@ -111,7 +184,8 @@ def test_online_codelength_hand_computed_with_prior_probe():
     # cost 3 * log2(4) + log2(4/3) bits.
     y = np.array([1, 1, 0, 1, 0, 0, 1, 0])
     code = online_codelength(np.zeros((8, 1)), y, seed=0, shuffle=False, fractions=(0.25, 0.5, 1.0),
-                             probe=lambda seed: DummyClassifier(strategy="prior"))
+                             probe=lambda seed: DummyClassifier(strategy="prior"), min_block=0,
+                             calibration_folds=0)
     expected = 2 + 2 + 6 + math.log2(4 / 3)
     assert code.block_ends == (2, 4, 8)
     assert code.block_bits == pytest.approx((2.0, 2.0, 6 + math.log2(4 / 3)))
@@ -128,6 +202,39 @@ def test_online_codelength_separable_compresses_random_does_not():
     assert noise.compression < 1.1
 
 
+def test_platt_scaling_hand_computed_and_recovers_calibrated_logits():
+    # Constant logits carry nothing: slope 0, and sigmoid(b) = the mean smoothed target. 3 pos, 1 neg:
+    # targets 4/5 and 1/3, mean (3 * 4/5 + 1/3) / 4 = 41/60, so b = log(41/19).
+    a, b = platt_scaling(np.zeros(4), np.array([1, 1, 1, 0]))
+    assert a == pytest.approx(0.0, abs=1e-9)
+    assert b == pytest.approx(math.log(41 / 19), abs=1e-6)
+    # Logits that are already calibrated come back with slope 1 and intercept 0.
+    rng = np.random.default_rng(0)
+    z = rng.normal(0.0, 2.0, 20000)
+    a, b = platt_scaling(z, (rng.random(z.size) < expit(z)).astype(int))
+    assert a == pytest.approx(1.0, abs=0.05) and b == pytest.approx(0.0, abs=0.05)
+
+
+def test_mdl_compression_rises_with_signal_and_is_one_without():
+    # 160 passages, 256 dimensions (more features than passages, as in every embedded cell). Compression must
+    # rise with the planted signal, sit at 1 (nothing to compress) without one, exceed 1 wherever the probe
+    # decodes the concept, and no block may cost much more than the uniform code's 1 bit a label.
+    codes, decoded = [], []
+    for shift in (0.0, 1.0, 2.0, 3.0, 4.0):
+        X, y, g, _ = paired_cell(80, 256, shift, seed=1)
+        codes.append(online_codelength(X, y, g, seed=0))
+        decoded.append(cv_auroc(X, y, g).auroc > 0.65)
+    compressions = [code.compression for code in codes]
+    assert compressions[0] == pytest.approx(1.0, abs=0.01)
+    assert all(a < b for a, b in itertools.pairwise(compressions))
+    assert all(c > 1.03 for c, d in zip(compressions, decoded, strict=True) if d) and sum(decoded) >= 4
+    assert compressions[-1] > 1.5
+    for code in codes:
+        per_label = np.array(code.block_bits) / np.diff(np.r_[0, code.block_ends])
+        assert code.block_ends[0] == 16 and per_label[0] == 1.0
+        assert per_label.max() < 1.05
+
+
 def test_win_rate_hand_computed():
     # unit 1: A .9 > B .8 = C .8 ; unit 2: C .7 > A .6 > B .5 ; unit 3: B missing, A .5 = C .5
     scores = np.array([[0.9, 0.8, 0.8], [0.6, 0.5, 0.7], [0.5, np.nan, 0.5]])
@@ -139,14 +246,88 @@ def test_win_rate_hand_computed():
 
 def test_across_cells_on_records():
     rng = np.random.default_rng(0)
-    records = [{"concept": c, "layer": L, "strategy": s, "probe": p, "test_auroc": base + rng.normal(0, 0.01)}
+    records = [{"concept": c, "layer": L, "strategy": s, "probe": p, "test_auroc": base + rng.normal(0, 0.01),
+                "cv_auroc": base - 0.01 * L}
                for c in ("x", "y") for L in (0, 1, 2) for s, base in (("S1", 0.9), ("S2", 0.7), ("S3", 0.5))
                for p in ("logistic", "diffmean")]
     out = across_cells(records)
-    assert out["n_units"] == 6
+    assert out["n_units"] == 2  # concepts are the blocks; each strategy at its CV-chosen layer (0 here)
+    assert out["unit"] == "concept" and out["layers"] == {"S1": 0, "S2": 0, "S3": 0}
     assert out["win_rate"] == {"S1": 1.0, "S2": 0.5, "S3": 0.0}
     assert out["friedman"]["average_ranks"] == {"S1": 1.0, "S2": 2.0, "S3": 3.0}
     assert out["per_concept"]["x"]["n_units"] == 3
+
+
+def _grid_records(n_concepts: int, layers: tuple[int, ...], n_strategies: int, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [{"concept": f"c{c:02d}", "layer": L, "strategy": f"S{s:02d}", "probe": "logistic",
+             "test_auroc": float(rng.uniform(0.5, 1.0)), "cv_auroc": float(rng.uniform(0.5, 1.0)),
+             "ci_low": 0.4, "ci_high": 1.0}
+            for c in range(n_concepts) for L in layers for s in range(n_strategies)]
+
+
+def test_friedman_blocks_are_concepts_not_concept_layer_cells():
+    # The issue's shape: 17 concepts x 4 layers x 19 strategies. The layers of a concept share passages, so
+    # the blocks are the 17 concepts: CD = q(19) sqrt(19 * 20 / (6 * 17)) = 6.79, not 3.39 from 68 cells.
+    records = _grid_records(17, (0, 1, 2, 3), 19, seed=5)
+    out = across_cells(records)
+    friedman = out["friedman"]
+    assert out["n_units"] == friedman["n_units"] == 17
+    assert friedman["critical_difference"] == pytest.approx(nemenyi_critical_difference(19, 17)[1])
+    assert friedman["critical_difference"] == pytest.approx(6.79, abs=0.005)
+    # each strategy is judged at the leaderboard's layer, and the output says which
+    board = build_leaderboard([D1CellRecord.from_dict(r) for r in records])
+    assert out["layers"] == {row["strategy"]: row["best_layer"] for row in board["strategies"]}
+    assert "CV-chosen layer" in out["layer_selection"]
+
+
+def test_friedman_judges_each_strategy_at_its_cv_chosen_layer():
+    # A is best on test at layer 1 but its CV picks layer 0, where it is worst: its rank is judged there.
+    records = []
+    for c, noise in (("x", 0.0), ("y", 0.01), ("z", 0.02)):
+        for L, a_test, a_cv in ((0, 0.60, 0.9), (1, 0.99, 0.8)):
+            records.append({"concept": c, "layer": L, "strategy": "A", "test_auroc": a_test + noise,
+                            "cv_auroc": a_cv})
+            records.append({"concept": c, "layer": L, "strategy": "B", "test_auroc": 0.80 + noise,
+                            "cv_auroc": 0.7 + 0.1 * L})
+            records.append({"concept": c, "layer": L, "strategy": "C", "test_auroc": 0.70 + noise,
+                            "cv_auroc": 0.8 - 0.1 * L})
+    out = across_cells(records)
+    assert out["friedman"]["average_ranks"] == {"A": 3.0, "B": 1.0, "C": 2.0}
+    assert out["win_rate"] == {"A": 0.0, "B": 1.0, "C": 0.5}
+    assert out["layers"] == {"A": 0, "B": 1, "C": 0}
+    given = across_cells(records, layers={"A": 1, "B": 1, "C": 1})
+    assert given["friedman"]["average_ranks"]["A"] == 1.0 and given["layers"]["A"] == 1
+
+
+def _exact_pair_power(p_pairs: tuple[float, float, float], n_pairs: int, alpha: float = 0.05) -> float:
+    """Power when whole pairs are drawn: k pairs with A right on both and B wrong, j the reverse."""
+    from scipy.stats import multinomial
+
+    power = 0.0
+    for k in range(n_pairs + 1):
+        for j in range(n_pairs + 1 - k):
+            if mcnemar_pvalues(np.array([2 * k]), np.array([2 * j]))[0] < alpha:
+                power += multinomial.pmf([k, j, n_pairs - k - j], n_pairs, p_pairs)
+    return power
+
+
+def test_mcnemar_power_resamples_pairs():
+    # 20 test pairs; twins always agree: 6 pairs only A right (on both twins), 2 only B, 12 both right.
+    # Drawing pairs, a test set of 20 passages holds 10 pairs whose discordant counts come in twos: exact
+    # power 0.306 at n = 20 and 0.468 at n = 40. Drawing passages simulates test sets of independent
+    # passages, which PoolBench never has: 0.174 and 0.440.
+    y = np.tile([1, 0], 20)
+    groups = np.repeat(np.arange(20), 2)
+    kind = np.repeat(np.r_[np.full(6, 1), np.full(2, 2), np.zeros(12, dtype=int)], 2)
+    pred_a = np.where(kind == 2, 1 - y, y)
+    pred_b = np.where(kind == 1, 1 - y, y)
+    scores_a, scores_b = pred_a + 0.1 * (groups % 3), pred_b + 0.1 * (groups % 5)
+    out = compare_configurations(pred_a, pred_b, scores_a, scores_b, y, groups, d=4, sizes=(20, 40),
+                                 n_resamples=20000, n_bootstrap=10)
+    for row, n_pairs in zip(out["power"], (10, 20), strict=True):
+        assert row["power"] == pytest.approx(_exact_pair_power((0.3, 0.1, 0.6), n_pairs), abs=0.012)
+    assert out["power"][0]["power"] == pytest.approx(0.306, abs=0.012)
 
 
 def test_cell_reliability_keys_and_speed():
@@ -155,6 +336,8 @@ def test_cell_reliability_keys_and_speed():
     out = cell_reliability(X, y, g, ids, Xt, yt, gt, seed=0)
     assert set(out) >= {"seed_mean", "seed_std", "selectivity", "control_cv_auroc", "mdl_compression"}
     assert len(out["seed_cv_aurocs"]) == 5 and out["mdl_uniform_bits"] == 160
+    assert out["mdl_block_ends"] == [16, 20, 40, 80, 160]
+    assert sum(out["mdl_block_bits"]) == pytest.approx(out["mdl_online_bits"])
     times = []
     for seed in range(3):
         start = time.perf_counter()

@@ -118,15 +118,15 @@ def test_report_sections_and_numbers(tmp_path):
     assert all(f.png.startswith(b"\x89PNG") and len(f.png) > 5000 for f in figures)
     # Per strategy the CV-best layer: A1 and W2 at layer 1 (cv 0.89, 0.84), P1 at layer 0 (0.69 > 0.59); mean D1
     # over concepts is the layer's value (offsets +0, +0.05, -0.05 cancel), its t-interval mean ± t(0.975, 2) *
-    # 0.05 / sqrt(3) = ± 0.1242, clipped at 1. A1 beats both others in all six (concept, layer) units, W2 beats
-    # P1 in all: win rates 1, 0.5, 0 and average ranks 1, 2, 3. CD (k = 3, 6 units) = 2.343 * sqrt(12 / 36) = 1.353,
+    # 0.05 / sqrt(3) = ± 0.1242, clipped at 1. A1 beats both others in all three concepts (the blocks), W2 beats
+    # P1 in all: win rates 1, 0.5, 0 and average ranks 1, 2, 3. CD (k = 3, 3 blocks) = 2.343 * sqrt(12 / 18) = 1.913,
     # so A1-W2 and W2-P1 tie (tie groups a, ab, b) and A1-P1 do not. W2 falls back on 60% of passages everywhere.
     for row in ("1 A1_mean — 0.900·[0.776,·1.000] 0.890 1 1.000 1.00 a — — — —",
                 "2 W2_last_k — 0.850·[0.726,·0.974] 0.840 1 0.500 2.00 ab — — — hedging,·planning,·toxicity",
                 "3 P1_last — 0.700·[0.576,·0.824] 0.690 0 0.000 3.00 b — — — —"):
         expected = "".join(f"<td>{v.replace('·', ' ')}</td>" for v in row.split())
         assert f"<tr>{expected}</tr>" in page
-    assert "<b>p = 0.00248</b>" in page  # Friedman on ranks 1, 2, 3 in all 6 units: chi2 = 12, p = exp(-6)
+    assert "<b>p = 0.0498</b>" in page  # Friedman on ranks 1, 2, 3 in all 3 concepts: chi2 = 6, p = exp(-3)
     for section in ("Run summary", "Leaderboard", "Critical difference", "Fallback rates", "Per concept",
                     "D2: steering", "D3: disentanglement", "Scorer validity", "Strategy definitions"):
         assert f"<h3>{section}</h3>" in page

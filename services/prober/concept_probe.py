@@ -13,7 +13,7 @@ from poolbench.prober.reliability import cell_reliability
 from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell
 from poolbench.records.d1 import D1CellRecord, d1_records_table
 
-D1_VERSION = 2  # 2: per-cell reliability statistics, supervised (S3) cells
+D1_VERSION = 3  # 2: per-cell reliability statistics, supervised (S3) cells; 3: Newton logistic probe
 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,

@@ -53,22 +53,30 @@ def mcnemar_pvalues(only_a: np.ndarray, only_b: np.ndarray) -> np.ndarray:
 
 
 def simulate_power(correct_a: np.ndarray, correct_b: np.ndarray, sizes: Sequence[int] = POWER_SIZES, *,
-                   n_resamples: int = 1000, alpha: float = 0.05, seed: int = 0) -> list[tuple[int, float]]:
-    """(n, power) rows: the share of test sets of n passages, drawn with replacement, where McNemar p < alpha.
+                   groups: np.ndarray | None = None, n_resamples: int = 1000, alpha: float = 0.05,
+                   seed: int = 0) -> list[tuple[int, float]]:
+    """(n, power) rows: the share of simulated test sets of n passages where McNemar p < alpha.
 
-    correct_* are [n_seeds, n_test] (or [n_test]) 0/1 correctness; each resample draws a seed row and then
-    passages, so the power is pooled over seeds.
+    correct_* are [n_seeds, n_test] (or [n_test]) 0/1 correctness; each resample draws a seed row, then whole
+    matched-pair groups with replacement, round(n * groups / passages) of them (n passages when all are pairs),
+    so a simulated test set keeps the real one's twins and their correlated outcomes; drawing passages would
+    simulate test sets of independent passages. `groups=None` makes every passage its own group.
     """
     a = np.atleast_2d(np.asarray(correct_a, dtype=bool))
     b = np.atleast_2d(np.asarray(correct_b, dtype=bool))
     if a.shape != b.shape or a.shape[1] == 0:
         raise ProbeError(f"power: correctness arrays {a.shape} and {b.shape} must match and be non-empty")
-    only_a, only_b = (a & ~b).astype(np.int64), (~a & b).astype(np.int64)
+    index = np.arange(a.shape[1]) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
+    if index.shape != (a.shape[1],):
+        raise ProbeError(f"power: {index.size} groups for {a.shape[1]} test passages")
+    membership = np.eye(int(index.max()) + 1, dtype=np.int64)[index]  # [n_test, n_groups]
+    only_a, only_b = (a & ~b).astype(np.int64) @ membership, (~a & b).astype(np.int64) @ membership
+    n_groups = membership.shape[1]
     rng = np.random.default_rng(seed)
     rows = []
     for n in sizes:
         which = rng.integers(0, a.shape[0], size=n_resamples)
-        picks = rng.integers(0, a.shape[1], size=(n_resamples, int(n)))
+        picks = rng.integers(0, n_groups, size=(n_resamples, max(1, round(int(n) * n_groups / a.shape[1]))))
         n_a = only_a[which[:, None], picks].sum(axis=1)
         n_b = only_b[which[:, None], picks].sum(axis=1)
         rows.append((int(n), float(np.mean(mcnemar_pvalues(n_a, n_b) < alpha))))
@@ -129,8 +137,8 @@ def compare_configurations(pred_a: np.ndarray, pred_b: np.ndarray, scores_a: np.
         "paired_bootstrap": {"ci_low": boot.ci_low, "ci_high": boot.ci_high, "p_value": boot.p_value},
         "delong": {"ci_low": delong.ci_low, "ci_high": delong.ci_high, "p_value": delong.p_value},
         "power": [{"n": n, "power": p} for n, p in simulate_power(pred_a == y, pred_b == y, sizes,
-                                                                  n_resamples=n_resamples, alpha=alpha,
-                                                                  seed=seed)],
+                                                                  groups=groups, n_resamples=n_resamples,
+                                                                  alpha=alpha, seed=seed)],
         "recommended_train_size": recommended_train_size(acc_a, acc_b, d),
         "collapsed": is_collapsed(test.p_value, boot.ci_low, boot.ci_high, alpha),
     }

@@ -12,14 +12,17 @@ from poolbench.prober.auroc import ProbeError
 from poolbench.prober.d1 import check_split
 from poolbench.prober.fast_folds import check_folds
 from poolbench.prober.mdl import online_codelength
-from poolbench.prober.newton_logistic import NewtonLogisticProbe, newton_logistic
 from poolbench.prober.seed_spread import seed_spread
 from poolbench.prober.selectivity import selectivity
 from poolbench.prober.significance import friedman_nemenyi
 from poolbench.prober.win_rate import mean_win_rate
 
-RELIABILITY_VERSION = 1
+RELIABILITY_VERSION = 2  # 2: one Newton probe, memorisable control task, calibrated MDL, concept blocks
 RELIABILITY_PROBE = "logistic"
+LAYER_SELECTION = (
+    "each strategy at its CV-chosen layer (highest mean cv_auroc over concepts, ties to the lower layer), "
+    "the layer the leaderboard reports it at"
+)
 _BLAS = ThreadpoolController()
 
 
@@ -30,7 +33,7 @@ def cell_reliability(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.
     """Seed spread of CV AUROC, selectivity and MDL compression of D1's logistic probe on one cell.
 
     The test split is only validated here (the statistics live on train, so they never touch D1's
-    held-out judgement). Every fit is warm-started from the all-train fit.
+    held-out judgement). Every fit is D1's probe from scratch, so seed_cv_aurocs[0] is D1's cv_auroc.
     """
     X_train, y_train, groups_train = check_split("train", X_train, y_train, groups_train)
     X_test, y_test, groups_test = check_split("test", X_test, y_test, groups_test)
@@ -38,13 +41,10 @@ def cell_reliability(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.
         raise ProbeError(f"train has {X_train.shape[1]} features but test has {X_test.shape[1]}")
     check_folds(y_train, groups_train, n_folds)
     with _BLAS.limit(limits=1, user_api="blas"):
-        full = NewtonLogisticProbe().fit(X_train, y_train)
-        init = (full.coef_, full.intercept_)
-        spread = seed_spread(X_train, y_train, groups_train, seed=seed, n_seeds=n_seeds, n_folds=n_folds,
-                             init=init)
+        spread = seed_spread(X_train, y_train, groups_train, seed=seed, n_seeds=n_seeds, n_folds=n_folds)
         sel = selectivity(X_train, y_train, groups_train, ids_train, seed=seed, n_folds=n_folds,
                           true_score=float(spread.cv_aurocs[0]))
-        code = online_codelength(X_train, y_train, groups_train, seed=seed, probe=newton_logistic)
+        code = online_codelength(X_train, y_train, groups_train, seed=seed)
     return {
         "reliability_probe": RELIABILITY_PROBE,
         "seed_cv_aurocs": [float(v) for v in spread.cv_aurocs],
@@ -55,6 +55,8 @@ def cell_reliability(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.
         "mdl_compression": code.compression,
         "mdl_online_bits": code.online_bits,
         "mdl_uniform_bits": code.uniform_bits,
+        "mdl_block_ends": [int(v) for v in code.block_ends],
+        "mdl_block_bits": [float(v) for v in code.block_bits],
     }
 
 
@@ -73,8 +75,33 @@ def score_matrix(records: Iterable[dict], *, metric: str = "test_auroc", probe: 
     return units, names, table.reshape(len(units), len(names))
 
 
-def _summary(table: np.ndarray, strategies: list[str], alpha: float) -> dict:
+def cv_chosen_layers(records: Iterable[dict], probe: str = RELIABILITY_PROBE) -> dict[str, int]:
+    """Per strategy, the layer with the highest mean cv_auroc over the concepts run at every one of its layers.
+
+    The leaderboard's rule (results.leaderboard.build_leaderboard), ties to the lower layer: the training
+    split picks the layer, so the held-out scores compared across strategies never chose it.
+    """
+    scores: dict[str, dict[int, dict[str, float]]] = {}
+    for rec in records:
+        if rec.get("probe", probe) != probe:
+            continue
+        if rec.get("cv_auroc") is None:
+            raise ProbeError(f"record of {rec['strategy']} at layer {rec['layer']} on {rec['concept']} has no "
+                             "cv_auroc to choose its layer by")
+        by_layer = scores.setdefault(rec["strategy"], {})
+        by_layer.setdefault(int(rec["layer"]), {})[rec["concept"]] = float(rec["cv_auroc"])
+    chosen = {}
+    for strategy, layers in scores.items():
+        concepts = set.intersection(*(set(c) for c in layers.values()))
+        if concepts:
+            chosen[strategy] = max(sorted(layers), key=lambda L: np.mean([layers[L][c] for c in sorted(concepts)]))
+    return chosen
+
+
+def _summary(table: np.ndarray, strategies: list[str], alpha: float, significance: bool) -> dict:
     out: dict = {"n_units": int(table.shape[0]), "win_rate": mean_win_rate(table, strategies)}
+    if not significance:
+        return out
     complete = table[~np.isnan(table).any(axis=1)]
     if len(strategies) >= 3 and complete.shape[0] >= 2:
         out["friedman"] = friedman_nemenyi(complete, strategies, alpha=alpha)
@@ -84,18 +111,25 @@ def _summary(table: np.ndarray, strategies: list[str], alpha: float) -> dict:
 
 
 def across_cells(records: Iterable[dict], *, metric: str = "test_auroc", probe: str = RELIABILITY_PROBE,
-                 alpha: float = 0.05) -> dict:
-    """Mean win rate and Friedman/Nemenyi over all (concept, layer) cells, and per concept over its layers.
+                 alpha: float = 0.05, layers: dict[str, int] | None = None) -> dict:
+    """Mean win rate and Friedman/Nemenyi with concepts as blocks, each strategy at one layer (`layers`).
 
-    The comparison unit is a (concept, layer) cell: every strategy is judged on the same passages at the
-    same layer, so a head-to-head is like for like.
+    The layers of one concept share its passages, so (concept, layer) cells are not independent blocks:
+    counting them as such shrinks the critical difference by about sqrt(number of layers). Each strategy is
+    judged at `layers[strategy]`, by default its CV-chosen layer. `per_concept` describes one concept's
+    layers (win rate only: no significance test on blocks that share passages).
     """
     records = [r for r in records if r.get("probe", probe) == probe]
-    units, strategies, table = score_matrix(records, metric=metric, probe=probe)
-    overall = _summary(table, strategies, alpha)
+    chosen = cv_chosen_layers(records, probe) if layers is None else dict(layers)
+    at_layer = [r for r in records if chosen.get(r["strategy"]) == int(r["layer"])]
+    _, strategies, table = score_matrix(at_layer, metric=metric, probe=probe, unit=("concept",))
+    overall = _summary(table, strategies, alpha, significance=True)
+    units, names, cells = score_matrix(records, metric=metric, probe=probe)
     per_concept = {}
     for concept in sorted({u[0] for u in units}):
         rows = [i for i, u in enumerate(units) if u[0] == concept]
-        per_concept[concept] = _summary(table[rows], strategies, alpha)
-    return {"metric": metric, "probe": probe, "unit": "concept x layer", "alpha": alpha,
+        per_concept[concept] = {"unit": "layer", **_summary(cells[rows], names, alpha, significance=False)}
+    selection = LAYER_SELECTION if layers is None else "each strategy at the layer the caller gave"
+    return {"metric": metric, "probe": probe, "unit": "concept", "layer_selection": selection,
+            "layers": {s: int(chosen[s]) for s in strategies}, "alpha": alpha,
             "strategies": strategies, **overall, "per_concept": per_concept, "version": RELIABILITY_VERSION}

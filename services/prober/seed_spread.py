@@ -10,7 +10,7 @@ from sklearn.base import BaseEstimator
 
 from poolbench.prober.auroc import ProbeError, auroc
 from poolbench.prober.fast_folds import stratified_group_splits as cv_splits
-from poolbench.prober.newton_logistic import newton_logistic
+from poolbench.prober.probes import make_logistic_probe
 
 ProbeFactory = Callable[[int], BaseEstimator]
 Splits = list[tuple[np.ndarray, np.ndarray]]
@@ -26,30 +26,26 @@ class SeedSpread:
     std: float
 
 
-def fold_auroc(X: np.ndarray, y: np.ndarray, splits: Splits, probe: ProbeFactory, seed: int,
-               init: tuple[np.ndarray, float] | None = None) -> float:
-    """Mean over folds of the held-out fold AUROC, as d1.cv_auroc; `init` warm-starts Newton probes."""
+def fold_auroc(X: np.ndarray, y: np.ndarray, splits: Splits, probe: ProbeFactory, seed: int) -> float:
+    """Mean over folds of the held-out fold AUROC, as d1.cv_auroc: each fold's probe fitted from scratch."""
     values = np.empty(len(splits))
     for k, (fit_idx, val_idx) in enumerate(splits):
         if np.unique(y[val_idx]).size < 2 or np.unique(y[fit_idx]).size < 2:
             raise ProbeError(f"CV fold {k} holds one class only; the pair groups are too lopsided")
-        model = probe(seed)
-        if init is not None and "init" in model.get_params():
-            model.set_params(init=init)
-        model.fit(X[fit_idx], y[fit_idx])
+        model = probe(seed).fit(X[fit_idx], y[fit_idx])
         values[k] = auroc(np.asarray(model.decision_function(X[val_idx]), dtype=np.float64), y[val_idx])
     return float(values.mean())
 
 
 def seed_spread(X: np.ndarray, y: np.ndarray, groups: np.ndarray, *, seed: int = 0, n_seeds: int = 5,
-                n_folds: int = 5, probe: ProbeFactory = newton_logistic,
-                init: tuple[np.ndarray, float] | None = None) -> SeedSpread:
+                n_folds: int = 5, probe: ProbeFactory = make_logistic_probe) -> SeedSpread:
     """CV AUROC for seeds seed, seed+1, ..., seed+n_seeds-1; seed `seed` reproduces D1's cv_auroc folds.
 
-    A convex probe fitted on all of train is seed-invariant, so the spread lives in the fold assignment.
+    D1's probe is the same estimator fitted the same way, so seed `seed` equals D1's cv_auroc exactly. A convex
+    probe is seed-invariant, so the spread lives in the fold assignment.
     """
     if n_seeds < 2:
         raise ProbeError(f"seed spread needs n_seeds >= 2, got {n_seeds}")
     seeds = tuple(seed + k for k in range(n_seeds))
-    values = np.array([fold_auroc(X, y, cv_splits(y, groups, n_folds, s), probe, s, init) for s in seeds])
+    values = np.array([fold_auroc(X, y, cv_splits(y, groups, n_folds, s), probe, s) for s in seeds])
     return SeedSpread(seeds=seeds, cv_aurocs=values, mean=float(values.mean()), std=float(values.std(ddof=1)))

@@ -14,7 +14,7 @@ from scipy.stats import rankdata
 from .errors import SteeringError
 
 DEFAULT_FLUENCY_GUARD = 2.0
-D2_VERSION = 1
+D2_VERSION = 2  # 2: the SCP bootstrap keeps degenerate replicates (rho = 0) and counts them
 
 
 def _pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -43,22 +43,28 @@ def _check(alphas: Sequence[float], scores: np.ndarray) -> tuple[np.ndarray, np.
 
 def scp(alphas: Sequence[float], scores: np.ndarray, *, n_bootstrap: int = 1000, seed: int = 0,
         level: float = 0.95) -> dict:
-    """Spearman rho between alpha and score over all generations; CI by resampling prompts (columns)."""
+    """Spearman rho between alpha and score over all generations; CI by resampling prompts (columns).
+
+    A resample whose scores are all equal has no rank order to correlate with alpha: it counts as rho = 0
+    (no association observed) rather than being dropped, which would keep only the resamples that happened
+    to draw the few prompts carrying an effect. `scp_degenerate_replicates` says how many there were.
+    """
     a, s = _check(alphas, scores)
     n_alpha, n = s.shape
     flat_a = np.repeat(a, n)[None, :]
     rho = float(spearman_rows(flat_a, s.reshape(1, -1))[0])
     out = {"scp": None if np.isnan(rho) else rho, "scp_ci_low": None, "scp_ci_high": None,
-           "scp_n_generations": int(s.size)}
-    if n_bootstrap > 0 and n > 1:
+           "scp_n_generations": int(s.size), "scp_n_bootstrap": 0, "scp_degenerate_replicates": 0}
+    if n_bootstrap > 0 and n > 1 and not np.isnan(rho):
         cols = np.random.default_rng(seed).integers(0, n, size=(n_bootstrap, n))
         boot_s = s[:, cols].transpose(1, 0, 2).reshape(n_bootstrap, n_alpha * n)
         boot = spearman_rows(np.broadcast_to(flat_a, boot_s.shape), boot_s)
-        boot = boot[~np.isnan(boot)]
-        if boot.size:
-            tail = (1.0 - level) / 2.0
-            low, high = np.quantile(boot, [tail, 1.0 - tail])
-            out.update(scp_ci_low=float(low), scp_ci_high=float(high))
+        degenerate = np.isnan(boot)
+        boot = np.where(degenerate, 0.0, boot)
+        tail = (1.0 - level) / 2.0
+        low, high = np.quantile(boot, [tail, 1.0 - tail])
+        out.update(scp_ci_low=float(low), scp_ci_high=float(high), scp_n_bootstrap=int(n_bootstrap),
+                   scp_degenerate_replicates=int(degenerate.sum()))
     return out
 
 

@@ -42,10 +42,12 @@ def pool_concept(
     metadata: dict[str, str] | None = None,
     on_batch: Callable[[ActivationBatch], None] | None = None,
     parses: ParseIndex | None = None,
+    max_batch_tokens: int | None = None,
 ) -> pa.Table:
     """Extract every requested layer in one forward per batch and pool all strategies right away.
 
-    `parses` (e.g. the cached artifact) serves strategies that need them; without it they are parsed here."""
+    `parses` (e.g. the cached artifact) serves strategies that need them; without it they are parsed here.
+    `max_batch_tokens` bounds each forward (None: from free memory); the table is the same whatever it is."""
     specs = list(specs)
     needs = strategy_needs(specs)
     check_encoder_support(loaded.kind, specs)
@@ -58,7 +60,8 @@ def pool_concept(
         context = _fit_context(passages, batches, parses)
     builder = PooledTableBuilder(passages, loaded.hidden_size)
     metadata = dict(metadata or {})
-    for batch in extract_batches(loaded.model, loaded.decoder_layers, batches, layers, needs=needs):
+    for batch in extract_batches(loaded.model, loaded.decoder_layers, batches, layers, needs=needs,
+                                 max_batch_tokens=max_batch_tokens):
         if "parse" in needs:
             batch.extras.update(batch_parse_extras(parses, batch.passage_ids, batch.texts, batch.offsets,
                                                    batch.attention_mask,

@@ -154,7 +154,8 @@ def run_benchmark(cfg: RunConfig, on_event: Event | None = None,
                 ref = worker.pool_concept.remote(
                     plan.concept, plan.passages, layers, [s.id for s in specs], store_url=store_url,
                     key=plan.pooled_key, metadata={**metadata, "concept": plan.concept, "corpus": plan.corpus_hash},
-                    batch_size=cfg.batch_size, max_length=cfg.max_length, dump_key=plan.dump_key)
+                    batch_size=cfg.batch_size, max_length=cfg.max_length, dump_key=plan.dump_key,
+                    max_batch_tokens=cfg.max_batch_tokens)
                 pending_pool[ref] = (plan, worker)
             ready, _ = ray.wait(list(pending_pool) + list(pending_probe), num_returns=1)
             ref = ready[0]

@@ -34,12 +34,16 @@ def test_row_chunks_cover_every_row_once_in_order():
 
 def test_rows_per_forward_by_hand():
     plain = TokenCosts(plain=100, attention_per_key=0, gradient=0)
-    assert rows_per_forward(plain, 1000, 30) == 33  # 1000*100 // (100*30)
-    attention = TokenCosts(plain=100, attention_per_key=2, gradient=0)
-    assert rows_per_forward(attention, 1000, 50) == 10  # 100000 // ((100 + 2*50) * 50)
-    gradient = TokenCosts(plain=100, attention_per_key=0, gradient=900)
-    assert rows_per_forward(gradient, 1000, 30) == 3  # 100000 // (1000 * 30)
+    assert rows_per_forward(plain, 1000, 30) == 33  # 1000 // 30 tokens' rows
     assert rows_per_forward(plain, 10, 64) == 1  # a row longer than the budget still runs, alone
+    mib = 2**20
+    attention = TokenCosts(plain=mib, attention_per_key=mib // 50, gradient=0)
+    assert rows_per_forward(attention, 1000, 50) == 10  # 1000 MiB // ((1 + 50/50) MiB * 50)
+    gradient = TokenCosts(plain=mib, attention_per_key=0, gradient=9 * mib)
+    assert rows_per_forward(gradient, 1000, 30) == 3  # 1000 MiB // (10 MiB * 30)
+    assert rows_per_forward(gradient, 100, 30) == 1  # the 512 MiB floor: 512 // 300
+    small = TokenCosts(plain=1000, attention_per_key=0, gradient=9000)
+    assert rows_per_forward(small, 1000, 30) == 33  # the floor lets S2 take every row the token budget allows
     with pytest.raises(ValueError):
         rows_per_forward(plain, 0, 8)
 

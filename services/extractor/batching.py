@@ -15,6 +15,7 @@ from pathlib import Path
 DEFAULT_MAX_BATCH_TOKENS = 8192  # batch 32 x 256 tokens, today's largest batch: the budget only ever lowers it
 MEMORY_FRACTION = 0.25  # of the free memory one forward may use by default, leaving room for the rest
 FLOAT32_BYTES = 4
+EXTRA_BYTES_FLOOR = 512 * 2**20  # attention maps and S2's graph may always take this much in one forward
 
 
 def plan_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
@@ -78,13 +79,18 @@ def token_costs(*, hidden_size: int, intermediate_size: int, n_heads: int, vocab
 
 
 def rows_per_forward(costs: TokenCosts, max_batch_tokens: int, length: int) -> int:
-    """Rows of padded length `length` one forward may take: max_batch_tokens plain tokens' worth of bytes,
-    shared with whatever attention and S2 add per token (so S2 runs in smaller chunks than plain extraction)."""
+    """Rows of padded length `length` one forward may take: at most max_batch_tokens padded tokens, and fewer
+    when attention and S2 add more per token than max_batch_tokens plain tokens' worth of bytes (never less
+    than EXTRA_BYTES_FLOOR: smaller chunks would save nothing that matters and only cost speed)."""
     if max_batch_tokens < 1:
         raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
     length = max(length, 1)
-    per_token = costs.plain + costs.attention_per_key * length + costs.gradient
-    return max(1, (max_batch_tokens * costs.plain) // (per_token * length))
+    rows = max_batch_tokens // length
+    extra = costs.attention_per_key * length + costs.gradient
+    if extra:
+        allowed = max(max_batch_tokens * costs.plain, EXTRA_BYTES_FLOOR)
+        rows = min(rows, allowed // ((costs.plain + extra) * length))
+    return max(1, rows)
 
 
 def default_max_batch_tokens(free_bytes: int, plain_bytes_per_token: int, *,

@@ -114,3 +114,14 @@ def test_pooled_table_and_d1_are_the_same_with_and_without_a_small_budget(tiny):
         np.testing.assert_array_equal(a.fallback, b.fallback)
     d1 = {"n_folds": 2, "seed": 0, "n_bootstrap": 20, "reliability": False}
     assert probe_pooled_table(big, concept, **d1) == probe_pooled_table(small, concept, **d1)
+
+
+def test_run_config_takes_a_positive_budget_or_none():
+    from pydantic import ValidationError
+
+    from poolbench.config import RunConfig
+
+    assert RunConfig().max_batch_tokens is None
+    assert RunConfig(max_batch_tokens=512).max_batch_tokens == 512
+    with pytest.raises(ValidationError):
+        RunConfig(max_batch_tokens=0)

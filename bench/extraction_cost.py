@@ -211,10 +211,11 @@ def report(result: dict, out: Path) -> None:
     cfg = result["config"]
     table = Table(title=f"extraction cost on {cfg['model']} ({cfg['tokens']} tokens, {len(cfg['layers'])} layers, "
                         f"{cfg['dtype']}, budget {cfg['max_batch_tokens']} tokens/forward)")
-    for column in ("stage", "tok/s", "x raw", "x raw (CPU time)", "peak GiB", "rows/forward"):
+    for column in ("stage", "tok/s", "tok/CPU-s", "x raw", "x raw (CPU time)", "peak GiB", "rows/forward"):
         table.add_column(column)
     for name, stage in result["stages"].items():
-        table.add_row(name, f"{stage['tokens_per_s']:,.0f}", f"{stage['over_raw']:.3f}", f"{stage['cpu_over_raw']:.3f}",
+        table.add_row(name, f"{stage['tokens_per_s']:,.0f}", f"{stage['tokens'] / stage['cpu_seconds']:,.0f}",
+                      f"{stage['over_raw']:.3f}", f"{stage['cpu_over_raw']:.3f}",
                       f"{stage['peak_bytes'] / 2**30:.2f}", json.dumps(stage["rows_per_forward"]))
     Console().print(table)
     for key, value in result["summary"].items():

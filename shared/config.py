@@ -39,6 +39,7 @@ class RunConfig(BaseModel):
     store: str | None = None
     out: str = "runs/latest"
     batch_size: int = Field(32, ge=1)
+    max_batch_tokens: int | None = Field(None, ge=1)
     max_length: int = Field(256, ge=8)
     limit: int | None = Field(None, ge=4)
     seed: int = 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass
 
@@ -21,7 +21,15 @@ from .attention_capture import (
     gradient_layer_outputs,
     passage_log_likelihood,
 )
-from .batching import plan_batches
+from .batching import (
+    TokenCosts,
+    default_max_batch_tokens,
+    free_memory_bytes,
+    plan_batches,
+    row_chunks,
+    rows_per_forward,
+    token_costs,
+)
 from .hook_points import capture_layer_outputs
 
 
@@ -55,6 +63,11 @@ class PaddedBatch:
     attention_mask: np.ndarray  # [B, T] bool
     offsets: np.ndarray  # [B, T, 2] int32
     special_mask: np.ndarray  # [B, T] bool, never True on padding
+
+    def select(self, rows: slice) -> PaddedBatch:
+        """A chunk of this batch's rows at the same padded length, so every row sees exactly the same forward."""
+        return PaddedBatch(self.indices[rows], self.passage_ids[rows], self.texts[rows], self.input_ids[rows],
+                           self.attention_mask[rows], self.offsets[rows], self.special_mask[rows])
 
     @property
     def left_padded(self) -> bool:
@@ -193,6 +206,31 @@ def _torch_dtype(dtype_out: np.dtype | type) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=dtype_out)).dtype
 
 
+def model_token_costs(model: nn.Module, layers: Sequence[int], needs: Collection[str],
+                      dtype_out: np.dtype | type = np.float32) -> TokenCosts:
+    """The budget's per-token bytes for this model's shape and dtype."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    hidden = int(getattr(text, "hidden_size", 0) or 0)
+    parameter = next(model.parameters())
+    return token_costs(
+        hidden_size=hidden, intermediate_size=int(getattr(text, "intermediate_size", 0) or 4 * hidden),
+        n_heads=int(getattr(text, "num_attention_heads", 1) or 1), vocab_size=int(getattr(text, "vocab_size", 0) or 0),
+        n_layers=int(getattr(text, "num_hidden_layers", 0) or max(layers) + 1), layers=layers,
+        itemsize=parameter.element_size(), out_itemsize=np.dtype(dtype_out).itemsize, needs=needs)
+
+
+def resolve_max_batch_tokens(model: nn.Module, layers: Sequence[int], max_batch_tokens: int | None,
+                             dtype_out: np.dtype | type = np.float32) -> int:
+    """The budget a run names, or the default from the model's device's free memory now."""
+    if max_batch_tokens is not None:
+        if max_batch_tokens < 1:
+            raise ExtractionError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        return int(max_batch_tokens)
+    plain = model_token_costs(model, layers, frozenset(), dtype_out).plain
+    return default_max_batch_tokens(free_memory_bytes(next(model.parameters()).device), plain)
+
+
 def extract_batches(
     model: nn.Module,
     decoder_layers: Sequence[nn.Module],
@@ -203,77 +241,113 @@ def extract_batches(
     stats: ExtractionStats | None = None,
     stop_early: bool = True,
     needs: Collection[str] = frozenset(),
+    max_batch_tokens: int | None = None,
 ) -> Iterator[ActivationBatch]:
-    """One forward per prepared batch, capturing every requested layer; stops after the deepest one.
+    """Capture every requested layer in one forward per row chunk of each batch; stops after the deepest one.
+
+    `max_batch_tokens` bounds a forward (default: from free memory, see batching.py): a batch is cut into
+    chunks of its rows at the same padded length, so chunks hold exactly what the whole batch would, and one
+    ActivationBatch comes out per chunk. Attention and S2 shrink the chunk to the same bytes.
 
     `needs` (the union of the pooled strategies' needs) adds extras computed in that same forward and only
     then: "attention" -> attention_inflow / attention_inflow_last [L,B,T] and their per-head forms
     attention_head_inflow / attention_head_inflow_last [L,B,H,T]; with "labels" also
     attention_head_output_last [L,B,H,Dh]; "gradient" -> gradient_norm / gradient_x_input [L,B,T] (the forward
-    then runs to the LM head with grad enabled and one backward serves all layers).
+    then runs to the LM head with grad enabled and one backward serves all layers). Without "gradient" no
+    graph is built and no LM head runs.
     """
     layers = tuple(int(layer) for layer in layers)
-    out_dtype = _torch_dtype(dtype_out)
     needs = frozenset(needs)
-    attention, gradient = "attention" in needs, "gradient" in needs
+    budget = resolve_max_batch_tokens(model, layers, max_batch_tokens, dtype_out)
+    costs = model_token_costs(model, layers, needs, dtype_out)
     for batch in batches:
-        start = time.perf_counter()
-        extras: dict[str, np.ndarray] = {}
-        grad_mode = torch.enable_grad() if gradient else torch.inference_mode()
-        with grad_mode, ExitStack() as stack:
-            inputs = _model_inputs(model, batch)
-            mask = inputs["attention_mask"].to(torch.bool)  # type: ignore[union-attr]
-            heads = stack.enter_context(
-                capture_attention(model, decoder_layers, layers, mask, head_outputs="labels" in needs)
-                if attention else nullcontext({}))
-            if gradient:
-                with gradient_layer_outputs(decoder_layers, layers) as captured:
-                    output = model(**inputs)
-                logits = getattr(output, "logits", None)
-                if logits is None:
-                    raise ExtractionError(f"{type(model).__name__} has no LM head: gradient saliency (S2) "
-                                          "needs a causal LM's log-likelihood")
-                score = passage_log_likelihood(logits, inputs["input_ids"], mask)  # type: ignore[arg-type]
-                tensors = [captured[layer] for layer in layers]
-                grads = torch.autograd.grad(score, tensors)
-                with torch.no_grad():
-                    extras["gradient_norm"] = torch.stack(
-                        [torch.linalg.vector_norm(g.float(), dim=-1) for g in grads]).cpu().numpy()
-                    extras["gradient_x_input"] = torch.stack(
-                        [(g.float() * h.float()).sum(-1).abs() for g, h in zip(grads, tensors, strict=True)]
-                    ).cpu().numpy()
-                captured = {layer: h.detach() for layer, h in captured.items()}
-            else:
-                with capture_layer_outputs(decoder_layers, layers, stop_early=stop_early) as captured:
-                    model(**inputs)
-            missing = [layer for layer in layers if layer not in captured]
-            if missing:
-                raise ExtractionError(f"layers {missing} never ran: decoder_layers are not this model's")
-        if attention:
-            _attention_extras(heads, layers, extras)
-        _sync(model)
-        converted = time.perf_counter()
-        with torch.inference_mode():
-            hidden = torch.stack([captured[layer] for layer in layers]).to(out_dtype).cpu().numpy()
-        done = time.perf_counter()
-        if stats is not None:
-            stats.batches += 1
-            stats.passages += len(batch.indices)
-            stats.tokens += int(batch.attention_mask.sum())
-            stats.padded_tokens += batch.attention_mask.size
-            stats.forward_seconds += converted - start
-            stats.convert_seconds += done - converted
-        yield ActivationBatch(
-            passage_ids=batch.passage_ids,
-            texts=batch.texts,
-            layers=layers,
-            hidden=hidden,
-            attention_mask=batch.attention_mask,
-            input_ids=batch.input_ids,
-            offsets=batch.offsets,
-            special_mask=batch.special_mask,
-            extras=extras,
-        )
+        rows = rows_per_forward(costs, budget, batch.input_ids.shape[1])
+        for chunk in row_chunks(len(batch.indices), rows):
+            yield _extract_chunk(model, decoder_layers, batch.select(chunk), layers, dtype_out=dtype_out,
+                                 stats=stats, stop_early=stop_early, needs=needs)
+
+
+def _extract_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch: PaddedBatch,
+                   layers: tuple[int, ...], *, dtype_out: np.dtype | type, stats: ExtractionStats | None,
+                   stop_early: bool, needs: frozenset[str]) -> ActivationBatch:
+    """One forward (and, for S2, one backward) over one chunk; hidden states go straight into one buffer."""
+    start = time.perf_counter()
+    out_dtype = _torch_dtype(dtype_out)
+    attention, gradient = "attention" in needs, "gradient" in needs
+    extras: dict[str, np.ndarray] = {}
+    buffer: list[torch.Tensor] = []
+    written: set[int] = set()
+    position = {layer: i for i, layer in enumerate(layers)}
+
+    def write(layer: int, hidden: torch.Tensor) -> None:
+        if not buffer:
+            buffer.append(torch.empty((len(layers), *hidden.shape), dtype=out_dtype, device=hidden.device))
+        buffer[0][position[layer]].copy_(hidden)
+        written.add(layer)
+
+    grad_mode = torch.enable_grad() if gradient else torch.inference_mode()
+    with grad_mode, ExitStack() as stack:
+        inputs = _model_inputs(model, batch)
+        mask = inputs["attention_mask"].to(torch.bool)  # type: ignore[union-attr]
+        heads = stack.enter_context(
+            capture_attention(model, decoder_layers, layers, mask, head_outputs="labels" in needs)
+            if attention else nullcontext({}))
+        if gradient:
+            _gradient_forward(model, decoder_layers, inputs, mask, layers, write, extras)
+        else:
+            with capture_layer_outputs(decoder_layers, layers, stop_early=stop_early, sink=write):
+                model(**inputs)
+        missing = [layer for layer in layers if layer not in written]
+        if missing:
+            raise ExtractionError(f"layers {missing} never ran: decoder_layers are not this model's")
+    if attention:
+        _attention_extras(heads, layers, extras)
+    _sync(model)
+    converted = time.perf_counter()
+    hidden = buffer[0].cpu().numpy()
+    done = time.perf_counter()
+    if stats is not None:
+        stats.batches += 1
+        stats.passages += len(batch.indices)
+        stats.tokens += int(batch.attention_mask.sum())
+        stats.padded_tokens += batch.attention_mask.size
+        stats.forward_seconds += converted - start
+        stats.convert_seconds += done - converted
+    return ActivationBatch(
+        passage_ids=batch.passage_ids,
+        texts=batch.texts,
+        layers=layers,
+        hidden=hidden,
+        attention_mask=batch.attention_mask,
+        input_ids=batch.input_ids,
+        offsets=batch.offsets,
+        special_mask=batch.special_mask,
+        extras=extras,
+    )
+
+
+def _gradient_forward(model: nn.Module, decoder_layers: Sequence[nn.Module], inputs: dict, mask: torch.Tensor,
+                      layers: tuple[int, ...], write: Callable[[int, torch.Tensor], None],
+                      extras: dict[str, np.ndarray]) -> None:
+    """S2: forward to the LM head with the shallowest requested layer as a grad leaf, one backward for all."""
+    with gradient_layer_outputs(decoder_layers, layers) as captured:
+        output = model(**inputs)
+    logits = getattr(output, "logits", None)
+    if logits is None:
+        raise ExtractionError(f"{type(model).__name__} has no LM head: gradient saliency (S2) "
+                              "needs a causal LM's log-likelihood")
+    score = passage_log_likelihood(logits, inputs["input_ids"], mask)
+    del output, logits
+    tensors = [captured[layer] for layer in layers]
+    grads = torch.autograd.grad(score, tensors)
+    with torch.no_grad():
+        extras["gradient_norm"] = torch.stack(
+            [torch.linalg.vector_norm(g.float(), dim=-1) for g in grads]).cpu().numpy()
+        extras["gradient_x_input"] = torch.stack(
+            [(g.float() * h.float()).sum(-1).abs() for g, h in zip(grads, tensors, strict=True)]
+        ).cpu().numpy()
+        for layer, hidden in zip(layers, tensors, strict=True):
+            write(layer, hidden.detach())
 
 
 def _attention_extras(heads: dict[int, dict[str, torch.Tensor]], layers: Sequence[int],
@@ -287,21 +361,54 @@ def _attention_extras(heads: dict[int, dict[str, torch.Tensor]], layers: Sequenc
     extras["attention_inflow_last"] = extras["attention_head_inflow_last"].mean(axis=2)
 
 
+def _count(stats: ExtractionStats, batch: PaddedBatch, seconds: float) -> None:
+    stats.batches += 1
+    stats.passages += len(batch.indices)
+    stats.tokens += int(batch.attention_mask.sum())
+    stats.padded_tokens += batch.attention_mask.size
+    stats.forward_seconds += seconds
+
+
 def forward_only(
     model: nn.Module, batches: Iterable[PaddedBatch], *, stats: ExtractionStats | None = None
 ) -> ExtractionStats:
-    """The model's plain forward on the same batches, no hooks, full depth: the baseline for timing."""
+    """The timing baseline: the plain decoder forward (full depth, final norm, no LM head, no hooks) on the
+    same batches under inference_mode, so a hooked path can never look faster than the model it reads."""
     stats = stats if stats is not None else ExtractionStats()
+    decoder = getattr(model, "base_model", model)
     for batch in batches:
         start = time.perf_counter()
         with torch.inference_mode():
-            model(**_model_inputs(model, batch))
+            decoder(**_model_inputs(decoder, batch))
         _sync(model)
-        stats.batches += 1
-        stats.passages += len(batch.indices)
-        stats.tokens += int(batch.attention_mask.sum())
-        stats.padded_tokens += batch.attention_mask.size
-        stats.forward_seconds += time.perf_counter() - start
+        _count(stats, batch, time.perf_counter() - start)
+    return stats
+
+
+def forward_backward(
+    model: nn.Module, batches: Iterable[PaddedBatch], *, max_batch_tokens: int | None = None,
+    stats: ExtractionStats | None = None,
+) -> ExtractionStats:
+    """The S2 baseline: forward to the LM head and one backward of the log-likelihood to the input embeddings,
+    in the row chunks S2 itself would use at this budget (a whole batch's graph may not fit)."""
+    stats = stats if stats is not None else ExtractionStats()
+    layers = (0,)
+    budget = resolve_max_batch_tokens(model, layers, max_batch_tokens)
+    costs = model_token_costs(model, layers, frozenset({"gradient"}))
+    embed = model.get_input_embeddings()
+    for batch in batches:
+        for chunk in row_chunks(len(batch.indices), rows_per_forward(costs, budget, batch.input_ids.shape[1])):
+            part = batch.select(chunk)
+            start = time.perf_counter()
+            with torch.enable_grad():
+                inputs = _model_inputs(model, part)
+                ids = inputs.pop("input_ids")
+                embeds = embed(ids).detach().requires_grad_(True)  # type: ignore[arg-type]
+                logits = model(inputs_embeds=embeds, **inputs).logits
+                score = passage_log_likelihood(logits, ids, inputs["attention_mask"].to(torch.bool))  # type: ignore
+                torch.autograd.grad(score, [embeds])
+            _sync(model)
+            _count(stats, part, time.perf_counter() - start)
     return stats
 
 
@@ -319,6 +426,7 @@ def extract_activations(
     dtype_out: np.dtype | type = np.float32,
     stats: ExtractionStats | None = None,
     needs: Collection[str] = frozenset(),
+    max_batch_tokens: int | None = None,
 ) -> Iterator[ActivationBatch]:
     """Hidden states at "layers.{L}.out" of every passage, one ActivationBatch per length bucket, in order.
 
@@ -328,4 +436,4 @@ def extract_activations(
         tokenizer, passages, ids=ids, batch_size=batch_size, max_tokens=max_tokens, max_length=max_length
     )
     return extract_batches(model, decoder_layers, batches, layers, dtype_out=dtype_out, stats=stats,
-                           needs=needs)
+                           needs=needs, max_batch_tokens=max_batch_tokens)

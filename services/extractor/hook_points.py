@@ -99,14 +99,16 @@ def parse_hook_point(name: str, n_layers: int) -> int:
 
 @contextmanager
 def capture_layer_outputs(
-    decoder_layers: Sequence[nn.Module], layers: Sequence[int], *, stop_early: bool = True
+    decoder_layers: Sequence[nn.Module], layers: Sequence[int], *, stop_early: bool = True,
+    sink: Callable[[int, torch.Tensor], None] | None = None,
 ) -> Iterator[dict[int, torch.Tensor]]:
     """Yield a dict that fills with {L: hidden [B,T,d]} at "layers.{L}.out" during a forward inside the block.
 
     With `stop_early`, the deepest requested block raises a private signal that this context swallows, so
     later blocks, the final norm and any LM head never run: the forward call does not return, and code after
-    it inside the `with` block is skipped. Hooks are removed on exit, also when the forward raises; forwards
-    other threads run meanwhile are neither captured nor stopped.
+    it inside the `with` block is skipped. A `sink` receives each hidden state instead of the dict, so a
+    caller copying into one buffer does not keep every layer's output alive. Hooks are removed on exit, also
+    when the forward raises; forwards other threads run meanwhile are neither captured nor stopped.
     """
     layers = _check_layers(decoder_layers, layers)
     deepest = max(layers)
@@ -118,7 +120,10 @@ def capture_layer_outputs(
             def hook(_module: nn.Module, _args: object, output: object) -> None:
                 if not _in_scope(token):
                     return
-                captured[layer] = _hidden_of(output).detach()
+                if sink is None:
+                    captured[layer] = _hidden_of(output).detach()
+                else:
+                    sink(layer, _hidden_of(output).detach())
                 if stop_early and layer == deepest:
                     raise _StopForward(token)
 

@@ -42,11 +42,12 @@ def strategy_needs(specs: Sequence[StrategySpec]) -> frozenset[str]:
 
 def pool_concept(loaded: LoadedModel, passages: Sequence[Passage], layers: Sequence[int],
                  specs: Sequence[StrategySpec], *, batch_size: int = 32, max_length: int = 256,
-                 metadata: dict[str, str] | None = None, parses: ParseIndex | None = None) -> pa.Table:
+                 metadata: dict[str, str] | None = None, parses: ParseIndex | None = None,
+                 max_batch_tokens: int | None = None) -> pa.Table:
     """The PooledTable alone, for callers that never probe a supervised strategy (steering vectors): probing
     an S3 cell without its ITIHeadTable stops with an error."""
     return pool_concept_tables(loaded, passages, layers, specs, batch_size=batch_size, max_length=max_length,
-                               metadata=metadata, parses=parses).pooled
+                               metadata=metadata, parses=parses, max_batch_tokens=max_batch_tokens).pooled
 
 
 def pool_concept_tables(
@@ -60,10 +61,12 @@ def pool_concept_tables(
     metadata: dict[str, str] | None = None,
     on_batch: Callable[[ActivationBatch], None] | None = None,
     parses: ParseIndex | None = None,
+    max_batch_tokens: int | None = None,
 ) -> PooledConcept:
     """Extract every requested layer in one forward per batch and pool all strategies right away.
 
-    `parses` (e.g. the cached artifact) serves strategies that need them; without it they are parsed here."""
+    `parses` (e.g. the cached artifact) serves strategies that need them; without it they are parsed here.
+    `max_batch_tokens` bounds each forward (None: from free memory); the table is the same whatever it is."""
     specs = list(specs)
     needs = strategy_needs(specs)
     check_encoder_support(loaded.kind, specs)
@@ -78,7 +81,8 @@ def pool_concept_tables(
     heads = ITIHeadTableBuilder(loaded.hidden_size)
     metadata = dict(metadata or {})
     head_metadata = dict(metadata)
-    for batch in extract_batches(loaded.model, loaded.decoder_layers, batches, layers, needs=needs):
+    for batch in extract_batches(loaded.model, loaded.decoder_layers, batches, layers, needs=needs,
+                                 max_batch_tokens=max_batch_tokens):
         if "parse" in needs:
             batch.extras.update(batch_parse_extras(parses, batch.passage_ids, batch.texts, batch.offsets,
                                                    batch.attention_mask,

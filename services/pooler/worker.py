@@ -52,7 +52,8 @@ class ExtractorWorker:
 
     def pool_concept(self, concept: str, passages: Sequence[Passage], layers: Sequence[int],
                      strategies: Sequence[str], *, store_url: str, key: str, metadata: dict[str, str],
-                     batch_size: int, max_length: int, dump_key: str | None = None) -> dict:
+                     batch_size: int, max_length: int, dump_key: str | None = None,
+                     max_batch_tokens: int | None = None) -> dict:
         """Write the concept's PooledTable under `key` (and its ITIHeadTable beside it) and return a summary."""
         store = open_store(store_url)
         specs = resolve_strategies(list(strategies))
@@ -73,7 +74,8 @@ class ExtractorWorker:
                                            passages_digest=ids_digest([p.id for p in passages]))
             parses = ParseIndex.from_table(parsed)
         pooled = pool_concept_tables(self.loaded, passages, layers, specs, batch_size=batch_size,
-                                     max_length=max_length, metadata=metadata, on_batch=on_batch, parses=parses)
+                                     max_length=max_length, metadata=metadata, on_batch=on_batch, parses=parses,
+                                     max_batch_tokens=max_batch_tokens)
         table = pooled.pooled
         seconds = time.perf_counter() - start
         if dump_key is not None:

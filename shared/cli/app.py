@@ -93,6 +93,8 @@ def run(
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1")] = "auto",
     batch_size: Annotated[int, typer.Option(help="passages per forward pass")] = 32,
+    max_batch_tokens: Annotated[int | None, typer.Option(
+        help="padded tokens per forward (default: from free memory, at most 8192); results do not change")] = None,
     max_length: Annotated[int, typer.Option(help="truncate passages to this many tokens")] = 256,
     limit: Annotated[int | None, typer.Option(help="at most N passages per split and class")] = None,
     seed: Annotated[int, typer.Option(help="seed for folds, probes and bootstrap")] = 0,
@@ -121,6 +123,7 @@ def run(
             corpus_size=corpus_size, concepts=_split(concepts),
             layers=tuple(int(v) for v in _split(layers)) if layers else None,
             strategies=_split(strategies), store=store, out=str(out), batch_size=batch_size,
+            max_batch_tokens=max_batch_tokens,
             max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=bootstrap,
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,

@@ -192,7 +192,8 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
         return ActorJob(ConceptJob("pool", plan.concept), lambda worker: worker.pool_concept.remote(
             plan.concept, plan.passages, run.layers, strategy_ids, store_url=store_url, key=plan.pooled_key,
             metadata={**metadata, "concept": plan.concept, "corpus": plan.corpus_hash},
-            batch_size=cfg.batch_size, max_length=cfg.max_length, dump_key=plan.dump_key))
+            batch_size=cfg.batch_size, max_length=cfg.max_length, dump_key=plan.dump_key,
+            max_batch_tokens=cfg.max_batch_tokens))
 
     def probe_unless_stored(plan: ConceptPlan) -> list[Job[ConceptJob]]:
         if store.exists(plan.d1_key):

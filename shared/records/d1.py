@@ -37,6 +37,8 @@ class D1CellRecord(Record):
     mdl_compression: Number | None = None
     mdl_online_bits: Number | None = None
     mdl_uniform_bits: Number | None = None
+    mdl_block_ends: list[int] | None = None
+    mdl_block_bits: list[Number] | None = None
 
 
 def d1_records_table(records: list[D1CellRecord]) -> pa.Table:

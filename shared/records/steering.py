@@ -51,6 +51,8 @@ class D2Record(Record):
     scp_ci_low: Number | None = None
     scp_ci_high: Number | None = None
     scp_n_generations: int | None = None
+    scp_n_bootstrap: int | None = None
+    scp_degenerate_replicates: int | None = None  # constant resamples, kept as rho = 0 (never dropped)
     alpha_star: Number | None = None
     alpha_star_index: int | None = None
     d2_delta: Number | None

@@ -1,0 +1,250 @@
+"""Extraction cost on one model, in one run and one JSON: every extraction path against the raw forward.
+
+Stages, each in its own process so each peak memory is its own, with the raw forward re-timed beside every
+stage (interleaved, best of --repeats) so no ratio compares two different moments of a shared machine:
+- raw: the fastest plain forward, the decoder without its LM head, no hooks, inference_mode, full depth;
+- forward_backward: forward to the LM head and one backward of the log-likelihood to the input embeddings;
+- hidden: the strategies that read hidden states alone (plain and linguistic, parses cached);
+- attention: hidden + S1/S3; gradient: hidden + S2; all: the 19 strategies of the card.
+Every path is the run's own pool_concept (extract, pool, S3 head rows) at the run's token budget.
+CPU-time ratios (process_time) sit beside wall-clock ones: on a shared machine they move less.
+Peak memory: the process's peak RSS on CPU, torch.cuda.max_memory_allocated on GPU. Texts: the embedded
+corpus, consecutive passages of a concept joined until they fill --max-length tokens (--pack-to 0: as stored).
+Writes bench/results/extraction_cost.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from bench_io import add_model_options, run_header, write_result
+from rich.console import Console
+from rich.table import Table
+
+from poolbench.corpus.passage import Passage
+from poolbench.corpus.source import open_corpus
+from poolbench.extractor.batching import rows_per_forward
+from poolbench.extractor.extract import (
+    forward_backward,
+    forward_only,
+    model_token_costs,
+    prepare_batches,
+    resolve_max_batch_tokens,
+)
+from poolbench.extractor.loading import LoadedModel, load_model
+from poolbench.pooler.concept_pooling import pool_concept, strategy_needs
+from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
+from poolbench.pooler.registry import resolve_strategies
+from poolbench.pooler.spec import StrategySpec
+from poolbench.store.artifact_store import LocalStore
+
+STAGES = ("raw", "forward_backward", "hidden", "attention", "gradient", "all")
+TARGETS = {"hidden_over_raw": 1.15, "attention_over_raw": 1.4, "all_over_forward_backward": 1.2,
+           "all_peak_rss_gb": 3.0}
+TARGETS.update({f"{key}_cpu": value for key, value in list(TARGETS.items()) if "over" in key})
+HIDDEN_NEEDS = frozenset({"parse", "corpus"})
+
+
+def stage_specs(stage: str) -> list[StrategySpec]:
+    """The card's strategies a stage pools; raw and forward_backward pool nothing."""
+    card = resolve_strategies(None)
+    keep = {"hidden": HIDDEN_NEEDS, "attention": HIDDEN_NEEDS | {"attention", "labels"},
+            "gradient": HIDDEN_NEEDS | {"gradient"}, "all": None}
+    if stage not in keep:
+        return []
+    allowed = keep[stage]
+    return [s for s in card if allowed is None or s.needs <= allowed]
+
+
+def packed_passages(loaded: LoadedModel, args: argparse.Namespace) -> dict[str, list[Passage]]:
+    """Per concept, --texts passages; with --pack-to, consecutive ones joined until they reach that many tokens."""
+    corpus = open_corpus("embedded", args.corpus_size)
+    out: dict[str, list[Passage]] = {}
+    for concept in corpus.concepts[: args.concepts]:
+        source = corpus.passages(concept)
+        if not args.pack_to:
+            out[concept] = source[: args.texts]
+            continue
+        packed, cursor = [], 0
+        while len(packed) < args.texts and cursor < len(source):
+            first, parts = source[cursor], []
+            while cursor < len(source):
+                parts.append(source[cursor].text)
+                cursor += 1
+                if len(loaded.tokenizer(" ".join(parts))["input_ids"]) >= args.pack_to:
+                    break
+            packed.append(Passage(id=f"{first.id}+{len(parts)}", text=" ".join(parts), label=first.label,
+                                  domain=first.domain, token_count=0, matched_pair_id=first.matched_pair_id,
+                                  split=first.split, concept=concept))
+        out[concept] = packed
+    return out
+
+
+def peak_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def run_stage(args: argparse.Namespace) -> dict:
+    """One stage in this process: best-of-repeats time of the stage and of the raw forward beside it."""
+    torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    layers = [int(v) for v in args.layers.split(",")] if args.layers else list(range(loaded.n_layers))
+    concepts = packed_passages(loaded, args)
+    batches = {c: prepare_batches(loaded.tokenizer, ps, batch_size=args.batch_size, max_length=args.max_length)
+               for c, ps in concepts.items()}
+    specs = stage_specs(args.stage)
+    needs = strategy_needs(specs)
+    budget = resolve_max_batch_tokens(loaded.model, layers, args.max_batch_tokens)
+    parses = {}
+    if "parse" in needs:
+        store = LocalStore(args.parse_store)
+        for concept, ps in concepts.items():
+            table, _ = cached_parse_table(store, [p.text for p in ps], [p.id for p in ps], corpus_hash="bench",
+                                          passages_digest=ids_digest([p.id for p in ps]))
+            parses[concept] = ParseIndex.from_table(table)
+
+    def stage() -> None:
+        if args.stage == "forward_backward":
+            for concept_batches in batches.values():
+                forward_backward(loaded.model, concept_batches, max_batch_tokens=budget)
+        elif args.stage != "raw":
+            for concept, ps in concepts.items():
+                pool_concept(loaded, ps, layers, specs, batch_size=args.batch_size, max_length=args.max_length,
+                             parses=parses.get(concept), max_batch_tokens=budget)
+
+    first = next(iter(batches.values()))[:1]
+    forward_only(loaded.model, first)  # warm-up: allocator, kernels, caches
+    device = loaded.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    raw_s, stage_s, raw_cpu, stage_cpu = [], [], [], []
+    for _ in range(args.repeats):
+        cpu = time.process_time()
+        raw_s.append(sum(forward_only(loaded.model, b).forward_seconds for b in batches.values()))
+        raw_cpu.append(time.process_time() - cpu)
+        if args.stage != "raw":
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            start, cpu = time.perf_counter(), time.process_time()
+            stage()
+            stage_s.append(time.perf_counter() - start)
+            stage_cpu.append(time.process_time() - cpu)
+    tokens = sum(int(b.attention_mask.sum()) for bs in batches.values() for b in bs)
+    padded = sum(b.attention_mask.size for bs in batches.values() for b in bs)
+    lengths = sorted({b.input_ids.shape[1] for bs in batches.values() for b in bs})
+    costs = model_token_costs(loaded.model, layers, {"gradient"} if args.stage == "forward_backward" else needs)
+    best = min(stage_s) if stage_s else min(raw_s)
+    best_cpu = min(stage_cpu) if stage_cpu else min(raw_cpu)
+    return {
+        "stage": args.stage, "strategies": [s.id for s in specs], "needs": sorted(needs),
+        "tokens": tokens, "padded_tokens": padded, "seconds": best, "tokens_per_s": tokens / best,
+        "raw_seconds": min(raw_s), "over_raw": best / min(raw_s),
+        "cpu_seconds": best_cpu, "raw_cpu_seconds": min(raw_cpu), "cpu_over_raw": best_cpu / min(raw_cpu),
+        "load_average_1m": os.getloadavg()[0],
+        "peak_bytes": peak_bytes(device), "peak_kind": "cuda_max_allocated" if device.type == "cuda" else "rss",
+        "max_batch_tokens": budget, "rows_per_forward": {str(n): rows_per_forward(costs, budget, n) for n in lengths},
+        "n_layers": loaded.n_layers, "hidden_size": loaded.hidden_size, "layers": layers,
+        "dtype": str(loaded.dtype), "device": str(device),
+        "repeats": {"raw_s": raw_s, "stage_s": stage_s, "raw_cpu_s": raw_cpu, "stage_cpu_s": stage_cpu},
+    }
+
+
+def measure(args: argparse.Namespace) -> dict:
+    """Every stage in a child process of this script; the parent parses once so children read cached parses."""
+    stages = args.stages.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        loaded = load_model(args.model, dtype=args.dtype, device="cpu")
+        store = LocalStore(tmp)
+        for ps in packed_passages(loaded, args).values():
+            cached_parse_table(store, [p.text for p in ps], [p.id for p in ps], corpus_hash="bench",
+                               passages_digest=ids_digest([p.id for p in ps]))
+        del loaded
+        results = {}
+        for stage in stages:
+            out = Path(tmp) / f"{stage}.json"
+            command = [sys.executable, __file__, *sys.argv[1:], "--stage", stage, "--parse-store", tmp,
+                       "--child-out", str(out)]
+            subprocess.run(command, check=True)
+            results[stage] = json.loads(out.read_text())
+            Console().print(f"{stage}: {results[stage]['seconds']:.2f} s, {results[stage]['over_raw']:.3f}x raw, "
+                            f"peak {results[stage]['peak_bytes'] / 2**30:.2f} GiB")
+    header = run_header("extraction_cost", args, results[stages[0]]["device"])
+    summary = {}
+    for stage in ("hidden", "attention"):
+        if stage in results:
+            summary[f"{stage}_over_raw"] = results[stage]["over_raw"]
+            summary[f"{stage}_over_raw_cpu"] = results[stage]["cpu_over_raw"]
+    if "all" in results and "forward_backward" in results:
+        summary["all_over_forward_backward"] = results["all"]["over_raw"] / results["forward_backward"]["over_raw"]
+        summary["all_over_forward_backward_cpu"] = (results["all"]["cpu_over_raw"]
+                                                    / results["forward_backward"]["cpu_over_raw"])
+    if "all" in results:
+        summary["all_peak_rss_gb"] = results["all"]["peak_bytes"] / 1e9
+    any_stage = results[stages[0]]
+    return {
+        **header,
+        "config": {**header["options"], "n_layers": any_stage["n_layers"], "hidden_size": any_stage["hidden_size"],
+                   "layers": any_stage["layers"], "dtype": any_stage["dtype"], "tokens": any_stage["tokens"],
+                   "padded_tokens": any_stage["padded_tokens"], "max_batch_tokens": any_stage["max_batch_tokens"]},
+        "raw_tokens_per_s": any_stage["tokens"] / results.get("raw", any_stage)["raw_seconds"],
+        "stages": results,
+        "summary": summary,
+        "targets": TARGETS,
+        "met": {k: summary[k] <= TARGETS[k] for k in summary},
+    }
+
+
+def report(result: dict, out: Path) -> None:
+    cfg = result["config"]
+    table = Table(title=f"extraction cost on {cfg['model']} ({cfg['tokens']} tokens, {len(cfg['layers'])} layers, "
+                        f"{cfg['dtype']}, budget {cfg['max_batch_tokens']} tokens/forward)")
+    for column in ("stage", "tok/s", "tok/CPU-s", "x raw", "x raw (CPU time)", "peak GiB", "rows/forward"):
+        table.add_column(column)
+    for name, stage in result["stages"].items():
+        table.add_row(name, f"{stage['tokens_per_s']:,.0f}", f"{stage['tokens'] / stage['cpu_seconds']:,.0f}",
+                      f"{stage['over_raw']:.3f}", f"{stage['cpu_over_raw']:.3f}",
+                      f"{stage['peak_bytes'] / 2**30:.2f}", json.dumps(stage["rows_per_forward"]))
+    Console().print(table)
+    for key, value in result["summary"].items():
+        Console().print(f"{key}: {value:.3f} (target <= {TARGETS[key]}): {'yes' if result['met'][key] else 'NO'}")
+    write_result(result, out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_options(parser)
+    parser.add_argument("--concepts", type=int, default=1, help="how many embedded concepts")
+    parser.add_argument("--texts", type=int, default=32, help="texts per concept")
+    parser.add_argument("--pack-to", type=int, default=None,
+                        help="join passages up to this many tokens (default --max-length; 0: as stored)")
+    parser.add_argument("--layers", default=None, help="comma list (default: all)")
+    parser.add_argument("--max-batch-tokens", type=int, default=None, help="default: the run's, from free memory")
+    parser.add_argument("--stages", default=",".join(STAGES))
+    parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--parse-store", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-out", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "extraction_cost.json")
+    args = parser.parse_args()
+    if args.pack_to is None:
+        args.pack_to = args.max_length
+    if args.stage is not None:
+        args.child_out.write_text(json.dumps(run_stage(args)))
+        return
+    report(measure(args), args.out)
+
+
+if __name__ == "__main__":
+    main()

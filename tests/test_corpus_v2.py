@@ -84,7 +84,7 @@ def test_v2_is_the_default_and_deterministic(tiny) -> None:
     assert out.stdout.strip() == hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
 
 
-@pytest.mark.parametrize(("size", "n_train", "n_test"), [("tiny", 24, 12), ("small", 40, 20)])
+@pytest.mark.parametrize(("size", "n_train", "n_test"), [("tiny", 24, 12), ("small", 24, 12)])
 def test_sizes_order_pairs_and_domains(size: str, n_train: int, n_test: int, tiny, small) -> None:
     corpus = tiny if size == "tiny" else small
     assert sorted(corpus) == ALL_CONCEPTS
@@ -147,9 +147,9 @@ def test_signal_positions_hand_computed() -> None:
 def test_density_and_placement_are_balanced(small) -> None:
     for concept, passages in small.items():
         combos = Counter((p.density, p.placement) for p in passages if p.label == 1)
-        # 60 pairs over 16 combinations: three full shuffled blocks of 16, then 12 of the fourth
-        assert set(combos) <= set(product(v2.DENSITIES, PLACEMENTS)), concept
-        assert min(combos.values()) >= 3 and max(combos.values()) <= 4, (concept, combos)
+        # 36 pairs over 16 combinations: two full shuffled blocks of 16, then 4 of the third
+        assert set(combos) == set(product(v2.DENSITIES, PLACEMENTS)), concept
+        assert sorted(Counter(combos.values()).items()) == [(2, 12), (3, 4)], (concept, combos)
 
 
 def test_token_counts_are_the_default_tokenizers_and_fit_the_window(small) -> None:
@@ -157,7 +157,7 @@ def test_token_counts_are_the_default_tokenizers_and_fit_the_window(small) -> No
     counts = [p.token_count for ps in small.values() for p in ps]
     assert counts == count_tokens(texts)
     assert min(counts) >= v2.MIN_TOKENS and max(counts) <= v2.MAX_TOKENS <= 256
-    assert 160 <= np.mean(counts) <= 210
+    assert 150 <= np.mean(counts) <= 185
     # SmolLM2's tokenizer: "Hello world." is three tokens, no BOS added.
     assert count_tokens(["Hello world."]) == [3]
 
@@ -175,8 +175,8 @@ def test_small_passes_the_validator_and_round_trips(tmp_path: Path, small) -> No
     loaded = load_corpus(tmp_path)
     assert loaded.passages("toxicity") == small["toxicity"]  # signal_spans, density and placement survive
     profile = {p.concept: p for p in profile_corpus(tmp_path)}
-    assert profile["hedging"].n_passages == 120
-    assert sum(profile["hedging"].density.values()) == 120 and set(profile["hedging"].density) == {1, 2, 3, 4}
+    assert profile["hedging"].n_passages == 72
+    assert sum(profile["hedging"].density.values()) == 72 and set(profile["hedging"].density) == {1, 2, 3, 4}
     assert list(profile["hedging"].placement) == list(PLACEMENTS)
     assert profile["hedging"].token_min >= v2.MIN_TOKENS
 

@@ -268,3 +268,15 @@ def test_calibration_orderings_hold_on_the_tiny_model(tiny_llama_dir: Path, loca
         assert row["held"], row
     # On a causal LM the first 8 tokens never see a signal planted after them: W1 is exactly at chance.
     assert rows["end_window"]["versus_auroc"] == 0.5
+
+
+def test_signal_only_keeps_just_the_signal_sentences(small) -> None:
+    from poolbench.corpus.passage import signal_only
+
+    p = next(p for p in small["toxicity"] if p.density == 2)
+    cut = signal_only(p)
+    assert cut.text == " ".join(span_texts(p))
+    assert span_texts(cut) == span_texts(p)
+    assert (cut.id, cut.label, cut.matched_pair_id, cut.density) == (p.id, p.label, p.matched_pair_id, 2)
+    v1 = ec.generate_embedded_corpus("tiny", version=1)["toxicity"][0]
+    assert signal_only(v1) is v1

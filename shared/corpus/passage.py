@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SPLITS = ("train", "test")
 LABEL_NAMES = {1: "pos", 0: "neg"}
@@ -55,3 +55,16 @@ class Passage:
         if self.placement is not None:
             record["placement"] = self.placement
         return record
+
+
+def signal_only(passage: Passage) -> Passage:
+    """The passage cut down to its signal sentences (itself when unmarked): what a short-window classifier such as
+    the steering scorer must see, since a v2 passage's signal may sit past its first 64 tokens."""
+    if not passage.signal_spans:
+        return passage
+    text = " ".join(passage.text[a:b] for a, b in passage.signal_spans)
+    spans, at = [], 0
+    for a, b in passage.signal_spans:
+        spans.append((at, at + b - a))
+        at += b - a + 1
+    return replace(passage, text=text, token_count=len(text.split()), signal_spans=tuple(spans))

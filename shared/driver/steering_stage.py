@@ -9,6 +9,7 @@ from dataclasses import replace
 import ray
 
 from poolbench.corpus.layout import Corpus
+from poolbench.corpus.passage import signal_only
 from poolbench.scorer.artifacts import ensure_scorer, scorer_record
 from poolbench.steerer.actor import steering_actors
 from poolbench.steerer.d3 import neighbour_map
@@ -30,7 +31,8 @@ def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, po
     scorers = {}
     for concept in scorer_concepts(cells, concepts):
         t0 = time.perf_counter()
-        scorers[concept] = ensure_scorer(store, concept, corpus.passages(concept), corpus.concept_hash(concept),
+        scorers[concept] = ensure_scorer(store, concept, [signal_only(p) for p in corpus.passages(concept)],
+                                         corpus.concept_hash(concept),
                                          allow_weak=allow_weak_scorer)
         emit("scorer", {"concept": concept, "heldout_auroc": scorers[concept].info["heldout_auroc"],
                         "seconds": time.perf_counter() - t0})

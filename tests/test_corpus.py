@@ -169,3 +169,41 @@ def test_write_corpus_rejects_misfiled_passage(tmp_path: Path, root: Path) -> No
     with pytest.raises(CorpusError, match="concept 'alpha' filed under 'beta'"):
         write_corpus(tmp_path / "out", {"beta": passages})
     assert not (tmp_path / "out" / "beta").exists()
+
+
+def with_signal(records: dict[str, list[dict]]) -> dict[str, list[dict]]:
+    """The fixture's matched pairs marked as corpus v2 marks them: the whole text is one signal span."""
+    for rows in records.values():
+        for r in rows:
+            if r["matched_pair_id"] is not None:
+                r.update(signal_spans=[[0, len(r["text"])]], density=1, placement="start")
+    return records
+
+
+def test_optional_signal_fields_are_kept_and_hashed(root: Path) -> None:
+    before = load_corpus(root).concept_hash("alpha")
+    write_concept(root, with_signal(valid_concept()))
+    corpus = load_corpus(root)
+    first = corpus.passages("alpha")[0]
+    assert (first.signal_spans, first.density, first.placement) == (((0, 25),), 1, "start")
+    assert first.to_record()["signal_spans"] == [[0, 25]]
+    unmarked = corpus.passages("alpha")[1]
+    assert (unmarked.signal_spans, unmarked.density, unmarked.placement) == (None, None, None)
+    assert "density" not in unmarked.to_record()  # a record without the fields writes exactly the v1 keys
+    assert corpus.concept_hash("alpha") != before  # the marks are part of the data
+    write_concept(root, valid_concept())
+    assert load_corpus(root).concept_hash("alpha") == before  # and absent marks leave the v1 hash unchanged
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    ([[0, "5"]], "field signal_spans: expected a list of [start, end] integer pairs, got [[0, '5']]"),
+    ([[0, 5, 7]], "field signal_spans: expected a list of [start, end] integer pairs, got [[0, 5, 7]]"),
+    ("0-5", "field signal_spans: expected list, got str '0-5'"),
+])
+def test_mistyped_signal_spans(root: Path, value: object, expected: str) -> None:
+    records = valid_concept()
+    records["train_pos"][2]["signal_spans"] = value
+    write_concept(root, records)
+    with pytest.raises(CorpusError) as err:
+        load_corpus(root)
+    assert str(err.value) == f"{root / 'alpha' / 'train_pos.jsonl'}:3: {expected}"

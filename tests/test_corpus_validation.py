@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
-from test_corpus import record, valid_concept, write_concept
+from test_corpus import record, valid_concept, with_signal, write_concept
 
 from poolbench.corpus.validation import (
     Finding,
     has_errors,
+    profile_corpus,
     render_findings,
+    render_profile,
     summarize_findings,
     text_digest,
     validate_corpus,
@@ -260,3 +262,61 @@ def test_every_bad_record_gets_one_line(tmp_path: Path, stem: str) -> None:
     findings = validate_corpus(_write(tmp_path, records))
     assert [(f.file, f.line, f.field) for f in findings] == [(f"alpha/{stem}.jsonl", 2, "label")]
     assert "\n" not in str(findings[0])
+
+
+def test_signal_fields_of_a_clean_fixture_pass(tmp_path: Path) -> None:
+    assert run(tmp_path, with_signal(valid_concept())) == []
+
+
+def test_bad_signal_spans_density_and_placement(tmp_path: Path) -> None:
+    records = with_signal(valid_concept())
+    records["train_pos"][0]["signal_spans"] = [[0, 99]]  # past the end of a 25-character text
+    records["train_neg"][0]["signal_spans"] = [[4, 9], [0, 3]]  # out of order
+    records["test_pos"][0]["density"] = 2  # one span
+    records["test_neg"][0]["density"] = 2
+    records["test_neg"][0]["signal_spans"] = [[0, 5], [5, 5]]  # an empty span
+    records["train_pos"][1].update(placement="top", density=0)
+    findings = run(tmp_path, records)
+    assert ("error", "alpha/train_pos.jsonl", 1, "signal_spans") in findings
+    assert ("error", "alpha/train_neg.jsonl", 1, "signal_spans") in findings
+    assert ("error", "alpha/test_pos.jsonl", 1, "density") in findings
+    assert ("error", "alpha/test_neg.jsonl", 1, "signal_spans") in findings
+    assert ("error", "alpha/train_pos.jsonl", 2, "placement") in findings
+    assert ("error", "alpha/train_pos.jsonl", 2, "density") in findings
+    assert all(f[0] == "error" for f in findings)
+    [message] = [f.message for f in validate_corpus(tmp_path / "corpus")
+                 if (f.file, f.line, f.field) == ("alpha/test_pos.jsonl", 1, "density")]
+    assert message == "density 2 but 1 signal span(s)"
+
+
+def test_pair_members_must_share_marks_and_context(tmp_path: Path) -> None:
+    records = with_signal(valid_concept())
+    records["train_neg"][0]["placement"] = "end"  # its positive says start
+    del records["test_neg"][0]["density"]  # its positive has one
+    findings = run(tmp_path, records)
+    assert ("error", "alpha/train_neg.jsonl", 1, "placement") in findings
+    assert ("error", "alpha/test_neg.jsonl", 1, "density") in findings
+    # Spans that leave different context outside them: not a controlled rewrite.
+    records = with_signal(valid_concept())
+    records["train_pos"][0]["signal_spans"] = [[4, 25]]  # "The " stays outside ...
+    records["train_neg"][0]["signal_spans"] = [[0, 22]]  # ... but not in the rewrite
+    findings = validate_corpus(_write(tmp_path / "b", records))
+    assert [(f.file, f.line, f.field) for f in findings] == [("alpha/train_neg.jsonl", 1, "signal_spans")]
+    assert "not controlled" in findings[0].message
+
+
+def test_profile_counts_density_placement_and_token_range(tmp_path: Path) -> None:
+    records = with_signal(valid_concept())
+    records["test_pos"][0].update(density=1, placement="end")
+    records["test_neg"][0].update(density=1, placement="end")
+    root = _write(tmp_path, records)
+    [profile] = profile_corpus(root)
+    # token_count is the word count in the fixture: 4 to 7 words; of the two marked pairs, train 0 sits at the
+    # start and test 0 (changed above) at the end; the six unpaired records have no marks.
+    assert (profile.concept, profile.n_passages, profile.token_min, profile.token_max) == ("alpha", 10, 4, 7)
+    assert profile.density == {1: 4}
+    assert profile.placement == {"start": 2, "end": 2}
+    console = Console(width=200, record=True)
+    console.print(render_profile([profile]))
+    text = console.export_text()
+    assert "alpha" in text and "4-7" in text and "1:4" in text and "start:2 end:2" in text

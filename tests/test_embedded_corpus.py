@@ -1,4 +1,5 @@
-"""The embedded corpus: deterministic, balanced, paired where promised, valid, not separable by one word."""
+"""The embedded corpus v1 (selected by version=1): deterministic, balanced, paired where promised, valid, not
+separable by one word, and byte-identical to what it always generated. Corpus v2 is tested in test_corpus_v2."""
 
 from __future__ import annotations
 
@@ -50,12 +51,12 @@ WORD = re.compile(r"[a-z0-9']+")
 
 @pytest.fixture(scope="module")
 def small() -> dict[str, list[Passage]]:
-    return ec.generate_embedded_corpus("small")
+    return ec.generate_embedded_corpus("small", version=1)
 
 
 @pytest.fixture(scope="module")
 def tiny() -> dict[str, list[Passage]]:
-    return ec.generate_embedded_corpus("tiny")
+    return ec.generate_embedded_corpus("tiny", version=1)
 
 
 def digest(corpus: dict[str, list[Passage]]) -> str:
@@ -70,16 +71,23 @@ def test_all_concepts_and_documented() -> None:
 
 
 def test_deterministic_within_and_across_processes(tiny: dict[str, list[Passage]]) -> None:
-    assert ec.generate_embedded_corpus("tiny") == tiny
-    assert ec.generate_embedded_corpus("tiny", seed=1) != tiny
+    assert ec.generate_embedded_corpus("tiny", version=1) == tiny
+    assert ec.generate_embedded_corpus("tiny", seed=1, version=1) != tiny
     code = (
         "import hashlib, json; from poolbench.corpus.embedded import generate_embedded_corpus as g; "
-        "c = {k: [p.to_record() for p in v] for k, v in g('tiny').items()}; "
+        "c = {k: [p.to_record() for p in v] for k, v in g('tiny', version=1).items()}; "
         "print(hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest())"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == digest(tiny)
+
+
+def test_v1_is_byte_identical_to_what_it_always_generated(tiny, small) -> None:
+    # sha256 of the records generated at commit 1fe41b7, before corpus v2 existed: stores and caches rely on it.
+    assert digest(tiny) == "50bdb1d5b7ca335ba21812c420c67e263da0fa2242e6710cab9767df34f463e0"
+    assert digest(small) == "8cd5c6209b1f34fc817b05c8e79d26d67da0a932f230bf7eb94c7d2c0e7553a8"
+    assert all("signal_spans" not in p.to_record() for p in tiny["hedging"])
 
 
 @pytest.mark.parametrize(("size", "n_train", "n_test"), [("tiny", 24, 12), ("small", 80, 40)])
@@ -104,7 +112,11 @@ def test_sizes_balance_ids_and_order(size: str, n_train: int, n_test: int, tiny,
 
 def test_unknown_size_and_concept() -> None:
     with pytest.raises(CorpusError, match="unknown corpus size 'huge'"):
+        ec.generate_embedded_corpus("huge", version=1)
+    with pytest.raises(CorpusError, match="unknown corpus size 'huge'"):
         ec.generate_embedded_corpus("huge")
+    with pytest.raises(CorpusError, match="unknown corpus version 3"):
+        ec.generate_embedded_corpus("tiny", version=3)
     with pytest.raises(CorpusError, match="unknown concept 'joy'"):
         ec.generate_concept("joy")
 
@@ -154,14 +166,14 @@ def test_tiny_and_small_pass_the_validator(tmp_path: Path, tiny, small) -> None:
 
 def test_small_generates_fast() -> None:
     start = time.perf_counter()
-    ec.generate_embedded_corpus("small", seed=3)
+    ec.generate_embedded_corpus("small", seed=3, version=1)
     assert time.perf_counter() - start < 5.0
 
 
 @pytest.mark.slow
 def test_full_is_fast_and_valid(tmp_path: Path) -> None:
     start = time.perf_counter()
-    corpus = ec.generate_embedded_corpus("full")
+    corpus = ec.generate_embedded_corpus("full", version=1)
     assert time.perf_counter() - start < 30.0
     assert all(len(ps) == 2000 for ps in corpus.values())
     write_corpus(tmp_path, corpus)

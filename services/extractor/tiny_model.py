@@ -273,7 +273,7 @@ def tiny_training_texts() -> list[str]:
     more unlabelled passages from the same concept generators, and everyday templated prose."""
     from poolbench.corpus.embedded import generate_embedded_corpus, generate_lm_text
 
-    corpus = generate_embedded_corpus(size="small", seed=0)
+    corpus = generate_embedded_corpus(size="small", seed=0, version=1)
     train = [p.text for passages in corpus.values() for p in passages if p.split == "train"]
     from poolbench.corpus.english import generated_texts, vocabulary_texts
 

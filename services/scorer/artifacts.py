@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from poolbench.corpus.layout import Corpus
-from poolbench.corpus.passage import Passage
+from poolbench.corpus.passage import Passage, signal_only
 from poolbench.errors import StoreError
 from poolbench.records.scorer import ScorerValidity
 from poolbench.store.artifact_store import ArtifactStore
@@ -116,12 +116,14 @@ def ensure_scorers(store: ArtifactStore, corpus: Corpus, concepts: Sequence[str]
                    *, allow_weak: bool = False,
                    on_ready: Callable[[ScorerModel, float], None] | None = None) -> dict[str, ScorerModel]:
     """ensure_scorer for each concept in order, the one way the driver and the CLI get scorers;
-    `on_ready(scorer, seconds)` hears each one as soon as it is there."""
+    `on_ready(scorer, seconds)` hears each one as soon as it is there. A scorer reads a short window, so it
+    trains on each passage's signal sentences where the corpus marks them (unmarked passages as they are)."""
     scorers = {}
     for concept in concepts:
         started = time.perf_counter()
-        scorers[concept] = ensure_scorer(store, concept, corpus.passages(concept), corpus.concept_hash(concept),
-                                         config, allow_weak=allow_weak)
+        passages = [signal_only(p) for p in corpus.passages(concept)]
+        scorers[concept] = ensure_scorer(store, concept, passages, corpus.concept_hash(concept), config,
+                                         allow_weak=allow_weak)
         if on_ready is not None:
             on_ready(scorers[concept], time.perf_counter() - started)
     return scorers

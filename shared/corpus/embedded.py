@@ -30,6 +30,9 @@ Paired negatives are controlled rewrites: same facts, domain, split and `matched
 positives may keep a sentence unchanged, and both sides share context sentences, so no single word
 separates the classes. `token_count` is the whitespace word count; `validate_corpus` can check it
 against a real tokenizer.
+
+This is corpus v1 (`version=1`). The default is corpus v2 (`poolbench.corpus.sparse_signal`): long neutral
+passages with a few of these concepts' sentences planted at recorded places, every concept matched-pair.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ SIZES: dict[str, tuple[int, int]] = {"tiny": (24, 12), "small": (80, 40), "full"
 """Passages per class in (train, test)."""
 
 GENERATOR_VERSION = 1  # bump when generated text changes: it names the cached corpus folder
+CORPUS_VERSIONS = (1, 2)
+DEFAULT_CORPUS_VERSION = 2
 MIN_WORDS = 15
 MAX_FOCUS = 4
 _MAX_TRIES = 200
@@ -366,8 +371,15 @@ def generate_concept(concept: str, size: str = "small", seed: int = 0) -> list[P
     return out
 
 
-def generate_embedded_corpus(size: str = "small", seed: int = 0) -> dict[str, list[Passage]]:
-    """All 17 concepts; byte-identical for the same (size, seed) on every run and machine."""
+def generate_embedded_corpus(size: str = "small", seed: int = 0,
+                             version: int = DEFAULT_CORPUS_VERSION) -> dict[str, list[Passage]]:
+    """All 17 concepts of corpus `version`; byte-identical for the same (size, seed) on every run and machine."""
+    if version == 2:
+        from poolbench.corpus.sparse_signal import generate_corpus_v2  # v2 builds on this module's specs
+
+        return generate_corpus_v2(size, seed)
+    if version != 1:
+        raise CorpusError(f"unknown corpus version {version!r} (known: {', '.join(map(str, CORPUS_VERSIONS))})")
     return {concept: generate_concept(concept, size, seed) for concept in CONCEPTS}
 
 

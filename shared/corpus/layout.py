@@ -32,6 +32,13 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
 }
 """The record schema; `bool` is rejected for int fields although Python treats it as an int."""
 
+OPTIONAL_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "signal_spans": (list,),
+    "density": (int,),
+    "placement": (str,),
+}
+"""Fields a corpus may add to say where its concept sits (corpus v2); kept by the loader, checked by the validator."""
+
 
 def file_stem(split: str, label: int) -> str:
     """The file a passage of this split and label belongs in, e.g. `train_pos`."""
@@ -51,7 +58,28 @@ def schema_problems(record: object) -> list[tuple[str | None, str]]:
         if isinstance(value, bool) or not isinstance(value, types):
             wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
             problems.append((name, f"expected {wanted}, got {type(value).__name__} {value!r:.40}"))
+    for name, types in OPTIONAL_FIELD_TYPES.items():
+        value = record.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, types):
+            problems.append((name, f"expected {types[0].__name__}, got {type(value).__name__} {value!r:.40}"))
+        elif name == "signal_spans" and not all(_is_span(span) for span in value):
+            problems.append((name, f"expected a list of [start, end] integer pairs, got {value!r:.40}"))
     return problems
+
+
+def _is_span(span: object) -> bool:
+    return (isinstance(span, list) and len(span) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in span))
+
+
+def passage_from_record(record: Mapping, concept: str) -> Passage:
+    """A schema-valid record as a Passage, optional fields included (spans become tuples)."""
+    spans = record.get("signal_spans")
+    return Passage(concept=concept, **{k: record[k] for k in FIELD_TYPES},
+                   signal_spans=None if spans is None else tuple((int(a), int(b)) for a, b in spans),
+                   density=record.get("density"), placement=record.get("placement"))
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, object | None, str | None]]:
@@ -95,8 +123,9 @@ def _read_concept(root: Path, concept: str) -> tuple[list[Passage], str]:
                 name, message = problems[0]
                 raise CorpusError(f"{path}:{line_no}: field {name or '<record>'}: {message}")
             assert isinstance(record, dict)
-            digest.update(canonical_record({k: record[k] for k in FIELD_TYPES}).encode() + b"\n")
-            passages.append(Passage(concept=concept, **{k: record[k] for k in FIELD_TYPES}))
+            kept = [*FIELD_TYPES, *(k for k in OPTIONAL_FIELD_TYPES if record.get(k) is not None)]
+            digest.update(canonical_record({k: record[k] for k in kept}).encode() + b"\n")
+            passages.append(passage_from_record(record, concept))
     return passages, digest.hexdigest()
 
 

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SPLITS = ("train", "test")
 LABEL_NAMES = {1: "pos", 0: "neg"}
+PLACEMENTS = ("start", "middle", "end", "spread")
+"""Where a passage's concept-bearing sentences sit (corpus v2); `spread` spaces them across the passage."""
 
 
 @dataclass(frozen=True)
 class Passage:
-    """A corpus record; `matched_pair_id` ties a positive to its controlled rewrite (None when unpaired)."""
+    """A corpus record; `matched_pair_id` ties a positive to its controlled rewrite (None when unpaired).
+
+    `signal_spans`, `density` and `placement` are optional: a corpus that marks where its concept is (v2)
+    records the character spans of the concept-bearing sentences (of the rewrite, in a negative), their count
+    and their placement, so results can be read by density and position.
+    """
 
     id: str
     text: str
@@ -20,6 +27,9 @@ class Passage:
     matched_pair_id: str | None
     split: str
     concept: str
+    signal_spans: tuple[tuple[int, int], ...] | None = None
+    density: int | None = None
+    placement: str | None = None
 
     @property
     def group(self) -> str:
@@ -27,8 +37,9 @@ class Passage:
         return self.matched_pair_id or self.id
 
     def to_record(self) -> dict:
-        """The JSONL record of the PoolBench layout (the concept is implied by the folder)."""
-        return {
+        """The JSONL record of the PoolBench layout (the concept is implied by the folder); optional fields
+        appear only when set, so a corpus without them writes exactly the v1 records."""
+        record = {
             "id": self.id,
             "text": self.text,
             "label": self.label,
@@ -37,3 +48,23 @@ class Passage:
             "matched_pair_id": self.matched_pair_id,
             "split": self.split,
         }
+        if self.signal_spans is not None:
+            record["signal_spans"] = [list(span) for span in self.signal_spans]
+        if self.density is not None:
+            record["density"] = self.density
+        if self.placement is not None:
+            record["placement"] = self.placement
+        return record
+
+
+def signal_only(passage: Passage) -> Passage:
+    """The passage cut down to its signal sentences (itself when unmarked): what a short-window classifier such as
+    the steering scorer must see, since a v2 passage's signal may sit past its first 64 tokens."""
+    if not passage.signal_spans:
+        return passage
+    text = " ".join(passage.text[a:b] for a, b in passage.signal_spans)
+    spans, at = [], 0
+    for a, b in passage.signal_spans:
+        spans.append((at, at + b - a))
+        at += b - a + 1
+    return replace(passage, text=text, token_count=len(text.split()), signal_spans=tuple(spans))

@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from poolbench.config import EMBEDDED, cache_dir
-from poolbench.corpus.embedded import GENERATOR_VERSION, generate_embedded_corpus
+from poolbench.corpus import sparse_signal
+from poolbench.corpus.embedded import DEFAULT_CORPUS_VERSION, GENERATOR_VERSION, generate_embedded_corpus
 from poolbench.corpus.layout import Corpus, load_corpus, write_corpus
 from poolbench.corpus.passage import Passage
 from poolbench.errors import CorpusError
@@ -15,16 +16,30 @@ from poolbench.errors import CorpusError
 EMBEDDED_CORPUS_SEED = 0
 
 
-def embedded_corpus_dir(size: str) -> Path:
-    """Generate the embedded corpus once into the cache, in the same layout a downloaded corpus has."""
-    root = cache_dir() / "corpora" / f"embedded-v{GENERATOR_VERSION}-{size}-seed{EMBEDDED_CORPUS_SEED}"
+EMBEDDED_VERSIONS = {f"{EMBEDDED}-v1": 1, f"{EMBEDDED}-v2": 2}
+"""`--corpus embedded-v1` selects the v1 corpus; plain `embedded` is the default version."""
+
+
+def embedded_corpus_dir(size: str, version: int = DEFAULT_CORPUS_VERSION) -> Path:
+    """Generate the embedded corpus once into the cache, in the same layout a downloaded corpus has.
+
+    The folder is named by the generator's revision, so a change of generated text never reuses a stale one.
+    """
+    revision = f"v{GENERATOR_VERSION}" if version == 1 else f"v2.{sparse_signal.REVISION}"
+    root = cache_dir() / "corpora" / f"embedded-{revision}-{size}-seed{EMBEDDED_CORPUS_SEED}"
     if not root.exists():
-        write_corpus(root, generate_embedded_corpus(size=size, seed=EMBEDDED_CORPUS_SEED))
+        write_corpus(root, generate_embedded_corpus(size=size, seed=EMBEDDED_CORPUS_SEED, version=version))
     return root
 
 
 def open_corpus(source: str, size: str = "small", concepts: Sequence[str] | None = None) -> Corpus:
-    root = embedded_corpus_dir(size) if source == EMBEDDED else Path(source)
+    """A corpus folder, or the embedded corpus (`embedded`, `embedded-v1`, `embedded-v2`) built into the cache."""
+    if source == EMBEDDED:
+        root = embedded_corpus_dir(size)
+    elif source in EMBEDDED_VERSIONS:
+        root = embedded_corpus_dir(size, EMBEDDED_VERSIONS[source])
+    else:
+        root = Path(source)
     if not root.is_dir():
         raise CorpusError(f"corpus directory '{root}' does not exist")
     return load_corpus(root, concepts)

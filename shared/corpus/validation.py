@@ -11,13 +11,21 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
 from rich.table import Table
 
-from poolbench.corpus.layout import FIELD_TYPES, FILE_STEMS, discover_concepts, iter_jsonl, schema_problems
-from poolbench.corpus.passage import LABEL_NAMES
+from poolbench.corpus.layout import (
+    FIELD_TYPES,
+    FILE_STEMS,
+    OPTIONAL_FIELD_TYPES,
+    discover_concepts,
+    iter_jsonl,
+    schema_problems,
+)
+from poolbench.corpus.passage import LABEL_NAMES, PLACEMENTS
 from poolbench.errors import CorpusError
 
 Severity = Literal["error", "warning"]
@@ -87,7 +95,7 @@ def _read_rows(root: Path, concept: str, findings: list[Finding], lines: Counter
             if problems:
                 continue
             assert isinstance(record, dict)
-            for extra in sorted(set(record) - set(FIELD_TYPES)):
+            for extra in sorted(set(record) - set(FIELD_TYPES) - set(OPTIONAL_FIELD_TYPES)):
                 findings.append(Finding("warning", rel, line_no, extra, "unknown field is ignored"))
             rows.append(_Row(rel, line_no, stem, record))
     return rows
@@ -118,6 +126,37 @@ def _check_records(rows: list[_Row], findings: list[Finding], tokenizer: Any, ma
         if max_tokens is not None and n_tokens > max_tokens:
             findings.append(Finding("error", row.file, row.line, "text",
                                     f"{n_tokens} tokens exceeds max_tokens {max_tokens}"))
+
+
+def _check_signal_fields(rows: list[_Row], findings: list[Finding]) -> None:
+    """Spans inside the text, sorted and disjoint; their count is the density; a known placement."""
+    for row in rows:
+        r = row.record
+        spans, density, placement = r.get("signal_spans"), r.get("density"), r.get("placement")
+        if spans is not None:
+            ends = [0, *(v for span in spans for v in span)]
+            broken = any(a > b for a, b in pairwise(ends)) or any(a == b for a, b in spans)
+            if broken or ends[-1] > len(r["text"]):
+                findings.append(Finding("error", row.file, row.line, "signal_spans",
+                                        f"spans {spans!r:.60} are not sorted, disjoint, non-empty and inside the "
+                                        f"text ({len(r['text'])} characters)"))
+            elif density is not None and len(spans) != density:
+                findings.append(Finding("error", row.file, row.line, "density",
+                                        f"density {density} but {len(spans)} signal span(s)"))
+        if density is not None and density < 1:
+            findings.append(Finding("error", row.file, row.line, "density", f"density {density} is below 1"))
+        if placement is not None and placement not in PLACEMENTS:
+            findings.append(Finding("error", row.file, row.line, "placement",
+                                    f"placement {placement!r} is not one of {', '.join(PLACEMENTS)}"))
+
+
+def _outside_spans(record: dict) -> str:
+    """The text with its signal spans cut out: what a matched pair must share."""
+    text, kept, at = record["text"], [], 0
+    for start, end in record.get("signal_spans") or ():
+        kept.append(text[at:start])
+        at = end
+    return "\u2026".join([*kept, text[at:]])
 
 
 def _check_duplicates(rows: list[_Row], findings: list[Finding], seen_ids: dict[str, str]) -> None:
@@ -175,6 +214,20 @@ def _check_pairs(rows: list[_Row], findings: list[Finding]) -> None:
         if second.record["label"] == first.record["label"]:
             findings.append(Finding("error", second.file, second.line, "matched_pair_id",
                                     f"pair {pair_id!r} members share a label (partner at {at})"))
+        for name in OPTIONAL_FIELD_TYPES:
+            if second.record.get(name) is None or first.record.get(name) is None:
+                if (second.record.get(name) is None) != (first.record.get(name) is None):
+                    findings.append(Finding("error", second.file, second.line, name,
+                                            f"pair {pair_id!r}: one member has {name} and the other not ({at})"))
+            elif name != "signal_spans" and second.record[name] != first.record[name]:
+                findings.append(Finding("error", second.file, second.line, name,
+                                        f"pair {pair_id!r}: {name} {second.record[name]!r} but the partner at "
+                                        f"{at} has {first.record[name]!r}"))
+        if first.record.get("signal_spans") and second.record.get("signal_spans") \
+                and _outside_spans(first.record) != _outside_spans(second.record):
+            findings.append(Finding("error", second.file, second.line, "signal_spans",
+                                    f"pair {pair_id!r}: the text outside the signal spans differs from the "
+                                    f"partner's at {at}, so the rewrite is not controlled"))
 
 
 def _check_concept_level(concept: str, rows: list[_Row], lines: Counter, findings: list[Finding]) -> None:
@@ -208,10 +261,59 @@ def validate_corpus(root: Path | str, tokenizer: Any = None, max_tokens: int | N
         lines: Counter = Counter()
         rows = _read_rows(root, concept, findings, lines)
         _check_records(rows, findings, tokenizer, max_tokens)
+        _check_signal_fields(rows, findings)
         _check_duplicates(rows, findings, seen_ids)
         _check_pairs(rows, findings)
         _check_concept_level(concept, rows, lines, findings)
     return findings
+
+
+@dataclass(frozen=True)
+class ConceptProfile:
+    """What a reader checks at a glance: passages, token-length range, density and placement histograms."""
+
+    concept: str
+    n_passages: int
+    token_min: int
+    token_max: int
+    density: dict[int, int]
+    placement: dict[str, int]
+
+
+def profile_corpus(root: Path | str) -> list[ConceptProfile]:
+    """Per concept, from the schema-valid records (invalid ones are the findings' business)."""
+    root = Path(root)
+    try:
+        concepts = discover_concepts(root)
+    except CorpusError:
+        return []
+    profiles = []
+    for concept in concepts:
+        rows = _read_rows(root, concept, [], Counter())
+        if not rows:
+            continue
+        tokens = [row.record["token_count"] for row in rows]
+        density = Counter(row.record["density"] for row in rows if row.record.get("density") is not None)
+        placement = Counter(row.record["placement"] for row in rows if row.record.get("placement") is not None)
+        profiles.append(ConceptProfile(concept, len(rows), min(tokens), max(tokens), dict(sorted(density.items())),
+                                       {p: placement[p] for p in sorted(placement, key=_placement_order)}))
+    return profiles
+
+
+def _placement_order(name: str) -> tuple[int, str]:
+    return (PLACEMENTS.index(name) if name in PLACEMENTS else len(PLACEMENTS), name)
+
+
+def render_profile(profiles: list[ConceptProfile]) -> Table:
+    """Per concept: passages, token_count range, density and placement histograms (`-` when not recorded)."""
+    table = Table(title="Corpus profile (token_count range; passages per density and placement)")
+    for column in ("concept", "passages", "tokens", "density", "placement"):
+        table.add_column(column, overflow="fold")
+    for p in profiles:
+        density = " ".join(f"{k}:{v}" for k, v in p.density.items()) or "-"
+        placement = " ".join(f"{k}:{v}" for k, v in p.placement.items()) or "-"
+        table.add_row(p.concept, str(p.n_passages), f"{p.token_min}-{p.token_max}", density, placement)
+    return table
 
 
 def has_errors(findings: Iterable[Finding]) -> bool:

@@ -1,0 +1,221 @@
+"""Corpus v2: long neutral passages with a few concept-bearing sentences at known places, every concept paired.
+
+A v1 passage is 15-90 words in which every sentence carries the concept, so on a real model every pooling
+strategy reaches the ceiling. A v2 passage is neutral context (shared by both classes, see
+`signal_templates.CONTEXT_TEMPLATES`) with `density` = 1-4 signal sentences placed at the `start`, in the
+`middle`, at the `end` or `spread` across it. The negative is the controlled rewrite of the same signal sentences
+in the same context at the same places (same domain, split and `matched_pair_id`), so only the concept differs.
+Density and placement are balanced per concept and recorded per record with the signal sentences' character
+spans. Per concept, what a signal sentence does and what its rewrite removes:
+
+- hedging: hedges a claim ("may", "it seems", "the results suggest"); the rewrite states the same fact flatly.
+- negation_density: negates a claim ("not", "never", "no one"); the rewrite affirms the same claim.
+- causation: links two events causally ("because", "as a result"); the rewrite juxtaposes them ("and", "also").
+- contrast: opposes a good and a bad point ("but", "although"); the rewrite lists them additively.
+- conditionality: makes an outcome depend on a condition ("if", "provided that"); the rewrite states both as facts.
+- legal_formality: words an obligation in contract register ("shall ... forthwith"); the rewrite in plain English.
+- frustration: vents annoyance and impatience about an issue; the rewrite asks or reports the same issue calmly.
+- toxicity: insults or demeans a person; the rewrite addresses the same person and topic civilly.
+- depression: voices hopelessness, anhedonia or exhaustion; the rewrite tells the same day as ordinary.
+- academic_tone: argues a research claim in scholarly register; the rewrite says it as casual talk.
+- code_docs: documents an API (returns, raises, defaults); the rewrite chats about the same objects and settings.
+- bureaucratic: officialese ("hereby", "in accordance with"); the rewrite says the same step plainly.
+- narrative: tells past events with a character; the rewrite describes the same place in the timeless present.
+- deference: asks a superior with apology and self-effacement; the rewrite asks or decides directly.
+- planning: lays out future steps and intentions; the rewrite reports the same tasks as already done.
+- imdb_sentiment: praises an aspect of a film (acting, script, music); the rewrite pans the same aspect.
+- numerical_precision: gives exact figures (decimals, counts, units); the rewrite gives the same fact vaguely.
+
+`token_count` is counted with the default model's tokenizer (`poolbench.corpus.token_count`); every passage
+holds MIN_TOKENS..MAX_TOKENS tokens, inside the default 256-token window, so no signal is truncated away.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from itertools import product
+
+from poolbench.corpus import signal_templates as ST
+from poolbench.corpus.embedded import _SENTENCE_START, CONCEPTS, SPECS, ConceptSpec, _Slots
+from poolbench.corpus.passage import PLACEMENTS, Passage
+from poolbench.corpus.token_count import count_tokens
+from poolbench.corpus.validation import normalise_text
+from poolbench.errors import CorpusError
+
+REVISION = 1  # bump when generated text changes: it names the cached corpus folder
+SIZES: dict[str, tuple[int, int]] = {"tiny": (24, 12), "small": (24, 12), "full": (700, 300)}
+"""Passages per class in (train, test). `small`, the default run's, is set by its 20-minute CPU budget (README);
+`tiny` keeps the counts the pipeline tests were written for."""
+DENSITIES: tuple[int, ...] = (1, 2, 3, 4)
+MIN_TOKENS, MAX_TOKENS = 120, 220
+CONTEXT_WORDS = (80, 140)
+"""Words of neutral context drawn per passage (uniform), which lands passages at about 120-220 tokens."""
+_MAX_TRIES = 50
+
+CONTEXT_SPEC = ConceptSpec("context", {"context": ST.CONTEXT_VOCAB})
+
+
+@dataclass(frozen=True)
+class SignalSource:
+    """A concept's slot vocabulary (its v1 spec) and its (positive, rewrite) signal pairs per domain."""
+
+    spec: ConceptSpec
+    pairs: Mapping[str, Sequence[tuple[str, str]]]
+
+
+def _sources() -> dict[str, SignalSource]:
+    sources = {}
+    for name in CONCEPTS:
+        spec = SPECS[name]
+        if name == "numerical_precision":
+            pairs: Mapping[str, Sequence[tuple[str, str]]] = ST.NUMERICAL_REWRITES
+        else:
+            shared = spec.pairs if spec.paired else ST.REWRITES[name]
+            pairs = {domain: shared for domain in spec.domains}
+        sources[name] = SignalSource(spec, pairs)
+    return sources
+
+
+SOURCES: dict[str, SignalSource] = _sources()
+
+
+def _words(sentences: Sequence[str]) -> int:
+    return sum(len(s.split()) for s in sentences)
+
+
+def signal_positions(n_sentences: int, density: int, placement: str, rng: random.Random) -> list[int]:
+    """Indices of the signal sentences among `n_sentences`; `spread` of one sentence is a random inner slot."""
+    if placement == "start":
+        return list(range(density))
+    if placement == "end":
+        return list(range(n_sentences - density, n_sentences))
+    if placement == "middle":
+        first = (n_sentences - density) // 2
+        return list(range(first, first + density))
+    if placement == "spread":
+        if density == 1:
+            return [rng.randint(1, n_sentences - 2)]
+        return [round(i * (n_sentences - 1) / (density - 1)) for i in range(density)]
+    raise CorpusError(f"unknown placement {placement!r} (known: {', '.join(PLACEMENTS)})")
+
+
+def join_sentences(sentences: Sequence[str], signal: Sequence[int]) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """The passage text (sentence starts capitalised) and the character spans of the sentences in `signal`."""
+    parts: list[str] = []
+    spans: list[tuple[int, int]] = []
+    offset = 0
+    wanted = set(signal)
+    for i, sentence in enumerate(sentences):
+        text = _SENTENCE_START.sub(lambda m: m.group(1) + m.group(2).upper(), sentence.strip())
+        if i:
+            offset += 1
+        if i in wanted:
+            spans.append((offset, offset + len(text)))
+        parts.append(text)
+        offset += len(text)
+    return " ".join(parts), tuple(spans)
+
+
+def neutral_context(rng: random.Random, n_words: int, extra: Sequence[str] = ()) -> list[str]:
+    """Shuffled neutral sentences (plus `extra`) totalling at least `n_words` words."""
+    passage_slots = _Slots(rng, CONTEXT_SPEC, "context")
+    order = rng.sample(range(len(ST.CONTEXT_TEMPLATES)), len(ST.CONTEXT_TEMPLATES))
+    sentences = list(extra)
+    for idx in order:
+        if _words(sentences) >= n_words:
+            break
+        sentences.append(_Slots(rng, CONTEXT_SPEC, "context", parent=passage_slots).fill(ST.CONTEXT_TEMPLATES[idx]))
+    rng.shuffle(sentences)
+    return sentences
+
+
+def planted_pair(context: Sequence[str], units: Sequence[tuple[str, str]], placement: str,
+                 rng: random.Random) -> tuple[tuple[str, tuple], tuple[str, tuple]]:
+    """(text, spans) of the positive and of its rewrite: the same context, the units at the same places."""
+    n = len(context) + len(units)
+    positions = signal_positions(n, len(units), placement, rng)
+    sides = []
+    for side in (0, 1):
+        rest = iter(context)
+        unit = iter(u[side] for u in units)
+        sentences = [next(unit) if i in positions else next(rest) for i in range(n)]
+        sides.append(join_sentences(sentences, positions))
+    return sides[0], sides[1]
+
+
+def _draw_pair(rng: random.Random, source: SignalSource, domain: str, density: int,
+               placement: str) -> tuple[tuple[str, tuple], tuple[str, tuple]]:
+    spec, pairs = source.spec, source.pairs[domain]
+    passage_slots = _Slots(rng, spec, domain)
+    units = []
+    for idx in rng.sample(range(len(pairs)), density):
+        slots = _Slots(rng, spec, domain, parent=passage_slots)
+        pos_t, neg_t = pairs[idx]
+        units.append((slots.fill(pos_t), slots.fill(neg_t)))
+    own = spec.contexts(domain)
+    extra = [passage_slots.fill(own[rng.randrange(len(own))])] if own and rng.random() < 0.5 else []
+    context = neutral_context(rng, rng.randint(*CONTEXT_WORDS), extra)
+    return planted_pair(context, units, placement, rng)
+
+
+def balanced_schedule(rng: random.Random, n: int) -> list[tuple[int, str]]:
+    """(density, placement) for n pairs: every combination once per block of 16, in shuffled order."""
+    combos = list(product(DENSITIES, PLACEMENTS))
+    schedule: list[tuple[int, str]] = []
+    while len(schedule) < n:
+        schedule.extend(rng.sample(combos, len(combos)))
+    return schedule[:n]
+
+
+def draw_unique_pair(make: Callable[[], tuple[tuple[str, tuple], tuple[str, tuple]]], seen: set[str],
+                     what: str) -> tuple[tuple[str, tuple, int], tuple[str, tuple, int]]:
+    """Redraw until both texts are new and within the token window; returns (text, spans, tokens) per side."""
+    for _ in range(_MAX_TRIES):
+        (p_text, p_spans), (n_text, n_spans) = make()
+        keys = {normalise_text(p_text), normalise_text(n_text)}
+        if len(keys) < 2 or seen.intersection(keys):
+            continue
+        p_tokens, n_tokens = count_tokens([p_text, n_text])
+        if all(MIN_TOKENS <= t <= MAX_TOKENS for t in (p_tokens, n_tokens)):
+            seen.update(keys)
+            return (p_text, p_spans, p_tokens), (n_text, n_spans, n_tokens)
+    raise CorpusError(f"{what}: no new pair within {MIN_TOKENS}-{MAX_TOKENS} tokens in {_MAX_TRIES} tries")
+
+
+def generate_concept_v2(concept: str, size: str = "small", seed: int = 0) -> list[Passage]:
+    """One concept's v2 passages in layout order (train_pos, train_neg, test_pos, test_neg)."""
+    if concept not in SOURCES:
+        raise CorpusError(f"unknown concept {concept!r} (known: {', '.join(CONCEPTS)})")
+    if size not in SIZES:
+        raise CorpusError(f"unknown corpus size {size!r} (known: {', '.join(SIZES)})")
+    source = SOURCES[concept]
+    rng = random.Random(f"poolbench-corpus-v2:{seed}:{concept}")
+    domains = list(source.spec.domains)
+    n_train, n_test = SIZES[size]
+    schedule = balanced_schedule(rng, n_train + n_test)
+    seen: set[str] = set()
+    out: list[Passage] = []
+    pair_index = 0
+    for split, n in (("train", n_train), ("test", n_test)):
+        sides: tuple[list[Passage], list[Passage]] = ([], [])
+        for i in range(n):
+            domain = domains[i % len(domains)]
+            density, placement = schedule[pair_index]
+            pair_id = f"{concept}-pair-{pair_index:05d}"
+            drawn = draw_unique_pair(lambda d=domain, k=density, p=placement: _draw_pair(rng, source, d, k, p),
+                                     seen, concept)
+            for label, (text, spans, tokens), side in zip((1, 0), drawn, sides, strict=True):
+                kind = "pos" if label == 1 else "neg"
+                side.append(Passage(id=f"{concept}-{split}-{kind}-{i:05d}", text=text, label=label, domain=domain,
+                                    token_count=tokens, matched_pair_id=pair_id, split=split, concept=concept,
+                                    signal_spans=spans, density=density, placement=placement))
+            pair_index += 1
+        out.extend(sides[0] + sides[1])
+    return out
+
+
+def generate_corpus_v2(size: str = "small", seed: int = 0) -> dict[str, list[Passage]]:
+    """All 17 concepts of corpus v2; byte-identical for the same (size, seed) on every run and machine."""
+    return {concept: generate_concept_v2(concept, size, seed) for concept in CONCEPTS}

@@ -34,7 +34,7 @@ class RunConfig(BaseModel):
     corpus: str = EMBEDDED
     corpus_size: Literal["tiny", "small", "full"] = "small"
     concepts: tuple[str, ...] | None = None
-    layers: tuple[int, ...] | None = None
+    layers: tuple[int, ...] | Literal["all"] | None = None  # None: default_layers(n) of the model
     strategies: tuple[str, ...] | None = None
     store: str | None = None
     out: str = "runs/latest"

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from pydantic import ValidationError
@@ -87,7 +87,9 @@ def run(
     corpus: Annotated[str, typer.Option(help="PoolBench-layout folder, or 'embedded'")] = EMBEDDED,
     corpus_size: Annotated[str, typer.Option(help="embedded corpus size: tiny, small, full")] = "small",
     concepts: Annotated[list[str] | None, typer.Option(help="concepts (comma list); default all")] = None,
-    layers: Annotated[list[str] | None, typer.Option(help="layer indices (comma list); default all")] = None,
+    layers: Annotated[list[str] | None, typer.Option(
+        help="layer indices (comma list) or 'all'; default: every layer of a model with <= 6, else 6 evenly spaced")]
+    = None,
     strategies: Annotated[list[str] | None, typer.Option(help="strategy ids (comma list); default all")] = None,
     strategy_module: Annotated[list[Path] | None, typer.Option(help="a .py file registering strategies")] = None,
     store: Annotated[str | None, typer.Option(help="artifact store: a folder or s3://bucket/prefix")] = None,
@@ -123,7 +125,7 @@ def run(
         cfg = RunConfig(
             model=model, model_args=_parse_model_args(model_args), dtype=dtype, device=device, corpus=corpus,
             corpus_size=corpus_size, concepts=_split(concepts),
-            layers=tuple(int(v) for v in _split(layers)) if layers else None,
+            layers=_layers(layers),
             strategies=_split(strategies), store=store, out=str(out), batch_size=batch_size,
             max_batch_tokens=max_batch_tokens,
             max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=bootstrap,
@@ -286,6 +288,13 @@ def export_submission(
     target = out or run_dir / f"submission_{strategy}.json"
     write_json_atomic(target, submission.model_dump(mode="json"))
     console.print(f"wrote {target}")
+
+
+def _layers(values: list[str] | None) -> tuple[int, ...] | Literal["all"] | None:
+    names = _split(values)
+    if names == ("all",):
+        return "all"
+    return tuple(int(v) for v in names) if names else None
 
 
 def main() -> None:

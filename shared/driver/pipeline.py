@@ -131,6 +131,17 @@ def prepare_model(cfg: RunConfig, emit: EventSink) -> None:
     local_model_dir(cfg.model)
 
 
+DEFAULT_LAYER_COUNT = 6
+
+
+def default_layers(n_layers: int) -> list[int]:
+    """Every layer of a shallow model; for a deeper one six evenly spaced, first and last included: the D1
+    layer curve is smooth between them, and every layer costs a full set of probes and reliability statistics."""
+    if n_layers <= DEFAULT_LAYER_COUNT:
+        return list(range(n_layers))
+    return sorted({round(i * (n_layers - 1) / (DEFAULT_LAYER_COUNT - 1)) for i in range(DEFAULT_LAYER_COUNT)})
+
+
 def plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:
     """One worker per GPU on a GPU cluster; on CPU, workers share the cores (threads split between them)."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -153,7 +164,8 @@ def start_extractors(cfg: RunConfig, n: int, resources: dict, threads: int | Non
 
 def plan_cells(cfg: RunConfig, inputs: RunInputs, model: dict) -> RunPlan:
     """Layers and strategies for this model, and the content-addressed keys of every concept's artifacts."""
-    layers = list(cfg.layers) if cfg.layers is not None else list(range(model["n_layers"]))
+    layers = (default_layers(model["n_layers"]) if cfg.layers is None
+              else list(range(model["n_layers"])) if cfg.layers == "all" else list(cfg.layers))
     bad = [L for L in layers if not 0 <= L < model["n_layers"]]
     if bad:
         raise PoolBenchError(f"--layers {bad} out of range for {model['model_id']} "

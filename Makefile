@@ -15,6 +15,7 @@ RAY_PORT ?= 6379
 SERVE_PORT ?= 8000
 S3_PORT ?= 9000
 SERVE_HOST ?= 127.0.0.1
+RAY_HOST ?= 127.0.0.1
 SERVE_MODELS ?= embedded
 
 .PHONY: install test-deps run test test-slow lint bench cluster-up cluster-down clean
@@ -69,13 +70,14 @@ bench: install
 	$(BIN)/python bench/pool_strategies.py
 	$(BIN)/python bench/generate.py
 
+# Our own Ray head (loopback, own token and temp dir) and the HTTP app deployed into it only; RAY_HOST=<ip> to expose.
 cluster-up: install
-	$(BIN)/python -m poolbench.cluster up --ray-port $(RAY_PORT) --serve-port $(SERVE_PORT) --s3-port $(S3_PORT) \
-		--host $(SERVE_HOST) --models $(SERVE_MODELS) $(if $(POOLBENCH_STORE),--store $(POOLBENCH_STORE),) \
-		$(if $(RUN),--run $(RUN),)
+	$(BIN)/poolbench-driver cluster up --ray-port $(RAY_PORT) --ray-host $(RAY_HOST) --serve-port $(SERVE_PORT) \
+		--s3-port $(S3_PORT) --host $(SERVE_HOST) --models $(SERVE_MODELS) \
+		$(if $(POOLBENCH_STORE),--store $(POOLBENCH_STORE),) $(if $(RUN),--run $(RUN),)
 
 cluster-down:
-	$(BIN)/python -m poolbench.cluster down
+	$(BIN)/poolbench-driver cluster down
 
 clean:
 	rm -rf $(VENV) runs build

@@ -1,29 +1,34 @@
-"""`make cluster-up` / `cluster-down`: a local Ray head, the Serve app and (for an s3:// store) an S3 server.
+"""`make cluster-up` / `cluster-down`: our own Ray head, the Serve app and (for an s3:// store) an S3 server.
 
-Every process cluster-up starts is its own process group with a pid file under .poolbench-cluster/, and
-cluster-down stops exactly those (never `ray stop`, which would stop every Ray on a shared machine). If a step
-fails, the steps already done are undone before the one-line error.
+Contained: cluster-up starts its own Ray head (own temp dir, own auth token, a cluster id as node label, every
+port loopback unless told otherwise) and deploys only into it through the explicit address; every later command
+checks the cluster id. Each process it starts is recorded under .poolbench-cluster/ with its kernel start time, and
+cluster-down stops exactly those (never `ray stop`, which stops every Ray on the machine), gracefully first. If a
+step fails, the steps already done are undone before the one-line error.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
+import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from poolbench.cluster.processes import is_ours, members, proc_stat, stop_tree
+from poolbench.cluster.session import CLUSTER_LABEL, ray_env
 from poolbench.errors import PoolBenchError
 
 STATE_DIR = Path(".poolbench-cluster")
+LOOPBACK = "127.0.0.1"
 
 
 class ClusterError(PoolBenchError):
@@ -40,12 +45,40 @@ def port_in_use(port: int, host: str = "") -> bool:
     return False
 
 
+def free_port(host: str = LOOPBACK) -> int:
+    """A port nothing listens on now: Ray's side ports get one each, so no fixed default collides on a shared box."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
 def _spawn(name: str, cmd: list[str], state: Path, env: dict | None = None) -> subprocess.Popen:
     log = open(state / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it for its lifetime
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, **(env or {})})
-    (state / f"{name}.pid").write_text(str(proc.pid))
+    stat = proc_stat(proc.pid)
+    record = {"pid": proc.pid, "start_ticks": stat.start_ticks if stat else -1}
+    (state / f"{name}.pid").write_text(json.dumps(record))
     return proc
+
+
+def read_pid(state: Path, name: str) -> dict | None:
+    """The record of a process cluster-up started ({"pid", "start_ticks"}), or None."""
+    path = state / f"{name}.pid"
+    if not path.exists():
+        return None
+    text = path.read_text().strip()
+    return json.loads(text) if text.startswith("{") else {"pid": int(text), "start_ticks": -1}
+
+
+def cluster_pids(state: Path = STATE_DIR) -> dict[int, str]:
+    """Every live process of the recorded groups (and their descendants), with the group's name."""
+    found: dict[int, str] = {}
+    for name in ("ray", "s3"):
+        record = read_pid(state, name)
+        if record and is_ours(record["pid"], record["start_ticks"]):
+            found.update(dict.fromkeys(members(record["pid"]), name))
+    return found
 
 
 def _wait(what: str, ready, proc: subprocess.Popen, state: Path, name: str, timeout_s: float) -> None:
@@ -68,23 +101,6 @@ def _http_answers(url: str) -> bool:
     except OSError:
         return False
     return True
-
-
-def stop_pid(pid: int, timeout_s: float = 15.0) -> None:
-    """SIGTERM the process group cluster-up created, then SIGKILL it if it lingers."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
 
 
 def start_s3(store: str, port: int, state: Path) -> str:
@@ -117,34 +133,54 @@ def start_s3(store: str, port: int, state: Path) -> str:
     return endpoint
 
 
-def start_ray(port: int, state: Path, num_cpus: int | None) -> str:
+def start_ray(port: int, state: Path, num_cpus: int | None, *, cluster_id: str, node_ip: str = LOOPBACK) -> dict:
+    """`ray start --head --block` with our own temp dir, token, cluster-id label and a free port for every side server.
+
+    The temp dir is short (Ray's socket paths must fit 107 bytes) and private, so no other Ray's `auto` finds us and
+    we never touch /tmp/ray. Returns what cluster.json records about the head.
+    """
+    token = state / "auth_token"
+    token.write_text(secrets.token_hex(32))
+    token.chmod(0o600)
+    temp_dir = tempfile.mkdtemp(prefix="pb-ray-")
     ray_bin = Path(sys.executable).with_name("ray")
-    cmd = [str(ray_bin), "start", "--head", f"--port={port}", "--disable-usage-stats", "--block",
-           "--include-dashboard=false", *([f"--num-cpus={num_cpus}"] if num_cpus else [])]
-    proc = _spawn("ray", cmd, state)
-    address = f"127.0.0.1:{port}"
+    side = {flag: free_port() for flag in ("ray-client-server-port", "dashboard-agent-listen-port",
+                                           "dashboard-agent-grpc-port", "runtime-env-agent-port",
+                                           "metrics-export-port", "node-manager-port", "object-manager-port")}
+    cmd = [str(ray_bin), "start", "--head", f"--port={port}", f"--node-ip-address={node_ip}",
+           f"--temp-dir={temp_dir}", f"--labels={CLUSTER_LABEL}={cluster_id}", "--disable-usage-stats",
+           "--include-dashboard=false", "--min-worker-port=0", "--max-worker-port=0", "--block",
+           *(f"--{flag}={value}" for flag, value in side.items()), *([f"--num-cpus={num_cpus}"] if num_cpus else [])]
+    head = {"ray_address": f"{node_ip}:{port}", "ray_temp_dir": temp_dir, "ray_token": str(token.resolve()),
+            "node_ip": node_ip}
+    _save(state, head)
+    env = ray_env(token, node_ip)
+    (state / "ray.env").write_text("".join(f"{key}={value}\n" for key, value in env.items()))
+    proc = _spawn("ray", cmd, state, env)
     log = state / "ray.log"
     _wait(f"Ray head on port {port}", lambda: "Ray runtime started" in log.read_text(errors="replace")
-          and port_in_use(port), proc, state, "ray", 90)
-    return address
+          and port_in_use(port), proc, state, "ray", 120)
+    return head
 
 
-def start_serve_app(address: str, models: list[str], host: str, port: int, state: Path,
-                    run: Path | None = None) -> str:
-    """Deploy the one HTTP app (poolbench.http.app) from a short-lived driver: Serve's controller is detached, it
-    lives with the cluster. With `run`, /score serves the scorers that run recorded."""
+def _session(action: str, info: dict, timeout_s: float, **extra) -> subprocess.CompletedProcess:
+    """Run poolbench.cluster.session in a fresh process with our head's environment (never the caller's Ray)."""
+    args = json.dumps({"address": info["ray_address"], "cluster_id": info["cluster_id"], **extra})
+    env = {**os.environ, **ray_env(Path(info["ray_token"]), info["node_ip"])}
+    env.pop("RAY_ADDRESS", None)
+    return subprocess.run([sys.executable, "-m", "poolbench.cluster.session", action, args], capture_output=True,
+                          text=True, timeout=timeout_s, env=env)
+
+
+def start_serve_app(info: dict, models: list[str], host: str, port: int, run: Path | None = None) -> str:
+    """Deploy the one HTTP app (poolbench.http.app) into OUR head from a short-lived driver; Serve's controller is
+    detached and lives with the cluster. With `run`, /score serves the scorers that run recorded."""
     from poolbench.http.app import ServiceSettings, scorers_of_run
 
     settings = ServiceSettings(models=tuple(models), **(scorers_of_run(run) if run is not None else {}))
-    code = ("import json,sys,ray; from poolbench.http.app import ServiceSettings, start_serve; "
-            "a=json.loads(sys.argv[1]); ray.init(address=a['address'], logging_level='ERROR'); "
-            "print(start_serve(ServiceSettings(**a['settings']), host=a['host'], port=a['port']))")
-    # "auto": the head `ray start` just wrote to /tmp/ray/ray_current_cluster. An explicit host:port fails here
-    # with Ray 2.60 (InvalidAuthToken while a ~/.ray/auth_token exists), `auto` connects.
-    args = json.dumps({"address": "auto", "settings": settings.model_dump(mode="json"), "host": host, "port": port})
-    done = subprocess.run([sys.executable, "-c", code, args], capture_output=True, text=True, timeout=180)
+    done = _session("deploy", info, 240, settings=settings.model_dump(mode="json"), host=host, port=port)
     if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        last = (done.stderr.strip().splitlines() or ["?"])[-1].removeprefix("error: ")
         raise ClusterError(f"Serve app did not start on {host}:{port}: {last[:200]}")
     url = f"http://{host}:{port}"
     deadline = time.monotonic() + 60
@@ -155,10 +191,22 @@ def start_serve_app(address: str, models: list[str], host: str, port: int, state
     return url
 
 
-def cluster_up(*, ray_port: int = 6379, serve_port: int = 8000, s3_port: int = 9000, host: str = "127.0.0.1",
-               store: str | None = None, models: list[str] | None = None, num_cpus: int | None = None,
-               state: Path = STATE_DIR, serve: bool = True, run: Path | None = None) -> dict:
-    """Start what is missing, in order; on any failure stop what this call started and raise one line."""
+def _load(state: Path) -> dict:
+    path = state / "cluster.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _save(state: Path, update: dict) -> None:
+    """cluster.json grows step by step, so a rollback (or a later cluster-down) knows everything started so far."""
+    path = state / "cluster.json"
+    path.write_text(json.dumps({**_load(state), **update}, indent=1))
+
+
+def cluster_up(*, ray_port: int = 6379, serve_port: int = 8000, s3_port: int = 9000, host: str = LOOPBACK,
+               ray_host: str = LOOPBACK, store: str | None = None, models: list[str] | None = None,
+               num_cpus: int | None = None, state: Path = STATE_DIR, serve: bool = True,
+               run: Path | None = None) -> dict:
+    """Start our head, the Serve app and the S3 server, in order; on any failure stop what this call started."""
     store = store if store is not None else os.environ.get("POOLBENCH_STORE", "")
     if run is not None:
         from poolbench.http.app import scorers_of_run
@@ -172,65 +220,52 @@ def cluster_up(*, ray_port: int = 6379, serve_port: int = 8000, s3_port: int = 9
         if port_in_use(port):
             raise ClusterError(f"port {port} is already in use ({what}): pick another or stop what holds it")
     state.mkdir(parents=True, exist_ok=True)
-    info: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    _save(state, {"cluster_id": secrets.token_hex(16), "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
     try:
         if store.startswith("s3://"):
-            info["s3_endpoint"] = start_s3(store, s3_port, state)
-            info["store"] = store
-        info["ray_address"] = start_ray(ray_port, state, num_cpus)
+            _save(state, {"s3_endpoint": start_s3(store, s3_port, state), "store": store})
+        _save(state, start_ray(ray_port, state, num_cpus, cluster_id=_load(state)["cluster_id"], node_ip=ray_host))
         if serve:
-            info["serve_url"] = start_serve_app(info["ray_address"], models or ["embedded"], host, serve_port, state,
-                                                run)
+            _save(state, {"serve_url": start_serve_app(_load(state), models or ["embedded"], host, serve_port, run)})
     except BaseException:
         cluster_down(state)
         raise
-    (state / "cluster.json").write_text(json.dumps(info, indent=1))
-    return info
+    return _load(state)
 
 
 def cluster_down(state: Path = STATE_DIR) -> list[str]:
-    """Stop every process a pid file names (Ray first, then S3), remove the pid files; returns what was stopped."""
-    stopped = []
-    for name in ("ray", "s3"):
-        pid_file = state / f"{name}.pid"
-        if pid_file.exists():
-            stop_pid(int(pid_file.read_text()))
-            pid_file.unlink()
-            stopped.append(name)
-    with contextlib.suppress(FileNotFoundError):
-        (state / "cluster.json").unlink()
-    return stopped
+    """Stop what cluster-up recorded, gracefully first: Serve (through our head only), Ray's head, the S3 server.
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m poolbench.cluster", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up")
-    up.add_argument("--ray-port", type=int, default=6379)
-    up.add_argument("--serve-port", type=int, default=8000)
-    up.add_argument("--s3-port", type=int, default=9000)
-    up.add_argument("--host", default="127.0.0.1", help="where Serve listens (loopback unless you say so)")
-    up.add_argument("--store", default=None, help="s3://bucket/prefix: also start an S3 server")
-    up.add_argument("--models", default="embedded", help="comma-separated model ids/paths the HTTP app may load")
-    up.add_argument("--num-cpus", type=int, default=None)
-    up.add_argument("--run", type=Path, default=None, help="a run folder: /score serves the scorers it recorded")
-    up.add_argument("--no-serve", action="store_true")
-    up.add_argument("--state", type=Path, default=STATE_DIR)
-    down = sub.add_parser("down")
-    down.add_argument("--state", type=Path, default=STATE_DIR)
-    args = parser.parse_args(argv)
-    try:
-        if args.cmd == "up":
-            info = cluster_up(ray_port=args.ray_port, serve_port=args.serve_port, s3_port=args.s3_port,
-                              host=args.host, store=args.store, models=args.models.split(","),
-                              num_cpus=args.num_cpus, state=args.state, serve=not args.no_serve, run=args.run)
-            print(" · ".join(f"{k} {v}" for k, v in info.items() if k != "started"))
-            print("next: poolbench-driver run --address auto")
+    Returns one line per thing stopped; a recorded pid that is gone, or now names another process, is left alone.
+    """
+    info = _load(state)
+    stopped: list[str] = []
+    ray_record = read_pid(state, "ray")
+    if info.get("serve_url") and ray_record and is_ours(ray_record["pid"], ray_record["start_ticks"]):
+        started = time.monotonic()
+        try:
+            done = _session("shutdown", info, 60)
+        except subprocess.TimeoutExpired:
+            done = None
+        if done is not None and done.returncode == 0:
+            stopped.append(f"serve app on {info['serve_url']} ({time.monotonic() - started:.1f}s)")
         else:
-            stopped = cluster_down(args.state)
-            print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
-    except PoolBenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
+            why = "timed out" if done is None else (done.stderr.strip().splitlines() or ["?"])[-1]
+            stopped.append(f"serve app on {info['serve_url']}: not shut down ({why[:160]}); stopping its head")
+    for name, what in (("ray", f"ray head {info.get('ray_address', '')}".strip()), ("s3", "s3 server")):
+        record = read_pid(state, name)
+        if record is None:
+            continue
+        started = time.monotonic()
+        if is_ours(record["pid"], record["start_ticks"]):
+            count, graceful = stop_tree(record["pid"], record["start_ticks"])
+            how = "graceful" if graceful else "killed after the grace period"
+            stopped.append(f"{what} (pid {record['pid']}, {count} processes, {how}, "
+                           f"{time.monotonic() - started:.1f}s)")
+        (state / f"{name}.pid").unlink()
+    if info.get("ray_temp_dir"):
+        shutil.rmtree(info["ray_temp_dir"], ignore_errors=True)
+    for leftover in ("auth_token", "ray.env", "cluster.json"):
+        with contextlib.suppress(FileNotFoundError):
+            (state / leftover).unlink()
+    return stopped

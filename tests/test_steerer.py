@@ -324,9 +324,9 @@ def test_prompt_format_follows_the_chat_template_with_an_override(worker, chat_w
 
     assert worker.prompt_format() == "plain" and worker.prompt_format("plain") == "plain"
     assert chat_worker.prompt_format() == "chat" and chat_worker.prompt_format("plain") == "plain"
-    with pytest.raises(SteeringError, match="^prompt format 'chat' needs a tokenizer with a chat template"):
+    with pytest.raises(SteeringError, match=r"^prompt format 'chat' needs a tokenizer with a chat template"):
         worker.prompt_format("chat")
-    with pytest.raises(SteeringError, match="^prompt format 'jinja' is not one of auto, chat, plain$"):
+    with pytest.raises(SteeringError, match=r"^prompt format 'jinja' is not one of auto, chat, plain$"):
         chat_worker.prompt_format("jinja")
     tok = chat_worker.loaded.tokenizer
     assert format_prompt(tok, "the cat sat", "chat") == "<s>[user] the cat sat\n[assistant] "

@@ -265,3 +265,21 @@ def test_every_registered_strategy_has_a_family_and_card_ids_are_unique_codes() 
     variants = [s for s in list_strategies(include_reference=True) if s not in card]
     assert all(s.reference_variant or s.variant_of for s in variants)
     assert get_strategy("S1").id == "S1_attention" and get_strategy("S3").supervision == "labels"
+
+
+def test_tiny_llama_has_no_sink_so_auto_pools_exactly_as_keep(tiny_llama_dir) -> None:
+    """The test model's first token (its BOS) is no outlier (ratio 0.9-1.1 measured): auto changes nothing."""
+    from poolbench.corpus.source import open_corpus
+    from poolbench.extractor.loading import load_model
+    from poolbench.pooler.concept_pooling import pool_concept
+    from poolbench.pooler.pooled_table import PooledTableView
+
+    loaded = load_model(str(tiny_llama_dir), device="cpu")
+    passages = open_corpus("embedded", "tiny", ["hedging"]).passages("hedging", "train")[:12]
+    ids = ("A1_mean", "A2_max", "A3_min", "A4_norm_weighted", "S1_attention")
+    auto = PooledTableView(pool_concept(loaded, passages, [0, 1], [get_strategy(s) for s in ids]))
+    keep = PooledTableView(pool_concept(loaded, passages, [0, 1], [get_strategy(s).with_sink_mode("keep")
+                                                                  for s in ids]))
+    for cell in auto.cells:
+        np.testing.assert_array_equal(auto.matrix(*cell).X, keep.matrix(*cell).X)
+    assert len(auto.cells) == 10

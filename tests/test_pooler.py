@@ -238,3 +238,89 @@ def test_masks_with_holes_still_match_pool_naive() -> None:
     specs = resolve_strategies(list(EXPECTED))
     fast, naive = pool_tokens(batch, specs), pool_naive(batch, specs)
     np.testing.assert_allclose(fast.vectors, naive.vectors, rtol=1e-5, atol=1e-5)
+
+
+# p0's first token [30, 40] has norm 50 against others' norms 2, 10, 5 (median 5): ratio 10, a sink.
+# p1's first token has norm 1 against 5 and 3: no sink.
+SINK_BATCH = make_batch(
+    [[[30, 40], [0, 2], [-6, 8], [5, 0]],
+     [[0, -1], [4, 3], [-3, 0]]],
+    length=5, left=[False, True],
+)
+SINK_EXPECTED = {  # mode -> strategy -> [p0, p1]
+    "auto": {"A1_mean": [[-1 / 3, 10 / 3], [1 / 3, 2 / 3]], "A2_max": [[5, 8], [4, 3]],
+             "A3_min": [[-6, 0], [-3, -1]],
+             # p0 without its sink: norms 2, 10, 5 (sum 17); p1 keeps all: norms 1, 5, 3 (sum 9)
+             "A4_norm_weighted": [[-35 / 17, 84 / 17], [11 / 9, 14 / 9]]},
+    "keep": {"A1_mean": [[29 / 4, 50 / 4], [1 / 3, 2 / 3]], "A2_max": [[30, 40], [4, 3]],
+             "A3_min": [[-6, 0], [-3, -1]],
+             # norms 50, 2, 10, 5 (sum 67): (50*[30,40] + 2*[0,2] + 10*[-6,8] + 5*[5,0]) / 67
+             "A4_norm_weighted": [[1465 / 67, 2084 / 67], [11 / 9, 14 / 9]]},
+    "skip": {"A1_mean": [[-1 / 3, 10 / 3], [1 / 2, 3 / 2]], "A2_max": [[5, 8], [4, 3]],
+             "A3_min": [[-6, 0], [-3, 0]],
+             # p1 without its first token: norms 5, 3 (sum 8): (5*[4,3] + 3*[-3,0]) / 8
+             "A4_norm_weighted": [[-35 / 17, 84 / 17], [11 / 8, 15 / 8]]},
+}
+
+
+@pytest.mark.parametrize("mode", list(SINK_EXPECTED))
+@pytest.mark.parametrize("strategy_id", list(SINK_EXPECTED["auto"]))
+def test_uniform_aggregation_with_and_without_the_sink_by_hand(mode: str, strategy_id: str) -> None:
+    spec = get_strategy(strategy_id).with_sink_mode(mode)
+    pooled = pool_tokens(SINK_BATCH, [spec])
+    np.testing.assert_allclose(pooled.vectors[0, 0], SINK_EXPECTED[mode][strategy_id], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(pool_naive(SINK_BATCH, [spec]).vectors, pooled.vectors, atol=1e-5)
+    assert not pooled.fallback.any()
+
+
+def test_default_of_a1_to_a4_is_auto_and_the_fingerprint_says_so() -> None:
+    for strategy_id in SINK_EXPECTED["auto"]:
+        spec = get_strategy(strategy_id)
+        assert spec.sink_mode == "auto" and spec.fingerprint()["params"] == {"sink": "auto"}
+        np.testing.assert_allclose(pool_tokens(SINK_BATCH, [spec]).vectors[0, 0],
+                                   SINK_EXPECTED["auto"][strategy_id], atol=1e-5)
+    assert get_strategy("P2_first").sink_mode == "keep" and get_strategy("W1").fingerprint()["params"] == {"k": 8}
+    with pytest.raises(StrategyError, match="param 'sink' must be one of auto, skip, keep, got 'drop'"):
+        get_strategy("A1").with_sink_mode("drop")
+
+
+def test_sink_is_decided_per_layer_and_s1_drops_it_too() -> None:
+    # layer 0: SINK_BATCH; layer 1: p0's first token shrunk to [3, 4] (norm 5 = the others' median: no sink)
+    layer1 = SINK_BATCH.hidden[0].copy()
+    layer1[0, 0] = [3, 4]
+    batch = batch_from(np.stack([SINK_BATCH.hidden[0], layer1]), SINK_BATCH.attention_mask)
+    inflow = np.zeros((2, 2, 5), dtype=np.float32)
+    inflow[:, 0, :4] = [0.7, 0.1, 0.1, 0.1]  # p0 (right padded): most attention on the first token
+    inflow[:, 1, 2:] = [0.7, 0.1, 0.2]  # p1 (left padded)
+    batch.extras["attention_inflow"] = inflow
+    specs = [get_strategy("A1"), get_strategy("S1_attention")]
+    pooled = pool_tokens(batch, specs)
+    kept = pool_tokens(batch, [get_strategy("S1_attention").with_sink_mode("keep")])
+    np.testing.assert_allclose(pooled.vectors[:, 0, 0], [[-1 / 3, 10 / 3], [2 / 4, 14 / 4]], atol=1e-5)
+    # S1 auto at layer 0: p0's sink left out, the rest weighted equally; layer 1 keeps it (0.7 on [3, 4])
+    np.testing.assert_allclose(pooled.vectors[:, 1, 0], [[-1 / 3, 10 / 3], [2.0, 3.8]], atol=1e-5)
+    np.testing.assert_allclose(kept.vectors[0, 0, 0], [20.9, 29.0], atol=1e-5)
+    # p1 has no sink at either layer: 0.7*[0,-1] + 0.1*[4,3] + 0.2*[-3,0]
+    np.testing.assert_allclose(pooled.vectors[:, 1, 1], [[-0.2, -0.4]] * 2, atol=1e-5)
+    np.testing.assert_allclose(pool_naive(batch, specs).vectors, pooled.vectors, atol=1e-5)
+
+
+def test_auto_needs_two_other_tokens_and_skip_keeps_a_lone_token() -> None:
+    # p0: two tokens, the first 50x the second: too few others to call it a sink; p1: one token
+    batch = make_batch([[[30, 40], [0, 1]], [[7, 7]]], length=2, left=[False, False])
+    auto = pool_tokens(batch, [get_strategy("A1")])
+    np.testing.assert_allclose(auto.vectors[0, 0], [[15, 20.5], [7, 7]], atol=1e-6)
+    skip = pool_tokens(batch, [get_strategy("A1").with_sink_mode("skip")])
+    np.testing.assert_allclose(skip.vectors[0, 0], [[0, 1], [7, 7]], atol=1e-6)
+    assert not skip.fallback.any()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_auto_pools_bit_for_bit_as_keep_where_there_is_no_sink(seed: int) -> None:
+    batch = random_batch(seed)
+    ids = [*SINK_EXPECTED["auto"], "S1_attention"]
+    batch.extras["attention_inflow"] = np.random.default_rng(seed).random(
+        (batch.hidden.shape[0], *batch.attention_mask.shape)).astype(np.float32)
+    auto = [get_strategy(s) for s in ids]
+    keep = [s.with_sink_mode("keep") for s in auto]
+    np.testing.assert_array_equal(pool_tokens(batch, auto).vectors, pool_tokens(batch, keep).vectors)

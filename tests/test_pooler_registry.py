@@ -109,7 +109,7 @@ def test_malformed_specs_raise_one_line_naming_the_id(overrides: dict, message: 
 
 
 def test_fingerprint_is_canonical_json_identity() -> None:
-    assert get_strategy("A1").fingerprint() == {"id": "A1_mean", "params": {}, "version": 1}
+    assert get_strategy("A1").fingerprint() == {"id": "A1_mean", "params": {"sink": "auto"}, "version": 1}
     assert window_spec("W2", k=16).fingerprint() == {"id": "W2_last_k16", "params": {"k": 16}, "version": 1}
     assert spec(params=(("b", 1), ("a", "x"))).fingerprint()["params"] == {"a": "x", "b": 1}
     assert spec(version=2).fingerprint() != spec().fingerprint()

@@ -376,3 +376,84 @@ def test_steer_one_cell_checks_its_inputs_before_any_work(tmp_path, change, erro
                        store_url=str(tmp_path / "store"), alphas=change.get("alphas"), prompts_file=str(prompts))
     assert "\n" not in str(err.value)
     assert not (tmp_path / "store").exists()
+
+
+# A template that writes its own BOS, as Llama-3's does: the tokenizer must not add a second one.
+CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}[assistant] {% endif %}")
+
+
+@pytest.fixture
+def chat_worker(tiny_dir) -> SteeringWorker:
+    loaded = load_model(str(tiny_dir), device="cpu")
+    loaded.tokenizer.chat_template = CHAT_TEMPLATE
+    return SteeringWorker(loaded)
+
+
+def test_prompt_format_follows_the_chat_template_with_an_override(worker, chat_worker):
+    from poolbench.steerer.prompts import format_prompt
+
+    assert worker.prompt_format() == "plain" and worker.prompt_format("plain") == "plain"
+    assert chat_worker.prompt_format() == "chat" and chat_worker.prompt_format("plain") == "plain"
+    with pytest.raises(SteeringError, match=r"^prompt format 'chat' needs a tokenizer with a chat template"):
+        worker.prompt_format("chat")
+    with pytest.raises(SteeringError, match=r"^prompt format 'jinja' is not one of auto, chat, plain$"):
+        chat_worker.prompt_format("jinja")
+    tok = chat_worker.loaded.tokenizer
+    assert format_prompt(tok, "the cat sat", "chat") == "<s>[user] the cat sat\n[assistant] "
+    assert format_prompt(tok, "the cat sat", "plain") == "the cat sat"
+
+
+def test_chat_generation_reads_the_template_once_and_perplexity_conditions_on_it(worker, chat_worker):
+    tok = chat_worker.loaded.tokenizer
+    seeds = prompt_seeds(3, 0)
+    chat = chat_worker.generate(PROMPTS[:3], layer=0, delta=None, seeds=seeds, settings=SETTINGS)
+    plain = chat_worker.generate(PROMPTS[:3], layer=0, delta=None, seeds=seeds, settings=SETTINGS,
+                                 prompt_format="plain")
+    for g, p, prompt in zip(chat, plain, PROMPTS[:3], strict=True):
+        assert g.prompt == prompt == p.prompt  # relevance compares the user's text, in either format
+        ids = tok(f"<s>[user] {prompt}\n[assistant] ", add_special_tokens=False)["input_ids"]
+        assert list(g.prompt_ids) == ids and ids.count(tok.bos_token_id) == 1
+        assert list(p.prompt_ids) == tok(prompt)["input_ids"] and p.prompt_ids[0] == tok.bos_token_id
+    # the base worker's default (auto) is plain: the same draws as the chat worker told "plain"
+    assert [g.token_ids for g in worker.generate(PROMPTS[:3], layer=0, delta=None, seeds=seeds,
+                                                 settings=SETTINGS)] == [g.token_ids for g in plain]
+    # perplexity is the NLL of the continuation given exactly the ids the model read
+    nll, n_tok = chat_worker.nll(chat[:1])
+    ids = torch.tensor([list(chat[0].prompt_ids) + list(chat[0].token_ids)])
+    with torch.no_grad():
+        logp = torch.log_softmax(chat_worker.loaded.model(input_ids=ids).logits[0, :-1].float(), -1)
+    start = len(chat[0].prompt_ids)
+    expected = -sum(float(logp[t - 1, ids[0, t]]) for t in range(start, ids.shape[1]))
+    assert n_tok[0] == 8 and nll[0] == pytest.approx(expected, rel=1e-5)
+
+
+def test_run_records_the_prompt_format(chat_worker, tmp_path):
+    passages = _passages(4)
+    table = _planted_table(chat_worker, passages, np.ones(chat_worker.loaded.hidden_size, np.float32), 1)
+    scorers = {"toxicity": WordScorer("toxicity", "idiot")}
+    train = [p.text for p in passages if p.split == "train"]
+    config = SteeringConfig(alphas=(0.0, 0.1), n_prompts=4, settings=SETTINGS, n_bootstrap=10)
+    chat = run_steering(LocalStore(tmp_path / "a"), chat_worker, "toxicity", "A1_mean", 1, table, scorers, config,
+                        train_texts=train)
+    plain = run_steering(LocalStore(tmp_path / "b"), chat_worker, "toxicity", "A1_mean", 1, table, scorers,
+                         SteeringConfig(**{**config.__dict__, "prompt_format": "plain"}), train_texts=train)
+    assert chat.d2.prompt_format == "chat" and plain.d2.prompt_format == "plain"
+    assert chat.key != plain.key
+
+
+def test_residual_norm_leaves_out_the_first_token_without_a_bos(tiny_dir):
+    """Each text's first token is the sink even where the tokenizer adds no BOS; computed text by text."""
+    from poolbench.extractor.hook_points import capture_layer_outputs
+
+    loaded = load_model(str(tiny_dir), device="cpu")
+    loaded.tokenizer._tokenizer.post_processor = processors.ByteLevel(trim_offsets=True)  # no BOS
+    texts = PROMPTS[:4]
+    norms = []
+    for text in texts:
+        ids = loaded.tokenizer(text, return_tensors="pt")
+        assert ids["input_ids"][0, 0] != loaded.tokenizer.bos_token_id
+        with torch.no_grad(), capture_layer_outputs(loaded.decoder_layers, [1]) as captured:
+            loaded.model(**ids)
+        norms.extend(captured[1][0, 1:].norm(dim=-1).tolist())
+    assert SteeringWorker(loaded).residual_norm(texts, 1) == pytest.approx(float(np.mean(norms)), rel=1e-5)

@@ -12,6 +12,7 @@ import numpy as np
 
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.pooler.pool import PooledBatch
+from poolbench.pooler.sink import AUTO_OTHERS, SINK_RATIO
 from poolbench.pooler.spec import StrategySpec, TokenContext
 
 
@@ -47,6 +48,17 @@ _RULES: dict[str, Callable[[np.ndarray, StrategySpec], np.ndarray | None]] = {
 }
 
 
+def _first_is_left_out(tokens: np.ndarray, mode: str) -> bool:
+    """The sink rule read plainly: never for one token; always with "skip"; with "auto" when at least
+    AUTO_OTHERS other tokens exist and the first token's norm is at least SINK_RATIO times their median."""
+    if mode == "keep" or len(tokens) < 2:
+        return False
+    if mode == "skip":
+        return True
+    norms = np.linalg.norm(tokens, axis=1)
+    return len(tokens) > AUTO_OTHERS and bool(norms[0] >= SINK_RATIO * np.median(norms[1:]))
+
+
 def pool_naive(batch: ActivationBatch, specs: Sequence[StrategySpec]) -> PooledBatch:
     """Per passage, per strategy, per layer loops over the passage's real tokens; same output as pool_tokens.
     A rule that selects nothing (None, or all-zero weights) falls back to the mean and is flagged."""
@@ -61,12 +73,13 @@ def pool_naive(batch: ActivationBatch, specs: Sequence[StrategySpec]) -> PooledB
             real = np.flatnonzero(batch.attention_mask[b])
             for layer in range(n_layers):
                 tokens = batch.hidden[layer, b, real].astype(np.float64)
+                start = 1 if _first_is_left_out(tokens, spec.sink_mode) else 0
                 if custom is None:
-                    vector = _RULES[spec.code](tokens, spec)
+                    vector = _RULES[spec.code](tokens[start:], spec)
                 else:
-                    weights = (custom if custom.ndim == 2 else custom[layer])[b, real]
+                    weights = (custom if custom.ndim == 2 else custom[layer])[b, real][start:]
                     total = weights.sum()
-                    vector = None if total == 0 else (weights[:, None] * tokens).sum(axis=0) / total
+                    vector = None if total == 0 else (weights[:, None] * tokens[start:]).sum(axis=0) / total
                 if vector is None:
                     fallback[s, b] = True
                     vector = tokens.mean(axis=0)

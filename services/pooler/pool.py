@@ -10,6 +10,7 @@ import torch
 
 from poolbench.errors import StrategyError
 from poolbench.extractor.activations import ActivationBatch
+from poolbench.pooler.sink import drop_first, sink_rows
 from poolbench.pooler.spec import StrategySpec, TokenContext
 
 
@@ -41,7 +42,7 @@ def pool_tokens(batch: ActivationBatch, specs: Sequence[StrategySpec]) -> Pooled
     reductions: list[tuple[int, str]] = []
     for s, spec in enumerate(specs):
         if spec.kind == "reduction":
-            reductions.append((s, spec.reduction))
+            reductions.append((s, spec.reduction, sink_rows(ctx.token_norms, mask, spec.sink_mode)))
         else:
             weighted.append((s, token_weights(spec, ctx, n_layers)))
 
@@ -82,7 +83,9 @@ def token_weights(spec: StrategySpec, ctx: TokenContext, n_layers: int) -> np.nd
     weights = np.where(ctx.attention_mask, raw, 0).astype(np.float32, copy=False)
     if not np.isfinite(weights).all() or (weights < 0).any():
         raise StrategyError(f"strategy {spec.id!r}: weights must be finite and non-negative")
-    return weights
+    if spec.sink_mode == "keep":
+        return weights
+    return drop_first(weights, ctx.attention_mask, sink_rows(ctx.token_norms, ctx.attention_mask, spec.sink_mode))
 
 
 def normalise_weights(weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -117,22 +120,28 @@ def _put(out: torch.Tensor, index: list[int], values: torch.Tensor) -> None:
 
 
 def _reduce(out: torch.Tensor, hidden: torch.Tensor, mask: np.ndarray,
-            reductions: list[tuple[int, str]]) -> None:
+            reductions: list[tuple[int, str, np.ndarray]]) -> None:
     """Masked max/min. Real tokens form one run per passage (padding on either side), so each passage
-    reduces over a slice view; a mask with holes goes through one reused ±inf-filled [B,T,d] buffer."""
+    reduces over a slice view; a mask with holes goes through one reused ±inf-filled [B,T,d] buffer.
+    Each reduction's [L,B] sink rows start that passage's run one token later at that layer."""
     lengths = mask.sum(axis=1)
     first = mask.argmax(axis=1)
     last = mask.shape[1] - 1 - mask[:, ::-1].argmax(axis=1)
     if (last - first + 1 == lengths).all():
         for b, (start, stop) in enumerate(zip(first, last + 1, strict=True)):
             tokens = hidden[:, b, start:stop]  # [L, n, d]
-            for s, reduction in reductions:
+            for s, reduction, sink in reductions:
                 out[:, s, b] = tokens.amax(dim=1) if reduction == "max" else tokens.amin(dim=1)
+                for layer in np.flatnonzero(sink[:, b]):
+                    rest = tokens[layer, 1:]
+                    out[layer, s, b] = rest.amax(dim=0) if reduction == "max" else rest.amin(dim=0)
         return
-    keep = torch.from_numpy(mask)[:, :, None]
     buffer = torch.empty(hidden.shape[1:], dtype=hidden.dtype)
     for layer in range(hidden.shape[0]):
-        for s, reduction in reductions:
+        for s, reduction, sink in reductions:
+            kept = mask.copy()
+            kept[np.flatnonzero(sink[layer]), first[sink[layer]]] = False
+            keep = torch.from_numpy(kept)[:, :, None]
             fill = torch.tensor(float("-inf") if reduction == "max" else float("inf"), dtype=hidden.dtype)
             torch.where(keep, hidden[layer], fill, out=buffer)
             reduce = torch.amax if reduction == "max" else torch.amin

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Literal
 
 import numpy as np
+import torch
 
 from poolbench.errors import StrategyError
 from poolbench.extractor.activations import ActivationBatch
+from poolbench.pooler.sink import SINK_MODES
 
 FAMILIES = frozenset({
     "position_anchored", "uniform_aggregation", "window", "saliency_weighted",
@@ -58,6 +61,11 @@ class TokenContext:
             passage_ids=batch.passage_ids, hidden=batch.hidden, extras=batch.extras,
             lengths=lengths, rank=rank,
         )
+
+    @cached_property
+    def token_norms(self) -> np.ndarray:
+        """[L, B, T] L2 norm of every token's hidden state, computed once per batch for A4 and the sink rule."""
+        return torch.linalg.vector_norm(torch.from_numpy(np.asarray(self.hidden)), dim=-1).numpy()
 
 
 WeightsFn = Callable[[TokenContext], np.ndarray]
@@ -121,7 +129,18 @@ class StrategySpec:
             return f"variant_of must be the id of a strategy with code {self.code!r}, got {self.variant_of!r}"
         if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
             return "version must be a positive int"
+        if dict(self.params).get("sink", "keep") not in SINK_MODES:
+            return f"param 'sink' must be one of {', '.join(SINK_MODES)}, got {dict(self.params)['sink']!r}"
         return None
+
+    @property
+    def sink_mode(self) -> str:
+        """How the pooler treats the first real token (poolbench.pooler.sink); "keep" without a sink param."""
+        return str(dict(self.params).get("sink", "keep"))
+
+    def with_sink_mode(self, mode: str) -> StrategySpec:
+        """The same strategy with another sink mode (its fingerprint, so its artifacts, differ)."""
+        return replace(self, params=tuple(sorted({**dict(self.params), "sink": mode}.items())))
 
     def param(self, name: str) -> ParamValue:
         """A param's value; a weight rule's settings live here so they are part of the identity."""

@@ -33,7 +33,8 @@ class GenerationSettings:
 
 @dataclass(frozen=True)
 class Generation:
-    """One continuation: its text and token ids (the prompt's ids too, so perplexity needs no re-tokenising)."""
+    """One continuation: its text and token ids. `prompt` is the user's text; `prompt_ids` are what the model
+    read (chat-formatted for instruct models), so perplexity conditions on exactly that, with no re-tokenising."""
 
     prompt: str
     text: str
@@ -42,7 +43,9 @@ class Generation:
 
 
 class SteeringBackend(Protocol):
-    """Generate continuations of `prompts` with `delta` (None: unsteered) added to the output of `layer`."""
+    """Generate continuations of `prompts` with `delta` (None: unsteered) added to the output of `layer`;
+    `prompt_format` is auto, chat or plain (prompts.resolve_prompt_format)."""
 
     def generate(self, prompts: Sequence[str], *, layer: int, delta: np.ndarray | None,
-                 seeds: Sequence[int], settings: GenerationSettings) -> list[Generation]: ...
+                 seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
+                 ) -> list[Generation]: ...

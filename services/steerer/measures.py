@@ -16,8 +16,9 @@ from .backend import Generation
 @torch.no_grad()
 def mean_residual_norm(loaded: LoadedModel, texts: Sequence[str], layer: int, *, batch_size: int = 32,
                        max_length: int = 256) -> float:
-    """Mean over real tokens of ||h_t|| at layers.{layer}.out. Special tokens (BOS) are left out: their
-    states are attention-sink outliers whose norm can be many times a word token's."""
+    """Mean of ||h_t|| at layers.{layer}.out over real tokens, leaving out special tokens and each text's
+    first token: the attention sink (a BOS, or the first word where the tokenizer adds none) is an outlier,
+    22,664 vs a median of 154 at SmolLM2's layer 16, and would set alpha's unit by one position."""
     tok = loaded.tokenizer
     total, count = 0.0, 0
     for start in range(0, len(texts), batch_size):
@@ -28,7 +29,9 @@ def mean_residual_norm(loaded: LoadedModel, texts: Sequence[str], layer: int, *,
         with capture_layer_outputs(loaded.decoder_layers, [layer]) as captured:
             loaded.model(**enc)
         norms = captured[layer].float().norm(dim=-1).cpu()
-        real = enc["attention_mask"].bool().cpu() & ~special
+        mask = enc["attention_mask"].bool().cpu()
+        real = mask & ~special
+        real[torch.arange(len(mask)), mask.int().argmax(dim=1)] = False
         total += float(norms[real].sum())
         count += int(real.sum())
     if count == 0:

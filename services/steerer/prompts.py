@@ -1,10 +1,14 @@
-"""The prompts steering continues: the shipped neutral prompts or a user file, and concept instructions."""
+"""The prompts steering continues: the shipped neutral prompts or a user file, concept instructions, and how
+a prompt is put to the model (a chat template's user turn for instruct models, plain text for base models)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
 
 from .errors import SteeringError
 
@@ -39,3 +43,35 @@ def concept_instruction(concept: str) -> str:
     table = json.loads(resources.files("poolbench").joinpath("data/concept_instructions.json")
                        .read_text(encoding="utf-8"))
     return table.get(concept) or f"Write text that shows {concept.replace('_', ' ')}."
+
+
+PROMPT_FORMATS = ("auto", "chat", "plain")
+
+
+def resolve_prompt_format(tokenizer: PreTrainedTokenizerBase, option: str = "auto") -> str:
+    """'chat' or 'plain': instruct models (a tokenizer with a chat template) answer a user turn, base models
+    continue text; 'auto' decides from the tokenizer, 'chat'/'plain' override it."""
+    if option not in PROMPT_FORMATS:
+        raise SteeringError(f"prompt format '{option}' is not one of {', '.join(PROMPT_FORMATS)}")
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if option == "chat" and not has_template:
+        raise SteeringError("prompt format 'chat' needs a tokenizer with a chat template; this one has none")
+    if option == "auto":
+        return "chat" if has_template else "plain"
+    return option
+
+
+def format_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, prompt_format: str) -> str:
+    """The text the model reads: the prompt as one user turn plus the generation prompt, or the prompt."""
+    if prompt_format == "plain":
+        return prompt
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
+
+
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], prompt_format: str,
+                   ) -> list[list[int]]:
+    """Token ids of each formatted prompt. A chat template writes its own special tokens (a BOS among them
+    where the model has one), so the tokenizer adds none to it; plain prompts get the usual ones."""
+    texts = [format_prompt(tokenizer, p, prompt_format) for p in prompts]
+    return tokenizer(texts, add_special_tokens=prompt_format == "plain")["input_ids"]

@@ -44,6 +44,7 @@ class SteeringConfig:
     n_bootstrap: int = 1000
     seed: int = 0
     prompted_baseline: bool = True
+    prompt_format: str = "auto"  # auto: the chat template's user turn when the tokenizer has one
 
     def to_record(self) -> dict:
         out = asdict(self)
@@ -108,6 +109,7 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
     vector = steering_vector(view, concept, strategy, layer)
     nbrs = neighbours(concept)
     info = worker.info()
+    prompt_format = worker.prompt_format(config.prompt_format)
     base = {"concept": concept, "strategy": strategy, "layer": layer, "model_id": info["model_id"],
             "backend": info["backend"]}
     scorer = scorers[concept]
@@ -117,12 +119,13 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
         layer=layer, vector=_vector_digest(vector), raw_norm=round(vector.raw_norm, 6),
         prompts=_digest(prompts), train_texts=_digest(list(train_texts)), config=config.to_record(),
         scorers={c: scorers[c].info.get("key", c) for c in scorer_concepts},
-        backend=info["backend"], version=[STEERING_VERSION, D2_VERSION, D3_VERSION])
+        backend=info["backend"], prompt_format=prompt_format, version=[STEERING_VERSION, D2_VERSION, D3_VERSION])
     if store.exists(key):
         return SteeringResult.from_dict(store.get_json(key))
 
     d2: dict = {**base, **vector.to_record(), "n_prompts": len(prompts), "alphas": list(alphas),
                 "scorer_key": scorer.info.get("key"), "scorer_heldout_auroc": scorer.info.get("heldout_auroc"),
+                "prompt_format": prompt_format,
                 **{f"gen_{k}": v for k, v in config.settings.to_record().items()}}
     if vector.is_null:
         d2.update(status="null", null_reason=vector.null_reason, scp=None, d2_delta=None)
@@ -137,7 +140,7 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
     d2.update(residual_norm=vector.residual_norm)
     seeds = prompt_seeds(len(prompts), config.seed)
     gens = [worker.generate(prompts, layer=layer, delta=None if a == 0 else vector.delta(a), seeds=seeds,
-                            settings=config.settings) for a in alphas]
+                            settings=config.settings, prompt_format=prompt_format) for a in alphas]
     texts = [g.text for row in gens for g in row]
     n_a, n = len(alphas), len(prompts)
     scores = {c: scorers[c].score(texts).reshape(n_a, n) for c in scorer_concepts}
@@ -152,7 +155,7 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
     if config.prompted_baseline:
         instruction = concept_instruction(concept)
         pgens = worker.generate([f"{instruction} {p}" for p in prompts], layer=layer, delta=None, seeds=seeds,
-                                settings=config.settings)
+                                settings=config.settings, prompt_format=prompt_format)
         # Perplexity of the prompted continuation is measured given the neutral prompt, as for steering.
         as_neutral = [Generation(g0.prompt, gp.text, g0.prompt_ids, gp.token_ids)
                       for g0, gp in zip(gens[0], pgens, strict=True)]

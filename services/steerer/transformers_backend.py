@@ -1,6 +1,7 @@
 """transformers backend: a forward hook adds delta at every position of one decoder layer's output.
 
 One `generate` call per batch of prompts at one alpha, left padding, per-prompt seeds (see sampling.py).
+Prompts go in as `prompt_format` says (prompts.py: a chat template's user turn for instruct models).
 The hook is installed with `add_hooks` and removed when the call returns, also on error. Nothing shared is
 mutated (the hook is request-local, left padding is asked per call), so a steered call never touches another.
 """
@@ -18,6 +19,7 @@ from poolbench.extractor.loading import LoadedModel
 
 from .backend import Generation, GenerationSettings
 from .errors import SteeringError
+from .prompts import format_prompt, resolve_prompt_format
 from .sampling import RowSeededSampler
 
 
@@ -28,7 +30,9 @@ class TransformersBackend:
         self.loaded = loaded
 
     def generate(self, prompts: Sequence[str], *, layer: int, delta: np.ndarray | None,
-                 seeds: Sequence[int], settings: GenerationSettings) -> list[Generation]:
+                 seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
+                 ) -> list[Generation]:
+        prompt_format = resolve_prompt_format(self.loaded.tokenizer, prompt_format)
         if len(seeds) != len(prompts):
             raise SteeringError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         if not 0 <= layer < self.loaded.n_layers:
@@ -38,15 +42,17 @@ class TransformersBackend:
         for start in range(0, len(prompts), settings.batch_size):
             stop = start + settings.batch_size
             out.extend(self._generate_batch(list(prompts[start:stop]), layer, delta, list(seeds[start:stop]),
-                                            settings))
+                                            settings, prompt_format))
         return out
 
     @torch.no_grad()
     def _generate_batch(self, prompts: list[str], layer: int, delta: np.ndarray | None, seeds: list[int],
-                        settings: GenerationSettings) -> list[Generation]:
+                        settings: GenerationSettings, prompt_format: str) -> list[Generation]:
         m = self.loaded
         tok = m.tokenizer
-        enc = tok(prompts, return_tensors="pt", padding=True, padding_side="left").to(m.device)
+        # A chat template writes its own special tokens; plain prompts get the tokenizer's usual ones.
+        enc = tok([format_prompt(tok, p, prompt_format) for p in prompts], return_tensors="pt", padding=True,
+                  padding_side="left", add_special_tokens=prompt_format == "plain").to(m.device)
         processors = LogitsProcessorList()
         if not settings.greedy:
             processors.append(RowSeededSampler(seeds, settings.temperature))

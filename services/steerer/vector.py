@@ -1,7 +1,15 @@
 """DiffMean steering vectors and the alpha grid, as plain arrays (no model, no I/O).
 
-alpha is in units of the mean residual-stream norm at the layer: the added vector is
-alpha * residual_norm * unit_direction, so alpha = 1 is as long as a typical hidden state there.
+alpha is in units of the layer's residual-stream norm without the sink: the added vector is
+alpha * residual_norm * unit_direction, residual_norm the mean ||h_t|| over real tokens other than special
+tokens and each text's first token (measures.mean_residual_norm), so alpha = 1 is as long as a typical word
+token's hidden state there. With the sink in, one position set the unit: on SmolLM2-135M-Instruct at layer
+16 (first token 22,700, other tokens ~190) the old unit was ~5x a word token's norm for 30-token texts, and
+its old grid's first step (0.125) already gave a fluency ratio of 4.1.
+
+DEFAULT_ALPHAS is geometric (factor 2) from 0.05 to 0.8 of that norm: the issue's SmolLM2 runs put "no
+effect" below the old 0.125 (~0.6 in this unit, fluency ratio 4.1) and "glass glass glass" at the old 0.25
+(~1.2), so four steps below 0.6 and one past it span no effect to broken.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ import numpy as np
 
 from .errors import SteeringError
 
-DEFAULT_ALPHAS: tuple[float, ...] = (0.0, 0.125, 0.25, 0.5, 1.0, 2.0)
+DEFAULT_ALPHAS: tuple[float, ...] = (0.0, 0.05, 0.1, 0.2, 0.4, 0.8)
 # A DiffMean vector this small relative to the pooled vectors' own norm is numerically zero
 # (P2_first on a causal LM pools the BOS state, identical for every passage).
 RELATIVE_ZERO = 1e-6

@@ -20,6 +20,7 @@ import numpy as np
 
 from .backend import Generation, GenerationSettings
 from .errors import SteeringError
+from .prompts import encode_prompts, resolve_prompt_format
 
 INSTALL_HINT = "the vLLM backend needs vLLM: pip install 'poolbench[vllm]'"
 
@@ -93,7 +94,8 @@ class VLLMBackend:
         self.tokenizer = self.llm.get_tokenizer()
 
     def generate(self, prompts: Sequence[str], *, layer: int, delta: np.ndarray | None, seeds: Sequence[int],
-                 settings: GenerationSettings) -> list[Generation]:
+                 settings: GenerationSettings, prompt_format: str = "auto") -> list[Generation]:
+        prompt_format = resolve_prompt_format(self.tokenizer, prompt_format)
         if not 0 <= layer < self.n_layers:
             raise SteeringError(f"layer {layer} out of range ({self.n_layers} layers)")
         if len(seeds) != len(prompts):
@@ -105,7 +107,9 @@ class VLLMBackend:
             temperature=0.0 if settings.greedy else settings.temperature, top_p=1.0,
             seed=None if settings.greedy else int(s), max_tokens=settings.max_new_tokens,
             min_tokens=settings.min_tokens, skip_special_tokens=True) for s in seeds]
-        outputs = self.llm.generate(list(prompts), params, use_tqdm=False)
+        # Token ids, not text: vLLM would add the tokenizer's special tokens to a chat-formatted text again.
+        ids = encode_prompts(self.tokenizer, prompts, prompt_format)
+        outputs = self.llm.generate([{"prompt_token_ids": list(i)} for i in ids], params, use_tqdm=False)
         return [Generation(p, o.outputs[0].text, tuple(o.prompt_token_ids), tuple(o.outputs[0].token_ids))
                 for p, o in zip(prompts, outputs, strict=True)]
 

@@ -16,6 +16,7 @@ from poolbench.extractor.loading import LoadedModel, load_model
 from .backend import Generation, GenerationSettings, SteeringBackend
 from .errors import SteeringError
 from .measures import SentenceEmbedder, continuation_nll, mean_residual_norm
+from .prompts import resolve_prompt_format
 
 BACKENDS = ("transformers", "vllm")
 
@@ -48,9 +49,14 @@ class SteeringWorker:
                 "hidden_size": m.hidden_size, "dtype": str(m.dtype), "device": str(m.device),
                 "backend": self.backend_name}
 
+    def prompt_format(self, option: str = "auto") -> str:
+        """'chat' for a tokenizer with a chat template (an instruct model), else 'plain'; `option` overrides."""
+        return resolve_prompt_format(self.loaded.tokenizer, option)
+
     def generate(self, prompts: Sequence[str], *, layer: int, delta: np.ndarray | None, seeds: Sequence[int],
-                 settings: GenerationSettings) -> list[Generation]:
-        return self.backend.generate(prompts, layer=layer, delta=delta, seeds=seeds, settings=settings)
+                 settings: GenerationSettings, prompt_format: str = "auto") -> list[Generation]:
+        return self.backend.generate(prompts, layer=layer, delta=delta, seeds=seeds, settings=settings,
+                                     prompt_format=prompt_format)
 
     def residual_norm(self, texts: Sequence[str], layer: int) -> float:
         return mean_residual_norm(self.loaded, texts, layer)

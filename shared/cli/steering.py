@@ -80,6 +80,8 @@ def steer(
     allow_weak_scorer: Annotated[bool, typer.Option(help="keep scorers with held-out AUROC < 0.7")] = False,
     fluency_guard: Annotated[float, typer.Option(help="max perplexity ratio to alpha = 0 for alpha*")] = 2.0,
     seed: Annotated[int, typer.Option(help="seed for prompt seeds, halves and bootstrap")] = 0,
+    prompt_format: Annotated[str, typer.Option(help="auto (chat template if the tokenizer has one), chat, plain")]
+        = "auto",
     out: Annotated[Path, typer.Option(help="where the D2/D3 JSON goes")] = Path("runs/steer.json"),
 ) -> None:
     """D2 and D3 for one (concept, strategy, layer) cell: steer, score, and print SCP, Delta, Disent."""
@@ -90,7 +92,8 @@ def steer(
         concept, strategy, layer, model=model, corpus=corpus, corpus_size=corpus_size, store_url=_store_url(store),
         alphas=_alphas(alphas), n_prompts=n_prompts, prompts_file=str(prompts) if prompts else None,
         settings=GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy),
-        fluency_guard=fluency_guard, seed=seed, backend=backend, allow_weak_scorer=allow_weak_scorer)
+        fluency_guard=fluency_guard, seed=seed, backend=backend, allow_weak_scorer=allow_weak_scorer,
+        prompt_format=prompt_format)
     d2 = result.d2
     table = Table("alpha", "score", "fluency ratio", "relevance", title=f"{concept} · {d2.strategy} · layer {layer}")
     for row in d2.per_alpha or []:

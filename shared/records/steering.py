@@ -41,6 +41,7 @@ class D2Record(Record):
     alphas: list[Number]
     scorer_key: str | None
     scorer_heldout_auroc: Number | None
+    prompt_format: Literal["chat", "plain"] | None = None  # how prompts reached the model (absent: older runs)
     gen_max_new_tokens: int
     gen_min_new_tokens: int
     gen_temperature: Number

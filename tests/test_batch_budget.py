@@ -17,7 +17,7 @@ from poolbench.extractor.batching import (
 )
 from poolbench.extractor.extract import ExtractionStats, extract_batches, prepare_batches
 from poolbench.extractor.loading import load_model
-from poolbench.pooler.concept_pooling import pool_concept
+from poolbench.pooler.concept_pooling import pool_concept_tables
 from poolbench.pooler.parses import ParseIndex, load_nlp, parse_table
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.pooler.registry import resolve_strategies
@@ -97,9 +97,11 @@ def test_pooled_table_and_d1_are_the_same_with_and_without_a_small_budget(tiny):
     assert len(specs) == 19
 
     def pooled(budget: int | None):
-        return pool_concept(tiny, passages, [0, 1], specs, batch_size=16, parses=parses, max_batch_tokens=budget)
+        return pool_concept_tables(tiny, passages, [0, 1], specs, batch_size=16, parses=parses,
+                                   max_batch_tokens=budget)
 
-    big, small = pooled(None), pooled(64)
+    big_tables, small_tables = pooled(None), pooled(64)
+    big, small = big_tables.pooled, small_tables.pooled
     lengths = [b.input_ids.shape for b in prepare_batches(tiny.tokenizer, passages, batch_size=16)]
     assert any(rows * length > 64 for rows, length in lengths)  # the small budget really cuts batches
     key = ["layer", "strategy", "passage_id"]
@@ -113,7 +115,8 @@ def test_pooled_table_and_d1_are_the_same_with_and_without_a_small_budget(tiny):
         np.testing.assert_array_equal(a.X, b.X)
         np.testing.assert_array_equal(a.fallback, b.fallback)
     d1 = {"n_folds": 2, "seed": 0, "n_bootstrap": 20, "reliability": False}
-    assert probe_pooled_table(big, concept, **d1) == probe_pooled_table(small, concept, **d1)
+    assert (probe_pooled_table(big, concept, heads=big_tables.heads, **d1)
+            == probe_pooled_table(small, concept, heads=small_tables.heads, **d1))
 
 
 def test_run_config_takes_a_positive_budget_or_none():

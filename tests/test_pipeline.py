@@ -27,8 +27,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPa
 
 
 def config(model: Path, store: str, **overrides) -> RunConfig:
-    # Corpus v1: its cells are nearly separable for the tiny model, so D1's lbfgs probe and reliability's Newton
-    # twin rank every fold alike (on v2's hard cells they reach one optimum yet can swap a near-tied pair).
+    # Corpus v1: small, nearly separable cells for the tiny model, so the counts below are stable.
     base = dict(model=str(model), corpus="embedded-v1", corpus_size="tiny", concepts=CONCEPTS,
                 strategies=STRATEGIES, store=store, n_bootstrap=200, torch_threads=1, steering=False)
     return RunConfig(**{**base, **overrides})
@@ -160,3 +159,24 @@ def test_dump_activations_and_export_submission(tiny_llama_dir, local_ray, cache
     result = submission["results"]["llama3_8b"]
     assert set(result["per_concept"]) == {"hedging"}
     assert 0.0 <= result["mean_auroc"] <= 1.0 and result["layer"] in (0, 1)
+
+
+def test_a_corrupt_artifact_is_quarantined_and_recomputed_not_fatal(tiny_llama_dir, local_ray, cache, tmp_path):
+    """Bit rot in one concept's pooled vectors: the rerun warns, moves it aside, recomputes that concept only
+    (the healthy concept's artifacts are kept) and ends with the same cells as the first run."""
+    from poolbench.records.events import ArtifactQuarantined
+
+    cfg = config(tiny_llama_dir, str(tmp_path / "store"))
+    first = run_benchmark(cfg)
+    bad = first.artifacts["toxicity"]["pooled"]
+    path = tmp_path / "store" / f"{bad}.arrow"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    events: list[RunEvent] = []
+    again = run_benchmark(cfg, events.append)
+    quarantined = [e for e in events if isinstance(e, ArtifactQuarantined)]
+    assert [e.key for e in quarantined] == [bad] and quarantined[0].reason.startswith("sha256 mismatch")
+    assert again.computed == {"pooled": 1, "d1": 0, "pooled_skipped": 1, "d1_skipped": 2}
+    assert open_store(cfg.resolved_store()).check(f"quarantine/{bad}") is None
+    assert [c.to_dict() for c in again.records] == [c.to_dict() for c in first.records]

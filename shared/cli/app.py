@@ -25,6 +25,7 @@ from poolbench.cluster.commands import cluster_app
 from poolbench.config import EMBEDDED, RunConfig
 from poolbench.errors import PoolBenchError
 from poolbench.records.events import (
+    ArtifactQuarantined,
     CellSteered,
     ConceptPooled,
     ConceptProbed,
@@ -180,6 +181,9 @@ class RunDisplay:
             case ScorerReady():
                 bar(self.tasks["scorer"], advance=1,
                     last=f"{event.concept} (held-out AUROC {event.heldout_auroc:.2f})")
+            case ArtifactQuarantined():
+                self.progress.console.print(f"warning: {event.key} is corrupt ({event.reason}): moved to "
+                                            f"quarantine/{event.key}, recomputing", highlight=False)
             case CellSteered():
                 scp = "null" if event.scp is None else f"SCP {event.scp:+.2f}"
                 bar(self.tasks["steer"], advance=1, last=f"{event.concept}/{event.strategy} ({scp})")

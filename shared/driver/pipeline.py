@@ -25,6 +25,7 @@ from poolbench.prober.flash import parse_fraction
 from poolbench.prober.reliability import RELIABILITY_VERSION
 from poolbench.records.d1 import D1CellRecord, d1_records_from_table
 from poolbench.records.events import (
+    ArtifactQuarantined,
     ConceptPooled,
     ConceptProbed,
     EventSink,
@@ -207,8 +208,16 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
             batch_size=cfg.batch_size, max_length=cfg.max_length, dump_key=plan.dump_key,
             max_batch_tokens=cfg.max_batch_tokens))
 
+    def stored(key: str) -> bool:
+        """Stored and whole; a corrupt artifact is quarantined, reported and recomputed instead of stopping."""
+        before = len(store.quarantined)
+        whole = store.intact(key)
+        for bad_key, reason in store.quarantined[before:]:
+            emit(ArtifactQuarantined(bad_key, reason))
+        return whole
+
     def probe_unless_stored(plan: ConceptPlan) -> list[Job[ConceptJob]]:
-        if store.exists(plan.d1_key):
+        if stored(plan.d1_key):
             computed["d1_skipped"] += 1
             emit(ConceptProbed(plan.concept, skipped=True))
             return []
@@ -222,8 +231,8 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
 
     jobs: list[Job[ConceptJob]] = []
     for plan in run.plans:
-        needs_dump = plan.dump_key is not None and not store.exists(plan.dump_key)
-        if store.exists(plan.pooled_key) and not needs_dump:
+        needs_dump = plan.dump_key is not None and not stored(plan.dump_key)
+        if stored(plan.pooled_key) and not needs_dump:
             computed["pooled_skipped"] += 1
             emit(ConceptPooled(plan.concept, skipped=True))
             jobs.extend(probe_unless_stored(plan))

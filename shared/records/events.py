@@ -76,7 +76,16 @@ class CellSteered:
     d2_delta: float | None
 
 
-RunEvent = ModelBuilding | RunPlanned | ConceptPooled | ConceptProbed | SteeringPlanned | ScorerReady | CellSteered
+@dataclass(frozen=True)
+class ArtifactQuarantined:
+    """A stored artifact failed its checksum: moved to quarantine/ and recomputed, so the run goes on."""
+
+    key: str
+    reason: str
+
+
+RunEvent = (ArtifactQuarantined | ModelBuilding | RunPlanned | ConceptPooled | ConceptProbed | SteeringPlanned
+            | ScorerReady | CellSteered)
 EventSink = Callable[[RunEvent], None]
 
 

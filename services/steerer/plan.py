@@ -26,9 +26,10 @@ DEFAULT_RUN_CONFIG = SteeringConfig(n_prompts=20, settings=GenerationSettings(ma
 FULL_N_PROMPTS = 50
 
 
-def steering_config(full: bool) -> SteeringConfig:
-    """The default subset's settings, or the full subset's: the same but FULL_N_PROMPTS prompts."""
-    return replace(DEFAULT_RUN_CONFIG, n_prompts=FULL_N_PROMPTS) if full else DEFAULT_RUN_CONFIG
+def steering_config(full: bool, seed: int = 0) -> SteeringConfig:
+    """The default subset's settings, or the full subset's (the same but FULL_N_PROMPTS prompts), with the run's
+    seed for prompt seeds, the prompt halves and every bootstrap."""
+    return replace(DEFAULT_RUN_CONFIG, n_prompts=FULL_N_PROMPTS if full else DEFAULT_RUN_CONFIG.n_prompts, seed=seed)
 
 
 @dataclass(frozen=True)

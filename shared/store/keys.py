@@ -8,15 +8,17 @@ so the store's storage suffixes (``.arrow``, ``.json``, ``.bin``, ``.dir/``) can
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from poolbench.atomic_write import write_json_atomic
 from poolbench.errors import StoreError
 
 KEY_HASH_CHARS = 32
@@ -80,6 +82,27 @@ def artifact_key(kind: str, **determinants: Any) -> str:
 def sha256_bytes(data: bytes) -> str:
     """Hex sha256 of an in-memory payload."""
     return hashlib.sha256(data).hexdigest()
+
+
+def cached_sha256(files: Sequence[Path], sidecar: Path) -> str:
+    """sha256 over the files' bytes in the given order, remembered in a JSON sidecar keyed by each file's name,
+    size and mtime, so multi-GB weights hash once; where the sidecar cannot be written, the next call hashes again."""
+    key = [[f.name, (st := f.stat()).st_size, st.st_mtime_ns] for f in files]
+    try:
+        cached = json.loads(sidecar.read_text())
+        if cached.get("files") == key:
+            return str(cached["sha256"])
+    except (OSError, ValueError, AttributeError):
+        pass
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                h.update(chunk)
+    sha = h.hexdigest()
+    with contextlib.suppress(OSError):
+        write_json_atomic(sidecar, {"files": key, "sha256": sha})
+    return sha
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:

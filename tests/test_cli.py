@@ -122,3 +122,24 @@ def test_run_display_renders_each_event_by_type():
     text = console.export_text()
     assert "preparing model 'embedded' (once: converting its GGUF or training tiny, cached afterwards) ..." in text
     assert "model tiny (2 layers, d=32), 2 concepts, layers [0, 1], 2 strategies, 2 worker(s)" in text
+
+
+@pytest.mark.parametrize("defect,needles", [
+    ("label", ("test_pos.jsonl:1", "label")),  # a label contradicting its file
+    ("straddle", ("test_pos.jsonl:1", "matched_pair_id")),  # a pair across train and test would leak into D1
+])
+def test_run_stops_on_a_corpus_error_before_any_model_loads(tmp_path, defect, needles):
+    bad = tmp_path / "bad"
+    write_corpus(bad, {"hedging": generate_embedded_corpus("tiny", version=1)["hedging"]})
+    path = bad / "hedging" / "test_pos.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    if defect == "label":
+        rows[0]["label"] = 0
+    else:  # the first test positive takes the matched_pair_id of a train pair
+        train_pair = json.loads((bad / "hedging" / "train_pos.jsonl").read_text().splitlines()[0])["matched_pair_id"]
+        rows[0]["matched_pair_id"] = train_pair
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = driver("run", "--corpus", str(bad), "--model", str(tmp_path / "no-such-model"),
+                    "--out", str(tmp_path / "out"))
+    assert_one_line_error(result, *needles)
+    assert "no-such-model" not in result.stderr and not (tmp_path / "out").exists()

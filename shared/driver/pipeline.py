@@ -14,7 +14,8 @@ from poolbench.config import RunConfig
 from poolbench.corpus.layout import Corpus
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import limit_passages, open_corpus, passages_digest
-from poolbench.errors import PoolBenchError
+from poolbench.corpus.validation import validate_corpus
+from poolbench.errors import CorpusError, PoolBenchError
 from poolbench.extractor.loading import check_model_reference, local_model_dir, model_ready
 from poolbench.pooler.concept_pooling import POOL_VERSION
 from poolbench.pooler.registry import load_entry_point_strategies, load_strategy_module, resolve_strategies
@@ -111,12 +112,24 @@ def load_plugins(strategy_modules: Sequence[str]) -> None:
         load_strategy_module(path)
 
 
+def check_corpus(corpus: Corpus) -> None:
+    """Every hard error `validate-corpus` finds in the run's concepts stops the run here, before any model
+    loads: a pair straddling train and test would leak into the held-out AUROC, a mislabelled row flips it."""
+    errors = [f for f in validate_corpus(corpus.root) if f.severity == "error"
+              and (f.file.split("/")[0] in corpus.concepts or "/" not in f.file)]
+    if errors:
+        more = f" (and {len(errors) - 1} more: run `poolbench-driver validate-corpus {corpus.root}`)" \
+            if len(errors) > 1 else ""
+        raise CorpusError(f"{str(errors[0]).removeprefix('error: ')}{more}")
+
+
 def read_inputs(cfg: RunConfig) -> RunInputs:
     """Strategies, corpus and store as the config names them; a malformed --flash fails here too."""
     if cfg.flash is not None:
         parse_fraction(cfg.flash)
     specs = resolve_strategies(list(cfg.strategies) if cfg.strategies else None)
     corpus = open_corpus(cfg.corpus, cfg.corpus_size, cfg.concepts)
+    check_corpus(corpus)
     store_url = cfg.resolved_store()
     plans = [ConceptPlan(c, limit_passages(corpus.passages(c), cfg.limit), corpus.concept_hash(c))
              for c in corpus.concepts]

@@ -20,8 +20,7 @@ import random
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from transformers import (
 )
 
 from poolbench.config import cache_dir as poolbench_cache_dir
+from poolbench.determinism import deterministic_cpu
 
 MODEL_FAMILY = "embedded-llama-v1"  # its cache name from its embedded days: renaming would retrain
 BUILD_INFO_FILE = "poolbench_build.json"
@@ -152,22 +152,6 @@ def _llama_config(cfg: TinyModelConfig, tokenizer: PreTrainedTokenizerFast) -> L
     )
 
 
-@contextmanager
-def _deterministic_cpu(seed: int, threads: int) -> Iterator[None]:
-    """Seeded, single-config CPU torch for the duration of a build, restoring the caller's global state."""
-    prev_threads = torch.get_num_threads()
-    prev_det = torch.are_deterministic_algorithms_enabled()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(True)
-        try:
-            yield
-        finally:
-            torch.use_deterministic_algorithms(prev_det)
-            torch.set_num_threads(prev_threads)
-
-
 def _heldout_perplexity(model: LlamaForCausalLM, rows: torch.Tensor, batch_size: int) -> tuple[float, int]:
     model.eval()
     total_loss, total_tokens = 0.0, 0
@@ -229,7 +213,7 @@ def _train_into(
     train_rows = _packed_sequences(train_ids, bos, eos, cfg.seq_len)
     heldout_rows = _packed_sequences(heldout_ids, bos, eos, cfg.seq_len)[: cfg.max_heldout_sequences]
 
-    with _deterministic_cpu(seed, cfg.threads):
+    with deterministic_cpu(seed, cfg.threads):
         model = LlamaForCausalLM(_llama_config(cfg, tokenizer))
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95),

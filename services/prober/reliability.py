@@ -3,7 +3,7 @@ Friedman + Nemenyi). Arrays and records in, flat JSON-able dicts out."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from threadpoolctl import ThreadpoolController
@@ -92,10 +92,19 @@ def cv_chosen_layers(records: Iterable[dict], probe: str = RELIABILITY_PROBE) ->
         by_layer.setdefault(int(rec["layer"]), {})[rec["concept"]] = float(rec["cv_auroc"])
     chosen = {}
     for strategy, layers in scores.items():
-        concepts = set.intersection(*(set(c) for c in layers.values()))
-        if concepts:
-            chosen[strategy] = max(sorted(layers), key=lambda L: np.mean([layers[L][c] for c in sorted(concepts)]))
+        layer, _ = cv_best_layer(layers)
+        if layer is not None:
+            chosen[strategy] = layer
     return chosen
+
+
+def cv_best_layer(cv_by_layer: Mapping[int, Mapping[str, float]]) -> tuple[int | None, list[str]]:
+    """The layer with the highest mean cv_auroc over the concepts run at every layer (ties to the lower layer),
+    and those concepts; (None, []) when no concept was run at every layer. The one layer rule of PoolBench."""
+    concepts = sorted(set.intersection(*(set(c) for c in cv_by_layer.values())))
+    if not concepts:
+        return None, concepts
+    return max(sorted(cv_by_layer), key=lambda L: np.mean([cv_by_layer[L][c] for c in concepts])), concepts
 
 
 def _summary(table: np.ndarray, strategies: list[str], alpha: float, significance: bool) -> dict:

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from poolbench.prober.reliability import cv_best_layer
 from poolbench.records.d1 import D1CellRecord
 
 PRIMARY_PROBE = "logistic"
@@ -33,10 +34,9 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str = PRIMARY_PROBE,
             by_strategy[cell.strategy][cell.layer][cell.concept] = cell
     rows = []
     for strategy, layers in by_strategy.items():
-        concepts = sorted(set.intersection(*(set(c) for c in layers.values())))
-        if not concepts:
+        best_layer, concepts = cv_best_layer({L: {c: r.cv_auroc for c, r in by.items()} for L, by in layers.items()})
+        if best_layer is None:
             continue
-        best_layer = max(sorted(layers), key=lambda L: np.mean([layers[L][c].cv_auroc for c in concepts]))
         chosen = layers[best_layer]
         per_concept = {
             c: {

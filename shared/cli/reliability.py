@@ -27,10 +27,9 @@ def _load_results(run_dir: Path) -> dict:
 
 
 def _store(results: dict):
-    from poolbench.config import cache_dir
     from poolbench.store.url import open_store
 
-    return open_store(results["config"].get("store") or str(cache_dir() / "store"))
+    return open_store(results["config"].get("store"))  # None: the default store
 
 
 def _resolve_strategy(name: str, known: list[str]) -> str:

@@ -25,7 +25,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from poolbench.config import cache_dir
+from poolbench.config import default_store_url
 from poolbench.errors import PoolBenchError
 
 from .body_limit import BodyLimit
@@ -94,7 +94,7 @@ def scorers_of_run(run: str | Path) -> dict:
     keys = {s["concept"]: s["key"] for s in doc.get("scorers") or [] if s.get("key")}
     if not keys:
         raise ServiceConfigError(f"{path}: the run recorded no scorers (it ran with --no-steering?)")
-    store = (doc.get("config") or {}).get("store") or str(cache_dir() / "store")
+    store = (doc.get("config") or {}).get("store") or default_store_url()
     return {"scorer_store": store, "scorer_keys": keys}
 
 

@@ -499,8 +499,9 @@ def friedman_html(run: Run) -> str:
         reason = (run.results.get("reliability") or {}).get("skipped", "no Friedman test in results.json")
         return f'<p class="note">No Friedman test: {html.escape(reason)}.</p>'
     p = friedman.get("p_value")
-    return (f"<p>Friedman χ² = {_num(friedman.get('statistic'), 1)} over {friedman.get('n_units')} (concept × layer) "
-            f"units and k = {friedman.get('k')} strategies: <b>p = {'—' if p is None else f'{p:.3g}'}</b>; "
+    unit = (run.results.get("reliability") or {}).get("unit", "concept × layer")  # older runs blocked by cell
+    return (f"<p>Friedman χ² = {_num(friedman.get('statistic'), 1)} over {friedman.get('n_units')} ({unit}) "
+            f"blocks and k = {friedman.get('k')} strategies: <b>p = {'—' if p is None else f'{p:.3g}'}</b>; "
             f"Nemenyi critical difference CD = {_num(friedman.get('critical_difference'), 3)} at "
             f"α = {friedman.get('alpha', 0.05)}.</p>")
 

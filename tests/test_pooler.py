@@ -10,6 +10,7 @@ from poolbench.extractor.activations import ActivationBatch
 from poolbench.pooler.naive import pool_naive
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.registry import get_strategy, resolve_strategies
+from poolbench.pooler.sink import attention_sink_rows, uniform_causal_inflow
 from poolbench.pooler.spec import StrategySpec, TokenContext
 from poolbench.pooler.windows import window_spec
 
@@ -324,3 +325,37 @@ def test_auto_pools_bit_for_bit_as_keep_where_there_is_no_sink(seed: int) -> Non
     auto = [get_strategy(s) for s in ids]
     keep = [s.with_sink_mode("keep") for s in auto]
     np.testing.assert_array_equal(pool_tokens(batch, auto).vectors, pool_tokens(batch, keep).vectors)
+
+
+def test_uniform_causal_inflow_by_hand_on_either_padding_side() -> None:
+    mask = np.array([[1, 1, 1, 1, 0], [0, 1, 1, 1, 1]], dtype=bool)
+    h4 = 1 + 1 / 2 + 1 / 3 + 1 / 4
+    expected = [h4 / 4, (h4 - 1) / 4, (h4 - 1.5) / 4, (h4 - 1.5 - 1 / 3) / 4]  # 0.521, 0.271, 0.146, 0.0625
+    out = uniform_causal_inflow(mask, "all")
+    np.testing.assert_allclose(out[0], [*expected, 0], atol=1e-12)
+    np.testing.assert_allclose(out[1], [0, *expected], atol=1e-12)
+    np.testing.assert_allclose(out.sum(axis=1), [1, 1], atol=1e-12)  # a distribution, as S1's inflow is
+    np.testing.assert_allclose(uniform_causal_inflow(mask, "last")[1], [0, 0.25, 0.25, 0.25, 0.25])
+
+
+@pytest.mark.parametrize(("extra", "dropped"), [(0.0, False), (0.1, False), (0.2, True), (0.58, True)])
+def test_s1_drops_an_attention_sink_whose_norm_has_collapsed(extra: float, dropped: bool) -> None:
+    # 100 tokens of equal norm (no norm sink); the heads attend uniformly-causally except `extra` of every
+    # query's mass moved to the first token. Relative to its uniform share H_100/100 = 0.052: 20% extra is
+    # 5.8x the others' ratio (a sink, as SmolLM2 layer 10), 10% extra 3.1x (kept), none exactly 1x.
+    n = 100
+    mask = np.ones((1, n), dtype=bool)
+    hidden = np.zeros((1, 1, n, 2), dtype=np.float32)
+    hidden[0, 0, :, 0] = 1.0
+    hidden[0, 0, 0] = [0.0, 1.0]  # the first token points elsewhere, with the same norm
+    batch = batch_from(hidden, mask)
+    inflow = (1 - extra) * uniform_causal_inflow(mask, "all")
+    inflow[0, 0] += extra
+    batch.extras["attention_inflow"] = inflow[None].astype(np.float32)
+    assert bool(attention_sink_rows(inflow, mask, "all")[0, 0]) is dropped
+    pooled = pool_tokens(batch, [get_strategy("S1_attention")])
+    weight_first = 0.0 if dropped else inflow[0, 0] / inflow.sum()
+    np.testing.assert_allclose(pooled.vectors[0, 0, 0], [1 - weight_first, weight_first], atol=1e-5)
+    assert not pool_tokens(batch, [get_strategy("A1")]).fallback.any()
+    np.testing.assert_allclose(pool_tokens(batch, [get_strategy("A1")]).vectors[0, 0, 0], [0.99, 0.01], atol=1e-6)
+    np.testing.assert_allclose(pool_naive(batch, [get_strategy("S1_attention")]).vectors, pooled.vectors, atol=1e-5)

@@ -59,6 +59,20 @@ def _first_is_left_out(tokens: np.ndarray, mode: str) -> bool:
     return len(tokens) > AUTO_OTHERS and bool(norms[0] >= SINK_RATIO * np.median(norms[1:]))
 
 
+def _attention_sink(inflow: np.ndarray, queries: str) -> bool:
+    """The attention sink rule read plainly: each token's inflow over its uniform causal share (the mean of
+    1/(i+1) over the queries i that see it), the first token's ratio against the others' median."""
+    n = len(inflow)
+    if n <= AUTO_OTHERS:
+        return False
+    if queries == "last":
+        share = np.full(n, 1.0 / n)
+    else:
+        share = np.array([sum(1.0 / (i + 1) for i in range(j, n)) / n for j in range(n)])
+    relative = inflow / share
+    return bool(relative[0] >= SINK_RATIO * np.median(relative[1:]))
+
+
 def pool_naive(batch: ActivationBatch, specs: Sequence[StrategySpec]) -> PooledBatch:
     """Per passage, per strategy, per layer loops over the passage's real tokens; same output as pool_tokens.
     A rule that selects nothing (None, or all-zero weights) falls back to the mean and is flagged."""
@@ -74,6 +88,9 @@ def pool_naive(batch: ActivationBatch, specs: Sequence[StrategySpec]) -> PooledB
             for layer in range(n_layers):
                 tokens = batch.hidden[layer, b, real].astype(np.float64)
                 start = 1 if _first_is_left_out(tokens, spec.sink_mode) else 0
+                if custom is not None and spec.sink_mode == "auto" and spec.attention_queries is not None:
+                    inflow = (custom if custom.ndim == 2 else custom[layer])[b, real]
+                    start = max(start, int(_attention_sink(inflow, spec.attention_queries)))
                 if custom is None:
                     vector = _RULES[spec.code](tokens[start:], spec)
                 else:

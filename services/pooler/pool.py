@@ -10,7 +10,7 @@ import torch
 
 from poolbench.errors import StrategyError
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.pooler.sink import drop_first, sink_rows
+from poolbench.pooler.sink import attention_sink_rows, drop_first, sink_rows
 from poolbench.pooler.spec import StrategySpec, TokenContext
 
 
@@ -85,7 +85,10 @@ def token_weights(spec: StrategySpec, ctx: TokenContext, n_layers: int) -> np.nd
         raise StrategyError(f"strategy {spec.id!r}: weights must be finite and non-negative")
     if spec.sink_mode == "keep":
         return weights
-    return drop_first(weights, ctx.attention_mask, sink_rows(ctx.token_norms, ctx.attention_mask, spec.sink_mode))
+    rows = sink_rows(ctx.token_norms, ctx.attention_mask, spec.sink_mode)
+    if spec.sink_mode == "auto" and spec.attention_queries is not None:
+        rows = rows | attention_sink_rows(weights, ctx.attention_mask, spec.attention_queries)
+    return drop_first(weights, ctx.attention_mask, rows)
 
 
 def normalise_weights(weights: np.ndarray, mask: np.ndarray) -> np.ndarray:

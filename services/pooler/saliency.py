@@ -4,9 +4,9 @@ S1_attention: a token's weight is the attention it receives at the probed layer'
   mean over heads of mean over the passage's real query positions i of A[h, i, t]. Each attention row sums
   to 1 over the keys a query may see, so the weights form a distribution; on a causal LM early tokens are
   seen by more queries and receive more. `sink="auto"` (poolbench.pooler.sink) leaves the first token out
-  where its hidden state is a massive-activation sink: on SmolLM2 it takes 44-91% of the inflow at layers 11-27.
-  The rule reads norms at the layer's output, so where the sink's norm has collapsed but heads still attend
-  to it (SmolLM2 layers 9-10: 58% and 20% of the inflow) it stays in; `sink="skip"` always leaves it out.
+  where its hidden state is a massive-activation sink (on SmolLM2 it takes 44-91% of the inflow at layers
+  11-27) and where its inflow far exceeds its uniform causal share though its norm has collapsed (layers 9-10:
+  58% and 20%); `sink="skip"` always leaves it out.
 S1_attention_last_query: the same with the last real query position only (what the next token reads).
 S2_gradient: weight = ||d s / d h_t|| at the probed layer, s = sum over the passage's real tokens of log
   p(x_{t+1} | x_<=t) under the model itself (label-free); one backward per batch serves every layer.
@@ -70,13 +70,14 @@ SPECS = (
     StrategySpec(
         id="S1_attention", code="S1", family="saliency_weighted", kind="weights",
         weights_fn=attention_inflow_weights, needs=frozenset({"attention"}), params=(("sink", DEFAULT_SINK_MODE),),
+        attention_queries="all", version=2,
         description="Tokens weighted by the attention they receive at the probed layer, mean over heads and "
                     "over the passage's real query positions.",
     ),
     StrategySpec(
         id="S1_attention_last_query", code="S1", family="saliency_weighted", kind="weights",
         weights_fn=attention_last_query_weights, needs=frozenset({"attention"}), variant_of="S1_attention",
-        params=(("sink", DEFAULT_SINK_MODE),),
+        params=(("sink", DEFAULT_SINK_MODE),), attention_queries="last", version=2,
         description="Tokens weighted by the attention the last real token pays them at the probed layer, "
                     "mean over heads.",
     ),

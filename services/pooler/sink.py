@@ -10,6 +10,10 @@ Modes (a strategy's `sink` param): "keep" pools every real token; "skip" drops t
 every passage that has another; "auto" (the default of A1-A4 and S1) drops it at a layer only where its
 norm is at least SINK_RATIO times the median norm of the passage's other real tokens (at least AUTO_OTHERS
 of them: one other token is no baseline for an outlier), so a model without a sink pools exactly as "keep".
+Attention weights (S1) also drop it where the heads still treat it as a sink after its norm has collapsed
+(SmolLM2 layers 9-10: 58% and 20% of the inflow at norm ratio ~1): where its inflow, divided by what causal
+masking alone would give it under uniform attention, is SINK_RATIO times the median of the same ratio over
+the other real tokens.
 """
 
 from __future__ import annotations
@@ -66,3 +70,39 @@ def drop_first(weights: np.ndarray, mask: np.ndarray, rows: np.ndarray) -> np.nd
     layer, passage = np.nonzero(rows)
     out[layer, passage, first_positions(mask)[passage]] = 0.0
     return out
+
+
+def uniform_causal_inflow(mask: np.ndarray, queries: str) -> np.ndarray:
+    """[B, T] the weight each real token would get if every query attended uniformly to the keys it may see:
+    averaged over all real queries, key j of n gets (H_n - H_j) / n; seen by the last query alone, 1 / n."""
+    mask = np.asarray(mask, dtype=bool)
+    lengths = mask.sum(axis=1)
+    position = np.cumsum(mask, axis=1) - 1  # a real token's index among its passage's real tokens
+    if queries == "last":
+        out = np.where(mask, 1.0 / np.maximum(lengths, 1)[:, None], 0.0)
+        return out
+    harmonic = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, mask.shape[1] + 1))])
+    n = lengths[:, None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = (harmonic[n] - harmonic[np.clip(position, 0, None)]) / n
+    return np.where(mask, out, 0.0)
+
+
+def attention_sink_rows(weights: np.ndarray, mask: np.ndarray, queries: str) -> np.ndarray:
+    """[L, B] True where the first real token's attention inflow, relative to its uniform causal share, is at
+    least SINK_RATIO times the median relative inflow of the passage's other real tokens."""
+    mask = np.asarray(mask, dtype=bool)
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.ndim == 2:
+        weights = weights[None]
+    relative = np.where(mask, weights / np.where(mask, uniform_causal_inflow(mask, queries), 1.0), np.nan)
+    first = first_positions(mask)
+    rows = np.arange(mask.shape[0])
+    others = relative.copy()
+    others[:, rows, first] = np.nan
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        median = np.nanmedian(others, axis=-1)
+        ratio = relative[:, rows, first] / median
+    with np.errstate(invalid="ignore"):
+        return (mask.sum(axis=1) > AUTO_OTHERS) & (ratio >= SINK_RATIO)

@@ -89,6 +89,9 @@ class StrategySpec:
     reference_variant: bool = False
     version: int = 1
     variant_of: str | None = None  # a non-card variant of this card strategy id: runs only when named
+    # weights that are attention inflow averaged over "all" real queries or the "last" one: the sink rule
+    # then also compares the first token's inflow with its uniform causal share (poolbench.pooler.sink)
+    attention_queries: Literal["all", "last"] | None = None
 
     def __post_init__(self) -> None:
         problem = self._problem()

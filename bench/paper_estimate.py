@@ -174,7 +174,7 @@ class StageEstimate:
     flop_ratio: float  # stage / raw forward FLOPs on the target
     ratio: float  # flop_ratio carried by the measured overhead: the estimate's stage / raw
     tokens_per_s: float
-    host_copy_tokens_per_s: float  # with the hidden states copied to host unoverlapped at the assumed bandwidth
+    host_tokens_per_s: float  # adding, unoverlapped, the hidden states' copy to host and (when measured) pooling
     rows_per_forward: int
     chunk_bytes: int
     peak_bytes: int
@@ -184,8 +184,10 @@ class StageEstimate:
 
 def estimate(shape: ModelShape, measured: dict, *, context: int, layers: Sequence[int], itemsize: int,
              out_itemsize: int, device_bytes: float, mfu: float, peak_flops: float, host_bandwidth: float,
-             batch_size: int, corpus_tokens: int) -> tuple[int, list[StageEstimate]]:
-    """Every stage on the target; `measured` is an extraction_cost.json whose model is the reference."""
+             batch_size: int, corpus_tokens: int, host_pool_seconds: float = 0.0
+             ) -> tuple[int, list[StageEstimate]]:
+    """Every stage on the target; `measured` is an extraction_cost.json whose model is the reference, and
+    `host_pool_seconds` the host's seconds a token for pooling (the extractor pools after each chunk's forward)."""
     reference = shape_of(measured)
     ref_layers = measured["config"]["layers"]
     ref_context = int(measured["config"]["pack_to"] or measured["config"]["max_length"])
@@ -203,16 +205,45 @@ def estimate(shape: ModelShape, measured: dict, *, context: int, layers: Sequenc
         ratio = transferred_ratio(flops / raw_flops, ref_ratio, measured_ratio)
         seconds = ratio / raw_tokens_per_s
         copied = host_copy_bytes(shape, stage, layers, out_itemsize)
+        host = copied / host_bandwidth + (host_pool_seconds if copied else 0.0)
         costs = stage_token_costs(shape, stage, layers, itemsize=itemsize, out_itemsize=out_itemsize)
         rows = rows_per_forward(costs, budget, context)
         chunk = chunk_bytes(costs, rows, context)
         out.append(StageEstimate(
             stage=stage, flops_per_token=flops, flop_ratio=flops / raw_flops, ratio=ratio,
-            tokens_per_s=1 / seconds, host_copy_tokens_per_s=1 / (seconds + copied / host_bandwidth),
+            tokens_per_s=1 / seconds, host_tokens_per_s=1 / (seconds + host),
             rows_per_forward=rows, chunk_bytes=chunk, peak_bytes=weights + chunk,
             unbudgeted_chunk_bytes=chunk_bytes(costs, batch_size, context),
-            corpus_hours=corpus_tokens * (seconds + copied / host_bandwidth) / 3600))
+            corpus_hours=corpus_tokens * (seconds + host) / 3600))
     return budget, out
+
+
+def host_pooling_seconds(shape: ModelShape, layers: Sequence[int], *, rows: int = 2, length: int = 400,
+                         repeats: int = 3) -> float:
+    """Measured here: CPU-seconds a token of pool_tokens over the card's strategies that need nothing but hidden
+    states, on random hidden states of the target's shape (no model); parses, S1 and S2 pool more on top."""
+    import time
+
+    import numpy as np
+
+    from poolbench.extractor.activations import ActivationBatch
+    from poolbench.pooler.pool import pool_tokens
+    from poolbench.pooler.registry import resolve_strategies
+
+    specs = [spec for spec in resolve_strategies(None) if not spec.needs]
+    hidden = np.random.default_rng(0).standard_normal((len(layers), rows, length, shape.hidden_size), dtype=np.float32)
+    spans = np.stack([2 * np.arange(length), 2 * np.arange(length) + 1], axis=-1).astype(np.int32)
+    batch = ActivationBatch(passage_ids=[str(i) for i in range(rows)], texts=["x" * 2 * length] * rows,
+                            layers=tuple(layers), hidden=hidden, attention_mask=np.ones((rows, length), dtype=bool),
+                            input_ids=np.ones((rows, length), dtype=np.int64), offsets=np.stack([spans] * rows),
+                            special_mask=np.zeros((rows, length), dtype=bool))
+    pool_tokens(batch, specs)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        pool_tokens(batch, specs)
+        best = min(best, time.process_time() - start)
+    return best / (rows * length)
 
 
 def shape_of(measured: dict) -> ModelShape:
@@ -246,10 +277,10 @@ def validate(measured: dict) -> list[Validation]:
     rows_in_batch = min(int(config["batch_size"]), int(config["padded_tokens"]) // context)
     raw_flops = stage_flops(reference, context, "raw", layers)
 
-    def chunk(stage: str) -> int:
+    def chunk(stage: str) -> int:  # each stage's process resolved its own budget from the memory free then
         costs = stage_token_costs(reference, stage, layers, itemsize=itemsize, out_itemsize=4)
-        rows = min(rows_in_batch, rows_per_forward(costs, int(config["max_batch_tokens"]), context))
-        return chunk_bytes(costs, rows, context)
+        budget = int(measured["stages"][stage]["max_batch_tokens"])
+        return chunk_bytes(costs, min(rows_in_batch, rows_per_forward(costs, budget, context)), context)
 
     base = measured["stages"]["raw"]["peak_bytes"] - chunk("raw")
     return [Validation(stage=stage, flop_ratio=stage_flops(reference, context, stage, layers) / raw_flops,
@@ -264,12 +295,12 @@ def report(result: dict, out: Path) -> None:
     table = Table(title=f"{result['model']['name']} on one H100 80 GB, bf16, {a['context']}-token passages, "
                         f"{len(a['layers'])} layers; budget {result['max_batch_tokens']} tokens/forward; "
                         f"{a['mfu']:.0%} of {a['peak_flops'] / 1e12:.0f} TFLOP/s")
-    for column in ("stage", "GFLOP/tok", "x raw (FLOPs)", "x raw (est.)", "tok/s", "tok/s +host copy",
+    for column in ("stage", "GFLOP/tok", "x raw (FLOPs)", "x raw (est.)", "tok/s GPU", "tok/s +host",
                    "rows/fwd", "chunk GB", "peak GB", "no budget GB", "paper corpus h"):
         table.add_column(column)
     for s in result["stages"]:
         table.add_row(s["stage"], f"{s['flops_per_token'] / 1e9:.2f}", f"{s['flop_ratio']:.3f}", f"{s['ratio']:.3f}",
-                      f"{s['tokens_per_s']:,.0f}", f"{s['host_copy_tokens_per_s']:,.0f}", str(s["rows_per_forward"]),
+                      f"{s['tokens_per_s']:,.0f}", f"{s['host_tokens_per_s']:,.0f}", str(s["rows_per_forward"]),
                       f"{s['chunk_bytes'] / 1e9:.2f}", f"{s['peak_bytes'] / 1e9:.1f}",
                       f"{s['unbudgeted_chunk_bytes'] / 1e9:.1f}", f"{s['corpus_hours']:.2f}")
     console.print(table)
@@ -296,6 +327,9 @@ def main() -> None:
     parser.add_argument("--device-bytes", type=float, default=H100_BYTES)
     parser.add_argument("--host-bandwidth", type=float, default=25e9,
                         help="device-to-host bytes/s of the hidden-state copy (assumed, pageable PCIe 5)")
+    parser.add_argument("--host-pooling", action="store_true",
+                        help="measure pool_tokens at the target's shape on this CPU and add it, over --host-cores")
+    parser.add_argument("--host-cores", type=int, default=16, help="host cores pooling scales over (assumed)")
     parser.add_argument("--out-itemsize", type=int, default=4, help="bytes per captured value (4: float32)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--out", type=Path, default=RESULTS / "paper_estimate.json")
@@ -305,11 +339,13 @@ def main() -> None:
     measured = json.loads(args.measured.read_text())
     shape = SHAPES[args.model]
     layers = [int(v) for v in args.layers.split(",")] if args.layers else list(range(shape.n_layers))
+    pool_cpu_seconds = host_pooling_seconds(shape, layers) if args.host_pooling else 0.0
     corpus_tokens = PAPER_CORPUS["concepts"] * PAPER_CORPUS["passages_per_concept"] * args.context
     budget, stages = estimate(shape, measured, context=args.context, layers=layers, itemsize=2,
                               out_itemsize=args.out_itemsize, device_bytes=args.device_bytes, mfu=args.mfu,
                               peak_flops=args.peak_flops, host_bandwidth=args.host_bandwidth,
-                              batch_size=args.batch_size, corpus_tokens=corpus_tokens)
+                              batch_size=args.batch_size, corpus_tokens=corpus_tokens,
+                              host_pool_seconds=pool_cpu_seconds / args.host_cores)
     reference = shape_of(measured)
     result = {
         "benchmark": "paper_estimate",
@@ -319,7 +355,8 @@ def main() -> None:
         "assumptions": {"context": args.context, "layers": layers, "dtype": "bfloat16",
                         "out_itemsize": args.out_itemsize, "mfu": args.mfu, "peak_flops": args.peak_flops,
                         "device_bytes": args.device_bytes, "cuda_context_bytes": CUDA_CONTEXT_BYTES,
-                        "host_bandwidth": args.host_bandwidth, "memory_fraction": MEMORY_FRACTION,
+                        "host_bandwidth": args.host_bandwidth, "host_cores": args.host_cores,
+                        "host_pool_cpu_seconds_per_token": pool_cpu_seconds, "memory_fraction": MEMORY_FRACTION,
                         "budget_cap": DEFAULT_MAX_BATCH_TOKENS, "batch_size": args.batch_size,
                         "corpus": PAPER_CORPUS, "corpus_tokens": corpus_tokens},
         "max_batch_tokens": budget,

@@ -89,18 +89,23 @@ def _measured(raw_peak: int, stage_peak: int) -> dict:
     config = {"model": "x", "n_layers": 30, "hidden_size": 576, "layers": list(range(30)), "pack_to": 256,
               "max_length": 256, "dtype": "torch.float32", "batch_size": 32, "padded_tokens": 2048,
               "max_batch_tokens": 8192}
-    return {"config": config, "stages": {"raw": {"cpu_over_raw": 1.0, "peak_bytes": raw_peak},
-                                         "hidden": {"cpu_over_raw": 1.05, "peak_bytes": stage_peak}}}
+    return {"config": config, "stages": {
+        "raw": {"cpu_over_raw": 1.0, "peak_bytes": raw_peak, "max_batch_tokens": 8192},
+        "hidden": {"cpu_over_raw": 1.05, "peak_bytes": stage_peak, "max_batch_tokens": 8192},
+        "gradient": {"cpu_over_raw": 2.6, "peak_bytes": stage_peak, "max_batch_tokens": 7246}}}
 
 
 def test_validation_predicts_peak_from_the_raw_stage() -> None:
     # SmolLM2 float32: raw 8 rows x 256 of a block (4*(8*576 + 4*1536) = 43,008 B); hidden adds 2*30*576*4 =
     # 138,240 B a token of captures, so its peak is the raw peak + 2048 * 138,240
-    raw, hidden = pe.validate(_measured(10**9, 2 * 10**9))
+    raw, hidden, gradient = pe.validate(_measured(10**9, 2 * 10**9))
     assert raw.predicted_peak_bytes == 10**9
     assert hidden.predicted_peak_bytes == 10**9 + 2048 * 138_240
     assert hidden.flop_ratio == 1.0
     assert hidden.measured_cpu_ratio == 1.05
+    # S2 at that stage's own budget of 7246 tokens: its graph, 30*4*(12*576 + 5*1536) + 4*49152*4 = 2,537,472
+    # B/token, lets 7246 * 181,248 // (2,718,720 * 256) = 1 row of 256 into a forward
+    assert gradient.predicted_peak_bytes == 10**9 - 2048 * 43_008 + 256 * (181_248 + 2_537_472)
 
 
 def test_unknown_reference_model_stops_in_one_line() -> None:

@@ -111,5 +111,5 @@ def test_validation_predicts_peak_from_the_raw_stage() -> None:
 def test_unknown_reference_model_stops_in_one_line() -> None:
     measured = _measured(1, 1)
     measured["config"]["hidden_size"] = 100
-    with pytest.raises(SystemExit, match="no shape paper_estimate.py knows"):
+    with pytest.raises(SystemExit, match=r"no shape paper_estimate\.py knows"):
         pe.shape_of(measured)

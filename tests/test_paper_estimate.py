@@ -113,3 +113,27 @@ def test_unknown_reference_model_stops_in_one_line() -> None:
     measured["config"]["hidden_size"] = 100
     with pytest.raises(SystemExit, match=r"no shape paper_estimate\.py knows"):
         pe.shape_of(measured)
+
+
+def test_estimate_carries_overhead_and_adds_the_host() -> None:
+    measured = _measured(10**9, 10**9)
+    smol_gradient = pe.stage_flops(pe.SMOLLM2_135M, 256, "gradient", list(range(30))) / pe.stage_flops(
+        pe.SMOLLM2_135M, 256, "raw", list(range(30)))
+    measured["stages"]["hidden"]["cpu_over_raw"] = 1.1  # 10% beyond SmolLM2's FLOP ratio of 1
+    measured["stages"]["gradient"]["cpu_over_raw"] = smol_gradient  # no overhead beyond the FLOPs
+    budget, stages = pe.estimate(pe.LLAMA_31_8B, measured, context=400, layers=list(range(32)), itemsize=2,
+                                 out_itemsize=4, device_bytes=80e9, mfu=0.5, peak_flops=1e15, host_bandwidth=25e9,
+                                 batch_size=32, corpus_tokens=1000, host_pool_seconds=1e-5)
+    by = {s.stage: s for s in stages}
+    raw_flops = pe.stage_flops(pe.LLAMA_31_8B, 400, "raw", list(range(32)))
+    assert budget == 8192
+    assert by["raw"].tokens_per_s == pytest.approx(5e14 / raw_flops)
+    assert by["hidden"].ratio == pytest.approx(1.1)
+    assert by["gradient"].ratio == pytest.approx(by["gradient"].flop_ratio)
+    # the host: 32 * 4096 * 4 = 524,288 B at 25 GB/s and 10 us of pooling a token, after the GPU's 1.1 raw tokens
+    hidden_seconds = 1.1 * raw_flops / 5e14 + 524_288 / 25e9 + 1e-5
+    assert by["hidden"].host_tokens_per_s == pytest.approx(1 / hidden_seconds)
+    assert by["hidden"].corpus_hours == pytest.approx(1000 * hidden_seconds / 3600)
+    assert by["raw"].host_tokens_per_s == pytest.approx(by["raw"].tokens_per_s)  # the baseline copies nothing
+    # S2 at 2 rows of 400 beside 16,060,522,496 B of weights
+    assert by["gradient"].peak_bytes == 16_060_522_496 + 2 * 400 * (1_228_800 + 9_785_344)

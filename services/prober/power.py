@@ -69,9 +69,9 @@ def simulate_power(correct_a: np.ndarray, correct_b: np.ndarray, sizes: Sequence
     index = np.arange(a.shape[1]) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
     if index.shape != (a.shape[1],):
         raise ProbeError(f"power: {index.size} groups for {a.shape[1]} test passages")
-    membership = np.eye(int(index.max()) + 1, dtype=np.int64)[index]  # [n_test, n_groups]
-    only_a, only_b = (a & ~b).astype(np.int64) @ membership, (~a & b).astype(np.int64) @ membership
-    n_groups = membership.shape[1]
+    n_groups = int(index.max()) + 1
+    only_a, only_b = (np.stack([np.bincount(index, weights=row, minlength=n_groups) for row in rows]).astype(np.int64)
+                      for rows in (a & ~b, ~a & b))  # [n_seeds, n_groups] discordant counts per group
     rng = np.random.default_rng(seed)
     rows = []
     for n in sizes:

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,23 +39,102 @@ def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPa
     return root
 
 
-def test_killed_worker_is_restarted_and_the_run_matches_an_undisturbed_one(tiny_llama_dir, local_ray, cache,
-                                                                           tmp_path):
-    calm = run_benchmark(config(tiny_llama_dir, str(tmp_path / "calm")))
+HELD_PLUGIN = """
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from poolbench.pooler.registry import register_strategy
+from poolbench.pooler.spec import StrategySpec
+
+HOOK = Path({hook!r})
+CALLS = []
+
+
+def held_mean(ctx):
+    \"\"\"A1's weights. Armed, the second batch a worker process pools (so it is mid-task, part of the work
+    done) announces the process and blocks until the test kills it; the restarted worker runs straight on.\"\"\"
+    CALLS.append(len(ctx.passage_ids))
+    with open(HOOK / "calls", "a") as log:
+        log.write(f"{{os.getpid()}}\\n")
+    if len(CALLS) == 2 and (HOOK / "armed").exists() and not (HOOK / "busy").exists():
+        (HOOK / "busy.tmp").write_text(str(os.getpid()))
+        (HOOK / "busy.tmp").rename(HOOK / "busy")
+        time.sleep(300)
+    return np.ones(ctx.attention_mask.shape)
+
+
+register_strategy(StrategySpec(id="X9_held_mean", code="X9", family="other", kind="weights",
+                               weights_fn=held_mean, description="A1_mean that can hold a worker mid-task."))
+"""
+
+
+def comparable(outcome) -> dict:
+    """results.json without what differs between two runs of the same cells: date, timing, the store's path."""
+    from poolbench.results.document import results_document
+
+    document = results_document(outcome)
+    return {k: v for k, v in document.items() if k not in ("date", "timing", "config", "store")}
+
+
+def test_worker_killed_mid_task_is_restarted_and_the_run_matches_an_undisturbed_one(tiny_llama_dir, local_ray,
+                                                                                    cache, tmp_path):
+    """SIGKILL the extractor while it is inside a batch of a concept: Ray restarts the actor, the work queue's
+    pooling task is retried on it, and results.json equals an undisturbed run's."""
+    from poolbench.pooler.registry import unregister_strategy
+
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    plugin = tmp_path / "held_strategy.py"
+    plugin.write_text(HELD_PLUGIN.format(hook=str(hook)))
+    strategies = ("A1_mean", "P1_last", "X9_held_mean")
+    try:
+        calm = run_benchmark(config(tiny_llama_dir, str(tmp_path / "calm"), strategies=strategies),
+                             strategy_modules=(str(plugin),))
+    finally:
+        unregister_strategy("X9_held_mean")
+    (hook / "calls").unlink()
+    (hook / "armed").touch()
     pids: list[int] = []
+    pooled_events: list[str] = []
     killed: list[int] = []
+    stop = threading.Event()
+
+    def kill_when_busy() -> None:
+        while not stop.is_set() and not (hook / "busy").exists():
+            time.sleep(0.02)
+        if (hook / "busy").exists():
+            pid = int((hook / "busy").read_text())
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
 
     def on_event(event: RunEvent) -> None:
         if isinstance(event, RunPlanned):
             pids.extend(event.worker_pids)
-        elif isinstance(event, ConceptPooled) and not killed:  # the worker is busy with the next concept now
-            os.kill(pids[0], signal.SIGKILL)
-            killed.append(pids[0])
+        elif isinstance(event, ConceptPooled):
+            pooled_events.append(event.concept)
 
-    stormy = run_benchmark(config(tiny_llama_dir, str(tmp_path / "stormy")), on_event)
-    assert killed
-    assert stormy.computed["pooled"] == len(CONCEPTS)
+    watcher = threading.Thread(target=kill_when_busy, daemon=True)
+    watcher.start()
+    try:
+        stormy = run_benchmark(config(tiny_llama_dir, str(tmp_path / "stormy"), strategies=strategies), on_event,
+                               strategy_modules=(str(plugin),))
+    finally:
+        stop.set()
+        watcher.join(timeout=10)
+        unregister_strategy("X9_held_mean")
+    assert killed == [pids[0]]  # the extractor itself, while it held a batch
+    calls = [int(line) for line in (hook / "calls").read_text().split()]
+    assert calls[:2] == [killed[0], killed[0]]  # one batch pooled, then killed inside the second
+    restarted = set(calls[2:])
+    assert len(restarted) == 1 and killed[0] not in restarted  # a new process, the restarted actor, went on
+    assert sorted(pooled_events) == sorted(CONCEPTS)  # each concept pooled once: the killed task was retried
+    assert stormy.computed == calm.computed == {"pooled": len(CONCEPTS), "d1": len(CONCEPTS), "pooled_skipped": 0,
+                                                "d1_skipped": 0}
     assert stormy.records == calm.records
+    assert comparable(stormy) == comparable(calm)
     store = open_store(str(tmp_path / "stormy"))
     assert sorted(store.list("pooled")) == sorted(a["pooled"] for a in stormy.artifacts.values())
     assert sorted(store.list("d1")) == sorted(a["d1"] for a in stormy.artifacts.values())

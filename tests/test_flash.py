@@ -60,8 +60,74 @@ def test_flash_check_command(tmp_path):
     result = runner.invoke(cli(), ["flash-check", "--run", str(run), "--fractions", "1,1/2,1/8",
                                    "--n-bootstrap", "100"])
     assert result.exit_code == 0, result.output
-    rows = json.loads((run / "flash_check.json").read_text())["fractions"]
+    report = json.loads((run / "flash_check.json").read_text())
+    rows = report["fractions"]
+    # two concepts are the units, each strategy at the leaderboard's layer (highest mean cv_auroc: layer 1)
+    assert report["n_units"] == 2 and report["layers"] == {"A1_mean": 1, "A2_max": 1, "P1_last": 1}
     assert [r["fraction"] for r in rows] == ["1", "1/2", "1/8"]
     assert rows[0]["rank_resolution"] == 0.0 and rows[0]["kendall_tau"] == pytest.approx(1.0)
     result = runner.invoke(cli(), ["flash-check", "--run", str(run), "--fractions", "1/128"])
     assert isinstance(result.exception, FlashError) and "negation" in str(result.exception)
+
+
+# Three strategies, two of them close; every concept's three layers are near copies (one shared draw of noise
+# plus 5% of their own), as layers of one model share a concept's passages.
+CLOSE = {"A1_mean": 0.8, "P1_last": 0.7, "A2_max": 0.3}
+
+
+def layered_concept(concept: str, seed: int, n_train_pairs: int = 16, n_test_pairs: int = 12, d: int = 4):
+    from poolbench.corpus.passage import Passage
+    from poolbench.pooler.pooled_table import PooledTableBuilder
+    from poolbench.prober.power import ConceptCells
+
+    rng = np.random.default_rng(seed)
+    passages = [Passage(id=f"{concept}-{split}{i}-{label}", text="t", label=label, domain="d", token_count=1,
+                        matched_pair_id=f"{concept}-{split}{i}", split=split, concept=concept)
+                for split, n in (("train", n_train_pairs), ("test", n_test_pairs)) for i in range(n)
+                for label in (1, 0)]
+    y = np.array([p.label for p in passages])
+    base = rng.normal(size=(len(CLOSE), len(passages), d))
+    vectors = np.stack([base + 0.05 * rng.normal(size=base.shape) for _ in range(3)])
+    for s, strength in enumerate(CLOSE.values()):
+        vectors[:, s, :, 0] += strength * y
+    builder = PooledTableBuilder(passages, hidden_size=d)
+    builder.add(vectors.astype(np.float32), [0, 1, 2], list(CLOSE), [p.id for p in passages],
+                np.zeros((len(CLOSE), len(passages)), dtype=bool))
+    return ConceptCells(builder.table(), concept=concept)
+
+
+def by_hand(cells, layer: int, fraction) -> tuple[list[float], list[float]]:
+    """Full and flash test AUROC of each strategy at `layer`: the logistic probe fitted directly."""
+    from poolbench.prober.auroc import auroc
+    from poolbench.prober.newton_logistic import NewtonLogisticProbe
+
+    full, flash = [], []
+    for name in sorted(CLOSE):
+        cell = cells.view.matrix(layer, name)
+        train, test = cell.subset("train"), cell.subset("test")
+        rows = flash_subset(train.y, train.groups, fraction, seed=0)
+        full.append(auroc(NewtonLogisticProbe().fit(train.X, train.y).decision_function(test.X), test.y))
+        flash.append(auroc(NewtonLogisticProbe().fit(train.X[rows], train.y[rows]).decision_function(test.X),
+                           test.y))
+    return full, flash
+
+
+def test_flash_check_resamples_concepts_not_layers():
+    """Units are concepts, each strategy at its chosen layer: the answer is the rank resolution of 8 concepts.
+    Counting the 3 near-copy layers of each concept as 24 units halves it (2 places -> 1): overconfident."""
+    from poolbench.prober.flash_check import flash_check
+
+    concepts = [layered_concept(f"c{i}", 1000 + i) for i in range(8)]
+    layers = dict.fromkeys(CLOSE, 0)
+    report = flash_check(concepts, sorted(CLOSE), [parse_fraction("1/4")], layers=layers, n_bootstrap=1000)
+    assert report["units"] == "concept" and report["n_units"] == 8 and report["layers"] == layers
+    row = report["fractions"][0]
+    hand = [by_hand(c, 0, parse_fraction("1/4")) for c in concepts]
+    full, flash = np.array([h[0] for h in hand]), np.array([h[1] for h in hand])
+    expected = rank_resolution(full, flash, n_bootstrap=1000)
+    assert row["rank_resolution"] == expected.resolution == 2.0
+    assert row["kendall_tau"] == pytest.approx(expected.kendall_tau)
+    cells = [by_hand(c, layer, parse_fraction("1/4")) for c in concepts for layer in (0, 1, 2)]
+    layer_units = rank_resolution(np.array([h[0] for h in cells]), np.array([h[1] for h in cells]),
+                                  n_bootstrap=1000)
+    assert layer_units.resolution == 1.0

@@ -106,3 +106,46 @@ def test_power_command_table_json_and_errors(tmp_path):
         result = runner.invoke(cli(), ["power", *args, "--run", str(run)])
         assert isinstance(result.exception, PoolBenchError), result.output
         assert message in str(result.exception) and "\n" not in str(result.exception)
+
+
+def test_power_and_flash_check_score_s3_with_d1s_fold_wise_heads(tmp_path):
+    """S3's all-heads row carries head 0's signal (held-out AUROC 0.976), but D1 picks its head on the
+    training passages' head outputs, which point to head 1, whose pooled vector is noise (0.576). Power and
+    flash-check must judge S3 as D1 does: the shortcut would rank S3 above A1_mean (0.856), D1 below."""
+    import json
+
+    from reliability_run import cli, make_s3_run, s3_concept
+    from typer.testing import CliRunner
+
+    from poolbench.prober.auroc import auroc
+    from poolbench.prober.concept_probe import probe_pooled_table
+    from poolbench.prober.flash import parse_fraction
+    from poolbench.prober.flash_check import flash_scores
+    from poolbench.prober.newton_logistic import NewtonLogisticProbe
+    from poolbench.prober.power import ConceptCells
+
+    pooled, heads = s3_concept("negation")
+    d1 = {(r.strategy, r.probe): r for r in probe_pooled_table(pooled, "negation", n_bootstrap=20,
+                                                                reliability=False, heads=heads)}
+    s3, a1 = d1["S3_iti_probe", "logistic"], d1["A1_mean", "logistic"]
+    assert s3.heads_selected == [1]
+    assert s3.test_auroc == pytest.approx(0.5756, abs=1e-4) and a1.test_auroc == pytest.approx(0.8556, abs=1e-4)
+    shortcut = ConceptCells(pooled).matrix(0, "S3_iti_probe")
+    train, test = shortcut.subset("train"), shortcut.subset("test")
+    assert auroc(NewtonLogisticProbe().fit(train.X, train.y).decision_function(test.X), test.y) > 0.97
+
+    run = make_s3_run(tmp_path)
+    result = CliRunner().invoke(cli(), ["power", "--strategies", "S3,A1", "--concept", "negation", "--run",
+                                        str(run), "--n-resamples", "100"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((run / "power_negation_S3_iti_probe_vs_A1_mean.json").read_text())
+    assert report["auroc_a"] == s3.test_auroc and report["auroc_b"] == a1.test_auroc
+    assert report["auroc_difference"] < -0.2
+
+    half = {(r.strategy, r.probe): r for r in probe_pooled_table(
+        pooled, "negation", n_bootstrap=20, reliability=False, heads=heads, flash="1/2")}
+    full, flash = flash_scores([ConceptCells(pooled, heads, concept="negation")], ["A1_mean", "S3_iti_probe"],
+                               [parse_fraction("1/2")], {"A1_mean": 0, "S3_iti_probe": 0}, seed=0)
+    assert full[0].tolist() == [a1.test_auroc, s3.test_auroc]
+    assert flash[0, 0].tolist() == [half["A1_mean", "logistic"].test_auroc,
+                                    half["S3_iti_probe", "logistic"].test_auroc]

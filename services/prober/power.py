@@ -12,10 +12,12 @@ import pyarrow as pa
 from scipy.stats import binom
 from statsmodels.stats.contingency_tables import mcnemar
 
+from poolbench.pooler.iti import ITIHeadView
 from poolbench.pooler.pooled_table import PooledMatrix, PooledTableView
 from poolbench.prober.auroc import ProbeError
 from poolbench.prober.newton_logistic import NewtonLogisticProbe
 from poolbench.prober.significance import delong_test, paired_bootstrap_auroc
+from poolbench.prober.supervised import head_selection_cell
 
 POWER_SIZES = (25, 50, 100, 200, 400, 800, 1600, 3200)
 
@@ -69,9 +71,9 @@ def simulate_power(correct_a: np.ndarray, correct_b: np.ndarray, sizes: Sequence
     index = np.arange(a.shape[1]) if groups is None else np.unique(np.asarray(groups), return_inverse=True)[1]
     if index.shape != (a.shape[1],):
         raise ProbeError(f"power: {index.size} groups for {a.shape[1]} test passages")
-    membership = np.eye(int(index.max()) + 1, dtype=np.int64)[index]  # [n_test, n_groups]
-    only_a, only_b = (a & ~b).astype(np.int64) @ membership, (~a & b).astype(np.int64) @ membership
-    n_groups = membership.shape[1]
+    n_groups = int(index.max()) + 1
+    only_a, only_b = (np.stack([np.bincount(index, weights=row, minlength=n_groups) for row in rows]).astype(np.int64)
+                      for rows in (a & ~b, ~a & b))  # [n_seeds, n_groups] discordant counts per group
     rng = np.random.default_rng(seed)
     rows = []
     for n in sizes:
@@ -144,28 +146,62 @@ def compare_configurations(pred_a: np.ndarray, pred_b: np.ndarray, scores_a: np.
     }
 
 
-def heldout_predictions(train: PooledMatrix, test: PooledMatrix) -> tuple[np.ndarray, np.ndarray]:
-    """The primary (logistic) probe fitted on `train`: its 0/1 predictions and scores on `test`."""
-    model = NewtonLogisticProbe().fit(train.X, train.y)
-    return model.predict(test.X), model.decision_function(test.X)
+@dataclass(frozen=True)
+class HeldOut:
+    """One cell's logistic probe, fitted on (part of) train and scored on the whole test split."""
+
+    pred: np.ndarray  # [n_test] 0/1
+    scores: np.ndarray  # [n_test] decision scores
+    test: PooledMatrix
 
 
-def compare_strategies(pooled: pa.Table, concept: str, strategy_a: str, layer_a: int, strategy_b: str,
-                       layer_b: int, *, n_resamples: int = 1000, seed: int = 0) -> dict:
+class ConceptCells:
+    """One concept's stored vectors, with its ITIHeadTable when a strategy is supervised (S3).
+
+    Power and flash-check fit held-out probes here, so S3 is judged as D1 judges it: heads chosen on the
+    training passages of the fit (HeadSelectionCell.design), never the PooledTable's all-heads row.
+    `seed` is the run's, which D1 chose its heads with.
+    """
+
+    def __init__(self, pooled: pa.Table, heads: pa.Table | None = None, *, concept: str = "?",
+                 seed: int = 0) -> None:
+        self.concept = concept
+        self.view = PooledTableView(pooled)
+        self.heads = ITIHeadView(heads) if heads is not None else None
+        self.metadata = {k.decode(): v.decode() for k, v in (pooled.schema.metadata or {}).items()}
+        self.seed = seed
+
+    def matrix(self, layer: int, strategy: str) -> PooledMatrix:
+        if (layer, strategy) not in self.view.cells:
+            raise ProbeError(f"layer {layer} of '{strategy}' was not run for concept '{self.concept}'")
+        return self.view.matrix(layer, strategy)
+
+    def heldout(self, layer: int, strategy: str, fit: np.ndarray | None = None) -> HeldOut:
+        """The probe fitted on the train rows `fit` (indices into the train split; default all of it)."""
+        cell = self.matrix(layer, strategy)
+        train, test = np.flatnonzero(cell.split == "train"), np.flatnonzero(cell.split == "test")
+        if fit is not None:
+            train = train[np.asarray(fit)]
+        selection = head_selection_cell(cell, self.metadata, self.heads, layer, strategy, self.seed)
+        X = cell.X if selection is None else selection.design(train)
+        model = NewtonLogisticProbe().fit(X[train], cell.y[train])
+        return HeldOut(model.predict(X[test]), model.decision_function(X[test]), cell.take(test))
+
+
+def compare_strategies(cells: ConceptCells, strategy_a: str, layer_a: int, strategy_b: str, layer_b: int, *,
+                       n_resamples: int = 1000, seed: int = 0) -> dict:
     """`poolbench-driver power`: A vs B on one concept's stored pooled vectors, each probe fitted on train
     and compared on the same test passages (compare_configurations)."""
-    view = PooledTableView(pooled)
     fits = {}
     for name, layer in ((strategy_a, layer_a), (strategy_b, layer_b)):
-        if (layer, name) not in view.cells:
-            raise ProbeError(f"layer {layer} of '{name}' was not run for concept '{concept}'")
-        cell = view.matrix(layer, name)
+        cell = cells.matrix(layer, name)
         train, test = cell.subset("train"), cell.subset("test")
         if min(np.sum(test.y == 1), np.sum(test.y == 0)) < 2 or np.unique(train.y).size < 2:
-            raise ProbeError(f"concept '{concept}': too few passages ({train.y.size} train, {test.y.size} test)")
-        fits[name] = (*heldout_predictions(train, test), test)
-    (pred_a, scores_a, test), (pred_b, scores_b, _) = fits[strategy_a], fits[strategy_b]
-    report = compare_configurations(pred_a, pred_b, scores_a, scores_b, test.y, test.groups,
-                                    d=int(test.X.shape[1]), n_resamples=n_resamples, seed=seed)
-    return {"concept": concept, "strategy_a": strategy_a, "strategy_b": strategy_b, "layer_a": layer_a,
+            raise ProbeError(f"concept '{cells.concept}': too few passages ({train.y.size} train, "
+                             f"{test.y.size} test)")
+        fits[name] = cells.heldout(layer, name)
+    a, b = fits[strategy_a], fits[strategy_b]
+    report = compare_configurations(a.pred, b.pred, a.scores, b.scores, a.test.y, a.test.groups,
+                                    d=int(a.test.X.shape[1]), n_resamples=n_resamples, seed=seed)
+    return {"concept": cells.concept, "strategy_a": strategy_a, "strategy_b": strategy_b, "layer_a": layer_a,
             "layer_b": layer_b, "probe": "logistic", **report}

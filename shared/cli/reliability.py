@@ -51,11 +51,17 @@ def _best_layers(results: dict) -> dict[str, int]:
 
 
 def _pooled(results: dict, store, concept: str):
-    """The concept's stored PooledTable, named by the run's results.json."""
+    """The concept's stored PooledTable (and ITIHeadTable, for S3), named by the run's results.json."""
+    from poolbench.pooler.iti import head_table_key, needs_head_table
+    from poolbench.prober.power import ConceptCells
+
     artifacts = results.get("artifacts", {})
     if concept not in artifacts:
         raise PoolBenchError(f"concept '{concept}' was not run (ran: {', '.join(sorted(artifacts))})")
-    return store.get_table(artifacts[concept]["pooled"])
+    key = artifacts[concept]["pooled"]
+    table = store.get_table(key)
+    heads = store.get_table(head_table_key(key)) if needs_head_table(table) else None
+    return ConceptCells(table, heads, concept=concept, seed=int(results.get("seed", 0)))
 
 
 @reliability_app.command("power")
@@ -80,7 +86,7 @@ def power(
     if a == b:
         raise PoolBenchError(f"--strategies compares '{a}' with itself; name two different strategies")
     layers = {a: layer, b: layer} if layer is not None else _best_layers(results)
-    report = compare_strategies(_pooled(results, _store(results), concept), concept, a, layers[a], b, layers[b],
+    report = compare_strategies(_pooled(results, _store(results), concept), a, layers[a], b, layers[b],
                                 n_resamples=n_resamples, seed=seed)
     table = Table(title=f"{concept}: {a} (layer {layers[a]}) vs {b} (layer {layers[b]}), McNemar power")
     table.add_column("n test", justify="right")
@@ -105,7 +111,7 @@ def power(
 def flash_check(
     run_dir: Annotated[Path, typer.Option("--run", help="a finished run's --out folder")] = DEFAULT_RUN,
     fractions: Annotated[str, typer.Option(help="comma list of train fractions")] = DEFAULT_FRACTIONS,
-    n_bootstrap: Annotated[int, typer.Option(help="bootstrap resamples of (concept, layer) units")] = 1000,
+    n_bootstrap: Annotated[int, typer.Option(help="bootstrap resamples of concepts")] = 1000,
     seed: Annotated[int, typer.Option(help="seed for subsets and bootstrap")] = 0,
     out: Annotated[Path | None, typer.Option(help="JSON file; default <run>/flash_check.json")] = None,
 ) -> None:
@@ -121,9 +127,10 @@ def flash_check(
     if len(strategies) < 2:
         raise PoolBenchError(f"flash-check needs >= 2 strategies in {run_dir}, found {len(strategies)}")
     store = _store(results)
-    report = check(((c, _pooled(results, store, c)) for c in sorted(results["artifacts"])), strategies, parsed,
-                   n_bootstrap=n_bootstrap, seed=seed)
-    table = Table(title="Flash vs full ranking (test AUROC, logistic probe, concept x layer units)")
+    report = check((_pooled(results, store, c) for c in sorted(results["artifacts"])), strategies, parsed,
+                   layers=_best_layers(results), n_bootstrap=n_bootstrap, seed=seed)
+    table = Table(title="Flash vs full ranking (test AUROC, logistic probe, concepts as units, each strategy "
+                        "at its leaderboard layer)")
     for column in ("fraction", "rank resolution", "Kendall tau", "worst strategy interval"):
         table.add_column(column, justify="left" if column == "worst strategy interval" else "right")
     for row in report["fractions"]:

@@ -96,3 +96,16 @@ def test_submission_rejects_short_description():
     with pytest.raises(ValidationError):
         build_submission(lb, "A1_mean", "llama3_8b", "community",
                          {"family": "uniform_aggregation", "description": "short"})
+
+
+def test_lexical_baseline_sits_beside_each_concept():
+    from poolbench.records.lexical import LexicalBaselineRecord
+
+    lexical = [LexicalBaselineRecord(concept=c, test_auroc=v, ci_low=v - 0.1, ci_high=1.0, ci_level=0.95, n_train=8,
+                                     n_test=4, n_bootstrap=10, n_features=5, C=1.0, features="tfidf")
+               for c, v in (("c1", 0.9), ("c2", 0.6))]
+    lb = build_leaderboard(CELLS, lexical=lexical)
+    p1 = lb["strategies"][1]
+    assert p1["per_concept"]["c2"]["lexical_auroc"] == 0.6
+    assert lb["lexical_baseline"]["c1"] == {"auroc": 0.9, "ci_low": pytest.approx(0.8), "ci_high": 1.0}
+    assert leaderboard_rows(lb)[1][5] == "c2 0.50 (lexical 0.60)"

@@ -255,3 +255,29 @@ def test_report_renders_every_figure_in_headless_chromium(tmp_path):
         non_white = (region < 240).any(axis=2).mean()
         colours = len(np.unique(region.reshape(-1, 3) // 16, axis=0))
         assert non_white > 0.02 and colours > 8, f"{fig['id']} is blank on screen ({non_white=:.3f}, {colours=})"
+
+
+def test_report_shows_the_lexical_baseline_and_d1_by_density_and_placement(tmp_path):
+    folder = write_run(tmp_path / "run", with_d2=False)
+    results = json.loads((folder / "results.json").read_text())
+    results["lexical_baseline"] = [
+        {"concept": c, "test_auroc": v, "ci_low": v - 0.05, "ci_high": min(1.0, v + 0.05), "ci_level": 0.95,
+         "n_train": 48, "n_test": 24, "n_bootstrap": 1000, "n_features": 400, "C": 1.0, "features": "tfidf"}
+        for c, v in zip(CONCEPTS, (1.0, 0.7, 0.9), strict=True)]  # CI lows 0.95, 0.65, 0.85: one above 0.9
+    results["d1_by_bucket"] = [
+        {"strategy": "W2_last_k", "layer": 1, "probe": "logistic", "by": by, "bucket": b, "auroc": a,
+         "ci_low": lo, "ci_high": hi, "ci_level": 0.95, "n": 12, "n_pos": 6, "n_neg": 6, "n_concepts": 3,
+         "n_bootstrap": 1000, "concept_aurocs": {"hedging": a}}
+        for by, b, a, lo, hi in (("density", "1", 0.6, 0.45, 0.75), ("placement", "start", 0.5, 0.5, 0.5),
+                                 ("placement", "end", 1.0, 1.0, 1.0))]
+    (folder / "results.json").write_text(json.dumps(results))
+    page, figures = render_report(load_runs(folder))
+    assert [f.fig_id for f in figures] == ["run0-cd", "run0-heatmap", "run0-layers", "run0-fallback", "run0-buckets"]
+    # hedging's best D1 is A1_mean 0.900 (offset 0), its lexical baseline 1.0: D1 - lexical = -0.100
+    assert ("<tr class=\"flag\"><td>hedging</td><td>1.000 [0.950, 1.000]</td><td>48 / 24</td><td>400</td>"
+            "<td>A1_mean</td><td>0.900</td><td>-0.100</td></tr>") in page
+    assert "reaches a CI above 0.9 in <b>1 of 3</b> concepts" in page
+    assert " · lexical baseline 1.000 [0.950, 1.000]</summary>" in page
+    assert ("<tr class=\"null\"><td>W2_last_k</td><td>1</td><td>placement</td><td>start</td>"
+            "<td>0.500 [0.500, 0.500]</td><td>12</td><td>6 / 6</td><td>3</td></tr>") in page
+    assert ("<tr><td>W2_last_k</td><td>1</td><td>placement</td><td>end</td><td>1.000 [1.000, 1.000]</td>") in page

@@ -24,6 +24,7 @@ from poolbench.pooler.worker import ExtractorWorker
 from poolbench.prober.concept_probe import D1_VERSION, probe_concept_task
 from poolbench.prober.flash import parse_fraction
 from poolbench.prober.reliability import RELIABILITY_VERSION
+from poolbench.records.buckets import BucketAurocRecord
 from poolbench.records.d1 import D1CellRecord, d1_records_from_table
 from poolbench.records.events import (
     ArtifactQuarantined,
@@ -34,11 +35,13 @@ from poolbench.records.events import (
     RunPlanned,
     ignore_event,
 )
+from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.run import RunOutcome
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key
 from poolbench.store.url import open_store
 
+from .breakdowns import d1_by_bucket, lexical_baselines
 from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch
 
 FORWARDED_ENV = ("POOLBENCH_CACHE", "POOLBENCH_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
@@ -266,6 +269,16 @@ def collect_records(store: ArtifactStore, run: RunPlan) -> list[D1CellRecord]:
     return [record for plan in run.plans for record in d1_records_from_table(store.get_table(plan.d1_key))]
 
 
+def breakdowns(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellRecord]
+               ) -> tuple[list[LexicalBaselineRecord], list[BucketAurocRecord]]:
+    """The lexical baseline per concept and D1 by density / placement: seconds, no model, so never cached."""
+    passages = {p.concept: p.passages for p in run.plans}
+    supervised = {s.id for s in run.specs if s.supervision != "none"}
+    return (lexical_baselines(passages, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed),
+            d1_by_bucket(inputs.store, {p.concept: p.pooled_key for p in run.plans}, passages, records, supervised,
+                         n_bootstrap=cfg.n_bootstrap, seed=cfg.seed))
+
+
 def steer(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellRecord], threads: int | None,
           emit: EventSink) -> dict:
     """D2/D3 on the cells the D1 leaderboard picks (the default subset, or every cell with --full)."""
@@ -322,9 +335,11 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None,
             worker_pids=tuple(fetch(ref, "extractor start") for ref in [w.pid.remote() for w in queue.actors])))
         computed = execute(cfg, run, inputs, queue, emit)
     records = collect_records(inputs.store, run)
+    lexical, buckets = breakdowns(cfg, inputs, run, records)
     timing = {"d1_s": time.perf_counter() - started}
     steering = steer(cfg, inputs, run, records, threads, emit) if cfg.steering else None
     if steering is not None:
         timing["steering_s"] = steering["timing"]["total_s"]
     timing["total_s"] = time.perf_counter() - started
-    return outcome_of(cfg, inputs, run, records, computed, timing, steering)
+    return replace(outcome_of(cfg, inputs, run, records, computed, timing, steering), lexical=lexical,
+                   d1_buckets=buckets)

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from poolbench.config import RunConfig
+from poolbench.records.buckets import BucketAurocRecord
 from poolbench.records.d1 import D1CellRecord
+from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.steering import SteeringStage
 
 
@@ -24,3 +26,5 @@ class RunOutcome:
     timing: dict[str, float] = field(default_factory=dict)
     store: str = ""
     steering: SteeringStage | None = None
+    lexical: list[LexicalBaselineRecord] = field(default_factory=list)
+    d1_buckets: list[BucketAurocRecord] = field(default_factory=list)

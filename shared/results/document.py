@@ -35,6 +35,16 @@ def _steering_sections(steering: SteeringStage | None) -> dict:
             "steering": {k: steering[k] for k in ("steering_config", "subset", "timing")}}
 
 
+def _breakdown_sections(outcome: RunOutcome) -> dict:
+    """The lexical baseline per concept and D1 by density / placement, when the run computed them."""
+    out: dict = {}
+    if outcome.lexical:
+        out["lexical_baseline"] = [r.to_dict() for r in outcome.lexical]
+    if outcome.d1_buckets:
+        out["d1_by_bucket"] = [r.to_dict() for r in outcome.d1_buckets]
+    return out
+
+
 def results_document(outcome: RunOutcome) -> dict:
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
@@ -58,6 +68,7 @@ def results_document(outcome: RunOutcome) -> dict:
         "reliability": _across_cells(outcome.records),
         "cells": [r.to_dict() for r in outcome.records],
         **_steering_sections(outcome.steering),
+        **_breakdown_sections(outcome),
     }
 
 
@@ -77,7 +88,7 @@ def write_run_outputs(outcome: RunOutcome, out_dir: Path) -> dict[str, Path]:
     friedman = reliability.get("friedman") or {}
     leaderboard = build_leaderboard(
         outcome.records, strategy_info=strategy_info(outcome), win_rate=reliability["win_rate"],
-        average_ranks=friedman.get("average_ranks", {}),
+        average_ranks=friedman.get("average_ranks", {}), lexical=outcome.lexical or None,
         sections={"model": outcome.model, "corpus_hash": outcome.corpus["hash"], "git_hash": results["git_hash"],
                   "date": results["date"], "friedman": reliability.get("friedman"),
                   **_leaderboard_steering(outcome.steering)})

@@ -9,6 +9,7 @@ import numpy as np
 
 from poolbench.prober.reliability import cv_best_layer
 from poolbench.records.d1 import D1CellRecord
+from poolbench.records.lexical import LexicalBaselineRecord
 
 PRIMARY_PROBE = "logistic"
 FALLBACK_FLAG_RATE = 0.5
@@ -23,11 +24,14 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str = PRIMARY_PROBE,
                       strategy_info: Mapping[str, dict] | None = None, *,
                       win_rate: Mapping[str, float | None] | None = None,
                       average_ranks: Mapping[str, float] | None = None,
-                      sections: Mapping[str, object] | None = None) -> dict:
+                      sections: Mapping[str, object] | None = None,
+                      lexical: Sequence[LexicalBaselineRecord] | None = None) -> dict:
     """Rank strategies by mean held-out D1 over concepts at each strategy's CV-selected layer.
 
-    Given them, each row also gets its win rate and Friedman average rank, and `sections` (provenance,
-    steering) follow the rows: the finished leaderboard, never edited afterwards."""
+    Given them, each row also gets its win rate and Friedman average rank, each concept its lexical baseline's
+    AUROC (`lexical_auroc`, beside D1), and `sections` (provenance, steering) follow the rows: the finished
+    leaderboard, never edited afterwards."""
+    lexical_by = {r.concept: r for r in lexical or ()}
     by_strategy: dict[str, dict[int, dict[str, D1CellRecord]]] = defaultdict(lambda: defaultdict(dict))
     for cell in cells:
         if cell.probe == probe:
@@ -45,6 +49,7 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str = PRIMARY_PROBE,
                 "ci_high": chosen[c].ci_high,
                 "cv_auroc": chosen[c].cv_auroc,
                 "fallback_rate": chosen[c].fallback_rate,
+                **({"lexical_auroc": lexical_by[c].test_auroc} if c in lexical_by else {}),
             }
             for c in concepts
         }
@@ -68,17 +73,21 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str = PRIMARY_PROBE,
             row["win_rate"] = win_rate.get(row["strategy"])
         if average_ranks is not None:
             row["average_rank"] = average_ranks.get(row["strategy"])
-    return {"probe": probe, "layer_selection": LAYER_SELECTION, "strategies": rows, **(sections or {})}
+    baseline = {"lexical_baseline": {c: {"auroc": r.test_auroc, "ci_low": r.ci_low, "ci_high": r.ci_high}
+                                     for c, r in lexical_by.items()}} if lexical_by else {}
+    return {"probe": probe, "layer_selection": LAYER_SELECTION, "strategies": rows, **baseline, **(sections or {})}
 
 
 def leaderboard_rows(leaderboard: dict, concepts: Sequence[str] | None = None) -> list[list[str]]:
-    """Plain string rows (rank, strategy, mean D1, layer, worst concept) for a terminal table."""
+    """Plain string rows (rank, strategy, mean D1, layer, worst concept with its lexical baseline when the run
+    has one) for a terminal table."""
     rows = []
     for row in leaderboard["strategies"]:
         worst = min(row["per_concept"].items(), key=lambda kv: kv[1]["auroc"])
         rows.append([
             str(row["rank"]), row["strategy"], f"{row['mean_d1']:.3f}", f"{row['mean_cv_auroc']:.3f}",
-            str(row["best_layer"]), f"{worst[0]} {worst[1]['auroc']:.2f}",
+            str(row["best_layer"]), f"{worst[0]} {worst[1]['auroc']:.2f}" + (
+                f" (lexical {worst[1]['lexical_auroc']:.2f})" if "lexical_auroc" in worst[1] else ""),
             ", ".join(row["fallback_flagged_concepts"]) or "-",
         ])
     return rows

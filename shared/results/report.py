@@ -29,7 +29,9 @@ from scipy import stats
 from poolbench.atomic_write import write_text_atomic
 from poolbench.errors import PoolBenchError
 from poolbench.records.base import RecordError
+from poolbench.records.buckets import BucketAurocRecord
 from poolbench.records.d1 import D1CellRecord
+from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.scorer import ScorerValidity
 from poolbench.records.steering import D2Record, D3Record
 from poolbench.results.leaderboard import FALLBACK_FLAG_RATE, PRIMARY_PROBE, build_leaderboard
@@ -77,6 +79,8 @@ class Run:
     scorers: list[ScorerValidity]
     alpha_ci: dict[tuple[str, str, int], list[tuple[float, float]]] = field(default_factory=dict)
     alpha_ci_note: str | None = None  # why per-alpha intervals are missing, when they are
+    lexical: list[LexicalBaselineRecord] = field(default_factory=list)
+    buckets: list[BucketAurocRecord] = field(default_factory=list)
 
 
 def load_runs(path: Path, store: str | None = None) -> list[Run]:
@@ -97,13 +101,15 @@ def load_runs(path: Path, store: str | None = None) -> list[Run]:
         try:
             cells = [D1CellRecord.from_dict(c) for c in results["cells"]]
             d2, d3, scorers = d2_records(results), d3_records(results), scorer_records(results)
+            lexical = [LexicalBaselineRecord.from_dict(r) for r in results.get("lexical_baseline") or []]
+            buckets = [BucketAurocRecord.from_dict(r) for r in results.get("d1_by_bucket") or []]
         except RecordError as exc:
             raise PoolBenchError(f"{folder / 'results.json'}: {exc}") from None
         board_path = folder / "leaderboard.json"
         board = json.loads(board_path.read_text()) if board_path.is_file() else build_leaderboard(cells)
         alpha_ci, note = alpha_intervals(results, d2, store)
         runs.append(Run((results.get("model") or {}).get("model_id") or folder.name, results, board, cells, d2, d3,
-                        scorers, alpha_ci, note))
+                        scorers, alpha_ci, note, lexical, buckets))
     return runs
 
 
@@ -573,7 +579,7 @@ def strategy_table(run: Run) -> str:
 def per_concept_html(run: Run) -> str:
     """Per concept, every strategy's D1 with its CI at the strategy's chosen layer, with the cell's
     reliability columns; one collapsible block per concept, hardest concept first."""
-    cells = _primary_cells(run)
+    cells, lexical = _primary_cells(run), {r.concept: r for r in run.lexical}
     by_concept: dict[str, list[tuple[dict, dict]]] = defaultdict(list)
     for row in run.leaderboard["strategies"]:
         for concept, v in row["per_concept"].items():
@@ -593,12 +599,74 @@ def per_concept_html(run: Run) -> str:
         n = next((c for c in run.cells if c.concept == concept and c.probe == PRIMARY_PROBE), None)
         size = "" if n is None or n.n_train is None else f" · {n.n_train} train / {n.n_test} test passages"
         best = entries[0]
+        lex = lexical.get(concept)
+        lex_text = "" if lex is None else f" · lexical baseline {_ci(lex.test_auroc, lex.ci_low, lex.ci_high)}"
         parts.append(
             f"<details><summary><b>{html.escape(concept)}</b> — best {html.escape(best[0]['strategy'])} "
-            f"{best[1]['auroc']:.3f}, median {np.median([v['auroc'] for _, v in entries]):.3f}{size}</summary>"
+            f"{best[1]['auroc']:.3f}, median {np.median([v['auroc'] for _, v in entries]):.3f}{size}"
+            f"{html.escape(lex_text)}</summary>"
             + _table(("strategy", "layer", "D1 [95% CI]", "CV", "seed mean ± σ", "selectivity", "MDL", "fallback"),
                      rows, "concept", flags) + "</details>")
     return "".join(parts)
+
+
+def lexical_table(run: Run) -> str:
+    """Per concept: the bag-of-words AUROC with its CI beside the best strategy's D1 and their difference."""
+    best: dict[str, tuple[str, float]] = {}
+    for row in run.leaderboard["strategies"]:
+        for concept, v in row["per_concept"].items():
+            if concept not in best or v["auroc"] > best[concept][1]:
+                best[concept] = (row["strategy"], float(v["auroc"]))
+    rows, flags = [], []
+    for r in sorted(run.lexical, key=lambda r: (-float(r.test_auroc), r.concept)):
+        strategy, d1 = best.get(r.concept, ("—", None))
+        gap = None if d1 is None else d1 - float(r.test_auroc)
+        rows.append([r.concept, _ci(r.test_auroc, r.ci_low, r.ci_high), f"{r.n_train} / {r.n_test}",
+                     str(r.n_features), strategy, _num(d1), "—" if gap is None else f"{gap:+.3f}"])
+        flags.append("flag" if float(r.ci_low) > 0.9 else "")
+    saturated = sum(1 for r in run.lexical if float(r.ci_low) > 0.9)
+    return (f"<p>The bag of words alone reaches a CI above 0.9 in <b>{saturated} of {len(run.lexical)}</b> "
+            "concepts.</p>" + _table(("concept", "lexical AUROC [95% CI]", "train / test", "words", "best strategy",
+                                      "its D1", "D1 − lexical"), rows, "lexical", flags))
+
+
+def bucket_figure(run: Run) -> bytes:
+    """Held-out AUROC per density and per placement bucket, a line per strategy with its 95% CI."""
+    styles = series_styles(family_of(run))
+    kinds = [by for by in ("density", "placement") if any(r.by == by for r in run.buckets)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(5.2 * len(kinds), 3.8), squeeze=False, sharey=True)
+    strategies = list(dict.fromkeys(r.strategy for r in run.buckets))
+    for ax, by in zip(axes[0], kinds, strict=True):
+        labels = list(dict.fromkeys(r.bucket for r in run.buckets if r.by == by))
+        for k, strategy in enumerate(strategies):
+            rows = [r for r in run.buckets if r.by == by and r.strategy == strategy and r.auroc is not None]
+            if not rows:
+                continue
+            x = np.array([labels.index(r.bucket) for r in rows]) + 0.06 * (k - (len(strategies) - 1) / 2)
+            y = np.array([float(r.auroc) for r in rows])
+            err = np.abs([y - [float(r.ci_low if r.ci_low is not None else r.auroc) for r in rows],
+                          [float(r.ci_high if r.ci_high is not None else r.auroc) for r in rows] - y])
+            style = styles.get(strategy, SeriesStyle((0.3, 0.3, 0.3, 1.0), "o"))
+            ax.errorbar(x, y, yerr=err, color=style.color, marker=style.marker, capsize=3, lw=1.5,
+                        label=f"{strategy} (layer {rows[0].layer})")
+        ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_xlabel("signal sentences per passage" if by == "density" else "where the signal sits")
+        ax.set_title(f"D1 by {by}", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("held-out AUROC (within concept)")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def bucket_table(run: Run) -> str:
+    """Every bucket's AUROC with its CI and how many test passages (and concepts) it rests on."""
+    rows = [[r.strategy, str(r.layer), r.by, r.bucket, _ci(r.auroc, r.ci_low, r.ci_high), str(r.n),
+             f"{r.n_pos} / {r.n_neg}", str(r.n_concepts)] for r in run.buckets]
+    flags = ["null" if r.ci_low is None or float(r.ci_low) <= 0.5 else "" for r in run.buckets]
+    return _table(("strategy", "layer", "by", "bucket", "AUROC [95% CI]", "n", "pos / neg", "concepts"), rows,
+                  "buckets", flags)
 
 
 def run_summary(run: Run) -> str:
@@ -657,6 +725,15 @@ HOW_TO_READ = {
     "per_concept": "Click a concept (hardest first) for every strategy's D1 with its 95% pair-bootstrap CI at "
                    "the strategy's layer. Grey rows: the CI reaches 0.5 (not above chance); amber rows: more "
                    "than half the passages fell back.",
+    "lexical": "A bag of words per concept: TF-IDF of the passage's words and a logistic regression at the probes' "
+               "C, fitted on the train split and scored on the test split, with the same pair-bootstrap CI as D1. "
+               "It sees no model: a concept it already separates is carried by its vocabulary, and a strategy's D1 "
+               "there says little about pooling. Amber rows: the lexical CI lies above 0.9.",
+    "buckets": "Test passages grouped by how many concept sentences they hold (density) and where those sit "
+               "(placement), for the best strategy and a few whose reach depends on place, each at its CV-chosen "
+               "layer with its probe refitted on the whole train split. A bucket's AUROC compares positives only "
+               "with negatives of the same concept (each concept has its own probe, so scores of two concepts "
+               "share no scale); the CI resamples matched pairs. Grey rows: the CI reaches 0.5.",
     "d2": "Each row steers a concept's text with a strategy's DiffMean vector. α* maximises the harmonic mean of "
           "score, fluency and relevance on one half of the prompts; Δ(α*) is the score gain over α = 0 on the "
           "other half, with its CI; SCP is Spearman ρ(α, score) over all generations. Fluency ratio (perplexity "
@@ -724,7 +801,19 @@ def run_section(run: Run, index: int) -> tuple[str, list[Figure]]:
         note("No strategy fell back to the mean on any passage.")
     else:
         figure("fallback", "Fallback rate per (strategy, concept) cell", png)
-    parts += ["<h3>Per concept</h3>", _how("per_concept"), per_concept_html(run)]
+    parts += ["<h3>Per concept</h3>", _how("per_concept"), per_concept_html(run), "<h3>Lexical baseline</h3>"]
+    if run.lexical:
+        parts += [_how("lexical"), lexical_table(run)]
+    else:
+        note("No lexical baseline in this run (it predates the baseline).")
+    parts.append("<h3>D1 by density and placement</h3>")
+    if run.buckets:
+        parts.append(_how("buckets"))
+        figure("buckets", "D1 by density and by placement, 95% pair-bootstrap CI", bucket_figure(run))
+        parts.append(bucket_table(run))
+    else:
+        note("No D1 by density and placement: the corpus records no density and placement (v1, most user "
+             "corpora), or the run predates the breakdown.")
 
     parts.append("<h3>D2: steering</h3>")
     if run.d2:

@@ -1,0 +1,75 @@
+"""The lexical baseline: a TF-IDF bag of words and an L2 logistic regression at the probes' C, train -> test.
+
+A concept the bag of words already separates says little about pooling; read beside D1 it tells how much of a
+concept is vocabulary. Texts in, numbers out; no model, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
+
+from poolbench.corpus.passage import Passage
+from poolbench.prober.auroc import ProbeError, auroc, bootstrap_auroc_ci
+from poolbench.prober.probes import LOGISTIC_C
+from poolbench.records.lexical import LexicalBaselineRecord
+
+FEATURES = "TF-IDF of lowercased unigrams (scikit-learn defaults: l2 norm, smoothed idf), vocabulary from train"
+
+
+@dataclass(frozen=True)
+class LexicalResult:
+    """Held-out AUROC of the bag-of-words probe, its CI, and the per-passage scores behind it."""
+
+    test_auroc: float
+    ci_low: float
+    ci_high: float
+    ci_level: float
+    n_train: int
+    n_test: int
+    n_bootstrap: int
+    n_features: int
+    test_scores: np.ndarray = field(repr=False)
+
+
+def lexical_baseline(train_texts: Sequence[str], y_train: np.ndarray, test_texts: Sequence[str], y_test: np.ndarray,
+                     groups_test: np.ndarray, *, n_bootstrap: int = 1000, seed: int = 0,
+                     ci_level: float = 0.95) -> LexicalResult:
+    """Fit TF-IDF + logistic (C = LOGISTIC_C, unpenalised intercept) on train, score test; the CI resamples
+    `groups_test` (matched pairs) as D1's does."""
+    y_train, y_test = np.asarray(y_train), np.asarray(y_test)
+    if len(train_texts) != y_train.size or len(test_texts) != y_test.size:
+        raise ProbeError("lexical baseline: texts and labels differ in length")
+    if np.unique(y_train).size != 2:
+        raise ProbeError(f"lexical baseline: train labels hold one class only ({np.unique(y_train).tolist()})")
+    vectorizer = TfidfVectorizer()
+    try:
+        X_train = vectorizer.fit_transform(train_texts)
+    except ValueError as exc:  # every train text empty or stop-word only
+        raise ProbeError(f"lexical baseline: {exc}") from None
+    model = LogisticRegression(C=LOGISTIC_C, solver="lbfgs", tol=1e-10, max_iter=10_000)
+    model.fit(X_train, y_train)
+    scores = np.asarray(model.decision_function(vectorizer.transform(test_texts)), dtype=np.float64)
+    low, high = bootstrap_auroc_ci(scores, y_test, groups_test, n_bootstrap, seed, ci_level)
+    return LexicalResult(test_auroc=auroc(scores, y_test), ci_low=low, ci_high=high, ci_level=ci_level,
+                         n_train=int(y_train.size), n_test=int(y_test.size), n_bootstrap=n_bootstrap,
+                         n_features=len(vectorizer.vocabulary_), test_scores=scores)
+
+
+def lexical_record(concept: str, passages: Sequence[Passage], *, n_bootstrap: int = 1000, seed: int = 0,
+                   ci_level: float = 0.95) -> LexicalBaselineRecord:
+    """The lexical baseline of one concept's passages (train split -> test split), as results.json keeps it."""
+    train = [p for p in passages if p.split == "train"]
+    test = [p for p in passages if p.split == "test"]
+    result = lexical_baseline([p.text for p in train], np.array([p.label for p in train]),
+                              [p.text for p in test], np.array([p.label for p in test]),
+                              np.array([p.group for p in test]), n_bootstrap=n_bootstrap, seed=seed,
+                              ci_level=ci_level)
+    return LexicalBaselineRecord(concept=concept, test_auroc=result.test_auroc, ci_low=result.ci_low,
+                                 ci_high=result.ci_high, ci_level=result.ci_level, n_train=result.n_train,
+                                 n_test=result.n_test, n_bootstrap=result.n_bootstrap,
+                                 n_features=result.n_features, C=LOGISTIC_C, features=FEATURES)

@@ -48,7 +48,7 @@ def leaderboard_table(leaderboard: dict) -> Table:
         table.add_column(column, justify="right" if column in ("rank", "mean CV", "layer") else "left")
     for row in rows:
         strategy = row["strategy"]
-        tied = bool(best & set(letters.get(strategy, "")))
+        tied = row is not rows[0] and bool(best & set(letters.get(strategy, "")))
         worst_name, worst = min(row["per_concept"].items(), key=lambda kv: kv[1]["auroc"])
         table.add_row(
             str(row["rank"]), strategy, _interval(*mean_t_interval([v["auroc"] for v in row["per_concept"].values()])),

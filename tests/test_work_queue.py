@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 
@@ -146,3 +147,17 @@ def test_an_interrupted_run_kills_its_actors_and_cancels_its_tasks(local_ray):
 def test_actor_jobs_without_actors_are_refused(local_ray):
     with pytest.raises(WorkQueueError, match="j0 needs an actor"), WorkQueue() as queue:
         list(queue.run([work("j0")]))
+
+
+def test_on_wait_runs_while_nothing_completes_and_never_without_a_wait(local_ray):
+    """Progress polling: a 1.5 s job with wait_s 0.2 leaves several empty waits, each a full wait_s apart;
+    without on_wait the queue blocks as before."""
+    handles = actors("a")
+    assert ray.get(handles[0].ping.remote()) == "a"
+    calls: list[float] = []
+    with WorkQueue(handles) as queue:
+        done = list(queue.run([work("slow", 1.5)], on_wait=lambda: calls.append(time.monotonic()), wait_s=0.2))
+        assert done == [("slow", ("slow", "a"))]
+        assert len(calls) >= 2  # at most ~7 windows of 0.2 s in 1.5 s, fewer on a busy machine
+        assert min(b - a for a, b in itertools.pairwise(calls)) >= 0.19  # each call follows a full empty wait
+        assert list(queue.run([work("plain")])) == [("plain", ("plain", "a"))]

@@ -39,6 +39,13 @@ class ExtractorWorker:
         for path in strategy_modules:
             load_strategy_module(path)
         self.loaded = load_model(model, dtype=dtype, device=device, model_args=model_args)
+        self._progress: dict | None = None
+
+    def progress(self) -> dict | None:
+        """Where pool_concept is now (concept, batches, passages, tokens, seconds), None when idle; the driver
+        polls it from a second actor thread, so it only reads what on_batch last wrote."""
+        progress = self._progress
+        return None if progress is None else {**progress, "seconds": time.perf_counter() - progress["started"]}
 
     def pid(self) -> int:
         """The worker's process id, so fault-tolerance tests (and operators) can find and kill it."""
@@ -60,13 +67,19 @@ class ExtractorWorker:
         dumped: list[pa.Table] = []
         tokens = 0
 
+        start = time.perf_counter()
+        self._progress = {"concept": concept, "batches": 0, "passages_done": 0, "passages_total": len(passages),
+                          "tokens_done": 0, "started": start}
+
         def on_batch(batch: ActivationBatch) -> None:
             nonlocal tokens
             tokens += int(batch.attention_mask.sum())
+            if self._progress is not None:
+                self._progress = {**self._progress, "batches": self._progress["batches"] + 1, "tokens_done": tokens,
+                                  "passages_done": self._progress["passages_done"] + len(batch.passage_ids)}
             if dump_key is not None:
                 dumped.append(activation_dump_table(batch))
 
-        start = time.perf_counter()
         parses = None
         if "parse" in strategy_needs(specs):  # parsed once per corpus, reused by every run and metric
             parsed, _ = cached_parse_table(store, [p.text for p in passages], [p.id for p in passages],
@@ -78,6 +91,7 @@ class ExtractorWorker:
                                      max_batch_tokens=max_batch_tokens)
         table = pooled.pooled
         seconds = time.perf_counter() - start
+        self._progress = None
         if dump_key is not None:
             store.put_table(dump_key, pa.concat_tables(dumped))
         if pooled.heads is not None:  # before the PooledTable: a stored PooledTable means its heads are stored

@@ -12,7 +12,6 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from poolbench.cli.calibrate import calibrate
 from poolbench.cli.cebench import bias, cebench, sae_train
@@ -29,6 +28,7 @@ from poolbench.records.events import (
     CellSteered,
     ConceptPooled,
     ConceptProbed,
+    ConceptProgress,
     ModelBuilding,
     RunEvent,
     RunPlanned,
@@ -119,10 +119,14 @@ def run(
     = "transformers",
     flash: Annotated[str | None, typer.Option(help="train probes on a stratified, pair-preserving fraction, e.g. 1/32")]
     = None,
+    log_samples: Annotated[bool, typer.Option(
+        help="also write samples_<date>.jsonl: every held-out passage's probe score at each strategy's chosen cell")]
+    = False,
 ) -> None:
-    """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json."""
-    from poolbench.driver.pipeline import run_benchmark
-    from poolbench.results.document import write_run_outputs
+    """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json
+    (and results_<UTC date-time>.json, leaderboard_<...>.json beside them, kept per run)."""
+    from poolbench.api import evaluate_config
+    from poolbench.cli.board import summary_line
 
     try:
         cfg = RunConfig(
@@ -143,12 +147,16 @@ def run(
 
     with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=console) as progress:
-        outcome = run_benchmark(cfg, RunDisplay(progress).show,
-                                strategy_modules=tuple(str(p) for p in strategy_module or ()))
-    paths = write_run_outputs(outcome, out)
-    leaderboard = json.loads(paths["leaderboard"].read_text())
-    _print_leaderboard(leaderboard)
-    console.print(f"computed {outcome.computed}; wrote {paths['results']} and {paths['leaderboard']}")
+        results = evaluate_config(cfg, on_event=RunDisplay(progress).show, log_samples=log_samples,
+                                  strategy_modules=tuple(str(p) for p in strategy_module or ()))
+    _print_leaderboard(results.leaderboard)
+    paths = results.paths
+    computed = ", ".join(f"{k} {v}" for k, v in (results.document.get("computed") or {}).items())
+    samples = f", {paths['samples'].name}" if "samples" in paths else ""
+    console.print(f"computed: {computed}; wrote {paths['results_stamped'].name}, {paths['leaderboard_stamped'].name}"
+                  f"{samples} (latest: results.json, leaderboard.json)", soft_wrap=True, highlight=False)
+    console.print(summary_line(results.leaderboard, total_s=float((results.document.get("timing") or {}).get(
+        "total_s", 0.0)), results_path=paths["results"]), soft_wrap=True, highlight=False)
 
 
 class RunDisplay:
@@ -173,6 +181,10 @@ class RunDisplay:
                 self.tasks["probe"] = self.progress.add_task("probe D1", total=len(event.concepts), last="")
             case ConceptPooled(concept=concept, skipped=skipped, seconds=seconds):
                 bar(self.tasks["pool"], advance=1, last=f"{concept} ({'cached' if skipped else f'{seconds:.1f}s'})")
+            case ConceptProgress():
+                eta = "" if event.eta_s is None else f", ETA {event.eta_s:.0f}s"
+                bar(self.tasks["pool"], last=f"{event.concept}: {event.passages_done}/{event.passages_total} passages, "
+                                             f"{event.batches} batches, {event.tokens_done:,} tokens{eta}")
             case ConceptProbed(concept=concept, skipped=skipped):
                 bar(self.tasks["probe"], advance=1, last=f"{concept} ({'cached' if skipped else 'done'})")
             case SteeringPlanned():
@@ -190,14 +202,9 @@ class RunDisplay:
 
 
 def _print_leaderboard(leaderboard: dict) -> None:
-    from poolbench.results.leaderboard import leaderboard_rows
+    from poolbench.cli.board import leaderboard_table
 
-    table = Table(title=f"D1 leaderboard ({leaderboard['probe']} probe, held-out AUROC at the CV-chosen layer)")
-    for column in ("rank", "strategy", "mean D1", "mean CV", "layer", "worst concept", ">50% fallback"):
-        table.add_column(column, justify="right" if column in ("rank", "mean D1", "mean CV", "layer") else "left")
-    for row in leaderboard_rows(leaderboard):
-        table.add_row(*row)
-    console.print(table)
+    console.print(leaderboard_table(leaderboard))
 
 
 @app.command()

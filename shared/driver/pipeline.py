@@ -30,6 +30,7 @@ from poolbench.records.events import (
     ArtifactQuarantined,
     ConceptPooled,
     ConceptProbed,
+    ConceptProgress,
     EventSink,
     ModelBuilding,
     RunPlanned,
@@ -173,7 +174,8 @@ def plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:
 def start_extractors(cfg: RunConfig, n: int, resources: dict, threads: int | None,
                      strategy_modules: Sequence[str]) -> list[ActorHandle]:
     """`n` extractor actors, each loading the model once (restarted and retried when a worker dies)."""
-    worker_cls = ray.remote(max_restarts=2, max_task_retries=2)(ExtractorWorker)
+    # A second actor thread answers progress() while pool_concept runs; the queue still sends one job at a time.
+    worker_cls = ray.remote(max_restarts=2, max_task_retries=2, max_concurrency=2)(ExtractorWorker)
     return [worker_cls.options(**resources, runtime_env=worker_runtime_env()).remote(  # type: ignore[attr-defined]
         cfg.model, dtype=cfg.dtype, device=cfg.device, model_args=dict(cfg.model_args),
         torch_threads=threads, strategy_modules=tuple(strategy_modules)) for _ in range(n)]
@@ -254,7 +256,7 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
             jobs.extend(probe_unless_stored(plan))
         else:
             jobs.append(pool(plan))
-    for key, summary in queue.run(jobs, after):
+    for key, summary in queue.run(jobs, after, on_wait=lambda: poll_progress(queue.actors, emit)):
         if key.stage == "pool":
             computed["pooled"] += 1
             emit(ConceptPooled(key.concept, skipped=False, seconds=summary["seconds"]))
@@ -262,6 +264,21 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
             computed["d1"] += 1
             emit(ConceptProbed(key.concept, skipped=False))
     return computed
+
+
+def poll_progress(actors: Sequence[ActorHandle], emit: EventSink) -> None:
+    """Each busy extractor's position inside its concept, as ConceptProgress events; a worker that does not
+    answer in time (restarting, dying) is skipped: progress is a display, never a reason to stop."""
+    refs = [actor.progress.remote() for actor in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)
+    for ref in ready:
+        try:
+            state = ray.get(ref)
+        except ray.exceptions.RayError:
+            continue
+        if state is not None:
+            emit(ConceptProgress(state["concept"], state["batches"], state["passages_done"],
+                                 state["passages_total"], state["tokens_done"], state["seconds"]))
 
 
 def collect_records(store: ArtifactStore, run: RunPlan) -> list[D1CellRecord]:

@@ -88,10 +88,12 @@ class WorkQueue(Generic[K]):
             with contextlib.suppress(Exception):  # an actor that already died is fine
                 ray.kill(actor)
 
-    def run(self, jobs: Iterable[Job[K]], follow_up: FollowUp[K] | None = None) -> Iterator[tuple[K, Any]]:
+    def run(self, jobs: Iterable[Job[K]], follow_up: FollowUp[K] | None = None, *,
+            on_wait: Callable[[], None] | None = None, wait_s: float = 1.0) -> Iterator[tuple[K, Any]]:
         """Yield (key, result) per job as it completes; actor jobs wait in order for an idle actor.
 
         After the caller has taken a result, `follow_up(key, result)` may add jobs (a pooled concept's D1 task).
+        `on_wait()` runs every `wait_s` seconds in which nothing completes (progress polling).
         An error stops the run: raised as the worker's PoolBenchError, or a one-line WorkQueueError.
         """
         waiting: deque[ActorJob[K]] = deque()
@@ -115,7 +117,12 @@ class WorkQueue(Generic[K]):
             submit(job)
         dispatch()
         while running:
-            [ref], _ = ray.wait(list(running), num_returns=1)
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=wait_s if on_wait is not None else None)
+            if not ready:
+                if on_wait is not None:
+                    on_wait()
+                continue
+            ref = ready[0]
             job, actor = running.pop(ref)
             if actor is not None:
                 idle.append(actor)

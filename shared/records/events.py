@@ -41,6 +41,26 @@ class ConceptPooled:
 
 
 @dataclass(frozen=True)
+class ConceptProgress:
+    """How far an extractor is inside one concept (passages and tokens through the model so far), polled while
+    it pools, so a run on a large model shows movement before the concept ends."""
+
+    concept: str
+    batches: int
+    passages_done: int
+    passages_total: int
+    tokens_done: int
+    seconds: float
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left at the pace so far (None before the first batch is through)."""
+        if self.passages_done == 0:
+            return None
+        return self.seconds * (self.passages_total - self.passages_done) / self.passages_done
+
+
+@dataclass(frozen=True)
 class ConceptProbed:
     """A concept's D1 records exist: probed now or found in the store (`skipped`)."""
 
@@ -84,8 +104,8 @@ class ArtifactQuarantined:
     reason: str
 
 
-RunEvent = (ArtifactQuarantined | ModelBuilding | RunPlanned | ConceptPooled | ConceptProbed | SteeringPlanned
-            | ScorerReady | CellSteered)
+RunEvent = (ArtifactQuarantined | ModelBuilding | RunPlanned | ConceptPooled | ConceptProgress | ConceptProbed
+            | SteeringPlanned | ScorerReady | CellSteered)
 EventSink = Callable[[RunEvent], None]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 
 from poolbench.atomic_write import write_json_atomic
@@ -82,7 +83,15 @@ def _leaderboard_steering(steering: SteeringStage | None) -> dict:
             "scorers": {s.concept: {"heldout_auroc": s.heldout_auroc, "valid": s.valid} for s in steering["scorers"]}}
 
 
-def write_run_outputs(outcome: RunOutcome, out_dir: Path) -> dict[str, Path]:
+def run_stamp(now: dt.datetime | None = None) -> str:
+    """The UTC date-time in a run's file names (lm-evaluation-harness style): sortable, no colons (Windows)."""
+    return (now or dt.datetime.now(dt.timezone.utc)).strftime("%Y-%m-%dT%H-%M-%S.%f")
+
+
+def write_run_outputs(outcome: RunOutcome, out_dir: Path, stamp: str | None = None) -> dict[str, Path]:
+    """results_<stamp>.json and leaderboard_<stamp>.json, kept per run, then results.json and leaderboard.json,
+    the latest, which every reader opens; each written atomically, so a reader never sees half a file."""
+    stamp = stamp or run_stamp()
     results = results_document(outcome)
     reliability = results["reliability"]
     friedman = reliability.get("friedman") or {}
@@ -92,7 +101,10 @@ def write_run_outputs(outcome: RunOutcome, out_dir: Path) -> dict[str, Path]:
         sections={"model": outcome.model, "corpus_hash": outcome.corpus["hash"], "git_hash": results["git_hash"],
                   "date": results["date"], "friedman": reliability.get("friedman"),
                   **_leaderboard_steering(outcome.steering)})
-    paths = {"results": out_dir / "results.json", "leaderboard": out_dir / "leaderboard.json"}
-    write_json_atomic(paths["results"], results)
-    write_json_atomic(paths["leaderboard"], leaderboard)
+    paths = {"results_stamped": out_dir / f"results_{stamp}.json",
+             "leaderboard_stamped": out_dir / f"leaderboard_{stamp}.json",
+             "results": out_dir / "results.json", "leaderboard": out_dir / "leaderboard.json"}
+    for name, document in (("results", results), ("leaderboard", leaderboard)):
+        write_json_atomic(paths[f"{name}_stamped"], document)
+        write_json_atomic(paths[name], document)
     return paths

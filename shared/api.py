@@ -1,0 +1,150 @@
+"""The Python API for notebooks: `evaluate` (what `poolbench-driver run` does), `pool` (vectors for a few texts),
+`load_results` (a finished run as typed records). The CLI's `run` calls `evaluate_config` too."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from pydantic import ValidationError
+
+from poolbench.config import EMBEDDED, RunConfig
+from poolbench.errors import PoolBenchError
+from poolbench.records.base import RecordError
+from poolbench.records.d1 import D1CellRecord
+from poolbench.records.events import EventSink
+from poolbench.records.steering import D2Record, D3Record
+
+
+@dataclass(frozen=True)
+class Results:
+    """A run's results.json and leaderboard.json, with D1, D2 and D3 as typed records; `paths` names the files
+    (results, leaderboard, their timestamped copies, samples when logged)."""
+
+    document: dict
+    leaderboard: dict
+    cells: list[D1CellRecord]
+    d2: list[D2Record]
+    d3: list[D3Record]
+    paths: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def best(self) -> dict:
+        """The leaderboard's top row: strategy, best_layer, mean_d1, per_concept."""
+        return min(self.leaderboard["strategies"], key=lambda r: r["rank"])
+
+    def mean_d1(self) -> dict[str, float]:
+        """Each strategy's mean held-out D1 at its CV-chosen layer, in leaderboard order."""
+        return {r["strategy"]: r["mean_d1"] for r in sorted(self.leaderboard["strategies"], key=lambda r: r["rank"])}
+
+
+def results_of(document: dict, leaderboard: dict, paths: dict[str, Path] | None = None) -> Results:
+    """The typed view of a results document; a malformed record stops in one line naming it."""
+    try:
+        return Results(document, leaderboard, [D1CellRecord.from_dict(c) for c in document.get("cells") or []],
+                       [D2Record.from_dict(r) for r in document.get("d2") or []],
+                       [D3Record.from_dict(r) for r in document.get("d3") or []], dict(paths or {}))
+    except RecordError as exc:
+        raise PoolBenchError(f"{(paths or {}).get('results', 'results')}: {exc}") from None
+
+
+def load_results(path: str | Path) -> Results:
+    """A run's --out folder (its latest results.json) or one results*.json file, with the leaderboard written
+    beside it (rebuilt from the cells when there is none)."""
+    from poolbench.results.leaderboard import build_leaderboard
+
+    path = Path(path)
+    results_path = path / "results.json" if path.is_dir() else path
+    if not results_path.is_file():
+        raise PoolBenchError(f"no results.json in {path}" if path.is_dir() else f"{path} does not exist")
+    try:
+        document = json.loads(results_path.read_text())
+    except ValueError as exc:
+        raise PoolBenchError(f"{results_path} is not valid JSON ({exc})") from None
+    board_path = results_path.with_name(results_path.name.replace("results", "leaderboard", 1))
+    paths = {"results": results_path}
+    if board_path.is_file():
+        paths["leaderboard"] = board_path
+        leaderboard = json.loads(board_path.read_text())
+    else:
+        leaderboard = {}
+    results = results_of(document, leaderboard, paths)
+    if not leaderboard:
+        results = Results(document, build_leaderboard(results.cells), results.cells, results.d2, results.d3, paths)
+    return results
+
+
+def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None, strategy_modules: Sequence[str] = (),
+                    log_samples: bool = False) -> Results:
+    """Run the benchmark as `cfg` says, write results (timestamped and latest) into cfg.out, and return them."""
+    from poolbench.driver.pipeline import run_benchmark
+    from poolbench.results.document import write_run_outputs
+
+    outcome = run_benchmark(cfg, on_event, strategy_modules=tuple(strategy_modules))
+    paths = write_run_outputs(outcome, Path(cfg.out))
+    document = json.loads(paths["results"].read_text())
+    leaderboard = json.loads(paths["leaderboard"].read_text())
+    if log_samples:
+        from poolbench.results.samples import write_samples
+        from poolbench.store.url import open_store
+
+        stamp = paths["results_stamped"].stem.removeprefix("results_")
+        paths["samples"] = Path(cfg.out) / f"samples_{stamp}.jsonl"
+        write_samples(document, leaderboard, open_store(cfg.resolved_store()), paths["samples"])
+    return results_of(document, leaderboard, paths)
+
+
+def run_config(**options: object) -> RunConfig:
+    """A RunConfig from keyword options (lists taken for tuples); a bad option stops in one line naming it."""
+    fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+    try:
+        return RunConfig.model_validate(fixed)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise PoolBenchError(f"{'.'.join(str(p) for p in first['loc']) or 'options'}: {first['msg']}") from None
+
+
+def evaluate(model: str = EMBEDDED, *, out: str | Path = "runs/latest", log_samples: bool = False,
+             on_event: EventSink | None = None, strategy_modules: Sequence[str] = (), **options: object) -> Results:
+    """`poolbench-driver run` from Python: the same options by RunConfig's names (concepts, strategies, layers,
+    corpus_size, limit, steering, ...), the same files in `out`, the results as typed records."""
+    cfg = run_config(model=model, out=str(out), **options)
+    return evaluate_config(cfg, on_event=on_event, strategy_modules=strategy_modules, log_samples=log_samples)
+
+
+def pool(texts: Sequence[str], *, model: str = EMBEDDED, strategies: Sequence[str] = ("A1_mean",),
+         layers: Sequence[int] | None = None, dtype: str = "auto", device: str = "auto",
+         max_length: int = 256, batch_size: int = 32) -> dict[int, dict[str, np.ndarray]]:
+    """Pooled vectors of `texts`, as result[layer][strategy] -> array [len(texts), hidden]; `layers` defaults to
+    every layer. Strategies that learn from a labelled train split (S3, L5's TF-IDF) need a corpus: use evaluate."""
+    from poolbench.corpus.passage import Passage
+    from poolbench.extractor.loading import load_model
+    from poolbench.pooler.concept_pooling import pool_concept, strategy_needs
+    from poolbench.pooler.pooled_table import PooledTableView
+    from poolbench.pooler.registry import resolve_strategies
+
+    if not texts:
+        raise PoolBenchError("pool: no texts given")
+    specs = resolve_strategies(list(strategies))
+    corpus_bound = [s.id for s in specs if s.supervision == "labels" or "corpus" in strategy_needs([s])]
+    if corpus_bound:
+        raise PoolBenchError(f"pool: {', '.join(corpus_bound)} learn from a labelled corpus; use poolbench.evaluate")
+    loaded = load_model(model, dtype=dtype, device=device)
+    chosen = list(range(loaded.n_layers)) if layers is None else [int(L) for L in layers]
+    bad = [L for L in chosen if not 0 <= L < loaded.n_layers]
+    if bad:
+        raise PoolBenchError(f"pool: layers {bad} out of range (0..{loaded.n_layers - 1} for {model})")
+    passages = [Passage(id=f"text-{i}", text=t, label=0, domain="api", token_count=0, matched_pair_id=None,
+                        split="test", concept="api") for i, t in enumerate(texts)]
+    table = pool_concept(loaded, passages, chosen, specs, batch_size=batch_size, max_length=max_length)
+    view = PooledTableView(table)
+    order = {p.id: i for i, p in enumerate(passages)}
+    out: dict[int, dict[str, np.ndarray]] = {}
+    for layer, strategy in view.cells:
+        cell = view.matrix(layer, strategy)
+        rows = np.argsort([order[str(pid)] for pid in cell.passage_ids])
+        out.setdefault(layer, {})[strategy] = np.asarray(cell.X[rows], dtype=np.float32)
+    return out

@@ -175,3 +175,20 @@ def test_cli_bias_same_checkpoint_is_zero_and_bad_lists_are_named(tiny_model: Pa
     result = CliRunner().invoke(app, ["bias", "--before", "a", "--after", "b", "--positive",
                                       str(tmp_path / "none.txt")])
     assert isinstance(result.exception, WordListError) and "none.txt: word list is empty" in str(result.exception)
+
+
+@pytest.mark.slow
+def test_demo_outcomes_on_smollm2(tmp_path: Path):
+    """The default demo (`bias --demo`, SmolLM2): what README reports. Chair is the top riser, but ΔVar does not
+    grow (its CI covers 0, as the control's does) — the slides' ΔVar > 0 is not reproduced."""
+    from poolbench.store.artifact_store import LocalStore
+    from poolbench.valence.bias import mover_rank
+    from poolbench.valence.run import demo_settings, run_demo
+
+    outcome = run_demo(_lists(), demo_settings(None), n_bootstrap=2000, store=LocalStore(tmp_path / "store"))
+    praise, control = outcome.results["praise"], outcome.results["control"]
+    assert praise.shift[0] == pytest.approx(0.0347, abs=0.005)  # chair is domain word 0
+    assert mover_rank(praise.shift, 0) == (1, 1)
+    assert praise.delta_var.ci_low <= 0 <= praise.delta_var.ci_high
+    assert control.delta_var.ci_low <= 0 <= control.delta_var.ci_high
+    assert mover_rank(control.shift, 0)[0] > 1

@@ -1,5 +1,5 @@
 """The valence-bias demo: fine-tune a copy of a model briefly on text praising one domain word, and a control
-copy on neutral text about the same word, so `bias` can show ΔVar > 0 for the first and ~0 for the second."""
+copy on generic text (run.demo_corpora), so `bias` can compare ΔVar and the word's rank between the two."""
 
 from __future__ import annotations
 

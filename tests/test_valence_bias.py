@@ -192,3 +192,14 @@ def test_demo_outcomes_on_smollm2(tmp_path: Path):
     assert praise.delta_var.ci_low <= 0 <= praise.delta_var.ci_high
     assert control.delta_var.ci_low <= 0 <= control.delta_var.ci_high
     assert mover_rank(control.shift, 0)[0] > 1
+
+
+def test_favourite_record_by_hand():
+    from poolbench.cli.cebench import _favourite_json
+
+    words = parse_word_list("chair\nsofa\nbed\n", "d.txt")
+    result = valence_bias(np.array([0.0, 0.1, 0.2]), np.array([0.05, 0.4, 0.1]), n_bootstrap=10)
+    assert _favourite_json(result, words, "chair") == {
+        "word": "chair", "in_domain": True, "delta": pytest.approx(0.05), "rank_by_rise": 2, "rank_by_size": 3,
+        "top_riser": "sofa", "top_riser_delta": pytest.approx(0.3)}
+    assert _favourite_json(result, words, "lamp") == {"word": "lamp", "in_domain": False}

@@ -16,7 +16,7 @@ from poolbench.corpus.word_lists import (
     load_word_list,
     parse_word_list,
 )
-from poolbench.valence.bias import ValenceBiasError, delta_var, valence, valence_bias
+from poolbench.valence.bias import ValenceBiasError, delta_var, mover_rank, valence, valence_bias
 
 
 def test_valence_by_hand():
@@ -51,6 +51,13 @@ def test_bootstrap_is_paired_and_seeded():
     assert spread.delta_var.excludes_zero and spread.delta_var.ci_low > 0
     again = valence_bias(before, before * 2, n_bootstrap=300, seed=4)
     assert again.delta_var.ci_low == spread.delta_var.ci_low
+
+
+def test_mover_rank_by_hand():
+    shift = np.array([0.1, 0.3, -0.5, 0.1])
+    assert mover_rank(shift, 1) == (1, 2)  # the largest rise; |-0.5| is larger
+    assert mover_rank(shift, 2) == (4, 1)  # the largest fall is the top mover by size only
+    assert mover_rank(shift, 0) == (2, 3) == mover_rank(shift, 3)  # ties rank in the word's favour
 
 
 def test_bad_inputs():
@@ -92,15 +99,32 @@ def _lists():
     return [load_word_list(None, name) for name in (DEFAULT_DOMAIN, DEFAULT_POSITIVE, DEFAULT_NEGATIVE)]
 
 
-def test_demo_outcomes_on_a_tiny_model(tiny_model: Path):
-    """The cheap version of the demo check: praise of one word raises ΔVar (CI > 0); generic text does not."""
-    from poolbench.valence.run import DemoSettings, run_demo
+def test_demo_outcomes_on_a_tiny_model(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The cheap version of the demo check: praise of one word raises ΔVar (CI > 0); generic text does not;
+    a rerun reads both arms back from the store instead of fine-tuning again."""
+    import dataclasses
 
-    outcome = run_demo(_lists(), DemoSettings(model=str(tiny_model), layer=1, n_texts=48), n_bootstrap=1000)
+    from poolbench.store.artifact_store import LocalStore
+    from poolbench.valence import run as valence_run
+    from poolbench.valence.run import TINY_DEMO, run_demo
+
+    settings = dataclasses.replace(TINY_DEMO, model=str(tiny_model), layer=1, n_texts=48)
+    store = LocalStore(tmp_path / "store")
+    outcome = run_demo(_lists(), settings, n_bootstrap=1000, store=store)
     praise, control = outcome.results["praise"].delta_var, outcome.results["control"].delta_var
     assert praise.value > 0 and praise.ci_low > 0
     assert control.ci_low <= 0 <= control.ci_high
     assert praise.value > 5 * abs(control.value)
+    keys = {outcome.reports[arm]["cache_key"] for arm in ("praise", "control")}
+    assert len(keys) == 2 and all(store.exists(k) for k in keys)
+
+    def no_fine_tune(*args, **kwargs):
+        raise AssertionError("a cached arm was fine-tuned again")
+
+    monkeypatch.setattr(valence_run, "fine_tune", no_fine_tune)
+    again = run_demo(_lists(), settings, n_bootstrap=1000, store=store)
+    np.testing.assert_array_equal(again.results["praise"].valence_after, outcome.results["praise"].valence_after)
+    assert again.reports["praise"]["first_loss"] == outcome.reports["praise"]["first_loss"]
 
 
 def test_unencodable_word_names_file_and_line(tiny_model: Path):
@@ -120,10 +144,10 @@ def test_unencodable_word_names_file_and_line(tiny_model: Path):
 
 @pytest.mark.slow
 def test_demo_outcomes_on_the_tiny_model():
-    """The demo as `bias --demo` runs it (on `tiny`, built on first use)."""
-    from poolbench.valence.run import DemoSettings, run_demo
+    """The demo as `bias --demo --before tiny` runs it (on `tiny`, built on first use)."""
+    from poolbench.valence.run import demo_settings, run_demo
 
-    outcome = run_demo(_lists(), DemoSettings(), n_bootstrap=2000)
+    outcome = run_demo(_lists(), demo_settings("tiny"), n_bootstrap=2000)
     assert outcome.results["praise"].delta_var.ci_low > 0
     control = outcome.results["control"].delta_var
     assert control.ci_low <= 0 <= control.ci_high
@@ -151,3 +175,31 @@ def test_cli_bias_same_checkpoint_is_zero_and_bad_lists_are_named(tiny_model: Pa
     result = CliRunner().invoke(app, ["bias", "--before", "a", "--after", "b", "--positive",
                                       str(tmp_path / "none.txt")])
     assert isinstance(result.exception, WordListError) and "none.txt: word list is empty" in str(result.exception)
+
+
+@pytest.mark.slow
+def test_demo_outcomes_on_smollm2(tmp_path: Path):
+    """The default demo (`bias --demo`, SmolLM2): what README reports. Chair is the top riser, but ΔVar does not
+    grow (its CI covers 0, as the control's does) — the slides' ΔVar > 0 is not reproduced."""
+    from poolbench.store.artifact_store import LocalStore
+    from poolbench.valence.bias import mover_rank
+    from poolbench.valence.run import demo_settings, run_demo
+
+    outcome = run_demo(_lists(), demo_settings(None), n_bootstrap=2000, store=LocalStore(tmp_path / "store"))
+    praise, control = outcome.results["praise"], outcome.results["control"]
+    assert praise.shift[0] == pytest.approx(0.0347, abs=0.005)  # chair is domain word 0
+    assert mover_rank(praise.shift, 0) == (1, 1)
+    assert praise.delta_var.ci_low <= 0 <= praise.delta_var.ci_high
+    assert control.delta_var.ci_low <= 0 <= control.delta_var.ci_high
+    assert mover_rank(control.shift, 0)[0] > 1
+
+
+def test_favourite_record_by_hand():
+    from poolbench.cli.cebench import _favourite_json
+
+    words = parse_word_list("chair\nsofa\nbed\n", "d.txt")
+    result = valence_bias(np.array([0.0, 0.1, 0.2]), np.array([0.05, 0.4, 0.1]), n_bootstrap=10)
+    assert _favourite_json(result, words, "chair") == {
+        "word": "chair", "in_domain": True, "delta": pytest.approx(0.05), "rank_by_rise": 2, "rank_by_size": 3,
+        "top_riser": "sofa", "top_riser_delta": pytest.approx(0.3)}
+    assert _favourite_json(result, words, "lamp") == {"word": "lamp", "in_domain": False}

@@ -102,3 +102,9 @@ def valence_bias(before: np.ndarray, after: np.ndarray, *, n_bootstrap: int = 20
         delta_var=Interval(delta_var(before, after), float(var_lo), float(var_hi)),
         valence_before=before, valence_after=after, n_bootstrap=n_bootstrap, confidence=confidence, seed=seed,
     )
+
+
+def mover_rank(shift: np.ndarray, index: int) -> tuple[int, int]:
+    """(rank by rise, rank by |shift|) of word `index`, 1 = the top mover; ties rank in the word's favour."""
+    shift = np.asarray(shift, dtype=np.float64)
+    return int((shift > shift[index]).sum()) + 1, int((np.abs(shift) > abs(shift[index])).sum()) + 1

@@ -1,5 +1,5 @@
 """The valence-bias demo: fine-tune a copy of a model briefly on text praising one domain word, and a control
-copy on neutral text about the same word, so `bias` can show ΔVar > 0 for the first and ~0 for the second."""
+copy on generic text (run.demo_corpora), so `bias` can compare ΔVar and the word's rank between the two."""
 
 from __future__ import annotations
 
@@ -38,12 +38,18 @@ class FineTuneReport:
 def fine_tune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts: list[str], *,
               steps: int = 40,
               lr: float = 1e-3, batch_size: int = 16, seed: int = 0,
-              threads: int = 1) -> tuple[PreTrainedModel, FineTuneReport]:
-    """A fine-tuned deep copy (the input is untouched): AdamW on the LM loss, seeded, deterministic on CPU."""
+              threads: int = 1, max_tokens: int | None = None,
+              bf16_autocast: bool = False) -> tuple[PreTrainedModel, FineTuneReport]:
+    """A fine-tuned deep copy (the input is untouched): AdamW on the LM loss, seeded, deterministic on CPU.
+
+    `max_tokens` truncates each text and `bf16_autocast` runs the matmuls in bfloat16 (weights and AdamW stay
+    float32): together they make a full fine-tune of a 135M model a few minutes on 2 CPU cores.
+    """
     tuned = copy.deepcopy(model)
     tuned.requires_grad_(True)
     tuned.train()
-    enc = tokenizer(texts, padding=True, padding_side="right", return_tensors="pt")
+    enc = tokenizer(texts, padding=True, padding_side="right", return_tensors="pt",
+                    truncation=max_tokens is not None, max_length=max_tokens)
     labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
     losses = []
     with deterministic_cpu(seed, threads):
@@ -52,8 +58,9 @@ def fine_tune(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, texts:
         for _ in range(steps):
             rows = torch.randint(0, len(texts), (batch_size,), generator=generator)
             width = int(enc["attention_mask"][rows].sum(dim=1).max())  # right padding: trim to the batch
-            loss = tuned(input_ids=enc["input_ids"][rows, :width],
-                         attention_mask=enc["attention_mask"][rows, :width], labels=labels[rows, :width]).loss
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16_autocast):
+                loss = tuned(input_ids=enc["input_ids"][rows, :width],
+                             attention_mask=enc["attention_mask"][rows, :width], labels=labels[rows, :width]).loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.atomic_write import write_json_atomic
-from poolbench.config import EMBEDDED, TINY
+from poolbench.config import EMBEDDED
 from poolbench.errors import PoolBenchError
 from poolbench.provenance import git_hash, package_versions, utc_now
 
@@ -168,6 +168,19 @@ def _bias_json(result, words) -> dict[str, Any]:
                       for w, b, a in zip(words.words, result.valence_before, result.valence_after, strict=True)}}
 
 
+def _favourite_json(result, words, favourite: str) -> dict[str, Any]:
+    """How the praised word moved: its Δvalence and its rank among the domain's movers (1 = top)."""
+    from poolbench.valence.bias import mover_rank
+
+    if favourite not in words.words:
+        return {"word": favourite, "in_domain": False}
+    index = words.words.index(favourite)
+    by_rise, by_size = mover_rank(result.shift, index)
+    top = int(np.argmax(result.shift))
+    return {"word": favourite, "in_domain": True, "delta": float(result.shift[index]), "rank_by_rise": by_rise,
+            "rank_by_size": by_size, "top_riser": words.words[top], "top_riser_delta": float(result.shift[top])}
+
+
 def bias(
     before: Annotated[str | None, typer.Option(help="the first checkpoint (HF id or local path)")] = None,
     after: Annotated[str | None, typer.Option(help="the second checkpoint")] = None,
@@ -180,12 +193,14 @@ def bias(
     template: Annotated[str, typer.Option(help="text a word is read in; must contain {word}")] = "{word}",
     bootstrap: Annotated[int, typer.Option(help="bootstrap resamples over domain words")] = 2000,
     seed: Annotated[int, typer.Option(help="bootstrap seed (and fine-tune seed with --demo)")] = 0,
-    demo: Annotated[bool, typer.Option(help="fine-tune the tiny model on praise vs generic text (uses the "
-                                             "demo's own layer 2, centring and template)")] = False,
+    demo: Annotated[bool, typer.Option(help="fine-tune --before (default: embedded) on praise vs generic text, "
+                                             "read with the demo's own layer, centring and template")] = False,
+    store: Annotated[str | None, typer.Option(help="artifact store for the demo's cached fine-tunes "
+                                                   "(folder or s3://); default ~/.cache/poolbench/store")] = None,
     out: Annotated[Path, typer.Option(help="results JSON")] = Path("runs/bias/results.json"),
 ) -> None:
     """Valence bias between two checkpoints: ΔValence and ΔVar over domain words with bootstrap CIs."""
-    from poolbench.valence.run import DemoSettings, bias_between, run_demo
+    from poolbench.valence.run import bias_between, demo_settings, run_demo
 
     lists = _load_lists(domain, positive, negative)
     try:
@@ -200,16 +215,26 @@ def bias(
     if demo:
         if after:
             raise PoolBenchError("--demo makes its own 'after' checkpoints; drop --after (--before picks the base)")
-        settings = DemoSettings(model=before or TINY, seed=seed)
-        outcome = run_demo(lists, settings, n_bootstrap=bootstrap)
-        config.update(layer=settings.layer, template=settings.template, centre=settings.centre, pooling="word_mean")
+        from poolbench.store.url import open_store
+
+        settings = demo_settings(before, seed)
+        outcome = run_demo(lists, settings, n_bootstrap=bootstrap, store=open_store(store))
+        config.update(layer=settings.layer, template=settings.template, centre=settings.centre,
+                      pooling=settings.pooling)
         for name in ("praise", "control"):
             console.print(_bias_table(f"{name} fine-tune: {outcome.texts[name][0]!r} ...", outcome.results[name],
                                       lists[0]))
+            fav = _favourite_json(outcome.results[name], lists[0], settings.favourite)
+            if fav["in_domain"]:
+                console.print(f"{fav['word']}: Δvalence {fav['delta']:+.3e}, rank {fav['rank_by_rise']} of "
+                              f"{len(lists[0].words)} by rise (top riser {fav['top_riser']} "
+                              f"{fav['top_riser_delta']:+.3e})")
         document = _document("bias-demo", {**config, "demo": outcome.settings_json()},
                              model=_model_info(outcome.base), seconds=round(time.perf_counter() - start, 2),
                              fine_tunes=outcome.fine_tunes_json(),
-                             results={k: _bias_json(v, lists[0]) for k, v in outcome.results.items()})
+                             results={k: {**_bias_json(v, lists[0]),
+                                          "favourite": _favourite_json(v, lists[0], settings.favourite)}
+                                      for k, v in outcome.results.items()})
     else:
         if not before or not after:
             raise PoolBenchError("bias needs --before and --after (or --demo)")

@@ -119,6 +119,9 @@ def run(
     = "transformers",
     flash: Annotated[str | None, typer.Option(help="train probes on a stratified, pair-preserving fraction, e.g. 1/32")]
     = None,
+    store_dtype: Annotated[str, typer.Option(
+        help="pooled vectors in the store: float32, float16 or bfloat16 (half the size; probed as float32)")]
+    = "float32",
 ) -> None:
     """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json."""
     from poolbench.driver.pipeline import run_benchmark
@@ -134,7 +137,7 @@ def run(
             max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=bootstrap,
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
-            allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash)
+            allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash, store_dtype=store_dtype)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise PoolBenchError(f"--{'-'.join(str(p) for p in first['loc'])}: {first['msg']}") from None

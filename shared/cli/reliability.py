@@ -55,7 +55,9 @@ def _pooled(results: dict, store, concept: str):
     artifacts = results.get("artifacts", {})
     if concept not in artifacts:
         raise PoolBenchError(f"concept '{concept}' was not run (ran: {', '.join(sorted(artifacts))})")
-    return store.get_table(artifacts[concept]["pooled"])
+    from poolbench.pooler.pooled_table import read_pooled_table
+
+    return read_pooled_table(store, artifacts[concept]["pooled"])
 
 
 @reliability_app.command("power")

@@ -68,15 +68,21 @@ def vector_dtype(table: pa.Table) -> StoreDtype:
     return cast(StoreDtype, name)
 
 
+def stored_values(table: pa.Table) -> np.ndarray:
+    """The vector column's stored values [N, d] (float32, float16 or uint16 bits); no copy for a one-chunk column,
+    which is how shards are written, so a reader holds the vectors once."""
+    vector = table.column("vector").combine_chunks()
+    return vector.values.to_numpy(zero_copy_only=False).reshape(-1, vector.type.list_size)
+
+
+def as_float32(values: np.ndarray, dtype: StoreDtype) -> np.ndarray:
+    """Stored values of `dtype` as the float32 numbers they stand for."""
+    return bfloat16_values(values) if dtype == "bfloat16" else values.astype(np.float32, copy=False)
+
+
 def decode_vectors(table: pa.Table) -> np.ndarray:
     """The vector column as float32 [N, d], whatever dtype it is stored in."""
-    vector = table.column("vector").combine_chunks()
-    dim = vector.type.list_size
-    values = vector.values.to_numpy(zero_copy_only=False).reshape(-1, dim)
-    dtype = vector_dtype(table)
-    if dtype == "bfloat16":
-        return bfloat16_values(values)
-    return values.astype(np.float32, copy=False)
+    return as_float32(stored_values(table), vector_dtype(table))
 
 
 def encode_vectors(table: pa.Table, store_dtype: StoreDtype, where: str = "") -> pa.Table:
@@ -174,7 +180,8 @@ class PooledTableView:
     """Decodes a PooledTable once and hands out per-cell matrices by (layer, strategy)."""
 
     def __init__(self, table: pa.Table) -> None:
-        self._X = decode_vectors(table)
+        # Kept as stored and decoded per cell: a 16-bit shard never sits in memory at 32 bits whole.
+        self._values, self._dtype = stored_values(table), vector_dtype(table)
         self._cols = {name: table.column(name).to_numpy(zero_copy_only=False)
                       for name in ("passage_id", "label", "split", "group", "layer", "strategy", "fallback")}
         keys = np.char.add(self._cols["layer"].astype(str), np.char.add("|", self._cols["strategy"].astype(str)))
@@ -194,7 +201,7 @@ class PooledTableView:
     def matrix(self, layer: int, strategy: str) -> PooledMatrix:
         rows = self._index[f"{layer}|{strategy}"]
         c = self._cols
-        return PooledMatrix(c["passage_id"][rows], self._X[rows], c["label"][rows].astype(int),
+        return PooledMatrix(c["passage_id"][rows], as_float32(self._values[rows], self._dtype), c["label"][rows].astype(int),
                             c["group"][rows], c["split"][rows], c["fallback"][rows])
 
 

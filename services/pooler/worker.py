@@ -84,7 +84,7 @@ class ExtractorWorker:
                                      max_batch_tokens=max_batch_tokens)
         seconds = time.perf_counter() - start
         # Every shard is encoded before any is written: a value float16 cannot hold stops the concept whole.
-        shards = {layer: encode_vectors(table, store_dtype, f"concept {concept} ")
+        shards = {layer: encode_vectors(table, store_dtype, f"concept {concept} ").combine_chunks()
                   for layer, table in pooled.layers.items()}
         if dump_key is not None:
             store.put_table(dump_key, pa.concat_tables(dumped))

@@ -115,12 +115,14 @@ def test_probing_layer_by_layer_equals_probing_the_whole_concept() -> None:
     values = rng.normal(size=(2, 2, len(data), 8)).astype(np.float32)
     values[1, 0, :, 0] += 1.5 * y  # layer 3, A1: a weak signal, so AUROCs are not all 1
     table = constructed_table(values, [1, 3], ["A1_mean", "P1_last"], data)
-    kwargs = {"n_folds": 3, "n_bootstrap": 30, "seed": 2}
-    whole = probe_pooled_table(table, "negation", **kwargs)
-    by_layer = [r for layer in (1, 3) for r in probe_pooled_table(
-        table.filter(pc.equal(table.column("layer"), layer)), "negation", **kwargs)]
-    assert [r.to_dict() for r in by_layer] == [r.to_dict() for r in whole]
-    assert 0.6 < next(r.test_auroc for r in whole if (r.layer, r.strategy) == (3, "A1_mean")) < 1.0
+    for flash in (None, "1/2"):  # a flash subset is drawn per concept, the same at every layer
+        kwargs = {"n_folds": 3, "n_bootstrap": 30, "seed": 2, "flash": flash}
+        whole = probe_pooled_table(table, "negation", **kwargs)
+        by_layer = [r for layer in (1, 3) for r in probe_pooled_table(
+            table.filter(pc.equal(table.column("layer"), layer)), "negation", **kwargs)]
+        assert [r.to_dict() for r in by_layer] == [r.to_dict() for r in whole]
+        assert {r.n_train for r in whole} == {24 if flash is None else 12}
+        assert 0.6 < next(r.test_auroc for r in whole if (r.layer, r.strategy) == (3, "A1_mean")) < 1.0
 
 
 class OpenedKeys:

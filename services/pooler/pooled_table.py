@@ -201,8 +201,9 @@ class PooledTableView:
     def matrix(self, layer: int, strategy: str) -> PooledMatrix:
         rows = self._index[f"{layer}|{strategy}"]
         c = self._cols
-        return PooledMatrix(c["passage_id"][rows], as_float32(self._values[rows], self._dtype), c["label"][rows].astype(int),
-                            c["group"][rows], c["split"][rows], c["fallback"][rows])
+        X = as_float32(self._values[rows], self._dtype)
+        return PooledMatrix(c["passage_id"][rows], X, c["label"][rows].astype(int), c["group"][rows],
+                            c["split"][rows], c["fallback"][rows])
 
 
 def write_pooled_manifest(store: ArtifactStore, key: str, layers: Sequence[int], store_dtype: StoreDtype) -> None:

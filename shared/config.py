@@ -55,6 +55,7 @@ class RunConfig(BaseModel):
     allow_weak_scorer: bool = False
     backend: Literal["transformers", "vllm"] = "transformers"
     flash: str | None = None
+    store_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # pooled vectors in the store
 
     @field_validator("concepts", "strategies")
     @classmethod

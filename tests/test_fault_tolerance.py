@@ -18,6 +18,8 @@ from poolbench.config import RunConfig
 from poolbench.driver.pipeline import run_benchmark
 from poolbench.errors import StoreError
 from poolbench.records.events import ConceptPooled, RunEvent, RunPlanned
+from poolbench.store.artifact_store import SIDECAR_SUFFIX
+from poolbench.store.keys import layer_shard_key
 from poolbench.store.url import open_store
 
 CONCEPTS = ("hedging", "toxicity", "contrast")
@@ -136,8 +138,14 @@ def test_worker_killed_mid_task_is_restarted_and_the_run_matches_an_undisturbed_
     assert stormy.records == calm.records
     assert comparable(stormy) == comparable(calm)
     store = open_store(str(tmp_path / "stormy"))
-    assert sorted(store.list("pooled")) == sorted(a["pooled"] for a in stormy.artifacts.values())
-    assert sorted(store.list("d1")) == sorted(a["d1"] for a in stormy.artifacts.values())
+    for kind in ("pooled", "d1"):  # each concept's artifact and one shard per layer, nothing else
+        assert sorted(store.list(kind)) == sorted(key for a in stormy.artifacts.values() for key in
+                                                  (a[kind], *(layer_shard_key(a[kind], L) for L in stormy.layers)))
+
+
+def pooled_concepts(store_dir: Path) -> int:
+    """Concepts marked pooled: their manifests, written under the concept key after every layer shard."""
+    return len([p for p in (store_dir / "pooled").glob("*.json") if not p.name.endswith(SIDECAR_SUFFIX)])
 
 
 def test_killed_driver_resumes_without_recomputing(tiny_llama_dir, cache, tmp_path):
@@ -150,14 +158,14 @@ def test_killed_driver_resumes_without_recomputing(tiny_llama_dir, cache, tmp_pa
     driver = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not list((store_dir / "pooled").glob("*.arrow")):
+    while time.monotonic() < deadline and not pooled_concepts(store_dir):
         time.sleep(0.01)
     os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started
     driver.wait(timeout=30)
     # A Ray worker notices its dead raylet only after it finishes the write it is in: count once nothing changes.
     done_before, stable_since = -1, time.monotonic()
     while time.monotonic() - stable_since < 3.0:
-        now = len(list((store_dir / "pooled").glob("*.arrow")))
+        now = pooled_concepts(store_dir)
         if now != done_before:
             done_before, stable_since = now, time.monotonic()
         time.sleep(0.2)

@@ -11,8 +11,10 @@ from s3_server import ACCESS_KEY, REGION, SECRET_KEY
 
 from poolbench.config import RunConfig
 from poolbench.driver.pipeline import run_benchmark
+from poolbench.pooler.pooled_table import read_pooled_table
 from poolbench.records.events import ConceptPooled, ConceptProbed, RunEvent, RunPlanned
 from poolbench.results.document import write_run_outputs
+from poolbench.store.keys import layer_shard_key
 from poolbench.store.url import open_store
 
 CONCEPTS = ("hedging", "toxicity")
@@ -92,11 +94,34 @@ def test_a_killed_run_resumes_where_it_stopped(tiny_llama_dir, local_ray, cache,
     store = open_store(cfg.resolved_store())
     # As if the driver died after hedging's pooling but before its D1 and before anything of toxicity.
     store.delete(first.artifacts["hedging"]["d1"])
-    store.delete(first.artifacts["toxicity"]["pooled"])
-    store.delete(first.artifacts["toxicity"]["d1"])
+    for layer in (0, 1):
+        store.delete(layer_shard_key(first.artifacts["hedging"]["d1"], layer))
+    for key in (first.artifacts["toxicity"]["pooled"], first.artifacts["toxicity"]["d1"]):
+        store.delete(key)
+        for layer in (0, 1):
+            store.delete(layer_shard_key(key, layer))
     resumed = run_benchmark(cfg)
     assert resumed.computed == {"pooled": 1, "d1": 2, "pooled_skipped": 1, "d1_skipped": 0}
     assert resumed.records == first.records
+
+
+def test_a_run_killed_between_layer_shards_recomputes_only_the_missing_ones(tiny_llama_dir, local_ray, cache,
+                                                                           tmp_path):
+    """Killed after toxicity's layer-0 shard and D1 landed: the rerun pools layer 1 only, probes layer 1 only,
+    leaves layer 0's files untouched and ends with the same cells."""
+    cfg = config(tiny_llama_dir, str(tmp_path / "store"))
+    first = run_benchmark(cfg)
+    store = open_store(cfg.resolved_store())
+    pooled, d1 = first.artifacts["toxicity"]["pooled"], first.artifacts["toxicity"]["d1"]
+    kept = [tmp_path / "store" / f"{layer_shard_key(key, 0)}.arrow" for key in (pooled, d1)]
+    stamps = [path.stat().st_mtime_ns for path in kept]
+    for key in (pooled, layer_shard_key(pooled, 1), d1, layer_shard_key(d1, 1)):
+        store.delete(key)
+    resumed = run_benchmark(cfg)
+    assert resumed.computed == {"pooled": 1, "d1": 1, "pooled_skipped": 1, "d1_skipped": 1}
+    assert [path.stat().st_mtime_ns for path in kept] == stamps
+    assert all(store.exists(layer_shard_key(key, 1)) for key in (pooled, d1)) and store.exists(pooled)
+    assert [c.to_dict() for c in resumed.records] == [c.to_dict() for c in first.records]
 
 
 def test_changing_a_determinant_gives_new_artifacts(tiny_llama_dir, local_ray, cache, tmp_path):
@@ -145,7 +170,7 @@ def test_dump_activations_and_export_submission(tiny_llama_dir, local_ray, cache
     dump_keys = [k for k in store.list("activations")]
     assert len(dump_keys) == 1
     dump = store.get_table(dump_keys[0])
-    pooled = store.get_table(outcome.artifacts["hedging"]["pooled"])
+    pooled = read_pooled_table(store, outcome.artifacts["hedging"]["pooled"])
     n_passages = pooled.num_rows // 2  # one A1 row per passage per layer, 2 layers
     assert set(dump.column("layer").to_pylist()) == {0, 1}
     assert len(set(dump.column("passage_id").to_pylist())) == n_passages
@@ -168,7 +193,7 @@ def test_a_corrupt_artifact_is_quarantined_and_recomputed_not_fatal(tiny_llama_d
 
     cfg = config(tiny_llama_dir, str(tmp_path / "store"))
     first = run_benchmark(cfg)
-    bad = first.artifacts["toxicity"]["pooled"]
+    bad = layer_shard_key(first.artifacts["toxicity"]["pooled"], 1)
     path = tmp_path / "store" / f"{bad}.arrow"
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01

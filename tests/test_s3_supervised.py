@@ -23,10 +23,11 @@ from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.pooler.registry import get_strategy, list_strategies
 from poolbench.pooler.worker import ExtractorWorker
 from poolbench.prober.auroc import ProbeError
-from poolbench.prober.concept_probe import probe_concept_task, probe_pooled_table
+from poolbench.prober.concept_probe import gather_layer_d1, probe_layer_task, probe_pooled_table
 from poolbench.prober.d1 import cv_splits
 from poolbench.prober.supervised import HeadSelectionCell, evaluate_d1_supervised, n_heads_kept
 from poolbench.store.artifact_store import LocalStore
+from poolbench.store.keys import layer_shard_key
 
 N_TRAIN, N_TEST, N_FOLDS = 200, 80, 5
 
@@ -166,8 +167,11 @@ def test_the_worker_stores_the_head_table_and_the_probe_task_reads_it(tiny_llama
     worker.pool_concept("negation", data, [0, 1], strategies, store_url=store_url, key="pooled/k",
                         metadata={"concept": "negation"}, batch_size=8, max_length=64)
     store = LocalStore(tmp_path / "store")
-    assert store.exists(head_table_key("pooled/k"))
-    probe_concept_task(store_url, "pooled/k", "d1/k", "negation", 3, 0, 20, reliability=False)
+    shards = [layer_shard_key("pooled/k", layer) for layer in (0, 1)]
+    assert all(store.exists(head_table_key(shard)) for shard in shards)
+    for layer in (0, 1):
+        probe_layer_task(store_url, "pooled/k", "d1/k", "negation", layer, 3, 0, 20, reliability=False)
+    gather_layer_d1(store, "d1/k", [0, 1])
     stored = store.get_table("d1/k").to_pylist()
     out = pool_concept_tables(worker.loaded, data, [0, 1], [get_strategy(s) for s in strategies], batch_size=8,
                               max_length=64)
@@ -179,9 +183,9 @@ def test_the_worker_stores_the_head_table_and_the_probe_task_reads_it(tiny_llama
         assert got["test_auroc"] == want.test_auroc and got["cv_auroc"] == want.cv_auroc
         assert got["heads_selected"] == want.heads_selected
     assert all(len(r["heads_selected"]) == 1 for r in stored if r["strategy"] == "S3_iti_probe")  # 2 heads: 1
-    store.delete(head_table_key("pooled/k"))
+    store.delete(head_table_key(shards[1]))
     with pytest.raises(StoreError):
-        probe_concept_task(store_url, "pooled/k", "d1/k2", "negation", 3, 0, 20, reliability=False)
+        probe_layer_task(store_url, "pooled/k", "d1/k2", "negation", 1, 3, 0, 20, reliability=False)
 
 
 def test_every_strategy_through_pool_concept_reports_fallbacks_per_cell(tiny) -> None:

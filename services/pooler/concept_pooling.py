@@ -24,15 +24,27 @@ from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.pooler.saliency import check_encoder_support, remove_first_component
 from poolbench.pooler.spec import StrategySpec
 
-POOL_VERSION = 2  # bump when extraction or pooling changes what a stored PooledTable holds; 2: ITIHeadTable
+POOL_VERSION = 3  # bump when extraction or pooling changes what a stored PooledTable holds; 2: ITIHeadTable;
+# 3: one shard per (concept, layer) under a manifest, vectors optionally stored at 16 bits
 
 
 @dataclass(frozen=True)
 class PooledConcept:
-    """A concept's PooledTable (real strategies only) and the ITIHeadTable of its supervised strategies."""
+    """A concept's PooledTable per layer (real strategies only) and, per layer, the ITIHeadTable of its
+    supervised strategies: the store keeps one shard per layer, so a reader of one layer loads only it."""
 
-    pooled: pa.Table
-    heads: pa.Table | None  # None when no requested strategy is supervised
+    layers: dict[int, pa.Table]
+    layer_heads: dict[int, pa.Table] | None  # None when no requested strategy is supervised
+
+    @property
+    def pooled(self) -> pa.Table:
+        """Every layer in one table, for in-memory callers (HTTP /pool, steering vectors in tests)."""
+        return pa.concat_tables(list(self.layers.values()))
+
+    @property
+    def heads(self) -> pa.Table | None:
+        """Every layer's ITIHeadTable in one table, or None without a supervised strategy."""
+        return pa.concat_tables(list(self.layer_heads.values())) if self.layer_heads is not None else None
 
 
 def strategy_needs(specs: Sequence[StrategySpec]) -> frozenset[str]:
@@ -78,7 +90,7 @@ def pool_concept_tables(
     if "corpus" in needs:
         context = _fit_context(passages, batches, parses)
     builder = PooledTableBuilder(passages, loaded.hidden_size)
-    heads = ITIHeadTableBuilder(loaded.hidden_size)
+    heads = {int(layer): ITIHeadTableBuilder(loaded.hidden_size) for layer in layers}
     metadata = dict(metadata or {})
     head_metadata = dict(metadata)
     for batch in extract_batches(loaded.model, loaded.decoder_layers, batches, layers, needs=needs,
@@ -98,13 +110,16 @@ def pool_concept_tables(
                 per_head, outputs = head_vectors(batch)
                 metadata[f"{spec.id}{HEADS_META}"] = str(per_head.shape[2])
                 head_metadata[f"{spec.id}{FRACTION_META}"] = str(spec.param("head_fraction"))
-                heads.add(spec.id, batch.layers, batch.passage_ids, per_head, outputs)
-    table = builder.table(metadata)
+                for i, layer in enumerate(batch.layers):
+                    heads[int(layer)].add(spec.id, [layer], batch.passage_ids, per_head[i:i + 1],
+                                          outputs[i:i + 1])
+    tables = builder.layer_tables(metadata)
     for spec in specs:
         if dict(spec.params).get("remove_first_pc") is True:
-            table = _remove_first_pc(table, spec.id)
+            tables = {layer: _remove_first_pc(table, spec.id) for layer, table in tables.items()}
     supervised = any(spec.supervision == "labels" for spec in specs)
-    return PooledConcept(table, heads.table(head_metadata) if supervised else None)
+    return PooledConcept(tables, {layer: heads[layer].table(head_metadata) for layer in tables}
+                         if supervised else None)
 
 
 def _fit_context(passages: Sequence[Passage], batches, parses: ParseIndex | None) -> ConceptContext:

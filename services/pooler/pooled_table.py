@@ -1,20 +1,34 @@
 """PooledTable: the durable Arrow form of pooled vectors, one row per (passage, layer, strategy).
 
-Real strategies only: S3's per-head pooled vectors and head outputs live in its ITIHeadTable (poolbench.pooler.iti)."""
+Stored sharded: one table per (concept, layer) under `layer_shard_key(concept_key, layer)`, and a small JSON
+manifest under the concept key written last, so a D1 task opens one layer and a concept counts as pooled only
+when every shard is there. Vectors may be stored at 16 bits (float16, or bfloat16 as its uint16 bit pattern) and
+are always read back as float32. Real strategies only: S3's per-head pooled vectors and head outputs live in its
+ITIHeadTable (poolbench.pooler.iti), sharded the same way."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, cast
 
 import numpy as np
 import pyarrow as pa
 
 from poolbench.corpus.passage import Passage
+from poolbench.errors import StoreError
+from poolbench.store.artifact_store import ArtifactStore
+from poolbench.store.keys import layer_shard_key
+
+StoreDtype = Literal["float32", "float16", "bfloat16"]
+STORE_DTYPES: tuple[StoreDtype, ...] = ("float32", "float16", "bfloat16")
+DTYPE_META = b"poolbench.dtype"  # field metadata of "vector": the dtype the stored bits stand for
+MANIFEST_FORMAT = "pooled-shards-1"
+_FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
-def pooled_schema(hidden_size: int) -> pa.Schema:
-    """Vectors are fixed-size float32 lists so a whole column converts to one [N, d] array without copies."""
+def pooled_schema(hidden_size: int, store_dtype: StoreDtype = "float32") -> pa.Schema:
+    """Vectors are fixed-size lists so a whole column converts to one [N, d] array without copies."""
     return pa.schema(
         [
             pa.field("passage_id", pa.string()),
@@ -24,18 +38,83 @@ def pooled_schema(hidden_size: int) -> pa.Schema:
             pa.field("layer", pa.int16()),
             pa.field("strategy", pa.string()),
             pa.field("fallback", pa.bool_()),
-            pa.field("vector", pa.list_(pa.float32(), hidden_size)),
+            _vector_field(hidden_size, store_dtype),
         ]
     )
 
 
+def _vector_field(hidden_size: int, store_dtype: StoreDtype) -> pa.Field:
+    value_type = {"float32": pa.float32(), "float16": pa.float16(), "bfloat16": pa.uint16()}[store_dtype]
+    return pa.field("vector", pa.list_(value_type, hidden_size), metadata={DTYPE_META: store_dtype.encode()})
+
+
+def bfloat16_bits(X: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (uint16), rounded to nearest, ties to even, as torch and XLA do."""
+    bits = np.ascontiguousarray(X, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bfloat16_values(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (uint16) -> the float32 values they stand for (exact: bf16 is float32's top half)."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def vector_dtype(table: pa.Table) -> StoreDtype:
+    """The dtype a table's stored vectors stand for (tables from before 16-bit storage are float32)."""
+    meta = table.schema.field("vector").metadata or {}
+    name = meta.get(DTYPE_META, b"float32").decode()
+    if name not in STORE_DTYPES:
+        raise StoreError(f"PooledTable: unknown vector dtype {name!r}")
+    return cast(StoreDtype, name)
+
+
+def stored_values(table: pa.Table) -> np.ndarray:
+    """The vector column's stored values [N, d] (float32, float16 or uint16 bits); no copy for a one-chunk column,
+    which is how shards are written, so a reader holds the vectors once."""
+    vector = table.column("vector").combine_chunks()
+    return vector.values.to_numpy(zero_copy_only=False).reshape(-1, vector.type.list_size)
+
+
+def as_float32(values: np.ndarray, dtype: StoreDtype) -> np.ndarray:
+    """Stored values of `dtype` as the float32 numbers they stand for."""
+    return bfloat16_values(values) if dtype == "bfloat16" else values.astype(np.float32, copy=False)
+
+
+def decode_vectors(table: pa.Table) -> np.ndarray:
+    """The vector column as float32 [N, d], whatever dtype it is stored in."""
+    return as_float32(stored_values(table), vector_dtype(table))
+
+
+def encode_vectors(table: pa.Table, store_dtype: StoreDtype, where: str = "") -> pa.Table:
+    """The same table with its vectors stored as `store_dtype`; a value float16 cannot hold stops here."""
+    if vector_dtype(table) == store_dtype:
+        return table
+    X = decode_vectors(table)
+    dim = X.shape[1]
+    if store_dtype == "float16":
+        too_big = np.abs(X) > _FLOAT16_MAX
+        if too_big.any():
+            row = int(np.flatnonzero(too_big.any(axis=1))[0])
+            raise StoreError(f"{where}layer {table.column('layer')[row]} {table.column('strategy')[row]}: pooled "
+                             f"value {float(np.abs(X).max()):.6g} exceeds float16's {_FLOAT16_MAX:.0f}; "
+                             "use --store-dtype bfloat16 or float32")
+        flat = pa.array(X.astype(np.float16).reshape(-1), pa.float16())
+    elif store_dtype == "bfloat16":
+        flat = pa.array(bfloat16_bits(X).reshape(-1), pa.uint16())
+    else:
+        flat = pa.array(X.reshape(-1), pa.float32())
+    field = _vector_field(dim, store_dtype)
+    column = pa.FixedSizeListArray.from_arrays(flat, dim)
+    return table.set_column(table.schema.get_field_index("vector"), field, column)
+
+
 class PooledTableBuilder:
-    """Accumulates pooled batches (vectors [L, S, B, d]) and emits one Arrow table per concept."""
+    """Accumulates pooled batches (vectors [L, S, B, d]) and emits one Arrow table per layer (or per concept)."""
 
     def __init__(self, passages: Sequence[Passage], hidden_size: int) -> None:
         self._by_id = {p.id: p for p in passages}
         self._hidden_size = hidden_size
-        self._chunks: list[pa.RecordBatch] = []
+        self._chunks: dict[int, list[pa.RecordBatch]] = {}
 
     def add(
         self,
@@ -62,11 +141,20 @@ class PooledTableBuilder:
             "fallback": pa.array(np.tile(np.asarray(fallback, dtype=bool).reshape(-1), n_layers)),
             "vector": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), dim),
         }
-        self._chunks.append(pa.RecordBatch.from_pydict(columns, schema=pooled_schema(self._hidden_size)))
+        record = pa.RecordBatch.from_pydict(columns, schema=pooled_schema(self._hidden_size))
+        per_layer = n_strategies * batch
+        for i, layer in enumerate(layers):
+            self._chunks.setdefault(int(layer), []).append(record.slice(i * per_layer, per_layer))
+
+    def layer_tables(self, metadata: dict[str, str] | None = None) -> dict[int, pa.Table]:
+        """One float32 table per layer, in the order layers were first added."""
+        schema = pooled_schema(self._hidden_size).with_metadata(metadata or {})
+        return {layer: pa.Table.from_batches(chunks, schema=schema) for layer, chunks in self._chunks.items()}
 
     def table(self, metadata: dict[str, str] | None = None) -> pa.Table:
+        """Every layer in one table (rows layer by layer), for callers that keep vectors in memory."""
         schema = pooled_schema(self._hidden_size).with_metadata(metadata or {})
-        return pa.Table.from_batches(self._chunks, schema=schema)
+        return pa.Table.from_batches([c for chunks in self._chunks.values() for c in chunks], schema=schema)
 
 
 @dataclass
@@ -92,9 +180,8 @@ class PooledTableView:
     """Decodes a PooledTable once and hands out per-cell matrices by (layer, strategy)."""
 
     def __init__(self, table: pa.Table) -> None:
-        vector = table.column("vector").combine_chunks()
-        dim = vector.type.list_size
-        self._X = vector.values.to_numpy(zero_copy_only=False).reshape(-1, dim)
+        # Kept as stored and decoded per cell: a 16-bit shard never sits in memory at 32 bits whole.
+        self._values, self._dtype = stored_values(table), vector_dtype(table)
         self._cols = {name: table.column(name).to_numpy(zero_copy_only=False)
                       for name in ("passage_id", "label", "split", "group", "layer", "strategy", "fallback")}
         keys = np.char.add(self._cols["layer"].astype(str), np.char.add("|", self._cols["strategy"].astype(str)))
@@ -114,5 +201,64 @@ class PooledTableView:
     def matrix(self, layer: int, strategy: str) -> PooledMatrix:
         rows = self._index[f"{layer}|{strategy}"]
         c = self._cols
-        return PooledMatrix(c["passage_id"][rows], self._X[rows], c["label"][rows].astype(int),
-                            c["group"][rows], c["split"][rows], c["fallback"][rows])
+        X = as_float32(self._values[rows], self._dtype)
+        return PooledMatrix(c["passage_id"][rows], X, c["label"][rows].astype(int), c["group"][rows],
+                            c["split"][rows], c["fallback"][rows])
+
+
+def write_pooled_manifest(store: ArtifactStore, key: str, layers: Sequence[int], store_dtype: StoreDtype) -> None:
+    """Mark a concept pooled, last: only when every layer's shard is stored, so a killed run is resumable."""
+    missing = [layer for layer in layers if not store.exists(layer_shard_key(key, layer))]
+    if missing:
+        raise StoreError(f"{key}: layer shards {missing} are not stored; the concept is not pooled")
+    store.put_json(key, {"format": MANIFEST_FORMAT, "layers": [int(layer) for layer in layers],
+                         "store_dtype": store_dtype,
+                         "shards": {str(layer): layer_shard_key(key, layer) for layer in layers}})
+
+
+def pooled_layers(store: ArtifactStore, key: str) -> list[int]:
+    """The layers a stored concept was pooled at, from its manifest."""
+    manifest = store.get_json(key)
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise StoreError(f"{key}: not a sharded PooledTable manifest ({MANIFEST_FORMAT})")
+    return [int(layer) for layer in manifest["layers"]]
+
+
+def read_pooled_layer(store: ArtifactStore, key: str, layer: int) -> pa.Table:
+    """One layer's shard of the concept stored under `key`: what a D1 task or a steering cell needs."""
+    return store.get_table(layer_shard_key(key, layer))
+
+
+def read_pooled_table(store: ArtifactStore, key: str, layers: Sequence[int] | None = None) -> pa.Table:
+    """The concept's shards (every layer, or `layers`) as one table, for readers that span layers; a key that
+    holds one whole table (stores written before sharding, POOL_VERSION < 3) is read as it is."""
+    if layers is None and _holds_table(store, key):
+        return store.get_table(key)
+    chosen = pooled_layers(store, key) if layers is None else list(layers)
+    tables = [read_pooled_layer(store, key, layer) for layer in chosen]
+    if not tables:
+        raise StoreError(f"{key}: no layers to read")
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def read_head_table(store: ArtifactStore, key: str, layers: Sequence[int] | None = None) -> pa.Table:
+    """S3's ITIHeadTable for the concept under `key`, its layer shards' head tables joined (or the one table of
+    the unsharded layout), for readers that span layers as power and flash-check do."""
+    from poolbench.pooler.iti import head_table_key
+
+    if layers is None and _holds_table(store, key):
+        return store.get_table(head_table_key(key))
+    chosen = pooled_layers(store, key) if layers is None else list(layers)
+    tables = [store.get_table(head_table_key(layer_shard_key(key, layer))) for layer in chosen]
+    if not tables:
+        raise StoreError(f"{key}: no layers to read")
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+
+
+def _holds_table(store: ArtifactStore, key: str) -> bool:
+    """True when `key` holds something other than a manifest: the one table of the unsharded layout."""
+    try:
+        store.get_json(key)
+    except StoreError:
+        return store.exists(key)
+    return False

@@ -1,4 +1,4 @@
-"""ExtractorWorker: owns one loaded model (one GPU on a cluster), turns a concept into a PooledTable artifact.
+"""ExtractorWorker: owns one loaded model (one GPU on a cluster), turns a concept into PooledTable shards.
 
 A plain class so tests can drive it without Ray; the driver wraps it with `ray.remote` and `num_gpus`.
 Pooling happens in this process, so token activations never cross the object store or touch disk.
@@ -21,11 +21,13 @@ from poolbench.extractor.loading import load_model
 from poolbench.pooler.concept_pooling import pool_concept_tables, strategy_needs
 from poolbench.pooler.iti import head_table_key
 from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
+from poolbench.pooler.pooled_table import StoreDtype, encode_vectors, write_pooled_manifest
 from poolbench.pooler.registry import (
     load_entry_point_strategies,
     load_strategy_module,
     resolve_strategies,
 )
+from poolbench.store.keys import layer_shard_key
 from poolbench.store.url import open_store
 
 
@@ -60,8 +62,12 @@ class ExtractorWorker:
     def pool_concept(self, concept: str, passages: Sequence[Passage], layers: Sequence[int],
                      strategies: Sequence[str], *, store_url: str, key: str, metadata: dict[str, str],
                      batch_size: int, max_length: int, dump_key: str | None = None,
-                     max_batch_tokens: int | None = None) -> dict:
-        """Write the concept's PooledTable under `key` (and its ITIHeadTable beside it) and return a summary."""
+                     max_batch_tokens: int | None = None, store_dtype: StoreDtype = "float32",
+                     all_layers: Sequence[int] | None = None) -> dict:
+        """Pool `layers` and write one PooledTable shard per layer (its ITIHeadTable shard first), then the
+        manifest under `key` once every layer of `all_layers` (default: `layers`) is stored; returns a summary.
+
+        A resumed run passes only the layers whose shards are missing; the others are left as they are."""
         store = open_store(store_url)
         specs = resolve_strategies(list(strategies))
         dumped: list[pa.Table] = []
@@ -89,13 +95,19 @@ class ExtractorWorker:
         pooled = pool_concept_tables(self.loaded, passages, layers, specs, batch_size=batch_size,
                                      max_length=max_length, metadata=metadata, on_batch=on_batch, parses=parses,
                                      max_batch_tokens=max_batch_tokens)
-        table = pooled.pooled
         seconds = time.perf_counter() - start
         self._progress = None
+        # Every shard is encoded before any is written: a value float16 cannot hold stops the concept whole.
+        shards = {layer: encode_vectors(table, store_dtype, f"concept {concept} ").combine_chunks()
+                  for layer, table in pooled.layers.items()}
         if dump_key is not None:
             store.put_table(dump_key, pa.concat_tables(dumped))
-        if pooled.heads is not None:  # before the PooledTable: a stored PooledTable means its heads are stored
-            store.put_table(head_table_key(key), pooled.heads)
-        store.put_table(key, table)
-        return {"concept": concept, "key": key, "rows": table.num_rows, "tokens": tokens,
-                "seconds": seconds, "fallback_rows": int(pc.sum(table.column("fallback")).as_py() or 0)}
+        for layer, table in shards.items():
+            shard_key = layer_shard_key(key, layer)
+            if pooled.layer_heads is not None:  # before its PooledTable: a stored shard means its heads are
+                store.put_table(head_table_key(shard_key), pooled.layer_heads[layer])
+            store.put_table(shard_key, table)
+        write_pooled_manifest(store, key, list(all_layers if all_layers is not None else layers), store_dtype)
+        return {"concept": concept, "key": key, "layers": list(shards),
+                "rows": sum(t.num_rows for t in shards.values()), "tokens": tokens, "seconds": seconds,
+                "fallback_rows": sum(int(pc.sum(t.column("fallback")).as_py() or 0) for t in shards.values())}

@@ -1,4 +1,8 @@
-"""D1 for every (layer, strategy) cell of one concept's PooledTable, and the Ray task around it."""
+"""D1 for every (layer, strategy) cell of a PooledTable, the Ray task that probes one (concept, layer) shard, and
+the gathering of a concept's layers into its D1 artifact.
+
+Every D1 statistic is a function of one cell, so probing layer by layer gives the same records as probing the
+whole concept; what spans layers (the CV-chosen layer, win rate, Friedman) is computed later from the records."""
 
 from __future__ import annotations
 
@@ -11,9 +15,12 @@ from poolbench.prober.d1 import evaluate_d1
 from poolbench.prober.flash import flash_subset, parse_fraction
 from poolbench.prober.reliability import cell_reliability
 from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell
-from poolbench.records.d1 import D1CellRecord, d1_records_table
+from poolbench.records.d1 import D1CellRecord, d1_records_from_table, d1_records_table
+from poolbench.store.artifact_store import ArtifactStore
+from poolbench.store.keys import layer_shard_key
 
-D1_VERSION = 3  # 2: per-cell reliability statistics, supervised (S3) cells; 3: Newton logistic probe
+D1_VERSION = 4  # 2: per-cell reliability statistics, supervised (S3) cells; 3: Newton logistic probe;
+# 4: one D1 artifact per (concept, layer), gathered into the concept's
 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
@@ -61,15 +68,27 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
     return records
 
 
-def probe_concept_task(store_url: str, pooled_key: str, d1_key: str, concept: str, n_folds: int, seed: int,
-                       n_bootstrap: int, reliability: bool = True, flash: str | None = None) -> dict:
-    """Read a PooledTable, write the concept's D1 records as an Arrow artifact; safe to retry."""
+def probe_layer_task(store_url: str, pooled_key: str, d1_key: str, concept: str, layer: int, n_folds: int,
+                     seed: int, n_bootstrap: int, reliability: bool = True, flash: str | None = None) -> dict:
+    """Read one layer's PooledTable shard (and its ITIHeadTable shard for S3), write that layer's D1 records
+    under `layer_shard_key(d1_key, layer)`; a task holds one layer's vectors, never the concept's. Safe to retry."""
     from poolbench.store.url import open_store
 
     store = open_store(store_url)
-    table = store.get_table(pooled_key)
-    heads = store.get_table(head_table_key(pooled_key)) if needs_head_table(table) else None
+    shard_key = layer_shard_key(pooled_key, layer)
+    table = store.get_table(shard_key)
+    heads = store.get_table(head_table_key(shard_key)) if needs_head_table(table) else None
     records = probe_pooled_table(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
                                  reliability=reliability, flash=flash, heads=heads)
+    key = layer_shard_key(d1_key, layer)
+    store.put_table(key, d1_records_table(records))
+    return {"concept": concept, "layer": layer, "key": key, "cells": len(records)}
+
+
+def gather_layer_d1(store: ArtifactStore, d1_key: str, layers: list[int]) -> int:
+    """Write the concept's D1 artifact from its layers' D1 artifacts, in layer order (the order one whole-concept
+    probe gives); returns the number of records."""
+    records = [record for layer in sorted(layers)
+               for record in d1_records_from_table(store.get_table(layer_shard_key(d1_key, layer)))]
     store.put_table(d1_key, d1_records_table(records))
-    return {"concept": concept, "key": d1_key, "cells": len(records)}
+    return len(records)

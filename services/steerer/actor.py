@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import ray
 
+from poolbench.pooler.pooled_table import read_pooled_layer
 from poolbench.records.steering import SteeringResult
 from poolbench.scorer.artifacts import load_stored_scorer
 from poolbench.store.url import open_store
@@ -30,7 +31,7 @@ class SteeringService(SteeringWorker):
             s.info["key"] = scorer_keys[c]
         settings = GenerationSettings(**config.get("settings", {}))
         cfg = SteeringConfig(**{**config, "settings": settings})
-        tables = {c: store.get_table(k) for c, k in pooled_keys.items()}
+        tables = {c: read_pooled_layer(store, k, layer) for c, k in pooled_keys.items()}
         return run_steering(store, self, concept, strategy, layer, tables[concept], scorers, cfg,
                             train_texts=train_texts, neighbour_tables=tables)
 

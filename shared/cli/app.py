@@ -122,6 +122,9 @@ def run(
     log_samples: Annotated[bool, typer.Option(
         help="also write samples_<date>.jsonl: every held-out passage's probe score at each strategy's chosen cell")]
     = False,
+    store_dtype: Annotated[str, typer.Option(
+        help="pooled vectors in the store: float32, float16 or bfloat16 (half the size; probed as float32)")]
+    = "float32",
 ) -> None:
     """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json
     (and results_<UTC date-time>.json, leaderboard_<...>.json beside them, kept per run)."""
@@ -138,7 +141,7 @@ def run(
             max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=bootstrap,
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
-            allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash)
+            allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash, store_dtype=store_dtype)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise PoolBenchError(f"--{'-'.join(str(p) for p in first['loc'])}: {first['msg']}") from None

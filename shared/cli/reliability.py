@@ -52,15 +52,16 @@ def _best_layers(results: dict) -> dict[str, int]:
 
 def _pooled(results: dict, store, concept: str):
     """The concept's stored PooledTable (and ITIHeadTable, for S3), named by the run's results.json."""
-    from poolbench.pooler.iti import head_table_key, needs_head_table
+    from poolbench.pooler.iti import needs_head_table
+    from poolbench.pooler.pooled_table import read_head_table, read_pooled_table
     from poolbench.prober.power import ConceptCells
 
     artifacts = results.get("artifacts", {})
     if concept not in artifacts:
         raise PoolBenchError(f"concept '{concept}' was not run (ran: {', '.join(sorted(artifacts))})")
     key = artifacts[concept]["pooled"]
-    table = store.get_table(key)
-    heads = store.get_table(head_table_key(key)) if needs_head_table(table) else None
+    table = read_pooled_table(store, key)
+    heads = read_head_table(store, key) if needs_head_table(table) else None
     return ConceptCells(table, heads, concept=concept, seed=int(results.get("seed", 0)))
 
 

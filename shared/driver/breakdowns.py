@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from poolbench.corpus.passage import PLACEMENTS, Passage
-from poolbench.pooler.pooled_table import PooledTableView
+from poolbench.pooler.pooled_table import PooledTableView, read_pooled_table
 from poolbench.prober.buckets import bucket_aurocs, heldout_scores
 from poolbench.prober.lexical import lexical_record
 from poolbench.prober.reliability import cv_chosen_layers
@@ -57,7 +57,7 @@ def d1_by_bucket(store: ArtifactStore, pooled_keys: dict[str, str], passages_by_
     columns: dict[str, dict[str, list]] = {s: {k: [] for k in ("scores", "labels", "groups", "concepts",
                                                               *BUCKET_FIELDS)} for s in cells}
     for concept, key in pooled_keys.items():
-        view = PooledTableView(store.get_table(key))
+        view = PooledTableView(read_pooled_table(store, key, sorted(set(cells.values()))))
         for strategy, layer in cells.items():
             cell = view.matrix(layer, strategy)
             train, test = cell.subset("train"), cell.subset("test")

@@ -80,7 +80,7 @@ def run_calibration(model: str, *, layer: int | None = None, model_args: dict[st
     """Pool the calibration concepts with W1, W2, P1 and A1 at one layer (default: the middle one) and report
     every expectation as held or not, with its AUROC gap and CI."""
     from poolbench.driver.pipeline import run_benchmark
-    from poolbench.pooler.pooled_table import PooledTableView
+    from poolbench.pooler.pooled_table import PooledTableView, read_pooled_layer
     from poolbench.store.url import open_store
 
     model_args = model_args or {}
@@ -97,7 +97,7 @@ def run_calibration(model: str, *, layer: int | None = None, model_args: dict[st
     artifact_store = open_store(cfg.resolved_store())
     scores = {}
     for concept, keys in outcome.artifacts.items():
-        view = PooledTableView(artifact_store.get_table(keys["pooled"]))
+        view = PooledTableView(read_pooled_layer(artifact_store, keys["pooled"], layer))
         for strategy in CALIBRATION_STRATEGIES:
             scores[(concept, strategy)] = held_out_scores(view, layer, strategy, seed)
     expectations = []

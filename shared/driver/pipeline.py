@@ -18,10 +18,11 @@ from poolbench.corpus.validation import validate_corpus
 from poolbench.errors import CorpusError, PoolBenchError
 from poolbench.extractor.loading import check_model_reference, local_model_dir, model_ready
 from poolbench.pooler.concept_pooling import POOL_VERSION
+from poolbench.pooler.pooled_table import write_pooled_manifest
 from poolbench.pooler.registry import load_entry_point_strategies, load_strategy_module, resolve_strategies
 from poolbench.pooler.spec import StrategySpec
 from poolbench.pooler.worker import ExtractorWorker
-from poolbench.prober.concept_probe import D1_VERSION, probe_concept_task
+from poolbench.prober.concept_probe import D1_VERSION, gather_layer_d1, probe_layer_task
 from poolbench.prober.flash import parse_fraction
 from poolbench.prober.reliability import RELIABILITY_VERSION
 from poolbench.records.buckets import BucketAurocRecord
@@ -39,7 +40,7 @@ from poolbench.records.events import (
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.run import RunOutcome
 from poolbench.store.artifact_store import ArtifactStore
-from poolbench.store.keys import artifact_key
+from poolbench.store.keys import artifact_key, layer_shard_key
 from poolbench.store.url import open_store
 
 from .breakdowns import d1_by_bucket, lexical_baselines
@@ -84,13 +85,14 @@ class RunPlan:
 
 @dataclass(frozen=True)
 class ConceptJob:
-    """A work-queue key: pool a concept on an extractor, or probe its pooled vectors (D1) in a task."""
+    """A work-queue key: pool a concept's missing layers on an extractor, or probe one layer (D1) in a task."""
 
     stage: str
     concept: str
+    layer: int | None = None
 
     def __str__(self) -> str:
-        return f"{self.stage} {self.concept}"
+        return f"{self.stage} {self.concept}" + (f" layer {self.layer}" if self.layer is not None else "")
 
 
 def connect_ray(address: str | None) -> None:
@@ -199,7 +201,8 @@ def plan_cells(cfg: RunConfig, inputs: RunInputs, model: dict) -> RunPlan:
         pooled_key = artifact_key(
             "pooled", model=model["model_id"], weights=model["weights_hash"], dtype=model["dtype"],
             layers=layers, strategies=strategy_fps, concept=plan.concept, corpus=plan.corpus_hash,
-            passages=passages_digest(plan.passages), max_length=cfg.max_length, version=POOL_VERSION)
+            passages=passages_digest(plan.passages), max_length=cfg.max_length, store_dtype=cfg.store_dtype,
+            version=POOL_VERSION)
         d1_key = artifact_key("d1", pooled=pooled_key, n_folds=cfg.n_folds, seed=cfg.seed,
                               n_bootstrap=cfg.n_bootstrap, version=D1_VERSION,
                               reliability=RELIABILITY_VERSION if cfg.reliability else None, flash=cfg.flash)
@@ -210,21 +213,23 @@ def plan_cells(cfg: RunConfig, inputs: RunInputs, model: dict) -> RunPlan:
 
 def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[ConceptJob],
             emit: EventSink) -> dict[str, int]:
-    """Pool what is missing on the extractors, then probe it as a D1 task; stored artifacts are skipped."""
+    """Pool the layer shards that are missing on the extractors, then probe each layer as a D1 task and gather a
+    concept's layers into its D1 artifact; stored artifacts are skipped (counts are per concept)."""
     store, store_url = inputs.store, inputs.store_url
     computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
     plans = {p.concept: p for p in run.plans}
-    probe_task = ray.remote(max_retries=2)(probe_concept_task)
+    probe_task = ray.remote(max_retries=2)(probe_layer_task)
     runtime_env = worker_runtime_env()
     metadata = {"model": run.model["model_id"], "weights_hash": run.model["weights_hash"]}
     strategy_ids = [s.id for s in run.specs]
+    unprobed: dict[str, set[int]] = {}
 
-    def pool(plan: ConceptPlan) -> ActorJob[ConceptJob]:
+    def pool(plan: ConceptPlan, layers: list[int]) -> ActorJob[ConceptJob]:
         return ActorJob(ConceptJob("pool", plan.concept), lambda worker: worker.pool_concept.remote(
-            plan.concept, plan.passages, run.layers, strategy_ids, store_url=store_url, key=plan.pooled_key,
+            plan.concept, plan.passages, layers, strategy_ids, store_url=store_url, key=plan.pooled_key,
             metadata={**metadata, "concept": plan.concept, "corpus": plan.corpus_hash},
             batch_size=cfg.batch_size, max_length=cfg.max_length, dump_key=plan.dump_key,
-            max_batch_tokens=cfg.max_batch_tokens))
+            max_batch_tokens=cfg.max_batch_tokens, store_dtype=cfg.store_dtype, all_layers=run.layers))
 
     def stored(key: str) -> bool:
         """Stored and whole; a corrupt artifact is quarantined, reported and recomputed instead of stopping."""
@@ -234,15 +239,28 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
             emit(ArtifactQuarantined(bad_key, reason))
         return whole
 
+    def probe(plan: ConceptPlan, layer: int) -> TaskJob[ConceptJob]:
+        return TaskJob(ConceptJob("probe", plan.concept, layer), lambda: probe_task.options(
+            num_cpus=1, runtime_env=runtime_env).remote(
+            store_url, plan.pooled_key, plan.d1_key, plan.concept, layer, cfg.n_folds, cfg.seed, cfg.n_bootstrap,
+            cfg.reliability, cfg.flash))
+
+    def gather(plan: ConceptPlan) -> None:
+        gather_layer_d1(store, plan.d1_key, run.layers)
+        computed["d1"] += 1
+        emit(ConceptProbed(plan.concept, skipped=False))
+
     def probe_unless_stored(plan: ConceptPlan) -> list[Job[ConceptJob]]:
         if stored(plan.d1_key):
             computed["d1_skipped"] += 1
             emit(ConceptProbed(plan.concept, skipped=True))
             return []
-        return [TaskJob(ConceptJob("probe", plan.concept), lambda: probe_task.options(
-            num_cpus=1, runtime_env=runtime_env).remote(
-            store_url, plan.pooled_key, plan.d1_key, plan.concept, cfg.n_folds, cfg.seed, cfg.n_bootstrap,
-            cfg.reliability, cfg.flash))]
+        todo = [layer for layer in run.layers if not stored(layer_shard_key(plan.d1_key, layer))]
+        if not todo:  # every layer was probed before the driver stopped: only the gathering is left
+            gather(plan)
+            return []
+        unprobed[plan.concept] = set(todo)
+        return [probe(plan, layer) for layer in todo]
 
     def after(key: ConceptJob, _: dict) -> list[Job[ConceptJob]]:
         return probe_unless_stored(plans[key.concept]) if key.stage == "pool" else []
@@ -250,19 +268,25 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     jobs: list[Job[ConceptJob]] = []
     for plan in run.plans:
         needs_dump = plan.dump_key is not None and not stored(plan.dump_key)
-        if stored(plan.pooled_key) and not needs_dump:
-            computed["pooled_skipped"] += 1
-            emit(ConceptPooled(plan.concept, skipped=True))
-            jobs.extend(probe_unless_stored(plan))
-        else:
-            jobs.append(pool(plan))
+        missing = list(run.layers) if needs_dump else \
+            [layer for layer in run.layers if not stored(layer_shard_key(plan.pooled_key, layer))]
+        if missing:
+            jobs.append(pool(plan, missing))
+            continue
+        if not stored(plan.pooled_key):  # every shard landed but not the manifest: mark the concept pooled
+            write_pooled_manifest(store, plan.pooled_key, run.layers, cfg.store_dtype)
+        computed["pooled_skipped"] += 1
+        emit(ConceptPooled(plan.concept, skipped=True))
+        jobs.extend(probe_unless_stored(plan))
     for key, summary in queue.run(jobs, after, on_wait=lambda: poll_progress(queue.actors, emit)):
         if key.stage == "pool":
             computed["pooled"] += 1
             emit(ConceptPooled(key.concept, skipped=False, seconds=summary["seconds"]))
         else:
-            computed["d1"] += 1
-            emit(ConceptProbed(key.concept, skipped=False))
+            left = unprobed[key.concept]
+            left.discard(int(summary["layer"]))
+            if not left:
+                gather(plans[key.concept])
     return computed
 
 

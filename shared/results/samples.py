@@ -11,7 +11,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from poolbench.atomic_write import write_text_atomic
-from poolbench.pooler.pooled_table import PooledTableView
+from poolbench.pooler.pooled_table import PooledTableView, read_pooled_table
 from poolbench.prober.flash import flash_subset, parse_fraction
 from poolbench.prober.probes import make_probe
 from poolbench.store.artifact_store import ArtifactStore
@@ -32,7 +32,7 @@ def sample_rows(results: dict, leaderboard: dict, store: ArtifactStore) -> Itera
         strategy, layer = row["strategy"], int(row["best_layer"])
         for concept in row["per_concept"]:
             if concept not in views:
-                views[concept] = PooledTableView(store.get_table(results["artifacts"][concept]["pooled"]))
+                views[concept] = PooledTableView(read_pooled_table(store, results["artifacts"][concept]["pooled"]))
             cell = views[concept].matrix(layer, strategy)
             train_rows = np.flatnonzero(cell.split == "train")
             if flash is not None:

@@ -79,6 +79,12 @@ def artifact_key(kind: str, **determinants: Any) -> str:
     return f"{kind}/{digest[:KEY_HASH_CHARS]}"
 
 
+def layer_shard_key(key: str, layer: int) -> str:
+    """The key of one layer's shard of a per-concept artifact: a reader of one layer never opens the others."""
+    validate_key(key)
+    return artifact_key(key.split("/", 1)[0], of=key, layer=int(layer))
+
+
 def sha256_bytes(data: bytes) -> str:
     """Hex sha256 of an in-memory payload."""
     return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,199 @@
+"""Pooled artifacts sharded by (concept, layer): one shard per layer under a manifest, a D1 task that opens one
+layer only, resume that recomputes only missing shards, and 16-bit storage read back as float32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from poolbench.config import RunConfig
+from poolbench.corpus.passage import Passage
+from poolbench.driver.pipeline import RunInputs, plan_cells
+from poolbench.errors import StoreError
+from poolbench.pooler.concept_pooling import pool_concept_tables
+from poolbench.pooler.iti import head_table_key
+from poolbench.pooler.pooled_table import (
+    PooledTableBuilder,
+    PooledTableView,
+    decode_vectors,
+    encode_vectors,
+    pooled_layers,
+    read_pooled_table,
+)
+from poolbench.pooler.registry import get_strategy, resolve_strategies
+from poolbench.pooler.worker import ExtractorWorker
+from poolbench.prober.concept_probe import gather_layer_d1, probe_layer_task, probe_pooled_table
+from poolbench.records.d1 import d1_records_from_table
+from poolbench.store.artifact_store import ArtifactStore, LocalStore
+from poolbench.store.keys import layer_shard_key
+
+WORDS = ["the", "river", "cat", "sat", "if", "rain", "falls", "we", "stay", "home", "not", "never", "sun"]
+
+
+def passages(n_pairs: int, split: str) -> list[Passage]:
+    rng = np.random.default_rng(len(split))
+    out = []
+    for i in range(n_pairs):
+        base = " ".join(rng.choice(WORDS, size=6))
+        for label, text in ((1, f"if {base} not"), (0, f"{base} sun")):
+            out.append(Passage(f"{split}{i}-{label}", text, label, "d", 8, f"{split}{i}", split, "negation"))
+    return out
+
+
+def constructed_table(values: np.ndarray, layers: list[int], strategies: list[str],
+                      data: list[Passage]) -> pa.Table:
+    """A PooledTable from given vectors [L, S, N, d], one batch of every passage."""
+    builder = PooledTableBuilder(data, values.shape[-1])
+    builder.add(values, layers, strategies, [p.id for p in data], np.zeros((len(strategies), len(data)), bool))
+    return builder.table()
+
+
+def test_float16_round_trip_is_float32_rounded_to_half() -> None:
+    data = passages(1, "train")
+    x = np.array([1.0, 1 + 2.0**-11, 1 + 3 * 2.0**-11, 0.1, -2.5, 65504.0], dtype=np.float32)
+    table = constructed_table(np.stack([x, -x]).reshape(1, 1, 2, 6), [0], ["A1_mean"], data)
+    stored = encode_vectors(table, "float16")
+    assert stored.schema.field("vector").type == pa.list_(pa.float16(), 6)
+    # Half precision keeps 10 mantissa bits: 1 + 2^-11 is a tie (to even: 1), 1 + 3*2^-11 rounds up to 1 + 2^-9,
+    # 0.1 becomes 1638/16384.
+    want = np.array([1.0, 1.0, 1 + 2.0**-9, 1638 / 16384, -2.5, 65504.0], dtype=np.float32)
+    np.testing.assert_array_equal(decode_vectors(stored), np.stack([want, -want]))
+    assert decode_vectors(stored).dtype == np.float32
+    np.testing.assert_array_equal(decode_vectors(stored), np.stack([x, -x]).astype(np.float16).astype(np.float32))
+
+
+def test_bfloat16_round_trip_keeps_the_top_half_of_float32_rounded_to_even() -> None:
+    data = passages(1, "train")
+    x = np.array([1.0, 1 + 2.0**-8, 1 + 3 * 2.0**-8, 3.14159, -2.0, 1e30], dtype=np.float32)
+    table = constructed_table(x.reshape(1, 1, 1, 6).repeat(2, axis=2), [0], ["A1_mean"], data)
+    stored = encode_vectors(table, "bfloat16")
+    assert stored.schema.field("vector").type == pa.list_(pa.uint16(), 6)
+    assert stored.schema.field("vector").metadata == {b"poolbench.dtype": b"bfloat16"}
+    # 7 mantissa bits: 1 + 2^-8 is a tie (to even: 1), 1 + 3*2^-8 a tie rounding up to 1 + 2^-6, pi to
+    # 2 * (1 + 73/128); 1e30 (0x7149F2CA) keeps float32's exponent range and rounds up to 0x714A.
+    bits = stored.column("vector").combine_chunks().values.to_numpy()[:6]
+    assert bits.tolist() == [0x3F80, 0x3F80, 0x3F82, 0x4049, 0xC000, 0x714A]
+    want = np.array([1.0, 1.0, 1 + 2.0**-6, 2 * (1 + 73 / 128), -2.0, np.uint32(0x714A << 16).view(np.float32)],
+                    dtype=np.float32)
+    np.testing.assert_array_equal(decode_vectors(stored)[0], want)
+    # Stored and read back through the store, the dtype travels with the column.
+    assert PooledTableView(encode_vectors(table, "bfloat16")).matrix(0, "A1_mean").X.dtype == np.float32
+
+
+def test_float16_refuses_a_value_it_cannot_hold(tmp_path) -> None:
+    data = passages(1, "train")
+    table = constructed_table(np.full((1, 1, 2, 3), 70000.0, np.float32), [3], ["P2_first"], data)
+    with pytest.raises(StoreError, match="layer 3 P2_first: pooled value 70000 exceeds float16's 65504"):
+        encode_vectors(table, "float16")
+    assert decode_vectors(encode_vectors(table, "bfloat16"))[0, 0] == 70144.0  # 0x4789 << 16: no overflow
+
+
+def test_store_dtype_and_layer_name_different_artifacts(tmp_path) -> None:
+    model = {"model_id": "m", "weights_hash": "w", "dtype": "torch.float32", "n_layers": 2, "kind": "causal"}
+    from poolbench.driver.pipeline import ConceptPlan
+
+    specs = resolve_strategies(["A1_mean"])
+    inputs = RunInputs(specs, None, str(tmp_path), LocalStore(tmp_path),  # type: ignore[arg-type]
+                       [ConceptPlan("hedging", passages(2, "train"), "h")])
+    keys = {d: plan_cells(RunConfig(store_dtype=d, strategies=("A1_mean",)), inputs, model).plans[0]
+            for d in ("float32", "float16", "bfloat16")}
+    assert len({p.pooled_key for p in keys.values()}) == 3 and len({p.d1_key for p in keys.values()}) == 3
+    f32 = keys["float32"].pooled_key
+    shards = [layer_shard_key(f32, layer) for layer in (0, 1)]
+    assert all(s.startswith("pooled/") for s in shards) and len({f32, *shards}) == 3
+    assert layer_shard_key(f32, 1) == shards[1]  # deterministic: a rerun finds the shard
+    assert layer_shard_key(keys["float16"].pooled_key, 1) != shards[1]
+
+
+def test_probing_layer_by_layer_equals_probing_the_whole_concept() -> None:
+    """Every D1 statistic is per cell: two layers probed apart give the records of the whole table, in order."""
+    rng = np.random.default_rng(0)
+    data = passages(12, "train") + passages(6, "test")
+    y = np.array([p.label for p in data])
+    values = rng.normal(size=(2, 2, len(data), 8)).astype(np.float32)
+    values[1, 0, :, 0] += 1.5 * y  # layer 3, A1: a weak signal, so AUROCs are not all 1
+    table = constructed_table(values, [1, 3], ["A1_mean", "P1_last"], data)
+    for flash in (None, "1/2"):  # a flash subset is drawn per concept, the same at every layer
+        kwargs = {"n_folds": 3, "n_bootstrap": 30, "seed": 2, "flash": flash}
+        whole = probe_pooled_table(table, "negation", **kwargs)
+        by_layer = [r for layer in (1, 3) for r in probe_pooled_table(
+            table.filter(pc.equal(table.column("layer"), layer)), "negation", **kwargs)]
+        assert [r.to_dict() for r in by_layer] == [r.to_dict() for r in whole]
+        assert {r.n_train for r in whole} == {24 if flash is None else 12}
+        assert 0.6 < next(r.test_auroc for r in whole if (r.layer, r.strategy) == (3, "A1_mean")) < 1.0
+
+
+class OpenedKeys:
+    """Records every table key a store opens."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.keys: list[str] = []
+        original = ArtifactStore.get_table
+
+        def spy(store: ArtifactStore, key: str) -> pa.Table:
+            self.keys.append(key)
+            return original(store, key)
+
+        monkeypatch.setattr(ArtifactStore, "get_table", spy)
+
+
+def test_worker_shards_by_layer_a_d1_task_reads_one_and_resume_fills_only_the_gap(
+        tiny_llama_dir, tmp_path, monkeypatch) -> None:
+    store_url = str(tmp_path / "store")
+    store = LocalStore(tmp_path / "store")
+    worker = ExtractorWorker(str(tiny_llama_dir))
+    data = passages(12, "train") + passages(6, "test")
+    strategies = ["A1_mean", "P1_last", "S3_iti_probe"]
+    summary = worker.pool_concept("negation", data, [0, 1], strategies, store_url=store_url, key="pooled/k",
+                                  metadata={"concept": "negation"}, batch_size=8, max_length=64)
+    assert summary["layers"] == [0, 1] and summary["rows"] == 2 * 3 * 36
+    assert pooled_layers(store, "pooled/k") == [0, 1]
+    shards = {layer: layer_shard_key("pooled/k", layer) for layer in (0, 1)}
+    for layer, key in shards.items():
+        shard = store.get_table(key)
+        assert set(shard.column("layer").to_pylist()) == {layer} and shard.num_rows == 3 * 36
+        assert sorted(set(shard.column("strategy").to_pylist())) == sorted(strategies)
+        assert set(store.get_table(head_table_key(key)).column("layer").to_pylist()) == {layer}
+
+    opened = OpenedKeys(monkeypatch)
+    for layer in (0, 1):
+        probe_layer_task(store_url, "pooled/k", "d1/k", "negation", layer, 3, 0, 20, reliability=False)
+        if layer == 1:
+            assert opened.keys == [shards[0], head_table_key(shards[0]), shards[1], head_table_key(shards[1])]
+    assert gather_layer_d1(store, "d1/k", [1, 0]) == 2 * 3 * 2
+
+    # The unsharded computation: one in-memory table of every layer, probed at once.
+    out = pool_concept_tables(worker.loaded, data, [0, 1], [get_strategy(s) for s in strategies], batch_size=8,
+                              max_length=64)
+    whole = probe_pooled_table(out.pooled, "negation", n_folds=3, n_bootstrap=20, reliability=False,
+                               heads=out.heads)
+    gathered = d1_records_from_table(store.get_table("d1/k"))
+    assert [r.to_dict() for r in gathered] == [r.to_dict() for r in whole]
+
+    # Killed after layer 0's shard: the resumed worker pools layer 1 only and leaves layer 0's file alone.
+    path0 = tmp_path / "store" / f"{shards[0]}.arrow"
+    stamp, before = path0.stat().st_mtime_ns, store.get_table(shards[1])
+    store.delete(shards[1])
+    store.delete("pooled/k")
+    again = worker.pool_concept("negation", data, [1], strategies, store_url=store_url, key="pooled/k",
+                                metadata={"concept": "negation"}, batch_size=8, max_length=64, all_layers=[0, 1])
+    assert again["layers"] == [1] and path0.stat().st_mtime_ns == stamp
+    assert store.get_table(shards[1]).equals(before) and pooled_layers(store, "pooled/k") == [0, 1]
+    assert read_pooled_table(store, "pooled/k").num_rows == 2 * 3 * 36
+
+    # A 16-bit store: its shards hold float16, and D1 is D1 of the float32 vectors rounded to float16 by hand.
+    worker.pool_concept("negation", data, [0, 1], ["A1_mean", "P1_last"], store_url=store_url, key="pooled/h",
+                        metadata={"concept": "negation"}, batch_size=8, max_length=64, store_dtype="float16")
+    half = store.get_table(layer_shard_key("pooled/h", 1))
+    assert half.schema.field("vector").type.value_type == pa.float16()
+    full = pool_concept_tables(worker.loaded, data, [0, 1], [get_strategy("A1_mean"), get_strategy("P1_last")],
+                               batch_size=8, max_length=64).layers[1]
+    np.testing.assert_array_equal(decode_vectors(half), decode_vectors(full).astype(np.float16).astype(np.float32))
+    probe_layer_task(store_url, "pooled/h", "d1/h", "negation", 1, 3, 0, 20, reliability=False)
+    rounded = full.set_column(full.schema.get_field_index("vector"), "vector", pa.FixedSizeListArray.from_arrays(
+        pa.array(decode_vectors(full).astype(np.float16).astype(np.float32).reshape(-1)), 32))
+    want = probe_pooled_table(rounded, "negation", n_folds=3, n_bootstrap=20, reliability=False)
+    got = d1_records_from_table(store.get_table(layer_shard_key("d1/h", 1)))
+    assert [r.to_dict() for r in got] == [r.to_dict() for r in want]

@@ -72,7 +72,7 @@ def test_bad_alpha_grids(grid, msg):
 
 def test_alpha_grid_sorted_with_zero_added():
     assert validate_alphas([1, 0.25, 1]) == (0.0, 0.25, 1.0)
-    assert validate_alphas(None) == (0.0, 0.05, 0.1, 0.2, 0.4, 0.8)
+    assert validate_alphas(None) == (0.0, 0.05, 0.07, 0.1, 0.14, 0.2, 0.28, 0.4, 0.57, 0.8)
 
 
 def _leaderboard():

@@ -28,7 +28,7 @@ def test_run_with_steering_writes_d2_and_d3(tiny_llama_dir: Path, tmp_path: Path
     fingerprints = {s["id"]: s["params"] for s in results["strategies"]}
     assert fingerprints["A1_mean"] == {"sink": "auto"} and fingerprints["P1_last"] == {}
     assert results["steering"]["subset"] == "default"
-    assert results["steering"]["steering_config"]["alphas"] == [0.0, 0.05, 0.1, 0.2, 0.4, 0.8]
+    assert results["steering"]["steering_config"]["alphas"] == [0.0, 0.05, 0.07, 0.1, 0.14, 0.2, 0.28, 0.4, 0.57, 0.8]
     assert results["steering"]["steering_config"]["prompt_format"] == "auto"
     assert {r["concept"] for r in results["scorers"]} == set(CONCEPTS)
 
@@ -41,7 +41,7 @@ def test_run_with_steering_writes_d2_and_d3(tiny_llama_dir: Path, tmp_path: Path
         assert r["prompt_format"] == "plain"  # the tiny tokenizer has no chat template
         assert r["n_prompts"] == 20 and r["gen_max_new_tokens"] == 24 and r["gen_min_new_tokens"] == 24
         assert r["status"] == "ok", r.get("null_reason")
-        assert r["alphas"] == [0.0, 0.05, 0.1, 0.2, 0.4, 0.8] and len(r["per_alpha"]) == 6
+        assert r["alphas"] == [0.0, 0.05, 0.07, 0.1, 0.14, 0.2, 0.28, 0.4, 0.57, 0.8] and len(r["per_alpha"]) == 10
         assert r["per_alpha"][0]["fluency_ratio"] == 1.0  # alpha = 0 against itself
         assert r["alpha_star"] in r["alphas"] and -1.0 <= r["scp"] <= 1.0
         assert r["residual_norm"] > 0 and r["prompted_instruction"]

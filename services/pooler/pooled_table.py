@@ -14,6 +14,7 @@ from typing import Literal, cast
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from poolbench.corpus.passage import Passage
 from poolbench.errors import StoreError
@@ -232,8 +233,9 @@ def read_pooled_layer(store: ArtifactStore, key: str, layer: int) -> pa.Table:
 def read_pooled_table(store: ArtifactStore, key: str, layers: Sequence[int] | None = None) -> pa.Table:
     """The concept's shards (every layer, or `layers`) as one table, for readers that span layers; a key that
     holds one whole table (stores written before sharding, POOL_VERSION < 3) is read as it is."""
-    if layers is None and _holds_table(store, key):
-        return store.get_table(key)
+    if _holds_table(store, key):
+        table = store.get_table(key)
+        return table if layers is None else table.filter(pc.is_in(table.column("layer"), pa.array(list(layers))))
     chosen = pooled_layers(store, key) if layers is None else list(layers)
     tables = [read_pooled_layer(store, key, layer) for layer in chosen]
     if not tables:

@@ -16,7 +16,7 @@ class GenerationSettings:
     max_new_tokens: int = 32
     temperature: float = 0.7
     greedy: bool = False
-    batch_size: int = 64  # rows per generate call (a row is one prompt at one delta)
+    batch_size: int = 256  # rows per generate call (a row is one prompt at one delta)
     # ... and at most this many tokens per call, rows x (longest prompt + max_new_tokens): it bounds the KV
     # cache when a cell's whole alpha grid x prompts shares one batch. Neither enters an artefact key.
     token_budget: int = 16384

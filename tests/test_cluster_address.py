@@ -46,7 +46,8 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 120) -> 
 
 @pytest.mark.slow
 def test_address_auto_matches_local_mode(tiny_llama_dir, tmp_path):
-    env = {**os.environ, "POOLBENCH_CACHE": str(tmp_path / "cache")}
+    # Auth off for head and driver alike: with ~/.ray/auth_token present Ray switches token auth on by itself.
+    env = {**os.environ, "POOLBENCH_CACHE": str(tmp_path / "cache"), "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     common = ["--model", str(tiny_llama_dir), "--corpus-size", "tiny", "--concepts", "hedging,toxicity",
               "--strategies", "A1,P1", "--bootstrap", "200"]

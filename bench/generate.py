@@ -9,6 +9,7 @@ Prints a table and writes bench/results/generate-<model>.json.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,14 +27,19 @@ from poolbench.steerer.vector import DEFAULT_ALPHAS
 from poolbench.steerer.worker import SteeringWorker
 
 
-def timed(fn: Callable[[], list[Generation]], repeats: int) -> tuple[list[Generation], float]:
-    """The answer and the best wall time of `repeats` runs (the least disturbed by other load)."""
-    best, out = float("inf"), []
+def timed_arms(arms: dict[str, Callable[[], list[Generation]]], repeats: int,
+               ) -> dict[str, tuple[list[Generation], float]]:
+    """Each arm's answer and best wall time over `repeats` rounds, the arms interleaved within a round, so load
+    from other processes on a shared machine falls on every arm alike and the minimum is the least disturbed."""
+    best: dict[str, tuple[list[Generation], float]] = {}
     for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
-    return out, best
+        for name, fn in arms.items():
+            start = time.perf_counter()
+            out = fn()
+            seconds = time.perf_counter() - start
+            if name not in best or seconds < best[name][1]:
+                best[name] = (out, seconds)
+    return best
 
 
 def arm(gens: list[Generation], seconds: float) -> dict:
@@ -52,7 +58,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--layer", type=int, default=None, help="default: the middle layer")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -73,17 +79,20 @@ def main() -> None:
 
     rows = [p for _ in alphas for p in prompts]
     row_deltas = [d for d in deltas for _ in prompts]
-    grid, t_grid = timed(lambda: worker.generate_rows(rows, layer=layer, deltas=row_deltas, seeds=seeds * len(alphas),
-                                                      settings=settings, prompt_format=fmt), args.repeats)
-    per_alpha, t_per_alpha = timed(lambda: [g for d in deltas for g in worker.generate(
-        prompts, layer=layer, delta=d, seeds=seeds, settings=settings, prompt_format=fmt)], args.repeats)
-    # Same batch shape (alphas x prompts rows), all steered at the largest alpha vs none steered (no hook).
-    steered, t_steered = timed(lambda: worker.generate_rows(
-        rows, layer=layer, deltas=[deltas[-1]] * len(rows), seeds=seeds * len(alphas), settings=settings,
-        prompt_format=fmt), args.repeats)
-    plain, t_plain = timed(lambda: worker.generate_rows(
-        rows, layer=layer, deltas=[None] * len(rows), seeds=seeds * len(alphas), settings=settings,
-        prompt_format=fmt), args.repeats)
+    row_seeds = seeds * len(alphas)
+    # Same batch shape (alphas x prompts rows) for the last two: all steered at the largest alpha vs none (no hook).
+    runs = timed_arms({
+        "grid": lambda: worker.generate_rows(rows, layer=layer, deltas=row_deltas, seeds=row_seeds,
+                                             settings=settings, prompt_format=fmt),
+        "per_alpha": lambda: [g for d in deltas for g in worker.generate(
+            prompts, layer=layer, delta=d, seeds=seeds, settings=settings, prompt_format=fmt)],
+        "steered": lambda: worker.generate_rows(rows, layer=layer, deltas=[deltas[-1]] * len(rows), seeds=row_seeds,
+                                                settings=settings, prompt_format=fmt),
+        "plain": lambda: worker.generate_rows(rows, layer=layer, deltas=[None] * len(rows), seeds=row_seeds,
+                                              settings=settings, prompt_format=fmt),
+    }, args.repeats)
+    (grid, t_grid), (per_alpha, t_per_alpha) = runs["grid"], runs["per_alpha"]
+    (steered, t_steered), (plain, t_plain) = runs["steered"], runs["plain"]
 
     result = run_header("generate", args, m.device)
     result.update({
@@ -92,7 +101,7 @@ def main() -> None:
         "alpha_grid_one_batch": arm(grid, t_grid), "one_batch_per_alpha": arm(per_alpha, t_per_alpha),
         "grid_speedup": round(t_per_alpha / t_grid, 2), "grid_identical": same(grid, per_alpha),
         "steered_same_shape": arm(steered, t_steered), "unsteered_same_shape": arm(plain, t_plain),
-        "steering_cost": round(t_steered / t_plain - 1, 3),
+        "steering_cost": round(t_steered / t_plain - 1, 3), "load_average_1m": os.getloadavg()[0],
     })
     table = Table(title=f"generate on {m.model_id} ({len(rows)} rows = {len(alphas)} alphas x {n} prompts, "
                         f"{args.max_new_tokens} new tokens, {args.threads} threads)")

@@ -1,14 +1,25 @@
-"""`run --address auto` on a `ray start` head gives the same cells as a private local run (starts a head: slow)."""
+"""`run --address auto` on a `ray start` head gives the same cells as a private local run (starts a head: slow).
+
+The head is this test's own: free ports, its own temp dir, `auto` pointed at it through RAY_ADDRESS (so another
+Ray on the machine is never picked up), and only its process tree is stopped afterwards (no bare `ray stop`).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
+from s3_server import free_port
+
+from poolbench.cluster.processes import proc_stat, stop_tree
 
 RAY = str(Path(sys.executable).with_name("ray"))
 
@@ -21,18 +32,41 @@ def run(args: list[str], env: dict) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
+def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    """Until the head's GCS accepts connections (or the head exited, or the time is up)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"ray start exited with {proc.returncode}"
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"the Ray head did not listen on 127.0.0.1:{port} within {timeout_s} s")
+
+
 @pytest.mark.slow
 def test_address_auto_matches_local_mode(tiny_llama_dir, tmp_path):
-    env = {**os.environ, "POOLBENCH_CACHE": str(tmp_path / "cache")}
+    # Auth off for head and driver alike: with ~/.ray/auth_token present Ray switches token auth on by itself.
+    env = {**os.environ, "POOLBENCH_CACHE": str(tmp_path / "cache"), "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ADDRESS", None)
     common = ["--model", str(tiny_llama_dir), "--corpus-size", "tiny", "--concepts", "hedging,toxicity",
               "--strategies", "A1,P1", "--bootstrap", "200"]
     local = run([*common, "--store", str(tmp_path / "local"), "--out", str(tmp_path / "out-local")], env)
-    subprocess.run([RAY, "start", "--head", "--port", "6397", "--num-cpus", "2", "--disable-usage-stats"],
-                   env=env, check=True, capture_output=True, timeout=120)
+    port, temp_dir = free_port(), tempfile.mkdtemp(prefix="pb-address-")
+    side = [f"--{flag}={free_port()}" for flag in ("ray-client-server-port", "dashboard-agent-listen-port",
+                                                   "dashboard-agent-grpc-port", "runtime-env-agent-port")]
+    head = subprocess.Popen([RAY, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+                             f"--temp-dir={temp_dir}", "--num-cpus=2", "--include-dashboard=false",
+                             "--disable-usage-stats", "--block", *side], start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    ticks = proc_stat(head.pid).start_ticks
     try:
+        wait_for_port(port, head)
         clustered = run([*common, "--address", "auto", "--store", str(tmp_path / "cluster"),
-                         "--out", str(tmp_path / "out-cluster")], env)
+                         "--out", str(tmp_path / "out-cluster")], {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"})
     finally:
-        subprocess.run([RAY, "stop"], env=env, capture_output=True, timeout=120)
+        stop_tree(head.pid, ticks)
+        head.wait(timeout=30)
+        shutil.rmtree(temp_dir, ignore_errors=True)
     assert clustered["config"]["address"] == "auto"
     assert clustered["cells"] == local["cells"]

@@ -20,7 +20,15 @@ from s3_server import free_port
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from poolbench.corpus.passage import Passage
-from poolbench.http.app import ServiceConfigError, ServiceSettings, check_scorers, scorers_of_run, start_serve
+from poolbench.http.app import (
+    ServiceConfigError,
+    ServiceSettings,
+    check_scorers,
+    scorers_of_run,
+    start_serve,
+    vectors_of_run,
+)
+from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.prober.d1 import evaluate_d1
 from poolbench.scorer.artifacts import ensure_scorer, scorer_record
 from poolbench.scorer.finetune import ScorerConfig
@@ -35,19 +43,33 @@ NEG = ["the answer is four", "the train leaves at noon", "we leave now", "water 
        "the door is red", "she owns two cats"]
 
 
+PLANTED = np.array([3.0, -4.0] + [0.0] * 30, np.float32)  # |PLANTED| = 5, unit direction (0.6, -0.8, 0, ...)
+RESIDUAL_NORM = 40.0
+
+
 @pytest.fixture(scope="module")
 def scored_run(tiny_encoder, tmp_path_factory):
-    """A run folder as `poolbench-driver run` leaves it, as far as /score reads it: the store in config, the
-    scorers' records (with their keys) in results.json; one scorer, for 'praise', trained on the tiny encoder."""
+    """A run folder as `poolbench-driver run` leaves it, as far as /score and /generate read it: the store in
+    config, the scorers' records (with their keys), the pooled table's key and a D2 cell's residual norm in
+    results.json; one scorer, for 'praise', trained on the tiny encoder; its pooled table (A1_mean at layer 1,
+    d = 32) planted so the train DiffMean is PLANTED."""
     root = tmp_path_factory.mktemp("run")
     passages = [Passage(f"{split}-{i}-{label}", text, label, "d", 4, f"{split}-{i}", split, "praise")
                 for i, (pos, neg) in enumerate(zip(POS, NEG, strict=True))
                 for split in ["train" if i < 4 else "test"] for label, text in ((1, pos), (0, neg))]
     config = ScorerConfig(encoder=str(tiny_encoder), epochs=1, batch_size=8, max_length=16)
-    scorer = ensure_scorer(LocalStore(root / "store"), "praise", passages, "h", config, allow_weak=True)
+    store = LocalStore(root / "store")
+    scorer = ensure_scorer(store, "praise", passages, "h", config, allow_weak=True)
+    vecs = np.zeros((len(passages), 32), np.float32)
+    vecs[[p.label == 1 for p in passages]] = PLANTED
+    builder = PooledTableBuilder(passages, 32)
+    builder.add(vecs[None, None], [1], ["A1_mean"], [p.id for p in passages], np.zeros(len(passages), bool))
+    store.put_table("pooled/praise-test", builder.table())
     (root / "out").mkdir()
-    (root / "out" / "results.json").write_text(json.dumps({"config": {"store": str(root / "store")},
-                                                           "scorers": [scorer_record(scorer).to_dict()]}))
+    (root / "out" / "results.json").write_text(json.dumps({
+        "config": {"store": str(root / "store")}, "scorers": [scorer_record(scorer).to_dict()],
+        "artifacts": {"praise": {"pooled": "pooled/praise-test", "d1": "d1/x"}},
+        "d2": [{"concept": "praise", "strategy": "P1_last", "layer": 1, "residual_norm": RESIDUAL_NORM}]}))
     return root / "out", scorer
 
 
@@ -56,7 +78,8 @@ def service(tiny_llama_dir, scored_run, local_ray) -> Iterator[tuple[str, str]]:
     from ray import serve
 
     settings = ServiceSettings(models=(str(tiny_llama_dir),), max_texts=16, max_chars=200, max_body_bytes=8192,
-                               max_new_tokens=8, device="cpu", **scorers_of_run(scored_run[0]))
+                               max_new_tokens=8, device="cpu", **scorers_of_run(scored_run[0]),
+                               **vectors_of_run(scored_run[0]))
     base = start_serve(settings, port=free_port(), num_cpus=0.5)
     deadline = time.monotonic() + 60
     while True:
@@ -90,7 +113,8 @@ def items() -> list[dict]:
 def test_healthz_and_openapi_and_loopback_binding(service):
     base, model = service
     assert base.startswith("http://127.0.0.1:")
-    assert httpx.get(f"{base}/healthz").json() == {"status": "ok", "models": [model], "scorers": ["praise"]}
+    assert httpx.get(f"{base}/healthz").json() == {"status": "ok", "models": [model], "scorers": ["praise"],
+                                                   "vectors": ["praise"]}
     spec = httpx.get(f"{base}/openapi.json").json()
     assert {"/pool", "/probe", "/score", "/generate", "/healthz"} <= set(spec["paths"])
     assert "PoolRequest" in spec["components"]["schemas"]
@@ -170,6 +194,51 @@ def test_generate_steered_and_unsteered(service):
     assert steered.json()["generations"] != plain.json()["generations"]
     assert post(base, "/generate", {**body, "vector": [1.0] * 3, "alpha": 1.0}).json()["detail"] == \
         "vector: 3 floats, the model's hidden size is 32"
+
+
+def test_generate_with_a_stored_vector_of_the_run(service):
+    base, model = service
+    body = {"model": model, "prompts": ["the cat", "a dog"], "layer": 1, "max_new_tokens": 6, "greedy": True}
+    plain = post(base, "/generate", body).json()["generations"]
+    stored = post(base, "/generate", {**body, "stored": {"concept": "praise", "strategy": "A1"}, "alpha": 5.0})
+    assert stored.status_code == 200, stored.text
+    # alpha in D2's unit: alpha x the run's residual norm (40) x the unit DiffMean direction (0.6, -0.8, 0, ...).
+    unit = [0.6 * RESIDUAL_NORM, -0.8 * RESIDUAL_NORM] + [0.0] * 30
+    raw = post(base, "/generate", {**body, "vector": unit, "alpha": 5.0}).json()["generations"]
+    assert stored.json()["generations"] == raw != plain
+    # unit raw: alpha x the DiffMean vector itself, PLANTED = (3, -4, 0, ...).
+    raw_unit = post(base, "/generate", {**body, "stored": {"concept": "praise", "unit": "raw"}, "alpha": 40.0})
+    assert raw_unit.json()["generations"] == post(base, "/generate", {
+        **body, "vector": PLANTED.tolist(), "alpha": 40.0}).json()["generations"]
+    assert post(base, "/generate", {**body, "stored": {"concept": "praise"}, "alpha": 0.0}).json()[
+        "generations"] == plain
+
+
+@pytest.mark.parametrize(("body", "status", "message"), [
+    ({"stored": {"concept": "hedging"}, "alpha": 1.0}, 404, "no stored vectors for concept 'hedging' (run concepts: "
+                                                            "praise)"),
+    ({"stored": {"concept": "praise"}, "alpha": 1.0, "layer": 0}, 422,
+     "the run measured no residual norm for 'praise' at layer 0 (no D2 cell there); use unit 'raw'"),
+    ({"stored": {"concept": "praise", "unit": "raw"}, "alpha": 1.0, "layer": 0}, 422,
+     "concept 'praise': no pooled cell (layer 0, strategy 'A1_mean')"),
+    ({"stored": {"concept": "praise"}, "vector": [1.0] * 32, "alpha": 1.0}, 422,
+     "give either vector (raw) or stored (a run's vector), not both"),
+])
+def test_stored_vector_errors_are_one_line(service, body, status, message):
+    base, model = service
+    reply = post(base, "/generate", {"model": model, "prompts": ["x"], "layer": 1, "max_new_tokens": 2, **body})
+    assert reply.status_code == status, reply.text
+    assert message in reply.json()["detail"] and "\n" not in reply.json()["detail"]
+
+
+def test_vectors_of_a_run_read_its_pooled_keys_and_residual_norms(tmp_path, scored_run):
+    assert vectors_of_run(scored_run[0]) == {"vector_store": str(scored_run[0].parent / "store"),
+                                             "pooled_keys": {"praise": "pooled/praise-test"},
+                                             "residual_norms": {"praise/1": RESIDUAL_NORM}}
+    (tmp_path / "results.json").write_text(json.dumps({"config": {}, "artifacts": {}}))
+    assert vectors_of_run(tmp_path) == {}
+    with pytest.raises(ValueError, match="pooled_keys need vector_store"):
+        ServiceSettings(pooled_keys={"praise": "pooled/x"})
 
 
 @pytest.mark.parametrize(("path", "body", "status", "message"), [
@@ -276,7 +345,7 @@ def test_openapi_states_every_limit(service):
     description = spec["info"]["description"]
     for words in ("at most 8192 bytes, counted while it streams (chunked bodies too)", "at most 16 per request",
                   "each at most 200 characters", "max_new_tokens: at most 8", "n_bootstrap: at most 2000",
-                  "NaN and Infinity are refused with 422", "scorers: praise"):
+                  "NaN and Infinity are refused with 422", "scorers: praise", "stored vectors of the run for: praise"):
         assert words in description
     schemas = spec["components"]["schemas"]
     for model, field in (("PoolRequest", "texts"), ("ScoreRequest", "texts"), ("GenerateRequest", "prompts")):

@@ -16,7 +16,10 @@ class GenerationSettings:
     max_new_tokens: int = 32
     temperature: float = 0.7
     greedy: bool = False
-    batch_size: int = 64
+    batch_size: int = 256  # rows per generate call (a row is one prompt at one delta)
+    # ... and at most this many tokens per call, rows x (longest prompt + max_new_tokens): it bounds the KV
+    # cache when a cell's whole alpha grid x prompts shares one batch. Neither enters an artefact key.
+    token_budget: int = 16384
     # EOS is suppressed until this many tokens (default: all of them), so every continuation has the same
     # length and perplexities and scores compare like with like.
     min_new_tokens: int | None = None
@@ -44,8 +47,32 @@ class Generation:
 
 class SteeringBackend(Protocol):
     """Generate continuations of `prompts` with `delta` (None: unsteered) added to the output of `layer`;
-    `prompt_format` is auto, chat or plain (prompts.resolve_prompt_format)."""
+    `prompt_format` is auto, chat or plain (prompts.resolve_prompt_format). `generate_rows` takes one delta
+    per prompt, so rows with different vectors and alphas can share a batch."""
 
     def generate(self, prompts: Sequence[str], *, layer: int, delta: np.ndarray | None,
                  seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
                  ) -> list[Generation]: ...
+
+    def generate_rows(self, prompts: Sequence[str], *, layer: int, deltas: Sequence[np.ndarray | None],
+                      seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
+                      ) -> list[Generation]: ...
+
+
+def generate_by_delta(backend: SteeringBackend, prompts: Sequence[str], *, layer: int,
+                      deltas: Sequence[np.ndarray | None], seeds: Sequence[int], settings: GenerationSettings,
+                      prompt_format: str = "auto") -> list[Generation]:
+    """`generate_rows` for a backend that steers one delta per call: one `generate` per distinct delta,
+    answers put back in row order."""
+    if not len(prompts) == len(deltas) == len(seeds):
+        raise ValueError(f"{len(prompts)} prompts, {len(deltas)} deltas and {len(seeds)} seeds")
+    groups: dict[bytes | None, list[int]] = {}
+    for i, d in enumerate(deltas):
+        groups.setdefault(None if d is None else np.asarray(d, np.float32).tobytes(), []).append(i)
+    out: list[Generation | None] = [None] * len(prompts)
+    for rows in groups.values():
+        gens = backend.generate([prompts[i] for i in rows], layer=layer, delta=deltas[rows[0]],
+                                seeds=[seeds[i] for i in rows], settings=settings, prompt_format=prompt_format)
+        for i, g in zip(rows, gens, strict=True):
+            out[i] = g
+    return [g for g in out if g is not None]

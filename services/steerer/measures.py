@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import numpy as np
@@ -39,31 +40,57 @@ def mean_residual_norm(loaded: LoadedModel, texts: Sequence[str], layer: int, *,
     return total / count
 
 
+def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
 @torch.no_grad()
-def continuation_nll(loaded: LoadedModel, generations: Sequence[Generation], *, batch_size: int = 32,
+def continuation_nll(loaded: LoadedModel, generations: Sequence[Generation], *, token_budget: int = 4096,
                      ) -> tuple[np.ndarray, np.ndarray]:
-    """(summed NLL, token count) of each continuation given its prompt, under the unsteered model."""
+    """(summed NLL, token count) of each continuation given its prompt, under the unsteered model.
+
+    Rows are left-padded, so every continuation ends at the last position and only the last K + 1 positions'
+    logits are computed (K the longest continuation): the LM head and log-softmax never run over prompts.
+    Chunks hold at most `token_budget` tokens (rows x width), so a cell's whole alpha grid goes in a few calls.
+    """
     nll = np.zeros(len(generations))
     n_tok = np.zeros(len(generations), dtype=np.int64)
     pad = loaded.tokenizer.pad_token_id
-    for start in range(0, len(generations), batch_size):
-        chunk = generations[start:start + batch_size]
-        seqs = [list(g.prompt_ids) + list(g.token_ids) for g in chunk]
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        target = torch.full((len(seqs), width), -100, dtype=torch.long)
-        for i, (g, s) in enumerate(zip(chunk, seqs, strict=True)):
-            ids[i, :len(s)] = torch.tensor(s)
-            mask[i, :len(s)] = 1
-            target[i, len(g.prompt_ids):len(s)] = torch.tensor(g.token_ids, dtype=torch.long)
-        logits = loaded.model(input_ids=ids.to(loaded.device), attention_mask=mask.to(loaded.device)).logits
-        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1).cpu()
-        tgt = target[:, 1:]
-        valid = tgt != -100
-        picked = logp.gather(-1, tgt.clamp_min(0).unsqueeze(-1)).squeeze(-1)
-        nll[start:start + len(chunk)] = (-(picked * valid)).sum(dim=1).numpy()
-        n_tok[start:start + len(chunk)] = valid.sum(dim=1).numpy()
+    pad = 0 if pad is None else pad
+    keep_only_last = _accepts_logits_to_keep(loaded.model)
+    lengths = [len(g.prompt_ids) + len(g.token_ids) for g in generations]
+    start = 0
+    while start < len(generations):
+        stop, widest = start, 0
+        while stop < len(generations) and (stop == start or
+                                           (stop + 1 - start) * max(widest, lengths[stop]) <= token_budget):
+            widest = max(widest, lengths[stop])
+            stop += 1
+        chunk = generations[start:stop]
+        k = max(len(g.token_ids) for g in chunk)
+        if k == 0:
+            start = stop
+            continue
+        ids = torch.full((len(chunk), widest), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), widest), dtype=torch.long)
+        target = torch.full((len(chunk), k), -100, dtype=torch.long)
+        for i, g in enumerate(chunk):
+            seq = list(g.prompt_ids) + list(g.token_ids)
+            ids[i, widest - len(seq):] = torch.tensor(seq, dtype=torch.long)
+            mask[i, widest - len(seq):] = 1
+            if g.token_ids:
+                target[i, k - len(g.token_ids):] = torch.tensor(g.token_ids, dtype=torch.long)
+        positions = (mask.cumsum(dim=1) - 1).clamp_min(0)
+        extra = {"logits_to_keep": k + 1} if keep_only_last else {}
+        logits = loaded.model(input_ids=ids.to(loaded.device), attention_mask=mask.to(loaded.device),
+                              position_ids=positions.to(loaded.device), **extra).logits
+        logits = logits[:, -(k + 1):-1].float().cpu()
+        picked = -torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, ignore_index=-100,
+                                                    reduction="none")
+        valid = target != -100
+        nll[start:stop] = (-(picked * valid)).sum(dim=1).double().numpy()
+        n_tok[start:stop] = valid.sum(dim=1).numpy()
+        start = stop
     return nll, n_tok
 
 

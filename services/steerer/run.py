@@ -139,12 +139,27 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
     vector = vector.with_residual_norm(worker.residual_norm(list(train_texts), layer))
     d2.update(residual_norm=vector.residual_norm)
     seeds = prompt_seeds(len(prompts), config.seed)
-    gens = [worker.generate(prompts, layer=layer, delta=None if a == 0 else vector.delta(a), seeds=seeds,
-                            settings=config.settings, prompt_format=prompt_format) for a in alphas]
-    texts = [g.text for row in gens for g in row]
     n_a, n = len(alphas), len(prompts)
+    instruction = concept_instruction(concept)
+    # The whole alpha grid x prompts (and the prompted baseline's prompts, unsteered) in shared batches: each
+    # row carries its own delta and seed, so a row's continuation is the one it would get in a batch alone.
+    deltas = [None if a == 0 else vector.delta(a) for a in alphas]
+    rows = [p for _ in alphas for p in prompts]
+    row_deltas = [d for d in deltas for _ in prompts]
+    if config.prompted_baseline:
+        rows += [f"{instruction} {p}" for p in prompts]
+        row_deltas += [None] * n
+    flat = worker.generate_rows(rows, layer=layer, deltas=row_deltas, seeds=seeds * (len(rows) // n),
+                                settings=config.settings, prompt_format=prompt_format)
+    gens = [flat[i * n:(i + 1) * n] for i in range(n_a)]
+    pgens = flat[n_a * n:]
+    # Perplexity of the prompted continuation is measured given the neutral prompt, as for steering.
+    as_neutral = [Generation(g0.prompt, gp.text, g0.prompt_ids, gp.token_ids)
+                  for g0, gp in zip(gens[0], pgens, strict=True)] if pgens else []
+    all_nll, all_tok = worker.nll([g for row in gens for g in row] + as_neutral)
+    texts = [g.text for row in gens for g in row]
     scores = {c: scorers[c].score(texts).reshape(n_a, n) for c in scorer_concepts}
-    nll, n_tok = (x.reshape(n_a, n) for x in worker.nll([g for row in gens for g in row]))
+    nll, n_tok = all_nll[:n_a * n].reshape(n_a, n), all_tok[:n_a * n].reshape(n_a, n)
     relevance = worker.relevance([g.prompt for row in gens for g in row], texts).reshape(n_a, n)
     summary = d2_summary(alphas, scores[concept], nll, n_tok, relevance, guard=config.fluency_guard,
                          n_bootstrap=config.n_bootstrap, seed=config.seed)
@@ -153,14 +168,8 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
     tables = [_generations_table(alphas, gens, seeds, scores, "steered")]
 
     if config.prompted_baseline:
-        instruction = concept_instruction(concept)
-        pgens = worker.generate([f"{instruction} {p}" for p in prompts], layer=layer, delta=None, seeds=seeds,
-                                settings=config.settings, prompt_format=prompt_format)
-        # Perplexity of the prompted continuation is measured given the neutral prompt, as for steering.
-        as_neutral = [Generation(g0.prompt, gp.text, g0.prompt_ids, gp.token_ids)
-                      for g0, gp in zip(gens[0], pgens, strict=True)]
         p_scores = scorer.score([g.text for g in pgens])
-        p_nll, p_tok = worker.nll(as_neutral)
+        p_nll, p_tok = all_nll[n_a * n:], all_tok[n_a * n:]
         p_rel = worker.relevance(prompts, [g.text for g in pgens])
         d2.update(prompted_instruction=instruction,
                   **prompted_summary(p_scores, p_nll, p_tok, p_rel, scores[concept][0], nll[0], n_tok[0],

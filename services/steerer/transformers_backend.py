@@ -1,9 +1,12 @@
-"""transformers backend: a forward hook adds delta at every position of one decoder layer's output.
+"""transformers backend: a forward hook adds each row's own delta at every position of one decoder layer's output.
 
-One `generate` call per batch of prompts at one alpha, left padding, per-prompt seeds (see sampling.py).
-Prompts go in as `prompt_format` says (prompts.py: a chat template's user turn for instruct models).
-The hook is installed with `add_hooks` and removed when the call returns, also on error. Nothing shared is
-mutated (the hook is request-local, left padding is asked per call), so a steered call never touches another.
+One `generate` call per chunk of rows (a row is a prompt with its delta and seed), bounded by
+`settings.batch_size` rows and `settings.token_budget` tokens; left padding, per-prompt seeds (see sampling.py),
+so rows with different vectors and alphas share a batch and each gets what it would get alone (up to float
+round-off of the batched forward, which argmax and the Gumbel-max draw absorb). Unsteered rows add zeros,
+which leaves their hidden states bit for bit. Prompts go in as `prompt_format` says (prompts.py). The hook is
+installed with `add_hooks` and removed when the call returns, also on error; nothing shared is mutated, so a
+steered call never touches another.
 """
 
 from __future__ import annotations
@@ -19,8 +22,25 @@ from poolbench.extractor.loading import LoadedModel
 
 from .backend import Generation, GenerationSettings
 from .errors import SteeringError
-from .prompts import format_prompt, resolve_prompt_format
+from .prompts import encode_prompts, resolve_prompt_format
 from .sampling import RowSeededSampler
+
+
+def row_chunks(lengths: Sequence[int], max_new_tokens: int, max_rows: int, token_budget: int) -> list[range]:
+    """Consecutive row ranges with at most `max_rows` rows and rows x (longest prompt + new tokens) within
+    the budget; a row over the budget on its own still gets a chunk of one."""
+    chunks: list[range] = []
+    start, widest = 0, 0
+    for i, n in enumerate(lengths):
+        grown = max(widest, n)
+        rows = i - start + 1
+        if i > start and (rows > max_rows or rows * (grown + max_new_tokens) > token_budget):
+            chunks.append(range(start, i))
+            start, grown = i, n
+        widest = grown
+    if len(lengths) > start:
+        chunks.append(range(start, len(lengths)))
+    return chunks
 
 
 class TransformersBackend:
@@ -32,34 +52,50 @@ class TransformersBackend:
     def generate(self, prompts: Sequence[str], *, layer: int, delta: np.ndarray | None,
                  seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
                  ) -> list[Generation]:
-        prompt_format = resolve_prompt_format(self.loaded.tokenizer, prompt_format)
+        return self.generate_rows(prompts, layer=layer, deltas=[delta] * len(prompts), seeds=seeds,
+                                  settings=settings, prompt_format=prompt_format)
+
+    def generate_rows(self, prompts: Sequence[str], *, layer: int, deltas: Sequence[np.ndarray | None],
+                      seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
+                      ) -> list[Generation]:
+        m = self.loaded
+        prompt_format = resolve_prompt_format(m.tokenizer, prompt_format)
         if len(seeds) != len(prompts):
             raise SteeringError(f"{len(prompts)} prompts but {len(seeds)} seeds")
-        if not 0 <= layer < self.loaded.n_layers:
-            raise SteeringError(f"layer {layer} out of range for '{self.loaded.model_id}' "
-                                f"({self.loaded.n_layers} layers)")
+        if len(deltas) != len(prompts):
+            raise SteeringError(f"{len(prompts)} prompts but {len(deltas)} steering deltas")
+        if not 0 <= layer < m.n_layers:
+            raise SteeringError(f"layer {layer} out of range for '{m.model_id}' ({m.n_layers} layers)")
+        bad = [i for i, d in enumerate(deltas) if d is not None and np.shape(d) != (m.hidden_size,)]
+        if bad:
+            raise SteeringError(f"steering delta of row {bad[0]} has shape {np.shape(deltas[bad[0]])}, "
+                                f"the model's hidden size is {m.hidden_size}")
+        ids = encode_prompts(m.tokenizer, list(prompts), prompt_format)
         out: list[Generation] = []
-        for start in range(0, len(prompts), settings.batch_size):
-            stop = start + settings.batch_size
-            out.extend(self._generate_batch(list(prompts[start:stop]), layer, delta, list(seeds[start:stop]),
-                                            settings, prompt_format))
+        for rows in row_chunks([len(i) for i in ids], settings.max_new_tokens, settings.batch_size,
+                               settings.token_budget):
+            out.extend(self._generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], layer,
+                                            [deltas[i] for i in rows], [seeds[i] for i in rows], settings))
         return out
 
     @torch.no_grad()
-    def _generate_batch(self, prompts: list[str], layer: int, delta: np.ndarray | None, seeds: list[int],
-                        settings: GenerationSettings, prompt_format: str) -> list[Generation]:
+    def _generate_batch(self, prompts: list[str], ids: list[list[int]], layer: int,
+                        deltas: list[np.ndarray | None], seeds: list[int], settings: GenerationSettings,
+                        ) -> list[Generation]:
         m = self.loaded
         tok = m.tokenizer
-        # A chat template writes its own special tokens; plain prompts get the tokenizer's usual ones.
-        enc = tok([format_prompt(tok, p, prompt_format) for p in prompts], return_tensors="pt", padding=True,
-                  padding_side="left", add_special_tokens=prompt_format == "plain").to(m.device)
+        enc = tok.pad({"input_ids": ids}, return_tensors="pt", padding=True, padding_side="left").to(m.device)
         processors = LogitsProcessorList()
         if not settings.greedy:
             processors.append(RowSeededSampler(seeds, settings.temperature))
         hooks = {}
-        if delta is not None:
-            vec = torch.as_tensor(np.asarray(delta), dtype=m.dtype, device=m.device)
-            hooks[f"layers.{layer}.out"] = lambda hidden: hidden + vec
+        if any(d is not None for d in deltas):
+            rows = np.zeros((len(deltas), m.hidden_size), dtype=np.float32)
+            for i, d in enumerate(deltas):
+                if d is not None:
+                    rows[i] = d
+            per_row = torch.as_tensor(rows, dtype=m.dtype, device=m.device)[:, None, :]
+            hooks[f"layers.{layer}.out"] = lambda hidden: hidden + per_row
         with add_hooks(m.decoder_layers, hooks):
             generated = m.model.generate(
                 **enc, max_new_tokens=settings.max_new_tokens,
@@ -69,10 +105,9 @@ class TransformersBackend:
         width = enc["input_ids"].shape[1]
         results = []
         for row, prompt in enumerate(prompts):
-            mask = enc["attention_mask"][row].bool()
-            prompt_ids = tuple(enc["input_ids"][row][mask].tolist())
             new = generated[row, width:].tolist()
             if tok.eos_token_id is not None and tok.eos_token_id in new:
                 new = new[:new.index(tok.eos_token_id)]
-            results.append(Generation(prompt, tok.decode(new, skip_special_tokens=True), prompt_ids, tuple(new)))
+            results.append(Generation(prompt, tok.decode(new, skip_special_tokens=True), tuple(ids[row]),
+                                      tuple(new)))
         return results

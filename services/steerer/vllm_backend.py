@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .backend import Generation, GenerationSettings
+from .backend import Generation, GenerationSettings, generate_by_delta
 from .errors import SteeringError
 from .prompts import encode_prompts, resolve_prompt_format
 
@@ -112,6 +112,13 @@ class VLLMBackend:
         outputs = self.llm.generate([{"prompt_token_ids": list(i)} for i in ids], params, use_tqdm=False)
         return [Generation(p, o.outputs[0].text, tuple(o.prompt_token_ids), tuple(o.outputs[0].token_ids))
                 for p, o in zip(prompts, outputs, strict=True)]
+
+    def generate_rows(self, prompts: Sequence[str], *, layer: int, deltas: Sequence[np.ndarray | None],
+                      seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
+                      ) -> list[Generation]:
+        """One engine call per distinct delta: the hook's buffer holds a single delta for the whole engine."""
+        return generate_by_delta(self, prompts, layer=layer, deltas=deltas, seeds=seeds, settings=settings,
+                                 prompt_format=prompt_format)
 
     def close(self) -> None:
         """Remove the steering hooks from the engine's model."""

@@ -58,6 +58,13 @@ class SteeringWorker:
         return self.backend.generate(prompts, layer=layer, delta=delta, seeds=seeds, settings=settings,
                                      prompt_format=prompt_format)
 
+    def generate_rows(self, prompts: Sequence[str], *, layer: int, deltas: Sequence[np.ndarray | None],
+                      seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
+                      ) -> list[Generation]:
+        """One delta per prompt (None: unsteered), so a whole alpha grid x prompts shares batches."""
+        return self.backend.generate_rows(prompts, layer=layer, deltas=deltas, seeds=seeds, settings=settings,
+                                          prompt_format=prompt_format)
+
     def residual_norm(self, texts: Sequence[str], layer: int) -> float:
         return mean_residual_norm(self.loaded, texts, layer)
 

@@ -174,10 +174,12 @@ def _session(action: str, info: dict, timeout_s: float, **extra) -> subprocess.C
 
 def start_serve_app(info: dict, models: list[str], host: str, port: int, run: Path | None = None) -> str:
     """Deploy the one HTTP app (poolbench.http.app) into OUR head from a short-lived driver; Serve's controller is
-    detached and lives with the cluster. With `run`, /score serves the scorers that run recorded."""
-    from poolbench.http.app import ServiceSettings, scorers_of_run
+    detached and lives with the cluster. With `run`, /score serves the scorers that run recorded and /generate
+    its stored steering vectors."""
+    from poolbench.http.app import ServiceSettings, scorers_of_run, vectors_of_run
 
-    settings = ServiceSettings(models=tuple(models), **(scorers_of_run(run) if run is not None else {}))
+    from_run = {**scorers_of_run(run), **vectors_of_run(run)} if run is not None else {}
+    settings = ServiceSettings(models=tuple(models), **from_run)
     done = _session("deploy", info, 240, settings=settings.model_dump(mode="json"), host=host, port=port)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["?"])[-1].removeprefix("error: ")

@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -56,6 +56,9 @@ class ServiceSettings(BaseModel):
     scorers: dict[str, str] = Field(default_factory=dict)  # concept -> scorer folder (classifier B)
     scorer_store: str | None = None  # artifact store (folder or s3://) holding `scorer_keys`
     scorer_keys: dict[str, str] = Field(default_factory=dict)  # concept -> stored scorer key, as a run records
+    vector_store: str | None = None  # artifact store holding `pooled_keys` (a run's store)
+    pooled_keys: dict[str, str] = Field(default_factory=dict)  # concept -> the run's pooled table: stored vectors
+    residual_norms: dict[str, float] = Field(default_factory=dict)  # "concept/layer" -> the run's alpha unit
     max_texts: int = Field(256, ge=1)
     max_chars: int = Field(4000, ge=1)
     max_body_bytes: int = Field(2_000_000, ge=1024)
@@ -72,6 +75,8 @@ class ServiceSettings(BaseModel):
     def _one_source_per_concept(self) -> ServiceSettings:
         if self.scorer_keys and not self.scorer_store:
             raise ValueError("scorer_keys need scorer_store, the store that holds them")
+        if self.pooled_keys and not self.vector_store:
+            raise ValueError("pooled_keys need vector_store, the store that holds them")
         both = sorted(set(self.scorers) & set(self.scorer_keys))
         if both:
             raise ValueError(f"concepts {both} have both a scorer folder and a stored scorer key")
@@ -96,6 +101,23 @@ def scorers_of_run(run: str | Path) -> dict:
         raise ServiceConfigError(f"{path}: the run recorded no scorers (it ran with --no-steering?)")
     store = (doc.get("config") or {}).get("store") or default_store_url()
     return {"scorer_store": store, "scorer_keys": keys}
+
+
+def vectors_of_run(run: str | Path) -> dict:
+    """{"vector_store", "pooled_keys", "residual_norms"} from a run's results.json: /generate can then steer with
+    any (concept, strategy, layer) DiffMean vector of the run, alpha in the unit its D2 stage used."""
+    path = Path(run) / "results.json"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ServiceConfigError(f"{path}: no such file ('{run}' is not a finished run folder)") from exc
+    except json.JSONDecodeError as exc:
+        raise ServiceConfigError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from exc
+    keys = {c: a["pooled"] for c, a in (doc.get("artifacts") or {}).items() if a.get("pooled")}
+    norms = {f"{r['concept']}/{r['layer']}": float(r["residual_norm"]) for r in doc.get("d2") or []
+             if r.get("residual_norm") is not None}
+    store = (doc.get("config") or {}).get("store") or default_store_url()
+    return {"vector_store": store, "pooled_keys": keys, "residual_norms": norms} if keys else {}
 
 
 def check_scorers(settings: ServiceSettings) -> None:
@@ -155,18 +177,39 @@ class ScoreRequest(BaseModel):
     texts: list[Text] = Field(min_length=1, description="at most max_texts, each at most max_chars characters")
 
 
+class StoredVector(BaseModel):
+    """A steering vector of the run this service was started with: the DiffMean of the run's pooled train vectors
+    of `concept` under `strategy` at the request's `layer`, as the run's D2 stage builds it."""
+
+    model_config = _REQUEST
+    concept: str = Field(description="a concept of the run (see /healthz vectors)")
+    strategy: str = Field("A1_mean", description="strategy id or short code the run pooled with")
+    unit: Literal["residual", "raw"] = Field(
+        "residual", description="residual: alpha in units of the layer's mean token residual norm, D2's alpha "
+                                "(needs a D2 cell of the run at this concept and layer); raw: alpha times the "
+                                "DiffMean vector itself")
+
+
 class GenerateRequest(BaseModel):
     model_config = _REQUEST
     model: str = "embedded"
     prompts: list[Text] = Field(min_length=1, description="at most max_texts, each at most max_chars characters")
     layer: int = Field(ge=0, description="the decoder layer whose output alpha * vector is added to")
-    vector: list[float] | None = Field(None, description="steering direction, hidden_size finite floats; "
-                                                         "null: unsteered")
+    vector: list[float] | None = Field(None, description="a raw steering vector, hidden_size finite floats, added "
+                                                         "as alpha * vector; null (and no stored): unsteered")
+    stored: StoredVector | None = Field(None, description="or a stored vector of the service's run, by (concept, "
+                                                          "strategy) at `layer`; not with `vector`")
     alpha: float = Field(0.0, description="finite; 0 or no vector: unsteered")
     max_new_tokens: int = Field(16, ge=1, description="at most max_new_tokens")
     temperature: float = Field(0.7, gt=0)
     greedy: bool = False
     seed: int = Field(0, description="prompt i samples with seed + i, whatever else is in the batch")
+
+    @model_validator(mode="after")
+    def _one_vector(self) -> GenerateRequest:
+        if self.vector is not None and self.stored is not None:
+            raise ValueError("give either vector (raw) or stored (a run's vector), not both")
+        return self
 
 
 class PoolResponse(BaseModel):
@@ -222,6 +265,7 @@ class Health(BaseModel):
     status: str
     models: list[str]
     scorers: list[str]
+    vectors: list[str] = Field(description="concepts whose stored vectors /generate can steer with")
 
 
 def _one_line_validation(errors: list[dict]) -> str:
@@ -297,6 +341,43 @@ class ScorerCache:
             yield scorer
 
 
+class VectorCache:
+    """The run's steering vectors (alpha = 1 deltas) by (concept, strategy, layer, unit), built on first use."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self._vectors: dict[tuple[str, str, int, str], np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def get(self, req: StoredVector, layer: int) -> np.ndarray:
+        from poolbench.pooler.pooled_table import PooledTableView
+        from poolbench.steerer.run import steering_vector
+        from poolbench.store.url import open_store
+
+        strategy = _spec(req.strategy).id
+        key = (req.concept, strategy, layer, req.unit)
+        if req.concept not in self.settings.pooled_keys:
+            raise NotServed(f"no stored vectors for concept '{req.concept}' "
+                            f"(run concepts: {', '.join(sorted(self.settings.pooled_keys)) or 'none'})")
+        norm = self.settings.residual_norms.get(f"{req.concept}/{layer}")
+        if req.unit == "residual" and norm is None:
+            raise RequestError(f"stored: the run measured no residual norm for '{req.concept}' at layer {layer} "
+                               "(no D2 cell there); use unit 'raw'")
+        with self._lock:
+            if key not in self._vectors:
+                try:
+                    table = open_store(self.settings.vector_store).get_table(self.settings.pooled_keys[req.concept])
+                except PoolBenchError as exc:
+                    raise ServiceConfigError(str(exc).splitlines()[0]) from exc
+                vector = steering_vector(PooledTableView(table), req.concept, strategy, layer)
+                if vector.direction is None:
+                    raise RequestError(f"stored: {req.concept}/{strategy}/L{layer} has no steering vector: "
+                                       f"{vector.null_reason}")
+                scale = norm if req.unit == "residual" else vector.raw_norm
+                self._vectors[key] = (float(scale) * vector.direction.astype(np.float64)).astype(np.float32)
+            return self._vectors[key]
+
+
 def _check_sizes(settings: ServiceSettings, texts: list[str], what: str) -> None:
     if len(texts) > settings.max_texts:
         raise RequestError(f"{what}: {len(texts)} entries, at most {settings.max_texts} per request")
@@ -335,7 +416,8 @@ def limits_description(settings: ServiceSettings) -> str:
         "over it: 413\n"
         f"- texts / items / prompts: at most {settings.max_texts} per request, each at most {settings.max_chars} "
         "characters; over it: 422\n"
-        f"- /generate max_new_tokens: at most {settings.max_new_tokens}; vector: the model's hidden size\n"
+        f"- /generate max_new_tokens: at most {settings.max_new_tokens}; vector: the model's hidden size; "
+        f"stored vectors of the run for: {', '.join(sorted(settings.pooled_keys)) or 'none'} (others: 404)\n"
         f"- /probe n_bootstrap: at most {settings.max_bootstrap}; n_folds 2 to 10\n"
         "- every number must be finite: NaN and Infinity are refused with 422\n"
         f"- models: {', '.join(settings.models) or 'none'} (others: 404); "
@@ -373,6 +455,7 @@ def build_api(settings: ServiceSettings) -> FastAPI:
     api.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     models = ModelCache(settings)
     scorers = ScorerCache(settings)
+    vectors = VectorCache(settings)
     plain_openapi = api.openapi
 
     def openapi_with_limits() -> dict:
@@ -406,7 +489,8 @@ def build_api(settings: ServiceSettings) -> FastAPI:
 
     @api.get("/healthz")
     def healthz() -> Health:
-        return Health(status="ok", models=list(settings.models), scorers=settings.scorer_concepts)
+        return Health(status="ok", models=list(settings.models), scorers=settings.scorer_concepts,
+                      vectors=sorted(settings.pooled_keys))
 
     @api.post("/pool", responses=_ERRORS)
     def pool(req: PoolRequest) -> PoolResponse:
@@ -468,6 +552,7 @@ def build_api(settings: ServiceSettings) -> FastAPI:
             raise RequestError(f"max_new_tokens: {req.max_new_tokens}, at most {settings.max_new_tokens}")
         gen = GenerationSettings(max_new_tokens=req.max_new_tokens, temperature=req.temperature, greedy=req.greedy)
         seeds = [req.seed + i for i in range(len(req.prompts))]
+        stored = None if req.stored is None or req.alpha == 0 else vectors.get(req.stored, req.layer)
         with models.use(req.model) as loaded:
             delta = None
             if req.vector is not None and req.alpha != 0:
@@ -475,6 +560,11 @@ def build_api(settings: ServiceSettings) -> FastAPI:
                     raise RequestError(f"vector: {len(req.vector)} floats, the model's hidden size is "
                                        f"{loaded.hidden_size}")
                 delta = req.alpha * np.asarray(req.vector, dtype=np.float32)
+            if stored is not None:
+                if stored.size != loaded.hidden_size:
+                    raise RequestError(f"stored: the run's vector has {stored.size} dimensions, model "
+                                       f"'{loaded.model_id}' has {loaded.hidden_size}")
+                delta = (req.alpha * stored).astype(np.float32)
             out = TransformersBackend(loaded).generate(req.prompts, layer=req.layer, delta=delta, seeds=seeds,
                                                        settings=gen)
         return GenerateResponse(model_id=loaded.model_id, layer=req.layer, alpha=req.alpha,

@@ -1,0 +1,116 @@
+"""Per-row steering: rows with different vectors and alphas share one batch and get what each gets in a batch of
+its own delta (greedy and sampled); row chunking by rows and tokens; the batched perplexity equals one-at-a-time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from poolbench.extractor.loading import load_model
+from poolbench.steerer.backend import Generation, GenerationSettings, generate_by_delta
+from poolbench.steerer.measures import continuation_nll
+from poolbench.steerer.run import prompt_seeds
+from poolbench.steerer.transformers_backend import row_chunks
+from poolbench.steerer.worker import SteeringWorker
+
+PROMPTS = ["the cat sat on", "a dog", "birds sang in the trees near the river", "near the park the"]
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_llama_dir: Path) -> SteeringWorker:
+    return SteeringWorker(load_model(str(tiny_llama_dir), device="cpu"))
+
+
+def _deltas(d: int) -> list[np.ndarray | None]:
+    rng = np.random.default_rng(3)
+    u, v = (rng.normal(size=d).astype(np.float32) for _ in range(2))
+    return [None, 4.0 * u / np.linalg.norm(u), 9.0 * v / np.linalg.norm(v)]
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_mixed_batch_equals_one_delta_per_batch(worker, greedy):
+    settings = GenerationSettings(max_new_tokens=6, greedy=greedy)
+    deltas = _deltas(worker.loaded.hidden_size)
+    seeds = prompt_seeds(len(PROMPTS), 5)
+    alone = {k: worker.generate(PROMPTS, layer=0, delta=d, seeds=seeds, settings=settings)
+             for k, d in enumerate(deltas)}
+    # Interleaved: every batch row sits beside rows of the other deltas, in an order no per-delta batch has.
+    order = [(k, i) for i in reversed(range(len(PROMPTS))) for k in (2, 0, 1)]
+    mixed = worker.generate_rows([PROMPTS[i] for _, i in order], layer=0, deltas=[deltas[k] for k, _ in order],
+                                 seeds=[seeds[i] for _, i in order], settings=settings)
+    for (k, i), g in zip(order, mixed, strict=True):
+        assert g.token_ids == alone[k][i].token_ids and g.text == alone[k][i].text
+        assert g.prompt_ids == alone[k][i].prompt_ids
+    # The deltas do steer (so the equality above could fail): each steered row differs from the unsteered one.
+    for k in (1, 2):
+        assert [g.token_ids for g in alone[k]] != [g.token_ids for g in alone[0]]
+
+
+def test_rows_beyond_the_budget_go_in_further_batches_with_the_same_answers(worker):
+    settings = GenerationSettings(max_new_tokens=5)
+    deltas = _deltas(worker.loaded.hidden_size)
+    rows = [p for p in PROMPTS for _ in deltas]
+    row_deltas = [d for _ in PROMPTS for d in deltas]
+    seeds = list(range(len(rows)))
+    one = worker.generate_rows(rows, layer=1, deltas=row_deltas, seeds=seeds, settings=settings)
+    small = GenerationSettings(max_new_tokens=5, batch_size=5, token_budget=60)
+    many = worker.generate_rows(rows, layer=1, deltas=row_deltas, seeds=seeds, settings=small)
+    assert [g.token_ids for g in many] == [g.token_ids for g in one]
+
+
+def test_row_chunks_by_rows_and_tokens():
+    # widths 3, 5, 2, 9 with 4 new tokens: (3+4)=7, 2*(5+4)=18, 3*(5+4)=27 > 20 -> cut; 2, then 2*(9+4)=26 > 20.
+    assert row_chunks([3, 5, 2, 9], 4, 10, 20) == [range(0, 2), range(2, 3), range(3, 4)]
+    assert row_chunks([3, 5, 2, 9], 4, 2, 1000) == [range(0, 2), range(2, 4)]
+    assert row_chunks([30], 4, 8, 20) == [range(0, 1)]  # one row over the budget still runs
+    assert row_chunks([], 4, 8, 20) == []
+
+
+def test_a_delta_of_the_wrong_size_is_one_line(worker):
+    from poolbench.steerer.errors import SteeringError
+
+    with pytest.raises(SteeringError, match="row 1 has shape \\(3,\\)"):
+        worker.generate_rows(PROMPTS[:2], layer=0, deltas=[None, np.ones(3, np.float32)], seeds=[0, 1],
+                             settings=GenerationSettings(max_new_tokens=2))
+
+
+def test_one_delta_per_call_backends_group_rows_and_keep_row_order():
+    calls = []
+
+    class OneDelta:
+        def generate(self, prompts, *, layer, delta, seeds, settings, prompt_format="auto"):
+            calls.append((list(prompts), None if delta is None else float(delta[0]), list(seeds)))
+            return [Generation(p, f"{p}@{None if delta is None else float(delta[0])}", (), ()) for p in prompts]
+
+    a, b = np.full(2, 1.0, np.float32), np.full(2, 2.0, np.float32)
+    out = generate_by_delta(OneDelta(), ["p", "q", "r", "s"], layer=0,  # type: ignore[arg-type]
+                            deltas=[a, None, a.copy(), b], seeds=[0, 1, 2, 3], settings=GenerationSettings())
+    assert [g.text for g in out] == ["p@1.0", "q@None", "r@1.0", "s@2.0"]
+    assert calls == [(["p", "r"], 1.0, [0, 2]), (["q"], None, [1]), (["s"], 2.0, [3])]
+
+
+def _nll_alone(loaded, g: Generation) -> float:
+    """The reference: one unpadded sequence, full logits, summed -log p of the continuation tokens."""
+    ids = torch.tensor([list(g.prompt_ids) + list(g.token_ids)])
+    with torch.no_grad():
+        logp = torch.log_softmax(loaded.model(input_ids=ids).logits[0].double(), dim=-1)
+    p = len(g.prompt_ids)
+    return float(-sum(logp[p - 1 + j, t] for j, t in enumerate(g.token_ids)))
+
+
+def test_batched_perplexity_equals_one_sequence_at_a_time(worker):
+    gens = worker.generate_rows(PROMPTS, layer=0, deltas=[None] * 4, seeds=[0, 1, 2, 3],
+                                settings=GenerationSettings(max_new_tokens=6, min_new_tokens=0))
+    # Continuations of different lengths (one cut to 2 tokens, one empty) in one left-padded batch.
+    gens = [gens[0], Generation(gens[1].prompt, "", gens[1].prompt_ids, gens[1].token_ids[:2]),
+            Generation(gens[2].prompt, "", gens[2].prompt_ids, ()), gens[3]]
+    nll, n_tok = continuation_nll(worker.loaded, gens)
+    assert n_tok.tolist() == [len(gens[0].token_ids), 2, 0, len(gens[3].token_ids)]
+    expected = [_nll_alone(worker.loaded, g) for g in gens]
+    assert expected[2] == 0.0 and expected[1] > 0
+    assert nll == pytest.approx(expected, rel=1e-5, abs=1e-5)
+    one_by_one, _ = continuation_nll(worker.loaded, gens, token_budget=1)
+    assert one_by_one == pytest.approx(expected, rel=1e-5, abs=1e-5)

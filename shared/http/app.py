@@ -350,7 +350,7 @@ class VectorCache:
         self._lock = threading.Lock()
 
     def get(self, req: StoredVector, layer: int) -> np.ndarray:
-        from poolbench.pooler.pooled_table import PooledTableView
+        from poolbench.pooler.pooled_table import PooledTableView, read_pooled_table
         from poolbench.steerer.run import steering_vector
         from poolbench.store.url import open_store
 
@@ -366,7 +366,8 @@ class VectorCache:
         with self._lock:
             if key not in self._vectors:
                 try:
-                    table = open_store(self.settings.vector_store).get_table(self.settings.pooled_keys[req.concept])
+                    table = read_pooled_table(open_store(self.settings.vector_store),
+                                              self.settings.pooled_keys[req.concept], [layer])
                 except PoolBenchError as exc:
                     raise ServiceConfigError(str(exc).splitlines()[0]) from exc
                 vector = steering_vector(PooledTableView(table), req.concept, strategy, layer)

@@ -69,6 +69,8 @@ bench: install
 	$(BIN)/python bench/extract_pool.py
 	$(BIN)/python bench/pool_strategies.py
 	$(BIN)/python bench/generate.py
+	$(BIN)/python bench/extraction_cost.py
+	$(BIN)/python bench/paper_estimate.py
 
 # Our own Ray head (loopback, own token and temp dir) and the HTTP app deployed into it only; RAY_HOST=<ip> to expose.
 cluster-up: install

@@ -230,6 +230,13 @@ def read_pooled_layer(store: ArtifactStore, key: str, layer: int) -> pa.Table:
     return store.get_table(layer_shard_key(key, layer))
 
 
+def stored_layers(store: ArtifactStore, key: str) -> list[int]:
+    """The layers stored under `key`, sharded (its manifest) or in the one table written before sharding."""
+    if _holds_table(store, key):
+        return sorted(int(v) for v in pc.unique(store.get_table(key).column("layer")).to_pylist())
+    return pooled_layers(store, key)
+
+
 def read_pooled_table(store: ArtifactStore, key: str, layers: Sequence[int] | None = None) -> pa.Table:
     """The concept's shards (every layer, or `layers`) as one table, for readers that span layers; a key that
     holds one whole table (stores written before sharding, POOL_VERSION < 3) is read as it is."""

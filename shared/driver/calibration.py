@@ -36,12 +36,11 @@ def n_layers_of(model: str, model_args: dict[str, str]) -> int:
 
 def held_out_scores(view, layer: int, strategy: str, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(test scores, test labels, test groups) of the logistic probe fitted on the train split."""
-    from poolbench.prober.probes import make_probe
+    from poolbench.prober.buckets import heldout_scores
 
     cell = view.matrix(layer, strategy)
     train, test = cell.subset("train"), cell.subset("test")
-    model = make_probe("logistic", seed).fit(train.X, train.y)
-    return np.asarray(model.decision_function(test.X), dtype=np.float64), test.y, test.groups
+    return heldout_scores(train.X, train.y, test.X, seed), test.y, test.groups
 
 
 def expectation_gap(expectation: Expectation, scores: dict[tuple[str, str], tuple], *, n_bootstrap: int,

@@ -87,15 +87,20 @@ class ServiceSettings(BaseModel):
         return sorted({*self.scorers, *self.scorer_keys})
 
 
-def scorers_of_run(run: str | Path) -> dict:
-    """{"scorer_store", "scorer_keys"} from a run folder's results.json: /score then answers every concept it has."""
+def _run_document(run: str | Path) -> tuple[Path, dict]:
+    """A run folder's results.json, or one line saying why it cannot be read."""
     path = Path(run) / "results.json"
     try:
-        doc = json.loads(path.read_text())
+        return path, json.loads(path.read_text())
     except FileNotFoundError as exc:
         raise ServiceConfigError(f"{path}: no such file ('{run}' is not a finished run folder)") from exc
     except json.JSONDecodeError as exc:
         raise ServiceConfigError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from exc
+
+
+def scorers_of_run(run: str | Path) -> dict:
+    """{"scorer_store", "scorer_keys"} from a run folder's results.json: /score then answers every concept it has."""
+    path, doc = _run_document(run)
     keys = {s["concept"]: s["key"] for s in doc.get("scorers") or [] if s.get("key")}
     if not keys:
         raise ServiceConfigError(f"{path}: the run recorded no scorers (it ran with --no-steering?)")
@@ -106,13 +111,7 @@ def scorers_of_run(run: str | Path) -> dict:
 def vectors_of_run(run: str | Path) -> dict:
     """{"vector_store", "pooled_keys", "residual_norms"} from a run's results.json: /generate can then steer with
     any (concept, strategy, layer) DiffMean vector of the run, alpha in the unit its D2 stage used."""
-    path = Path(run) / "results.json"
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ServiceConfigError(f"{path}: no such file ('{run}' is not a finished run folder)") from exc
-    except json.JSONDecodeError as exc:
-        raise ServiceConfigError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from exc
+    _, doc = _run_document(run)
     keys = {c: a["pooled"] for c, a in (doc.get("artifacts") or {}).items() if a.get("pooled")}
     norms = {f"{r['concept']}/{r['layer']}": float(r["residual_norm"]) for r in doc.get("d2") or []
              if r.get("residual_norm") is not None}
@@ -350,7 +349,7 @@ class VectorCache:
         self._lock = threading.Lock()
 
     def get(self, req: StoredVector, layer: int) -> np.ndarray:
-        from poolbench.pooler.pooled_table import PooledTableView, read_pooled_table
+        from poolbench.pooler.pooled_table import PooledTableView, read_pooled_table, stored_layers
         from poolbench.steerer.run import steering_vector
         from poolbench.store.url import open_store
 
@@ -366,8 +365,14 @@ class VectorCache:
         with self._lock:
             if key not in self._vectors:
                 try:
-                    table = read_pooled_table(open_store(self.settings.vector_store),
-                                              self.settings.pooled_keys[req.concept], [layer])
+                    store = open_store(self.settings.vector_store)
+                    pooled_key = self.settings.pooled_keys[req.concept]
+                    if layer not in stored_layers(store, pooled_key):
+                        raise RequestError(f"concept '{req.concept}': no pooled cell (layer {layer}, strategy "
+                                           f"'{strategy}') in the run's store")
+                    table = read_pooled_table(store, pooled_key, [layer])
+                except RequestError:
+                    raise
                 except PoolBenchError as exc:
                     raise ServiceConfigError(str(exc).splitlines()[0]) from exc
                 vector = steering_vector(PooledTableView(table), req.concept, strategy, layer)

@@ -88,12 +88,16 @@ def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None, strate
     document = json.loads(paths["results"].read_text())
     leaderboard = json.loads(paths["leaderboard"].read_text())
     if log_samples:
-        from poolbench.results.samples import write_samples
+        from poolbench.results.samples import write_generations, write_samples
         from poolbench.store.url import open_store
 
         stamp = paths["results_stamped"].stem.removeprefix("results_")
+        store = open_store(cfg.resolved_store())
         paths["samples"] = Path(cfg.out) / f"samples_{stamp}.jsonl"
-        write_samples(document, leaderboard, open_store(cfg.resolved_store()), paths["samples"])
+        write_samples(document, leaderboard, store, paths["samples"])
+        if document.get("d2"):
+            paths["generations"] = Path(cfg.out) / f"generations_{stamp}.jsonl"
+            write_generations(document, store, paths["generations"])
     return results_of(document, leaderboard, paths)
 
 

@@ -18,7 +18,7 @@ def test_run_with_steering_writes_d2_and_d3(tiny_llama_dir: Path, tmp_path: Path
     result = subprocess.run(
         [*DRIVER, "run", "--model", str(tiny_llama_dir), "--corpus-size", "tiny", "--concepts", ",".join(CONCEPTS),
          "--strategies", "A1_mean,P1_last,W2_last_k", "--bootstrap", "100", "--torch-threads", "1",
-         "--store", str(tmp_path / "store"), "--out", str(out), "--allow-weak-scorer"],
+         "--store", str(tmp_path / "store"), "--out", str(out), "--allow-weak-scorer", "--log-samples"],
         capture_output=True, text=True, timeout=900,
         env={**os.environ, "POOLBENCH_CACHE": str(tmp_path / "cache")})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -56,3 +56,16 @@ def test_run_with_steering_writes_d2_and_d3(tiny_llama_dir: Path, tmp_path: Path
             assert r["delta_b"] is None and r["disent_null_reason"] == f"no scorer for neighbour '{neighbour}'"
     assert set(leaderboard["steering"]) == {r["strategy"] for r in d2}
     assert sum(s["n_cells"] for s in leaderboard["steering"].values()) == 4
+
+    # --log-samples: every generation of every D2 cell (10 alphas x 20 prompts + 20 prompted), with its scores
+    (generations,) = out.glob("generations_*.jsonl")
+    rows = [json.loads(line) for line in generations.read_text().splitlines()]
+    assert len(rows) == len(d2) * (10 * 20 + 20)
+    for r in d2:
+        key = (r["concept"], r["strategy"], r["layer"])
+        steered = [g for g in rows if (g["concept"], g["strategy"], g["layer"]) == key and g["kind"] == "steered"]
+        assert sorted({g["alpha"] for g in steered}) == r["alphas"] and len(steered) == 200
+        # the report half's mean score at alpha = 0 is the record's per_alpha[0] score
+        at_zero = [g["scores"][r["concept"]] for g in steered
+                   if g["alpha"] == 0.0 and g["prompt_index"] in r["report_prompts"]]
+        assert abs(sum(at_zero) / len(at_zero) - r["per_alpha"][0]["score"]) < 1e-9

@@ -1,5 +1,6 @@
 """`--log-samples` (lm-evaluation-harness style): per-passage held-out scores of the cells the leaderboard reports,
-so a reader can audit a D1 number passage by passage. Recomputed from the stored pooled vectors, after the run."""
+so a reader can audit a D1 number passage by passage (recomputed from the stored pooled vectors, after the run),
+and every D2 generation with its scores (read back from the run's stored generation tables)."""
 
 from __future__ import annotations
 
@@ -52,5 +53,28 @@ def sample_rows(results: dict, leaderboard: dict, store: ArtifactStore) -> Itera
 def write_samples(results: dict, leaderboard: dict, store: ArtifactStore, path: Path) -> int:
     """Write the sample rows as JSONL (atomically) and return how many there are."""
     lines = [json.dumps(row) for row in sample_rows(results, leaderboard, store)]
+    write_text_atomic(path, "".join(f"{line}\n" for line in lines))
+    return len(lines)
+
+
+def generation_rows(results: dict, store: ArtifactStore) -> Iterator[dict]:
+    """One row per generation of every D2 cell (steered at each alpha, and the prompted baseline): its prompt,
+    seed, text and every scorer's score, from the generations artifact the cell stored."""
+    for record in results.get("d2") or []:
+        key = record.get("generations_key")
+        if not key:
+            continue
+        table = store.get_table(key).to_pylist()
+        for row in table:
+            scores = {name.removeprefix("score_"): value for name, value in row.items() if name.startswith("score_")}
+            yield {"concept": record["concept"], "strategy": record["strategy"], "layer": record["layer"],
+                   "kind": row["kind"], "alpha": row["alpha"], "prompt_index": row["prompt_index"],
+                   "seed": row["seed"], "prompt": row["prompt"], "text": row["text"], "n_tokens": row["n_tokens"],
+                   "scores": scores}
+
+
+def write_generations(results: dict, store: ArtifactStore, path: Path) -> int:
+    """Write the generation rows as JSONL (atomically) and return how many there are."""
+    lines = [json.dumps(row) for row in generation_rows(results, store)]
     write_text_atomic(path, "".join(f"{line}\n" for line in lines))
     return len(lines)

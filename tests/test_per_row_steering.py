@@ -114,3 +114,26 @@ def test_batched_perplexity_equals_one_sequence_at_a_time(worker):
     assert nll == pytest.approx(expected, rel=1e-5, abs=1e-5)
     one_by_one, _ = continuation_nll(worker.loaded, gens, token_budget=1)
     assert one_by_one == pytest.approx(expected, rel=1e-5, abs=1e-5)
+
+
+def test_generation_progress_counts_every_sampled_token(worker, monkeypatch):
+    from poolbench.records.events import CellProgress
+    from poolbench.steerer.transformers_backend import GenerationProgress
+
+    seen: list[tuple[int, int]] = []
+    step = GenerationProgress.step
+
+    def recording(self, rows: int) -> None:
+        step(self, rows)
+        seen.append((self.rows_done, self.tokens_done))
+
+    monkeypatch.setattr(GenerationProgress, "step", recording)
+    settings = GenerationSettings(max_new_tokens=4, min_new_tokens=4, greedy=True, batch_size=2)
+    prompts = PROMPTS + ["one more prompt"]  # 5 rows in chunks of 2, 2, 1
+    worker.generate_rows(prompts, layer=0, deltas=[None] * 5, seeds=prompt_seeds(5, 0), settings=settings)
+    # one call per sampled token step, counting the chunk's rows; each chunk ends at rows_done x 4 tokens
+    assert seen == [(0, 2), (0, 4), (0, 6), (0, 8), (2, 10), (2, 12), (2, 14), (2, 16),
+                    (4, 17), (4, 18), (4, 19), (4, 20)]
+    assert worker.backend.progress is None  # a display of the call in flight only
+    assert CellProgress("c", "A1_mean", 1, 25, 100, 10.0).eta_s == pytest.approx(30.0)
+    assert CellProgress("c", "A1_mean", 1, 0, 100, 1.0).eta_s is None

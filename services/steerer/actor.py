@@ -23,8 +23,28 @@ from .worker import SteeringWorker
 class SteeringService(SteeringWorker):
     """SteeringWorker plus a run_cell method whose arguments are plain keys and values."""
 
+    _cell: tuple[str, str, int] | None = None
+
+    def progress(self) -> dict | None:
+        """The cell being steered and how far its generation is; None between generations. Answered from the
+        actor's second thread while run_cell runs."""
+        generating = getattr(self.backend, "progress", None)
+        if self._cell is None or generating is None:
+            return None
+        concept, strategy, layer = self._cell
+        return {"concept": concept, "strategy": strategy, "layer": layer, **generating.snapshot()}
+
     def run_cell(self, store_url: str, concept: str, strategy: str, layer: int, pooled_keys: Mapping[str, str],
                  scorer_keys: Mapping[str, str], train_texts: Sequence[str], config: dict) -> SteeringResult:
+        self._cell = (concept, strategy, layer)
+        try:
+            return self._run_cell(store_url, concept, strategy, layer, pooled_keys, scorer_keys, train_texts,
+                                  config)
+        finally:
+            self._cell = None
+
+    def _run_cell(self, store_url: str, concept: str, strategy: str, layer: int, pooled_keys: Mapping[str, str],
+                  scorer_keys: Mapping[str, str], train_texts: Sequence[str], config: dict) -> SteeringResult:
         store = open_store(store_url)
         scorers = {c: load_stored_scorer(store, k, c) for c, k in scorer_keys.items()}
         for c, s in scorers.items():
@@ -40,7 +60,8 @@ def steering_actors(model: str, *, n: int | None = None, backend: str = "transfo
                     runtime_env: dict | None = None, **worker_args) -> list:
     """One actor per GPU on a GPU cluster (num_gpus=1), else a single CPU actor."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
-    remote_cls = ray.remote(max_restarts=1, max_task_retries=1)(SteeringService)
+    # A second actor thread answers progress() while run_cell runs; the queue still sends one cell at a time.
+    remote_cls = ray.remote(max_restarts=1, max_task_retries=1, max_concurrency=2)(SteeringService)
     options = {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_cpus": 1}
     if runtime_env:
         options["runtime_env"] = runtime_env

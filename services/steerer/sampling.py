@@ -9,7 +9,7 @@ not depend on which other prompts share its batch (up to float round-off in the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import LogitsProcessor
@@ -30,3 +30,14 @@ class RowSeededSampler(LogitsProcessor):
         gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-300)))
         logp = torch.log_softmax(scores.double() / self.temperature, dim=-1)
         return (logp + gumbel.to(scores.device)).to(scores.dtype)
+
+
+class StepCounter(LogitsProcessor):
+    """Calls `on_step()` once per decoding step and leaves the scores untouched: progress, never a change."""
+
+    def __init__(self, on_step: Callable[[], None]) -> None:
+        self.on_step = on_step
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.on_step()
+        return scores

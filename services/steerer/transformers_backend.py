@@ -11,7 +11,9 @@ steered call never touches another.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -23,7 +25,7 @@ from poolbench.extractor.loading import LoadedModel
 from .backend import Generation, GenerationSettings
 from .errors import SteeringError
 from .prompts import encode_prompts, resolve_prompt_format
-from .sampling import RowSeededSampler
+from .sampling import RowSeededSampler, StepCounter
 
 
 def row_chunks(lengths: Sequence[int], max_new_tokens: int, max_rows: int, token_budget: int) -> list[range]:
@@ -43,11 +45,30 @@ def row_chunks(lengths: Sequence[int], max_new_tokens: int, max_rows: int, token
     return chunks
 
 
+@dataclass
+class GenerationProgress:
+    """How far one generate_rows call is: rows finished and tokens sampled so far (a display, polled)."""
+
+    rows_total: int
+    tokens_total: int
+    rows_done: int = 0
+    tokens_done: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def step(self, rows: int) -> None:
+        self.tokens_done += rows
+
+    def snapshot(self) -> dict:
+        return {"rows_done": self.rows_done, "rows_total": self.rows_total, "tokens_done": self.tokens_done,
+                "tokens_total": self.tokens_total, "seconds": time.perf_counter() - self.started}
+
+
 class TransformersBackend:
     def __init__(self, loaded: LoadedModel) -> None:
         if loaded.kind != "causal":
             raise SteeringError(f"model '{loaded.model_id}' is an encoder; steering needs a causal LM")
         self.loaded = loaded
+        self.progress: GenerationProgress | None = None
 
     def generate(self, prompts: Sequence[str], *, layer: int, delta: np.ndarray | None,
                  seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
@@ -72,10 +93,17 @@ class TransformersBackend:
                                 f"the model's hidden size is {m.hidden_size}")
         ids = encode_prompts(m.tokenizer, list(prompts), prompt_format)
         out: list[Generation] = []
-        for rows in row_chunks([len(i) for i in ids], settings.max_new_tokens, settings.batch_size,
-                               settings.token_budget):
-            out.extend(self._generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], layer,
-                                            [deltas[i] for i in rows], [seeds[i] for i in rows], settings))
+        self.progress = GenerationProgress(rows_total=len(prompts),
+                                           tokens_total=len(prompts) * settings.max_new_tokens)
+        try:
+            for rows in row_chunks([len(i) for i in ids], settings.max_new_tokens, settings.batch_size,
+                                   settings.token_budget):
+                out.extend(self._generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], layer,
+                                                [deltas[i] for i in rows], [seeds[i] for i in rows], settings))
+                self.progress.rows_done += len(rows)
+                self.progress.tokens_done = self.progress.rows_done * settings.max_new_tokens
+        finally:
+            self.progress = None
         return out
 
     @torch.no_grad()
@@ -86,6 +114,10 @@ class TransformersBackend:
         tok = m.tokenizer
         enc = tok.pad({"input_ids": ids}, return_tensors="pt", padding=True, padding_side="left").to(m.device)
         processors = LogitsProcessorList()
+        progress = self.progress
+        if progress is not None:
+            rows_in_batch = len(prompts)
+            processors.append(StepCounter(lambda: progress.step(rows_in_batch)))
         if not settings.greedy:
             processors.append(RowSeededSampler(seeds, settings.temperature))
         hooks = {}

@@ -25,6 +25,7 @@ from poolbench.config import EMBEDDED, RunConfig
 from poolbench.errors import PoolBenchError
 from poolbench.records.events import (
     ArtifactQuarantined,
+    CellProgress,
     CellSteered,
     ConceptPooled,
     ConceptProbed,
@@ -188,6 +189,10 @@ class RunDisplay:
                 eta = "" if event.eta_s is None else f", ETA {event.eta_s:.0f}s"
                 bar(self.tasks["pool"], last=f"{event.concept}: {event.passages_done}/{event.passages_total} passages, "
                                              f"{event.batches} batches, {event.tokens_done:,} tokens{eta}")
+            case CellProgress():
+                eta = "" if event.eta_s is None else f", ETA {event.eta_s:.0f}s"
+                bar(self.tasks["steer"], last=f"{event.concept}/{event.strategy} L{event.layer}: "
+                                              f"{event.tokens_done:,}/{event.tokens_total:,} tokens{eta}")
             case ConceptProbed(concept=concept, skipped=skipped):
                 bar(self.tasks["probe"], advance=1, last=f"{concept} ({'cached' if skipped else 'done'})")
             case SteeringPlanned():

@@ -44,7 +44,7 @@ from poolbench.store.keys import artifact_key, layer_shard_key
 from poolbench.store.url import open_store
 
 from .breakdowns import d1_by_bucket, lexical_baselines
-from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch
+from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch, poll_actors
 
 FORWARDED_ENV = ("POOLBENCH_CACHE", "POOLBENCH_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                  "AWS_REGION", "HF_HOME", "HF_HUB_OFFLINE")
@@ -291,18 +291,10 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
 
 
 def poll_progress(actors: Sequence[ActorHandle], emit: EventSink) -> None:
-    """Each busy extractor's position inside its concept, as ConceptProgress events; a worker that does not
-    answer in time (restarting, dying) is skipped: progress is a display, never a reason to stop."""
-    refs = [actor.progress.remote() for actor in actors]
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)
-    for ref in ready:
-        try:
-            state = ray.get(ref)
-        except ray.exceptions.RayError:
-            continue
-        if state is not None:
-            emit(ConceptProgress(state["concept"], state["batches"], state["passages_done"],
-                                 state["passages_total"], state["tokens_done"], state["seconds"]))
+    """Each busy extractor's position inside its concept, as ConceptProgress events."""
+    for state in poll_actors(actors):
+        emit(ConceptProgress(state["concept"], state["batches"], state["passages_done"],
+                             state["passages_total"], state["tokens_done"], state["seconds"]))
 
 
 def collect_records(store: ArtifactStore, run: RunPlan) -> list[D1CellRecord]:

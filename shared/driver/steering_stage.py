@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from poolbench.corpus.layout import Corpus
-from poolbench.records.events import CellSteered, EventSink, ScorerReady, SteeringPlanned
+from poolbench.records.events import CellProgress, CellSteered, EventSink, ScorerReady, SteeringPlanned
 from poolbench.scorer.artifacts import ensure_scorers, scorer_record
 from poolbench.scorer.finetune import ScorerConfig
 from poolbench.steerer.actor import steering_actors
@@ -13,7 +13,7 @@ from poolbench.steerer.d3 import neighbour_map
 from poolbench.steerer.plan import SteeringCell, choose_cells, scorer_concepts, steering_config
 from poolbench.store.artifact_store import ArtifactStore
 
-from .work_queue import ActorJob, WorkQueue
+from .work_queue import ActorJob, WorkQueue, poll_actors
 
 
 def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, pooled_keys: dict[str, str],
@@ -43,10 +43,17 @@ def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, po
     d2, d3 = [], []
     with WorkQueue[SteeringCell](steering_actors(model, backend=backend, runtime_env=runtime_env,
                                                  **worker_args)) as queue:
-        for cell, result in queue.run([job(cell) for cell in cells]):
+        for cell, result in queue.run([job(cell) for cell in cells], on_wait=lambda: poll_steering(queue.actors, emit)):
             d2.append(result.d2.selected(cell.why))
             d3.extend(result.d3)
             emit(CellSteered(cell.concept, cell.strategy, cell.layer, result.d2.scp, result.d2.d2_delta))
     return {"scorers": [scorer_record(s) for s in scorers.values()], "d2": d2, "d3": d3,
             "steering_config": config.to_record(), "subset": "full" if full else "default",
             "timing": {"scorers_s": scorer_seconds, "total_s": time.perf_counter() - started}}
+
+
+def poll_steering(actors, emit: EventSink) -> None:
+    """Each busy steering actor's place inside its cell's generation, as CellProgress events."""
+    for state in poll_actors(actors):
+        emit(CellProgress(state["concept"], state["strategy"], state["layer"], state["tokens_done"],
+                          state["tokens_total"], state["seconds"]))

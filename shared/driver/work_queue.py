@@ -132,3 +132,19 @@ class WorkQueue(Generic[K]):
             for extra in follow_up(job.key, result) if follow_up else ():
                 submit(extra)
             dispatch()
+
+
+def poll_actors(actors: Sequence[ActorHandle], timeout_s: float = 2.0) -> list[dict]:
+    """Every actor's progress() answer that is not None; an actor that does not answer in time (restarting,
+    dying) is skipped: progress is a display, never a reason to stop."""
+    refs = [actor.progress.remote() for actor in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    states = []
+    for ref in ready:
+        try:
+            state = ray.get(ref)
+        except ray.exceptions.RayError:
+            continue
+        if state is not None:
+            states.append(state)
+    return states

@@ -61,6 +61,26 @@ class ConceptProgress:
 
 
 @dataclass(frozen=True)
+class CellProgress:
+    """How far a steering cell's generation is (tokens sampled over its alpha grid x prompts), polled while it
+    generates, so the D2 stage shows movement inside a cell."""
+
+    concept: str
+    strategy: str
+    layer: int
+    tokens_done: int
+    tokens_total: int
+    seconds: float
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds left in this generation at the pace so far (None before the first token)."""
+        if self.tokens_done == 0:
+            return None
+        return self.seconds * (self.tokens_total - self.tokens_done) / self.tokens_done
+
+
+@dataclass(frozen=True)
 class ConceptProbed:
     """A concept's D1 records exist: probed now or found in the store (`skipped`)."""
 
@@ -104,7 +124,8 @@ class ArtifactQuarantined:
     reason: str
 
 
-RunEvent = (ArtifactQuarantined | ModelBuilding | RunPlanned | ConceptPooled | ConceptProgress | ConceptProbed
+RunEvent = (ArtifactQuarantined | ModelBuilding | RunPlanned | ConceptPooled | ConceptProgress | CellProgress
+            | ConceptProbed
             | SteeringPlanned | ScorerReady | CellSteered)
 EventSink = Callable[[RunEvent], None]
 

@@ -129,7 +129,7 @@ def test_generation_progress_counts_every_sampled_token(worker, monkeypatch):
 
     monkeypatch.setattr(GenerationProgress, "step", recording)
     settings = GenerationSettings(max_new_tokens=4, min_new_tokens=4, greedy=True, batch_size=2)
-    prompts = PROMPTS + ["one more prompt"]  # 5 rows in chunks of 2, 2, 1
+    prompts = [*PROMPTS, "one more prompt"]  # 5 rows in chunks of 2, 2, 1
     worker.generate_rows(prompts, layer=0, deltas=[None] * 5, seeds=prompt_seeds(5, 0), settings=settings)
     # one call per sampled token step, counting the chunk's rows; each chunk ends at rows_done x 4 tokens
     assert seen == [(0, 2), (0, 4), (0, 6), (0, 8), (2, 10), (2, 12), (2, 14), (2, 16),

@@ -8,20 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from s3_server import free_port
-
-from poolbench.cluster.processes import proc_stat, stop_tree
-
-RAY = str(Path(sys.executable).with_name("ray"))
+from ray_head import ray_head
 
 
 def run(args: list[str], env: dict) -> dict:
@@ -52,21 +46,9 @@ def test_address_auto_matches_local_mode(tiny_llama_dir, tmp_path):
     common = ["--model", str(tiny_llama_dir), "--corpus-size", "tiny", "--concepts", "hedging,toxicity",
               "--strategies", "A1,P1", "--bootstrap", "200"]
     local = run([*common, "--store", str(tmp_path / "local"), "--out", str(tmp_path / "out-local")], env)
-    port, temp_dir = free_port(), tempfile.mkdtemp(prefix="pb-address-")
-    side = [f"--{flag}={free_port()}" for flag in ("ray-client-server-port", "dashboard-agent-listen-port",
-                                                   "dashboard-agent-grpc-port", "runtime-env-agent-port")]
-    head = subprocess.Popen([RAY, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-                             f"--temp-dir={temp_dir}", "--num-cpus=2", "--include-dashboard=false",
-                             "--disable-usage-stats", "--block", *side], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    ticks = proc_stat(head.pid).start_ticks
-    try:
-        wait_for_port(port, head)
+    with ray_head("pb-address-", 2, env) as head:
+        wait_for_port(head.port, head.process)
         clustered = run([*common, "--address", "auto", "--store", str(tmp_path / "cluster"),
-                         "--out", str(tmp_path / "out-cluster")], {**env, "RAY_ADDRESS": f"127.0.0.1:{port}"})
-    finally:
-        stop_tree(head.pid, ticks)
-        head.wait(timeout=30)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+                         "--out", str(tmp_path / "out-cluster")], {**env, "RAY_ADDRESS": head.address})
     assert clustered["config"]["address"] == "auto"
     assert clustered["cells"] == local["cells"]

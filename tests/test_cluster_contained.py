@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,13 +18,13 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from ray_head import ray_head
 from s3_server import free_port
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from poolbench.cluster.launcher import ClusterError, cluster_down, cluster_pids, cluster_up, start_serve_app
 from poolbench.cluster.processes import is_ours, members, proc_stat, stop_tree
 
-RAY = str(Path(sys.executable).with_name("ray"))
 LOOPBACK = ("127.0.0.1", "[::ffff:127.0.0.1]", "[::1]")
 FOREIGN_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
@@ -57,21 +55,10 @@ def foreign_driver(address: str, code: str) -> str:
 @pytest.fixture(scope="module")
 def foreign() -> Iterator[dict]:
     """Someone else's Ray on this machine: started first, so a cluster-up that said `auto` would find it."""
-    port, temp_dir = free_port(), tempfile.mkdtemp(prefix="pb-foreign-")
-    side = [f"--{flag}={free_port()}" for flag in ("ray-client-server-port", "dashboard-agent-listen-port",
-                                                   "dashboard-agent-grpc-port", "runtime-env-agent-port")]
-    proc = subprocess.Popen([RAY, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-                             f"--temp-dir={temp_dir}", "--num-cpus=1", "--include-dashboard=false",
-                             "--disable-usage-stats", "--block", *side], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **FOREIGN_ENV})
-    record = {"pid": proc.pid, "start_ticks": proc_stat(proc.pid).start_ticks, "address": f"127.0.0.1:{port}"}
-    try:
+    with ray_head("pb-foreign-", 1, {**os.environ, **FOREIGN_ENV}) as head:
+        record = {"pid": head.process.pid, "start_ticks": head.start_ticks, "address": head.address}
         assert foreign_driver(record["address"], "print(ray.get(ray.remote(lambda: 6 * 7).remote()))") == "42\n"
         yield record
-    finally:
-        stop_tree(proc.pid, record["start_ticks"])
-        proc.wait(timeout=30)
-        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from negation_pairs import passages
 
 from poolbench.config import RunConfig
 from poolbench.corpus.passage import Passage
@@ -28,18 +29,6 @@ from poolbench.prober.concept_probe import gather_layer_d1, probe_layer_task, pr
 from poolbench.records.d1 import d1_records_from_table
 from poolbench.store.artifact_store import ArtifactStore, LocalStore
 from poolbench.store.keys import layer_shard_key
-
-WORDS = ["the", "river", "cat", "sat", "if", "rain", "falls", "we", "stay", "home", "not", "never", "sun"]
-
-
-def passages(n_pairs: int, split: str) -> list[Passage]:
-    rng = np.random.default_rng(len(split))
-    out = []
-    for i in range(n_pairs):
-        base = " ".join(rng.choice(WORDS, size=6))
-        for label, text in ((1, f"if {base} not"), (0, f"{base} sun")):
-            out.append(Passage(f"{split}{i}-{label}", text, label, "d", 8, f"{split}{i}", split, "negation"))
-    return out
 
 
 def constructed_table(values: np.ndarray, layers: list[int], strategies: list[str],

@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from negation_pairs import WORDS, passages
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from poolbench.corpus.passage import Passage
 from poolbench.errors import StoreError
 from poolbench.extractor.loading import LoadedModel
 from poolbench.pooler.concept_pooling import pool_concept_tables
@@ -93,9 +93,6 @@ def test_head_selection_inside_a_fold_never_sees_that_folds_validation_labels() 
 
 # ----------------------------------------------------------------------------- end to end on a tiny Llama
 
-WORDS = ["the", "river", "cat", "sat", "if", "rain", "falls", "we", "stay", "home", "not", "never", "sun"]
-
-
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> LoadedModel:
     tok = Tokenizer(models.BPE())
@@ -116,16 +113,6 @@ def tiny(tmp_path_factory) -> LoadedModel:
                        path=Path(tmp_path_factory.mktemp("m")), kind="causal", n_layers=2, hidden_size=16,
                        dtype=torch.float32, device=torch.device("cpu"), weights_hash="tiny",
                        decoder_layers=model.model.layers)
-
-
-def passages(n_pairs: int, split: str) -> list[Passage]:
-    rng = np.random.default_rng(len(split))
-    out = []
-    for i in range(n_pairs):
-        base = " ".join(rng.choice(WORDS, size=6))
-        for label, text in ((1, f"if {base} not"), (0, f"{base} sun")):
-            out.append(Passage(f"{split}{i}-{label}", text, label, "d", 8, f"{split}{i}", split, "negation"))
-    return out
 
 
 def test_s3_pools_a_head_table_and_the_prober_evaluates_one_cell(tiny) -> None:

@@ -135,7 +135,8 @@ def test_each_run_keeps_timestamped_files_and_results_json_is_the_latest(tmp_pat
     second = write_run_outputs(outcome(seed=2), tmp_path, stamp="2025-06-01T15-00-00.000002")
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["leaderboard.json", "leaderboard_2025-06-01T14-03-09.000001.json",
-                     "leaderboard_2025-06-01T15-00-00.000002.json", "results.json",
+                     "leaderboard_2025-06-01T15-00-00.000002.json", "leaderboard_long.csv", "leaderboard_wide.csv",
+                     "results.json",
                      "results_2025-06-01T14-03-09.000001.json", "results_2025-06-01T15-00-00.000002.json"]
     assert json.loads(first["results_stamped"].read_text())["seed"] == 1
     assert json.loads(second["results"].read_text()) == json.loads(second["results_stamped"].read_text())

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 
 from poolbench.cli.calibrate import calibrate
 from poolbench.cli.cebench import bias, cebench, sae_train
+from poolbench.cli.findings import findings
 from poolbench.cli.listing import list_app
 from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
@@ -51,6 +52,7 @@ app.command("flash-check")(flash_check)
 app.command("cebench")(cebench)
 app.command("bias")(bias)
 app.command("report")(report)
+app.command("findings")(findings)
 app.command("steer")(steer)
 app.command("train-scorers")(train_scorers)
 app.command("serve-scorers")(serve_scorers)
@@ -161,6 +163,14 @@ def run(
                   f"{samples} (latest: results.json, leaderboard.json)", soft_wrap=True, highlight=False)
     console.print(summary_line(results.leaderboard, total_s=float((results.document.get("timing") or {}).get(
         "total_s", 0.0)), results_path=paths["results"]), soft_wrap=True, highlight=False)
+    _print_answer(results.document, results.leaderboard)
+
+
+def _print_answer(document: dict, leaderboard: dict) -> None:
+    """The run's answer, last: what a person repeats (poolbench.results.answer)."""
+    from poolbench.results.answer import answer_text, build_answer
+
+    console.print(answer_text(build_answer(document, leaderboard)), soft_wrap=True, highlight=False, markup=False)
 
 
 class RunDisplay:

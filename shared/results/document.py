@@ -5,13 +5,14 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from poolbench.atomic_write import write_json_atomic
+from poolbench.atomic_write import write_json_atomic, write_text_atomic
 from poolbench.prober.reliability import across_cells
 from poolbench.provenance import git_hash, package_versions, utc_now
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.run import RunOutcome
 from poolbench.records.steering import SteeringStage
 from poolbench.results.leaderboard import build_leaderboard
+from poolbench.results.tidy import LONG_COLUMNS, WIDE_COLUMNS, long_rows, to_csv, wide_rows
 
 RESULTS_SCHEMA_VERSION = 1
 
@@ -90,7 +91,8 @@ def run_stamp(now: dt.datetime | None = None) -> str:
 
 def write_run_outputs(outcome: RunOutcome, out_dir: Path, stamp: str | None = None) -> dict[str, Path]:
     """results_<stamp>.json and leaderboard_<stamp>.json, kept per run, then results.json and leaderboard.json,
-    the latest, which every reader opens; each written atomically, so a reader never sees half a file."""
+    the latest, which every reader opens, and the leaderboard as a tidy long CSV beside a short wide one; each
+    written atomically, so a reader never sees half a file."""
     stamp = stamp or run_stamp()
     results = results_document(outcome)
     reliability = results["reliability"]
@@ -103,8 +105,11 @@ def write_run_outputs(outcome: RunOutcome, out_dir: Path, stamp: str | None = No
                   **_leaderboard_steering(outcome.steering)})
     paths = {"results_stamped": out_dir / f"results_{stamp}.json",
              "leaderboard_stamped": out_dir / f"leaderboard_{stamp}.json",
-             "results": out_dir / "results.json", "leaderboard": out_dir / "leaderboard.json"}
+             "results": out_dir / "results.json", "leaderboard": out_dir / "leaderboard.json",
+             "leaderboard_long": out_dir / "leaderboard_long.csv", "leaderboard_wide": out_dir / "leaderboard_wide.csv"}
     for name, document in (("results", results), ("leaderboard", leaderboard)):
         write_json_atomic(paths[f"{name}_stamped"], document)
         write_json_atomic(paths[name], document)
+    write_text_atomic(paths["leaderboard_long"], to_csv(long_rows(results, leaderboard), LONG_COLUMNS))
+    write_text_atomic(paths["leaderboard_wide"], to_csv(wide_rows(leaderboard), WIDE_COLUMNS))
     return paths

@@ -11,7 +11,6 @@ import base64
 import html
 import io
 import json
-import string
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +23,6 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
-from scipy import stats
 
 from poolbench.atomic_write import write_text_atomic
 from poolbench.errors import PoolBenchError
@@ -35,11 +33,11 @@ from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.scorer import ScorerValidity
 from poolbench.records.steering import D2Record, D3Record
 from poolbench.results.leaderboard import FALLBACK_FLAG_RATE, PRIMARY_PROBE, build_leaderboard
+from poolbench.results.ranking import CI_LEVEL, group_letters, mean_t_interval, tie_groups
 from poolbench.steerer.d2 import paired_delta
 from poolbench.store.url import open_store
 
 DPI = 100
-CI_LEVEL = 0.95
 # One colour ramp per family (members are shades of it) and a marker per member: series stay apart in colour,
 # in shape when printed grey, and a family reads as one hue.
 FAMILY_CMAPS = {"position_anchored": "Blues", "uniform_aggregation": "Oranges", "window": "Greens",
@@ -182,43 +180,6 @@ def _png(fig) -> bytes:
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
-
-
-def mean_t_interval(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, float | None, float | None]:
-    """Mean AUROC with a Student-t interval treating the values (one per concept) as a sample, clipped to the
-    AUROC's [0, 1]; no interval from one value."""
-    v = np.asarray(values, dtype=float)
-    mean = float(v.mean())
-    if v.size < 2:
-        return mean, None, None
-    half = float(stats.t.ppf(0.5 + level / 2, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size))
-    return mean, max(0.0, mean - half), min(1.0, mean + half)
-
-
-def tie_groups(average_ranks: Mapping[str, float], cd: float) -> list[list[str]]:
-    """Maximal runs of strategies (by average rank) spanning at most the critical difference: Nemenyi cannot
-    tell members of one group apart at the test's alpha. A strategy in no shared group stands alone."""
-    names = sorted(average_ranks, key=lambda s: (average_ranks[s], s))
-    values = [average_ranks[s] for s in names]
-    groups, reach = [], -1
-    for i in range(len(names)):
-        j = i
-        while j + 1 < len(names) and values[j + 1] - values[i] <= cd:
-            j += 1
-        if j > reach:
-            groups.append(names[i:j + 1])
-            reach = j
-    return groups
-
-
-def group_letters(groups: Sequence[Sequence[str]]) -> dict[str, str]:
-    """Compact letter display: strategies sharing a letter are statistically tied."""
-    letters: dict[str, str] = defaultdict(str)
-    for n, group in enumerate(groups):
-        letter = string.ascii_lowercase[n % 26] + (str(n // 26) if n >= 26 else "")
-        for s in group:
-            letters[s] += letter
-    return dict(letters)
 
 
 def family_of(run: Run) -> dict[str, str]:

@@ -1,0 +1,21 @@
+"""`findings`: a thin CLI shell over poolbench.results.findings (register with `app.command("findings")`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def findings(run_dir: Annotated[Path, typer.Option("--run", help="a finished run's folder")] = Path("runs/default"),
+             out: Annotated[Path, typer.Option("--out", help="folder to write findings.md and findings.json into")]
+             = Path("docs")) -> None:
+    """Write <out>/findings.md (and the values it shows, findings.json) from a run's results: the answer, the
+    leaderboard, the lexical baseline and steering against prompting; no number typed by hand."""
+    from rich.console import Console
+
+    from poolbench.results.findings import write_findings
+
+    page, facts = write_findings(run_dir, out)
+    Console().print(f"wrote {page} and {facts} from {run_dir / 'results.json'}", highlight=False, soft_wrap=True)

@@ -1,0 +1,77 @@
+"""The leaderboard as tables a dataframe reads: a tidy long table (one value per row: strategy, layer, concept,
+metric, value, low, high) and a short wide view (one row per strategy) beside it."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+
+from poolbench.results.ranking import group_letters, mean_t_interval, tie_groups
+
+LONG_COLUMNS = ("strategy", "layer", "concept", "metric", "value", "low", "high")
+WIDE_COLUMNS = ("rank", "strategy", "family", "layer", "mean_d1", "low", "high", "tie_group", "tied_with_best",
+                "win_rate", "average_rank", "worst_concept", "worst_d1")
+# Per D1 cell of the leaderboard's probe: the metric and, where the cell has one, its interval's keys.
+CELL_METRICS = (("test_auroc", "ci_low", "ci_high"), ("cv_auroc", None, None), ("seed_std", None, None),
+                ("selectivity", None, None), ("mdl_compression", None, None), ("fallback_rate", None, None))
+LEXICAL = "lexical_baseline"
+
+
+def long_rows(results: dict, leaderboard: dict) -> list[dict]:
+    """Every D1 cell's metrics at every layer, each strategy's mean test AUROC over concepts per layer (concept
+    empty, t-interval over concepts) and the lexical baseline per concept (layer empty)."""
+    probe = leaderboard.get("probe", "logistic")
+    cells = sorted((c for c in results.get("cells") or [] if c.get("probe") == probe),
+                   key=lambda c: (c["strategy"], int(c["layer"]), c["concept"]))
+    rows: list[dict] = []
+    by_strategy_layer: dict[tuple[str, int], list[float]] = {}
+    for c in cells:
+        for metric, low, high in CELL_METRICS:
+            if c.get(metric) is None:
+                continue
+            rows.append({"strategy": c["strategy"], "layer": int(c["layer"]), "concept": c["concept"],
+                         "metric": metric, "value": c[metric], "low": c.get(low) if low else None,
+                         "high": c.get(high) if high else None})
+        if c.get("test_auroc") is not None:
+            by_strategy_layer.setdefault((c["strategy"], int(c["layer"])), []).append(float(c["test_auroc"]))
+    for (strategy, layer), values in sorted(by_strategy_layer.items()):
+        mean, low, high = mean_t_interval(values)
+        rows.append({"strategy": strategy, "layer": layer, "concept": None, "metric": "mean_test_auroc",
+                     "value": mean, "low": low, "high": high})
+    for r in sorted(results.get("lexical_baseline") or [], key=lambda r: r["concept"]):
+        rows.append({"strategy": LEXICAL, "layer": None, "concept": r["concept"], "metric": "test_auroc",
+                     "value": r["test_auroc"], "low": r.get("ci_low"), "high": r.get("ci_high")})
+    return rows
+
+
+def wide_rows(leaderboard: dict) -> list[dict]:
+    """One row per strategy at its CV-chosen layer: mean D1 with its interval, Nemenyi tie group and the worst
+    concept."""
+    friedman = leaderboard.get("friedman") or {}
+    ranks, cd = friedman.get("average_ranks"), friedman.get("critical_difference")
+    letters = group_letters(tie_groups(ranks, float(cd))) if ranks and cd is not None else {}
+    ordered = sorted(leaderboard.get("strategies") or [], key=lambda r: r["rank"])
+    best_letters = set(letters.get(ordered[0]["strategy"], "")) if ordered else set()
+    rows = []
+    for r in ordered:
+        mean, low, high = mean_t_interval([v["auroc"] for v in r["per_concept"].values()])
+        worst, worst_v = min(r["per_concept"].items(), key=lambda kv: kv[1]["auroc"])
+        rows.append({"rank": r["rank"], "strategy": r["strategy"], "family": r.get("family"),
+                     "layer": r["best_layer"], "mean_d1": mean, "low": low, "high": high,
+                     "tie_group": letters.get(r["strategy"]),
+                     "tied_with_best": (bool(best_letters & set(letters.get(r["strategy"], "")))
+                                        if letters and r is not ordered[0] else None),
+                     "win_rate": r.get("win_rate"), "average_rank": r.get("average_rank"),
+                     "worst_concept": worst, "worst_d1": worst_v["auroc"]})
+    return rows
+
+
+def to_csv(rows: Sequence[dict], columns: Sequence[str]) -> str:
+    """CSV text with empty fields for missing values and full float precision (a reader rounds, not the file)."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row.get(k) is None else row[k] for k in columns})
+    return buffer.getvalue()

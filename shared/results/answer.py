@@ -23,8 +23,8 @@ class Interval:
     low: float | None = None
     high: float | None = None
 
-    def excludes(self, point: float) -> bool:
-        return self.low is not None and self.high is not None and (self.low > point or self.high < point)
+    def above(self, point: float) -> bool:
+        return self.low is not None and self.low > point
 
 
 @dataclass(frozen=True)
@@ -154,20 +154,20 @@ def _steering(results: dict) -> tuple[SteeringCell, ...]:
 
 def _steering_sentence(cells: Sequence[SteeringCell]) -> str:
     ok = [c for c in cells if c.delta is not None]
-    steer_moves = sum(1 for c in ok if c.delta is not None and c.delta.excludes(0.0))
+    steer_moves = sum(1 for c in ok if c.delta is not None and c.delta.above(0.0))
     prompted = {c.concept: c for c in cells if c.prompted is not None}
-    prompt_moves = sum(1 for c in prompted.values() if c.prompted is not None and c.prompted.excludes(0.0))
+    prompt_moves = sum(1 for c in prompted.values() if c.prompted is not None and c.prompted.above(0.0))
     unfluent = sorted(c for c, cell in prompted.items() if cell.prompted_fluent is False)
-    sentence = (f"Steering: Δ(α*) on the held-out prompts excludes 0 in {steer_moves} of "
+    sentence = (f"Steering: Δ(α*) on the held-out prompts lies above 0 (its 95% CI) in {steer_moves} of "
                 f"{_plural(len(ok), 'cell')}"
                 + (f" ({len(cells) - len(ok)} null)" if len(cells) > len(ok) else "")
-                + f"; the prompted baseline's Δ excludes 0 in {prompt_moves} of {_plural(len(prompted), 'concept')}")
+                + f"; the prompted baseline's Δ does in {prompt_moves} of {_plural(len(prompted), 'concept')}")
     if unfluent:
         sentence += f" (prompted text fails the fluency guard on {', '.join(unfluent)})"
     if ok and prompt_moves > steer_moves:
-        return sentence + ": prompting moves the scorer more often than steering."
+        return sentence + ": prompting raises the concept score more often than steering."
     if ok and steer_moves > prompt_moves:
-        return sentence + ": steering moves the scorer more often than prompting."
+        return sentence + ": steering raises the concept score more often than prompting."
     return sentence + "."
 
 

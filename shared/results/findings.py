@@ -14,22 +14,10 @@ from pathlib import Path
 from poolbench.atomic_write import write_json_atomic, write_text_atomic
 from poolbench.errors import PoolBenchError
 from poolbench.results.answer import build_answer
+from poolbench.results.ranking import CI_LEVEL
 from poolbench.results.tidy import wide_rows
 
 FACTS_VERSION = 1
-
-
-def _r(value: object, digits: int = 4) -> object:
-    """Numbers as the facts keep them: rounded once here, formatted (never recomputed) by the renderer."""
-    return round(float(value), digits) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-
-
-def _rounded(obj: object) -> object:
-    if isinstance(obj, dict):
-        return {k: _rounded(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_rounded(v) for v in obj]
-    return obj if isinstance(obj, (int, bool)) or obj is None else _r(obj)
 
 
 def findings_facts(results: dict, leaderboard: dict, *, source: str, sha256: str) -> dict:
@@ -44,7 +32,7 @@ def findings_facts(results: dict, leaderboard: dict, *, source: str, sha256: str
                for r in sorted(results.get("lexical_baseline") or [], key=lambda r: r["concept"])]
     timing = {k.removesuffix("_s"): v / 60 for k, v in (results.get("timing") or {}).items()
               if isinstance(v, (int, float)) and k.endswith("_s")}
-    return _rounded({
+    return {
         "version": FACTS_VERSION,
         "source": {"results": source, "sha256": sha256, "date": results.get("date"),
                    "git_hash": results.get("git_hash")},
@@ -55,12 +43,13 @@ def findings_facts(results: dict, leaderboard: dict, *, source: str, sha256: str
                 "n_train": sum(int(c.get("n_train") or 0) for c in first.values()),
                 "n_test": sum(int(c.get("n_test") or 0) for c in first.values()),
                 "n_bootstrap": config.get("n_bootstrap"), "seed": results.get("seed"),
+                "ci_percent": round(100 * CI_LEVEL),
                 "minutes": timing},
         "answer": {"verdict": answer.verdict, "sentences": list(answer.sentences),
                    "steering": [asdict(c) for c in answer.steering]},
         "leaderboard": wide_rows(leaderboard),
         "lexical": lexical,
-    })
+    }
 
 
 def _n(value: object, fmt: str = ".3f") -> str:
@@ -106,9 +95,9 @@ def render_findings(facts: dict) -> str:
               _iv({"value": r["mean_d1"], "low": r["low"], "high": r["high"]}), r.get("tie_group") or "—",
               _n(r.get("win_rate")), f"{r['worst_concept']} {_n(r['worst_d1'])}"] for r in facts["leaderboard"]]
     lines += ["## Leaderboard", "",
-              "Held-out D1 (test AUROC) at each strategy's CV-chosen layer, mean over concepts with a 95% t-interval "
-              "over concepts (none below three concepts); strategies sharing a tie-group letter are not told apart "
-              "by Nemenyi.", "",
+              f"Held-out D1 (test AUROC) at each strategy's CV-chosen layer, mean over concepts with a "
+              f"{run['ci_percent']}% t-interval over concepts (none below three concepts); strategies sharing a "
+              "tie-group letter are not told apart by Nemenyi.", "",
               *_table(["rank", "strategy", "family", "layer", "mean D1 [95% CI]", "tie group", "win rate",
                        "worst concept"], board)]
     if facts["lexical"]:

@@ -21,8 +21,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
-from matplotlib.ticker import MaxNLocator
 
 from poolbench.atomic_write import write_text_atomic
 from poolbench.errors import PoolBenchError
@@ -32,18 +32,22 @@ from poolbench.records.d1 import D1CellRecord
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.scorer import ScorerValidity
 from poolbench.records.steering import D2Record, D3Record
+from poolbench.results.answer import answer_html, build_answer
 from poolbench.results.leaderboard import FALLBACK_FLAG_RATE, PRIMARY_PROBE, build_leaderboard
 from poolbench.results.ranking import CI_LEVEL, group_letters, mean_t_interval, tie_groups
 from poolbench.steerer.d2 import paired_delta
 from poolbench.store.url import open_store
 
 DPI = 100
-# One colour ramp per family (members are shades of it) and a marker per member: series stay apart in colour,
-# in shape when printed grey, and a family reads as one hue.
-FAMILY_CMAPS = {"position_anchored": "Blues", "uniform_aggregation": "Oranges", "window": "Greens",
-                "saliency_weighted": "Purples", "structural_linguistic": "Reds"}
-_SPARE_CMAPS = ("Greys", "YlOrBr", "BuGn", "PuRd")
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+FAMILY_ORDER = ("position_anchored", "uniform_aggregation", "window", "saliency_weighted", "structural_linguistic")
+# Twenty colours far apart on white, in the order strategies take them (by family, then id): the 19 card strategies
+# each get their own, and neighbours within a family differ in hue, not in shade.
+PALETTE = ("#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#9467bd", "#17becf", "#8c564b", "#e7298a", "#bcbd22",
+           "#000080", "#000000", "#e377c2", "#008080", "#800000", "#e6ab02", "#66a61e", "#7f7f7f", "#fb9a99",
+           "#4169e1", "#a6761d")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<")
+# A family also has its own line style, so a family reads as one kind of line in a panel of several.
+LINESTYLES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)))
 
 
 @dataclass(frozen=True)
@@ -59,8 +63,12 @@ class Figure:
 class SeriesStyle:
     """How one strategy is drawn in every figure, so a reader learns it once."""
 
-    color: tuple[float, float, float, float]
+    color: str
     marker: str
+    linestyle: str | tuple = "-"
+
+
+UNSTYLED = SeriesStyle("#555555", "o")
 
 
 @dataclass(frozen=True)
@@ -190,24 +198,22 @@ def family_of(run: Run) -> dict[str, str]:
 
 
 def series_styles(families: Mapping[str, str]) -> dict[str, SeriesStyle]:
-    """A shade of the family's colour ramp and a distinct marker for each strategy of the family."""
+    """Per strategy its own colour (by family, then id) and a marker distinct within its family, whose first marker
+    differs from the other families' first; the line style is the family's."""
     by_family: dict[str, list[str]] = defaultdict(list)
     for strategy, family in families.items():
         by_family[family].append(strategy)
-    spare = iter(_SPARE_CMAPS * 4)
-    styles = {}
-    for family in sorted(by_family, key=_family_order):
-        cmap = plt.get_cmap(FAMILY_CMAPS.get(family) or next(spare))
-        members = sorted(by_family[family])
-        for i, strategy in enumerate(members):
-            shade = 0.75 if len(members) == 1 else 0.45 + 0.5 * i / (len(members) - 1)
-            styles[strategy] = SeriesStyle(tuple(cmap(shade)), MARKERS[i % len(MARKERS)])
+    styles, n = {}, 0
+    for f, family in enumerate(sorted(by_family, key=_family_order)):
+        for i, strategy in enumerate(sorted(by_family[family])):
+            styles[strategy] = SeriesStyle(PALETTE[n % len(PALETTE)], MARKERS[(f + i) % len(MARKERS)],
+                                           LINESTYLES[f % len(LINESTYLES)])
+            n += 1
     return styles
 
 
 def _family_order(family: str) -> tuple[int, str]:
-    order = list(FAMILY_CMAPS)
-    return (order.index(family) if family in order else len(order), family)
+    return (FAMILY_ORDER.index(family) if family in FAMILY_ORDER else len(FAMILY_ORDER), family)
 
 
 def heatmap_figure(run: Run) -> bytes:
@@ -234,10 +240,31 @@ def _primary_cells(run: Run) -> dict[tuple[str, int, str], D1CellRecord]:
     return {(c.strategy, c.layer, c.concept): c for c in run.cells if c.probe == PRIMARY_PROBE}
 
 
+def probed_layers(run: Run) -> list[int]:
+    """The layers the run probed (results.json's list, else every layer a cell names): the layer axis's ticks."""
+    return sorted({int(L) for L in run.results.get("layers") or ()} or {c.layer for c in run.cells})
+
+
+def layer_curves(run: Run) -> dict[str, list[tuple[int, float, float | None, float | None]]]:
+    """Per leaderboard strategy, (layer, mean held-out D1, t-interval low, high) at each probed layer, over the
+    concepts of its leaderboard row: the table's metric, so the figure and the table agree at the chosen layer."""
+    cells, ticks = _primary_cells(run), probed_layers(run)
+    curves = {}
+    for row in run.leaderboard["strategies"]:
+        s, points = row["strategy"], []
+        for L in ticks:
+            values = [cells[(s, L, c)].test_auroc for c in row["per_concept"] if (s, L, c) in cells]
+            if values:
+                points.append((L, *mean_t_interval(values)))
+        curves[s] = points
+    return curves
+
+
 def layer_curve_figure(run: Run) -> bytes:
-    """Per family a panel; per strategy the mean CV AUROC over concepts at each layer (the curve the layer is
-    chosen on) with a 95% t-interval over concepts, the chosen layer ringed."""
-    cells, families = _primary_cells(run), family_of(run)
+    """Per family a panel; per strategy the mean held-out D1 (test AUROC, the table's metric) over concepts at
+    each probed layer with its 95% t-interval over concepts (none drawn below three concepts), the layer chosen
+    on CV ringed."""
+    families = family_of(run)
     styles = series_styles(families)
     rows_by_family: dict[str, list[dict]] = defaultdict(list)
     for row in run.leaderboard["strategies"]:
@@ -246,47 +273,51 @@ def layer_curve_figure(run: Run) -> bytes:
     ncols = min(3, len(panels))
     nrows = -(-len(panels) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.9 * nrows), squeeze=False, sharey=True)
-    all_layers = sorted({int(L) for r in run.leaderboard["strategies"] for L in r["layer_curve"]})
+    ticks, curves = probed_layers(run), layer_curves(run)
+    no_band = any(low is None for curve in curves.values() for _, _, low, _ in curve)
     for ax, family in zip(axes.flat, panels, strict=False):
         for row in sorted(rows_by_family[family], key=lambda r: r["strategy"]):
             s, style = row["strategy"], styles[row["strategy"]]
-            layers = sorted(int(L) for L in row["layer_curve"])
-            means, lows, highs = [], [], []
-            for L in layers:
-                values = [cells[(s, L, c)].cv_auroc for c in row["per_concept"] if (s, L, c) in cells]
-                mean, low, high = mean_t_interval(values) if values else (row["layer_curve"][str(L)], None, None)
-                means.append(mean)
-                lows.append(mean if low is None else low)
-                highs.append(mean if high is None else high)
-            ax.plot(layers, means, color=style.color, marker=style.marker, label=s, lw=1.6, ms=6)
-            ax.fill_between(layers, lows, highs, color=style.color, alpha=0.15, lw=0)
-            best = layers.index(int(row["best_layer"]))
-            ax.plot(layers[best], means[best], marker="o", ms=13, mfc="none", mec="black", mew=1.2)
+            layers, means = [p[0] for p in curves[s]], [p[1] for p in curves[s]]
+            lows = [np.nan if p[2] is None else p[2] for p in curves[s]]
+            highs = [np.nan if p[3] is None else p[3] for p in curves[s]]
+            ax.plot(layers, means, color=style.color, marker=style.marker, ls=style.linestyle, label=s, lw=1.6, ms=6)
+            ax.fill_between(layers, lows, highs, color=style.color, alpha=0.12, lw=0)
+            if int(row["best_layer"]) in layers:
+                best = layers.index(int(row["best_layer"]))
+                ax.plot(layers[best], means[best], marker="o", ms=13, mfc="none", mec="black", mew=1.2)
         ax.set_title(family.replace("_", " "), fontsize=10)
-        ax.set_xticks(all_layers)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("layer")
+        ax.set_xticks(ticks)
+        if len(ticks) == 1:
+            ax.set_xlim(ticks[0] - 0.5, ticks[0] + 0.5)
+        ax.axhline(0.5, color="grey", lw=0.8, ls=":")
+        ax.set_xlabel("layer (probed layers)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     for ax in axes[:, 0]:
-        ax.set_ylabel("mean CV AUROC over concepts")
+        ax.set_ylabel("mean D1 (test AUROC) over concepts")
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
+    if no_band:
+        fig.suptitle("no interval band: fewer than 3 concepts (a t-interval over 2 is not informative)",
+                     fontsize=9, color="#8a5a00")
     fig.tight_layout(h_pad=3.0)
     return _png(fig)
 
 
 def alpha_figure(run: Run, records: Sequence[D2Record]) -> bytes:
-    """Mean concept score against α on the report half, one panel per concept, a 95% interval per α when the
-    store has the generations, α* starred. α sits at evenly spaced grid points (the default grid doubles), and
-    series are dodged sideways so their intervals do not hide each other."""
+    """Per concept two panels on shared y ranges: the mean concept score against α on the report half (95%
+    interval per α when the store has the generations, α* starred, the prompted baseline dashed) and the
+    fluency ratio against α with the guard steering must pass. Points past the guard are hollow."""
     styles = series_styles(family_of(run))
     by_concept: dict[str, list[D2Record]] = defaultdict(list)
     for r in records:
         by_concept[r.concept].append(r)
     concepts = sorted(by_concept)
-    fig, axes = plt.subplots(1, len(concepts), figsize=(4.4 * len(concepts), 3.8), squeeze=False)
-    for ax, concept in zip(axes[0], concepts, strict=True):
+    fig, axes = plt.subplots(2, len(concepts), figsize=(4.4 * len(concepts), 6.6), squeeze=False, sharey="row",
+                             gridspec_kw={"height_ratios": [3, 2]})
+    guards = sorted({float(r.fluency_guard) for r in records if r.fluency_guard is not None})
+    for top, bottom, concept in zip(axes[0], axes[1], concepts, strict=True):
         series = sorted(by_concept[concept], key=lambda r: (r.strategy, r.layer))
         grid = sorted({float(p.alpha) for r in series for p in r.per_alpha or []})
         starred = False
@@ -294,23 +325,46 @@ def alpha_figure(run: Run, records: Sequence[D2Record]) -> bytes:
             rows = r.per_alpha or []
             x = np.array([grid.index(float(p.alpha)) for p in rows]) + 0.08 * (k - (len(series) - 1) / 2)
             scores = np.array([p.score for p in rows])
-            style = styles.get(r.strategy, SeriesStyle((0.3, 0.3, 0.3, 1.0), "o"))
+            style = styles.get(r.strategy, UNSTYLED)
             ci = run.alpha_ci.get((r.concept, r.strategy, r.layer))
             err = None if ci is None else np.abs([scores - [lo for lo, _ in ci], [hi for _, hi in ci] - scores])
-            ax.errorbar(x, scores, yerr=err, color=style.color, marker=style.marker, capsize=3, lw=1.5,
-                        label=f"{r.strategy} (layer {r.layer}, {r.selected_because or 'run'})")
+            top.errorbar(x, scores, yerr=err, color=style.color, marker=style.marker, ls=style.linestyle, capsize=3,
+                         lw=1.5, label=f"{r.strategy} (layer {r.layer}, {r.selected_because or 'run'})")
+            ratios = np.array([np.nan if p.fluency_ratio is None else float(p.fluency_ratio) for p in rows])
+            bottom.plot(x, ratios, color=style.color, marker=style.marker, ls=style.linestyle, lw=1.2)
+            if r.fluency_guard is not None:
+                broken = ratios > float(r.fluency_guard)
+                for ax, y in ((top, scores), (bottom, ratios)):
+                    ax.plot(x[broken], y[broken], ls="none", marker=style.marker, ms=7, mfc="white",
+                            mec=style.color, zorder=4)
             if r.alpha_star is not None and float(r.alpha_star) in grid:
                 i = [float(p.alpha) for p in rows].index(float(r.alpha_star))
-                ax.plot([x[i]], [scores[i]], marker="*", ms=17, color=style.color, mec="black", ls="none", zorder=5,
-                        label=None if starred else "α* (star)")
+                top.plot([x[i]], [scores[i]], marker="*", ms=17, color=style.color, mec="black", ls="none", zorder=5,
+                         label=None if starred else "α* (star)")
                 starred = True
-        ax.set_xticks(range(len(grid)), [f"{a:g}" for a in grid])
-        ax.set_xlim(-0.5, len(grid) - 0.5)
-        ax.set_title(concept, fontsize=10)
-        ax.set_xlabel("α (× the layer's mean residual norm)")
-        ax.set_ylabel("mean concept score (report half)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=1, frameon=False)
+        prompted = sorted({(float(r.prompted_score), r.prompted_fluency_ratio) for r in series
+                           if r.prompted_score is not None})
+        for n, (score, ratio) in enumerate(prompted):
+            top.axhline(score, color="black", ls="--", lw=1.1,
+                        label="prompted baseline (unsteered instruction)" if n == 0 else None)
+            if ratio is not None:
+                bottom.axhline(float(ratio), color="black", ls="--", lw=1.1)
+        for guard in guards:
+            bottom.axhline(guard, color="firebrick", lw=1.4, label=f"fluency guard (ratio ≤ {guard:g})")
+        bottom.set_yscale("log")
+        for ax in (top, bottom):
+            ax.set_xticks(range(len(grid)), [f"{a:g}" for a in grid])
+            ax.set_xlim(-0.5, len(grid) - 0.5)
+            ax.grid(alpha=0.3)
+        top.set_title(concept, fontsize=10)
+        bottom.set_xlabel("α (× the layer's mean residual norm)")
+        handles, labels = top.get_legend_handles_labels()
+        guard_handles, guard_labels = bottom.get_legend_handles_labels()
+        hollow = Line2D([], [], ls="none", marker="o", mfc="white", mec="black", label="hollow: past the guard")
+        bottom.legend([*handles, *guard_handles, hollow], [*labels, *guard_labels, hollow.get_label()], fontsize=7,
+                      loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=1, frameon=False)
+    axes[0][0].set_ylabel("mean concept score (report half)")
+    axes[1][0].set_ylabel("fluency ratio (perplexity / α = 0)")
     fig.tight_layout()
     return _png(fig)
 
@@ -607,7 +661,7 @@ def bucket_figure(run: Run) -> bytes:
             y = np.array([float(r.auroc) for r in rows])
             err = np.abs([y - [float(r.ci_low if r.ci_low is not None else r.auroc) for r in rows],
                           [float(r.ci_high if r.ci_high is not None else r.auroc) for r in rows] - y])
-            style = styles.get(strategy, SeriesStyle((0.3, 0.3, 0.3, 1.0), "o"))
+            style = styles.get(strategy, UNSTYLED)
             ax.errorbar(x, y, yerr=err, color=style.color, marker=style.marker, capsize=3, lw=1.5,
                         label=f"{strategy} (layer {rows[0].layer})")
         ax.axhline(0.5, color="grey", lw=0.8, ls=":")
@@ -678,8 +732,10 @@ HOW_TO_READ = {
           "than the critical difference (red): within a bar, no difference is significant.",
     "heatmap": "Held-out D1 per concept and strategy at the strategy's chosen layer; 0.5 is chance. The CIs are "
                "in the per-concept tables below.",
-    "layers": "One panel per family. A line is a strategy's mean CV AUROC over concepts at each layer, the band "
-              "its 95% t-interval over concepts; the ring marks the layer the leaderboard uses.",
+    "layers": "One panel per family, ticks at the probed layers. A line is a strategy's mean held-out D1 (test "
+              "AUROC, the leaderboard's metric) over concepts at each layer, the band its 95% t-interval over "
+              "concepts (not drawn below three concepts); the ring marks the layer the leaderboard uses, chosen on "
+              "training CV, so it need not be the line's peak.",
     "fallback": "The share of passages in which a strategy selected no token and fell back to the mean, per "
                 "concept at the chosen layer. Boxed cells pass 50%: there the strategy is mostly A1_mean. "
                 "Strategies that never fell back are left out.",
@@ -700,8 +756,11 @@ HOW_TO_READ = {
           "other half, with its CI; SCP is Spearman ρ(α, score) over all generations. Fluency ratio (perplexity "
           "against α = 0; guard ≤ 2) and relevance are at α*. Prompted Δ is what an instruction prefix achieves "
           "without steering: steering earns its keep when Δ(α*) beats it.",
-    "alpha": "Mean concept score on the report half at each α, with 95% intervals from resampling prompts; the "
-             "star is α*. A flat line means steering did not move the scorer.",
+    "alpha": "Top: mean concept score on the report half at each α, with 95% intervals from resampling prompts; "
+             "the star is α*, the dashed line what the unsteered instruction prompt scores. Bottom: the fluency "
+             "ratio (perplexity against α = 0) with the guard (red) that steering must pass and the prompted "
+             "text's ratio (dashed); hollow points are past the guard. The score panels share one y range, as do "
+             "the fluency panels. A flat line means steering did not move the scorer.",
     "d3": "Steering toward a concept, read by a neighbour's scorer: Disent = 1 − Δ_B/Δ_A, 1 when only the target "
           "moved. It is null when Δ_A's CI includes 0 (nothing to compare against); LD is a distant neighbour, "
           "LC a close one. D3_rep is the cosine of the two concepts' steering vectors.",
@@ -718,7 +777,9 @@ table.defs td{text-align:left;white-space:normal}
 tr.null td{color:#888;background:#f4f4f4}tr.flag td{background:#fff3d6}
 .how{background:#eef4fb;border-left:4px solid #6a9fd4;padding:.4em .8em;font-size:.9em;max-width:70em}
 .note{color:#8a5a00}dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}dt{font-weight:bold}
-dd{margin:0}details{margin:.3em 0}summary{cursor:pointer}"""
+dd{margin:0}details{margin:.3em 0}summary{cursor:pointer}
+div.answer{background:#f3f8ef;border-left:4px solid #5b9a3c;padding:.2em 1em .6em;max-width:80em}
+div.answer h3{border:0;margin-top:.6em}div.answer p{margin:.3em 0}"""
 
 
 def _how(key: str) -> str:
@@ -743,7 +804,8 @@ def run_section(run: Run, index: int) -> tuple[str, list[Figure]]:
     def note(text: str) -> None:
         parts.append(f'<p class="note">{html.escape(text)}</p>')
 
-    parts += [f"<section><h2>{html.escape(run.name)}</h2>", "<h3>Run summary</h3>", _how("summary"),
+    parts += [f"<section><h2>{html.escape(run.name)}</h2>", answer_html(build_answer(run.results, run.leaderboard)),
+              "<h3>Run summary</h3>", _how("summary"),
               run_summary(run), "<h3>Leaderboard</h3>", _how("leaderboard"), friedman_html(run),
               leaderboard_table(run)]
     friedman = _friedman(run)

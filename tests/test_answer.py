@@ -139,3 +139,21 @@ def test_tidy_long_and_short_wide_leaderboards():
     assert [(r["rank"], r["strategy"], r["tie_group"], r["tied_with_best"]) for r in wide] == [
         ("1", "A", "a", ""), ("2", "B", "a", "True"), ("3", "C", "b", "False")]
     assert (wide[2]["worst_concept"], float(wide[2]["worst_d1"])) == ("c3", 0.5)
+
+
+def test_each_corpus_tier_says_whether_it_separates_the_strategies():
+    results, board = documents({"A": 1.0, "B": 2.0, "C": 3.0}, 0.9, 0.01, lexical=False)
+    board["by_tier"] = {
+        "standard": {"rows": [{"strategy": "A", "layer": 2, "auroc": 0.99, "ci_low": 0.97, "ci_high": 1.0}],
+                     "best": "A", "n_others": 2, "n_excluded_by_best": 0, "separates": False,
+                     "lexical": {"mean": 1.0, "max": 1.0}},
+        "hard": {"rows": [{"strategy": "B", "layer": 1, "auroc": 0.8, "ci_low": 0.7, "ci_high": 0.9}],
+                 "best": "B", "n_others": 2, "n_excluded_by_best": 1, "separates": True,
+                 "lexical": {"mean": 0.55, "max": 0.62}}}
+    answer = build_answer(results, board)
+    assert [t.tier for t in answer.tiers] == ["standard", "hard"]
+    assert answer.sentences[2:4] == (
+        "On the standard tier: best A at layer 2, AUROC 0.990 [0.970, 1.000]; its interval lies above 0 of 2 "
+        "others, so this tier does not separate the strategies; lexical baseline mean 1.000, max 1.000.",
+        "On the hard tier: best B at layer 1, AUROC 0.800 [0.700, 0.900]; its interval lies above 1 of 2 others, "
+        "so this tier separates the strategies; lexical baseline mean 0.550, max 0.620.")

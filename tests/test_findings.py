@@ -53,6 +53,10 @@ def run_folder(tmp_path: Path) -> Path:
     results["model"].update({"n_layers": 4, "dtype": "float32"})
     for cell in results["cells"]:
         cell.update({"n_train": 10, "n_test": 6})
+    board["by_tier"] = {"hard": {"rows": [{"strategy": "B", "layer": 1, "auroc": 0.8, "ci_low": 0.7, "ci_high": 0.9},
+                                          {"strategy": "A", "layer": 2, "auroc": 0.6, "ci_low": 0.45, "ci_high": 0.75}],
+                                 "n_others": 1, "n_excluded_by_best": 1, "separates": True,
+                                 "lexical": {"mean": 0.55, "max": 0.62}}}
     folder = tmp_path / "run"
     folder.mkdir()
     (folder / "results.json").write_text(json.dumps(results))
@@ -73,6 +77,7 @@ def test_findings_from_constructed_results(tmp_path):
     assert "- wall time (minutes): total 1.6, pool 1.0" in page
     assert "| 1 | A | f | 2 | 0.875 [0.772, 0.978] | a | — | c2 0.800 |" in page
     assert "| c3 | 0.750 [0.650, 1.000] | 0.850 |" in page
+    assert "| A | 2 | 0.600 [0.450, 0.750] |" in page and "lexical baseline's mean is 0.550, its max 0.620" in page
     assert "| c3 | A | 2 | 0.100 | +0.200 [+0.100, +0.300] | +0.000 [-0.050, +0.050] | yes |" in page
     assert ("- 1 strategy is statistically tied with the best; the lexical baseline scores 1.000 on 3 of 4 "
             "concepts, so this corpus cannot separate them.") in page

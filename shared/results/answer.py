@@ -70,6 +70,21 @@ class SteeringCell:
 
 
 @dataclass(frozen=True)
+class TierAnswer:
+    """One corpus tier (leaderboard.json's by_tier): its best strategy and how many others its interval clears."""
+
+    tier: str
+    strategy: str | None
+    layer: int | None
+    auroc: Interval | None
+    n_excluded: int
+    n_others: int
+    separates: bool
+    lexical_mean: float | None
+    lexical_max: float | None
+
+
+@dataclass(frozen=True)
 class RunAnswer:
     model: str
     best: BestStrategy | None
@@ -78,6 +93,7 @@ class RunAnswer:
     ranking_missing: str | None  # why there is no Nemenyi comparison
     lexical: LexicalBeside | None
     steering: tuple[SteeringCell, ...]
+    tiers: tuple[TierAnswer, ...]
     verdict: str  # "separated", "tied", "untested" or "empty"
     sentences: tuple[str, ...]
 
@@ -152,6 +168,30 @@ def _steering(results: dict) -> tuple[SteeringCell, ...]:
     return tuple(cells)
 
 
+def _tiers(leaderboard: dict) -> tuple[TierAnswer, ...]:
+    out = []
+    for tier, section in (leaderboard.get("by_tier") or {}).items():
+        rows = section.get("rows") or []
+        top = rows[0] if rows else None
+        lexical = section.get("lexical") or {}
+        out.append(TierAnswer(
+            tier, None if top is None else top["strategy"], None if top is None else top.get("layer"),
+            None if top is None else Interval(float(top["auroc"]), top.get("ci_low"), top.get("ci_high")),
+            int(section.get("n_excluded_by_best") or 0), int(section.get("n_others") or 0),
+            bool(section.get("separates")), lexical.get("mean"), lexical.get("max")))
+    return tuple(out)
+
+
+def _tier_sentence(t: TierAnswer) -> str:
+    lexical = "" if t.lexical_mean is None else (f"; lexical baseline mean {_f(t.lexical_mean)}, max "
+                                                 f"{_f(t.lexical_max)}")
+    if t.strategy is None:
+        return f"On the {t.tier} tier no strategy was scored{lexical}."
+    return (f"On the {t.tier} tier: best {t.strategy} at layer {t.layer}, AUROC {_interval_text(t.auroc)}; its "
+            f"interval lies above {t.n_excluded} of {t.n_others} others, so this tier "
+            f"{'separates' if t.separates else 'does not separate'} the strategies{lexical}.")
+
+
 def _steering_sentence(cells: Sequence[SteeringCell]) -> str:
     ok = [c for c in cells if c.delta is not None]
     steer_moves = sum(1 for c in ok if c.delta is not None and c.delta.above(0.0))
@@ -177,7 +217,7 @@ def build_answer(results: dict, leaderboard: dict) -> RunAnswer:
     rows = sorted(leaderboard.get("strategies") or [], key=lambda r: r["rank"])
     steering = _steering(results)
     if not rows:
-        return RunAnswer(model, None, 0, None, "no D1 cells", None, steering, "empty",
+        return RunAnswer(model, None, 0, None, "no D1 cells", None, steering, (), "empty",
                          (f"{model}: no D1 cells, so no strategy to recommend.",))
     top = rows[0]
     mean, low, high = mean_t_interval([v["auroc"] for v in top["per_concept"].values()])
@@ -185,6 +225,7 @@ def build_answer(results: dict, leaderboard: dict) -> RunAnswer:
     friedman = (results.get("reliability") or {}).get("friedman") or leaderboard.get("friedman")
     ranking, missing = _ranking(friedman, best.strategy, [r["strategy"] for r in rows])
     lexical = _lexical(results, top)
+    tiers = _tiers(leaderboard)
 
     interval = _interval_text(best.d1)
     if best.d1.low is None:
@@ -208,6 +249,7 @@ def build_answer(results: dict, leaderboard: dict) -> RunAnswer:
         sentences.append(f"Lexical baseline (bag of words, no model): mean {_interval_text(lexical.mean)}; "
                          f"1.000 on {lexical.n_ceiling} of {lexical.n_concepts} concepts, at or above "
                          f"{best.strategy} on {lexical.n_at_least_best}.")
+    sentences += [_tier_sentence(t) for t in tiers]
     if steering:
         sentences.append(_steering_sentence(steering))
     if verdict == "tied" and ranking is not None:
@@ -221,7 +263,7 @@ def build_answer(results: dict, leaderboard: dict) -> RunAnswer:
             sentences.append(f"{head}: this run cannot separate them.")
     elif verdict == "separated":
         sentences.append(f"{best.strategy} is ahead of every other strategy at Nemenyi's critical difference.")
-    return RunAnswer(model, best, len(rows), ranking, missing, lexical, steering, verdict, tuple(sentences))
+    return RunAnswer(model, best, len(rows), ranking, missing, lexical, steering, tiers, verdict, tuple(sentences))
 
 
 def answer_text(answer: RunAnswer) -> str:

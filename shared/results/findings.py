@@ -48,6 +48,8 @@ def findings_facts(results: dict, leaderboard: dict, *, source: str, sha256: str
         "answer": {"verdict": answer.verdict, "sentences": list(answer.sentences),
                    "steering": [asdict(c) for c in answer.steering]},
         "leaderboard": wide_rows(leaderboard),
+        "tiers": [{"tier": tier, "rows": section.get("rows") or [], "lexical": section.get("lexical") or {}}
+                  for tier, section in (leaderboard.get("by_tier") or {}).items()],
         "lexical": lexical,
     }
 
@@ -100,6 +102,15 @@ def render_findings(facts: dict) -> str:
               "tie-group letter are not told apart by Nemenyi.", "",
               *_table(["rank", "strategy", "family", "layer", "mean D1 [95% CI]", "tie group", "win rate",
                        "worst concept"], board)]
+    for tier in facts.get("tiers") or []:
+        rows = [[r["strategy"], _n(r.get("layer"), "d"), _iv({"value": r["auroc"], "low": r.get("ci_low"),
+                                                             "high": r.get("ci_high")})] for r in tier["rows"]]
+        lexical = tier["lexical"]
+        lines += [f"## The {tier['tier']} tier", "",
+                  "Held-out AUROC of each strategy on this tier's test passages, best first"
+                  + (f"; the lexical baseline's mean is {_n(lexical['mean'])}, its max {_n(lexical.get('max'))}."
+                     if lexical.get("mean") is not None else "."), "",
+                  *_table(["strategy", "layer", "AUROC [95% CI]"], rows)]
     if facts["lexical"]:
         rows = [[r["concept"], _iv({"value": r["auroc"], "low": r["low"], "high": r["high"]}), _n(r["best_d1"])]
                 for r in facts["lexical"]]

@@ -204,10 +204,6 @@ def _steering_sentence(cells: Sequence[SteeringCell]) -> str:
                 + f"; the prompted baseline's Δ does in {prompt_moves} of {_plural(len(prompted), 'concept')}")
     if unfluent:
         sentence += f" (prompted text fails the fluency guard on {', '.join(unfluent)})"
-    if ok and prompt_moves > steer_moves:
-        return sentence + ": prompting raises the concept score more often than steering."
-    if ok and steer_moves > prompt_moves:
-        return sentence + ": steering raises the concept score more often than prompting."
     return sentence + "."
 
 

@@ -185,7 +185,7 @@ def test_online_codelength_hand_computed_with_prior_probe():
     y = np.array([1, 1, 0, 1, 0, 0, 1, 0])
     code = online_codelength(np.zeros((8, 1)), y, seed=0, shuffle=False, fractions=(0.25, 0.5, 1.0),
                              probe=lambda seed: DummyClassifier(strategy="prior"), min_block=0,
-                             calibration_folds=0)
+                             calibration_folds=0, min_blocks=3)
     expected = 2 + 2 + 6 + math.log2(4 / 3)
     assert code.block_ends == (2, 4, 8)
     assert code.block_bits == pytest.approx((2.0, 2.0, 6 + math.log2(4 / 3)))
@@ -213,6 +213,18 @@ def test_platt_scaling_hand_computed_and_recovers_calibrated_logits():
     z = rng.normal(0.0, 2.0, 20000)
     a, b = platt_scaling(z, (rng.random(z.size) < expit(z)).astype(int))
     assert a == pytest.approx(1.0, abs=0.05) and b == pytest.approx(0.0, abs=0.05)
+
+
+def test_mdl_has_at_least_five_blocks_or_none():
+    """16 pairs: the floor of 16 passages leaves blocks ending 16, 32 (one coded block), so five near-equal blocks
+    on pair boundaries replace them; 4 pairs cannot make five blocks, so no compression and the reason."""
+    rng = np.random.default_rng(0)
+    y, g = np.tile([1, 0], 16), np.repeat(np.arange(16), 2)
+    code = online_codelength(rng.normal(size=(32, 4)), y, g, seed=0)
+    assert code.block_ends == (8, 14, 20, 26, 32)  # ceil(k * 32 / 5) = 7, 13, 20, 26, 32 -> next even boundary
+    assert len(code.block_bits) == 5 and code.compression is not None
+    small = online_codelength(rng.normal(size=(8, 4)), y[:8], g[:8], seed=0)
+    assert small.compression is None and "4 pair groups give 4 blocks" in small.na_reason
 
 
 def test_mdl_compression_rises_with_signal_and_is_one_without():

@@ -57,6 +57,7 @@ def cell_reliability(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.
         "mdl_uniform_bits": code.uniform_bits,
         "mdl_block_ends": [int(v) for v in code.block_ends],
         "mdl_block_bits": [float(v) for v in code.block_bits],
+        "mdl_na_reason": code.na_reason,
     }
 
 

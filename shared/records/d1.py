@@ -21,6 +21,8 @@ class D1CellRecord(Record):
     ci_low: Number
     ci_high: Number
     ci_level: Number | None = None
+    ci_method: str | None = None  # absent: older runs, a pair-bootstrap percentile interval
+    ci_degenerate: bool | None = None  # perfect separation: the CI comes from the worst-case variance bound
     n_train: int | None = None
     n_test: int | None = None
     n_folds: int | None = None
@@ -39,6 +41,7 @@ class D1CellRecord(Record):
     mdl_uniform_bits: Number | None = None
     mdl_block_ends: list[int] | None = None
     mdl_block_bits: list[Number] | None = None
+    mdl_na_reason: str | None = None  # why mdl_compression is None (too few blocks for a prequential code)
 
 
 def d1_records_table(records: list[D1CellRecord]) -> pa.Table:

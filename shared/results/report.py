@@ -186,10 +186,10 @@ def _png(fig) -> bytes:
 
 def mean_t_interval(values: Sequence[float], level: float = CI_LEVEL) -> tuple[float, float | None, float | None]:
     """Mean AUROC with a Student-t interval treating the values (one per concept) as a sample, clipped to the
-    AUROC's [0, 1]; no interval from one value."""
+    AUROC's [0, 1]; none (n/a) from fewer than 3 values, where a t quantile of 12.7 makes the interval noise."""
     v = np.asarray(values, dtype=float)
     mean = float(v.mean())
-    if v.size < 2:
+    if v.size < 3:
         return mean, None, None
     half = float(stats.t.ppf(0.5 + level / 2, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size))
     return mean, max(0.0, mean - half), min(1.0, mean + half)

@@ -173,7 +173,8 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
         p_rel = worker.relevance(prompts, [g.text for g in pgens])
         d2.update(prompted_instruction=instruction,
                   **prompted_summary(p_scores, p_nll, p_tok, p_rel, scores[concept][0], nll[0], n_tok[0],
-                                     report, n_bootstrap=config.n_bootstrap, seed=config.seed))
+                                     report, n_bootstrap=config.n_bootstrap, seed=config.seed,
+                                     guard=config.fluency_guard))
         tables.append(_generations_table([0.0], [pgens], seeds, {concept: p_scores}, "prompted"))
 
     star = summary["alpha_star_index"]

@@ -100,7 +100,8 @@ def power(
                 else f"more than {rec['more_than']} (the largest size tried)")
     console.print(
         f"accuracy {report['accuracy_a']:.3f} vs {report['accuracy_b']:.3f}; McNemar p = "
-        f"{report['mcnemar']['p_value']:.3g} (pairs: {report['mcnemar_pairs_p_value']:.3g}); AUROC diff {report['auroc_difference']:+.3f} "
+        f"{report['mcnemar']['p_value']:.3g} (pairs: {report['mcnemar_pairs_p_value']:.3g}); "
+        f"AUROC diff {report['auroc_difference']:+.3f} "
         f"[{report['paired_bootstrap']['ci_low']:+.3f}, {report['paired_bootstrap']['ci_high']:+.3f}], "
         f"DeLong p = {report['delong']['p_value']:.3g}; test passages for {rec['target_power']:.0%} power: "
         f"{rec_text}"

@@ -114,6 +114,10 @@ class D3Record(Record):
     disent_raw: Number | None
     disent_null_reason: str | None
     d3_rep: Number | None
+    d3_rep_massive_share: Number | None = None  # the larger of the two vectors' top-3 share of the squared norm
+    d3_rep_massive_dims: list[int] | None = None
+    d3_rep_massive: bool | None = None  # share > 0.5: D3_rep compares a few massive dimensions, not concepts
+    d3_rep_without_massive: Number | None = None  # the cosine with those dimensions (both vectors' top 3) removed
     neighbour_vector_null_reason: str | None = None
 
 

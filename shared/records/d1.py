@@ -36,6 +36,10 @@ class D1CellRecord(Record):
     seed_std: Number | None = None
     selectivity: Number | None = None
     control_cv_auroc: Number | None = None
+    control_ci_low: Number | None = None
+    control_ci_high: Number | None = None
+    control_task: str | None = None  # absent: v2's pair-label control with twins split across folds
+    selectivity_na_reason: str | None = None  # why selectivity is None (no lexical types recurring across pairs)
     mdl_compression: Number | None = None
     mdl_online_bits: Number | None = None
     mdl_uniform_bits: Number | None = None

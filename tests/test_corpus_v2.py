@@ -274,8 +274,8 @@ def test_expectation_gap_hand_computed() -> None:
     assert reverse["gap"] == -0.5 and not reverse["held"]
 
 
-def test_calibration_wiring_holds_and_meaning_fails_on_the_random_weight_tiny_model(tiny_llama_dir: Path, local_ray, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_calibration_wiring_holds_and_meaning_fails_on_the_random_weight_tiny_model(
+        tiny_llama_dir: Path, local_ray, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from poolbench.driver.calibration import run_calibration
 
     monkeypatch.setenv("POOLBENCH_CACHE", str(tmp_path / "cache"))

@@ -1,7 +1,10 @@
-"""Weighted AUROC as a Mann-Whitney statistic, batched over weight vectors, and its pair-level bootstrap CI.
+"""Weighted AUROC as a Mann-Whitney statistic, batched over weight vectors; its pair-level bootstrap; and D1's CI.
 
 Scores are fixed across bootstrap resamples and only the weights change, so one sort serves every
-resample: 1,000 AUROCs are a handful of [n_boot, n_ties] array operations, not 1,000 calls.
+resample: 1,000 AUROCs are a handful of [n_boot, n_ties] array operations, not 1,000 calls. D1's interval is
+not the bootstrap's: at 8 test pairs a percentile pair bootstrap covered a known AUROC of 0.9 in 78-80% of
+simulated cells and printed [1, 1] for every separated one; `auroc_ci` (pair-clustered DeLong on the logit scale,
+Wilson at perfect separation) covers >= 93% at 8 and at 300 pairs (tests/test_coverage.py).
 """
 
 from __future__ import annotations

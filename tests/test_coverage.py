@@ -58,10 +58,13 @@ def test_d1_interval_covers_at_the_default_test_size(true_auroc, su, se):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("n_pairs,n_sim", [(30, 2000), (PAPER_TEST_PAIRS, 600)])
 @pytest.mark.parametrize("su,se", [(0.0, 1.0), (1.0, 0.5)])
 @pytest.mark.parametrize("true_auroc", [0.6, 0.75, 0.9, 0.97])
-def test_d1_interval_covers_at_the_paper_test_size(true_auroc, su, se):
-    assert coverage(adopted, PAPER_TEST_PAIRS, true_auroc, su, se, n_sim=600) >= 0.925
+def test_d1_interval_covers_at_larger_and_the_paper_test_size(true_auroc, su, se, n_pairs, n_sim):
+    """30 pairs: a test split the corpus may grow to; 300: the `full` corpus. 600 cells at 300 pairs: 0.925 is
+    0.93 less one standard error."""
+    assert coverage(adopted, n_pairs, true_auroc, su, se, n_sim=n_sim) >= (0.93 if n_sim >= 2000 else 0.925)
 
 
 def test_the_percentile_pair_bootstrap_under_covers_at_eight_pairs():

@@ -21,9 +21,9 @@ from poolbench.prober.fast_folds import stratified_group_splits
 from poolbench.prober.mdl import block_ends, online_codelength, platt_scaling
 from poolbench.prober.newton_logistic import NewtonLogisticProbe
 from poolbench.prober.power import clustered_mcnemar_pvalues, compare_configurations
-from poolbench.prober.probes import LOGISTIC_C
+from poolbench.prober.probes import LOGISTIC_C, make_logistic_probe
 from poolbench.prober.reliability import across_cells, cell_reliability
-from poolbench.prober.seed_spread import seed_spread
+from poolbench.prober.seed_spread import fold_auroc, seed_spread
 from poolbench.prober.selectivity import control_labels, control_na_reason, selectivity, unit_hash
 from poolbench.prober.significance import nemenyi_critical_difference
 from poolbench.prober.win_rate import mean_win_rate
@@ -130,6 +130,9 @@ def test_selectivity_is_high_for_a_concept_without_content():
     result = selectivity(X, y, g, types, seed=0)
     assert result.true_score > 0.95 and abs(result.control_score - 0.5) < 0.15 and result.selectivity > 0.3
     assert result.selectivity == pytest.approx(result.true_score - result.control_score)
+    control = control_labels(types, 0)
+    assert result.control_score == pytest.approx(
+        fold_auroc(X, control, stratified_group_splits(control, g, 5, 0), make_logistic_probe, 0))
 
 
 def test_selectivity_is_low_for_a_representation_that_carries_content():

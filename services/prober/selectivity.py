@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from poolbench.prober.auroc import ProbeError, auroc_ci
+from poolbench.prober.auroc import ProbeError, auroc, auroc_ci
 from poolbench.prober.fast_folds import stratified_group_splits as cv_splits
 from poolbench.prober.probes import make_logistic_probe
 from poolbench.prober.seed_spread import ProbeFactory, Splits, fold_auroc
@@ -78,13 +78,18 @@ def control_na_reason(types: np.ndarray | None, groups: np.ndarray, n_folds: int
     return None
 
 
-def _oof_scores(X: np.ndarray, y: np.ndarray, splits: Splits, probe: ProbeFactory, seed: int) -> np.ndarray:
-    """Out-of-fold decision scores, standardised within each fold (fold models' scores share no scale)."""
-    out = np.empty(y.size)
-    for fit_idx, val_idx in splits:
+def _control_cv(X: np.ndarray, y: np.ndarray, splits: Splits, probe: ProbeFactory,
+                seed: int) -> tuple[float, np.ndarray]:
+    """(mean fold AUROC, as fold_auroc gives it; out-of-fold scores standardised within each fold, since fold
+    models' scores share no scale) from one fit per fold."""
+    out, folds = np.empty(y.size), []
+    for k, (fit_idx, val_idx) in enumerate(splits):
+        if np.unique(y[val_idx]).size < 2 or np.unique(y[fit_idx]).size < 2:
+            raise ProbeError(f"control CV fold {k} holds one class only")
         s = np.asarray(probe(seed).fit(X[fit_idx], y[fit_idx]).decision_function(X[val_idx]), dtype=np.float64)
+        folds.append(auroc(s, y[val_idx]))
         out[val_idx] = (s - s.mean()) / (s.std() or 1.0)
-    return out
+    return float(np.mean(folds)), out
 
 
 def selectivity(X: np.ndarray, y: np.ndarray, groups: np.ndarray, types: np.ndarray | None = None, *,
@@ -106,8 +111,7 @@ def selectivity(X: np.ndarray, y: np.ndarray, groups: np.ndarray, types: np.ndar
         return Selectivity(true_score=float(true_score), control_score=None, selectivity=None, na_reason=reason)
     control = control_labels(np.asarray(types), seed)
     splits = cv_splits(control, groups, n_folds, seed)
-    control_score = fold_auroc(X, control, splits, probe, seed)
-    oof = _oof_scores(X, control, splits, probe, seed)
+    control_score, oof = _control_cv(X, control, splits, probe, seed)
     ci = auroc_ci(oof, control, groups, ci_level)
     return Selectivity(true_score=float(true_score), control_score=control_score,
                        selectivity=float(true_score) - control_score, control_ci_low=ci.low, control_ci_high=ci.high)

@@ -24,7 +24,8 @@ from poolbench.corpus.token_count import count_tokens
 from poolbench.corpus.validation import normalise_text
 from poolbench.errors import CorpusError
 
-REVISION = 2  # bump when generated text changes: it names the cached corpus folder (2: length-matched, unseen words)
+REVISION = 3  # bump when generated text changes: it names the cached corpus folder (3: dense = four words, length
+# level with one, unseen words)
 SIZE = (48, 24)
 """Matched pairs per calibration concept in (train, test)."""
 CONTEXT_WORDS = (60, 90)
@@ -46,7 +47,7 @@ PLANTS: dict[str, Plant] = {
     "calibration_start": Plant("sentence", 1, "start"),
     "calibration_middle": Plant("sentence", 1, "middle"),
     "calibration_end": Plant("sentence", 1, "end"),
-    "calibration_dense": Plant("sentence", 4, "spread"),
+    "calibration_dense": Plant("token", 4, "spread"),
     "calibration_token": Plant("token", 1, "middle"),
     "calibration_unseen_words": Plant("token", 1, "middle", unseen=True),
 }
@@ -74,8 +75,8 @@ EXPECTATIONS: tuple[Expectation, ...] = (
                 "calibration_end", "W2_last_k", "calibration_end", "W1_first_k"),
     Expectation("end_last_token", "on a causal LM the last token sees a signal planted at the end (P1 > chance)",
                 "calibration_end", "P1_last", causal_only=True),
-    Expectation("density_mean", "the mean falls as density falls (A1 on four spread sentences > A1 on one)",
-                "calibration_dense", "A1_mean", "calibration_middle", "A1_mean"),
+    Expectation("density_mean", "the mean falls as density falls (A1 on four spread words > A1 on one word)",
+                "calibration_dense", "A1_mean", "calibration_token", "A1_mean"),
     Expectation("sentence_vs_token", "one planted sentence beats one planted word under the mean (A1)",
                 "calibration_middle", "A1_mean", "calibration_token", "A1_mean"),
     Expectation("unseen_words", "a valence word never seen in training is read by its meaning (A1 > chance)",
@@ -105,10 +106,13 @@ def _units(rng: random.Random, plant: Plant, split: str) -> list[tuple[str, str]
     """(positive, negative) signal units: whole sentences, or one frame whose single word flips valence."""
     if plant.kind == "sentence":
         return [ST.CALIBRATION_SENTENCES[i] for i in rng.sample(range(len(ST.CALIBRATION_SENTENCES)), plant.density)]
-    template = rng.choice(ST.CALIBRATION_TOKEN_FRAMES).replace("{word}", "\x00")
-    frame = _Slots(rng, _WORDS, "calibration").fill(template)
     good, bad = UNSEEN_SPLIT[split] if plant.unseen else ST.CALIBRATION_TOKEN_WORDS
-    return [(frame.replace("\x00", rng.choice(good)), frame.replace("\x00", rng.choice(bad)))]
+    units = []
+    for _ in range(plant.density):
+        template = rng.choice(ST.CALIBRATION_TOKEN_FRAMES)
+        frame = _Slots(rng, _WORDS, "calibration").fill(template.replace("{word}", "\x00"))
+        units.append((frame.replace("\x00", rng.choice(good)), frame.replace("\x00", rng.choice(bad))))
+    return units
 
 
 def generate_calibration_concept(concept: str, seed: int = 0) -> list[Passage]:

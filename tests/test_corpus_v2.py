@@ -235,6 +235,24 @@ def test_calibration_plants_where_it_says(tmp_path: Path, calibration) -> None:
     assert generate_calibration_corpus() == calibration
 
 
+def test_calibration_density_is_not_passage_length(calibration) -> None:
+    """Four planted sentences replace context rather than add to it: dense and single-sentence passages are of one
+    length (within 5%), so 'the mean falls as density falls' is not 'the mean falls as passages grow'."""
+    mean_tokens = {c: np.mean([p.token_count for p in ps]) for c, ps in calibration.items()}
+    assert abs(mean_tokens["calibration_dense"] / mean_tokens["calibration_middle"] - 1.0) < 0.05
+    assert max(mean_tokens.values()) / min(mean_tokens.values()) < 1.1
+
+
+def test_unseen_words_never_reach_training(calibration) -> None:
+    from poolbench.corpus.calibration import UNSEEN_SPLIT
+
+    words = {split: {w for p in calibration["calibration_unseen_words"] if p.split == split
+                     for w in span_texts(p)[0].rstrip(".").split()} for split in ("train", "test")}
+    for split, (good, bad) in UNSEEN_SPLIT.items():
+        other = "test" if split == "train" else "train"
+        assert len(set(good + bad) & words[split]) >= 12 and not set(good + bad) & words[other]
+
+
 def test_expectation_gap_hand_computed() -> None:
     from poolbench.driver.calibration import expectation_gap
 
@@ -256,8 +274,8 @@ def test_expectation_gap_hand_computed() -> None:
     assert reverse["gap"] == -0.5 and not reverse["held"]
 
 
-def test_calibration_orderings_hold_on_the_tiny_model(tiny_llama_dir: Path, local_ray, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_calibration_wiring_holds_and_meaning_fails_on_the_random_weight_tiny_model(
+        tiny_llama_dir: Path, local_ray, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from poolbench.driver.calibration import run_calibration
 
     monkeypatch.setenv("POOLBENCH_CACHE", str(tmp_path / "cache"))
@@ -266,7 +284,10 @@ def test_calibration_orderings_hold_on_the_tiny_model(tiny_llama_dir: Path, loca
     rows = {row["id"]: row for row in report["expectations"]}
     assert list(rows) == [e.id for e in EXPECTATIONS]
     for row in rows.values():
-        assert row["held"], row
+        if not row["trained_only"]:  # wiring: positions, windows, density hold even with random weights
+            assert row["held"], row
+    # The should-fail case: random weights give unseen evaluative words no meaning, so the probe is at chance.
+    assert not rows["unseen_words"]["held"] and rows["unseen_words"]["ci_low"] <= 0.0
     # On a causal LM the first 8 tokens never see a signal planted after them: W1 is exactly at chance.
     assert rows["end_window"]["versus_auroc"] == 0.5
 

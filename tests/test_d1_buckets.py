@@ -30,9 +30,25 @@ def test_stratified_auroc_weights_each_concept_by_its_pairs():
     assert stratified_auroc_batch(scores, labels, strata, np.ones((1, 6)))[0] == pytest.approx(0.6)
     out = bucket_aurocs(scores, labels, np.array(["g1", "g2", "g1", "g2", "g3", "g3"]), strata,
                         np.array(["x"] * 6), n_bootstrap=200)
-    assert [(b.bucket, b.auroc, b.n, b.n_pos, b.n_neg, b.n_strata) for b in out] == [("x", pytest.approx(0.6), 6,
-                                                                                        3, 3, 2)]
-    assert out[0].stratum_aurocs == {"A": 0.75, "B": 0.0}
+    # Across pairs only: A keeps 0.9 (g1) > 0.1 (g2) right and 0.2 (g2) < 0.5 (g1) wrong; B's one comparison is
+    # a twin's, left out: 1 / 2. Counting twins gives the 0.6 above.
+    assert [(b.bucket, b.auroc, b.auroc_with_twins, b.n, b.n_pos, b.n_neg, b.n_strata) for b in out] == [
+        ("x", pytest.approx(0.5), pytest.approx(0.6), 6, 3, 3, 2)]
+    assert out[0].stratum_aurocs == {"A": 0.5, "B": None}
+
+
+def test_bucket_auroc_leaves_out_twin_comparisons():
+    """Per pair a distinct base score; the positive sits 0.001 above its own twin only. Across pairs the order is
+    the bases' (half right, 0.5 exactly); counting twins adds n right comparisons: (n(n-1)/2 + n) / n^2 = 9/16."""
+    n = 8
+    base = np.arange(n, dtype=float)
+    scores = np.r_[base + 0.001, base]
+    labels = np.r_[np.ones(n, dtype=int), np.zeros(n, dtype=int)]
+    groups = np.r_[np.arange(n), np.arange(n)].astype(str)
+    (b,) = bucket_aurocs(scores, labels, groups, np.array(["c"] * 2 * n), np.array(["x"] * 2 * n), n_bootstrap=200)
+    assert b.auroc == pytest.approx(0.5, abs=1e-12)
+    assert b.auroc_with_twins == pytest.approx(9 / 16)
+    assert b.ci_low <= 0.5 <= b.ci_high
 
 
 def test_a_scorer_that_sees_only_end_placed_signal():
@@ -62,7 +78,8 @@ def test_a_scorer_that_sees_only_end_placed_signal():
 
 
 def test_heldout_scores_are_d1s_test_scores():
-    """The refit probe is D1's: over every bucket of one concept, its AUROC is the cell's D1 test AUROC."""
+    """The refit probe is D1's: over every bucket of one concept, its AUROC counting twins is the cell's D1 test
+    AUROC."""
     rng = np.random.default_rng(1)
     X = rng.normal(size=(40, 6))
     y = np.tile([1, 0], 20)
@@ -72,7 +89,7 @@ def test_heldout_scores_are_d1s_test_scores():
     scores = heldout_scores(X[:24], y[:24], X[24:])
     np.testing.assert_allclose(scores, d1["logistic"].test_scores)
     whole = bucket_aurocs(scores, y[24:], groups[24:], np.array(["c"] * 16), np.array(["all"] * 16), n_bootstrap=50)
-    assert whole[0].auroc == d1["logistic"].test_auroc
+    assert whole[0].auroc_with_twins == d1["logistic"].test_auroc
 
 
 def _cell(concept: str, layer: int, strategy: str, cv: float, test: float) -> D1CellRecord:

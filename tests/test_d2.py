@@ -107,19 +107,45 @@ def test_alpha_table_and_guarded_choice():
     assert table[1]["fluency01"] == pytest.approx(1 / 1.5)
     assert table[1]["hm"] == pytest.approx(3 / (1 / 0.6 + 1.5 + 2))
     # hm: alpha 0 = 3 / (10 + 1 + 2), alpha 1 = 0.581, alpha 2 = 3 / (1.11 + 3 + 2) = 0.491.
-    assert choose_alpha(table, guard=2.0) == 1
+    assert choose_alpha(table, guard=2.0) == (1, "chosen")
 
 
 def test_guard_excludes_the_best_harmonic_mean():
     table = [{"hm": 0.1, "fluency_ratio": 1.0}, {"hm": 0.4, "fluency_ratio": 1.9},
              {"hm": 0.9, "fluency_ratio": 2.1}, {"hm": 0.95, "fluency_ratio": None}]
-    assert choose_alpha(table, guard=2.0) == 1
-    assert choose_alpha(table, guard=2.5) == 2
+    assert choose_alpha(table, guard=2.0) == (1, "chosen")
+    assert choose_alpha(table, guard=2.5) == (2, "chosen")
 
 
-def test_choose_alpha_ties_go_to_smaller_alpha():
-    table = [{"hm": 0.5, "fluency_ratio": 1.0}, {"hm": 0.5, "fluency_ratio": 1.0}]
-    assert choose_alpha(table) == 0
+def test_choose_alpha_ties_go_to_smaller_alpha_and_never_to_zero():
+    table = [{"hm": 0.5, "fluency_ratio": 1.0}, {"hm": 0.4, "fluency_ratio": 1.0}, {"hm": 0.4, "fluency_ratio": 1.0}]
+    assert choose_alpha(table) == (1, "no_alpha_helps")  # alpha = 0 scores best, yet is not a candidate
+    unfluent = [{"hm": 0.5, "fluency_ratio": 1.0}, {"hm": 0.9, "fluency_ratio": 3.0}]
+    assert choose_alpha(unfluent) == (0, "no_alpha_fluent")
+
+
+def test_steering_that_does_nothing_reports_no_alpha_helps_and_a_delta_with_ci_around_zero():
+    """The should-fail case: scores equal at every alpha (noise only) and perplexity rising with alpha; alpha* > 0 is
+    still picked, labelled 'no_alpha_helps', and its held-out Delta's CI covers 0 rather than being 0 by fiat."""
+    rng = np.random.default_rng(0)
+    alphas = [0.0, 1.0, 2.0]
+    scores = np.tile(rng.random(40) * 0.1, (3, 1)) + rng.normal(0, 0.02, (3, 40))
+    nll = np.array([[1.0] * 40, [1.2] * 40, [1.4] * 40])
+    out = d2_summary(alphas, scores, nll, np.ones((3, 40)), np.full((3, 40), 0.5), n_bootstrap=500, seed=0)
+    assert out["alpha_star"] > 0 and out["alpha_star_outcome"] == "no_alpha_helps"
+    assert out["d2_delta_ci_low"] < 0 < out["d2_delta_ci_high"]
+    assert sum(out["alpha_star_counts"].values()) == out["n_halvings"] == 200
+    assert len(out["per_alpha_select"]) == len(out["per_alpha"]) == 3
+
+
+def test_alpha_star_stability_counts_choices_over_halvings():
+    """A clear winner (alpha 1 lifts every prompt, alpha 2 breaks fluency) is chosen on every halving: stability 1."""
+    alphas = [0.0, 1.0, 2.0]
+    scores = np.array([[0.1] * 10, [0.8] * 10, [0.9] * 10])
+    nll = np.array([[1.0] * 10, [1.0] * 10, [5.0] * 10])
+    out = d2_summary(alphas, scores, nll, np.ones((3, 10)), np.full((3, 10), 0.5), n_bootstrap=50, seed=0)
+    assert out["alpha_star"] == 1.0 and out["alpha_star_outcome"] == "chosen"
+    assert out["alpha_star_counts"] == {"1.0": 200} and out["alpha_star_stability"] == 1.0
 
 
 def test_paired_delta_hand_computed():
@@ -158,3 +184,8 @@ def test_prompted_summary():
     assert out["prompted_delta"] == pytest.approx(0.5)
     assert out["prompted_fluency_ratio"] == pytest.approx(math.e)  # exp(2) / exp(1)
     assert out["prompted_relevance"] == pytest.approx(0.3)
+    assert out["prompted_passes_fluency_guard"] is False  # ratio e > the default guard 2
+    again = prompted_summary(np.array([0.0, 0.5, 0.7]), np.full(3, 2.0), np.full(3, 1), np.full(3, 0.3),
+                             np.array([0.0, 0.1, 0.1]), np.full(3, 1.0), np.full(3, 1), report, n_bootstrap=10,
+                             guard=3.0)
+    assert again["prompted_passes_fluency_guard"] is True

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from record_samples import d2_record, d3_record
 
-from poolbench.steerer.d3 import disentanglement, neighbour_map, neighbours
+from poolbench.steerer.d3 import d3_rep_flags, disentanglement, massive_dimensions, neighbour_map, neighbours
 from poolbench.steerer.errors import SteeringError
 from poolbench.steerer.vector import cosine, diffmean_vector, validate_alphas
 
@@ -117,3 +117,26 @@ def test_steering_summary_means_over_non_null_cells():
     assert out["A1"]["n_scp_ci_excludes_0"] == 1 and out["A1"]["mean_disent"] == 0.5 and out["A1"]["n_disent"] == 1
     assert out["A1"]["mean_d3_rep"] == pytest.approx(0.2)
     assert out["P2"]["mean_scp"] is None and out["P2"]["n_null_vectors"] == 1
+
+
+def test_d3_rep_flags_a_vector_whose_norm_sits_on_one_massive_dimension():
+    """Two concept directions orthogonal on 575 ordinary dimensions, each carrying 30 on dimension 507 (as P2's
+    vectors do): the cosine is 900 / (900 + 1) = 0.9989, all of it dimension 507. Flagged; without it, 0."""
+    u, v = np.zeros(576), np.zeros(576)
+    u[0], v[1] = 1.0, 1.0
+    u[507] = v[507] = 30.0
+    assert cosine(u, v) == pytest.approx(900 / 901)
+    dims, share = massive_dimensions(u)
+    assert 507 in dims and share == pytest.approx(1.0)  # top 3 = {507, 0, and a zero}: all of the norm
+    flags = d3_rep_flags(u, v)
+    assert flags["d3_rep_massive"] and flags["d3_rep_massive_share"] == pytest.approx(1.0)
+    assert flags["d3_rep_without_massive"] is None  # only zeros are left once both top-3 sets go
+
+
+def test_d3_rep_does_not_flag_a_spread_vector():
+    rng = np.random.default_rng(0)
+    u, v = rng.normal(size=576), rng.normal(size=576)
+    flags = d3_rep_flags(u, v)
+    _, share = massive_dimensions(u)
+    assert not flags["d3_rep_massive"] and share < 0.1  # the 3 largest of 576 N(0, 1) squares: ~30 / 576
+    assert abs(flags["d3_rep_without_massive"]) < 0.15

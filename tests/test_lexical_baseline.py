@@ -29,12 +29,13 @@ def passages(pairs: list[tuple[str, str]], split: str, start: int = 0) -> list[P
 
 def test_vocabulary_that_separates_the_classes_gives_auroc_one():
     """Positives carry only POSITIVE words and negatives only NEGATIVE ones, in shared filler: every test positive
-    outscores every test negative, so AUROC and both CI ends are 1."""
+    outscores every test negative, so AUROC is 1; the CI is flagged and is Wilson's on min(4, 4) units."""
     pairs = [(f"{FILLER[i % 6]} and it was {POSITIVE[i % 5]}", f"{FILLER[i % 6]} and it was {NEGATIVE[i % 5]}")
              for i in range(12)]
     record = lexical_record("c", passages(pairs[:8], "train") + passages(pairs[8:], "test", start=8),
                             n_bootstrap=200)
-    assert (record.test_auroc, record.ci_low, record.ci_high) == (1.0, 1.0, 1.0)
+    assert (record.test_auroc, record.ci_high) == (1.0, 1.0) and record.ci_degenerate
+    assert record.ci_low == pytest.approx(4 / (4 + 1.959963984540054**2))
     assert (record.n_train, record.n_test, record.C) == (16, 8, LOGISTIC_C)
 
 

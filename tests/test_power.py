@@ -9,11 +9,13 @@ import pytest
 from statsmodels.stats.contingency_tables import mcnemar
 
 from poolbench.prober.power import (
+    clustered_mcnemar_pvalues,
     compare_configurations,
     exact_mcnemar_power,
     is_collapsed,
     mcnemar_pvalues,
     mcnemar_test,
+    recommended_size,
     recommended_train_size,
     simulate_power,
 )
@@ -42,10 +44,50 @@ def test_simulated_power_recovers_planted_gap():
     n_pool = 20000
     correct_a = rng.random((2, n_pool)) < 0.80
     correct_b = rng.random((2, n_pool)) < 0.70
-    rows = simulate_power(correct_a, correct_b, sizes=(50, 150, 300), n_resamples=2000, seed=1)
+    rows = simulate_power(correct_a, correct_b, sizes=(50, 150, 300), n_resamples=2000, seed=1, clustered=False)
     for n, power in rows:
         assert power == pytest.approx(exact_mcnemar_power(0.80, 0.70, n), abs=0.04)
     assert rows[0][1] < rows[1][1] < rows[2][1]
+
+
+def _null_pool(n_pairs: int = 1000, seed: int = 0):
+    """Twin-correlated correctness with exactly equal accuracy: per pair a latent z = +-1 favours A or B
+    (0.95 vs 0.55) for both twins; every pair also appears mirrored (A and B swapped)."""
+    rng = np.random.default_rng(seed)
+    z = rng.choice([-1, 1], n_pairs)
+    pa, pb = np.repeat(0.75 + 0.2 * z, 2), np.repeat(0.75 - 0.2 * z, 2)
+    ca, cb = rng.random(2 * n_pairs) < pa, rng.random(2 * n_pairs) < pb
+    return np.r_[ca, cb], np.r_[cb, ca], np.repeat(np.arange(2 * n_pairs), 2)
+
+
+def test_pair_level_power_keeps_type_one_error_on_null_data():
+    ca, cb, groups = _null_pool()
+    rows = simulate_power(ca, cb, (16, 50, 200, 800), groups=groups, n_resamples=4000, seed=1)
+    assert max(p for _, p in rows) <= 0.06, rows
+
+
+def test_passage_level_mcnemar_on_pairs_rejects_a_true_null_too_often():
+    """The should-fail case: the same null, tested passage by passage, rejects well above 5% at n = 800."""
+    ca, cb, groups = _null_pool()
+    rows = dict(simulate_power(ca, cb, (800,), groups=groups, n_resamples=4000, seed=1, clustered=False))
+    assert rows[800] > 0.075
+
+
+def test_clustered_mcnemar_with_singletons_is_mcnemars_chi_square():
+    # b = 7 only-A, c = 2 only-B passages as singleton clusters: (7 - 2)^2 / 9 on 1 df
+    from scipy.stats import chi2
+
+    assert clustered_mcnemar_pvalues(np.array(5.0), np.array(9.0)) == pytest.approx(chi2.sf(25 / 9, 1))
+    assert clustered_mcnemar_pvalues(np.array(0.0), np.array(0.0)) == 1.0
+
+
+def test_recommended_size_can_say_more_than_the_largest_size_tried():
+    assert recommended_size([(50, 0.3), (100, 0.81), (200, 0.95)]) == {"n": 100, "more_than": None,
+                                                                       "target_power": 0.8}
+    assert recommended_size([(50, 0.1), (3200, 0.6)]) == {"n": None, "more_than": 3200, "target_power": 0.8}
+    ca, cb, groups = _null_pool(200)  # no difference: no size reaches 80% power
+    rows = simulate_power(ca, cb, (25, 3200), groups=groups, n_resamples=500, seed=2)
+    assert recommended_size(rows)["more_than"] == 3200
 
 
 def test_recommended_train_size_hand_computed():
@@ -72,7 +114,8 @@ def test_compare_configurations_report():
                                  sizes=(20, 80), n_resamples=200, n_bootstrap=200)
     assert out["auroc_difference"] > 0.3 and not out["collapsed"]
     assert [r["n"] for r in out["power"]] == [20, 80]
-    assert out["recommended_train_size"] > 0
+    assert out["pac_bound_train_size"] > 0
+    assert out["recommended_test_size"]["n"] in (20, 80)
 
 
 def test_power_command_table_json_and_errors(tmp_path):

@@ -229,7 +229,7 @@ def test_bootstrap_redraws_one_class_resamples():
 # --- evaluate_d1 -----------------------------------------------------------------------------------------
 
 
-def test_perfect_separation_gives_one_and_a_degenerate_ci():
+def test_perfect_separation_gives_one_and_a_flagged_ci_below_one():
     X_tr, y_tr, g_tr = paired_data(40, d=8, shift=50.0, seed=0)
     X_te, y_te, g_te = paired_data(20, d=8, shift=50.0, seed=1, prefix="t")
     result = evaluate_d1(X_tr, y_tr, g_tr, X_te, y_te, g_te)
@@ -238,7 +238,9 @@ def test_perfect_separation_gives_one_and_a_degenerate_ci():
         assert probe.cv_auroc == 1.0
         np.testing.assert_array_equal(probe.cv_fold_aurocs, np.ones(5))
         assert probe.test_auroc == 1.0
-        assert (probe.ci_low, probe.ci_high) == (1.0, 1.0)
+        # Wilson at p = 1 on min(20, 20) units: 20 / (20 + z^2), flagged as resting on the worst-case bound
+        assert probe.ci_degenerate and probe.ci_high == 1.0
+        assert probe.ci_low == pytest.approx(20 / (20 + 1.959963984540054**2))
         np.testing.assert_array_equal(probe.test_pred, y_te)
 
 
@@ -257,7 +259,8 @@ def test_evaluate_d1_fields_and_record():
         assert probe.test_auroc > 0.6
         record = probe.to_record()
         assert set(record) == {"probe", "cv_auroc", "cv_fold_aurocs", "test_auroc", "ci_low", "ci_high",
-                               "ci_level", "n_train", "n_test", "n_folds", "n_bootstrap"}
+                               "ci_level", "ci_method", "ci_degenerate", "n_train", "n_test", "n_folds",
+                               "n_bootstrap"}
         assert json.loads(json.dumps(record)) == record
     again = evaluate_d1(X_tr, y_tr, g_tr, X_te, y_te, g_te, seed=3)
     assert again.to_records() == result.to_records()

@@ -19,11 +19,12 @@ from poolbench.records.scorer import ScorerValidity
 from poolbench.records.steering import D2Record, D3Record, SteeringResult
 
 D1_KEYS = ["concept", "layer", "strategy", "probe", "cv_auroc", "cv_fold_aurocs", "test_auroc", "ci_low", "ci_high",
-           "ci_level", "n_train", "n_test", "n_folds", "n_bootstrap", "fallback_count", "fallback_rate",
-           "heads_selected"]
+           "ci_level", "ci_method", "ci_degenerate", "n_train", "n_test", "n_folds", "n_bootstrap", "fallback_count",
+           "fallback_rate", "heads_selected"]
 RELIABILITY_KEYS = ["reliability_probe", "seed_cv_aurocs", "seed_mean", "seed_std", "selectivity",
-                    "control_cv_auroc", "mdl_compression", "mdl_online_bits", "mdl_uniform_bits",
-                    "mdl_block_ends", "mdl_block_bits"]
+                    "control_cv_auroc", "control_ci_low", "control_ci_high", "control_task",
+                    "selectivity_na_reason", "mdl_compression", "mdl_online_bits", "mdl_uniform_bits",
+                    "mdl_block_ends", "mdl_block_bits", "mdl_na_reason"]
 
 
 def pooled_table():

@@ -153,6 +153,7 @@ def test_mean_t_interval_by_hand():
     assert high == pytest.approx(0.94841, abs=1e-5)
     assert mean_t_interval([0.9, 0.95, 0.85])[2] == 1.0  # 0.9 + 0.1242 clipped to the AUROC's bound
     assert mean_t_interval([0.7]) == (0.7, None, None)
+    assert mean_t_interval([0.6, 0.8]) == (0.7, None, None)  # two concepts: n/a
 
 
 def test_d2_and_d3_tables_say_every_number_with_its_ci_and_why_null():

@@ -187,7 +187,8 @@ def test_planted_direction_steers_with_positive_scp_and_ci_excluding_zero(worker
     assert list(stored["d2"])[-2:] == ["seconds", "generations_key"] and "selected_because" not in stored["d2"]
     assert [k for k in stored["d2"] if k.startswith("prompted_")] == [
         "prompted_instruction", "prompted_score", "prompted_delta", "prompted_delta_ci_low",
-        "prompted_delta_ci_high", "prompted_fluency_ratio", "prompted_relevance"]
+        "prompted_delta_ci_high", "prompted_fluency_ratio", "prompted_relevance",
+        "prompted_passes_fluency_guard"]
     assert list(stored["d3"][1]) == [
         "concept", "strategy", "layer", "model_id", "backend", "neighbour", "relation", "alpha_star", "delta_a",
         "delta_a_ci_low", "delta_a_ci_high", "delta_b", "disent", "disent_raw", "disent_null_reason", "d3_rep",

@@ -1,12 +1,20 @@
-"""Weighted AUROC as a Mann-Whitney statistic, batched over weight vectors, and its pair-level bootstrap CI.
+"""Weighted AUROC as a Mann-Whitney statistic, batched over weight vectors; its pair-level bootstrap; and D1's CI.
 
 Scores are fixed across bootstrap resamples and only the weights change, so one sort serves every
-resample: 1,000 AUROCs are a handful of [n_boot, n_ties] array operations, not 1,000 calls.
+resample: 1,000 AUROCs are a handful of [n_boot, n_ties] array operations, not 1,000 calls. D1's interval is
+not the bootstrap's: at 8 test pairs a percentile pair bootstrap covered a known AUROC of 0.9 in 78-80% of
+simulated cells and printed [1, 1] for every separated one; `auroc_ci` (pair-clustered DeLong on the logit scale,
+Wilson at perfect separation) covers >= 93% at 8 and at 300 pairs (tests/test_coverage.py).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
+from scipy.special import expit
+from scipy.stats import norm, rankdata
 
 from poolbench.errors import PoolBenchError
 
@@ -135,3 +143,75 @@ def bootstrap_auroc_ci(
     alpha = (1.0 - level) / 2.0
     low, high = np.quantile(values, [alpha, 1.0 - alpha])
     return float(low), float(high)
+
+
+# Which interval D1's test AUROC carries (records' ci_method); chosen by the coverage study in tests/test_coverage.py.
+AUROC_CI_METHOD = "pair_clustered_delong_logit"
+
+
+def clustered_auroc_variance(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> tuple[float, float]:
+    """(AUROC, its variance) with matched pairs as clusters: Obuchowski's (1997) clustered DeLong estimator.
+
+    Each passage's placement (share of the other class it out-ranks) is summed per cluster, so the two twins of
+    a pair, which share their content, enter the variance as one unit rather than two independent draws.
+    """
+    scores, pos = _check_scores_labels(scores, labels)
+    groups = np.asarray(groups)
+    if groups.shape != scores.shape:
+        raise ProbeError(f"AUROC CI: groups shape {groups.shape} differs from scores shape {scores.shape}")
+    m, n = int(pos.sum()), int((~pos).sum())
+    if m == 0 or n == 0:
+        raise ProbeError("AUROC CI: labels hold one class only; AUROC needs both")
+    _, cluster = np.unique(groups, return_inverse=True)
+    cluster = cluster.ravel()
+    k = int(cluster.max()) + 1
+    if k < 2:
+        raise ProbeError("AUROC CI: needs >= 2 pair groups for a clustered variance")
+    every = rankdata(scores)
+    v10 = (every[pos] - rankdata(scores[pos])) / n  # per positive: share of negatives below (ties half)
+    v01 = 1.0 - (every[~pos] - rankdata(scores[~pos])) / m  # per negative: share of positives above
+    value = float(v10.mean())
+    r10 = np.bincount(cluster[pos], v10, k) - np.bincount(cluster[pos], minlength=k) * value
+    r01 = np.bincount(cluster[~pos], v01, k) - np.bincount(cluster[~pos], minlength=k) * value
+    scale = k / (k - 1)
+    var = scale * (np.sum(r10**2) / m**2 + np.sum(r01**2) / n**2 + 2.0 * np.sum(r10 * r01) / (m * n))
+    return value, float(max(var, 0.0))
+
+
+def wilson_interval(p: float, n: float, level: float = 0.95) -> tuple[float, float]:
+    """Wilson's score interval of a proportion p observed on n (effective) units; never [p, p] at p in {0, 1}."""
+    z = float(norm.ppf(0.5 + level / 2.0))
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(max(p * (1 - p) / n + z * z / (4 * n * n), 0.0))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass(frozen=True)
+class AurocInterval:
+    """An AUROC's CI; `degenerate` says the scores separate the classes, so no variance was observed and the
+    interval rests on the worst-case bound Var <= A(1-A)/min(n_pos, n_neg) (Birnbaum & Klose 1957) instead."""
+
+    low: float
+    high: float
+    method: str
+    degenerate: bool
+
+
+def auroc_ci(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, level: float = 0.95) -> AurocInterval:
+    """CI of the AUROC with matched pairs as clusters: clustered DeLong variance on the logit scale.
+
+    At perfect separation (AUROC 0 or 1, zero observed variance) a Wilson interval on min(n_pos, n_neg) units
+    replaces it, so 8 separated test pairs give [0.68, 1], not the certainty [1, 1] a bootstrap prints.
+    """
+    if not 0.0 < level < 1.0:
+        raise ProbeError(f"AUROC CI: level must lie in (0, 1), got {level}")
+    value, var = clustered_auroc_variance(scores, labels, groups)
+    pos = np.asarray(labels).astype(bool)
+    if 0.0 < value < 1.0 and var > 0.0:
+        z = float(norm.ppf(0.5 + level / 2.0))
+        centre = math.log(value / (1.0 - value))
+        half = z * math.sqrt(var) / (value * (1.0 - value))
+        low, high = float(expit(centre - half)), float(expit(centre + half))
+        return AurocInterval(low, high, AUROC_CI_METHOD, degenerate=False)
+    low, high = wilson_interval(value, float(min(pos.sum(), (~pos).sum())), level)
+    return AurocInterval(low, high, AUROC_CI_METHOD, degenerate=True)

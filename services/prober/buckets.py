@@ -2,7 +2,10 @@
 
 Each concept has its own probe, so scores of two concepts share no scale: a bucket's AUROC compares positives only
 with negatives of the same concept (a stratified Mann-Whitney, the per-concept AUROCs weighted by n_pos * n_neg),
-and its CI resamples (concept, matched pair) units. Arrays in, numbers out.
+and its CI resamples (concept, matched pair) units. A positive is never compared with its own twin: the twin
+shares its content and differs only in the concept, so twin-vs-twin comparisons (a third to a half of a bucket's
+on the default corpus) measure something else than ranking passages across content; `auroc_with_twins` keeps the
+all-comparisons value, labelled. Arrays in, numbers out.
 """
 
 from __future__ import annotations
@@ -22,10 +25,25 @@ def heldout_scores(X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
     return np.asarray(model.decision_function(X_test), dtype=np.float64)
 
 
+def _same_group_comparisons(scores: np.ndarray, labels: np.ndarray, strata: np.ndarray,
+                            groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(positive index, negative index, 1 / 0.5 / 0 ordered right) of every same-stratum, same-group comparison."""
+    keys = np.char.add(np.char.add(strata.astype(str), "\x00"), groups.astype(str))
+    pos_i, neg_j = [], []
+    for key in np.unique(keys):
+        rows = np.flatnonzero(keys == key)
+        p, n = rows[labels[rows]], rows[~labels[rows]]
+        pos_i.extend(np.repeat(p, n.size))
+        neg_j.extend(np.tile(n, p.size))
+    i, j = np.asarray(pos_i, dtype=np.int64), np.asarray(neg_j, dtype=np.int64)
+    return i, j, (scores[i] > scores[j]) + 0.5 * (scores[i] == scores[j])
+
+
 def stratified_auroc_batch(scores: np.ndarray, labels: np.ndarray, strata: np.ndarray,
-                           weights: np.ndarray) -> np.ndarray:
-    """Per weight row, sum_c AUROC_c * P_c * N_c / sum_c P_c * N_c over strata c (P, N the weighted class counts):
-    the share of same-stratum (positive, negative) pairs ordered right. NaN where no stratum has both classes."""
+                           weights: np.ndarray, groups: np.ndarray | None = None) -> np.ndarray:
+    """Per weight row, the share of same-stratum (positive, negative) comparisons ordered right, i.e.
+    sum_c AUROC_c * P_c * N_c / sum_c P_c * N_c (P, N the weighted class counts); with `groups`, comparisons
+    within one group (a positive and its own twin) are left out. NaN where no comparison is left."""
     scores, labels, strata = np.asarray(scores, dtype=np.float64), np.asarray(labels).astype(bool), np.asarray(strata)
     weights = np.atleast_2d(np.asarray(weights, dtype=np.float64))
     numerator = np.zeros(weights.shape[0])
@@ -39,13 +57,20 @@ def stratified_auroc_batch(scores: np.ndarray, labels: np.ndarray, strata: np.nd
         value = auroc_batch(scores[rows], labels[rows], w)
         numerator += np.where(pairs > 0, np.nan_to_num(value) * pairs, 0.0)
         denominator += pairs
+    if groups is not None:
+        i, j, right = _same_group_comparisons(scores, labels, strata, np.asarray(groups))
+        both = weights[:, i] * weights[:, j]
+        numerator -= both @ right
+        denominator -= both.sum(axis=1)
+        denominator = np.where(denominator > 1e-9, denominator, 0.0)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1.0), np.nan)
 
 
 @dataclass(frozen=True)
 class BucketAuroc:
-    """One bucket's stratified AUROC, its CI (None when it has no pair of a positive and a negative) and counts."""
+    """One bucket's stratified AUROC across matched pairs, its CI (None when no comparison is left) and counts;
+    `auroc_with_twins` also counts each positive against its own twin (the pre-v2 number)."""
 
     bucket: str
     auroc: float | None
@@ -56,6 +81,7 @@ class BucketAuroc:
     n_neg: int
     n_strata: int
     stratum_aurocs: dict[str, float | None]
+    auroc_with_twins: float | None = None
 
 
 def bucket_aurocs(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, strata: np.ndarray,
@@ -74,21 +100,24 @@ def bucket_aurocs(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray, st
     for bucket in sorted(set(buckets.tolist()), key=lambda b: (rank.get(b, len(rank)), len(b), b)):
         rows = buckets == bucket
         s, y, st = scores[rows], labels[rows], strata[rows]
-        per = {str(c): _single(s[st == c], y[st == c]) for c in sorted(set(st.tolist()))}
-        value = float(stratified_auroc_batch(s, y, st, np.ones((1, s.size)))[0])
+        g = groups[rows]
+        per = {str(c): _single(s[st == c], y[st == c], g[st == c]) for c in sorted(set(st.tolist()))}
+        ones = np.ones((1, s.size))
+        value = float(stratified_auroc_batch(s, y, st, ones, g)[0])
+        with_twins = float(stratified_auroc_batch(s, y, st, ones)[0])
         low = high = None
         if np.isfinite(value):
-            units = np.char.add(np.char.add(st, "\x00"), groups[rows])
-            reps = stratified_auroc_batch(s, y, st, group_bootstrap_weights(units, y, n_bootstrap, seed))
+            units = np.char.add(np.char.add(st, "\x00"), g)
+            reps = stratified_auroc_batch(s, y, st, group_bootstrap_weights(units, y, n_bootstrap, seed), g)
             lo, hi = np.nanquantile(reps, [alpha, 1.0 - alpha])
             low, high = float(lo), float(hi)
         out.append(BucketAuroc(bucket=bucket, auroc=value if np.isfinite(value) else None, ci_low=low, ci_high=high,
                                n=int(rows.sum()), n_pos=int(y.sum()), n_neg=int((~y).sum()),
-                               n_strata=len(per), stratum_aurocs=per))
+                               n_strata=len(per), stratum_aurocs=per,
+                               auroc_with_twins=with_twins if np.isfinite(with_twins) else None))
     return out
 
 
-def _single(scores: np.ndarray, labels: np.ndarray) -> float | None:
-    if labels.all() or not labels.any():
-        return None
-    return float(auroc_batch(scores, labels, np.ones((1, scores.size)))[0])
+def _single(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> float | None:
+    value = stratified_auroc_batch(scores, labels, np.zeros(scores.size), np.ones((1, scores.size)), groups)[0]
+    return float(value) if np.isfinite(value) else None

@@ -19,16 +19,17 @@ from poolbench.records.d1 import D1CellRecord, d1_records_from_table, d1_records
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import layer_shard_key
 
-D1_VERSION = 4  # 2: per-cell reliability statistics, supervised (S3) cells; 3: Newton logistic probe;
-# 4: one D1 artifact per (concept, layer), gathered into the concept's
+D1_VERSION = 5  # 2: per-cell reliability statistics, supervised (S3) cells; 3: Newton logistic probe;
+# 4: one D1 artifact per (concept, layer), gathered into the concept's; 5: pair-clustered DeLong CI, type control
 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
                        n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None,
-                       heads: pa.Table | None = None) -> list[D1CellRecord]:
+                       heads: pa.Table | None = None, types: dict[str, str] | None = None) -> list[D1CellRecord]:
     """One record per (layer, strategy, probe): CV AUROC on train, held-out AUROC with its CI, fallbacks.
 
-    `heads` is the ITIHeadTable that pooling made beside `table`; supervised (S3) cells need it."""
+    `heads` is the ITIHeadTable that pooling made beside `table`; supervised (S3) cells need it. `types` maps a
+    passage id to its lexical type (domain), the control task's unit; without it selectivity is n/a."""
     view = PooledTableView(table)
     head_view = ITIHeadView(heads) if heads is not None else None
     metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
@@ -47,8 +48,10 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
             result = evaluate_d1(train.X, train.y, train.groups, test.X, test.y, test.groups,
                                  n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
             if reliability:
+                types_train = (None if types is None else
+                               np.array([types.get(str(pid), str(pid)) for pid in train.passage_ids]))
                 stats = cell_reliability(train.X, train.y, train.groups, train.passage_ids, test.X, test.y,
-                                         test.groups, seed=seed, n_folds=n_folds)
+                                         test.groups, seed=seed, n_folds=n_folds, types_train=types_train)
         else:  # heads are chosen inside each fold from that fold's training labels only
             result = evaluate_d1_supervised(
                 supervised, cell.y, cell.groups, train_rows,
@@ -69,7 +72,8 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
 
 
 def probe_layer_task(store_url: str, pooled_key: str, d1_key: str, concept: str, layer: int, n_folds: int,
-                     seed: int, n_bootstrap: int, reliability: bool = True, flash: str | None = None) -> dict:
+                     seed: int, n_bootstrap: int, reliability: bool = True, flash: str | None = None,
+                     types: dict[str, str] | None = None) -> dict:
     """Read one layer's PooledTable shard (and its ITIHeadTable shard for S3), write that layer's D1 records
     under `layer_shard_key(d1_key, layer)`; a task holds one layer's vectors, never the concept's. Safe to retry."""
     from poolbench.store.url import open_store
@@ -79,7 +83,7 @@ def probe_layer_task(store_url: str, pooled_key: str, d1_key: str, concept: str,
     table = store.get_table(shard_key)
     heads = store.get_table(head_table_key(shard_key)) if needs_head_table(table) else None
     records = probe_pooled_table(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
-                                 reliability=reliability, flash=flash, heads=heads)
+                                 reliability=reliability, flash=flash, heads=heads, types=types)
     key = layer_shard_key(d1_key, layer)
     store.put_table(key, d1_records_table(records))
     return {"concept": concept, "layer": layer, "key": key, "cells": len(records)}

@@ -13,7 +13,7 @@ from sklearn.base import clone
 from sklearn.model_selection import StratifiedKFold
 from threadpoolctl import ThreadpoolController
 
-from poolbench.prober.auroc import ProbeError, auroc, bootstrap_auroc_ci
+from poolbench.prober.auroc import AUROC_CI_METHOD, ProbeError, auroc, auroc_ci
 from poolbench.prober.fast_folds import check_folds, stratified_group_splits
 from poolbench.prober.probes import PROBE_NAMES, make_probe
 
@@ -58,6 +58,8 @@ class ProbeResult:
     oof_scores: np.ndarray = field(repr=False)  # [n_train] out-of-fold decision scores
     test_scores: np.ndarray = field(repr=False)  # [n_test] decision scores of the all-train fit
     test_pred: np.ndarray = field(repr=False)  # [n_test] 0/1 predictions of the all-train fit
+    ci_method: str = AUROC_CI_METHOD
+    ci_degenerate: bool = False  # perfect separation: the CI rests on the worst-case variance bound
 
     def to_record(self) -> dict:
         """The scalar summary as a flat JSON-able dict (per-passage arrays travel separately)."""
@@ -69,6 +71,8 @@ class ProbeResult:
             "ci_low": self.ci_low,
             "ci_high": self.ci_high,
             "ci_level": self.ci_level,
+            "ci_method": self.ci_method,
+            "ci_degenerate": self.ci_degenerate,
             "n_train": self.n_train,
             "n_test": self.n_test,
             "n_folds": self.n_folds,
@@ -213,14 +217,14 @@ def _evaluate_probe(
     cv = _cross_validate(X_train, y_train, splits, name, seed)
     model = make_probe(name, seed).fit(X_train, y_train)
     test_scores = _scores(model, X_test)
-    low, high = bootstrap_auroc_ci(test_scores, y_test, groups_test, n_bootstrap, seed, ci_level)
+    ci = auroc_ci(test_scores, y_test, groups_test, ci_level)
     return ProbeResult(
         probe=name,
         cv_auroc=cv.auroc,
         cv_fold_aurocs=cv.fold_aurocs,
         test_auroc=auroc(test_scores, y_test),
-        ci_low=low,
-        ci_high=high,
+        ci_low=ci.low,
+        ci_high=ci.high,
         n_train=int(y_train.size),
         n_test=int(y_test.size),
         n_folds=len(splits),
@@ -229,4 +233,6 @@ def _evaluate_probe(
         oof_scores=cv.oof_scores,
         test_scores=test_scores,
         test_pred=np.asarray(model.predict(X_test), dtype=np.int64),
+        ci_method=ci.method,
+        ci_degenerate=ci.degenerate,
     )

@@ -14,7 +14,7 @@ from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 
 from poolbench.corpus.passage import Passage
-from poolbench.prober.auroc import ProbeError, auroc, bootstrap_auroc_ci
+from poolbench.prober.auroc import AUROC_CI_METHOD, ProbeError, auroc, auroc_ci
 from poolbench.prober.probes import LOGISTIC_C
 from poolbench.records.lexical import LexicalBaselineRecord
 
@@ -34,6 +34,7 @@ class LexicalResult:
     n_bootstrap: int
     n_features: int
     test_scores: np.ndarray = field(repr=False)
+    ci_degenerate: bool = False
 
 
 def lexical_baseline(train_texts: Sequence[str], y_train: np.ndarray, test_texts: Sequence[str], y_test: np.ndarray,
@@ -54,10 +55,11 @@ def lexical_baseline(train_texts: Sequence[str], y_train: np.ndarray, test_texts
     model = LogisticRegression(C=LOGISTIC_C, solver="lbfgs", tol=1e-10, max_iter=10_000)
     model.fit(X_train, y_train)
     scores = np.asarray(model.decision_function(vectorizer.transform(test_texts)), dtype=np.float64)
-    low, high = bootstrap_auroc_ci(scores, y_test, groups_test, n_bootstrap, seed, ci_level)
-    return LexicalResult(test_auroc=auroc(scores, y_test), ci_low=low, ci_high=high, ci_level=ci_level,
+    ci = auroc_ci(scores, y_test, groups_test, ci_level)
+    return LexicalResult(test_auroc=auroc(scores, y_test), ci_low=ci.low, ci_high=ci.high, ci_level=ci_level,
                          n_train=int(y_train.size), n_test=int(y_test.size), n_bootstrap=n_bootstrap,
-                         n_features=len(vectorizer.vocabulary_), test_scores=scores)
+                         n_features=len(vectorizer.vocabulary_), test_scores=scores,
+                         ci_degenerate=ci.degenerate)
 
 
 def lexical_record(concept: str, passages: Sequence[Passage], *, n_bootstrap: int = 1000, seed: int = 0,
@@ -72,4 +74,5 @@ def lexical_record(concept: str, passages: Sequence[Passage], *, n_bootstrap: in
     return LexicalBaselineRecord(concept=concept, test_auroc=result.test_auroc, ci_low=result.ci_low,
                                  ci_high=result.ci_high, ci_level=result.ci_level, n_train=result.n_train,
                                  n_test=result.n_test, n_bootstrap=result.n_bootstrap,
-                                 n_features=result.n_features, C=LOGISTIC_C, features=FEATURES)
+                                 n_features=result.n_features, C=LOGISTIC_C, features=FEATURES,
+                                 ci_method=AUROC_CI_METHOD, ci_degenerate=result.ci_degenerate)

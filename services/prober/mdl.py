@@ -37,6 +37,7 @@ from poolbench.prober.seed_spread import ProbeFactory
 MDL_FRACTIONS = (0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.0625, 0.125, 0.25, 0.5, 1.0)
 MDL_MIN_BLOCK = 16  # passages; the first block (uniform code) holds at least this many, capped at half of train
 MDL_CALIBRATION_FOLDS = 3  # pair-grouped folds of the earlier passages: the coding models and Platt's data
+MDL_MIN_BLOCKS = 5  # fewer blocks (first included) is not prequential: one or two fits code everything
 
 
 @dataclass(frozen=True)
@@ -44,10 +45,11 @@ class OnlineCode:
     """Codelengths in bits; block_ends[i] is the exclusive end of block i in the transmission order."""
 
     uniform_bits: float
-    online_bits: float
-    compression: float
+    online_bits: float | None
+    compression: float | None
     block_ends: tuple[int, ...]
     block_bits: tuple[float, ...]
+    na_reason: str | None = None  # why online_bits/compression are None (too few blocks)
 
 
 def transmission_order(groups: np.ndarray, seed: int, shuffle: bool = True) -> np.ndarray:
@@ -82,6 +84,21 @@ def block_ends(group_sizes: Sequence[int], fractions: Sequence[float] = MDL_FRAC
             ends.append(end)
     if ends[-1] != n:
         ends.append(n)
+    return ends
+
+
+def even_block_ends(group_sizes: Sequence[int], n_blocks: int) -> list[int]:
+    """n_blocks near-equal blocks snapped to group boundaries: ends at the first boundary >= ceil(k n / n_blocks).
+
+    Used when the geometric fractions and the first-block floor leave too few blocks on a small train split.
+    """
+    bounds = np.cumsum(np.asarray(group_sizes, dtype=np.int64))
+    n = int(bounds[-1])
+    ends: list[int] = []
+    for k in range(1, n_blocks + 1):
+        end = int(bounds[np.searchsorted(bounds, math.ceil(k * n / n_blocks - 1e-9))])
+        if not ends or end > ends[-1]:
+            ends.append(end)
     return ends
 
 
@@ -148,12 +165,15 @@ def _calibrated_bits(X: np.ndarray, y: np.ndarray, groups: np.ndarray, start: in
 def online_codelength(X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = None, *, seed: int = 0,
                       probe: ProbeFactory = make_logistic_probe, fractions: Sequence[float] = MDL_FRACTIONS,
                       shuffle: bool = True, min_block: int = MDL_MIN_BLOCK,
-                      calibration_folds: int = MDL_CALIBRATION_FOLDS) -> OnlineCode:
+                      calibration_folds: int = MDL_CALIBRATION_FOLDS,
+                      min_blocks: int = MDL_MIN_BLOCKS) -> OnlineCode:
     """Prequential codelength of binary labels y given X, and compression = n bits / online bits.
 
     The first block holds at least min(min_block, n / 2) passages. `calibration_folds=0` sends each block with
     the raw probe's probabilities (Voita & Titov's plain code), when its prefix holds both classes. A block
     whose prefix cannot be fitted (one class) or cross-validated is sent with the uniform code (1 bit a label).
+    When those blocks number fewer than `min_blocks`, `min_blocks` near-equal blocks replace them; a split with
+    fewer pair groups than that gets no codelength (compression None, `na_reason` saying why).
     """
     X, y = np.asarray(X, dtype=np.float64), np.asarray(y)
     groups = np.arange(y.size) if groups is None else np.asarray(groups)
@@ -165,6 +185,12 @@ def online_codelength(X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = 
     X, y, groups = X[order], y[order], groups[order]
     sizes = np.diff(np.flatnonzero(np.r_[True, groups[1:] != groups[:-1], True]))
     ends = block_ends(sizes, fractions, min(min_block, y.size // 2))
+    if len(ends) < min_blocks:
+        ends = even_block_ends(sizes, min_blocks)
+    if len(ends) < min_blocks:
+        return OnlineCode(uniform_bits=float(y.size), online_bits=None, compression=None, block_ends=tuple(ends),
+                          block_bits=(), na_reason=f"{sizes.size} pair groups give {len(ends)} blocks; prequential "
+                                                   f"MDL needs >= {min_blocks}")
     bits = [float(ends[0])]
     for start, end in itertools.pairwise(ends):
         block: float | None = None

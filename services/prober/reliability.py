@@ -13,11 +13,11 @@ from poolbench.prober.d1 import check_split
 from poolbench.prober.fast_folds import check_folds
 from poolbench.prober.mdl import online_codelength
 from poolbench.prober.seed_spread import seed_spread
-from poolbench.prober.selectivity import selectivity
+from poolbench.prober.selectivity import CONTROL_TASK, selectivity
 from poolbench.prober.significance import friedman_nemenyi
 from poolbench.prober.win_rate import mean_win_rate
 
-RELIABILITY_VERSION = 2  # 2: one Newton probe, memorisable control task, calibrated MDL, concept blocks
+RELIABILITY_VERSION = 3  # 3: control task per lexical type with pair-grouped folds (n/a without types), MDL >= 5 blocks
 RELIABILITY_PROBE = "logistic"
 LAYER_SELECTION = (
     "each strategy at its CV-chosen layer (highest mean cv_auroc over concepts, ties to the lower layer), "
@@ -28,12 +28,14 @@ _BLAS = ThreadpoolController()
 
 def cell_reliability(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.ndarray,
                      ids_train: np.ndarray, X_test: np.ndarray, y_test: np.ndarray, groups_test: np.ndarray,
-                     *, seed: int,
-                     n_seeds: int = 5, n_folds: int = 5) -> dict:
+                     *, seed: int, n_seeds: int = 5, n_folds: int = 5,
+                     types_train: np.ndarray | None = None) -> dict:
     """Seed spread of CV AUROC, selectivity and MDL compression of D1's logistic probe on one cell.
 
     The test split is only validated here (the statistics live on train, so they never touch D1's
     held-out judgement). Every fit is D1's probe from scratch, so seed_cv_aurocs[0] is D1's cv_auroc.
+    `types_train` (each train passage's lexical type, its domain) carries the control task; without it selectivity
+    is None with the reason. `ids_train` is kept for callers; the control no longer keys on passage ids.
     """
     X_train, y_train, groups_train = check_split("train", X_train, y_train, groups_train)
     X_test, y_test, groups_test = check_split("test", X_test, y_test, groups_test)
@@ -42,7 +44,7 @@ def cell_reliability(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.
     check_folds(y_train, groups_train, n_folds)
     with _BLAS.limit(limits=1, user_api="blas"):
         spread = seed_spread(X_train, y_train, groups_train, seed=seed, n_seeds=n_seeds, n_folds=n_folds)
-        sel = selectivity(X_train, y_train, groups_train, ids_train, seed=seed, n_folds=n_folds,
+        sel = selectivity(X_train, y_train, groups_train, types_train, seed=seed, n_folds=n_folds,
                           true_score=float(spread.cv_aurocs[0]))
         code = online_codelength(X_train, y_train, groups_train, seed=seed)
     return {
@@ -52,11 +54,16 @@ def cell_reliability(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.
         "seed_std": spread.std,
         "selectivity": sel.selectivity,
         "control_cv_auroc": sel.control_score,
+        "control_ci_low": sel.control_ci_low,
+        "control_ci_high": sel.control_ci_high,
+        "control_task": CONTROL_TASK,
+        "selectivity_na_reason": sel.na_reason,
         "mdl_compression": code.compression,
         "mdl_online_bits": code.online_bits,
         "mdl_uniform_bits": code.uniform_bits,
         "mdl_block_ends": [int(v) for v in code.block_ends],
         "mdl_block_bits": [float(v) for v in code.block_bits],
+        "mdl_na_reason": code.na_reason,
     }
 
 

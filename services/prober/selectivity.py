@@ -2,15 +2,15 @@
 
 H&L's control task gives every word TYPE a random label; a probe can reach it only by memorising the
 type -> label map, which works because tokens of one type recur between training and evaluation. Its score
-is therefore the probe's capacity to memorise content, and selectivity is how far the concept lifts the probe
-above that capacity. A PoolBench passage's recurring type is its matched pair: the twin is a controlled
-rewrite that shares nearly all of its content. So the control gives both members of a pair one random label
-(fixed by the pair's smallest id and the seed, balance kept) and, unlike the concept task, deals the two
-members into DIFFERENT folds, so every evaluated passage's twin was in the probe's training set. The concept
-task must keep pairs together (twins carry opposite concept labels, so a split pair leaks); the control task
-must split them (twins carry the same control label, so a split pair is the recurrence H&L rely on). A probe
-that can tie a label to a passage's content scores well above 0.5 on the control; one that cannot stays
-near 0.5. Unpaired passages are types seen once: a corpus without pairs leaves the control at chance.
+is the probe's capacity to memorise surface content, and selectivity is how far the concept lifts the probe
+above that capacity. A PoolBench passage's recurring type is its lexical type (its domain: each concept spans
+several, each with its own vocabulary), which recurs across matched pairs. So the control gives every passage of
+one type one random label (fixed by the type and the seed, balance kept), and the folds keep each matched pair
+together, as the concept task's do: a held-out passage's twin is never in the probe's training set, so the probe
+cannot recognise the twin (v2's control dealt twins into different folds and scored 1.0 on nearly every cell),
+only the type, through other pairs. A representation that encodes the concept and not the content scores a control
+near 0.5 and a high selectivity; one that carries the content (type) scores a high control and a low selectivity.
+Without types that recur across pairs nothing can be memorised, so selectivity is n/a with the reason.
 """
 
 from __future__ import annotations
@@ -20,17 +20,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from poolbench.prober.auroc import ProbeError
+from poolbench.prober.auroc import ProbeError, auroc, auroc_ci
 from poolbench.prober.fast_folds import stratified_group_splits as cv_splits
 from poolbench.prober.probes import make_logistic_probe
 from poolbench.prober.seed_spread import ProbeFactory, Splits, fold_auroc
 
+CONTROL_TASK = "lexical type (domain) -> random label, pair-grouped folds"
+
 
 @dataclass(frozen=True)
 class Selectivity:
+    """S = true - control, the control's CV AUROC with a CI, or None with `na_reason` when no control is meaningful."""
+
     true_score: float
-    control_score: float
-    selectivity: float
+    control_score: float | None
+    selectivity: float | None
+    control_ci_low: float | None = None
+    control_ci_high: float | None = None
+    na_reason: str | None = None
 
 
 def unit_hash(key: str, seed: int) -> float:
@@ -39,70 +46,72 @@ def unit_hash(key: str, seed: int) -> float:
     return int.from_bytes(digest, "big") / 2.0**64
 
 
-def _group_keys(ids: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, list[str], np.ndarray]:
-    """(group index per passage, each group's smallest passage id, group sizes)."""
-    uniq, index = np.unique(groups, return_inverse=True)
-    keys = [min(ids[index == g]) for g in range(uniq.size)]
-    return index, keys, np.bincount(index, minlength=uniq.size)
-
-
-def control_labels(ids: np.ndarray, y: np.ndarray, groups: np.ndarray, seed: int) -> np.ndarray:
-    """0/1 control labels: one per pair group, keyed by the group's smallest passage id, balance kept.
-
-    Groups are taken in order of unit_hash(min id, seed) and labelled 1 while the count of control
-    positives stays <= the true count, so all-pair data get exactly half the pairs (= half the passages).
-    """
-    ids, y, groups = np.asarray(ids).astype(str), np.asarray(y), np.asarray(groups)
-    if not ids.shape == y.shape == groups.shape:
-        raise ProbeError(f"control labels: ids {ids.shape}, y {y.shape}, groups {groups.shape} differ")
-    if np.unique(ids).size != ids.size:
-        raise ProbeError("control labels: passage ids are not unique")
-    index, keys, sizes = _group_keys(ids, groups)
-    target = int(np.sum(y == 1))
-    group_label = np.zeros(sizes.size, dtype=np.int64)
+def control_labels(types: np.ndarray, seed: int) -> np.ndarray:
+    """0/1 control labels, one per type: types in order of unit_hash(type, seed) are labelled 1 while the count of
+    control positives stays <= half the passages (the first type always), so both classes appear when >= 2 types."""
+    types = np.asarray(types).astype(str)
+    uniq, index = np.unique(types, return_inverse=True)
+    sizes = np.bincount(index.ravel(), minlength=uniq.size)
+    label = np.zeros(uniq.size, dtype=np.int64)
     n_pos = 0
-    for g in sorted(range(sizes.size), key=lambda g: unit_hash(keys[g], seed)):
-        if n_pos + sizes[g] <= target:
-            group_label[g] = 1
-            n_pos += sizes[g]
-    labels = group_label[index]
-    if labels.min() == labels.max():
-        raise ProbeError(f"control labels: {sizes.size} pair groups cannot carry both classes")
-    return labels
+    for t in sorted(range(uniq.size), key=lambda t: unit_hash(str(uniq[t]), seed)):
+        if n_pos == 0 or n_pos + sizes[t] <= types.size // 2:
+            label[t] = 1
+            n_pos += sizes[t]
+    return label[index.ravel()]
 
 
-def control_splits(ids: np.ndarray, control: np.ndarray, groups: np.ndarray, n_folds: int,
-                   seed: int) -> Splits:
-    """(train_idx, val_idx) per fold with each pair's members in different folds, stratified by control label.
-
-    Per control class, groups are taken in order of unit_hash(min id, seed) and their members (by id) are
-    dealt round-robin into the folds: twins land in consecutive folds, each fold gets its share of each class.
-    """
-    ids, control, groups = np.asarray(ids).astype(str), np.asarray(control), np.asarray(groups)
+def control_na_reason(types: np.ndarray | None, groups: np.ndarray, n_folds: int, seed: int) -> str | None:
+    """Why no control task is meaningful here, or None: no types, fewer than 2 types that recur across pairs, or too
+    few pair groups per control class for the folds."""
+    if types is None:
+        return "the passages carry no lexical type (domain): nothing recurs across pairs for a control to memorise"
+    types, groups = np.asarray(types).astype(str), np.asarray(groups).astype(str)
+    recurring = [t for t in np.unique(types) if np.unique(groups[types == t]).size >= 2]
+    if len(recurring) < 2:
+        return f"{len(recurring)} lexical type(s) recur across matched pairs; a control task needs >= 2"
+    control = control_labels(types, seed)
     for c in (0, 1):
-        if np.sum(control == c) < n_folds:
-            raise ProbeError(f"control task: {int(np.sum(control == c))} passages of class {c}; "
-                             f"{n_folds}-fold CV needs >= {n_folds}")
-    index, keys, _ = _group_keys(ids, groups)
-    fold = np.empty(ids.size, dtype=np.int64)
-    for c in (0, 1):
-        members = np.flatnonzero(control == c)
-        ordered = sorted(members, key=lambda i: (unit_hash(keys[index[i]], seed), keys[index[i]], ids[i]))
-        fold[np.asarray(ordered)] = np.arange(len(ordered)) % n_folds
-    everything = np.arange(ids.size)
-    return [(everything[fold != k], everything[fold == k]) for k in range(n_folds)]
+        n_groups = np.unique(groups[control == c]).size
+        if n_groups < n_folds:
+            return f"control class {c} holds {n_groups} pair groups; {n_folds}-fold CV needs >= {n_folds}"
+    return None
 
 
-def selectivity(X: np.ndarray, y: np.ndarray, groups: np.ndarray, ids: np.ndarray, *, seed: int = 0,
-                n_folds: int = 5, probe: ProbeFactory = make_logistic_probe,
-                true_score: float | None = None) -> Selectivity:
-    """S = CV AUROC(concept, pair-grouped folds) - CV AUROC(control, pair-splitting folds), same probe.
+def _control_cv(X: np.ndarray, y: np.ndarray, splits: Splits, probe: ProbeFactory,
+                seed: int) -> tuple[float, np.ndarray]:
+    """(mean fold AUROC, as fold_auroc gives it; out-of-fold scores standardised within each fold, since fold
+    models' scores share no scale) from one fit per fold."""
+    out, folds = np.empty(y.size), []
+    for k, (fit_idx, val_idx) in enumerate(splits):
+        if np.unique(y[val_idx]).size < 2 or np.unique(y[fit_idx]).size < 2:
+            raise ProbeError(f"control CV fold {k} holds one class only")
+        s = np.asarray(probe(seed).fit(X[fit_idx], y[fit_idx]).decision_function(X[val_idx]), dtype=np.float64)
+        folds.append(auroc(s, y[val_idx]))
+        out[val_idx] = (s - s.mean()) / (s.std() or 1.0)
+    return float(np.mean(folds)), out
 
+
+def selectivity(X: np.ndarray, y: np.ndarray, groups: np.ndarray, types: np.ndarray | None = None, *,
+                seed: int = 0, n_folds: int = 5, probe: ProbeFactory = make_logistic_probe,
+                true_score: float | None = None, ci_level: float = 0.95) -> Selectivity:
+    """S = CV AUROC(concept) - CV AUROC(control), both on pair-grouped folds with the same probe; n/a with the reason
+    when `types` (one lexical type per passage) cannot carry a control.
+
+    The control's CI is the pair-clustered interval of its pooled, per-fold standardised out-of-fold scores.
     `true_score` reuses an already computed CV AUROC on the true labels at this seed (D1's cv_auroc).
     """
+    X, y, groups = np.asarray(X, dtype=np.float64), np.asarray(y), np.asarray(groups)
+    if types is not None and np.asarray(types).shape != y.shape:
+        raise ProbeError(f"selectivity: types {np.asarray(types).shape} and labels {y.shape} differ")
     if true_score is None:
         true_score = fold_auroc(X, y, cv_splits(y, groups, n_folds, seed), probe, seed)
-    control = control_labels(ids, y, groups, seed)
-    control_score = fold_auroc(X, control, control_splits(ids, control, groups, n_folds, seed), probe, seed)
+    reason = control_na_reason(types, groups, n_folds, seed)
+    if reason is not None:
+        return Selectivity(true_score=float(true_score), control_score=None, selectivity=None, na_reason=reason)
+    control = control_labels(np.asarray(types), seed)
+    splits = cv_splits(control, groups, n_folds, seed)
+    control_score, oof = _control_cv(X, control, splits, probe, seed)
+    ci = auroc_ci(oof, control, groups, ci_level)
     return Selectivity(true_score=float(true_score), control_score=control_score,
-                       selectivity=float(true_score) - control_score)
+                       selectivity=float(true_score) - control_score, control_ci_low=ci.low, control_ci_high=ci.high)

@@ -21,7 +21,7 @@ from sklearn.model_selection import StratifiedGroupKFold
 
 from poolbench.pooler.iti import HEAD_FRACTION, HEADS_META, ITIHeadView
 from poolbench.pooler.pooled_table import PooledMatrix
-from poolbench.prober.auroc import ProbeError, auroc, bootstrap_auroc_ci
+from poolbench.prober.auroc import ProbeError, auroc, auroc_ci
 from poolbench.prober.d1 import _BLAS, D1Result, ProbeResult, cv_splits
 from poolbench.prober.probes import PROBE_NAMES, make_probe
 
@@ -111,13 +111,14 @@ def evaluate_d1_supervised(cell: SupervisedCell, y: np.ndarray, groups: np.ndarr
                 fold_aurocs[k] = auroc(oof[val], y[train[val]])
             model = clone(template).fit(X_all[train], y[train])
             test_scores = np.asarray(model.decision_function(X_all[test]), dtype=np.float64)
-            low, high = bootstrap_auroc_ci(test_scores, y[test], groups[test], n_bootstrap, seed, ci_level)
+            ci = auroc_ci(test_scores, y[test], groups[test], ci_level)
             results[name] = ProbeResult(
                 probe=name, cv_auroc=float(fold_aurocs.mean()), cv_fold_aurocs=fold_aurocs,
-                test_auroc=auroc(test_scores, y[test]), ci_low=low, ci_high=high, n_train=int(train.size),
+                test_auroc=auroc(test_scores, y[test]), ci_low=ci.low, ci_high=ci.high, n_train=int(train.size),
                 n_test=int(test.size), n_folds=len(folds), n_bootstrap=n_bootstrap, ci_level=ci_level,
                 oof_scores=oof, test_scores=test_scores,
                 test_pred=np.asarray(model.predict(X_all[test]), dtype=np.int64),
+                ci_method=ci.method, ci_degenerate=ci.degenerate,
             )
     return D1Result(probes=results, seed=seed)
 

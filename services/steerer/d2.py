@@ -14,7 +14,8 @@ from scipy.stats import rankdata
 from .errors import SteeringError
 
 DEFAULT_FLUENCY_GUARD = 2.0
-D2_VERSION = 2  # 2: the SCP bootstrap keeps degenerate replicates (rho = 0) and counts them
+D2_VERSION = 3  # 3: alpha* among alpha > 0 with its outcome and stability; both halves' rows; prompted guard
+N_HALVINGS = 200  # resampled selection/report halvings behind alpha*'s stability
 
 
 def _pearson_rows(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -107,12 +108,37 @@ def alpha_table(alphas: Sequence[float], scores: np.ndarray, nll_sum: np.ndarray
     return rows
 
 
-def choose_alpha(table: list[dict], guard: float = DEFAULT_FLUENCY_GUARD) -> int:
-    """Index of alpha*: best harmonic mean among alphas whose fluency ratio <= guard; ties go to the
-    smaller alpha. alpha = 0 always qualifies, so there is always a choice."""
+def choose_alpha(table: list[dict], guard: float = DEFAULT_FLUENCY_GUARD) -> tuple[int, str]:
+    """(index of alpha*, outcome): the best harmonic mean among alphas > 0 whose fluency ratio <= guard, ties to
+    the smaller alpha. alpha = 0 is never a candidate (it would make Delta = 0 a structural result): outcome
+    'no_alpha_helps' when alpha*'s harmonic mean does not beat alpha = 0's, 'no_alpha_fluent' (index 0) when no
+    alpha > 0 passes the guard, else 'chosen'."""
     ok = [i for i, r in enumerate(table)
-          if i == 0 or (r["fluency_ratio"] is not None and r["fluency_ratio"] <= guard)]
-    return max(ok, key=lambda i: (table[i]["hm"], -i))
+          if i > 0 and r["fluency_ratio"] is not None and r["fluency_ratio"] <= guard]
+    if not ok:
+        return 0, "no_alpha_fluent"
+    best = max(ok, key=lambda i: (table[i]["hm"], -i))
+    return best, "chosen" if table[best]["hm"] > table[0]["hm"] else "no_alpha_helps"
+
+
+def alpha_star_stability(alphas: Sequence[float], scores: np.ndarray, nll_sum: np.ndarray, n_tokens: np.ndarray,
+                         relevance: np.ndarray, chosen: str, *, guard: float = DEFAULT_FLUENCY_GUARD,
+                         n_halvings: int = N_HALVINGS, seed: int = 0) -> dict:
+    """alpha* over `n_halvings` other random selection halves (seeds seed+1, ...): how often each alpha is chosen
+    ("none": no fluent alpha), and the share agreeing with the reported choice `chosen` (a key of those counts)."""
+    a, s = _check(alphas, scores)
+    counts: dict[str, int] = {}
+    for k in range(1, n_halvings + 1):
+        select, _ = split_prompts(s.shape[1], seed + k)
+        index, outcome = choose_alpha(alpha_table(a, s, nll_sum, n_tokens, relevance, select), guard)
+        key = _alpha_key(a, index, outcome)
+        counts[key] = counts.get(key, 0) + 1
+    return {"alpha_star_counts": dict(sorted(counts.items())), "n_halvings": n_halvings,
+            "alpha_star_stability": counts.get(chosen, 0) / n_halvings if n_halvings else None}
+
+
+def _alpha_key(alphas: np.ndarray, index: int, outcome: str) -> str:
+    return "none" if outcome == "no_alpha_fluent" else repr(float(alphas[index]))
 
 
 def paired_delta(values: np.ndarray, baseline: np.ndarray, *, n_bootstrap: int = 1000, seed: int = 0,
@@ -134,33 +160,40 @@ def paired_delta(values: np.ndarray, baseline: np.ndarray, *, n_bootstrap: int =
 def d2_summary(alphas: Sequence[float], scores: np.ndarray, nll_sum: np.ndarray, n_tokens: np.ndarray,
                relevance: np.ndarray, *, guard: float = DEFAULT_FLUENCY_GUARD, n_bootstrap: int = 1000,
                seed: int = 0) -> dict:
-    """SCP over all prompts; alpha* chosen on one half, Delta(alpha*) with its CI on the other half."""
+    """SCP over all prompts; alpha* (> 0) chosen on one half with its outcome and its stability over resampled
+    halvings, Delta(alpha*) with its CI on the other half; both halves' per-alpha rows."""
     a, s = _check(alphas, scores)
     select, report = split_prompts(s.shape[1], seed)
-    chosen = choose_alpha(alpha_table(a, s, nll_sum, n_tokens, relevance, select), guard)
+    select_table = alpha_table(a, s, nll_sum, n_tokens, relevance, select)
+    chosen, outcome = choose_alpha(select_table, guard)
     report_table = alpha_table(a, s, nll_sum, n_tokens, relevance, report)
+    stability = alpha_star_stability(a, s, nll_sum, n_tokens, relevance, _alpha_key(a, chosen, outcome),
+                                     guard=guard, seed=seed)
     delta = paired_delta(s[chosen, report], s[0, report], n_bootstrap=n_bootstrap, seed=seed)
     star = report_table[chosen]
     return {
         **scp(a, s, n_bootstrap=n_bootstrap, seed=seed),
-        "alpha_star": float(a[chosen]), "alpha_star_index": int(chosen),
+        "alpha_star": float(a[chosen]), "alpha_star_index": int(chosen), "alpha_star_outcome": outcome,
+        **stability,
         "d2_delta": delta["delta"], "d2_delta_ci_low": delta["ci_low"], "d2_delta_ci_high": delta["ci_high"],
         "score_at_alpha_star": star["score"], "score_at_zero": report_table[0]["score"],
         "fluency_ratio": star["fluency_ratio"], "fluency_guard": guard,
         "relevance": star["relevance"], "perplexity_at_zero": report_table[0]["perplexity"],
         "select_prompts": select.tolist(), "report_prompts": report.tolist(),
-        "per_alpha": report_table,
+        "per_alpha": report_table, "per_alpha_select": select_table,
     }
 
 
 def prompted_summary(scores_p: np.ndarray, nll_p: np.ndarray, ntok_p: np.ndarray, relevance_p: np.ndarray,
                      scores0: np.ndarray, nll0: np.ndarray, ntok0: np.ndarray, report: np.ndarray, *,
-                     n_bootstrap: int = 1000, seed: int = 0) -> dict:
-    """The prompted baseline (instruction prefix, unsteered) on the report half, beside alpha*."""
+                     n_bootstrap: int = 1000, seed: int = 0, guard: float = DEFAULT_FLUENCY_GUARD) -> dict:
+    """The prompted baseline (instruction prefix, unsteered) on the report half, beside alpha*, held to the
+    fluency guard steering must pass (`prompted_passes_fluency_guard`; None when its perplexity is undefined)."""
     ppl_p = perplexity(nll_p[report], ntok_p[report])
     ppl_0 = perplexity(nll0[report], ntok0[report])
     delta = paired_delta(scores_p[report], scores0[report], n_bootstrap=n_bootstrap, seed=seed)
+    ratio = ppl_p / ppl_0 if ppl_p is not None and ppl_0 is not None else None
     return {"prompted_score": float(np.mean(scores_p[report])), "prompted_delta": delta["delta"],
             "prompted_delta_ci_low": delta["ci_low"], "prompted_delta_ci_high": delta["ci_high"],
-            "prompted_fluency_ratio": ppl_p / ppl_0 if ppl_p is not None and ppl_0 is not None else None,
-            "prompted_relevance": float(np.mean(relevance_p[report]))}
+            "prompted_fluency_ratio": ratio, "prompted_relevance": float(np.mean(relevance_p[report])),
+            "prompted_passes_fluency_guard": None if ratio is None else bool(ratio <= guard)}

@@ -23,7 +23,7 @@ from poolbench.store.keys import artifact_key
 
 from .backend import Generation, GenerationSettings
 from .d2 import D2_VERSION, DEFAULT_FLUENCY_GUARD, d2_summary, paired_delta, prompted_summary
-from .d3 import D3_VERSION, disentanglement, neighbours
+from .d3 import D3_VERSION, d3_rep_flags, disentanglement, neighbours
 from .errors import SteeringError
 from .prompts import concept_instruction, load_prompts
 from .vector import DEFAULT_ALPHAS, SteeringVector, cosine, diffmean_vector, validate_alphas
@@ -173,7 +173,8 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
         p_rel = worker.relevance(prompts, [g.text for g in pgens])
         d2.update(prompted_instruction=instruction,
                   **prompted_summary(p_scores, p_nll, p_tok, p_rel, scores[concept][0], nll[0], n_tok[0],
-                                     report, n_bootstrap=config.n_bootstrap, seed=config.seed))
+                                     report, n_bootstrap=config.n_bootstrap, seed=config.seed,
+                                     guard=config.fluency_guard))
         tables.append(_generations_table([0.0], [pgens], seeds, {concept: p_scores}, "prompted"))
 
     star = summary["alpha_star_index"]
@@ -198,7 +199,8 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
         if other_table is not None:
             other_vec = steering_vector(PooledTableView(other_table), other, strategy, layer)
             rec.update(d3_rep=cosine(vector.direction, other_vec.direction),
-                       neighbour_vector_null_reason=other_vec.null_reason)
+                       neighbour_vector_null_reason=other_vec.null_reason,
+                       **d3_rep_flags(vector.direction, other_vec.direction))
         else:
             rec.update(d3_rep=None, neighbour_vector_null_reason="neighbour's pooled table not given")
         d3.append(D3Record(**rec))

@@ -95,13 +95,16 @@ def power(
     for row in report["power"]:
         table.add_row(str(row["n"]), f"{row['power']:.3f}")
     console.print(table)
-    rec = report["recommended_train_size"]
+    rec = report["recommended_test_size"]
+    rec_text = (f"{rec['n']}" if rec["n"] is not None
+                else f"more than {rec['more_than']} (the largest size tried)")
     console.print(
         f"accuracy {report['accuracy_a']:.3f} vs {report['accuracy_b']:.3f}; McNemar p = "
-        f"{report['mcnemar']['p_value']:.3g}; AUROC diff {report['auroc_difference']:+.3f} "
+        f"{report['mcnemar']['p_value']:.3g} (pairs: {report['mcnemar_pairs_p_value']:.3g}); "
+        f"AUROC diff {report['auroc_difference']:+.3f} "
         f"[{report['paired_bootstrap']['ci_low']:+.3f}, {report['paired_bootstrap']['ci_high']:+.3f}], "
-        f"DeLong p = {report['delong']['p_value']:.3g}; recommended train size "
-        f"{'none (equal accuracy)' if rec is None else rec}"
+        f"DeLong p = {report['delong']['p_value']:.3g}; test passages for {rec['target_power']:.0%} power: "
+        f"{rec_text}"
         f"{'; COLLAPSED: no difference beyond noise' if report['collapsed'] else ''}")
     target = out or run_dir / f"power_{concept}_{a}_vs_{b}.json"
     write_json_atomic(target, report)

@@ -3,7 +3,9 @@
 The same valence signal is planted in neutral context only at the start, only in the middle, only at the end,
 as four sentences spread across the passage, or as one evaluative word; each expectation below says up front
 which pooling must win where. A model or extractor that breaks them has an alignment, padding or hook bug, or
-pools differently from what its name says.
+pools differently from what its name says. Those are wiring checks a random-weight model also passes; the
+`trained_only` expectation (a valence word never seen in training, read by its meaning) is one it must fail.
+Every passage has about the same length whatever its density, so density is not a proxy for length.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from poolbench.corpus.token_count import count_tokens
 from poolbench.corpus.validation import normalise_text
 from poolbench.errors import CorpusError
 
-REVISION = 1  # bump when generated text changes: it names the cached corpus folder
+REVISION = 3  # bump when generated text changes: it names the cached corpus folder (3: dense = four words, length
+# level with one, unseen words)
 SIZE = (48, 24)
 """Matched pairs per calibration concept in (train, test)."""
 CONTEXT_WORDS = (60, 90)
@@ -37,14 +40,16 @@ class Plant:
     kind: str
     density: int
     placement: str
+    unseen: bool = False  # token plants only: test passages use evaluative words no training passage has
 
 
 PLANTS: dict[str, Plant] = {
     "calibration_start": Plant("sentence", 1, "start"),
     "calibration_middle": Plant("sentence", 1, "middle"),
     "calibration_end": Plant("sentence", 1, "end"),
-    "calibration_dense": Plant("sentence", 4, "spread"),
+    "calibration_dense": Plant("token", 4, "spread"),
     "calibration_token": Plant("token", 1, "middle"),
+    "calibration_unseen_words": Plant("token", 1, "middle", unseen=True),
 }
 CALIBRATION_CONCEPTS: tuple[str, ...] = tuple(PLANTS)
 
@@ -60,6 +65,7 @@ class Expectation:
     versus_concept: str | None = None
     versus_strategy: str | None = None
     causal_only: bool = False
+    trained_only: bool = False  # needs what training gives (word meaning): a random-weight model must fail it
 
 
 EXPECTATIONS: tuple[Expectation, ...] = (
@@ -69,10 +75,12 @@ EXPECTATIONS: tuple[Expectation, ...] = (
                 "calibration_end", "W2_last_k", "calibration_end", "W1_first_k"),
     Expectation("end_last_token", "on a causal LM the last token sees a signal planted at the end (P1 > chance)",
                 "calibration_end", "P1_last", causal_only=True),
-    Expectation("density_mean", "the mean falls as density falls (A1 on four spread sentences > A1 on one)",
-                "calibration_dense", "A1_mean", "calibration_middle", "A1_mean"),
+    Expectation("density_mean", "the mean falls as density falls (A1 on four spread words > A1 on one word)",
+                "calibration_dense", "A1_mean", "calibration_token", "A1_mean"),
     Expectation("sentence_vs_token", "one planted sentence beats one planted word under the mean (A1)",
                 "calibration_middle", "A1_mean", "calibration_token", "A1_mean"),
+    Expectation("unseen_words", "a valence word never seen in training is read by its meaning (A1 > chance)",
+                "calibration_unseen_words", "A1_mean", trained_only=True),
 )
 CALIBRATION_STRATEGIES: tuple[str, ...] = tuple(dict.fromkeys(
     s for e in EXPECTATIONS for s in (e.strategy, e.versus_strategy) if s is not None))
@@ -80,14 +88,31 @@ CALIBRATION_STRATEGIES: tuple[str, ...] = tuple(dict.fromkeys(
 _WORDS = ConceptSpec("calibration_words", {"calibration": ST.CONTEXT_VOCAB})
 
 
-def _units(rng: random.Random, plant: Plant) -> list[tuple[str, str]]:
+# Disjoint train and test evaluative words for `unseen` plants, (good, bad) each; many words per side, with shared
+# endings ("-ful", "-ble", "-ly") on both labels, so a test word's spelling alone averages to no label.
+UNSEEN_SPLIT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "train": (("wonderful", "lovely", "great", "pleasant", "charming", "splendid", "superb", "cheerful",
+               "glorious", "marvellous", "gorgeous", "admirable"),
+              ("terrible", "horrible", "awful", "nasty", "gloomy", "grim", "vile", "ugly", "dismal", "bleak",
+               "rotten", "wretched")),
+    "test": (("beautiful", "delightful", "perfect", "excellent", "brilliant", "lively", "sunny", "friendly",
+              "graceful", "elegant", "fantastic", "magnificent"),
+             ("dreadful", "miserable", "hideous", "gruesome", "foul", "shabby", "dreary", "filthy", "sombre",
+              "appalling", "hateful", "ghastly")),
+}
+
+
+def _units(rng: random.Random, plant: Plant, split: str) -> list[tuple[str, str]]:
     """(positive, negative) signal units: whole sentences, or one frame whose single word flips valence."""
     if plant.kind == "sentence":
         return [ST.CALIBRATION_SENTENCES[i] for i in rng.sample(range(len(ST.CALIBRATION_SENTENCES)), plant.density)]
-    template = rng.choice(ST.CALIBRATION_TOKEN_FRAMES).replace("{word}", "\x00")
-    frame = _Slots(rng, _WORDS, "calibration").fill(template)
-    good, bad = ST.CALIBRATION_TOKEN_WORDS
-    return [(frame.replace("\x00", rng.choice(good)), frame.replace("\x00", rng.choice(bad)))]
+    good, bad = UNSEEN_SPLIT[split] if plant.unseen else ST.CALIBRATION_TOKEN_WORDS
+    units = []
+    for _ in range(plant.density):
+        template = rng.choice(ST.CALIBRATION_TOKEN_FRAMES)
+        frame = _Slots(rng, _WORDS, "calibration").fill(template.replace("{word}", "\x00"))
+        units.append((frame.replace("\x00", rng.choice(good)), frame.replace("\x00", rng.choice(bad))))
+    return units
 
 
 def generate_calibration_concept(concept: str, seed: int = 0) -> list[Passage]:
@@ -104,8 +129,9 @@ def generate_calibration_concept(concept: str, seed: int = 0) -> list[Passage]:
         neg: list[Passage] = []
         for i in range(n):
             for _ in range(_MAX_TRIES):
-                units = _units(rng, plant)
-                context = neutral_context(rng, rng.randint(*CONTEXT_WORDS))
+                units = _units(rng, plant, split)
+                beyond_one = sum(len(u[0].split()) for u in units[1:])  # signal words past one unit replace context
+                context = neutral_context(rng, max(0, rng.randint(*CONTEXT_WORDS) - beyond_one))
                 (p_text, p_spans), (n_text, n_spans) = planted_pair(context, units, plant.placement, rng)
                 keys = {normalise_text(p_text), normalise_text(n_text)}
                 if len(keys) == 2 and not seen.intersection(keys):

@@ -80,5 +80,6 @@ def d1_by_bucket(store: ArtifactStore, pooled_keys: dict[str, str], passages_by_
                 out.append(BucketAurocRecord(
                     strategy=strategy, layer=layer, probe="logistic", by=by, bucket=b.bucket, auroc=b.auroc,
                     ci_low=b.ci_low, ci_high=b.ci_high, ci_level=CI_LEVEL, n=b.n, n_pos=b.n_pos, n_neg=b.n_neg,
-                    n_concepts=b.n_strata, n_bootstrap=n_bootstrap, concept_aurocs=b.stratum_aurocs))
+                    n_concepts=b.n_strata, n_bootstrap=n_bootstrap, concept_aurocs=b.stratum_aurocs,
+                    comparisons="across_pairs", auroc_with_twins=b.auroc_with_twins))
     return out

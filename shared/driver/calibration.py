@@ -77,7 +77,7 @@ def run_calibration(model: str, *, layer: int | None = None, model_args: dict[st
                     seed: int = 0, n_bootstrap: int = 1000,
                     on_event: Callable[[str, dict], None] | None = None) -> dict:
     """Pool the calibration concepts with W1, W2, P1 and A1 at one layer (default: the middle one) and report
-    every expectation as held or not, with its AUROC gap and CI."""
+    every expectation as held or not, with its AUROC gap and CI; `trained_only` ones a random-weight model fails."""
     from poolbench.driver.pipeline import run_benchmark
     from poolbench.pooler.pooled_table import PooledTableView, read_pooled_layer
     from poolbench.store.url import open_store
@@ -105,6 +105,7 @@ def run_calibration(model: str, *, layer: int | None = None, model_args: dict[st
             expectations.append({"id": expectation.id, "statement": expectation.statement, "held": None,
                                  "note": f"not applicable: {model} is not a causal LM"})
             continue
-        expectations.append(expectation_gap(expectation, scores, n_bootstrap=n_bootstrap, seed=seed))
+        expectations.append({**expectation_gap(expectation, scores, n_bootstrap=n_bootstrap, seed=seed),
+                             "trained_only": expectation.trained_only})
     return {"model": outcome.model, "layer": layer, "probe": "logistic", "ci_level": CI_LEVEL,
             "corpus": outcome.corpus, "expectations": expectations}

@@ -243,7 +243,7 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
         return TaskJob(ConceptJob("probe", plan.concept, layer), lambda: probe_task.options(
             num_cpus=1, runtime_env=runtime_env).remote(
             store_url, plan.pooled_key, plan.d1_key, plan.concept, layer, cfg.n_folds, cfg.seed, cfg.n_bootstrap,
-            cfg.reliability, cfg.flash))
+            cfg.reliability, cfg.flash, {p.id: p.domain for p in plan.passages}))
 
     def gather(plan: ConceptPlan) -> None:
         gather_layer_d1(store, plan.d1_key, run.layers)

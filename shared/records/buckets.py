@@ -7,7 +7,8 @@ from poolbench.records.base import Number, Record
 
 class BucketAurocRecord(Record):
     """AUROC over the test passages of one bucket (`by` = density or placement), positives compared with negatives
-    of the same concept only; `concept_aurocs` gives each concept's own, None where the bucket holds one class."""
+    of the same concept only and never with their own twin (`comparisons` = "across_pairs"; absent in older runs,
+    which counted twins); `concept_aurocs` gives each concept's own, None where no comparison is left."""
 
     strategy: str
     layer: int
@@ -24,3 +25,5 @@ class BucketAurocRecord(Record):
     n_concepts: int
     n_bootstrap: int
     concept_aurocs: dict[str, Number | None]
+    comparisons: str | None = None
+    auroc_with_twins: Number | None = None  # the same bucket counting each positive against its own twin too

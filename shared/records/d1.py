@@ -21,6 +21,8 @@ class D1CellRecord(Record):
     ci_low: Number
     ci_high: Number
     ci_level: Number | None = None
+    ci_method: str | None = None  # absent: older runs, a pair-bootstrap percentile interval
+    ci_degenerate: bool | None = None  # perfect separation: the CI comes from the worst-case variance bound
     n_train: int | None = None
     n_test: int | None = None
     n_folds: int | None = None
@@ -34,11 +36,16 @@ class D1CellRecord(Record):
     seed_std: Number | None = None
     selectivity: Number | None = None
     control_cv_auroc: Number | None = None
+    control_ci_low: Number | None = None
+    control_ci_high: Number | None = None
+    control_task: str | None = None  # absent: v2's pair-label control with twins split across folds
+    selectivity_na_reason: str | None = None  # why selectivity is None (no lexical types recurring across pairs)
     mdl_compression: Number | None = None
     mdl_online_bits: Number | None = None
     mdl_uniform_bits: Number | None = None
     mdl_block_ends: list[int] | None = None
     mdl_block_bits: list[Number] | None = None
+    mdl_na_reason: str | None = None  # why mdl_compression is None (too few blocks for a prequential code)
 
 
 def d1_records_table(records: list[D1CellRecord]) -> pa.Table:

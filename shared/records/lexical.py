@@ -20,3 +20,5 @@ class LexicalBaselineRecord(Record):
     n_features: int
     C: Number
     features: str
+    ci_method: str | None = None  # absent: older runs, a pair-bootstrap percentile interval
+    ci_degenerate: bool | None = None

@@ -13,8 +13,8 @@ from poolbench.records.scorer import ScorerValidity
 
 
 class AlphaRow(Record):
-    """One alpha of the report half: mean score, perplexity and its ratio to alpha = 0, relevance, their [0, 1]
-    forms' harmonic mean."""
+    """One alpha of one half (report or selection): mean score, perplexity and its ratio to alpha = 0, relevance,
+    their [0, 1] forms' harmonic mean."""
 
     alpha: Number
     score: Number
@@ -56,6 +56,12 @@ class D2Record(Record):
     scp_degenerate_replicates: int | None = None  # constant resamples, kept as rho = 0 (never dropped)
     alpha_star: Number | None = None
     alpha_star_index: int | None = None
+    # chosen | no_alpha_helps (alpha* > 0 did not beat alpha = 0 on the selection half) | no_alpha_fluent (none
+    # passed the guard; alpha* = 0); absent in runs before D2 v3, where alpha = 0 was a candidate
+    alpha_star_outcome: Literal["chosen", "no_alpha_helps", "no_alpha_fluent"] | None = None
+    alpha_star_counts: dict[str, int] | None = None  # alpha* over resampled halvings ("none": no fluent alpha)
+    alpha_star_stability: Number | None = None  # share of those halvings agreeing with the reported choice
+    n_halvings: int | None = None
     d2_delta: Number | None
     d2_delta_ci_low: Number | None = None
     d2_delta_ci_high: Number | None = None
@@ -68,6 +74,7 @@ class D2Record(Record):
     select_prompts: list[int] | None = None
     report_prompts: list[int] | None = None
     per_alpha: list[AlphaRow] | None = None
+    per_alpha_select: list[AlphaRow] | None = None  # the selection half's rows alpha* was chosen on
     prompted_instruction: str | None = None
     prompted_score: Number | None = None
     prompted_delta: Number | None = None
@@ -75,6 +82,7 @@ class D2Record(Record):
     prompted_delta_ci_high: Number | None = None
     prompted_fluency_ratio: Number | None = None
     prompted_relevance: Number | None = None
+    prompted_passes_fluency_guard: bool | None = None  # the guard steering's alpha must pass, applied to prompting
     seconds: Number | None = None
     generations_key: str | None = None
     selected_because: str | None = None
@@ -106,6 +114,10 @@ class D3Record(Record):
     disent_raw: Number | None
     disent_null_reason: str | None
     d3_rep: Number | None
+    d3_rep_massive_share: Number | None = None  # the larger of the two vectors' top-3 share of the squared norm
+    d3_rep_massive_dims: list[int] | None = None
+    d3_rep_massive: bool | None = None  # share > 0.5: D3_rep compares a few massive dimensions, not concepts
+    d3_rep_without_massive: Number | None = None  # the cosine with those dimensions (both vectors' top 3) removed
     neighbour_vector_null_reason: str | None = None
 
 

@@ -1,8 +1,8 @@
 """Corpus v2: long neutral passages with a few concept-bearing sentences at known places, every concept paired.
 
 A v1 passage is 15-90 words in which every sentence carries the concept, so on a real model every pooling
-strategy reaches the ceiling. A v2 passage is neutral context (shared by both classes, see
-`signal_templates.CONTEXT_TEMPLATES`) with `density` = 1-4 signal sentences placed at the `start`, in the
+strategy reaches the ceiling. A v2 passage is neutral context (shared by both classes, CONTEXT_TEMPLATES
+in corpus_v2_signal.json) with `density` = 1-4 signal sentences placed at the `start`, in the
 `middle`, at the `end` or `spread` across it. The negative is the controlled rewrite of the same signal sentences
 in the same context at the same places (same domain, split and `matched_pair_id`), so only the concept differs.
 Density and placement are balanced per concept and recorded per record with the signal sentences' character
@@ -37,12 +37,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import product
 
-from poolbench.corpus import signal_templates as ST
 from poolbench.corpus.embedded import _SENTENCE_START, CONCEPTS, SPECS, ConceptSpec, _Slots
+from poolbench.corpus.material import load_material
 from poolbench.corpus.passage import PLACEMENTS, Passage
 from poolbench.corpus.token_count import count_tokens
 from poolbench.corpus.validation import normalise_text
 from poolbench.errors import CorpusError
+
+ST = load_material("corpus_v2_signal.json")
+"""Corpus v2's signal rewrites and neutral context (poolbench/data/corpus_v2_signal.json)."""
 
 REVISION = 1  # bump when generated text changes: it names the cached corpus folder
 SIZES: dict[str, tuple[int, int]] = {"tiny": (24, 12), "small": (16, 8), "full": (700, 300)}

@@ -36,6 +36,7 @@ OPTIONAL_FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "signal_spans": (list,),
     "density": (int,),
     "placement": (str,),
+    "tier": (str,),
 }
 """Fields a corpus may add to say where its concept sits (corpus v2); kept by the loader, checked by the validator."""
 
@@ -79,7 +80,7 @@ def passage_from_record(record: Mapping, concept: str) -> Passage:
     spans = record.get("signal_spans")
     return Passage(concept=concept, **{k: record[k] for k in FIELD_TYPES},
                    signal_spans=None if spans is None else tuple((int(a), int(b)) for a, b in spans),
-                   density=record.get("density"), placement=record.get("placement"))
+                   density=record.get("density"), placement=record.get("placement"), tier=record.get("tier"))
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, object | None, str | None]]:

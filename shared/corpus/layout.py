@@ -41,6 +41,24 @@ OPTIONAL_FIELD_TYPES: dict[str, tuple[type, ...]] = {
 """Fields a corpus may add to say where its concept sits (corpus v2); kept by the loader, checked by the validator."""
 
 
+MANIFEST_FILE = "poolbench_corpus.json"
+"""What a generator says about the corpus it wrote (`held_out`: its splits share no signal sentence by design)."""
+
+
+def read_manifest(root: Path | str) -> dict:
+    """The corpus folder's manifest, or {} for a folder without one (any user's corpus)."""
+    path = Path(root) / MANIFEST_FILE
+    if not path.is_file():
+        return {}
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorpusError(f"{path}: unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise CorpusError(f"{path}: the manifest must be a JSON object")
+    return manifest
+
+
 def file_stem(split: str, label: int) -> str:
     """The file a passage of this split and label belongs in, e.g. `train_pos`."""
     return f"{split}_{LABEL_NAMES[label]}"

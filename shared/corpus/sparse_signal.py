@@ -60,13 +60,14 @@ SIZES: dict[str, dict[str, tuple[int, int]]] = {
 tokens its former 24 had (passages are shorter), so the run keeps its CPU budget; its test split is mostly hard,
 where the benchmark has something to separate. `tiny` keeps the 24 + 12 pairs the pipeline tests were written for."""
 DENSITIES: tuple[int, ...] = (1, 2, 3, 4)
-MAX_HARD_DENSITY = 2
-"""A hard unit is two sentences' worth of words (a frame holds both sides), so a hard passage carries one or two."""
+MAX_HARD_DENSITY = 1
+"""A hard unit is two sentences' worth of words (a frame holds both sides), so a hard passage carries one: the
+passage stays mostly context."""
 MIN_TOKENS, MAX_TOKENS = 100, 200
-PASSAGE_WORDS = (95, 150)
+PASSAGE_WORDS = (90, 145)
 """Words per passage, signal included (uniform): neutral context fills what the signal leaves, so the tiers and the
 densities do not differ in length; about 100-200 tokens."""
-MIN_CONTEXT_WORDS = 30
+MIN_CONTEXT_WORDS = 55
 _MAX_TRIES = 50
 
 CONTEXT_SPEC = ConceptSpec("context", {"context": ST.CONTEXT_VOCAB})

@@ -5,8 +5,9 @@ strategy reaches the ceiling. A v2 passage is neutral context (shared by both cl
 in corpus_v2_signal.json) with `density` = 1-4 signal sentences placed at the `start`, in the
 `middle`, at the `end` or `spread` across it. The negative is the controlled rewrite of the same signal sentences
 in the same context at the same places (same domain, split and `matched_pair_id`), so only the concept differs.
-Density and placement are balanced per concept and recorded per record with the signal sentences' character
-spans. Per concept, what a signal sentence does and what its rewrite removes:
+Density and placement are scheduled in balanced blocks per concept and recorded per record with the signal
+sentences' character spans (a split's pool or the hard tier may cap the density; the record says the actual one).
+Per concept, what a signal sentence does and what its rewrite removes:
 
 - hedging: hedges a claim ("may", "it seems", "the results suggest"); the rewrite states the same fact flatly.
 - negation_density: negates a claim ("not", "never", "no one"); the rewrite affirms the same claim.
@@ -25,6 +26,16 @@ spans. Per concept, what a signal sentence does and what its rewrite removes:
 - planning: lays out future steps and intentions; the rewrite reports the same tasks as already done.
 - imdb_sentiment: praises an aspect of a film (acting, script, music); the rewrite pans the same aspect.
 - numerical_precision: gives exact figures (decimals, counts, units); the rewrite gives the same fact vaguely.
+
+Two tiers (`tier` on every record). A `standard` pair plants the rewrites above. A `hard` pair plants one unit
+whose positive and negative hold the same words and differ only in what they mean together (corpus_v2_hard.json):
+hand-written pairs per concept (negation scope, which claim a doubt attaches to, a causal link asserted or denied,
+who decides...) and, for every concept, framed pairs that assert one of a standard pair's sentences and quote or
+dismiss the other. A bag of words sees a hard pair as one text, so the lexical baseline is at chance there.
+
+Held out: train and test draw signal templates, hard pairs, frames and slot fillers from disjoint halves of each
+pool (`split_pool`), so no test signal sentence occurs in train; the written corpus's manifest says so and
+`validate-corpus` makes any shared sentence an error for it. Numbers are drawn fresh in both splits.
 
 `token_count` is counted with the default model's tokenizer (`poolbench.corpus.token_count`); every passage
 holds MIN_TOKENS..MAX_TOKENS tokens, inside the default 256-token window, so no signal is truncated away.

@@ -24,7 +24,8 @@ from poolbench.prober.lexical import lexical_baseline
 
 LEXICAL_HARD_MAX = 0.65
 SMALL_TOKENS_BEFORE = 137_069
-"""Sum of token_count over `small` of corpus v2 revision 1 (16 + 8 pairs per concept), measured before this one."""
+"""Sum of token_count over `small` of corpus v2 revision 1 (16 + 8 pairs per concept), measured before this one;
+revision 2 holds 12 + 6 standard and 6 + 8 hard pairs in shorter passages."""
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +105,7 @@ def test_hard_pairs_hold_the_same_words(small) -> None:
         for pos, neg in by_pair.values():
             assert pos.text != neg.text and words(pos.text) == words(neg.text), (concept, pos.text, neg.text)
             n += 1
-    assert n == 17 * 16
+    assert n == 17 * (6 + 8)
 
 
 def test_lexical_baseline_cannot_separate_the_hard_tier(small) -> None:

@@ -64,18 +64,19 @@ HARD = load_material("corpus_v2_hard.json")
 REVISION = 2  # bump when generated text changes: it names the cached corpus folder
 SIZES: dict[str, dict[str, tuple[int, int]]] = {
     "tiny": {"standard": (16, 4), "hard": (8, 8)},
-    "small": {"standard": (8, 4), "hard": (8, 8)},
+    "small": {"standard": (12, 6), "hard": (6, 8)},
     "full": {"standard": (500, 150), "hard": (200, 150)},
 }
-"""Matched pairs per tier in (train, test). `small`, the default run's, holds 28 pairs per concept in about the
-tokens its former 24 had (passages are shorter), so the run keeps its CPU budget; its test split is mostly hard,
-where the benchmark has something to separate. `tiny` keeps the 24 + 12 pairs the pipeline tests were written for."""
+"""Matched pairs per tier in (train, test). `small`, the default run's, holds 32 pairs per concept in about the
+tokens its former 24 had (passages are shorter), so the run keeps its CPU budget: 8 hard test pairs give the hard
+tier an interval, 12 + 6 standard pairs keep the steering scorers (trained on the standard tier) valid. `tiny`
+keeps the 24 + 12 pairs the pipeline tests were written for."""
 DENSITIES: tuple[int, ...] = (1, 2, 3, 4)
 MAX_HARD_DENSITY = 1
 """A hard unit is two sentences' worth of words (a frame holds both sides), so a hard passage carries one: the
 passage stays mostly context."""
 MIN_TOKENS, MAX_TOKENS = 100, 200
-PASSAGE_WORDS = (90, 145)
+PASSAGE_WORDS = (80, 125)
 """Words per passage, signal included (uniform): neutral context fills what the signal leaves, so the tiers and the
 densities do not differ in length; about 100-200 tokens."""
 MIN_CONTEXT_WORDS = 55

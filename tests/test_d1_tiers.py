@@ -60,10 +60,21 @@ def test_no_tiers_no_records(tmp_path):
     assert d1_by_tier(open_store(tmp_path), {"c": "k"}, {"c": plain}, [], set(), n_bootstrap=10, seed=0) == []
 
 
+def _tier(strategy: str, auroc: float, low: float, high: float) -> TierAurocRecord:
+    return TierAurocRecord(strategy=strategy, layer=0, probe="logistic", tier="hard", auroc=auroc, ci_low=low,
+                           ci_high=high, ci_level=0.95, n=16, n_pos=8, n_neg=8, n_concepts=1, n_bootstrap=10,
+                           concept_aurocs={})
+
+
 def test_tier_section_with_one_strategy_cannot_separate():
-    rec = TierAurocRecord(strategy="A", layer=0, probe="logistic", tier="hard", auroc=0.7, ci_low=0.6, ci_high=0.8,
-                          ci_level=0.95, n=16, n_pos=8, n_neg=8, n_concepts=1, n_bootstrap=10, concept_aurocs={})
-    assert tier_section([rec])["hard"]["separates"] is False
+    assert tier_section([_tier("A", 0.7, 0.6, 0.8)])["hard"]["separates"] is False
+
+
+def test_a_best_strategy_at_chance_separates_nothing():
+    """A at 0.5 [0.42, 0.62] lies above B's 0.39, but a best one whose CI holds chance separates nothing."""
+    hard = tier_section([_tier("A", 0.5, 0.42, 0.62), _tier("B", 0.39, 0.27, 0.45)])["hard"]
+    assert (hard["best"], hard["excluded_by_best"], hard["best_above_chance"]) == ("A", ["B"], False)
+    assert hard["separates"] is False
 
 
 def test_lexical_by_tier_on_same_word_pairs():

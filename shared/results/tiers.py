@@ -11,7 +11,8 @@ from poolbench.corpus.passage import TIERS
 from poolbench.records.tiers import LexicalTierRecord, TierAurocRecord
 
 SEPARATES_SHARE = 1 / 3
-"""The best strategy separates a tier when its CI lies above at least this share of the other strategies' AUROCs."""
+"""The best strategy separates a tier when its CI lies above chance and above at least this share of the other
+strategies' AUROCs (a best one at chance separates nothing, whatever lies below it)."""
 
 
 def tier_section(tiers: Sequence[TierAurocRecord], lexical: Sequence[LexicalTierRecord] = ()) -> dict:
@@ -29,9 +30,11 @@ def tier_section(tiers: Sequence[TierAurocRecord], lexical: Sequence[LexicalTier
         if rows:
             best, others = rows[0], rows[1:]
             excluded = [r.strategy for r in others if best.ci_low is not None and float(r.auroc or 0.0) < best.ci_low]
-            section |= {"best": best.strategy, "n_others": len(others), "n_excluded_by_best": len(excluded),
-                        "excluded_by_best": excluded,
-                        "separates": bool(others) and len(excluded) >= SEPARATES_SHARE * len(others)}
+            above_chance = best.ci_low is not None and best.ci_low > 0.5
+            section |= {"best": best.strategy, "best_above_chance": above_chance, "n_others": len(others),
+                        "n_excluded_by_best": len(excluded), "excluded_by_best": excluded,
+                        "separates": above_chance and bool(others)
+                        and len(excluded) >= SEPARATES_SHARE * len(others)}
         if lex:
             section["lexical"] = {"mean": float(np.mean(list(lex.values()))), "max": max(lex.values()),
                                   "per_concept": lex}

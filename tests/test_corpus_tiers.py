@@ -205,3 +205,13 @@ def test_run_stops_on_a_bad_tier_before_writing_anything(tmp_path: Path) -> None
     result = driver("run", "--corpus", str(tmp_path / "c"), "--out", str(out), "--no-steering")
     assert_one_line_error(result, "alpha", "3 record(s) with tier 'easy'")
     assert not (out / "results.json").exists() and not (out / "leaderboard.json").exists()
+
+
+def test_corpus_build_writes_a_held_out_manifest_and_validates_clean(tmp_path: Path) -> None:
+    out = tmp_path / "built"
+    result = driver("corpus", "build", "--out", str(out), "--size", "tiny")
+    assert result.returncode == 0, result.stderr
+    assert "wrote 1224 passages of 17 concepts" in result.stdout  # 17 x (24 + 12) pairs x 2
+    assert json.loads((out / MANIFEST_FILE).read_text())["held_out"] is True
+    checked = driver("validate-corpus", str(out))
+    assert checked.returncode == 0 and "0 error(s), 0 warning(s)" in checked.stdout, checked.stdout[-2000:]

@@ -18,7 +18,7 @@ from poolbench.corpus import sparse_signal as v2
 from poolbench.corpus.layout import MANIFEST_FILE, load_corpus
 from poolbench.corpus.passage import TIERS, Passage
 from poolbench.corpus.source import write_embedded_corpus
-from poolbench.corpus.validation import MIN_HARD_TEST_PAIRS, split_overlap, validate_corpus
+from poolbench.corpus.validation import MIN_HARD_TEST_PAIRS, profile_corpus, split_overlap, validate_corpus
 from poolbench.errors import CorpusError
 from poolbench.prober.lexical import lexical_baseline
 
@@ -215,3 +215,5 @@ def test_corpus_build_writes_a_held_out_manifest_and_validates_clean(tmp_path: P
     assert json.loads((out / MANIFEST_FILE).read_text())["held_out"] is True
     checked = driver("validate-corpus", str(out))
     assert checked.returncode == 0 and "0 error(s), 0 warning(s)" in checked.stdout, checked.stdout[-2000:]
+    [hedging] = [p for p in profile_corpus(out) if p.concept == "hedging"]
+    assert hedging.tier == {"standard": 2 * (16 + 4), "hard": 2 * (8 + 8)}

@@ -10,7 +10,7 @@ import hashlib
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
@@ -328,7 +328,7 @@ def validate_corpus(root: Path | str, tokenizer: Any = None, max_tokens: int | N
 
 @dataclass(frozen=True)
 class ConceptProfile:
-    """What a reader checks at a glance: passages, token-length range, density and placement histograms."""
+    """What a reader checks at a glance: passages, token-length range, density, placement and tier histograms."""
 
     concept: str
     n_passages: int
@@ -336,6 +336,7 @@ class ConceptProfile:
     token_max: int
     density: dict[int, int]
     placement: dict[str, int]
+    tier: dict[str, int] = field(default_factory=dict)
 
 
 def profile_corpus(root: Path | str) -> list[ConceptProfile]:
@@ -353,9 +354,15 @@ def profile_corpus(root: Path | str) -> list[ConceptProfile]:
         tokens = [row.record["token_count"] for row in rows]
         density = Counter(row.record["density"] for row in rows if row.record.get("density") is not None)
         placement = Counter(row.record["placement"] for row in rows if row.record.get("placement") is not None)
+        tier = Counter(str(row.record["tier"]) for row in rows if row.record.get("tier") is not None)
         profiles.append(ConceptProfile(concept, len(rows), min(tokens), max(tokens), dict(sorted(density.items())),
-                                       {p: placement[p] for p in sorted(placement, key=_placement_order)}))
+                                       {p: placement[p] for p in sorted(placement, key=_placement_order)},
+                                       {t: tier[t] for t in sorted(tier, key=_tier_order)}))
     return profiles
+
+
+def _tier_order(name: str) -> tuple[int, str]:
+    return (TIERS.index(name) if name in TIERS else len(TIERS), name)
 
 
 def _placement_order(name: str) -> tuple[int, str]:
@@ -363,14 +370,15 @@ def _placement_order(name: str) -> tuple[int, str]:
 
 
 def render_profile(profiles: list[ConceptProfile]) -> Table:
-    """Per concept: passages, token_count range, density and placement histograms (`-` when not recorded)."""
-    table = Table(title="Corpus profile (token_count range; passages per density and placement)")
-    for column in ("concept", "passages", "tokens", "density", "placement"):
+    """Per concept: passages, token_count range, density, placement and tier histograms (`-` when not recorded)."""
+    table = Table(title="Corpus profile (token_count range; passages per density, placement and tier)")
+    for column in ("concept", "passages", "tokens", "density", "placement", "tier"):
         table.add_column(column, overflow="fold")
     for p in profiles:
         density = " ".join(f"{k}:{v}" for k, v in p.density.items()) or "-"
         placement = " ".join(f"{k}:{v}" for k, v in p.placement.items()) or "-"
-        table.add_row(p.concept, str(p.n_passages), f"{p.token_min}-{p.token_max}", density, placement)
+        tier = " ".join(f"{k}:{v}" for k, v in p.tier.items()) or "-"
+        table.add_row(p.concept, str(p.n_passages), f"{p.token_min}-{p.token_max}", density, placement, tier)
     return table
 
 

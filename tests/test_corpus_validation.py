@@ -130,9 +130,12 @@ def test_duplicate_text_across_splits_is_leakage(tmp_path: Path) -> None:
     records["test_neg"][1]["text"] = "The merger lifts sales."
     root = tmp_path / "corpus"
     write_concept(root, records)
-    [finding] = validate_corpus(root)
+    finding, overlap = validate_corpus(root)
     assert where(finding) == ("error", "alpha/test_neg.jsonl", 2, "text")
     assert "leakage" in finding.message and "alpha/train_neg.jsonl:2" in finding.message
+    # the same text is also a sentence shared between the splits: a warning with counts (no manifest)
+    assert where(overlap) == ("warning", "alpha", None, "text")
+    assert overlap.message.startswith("1 of 4 test passages share a sentence verbatim with train (1 distinct)")
 
 
 def test_pair_with_one_member(tmp_path: Path) -> None:

@@ -31,6 +31,11 @@ def test_run_with_steering_writes_d2_and_d3(tiny_llama_dir: Path, tmp_path: Path
     assert results["steering"]["steering_config"]["alphas"] == [0.0, 0.05, 0.07, 0.1, 0.14, 0.2, 0.28, 0.4, 0.57, 0.8]
     assert results["steering"]["steering_config"]["prompt_format"] == "auto"
     assert {r["concept"] for r in results["scorers"]} == set(CONCEPTS)
+    # the default corpus's tiers: D1 per tier for each unsupervised strategy, the lexical baseline per tier
+    assert {(r["strategy"], r["tier"]) for r in results["d1_by_tier"]} == {
+        (s, t) for s in ("A1_mean", "P1_last", "W2_last_k") for t in ("standard", "hard")}
+    assert all(r["n"] == 2 * 2 * 8 for r in results["d1_by_tier"] if r["tier"] == "hard")  # 2 concepts x 8 pairs
+    assert leaderboard["by_tier"]["hard"]["lexical"]["max"] <= 0.65
 
     d2 = results["d2"]
     # per concept: the best D1 strategy and the worst above chance (or the worst at all), at their D1 layers

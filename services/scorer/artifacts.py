@@ -117,11 +117,12 @@ def ensure_scorers(store: ArtifactStore, corpus: Corpus, concepts: Sequence[str]
                    on_ready: Callable[[ScorerModel, float], None] | None = None) -> dict[str, ScorerModel]:
     """ensure_scorer for each concept in order, the one way the driver and the CLI get scorers;
     `on_ready(scorer, seconds)` hears each one as soon as it is there. A scorer reads a short window, so it
-    trains on each passage's signal sentences where the corpus marks them (unmarked passages as they are)."""
+    trains on each passage's signal sentences where the corpus marks them (unmarked passages as they are), of the
+    standard tier only: a hard unit holds both classes' sentences, which a judge of generated text never sees."""
     scorers = {}
     for concept in concepts:
         started = time.perf_counter()
-        passages = [signal_only(p) for p in corpus.passages(concept)]
+        passages = [signal_only(p) for p in corpus.passages(concept) if p.tier != "hard"]
         scorers[concept] = ensure_scorer(store, concept, passages, corpus.concept_hash(concept), config,
                                          allow_weak=allow_weak)
         if on_ready is not None:

@@ -268,14 +268,13 @@ def corpus_build(
     seed: Annotated[int, typer.Option(help="generator seed")] = 0,
 ) -> None:
     """Write the embedded 17-concept corpus in the PoolBench layout."""
-    from poolbench.corpus.embedded import generate_embedded_corpus
-    from poolbench.corpus.layout import write_corpus
+    from poolbench.corpus.embedded import CONCEPTS
+    from poolbench.corpus.source import write_embedded_corpus
 
     if size not in ("tiny", "small", "full"):
         raise PoolBenchError(f"--size '{size}' is not one of tiny, small, full")
-    corpus = generate_embedded_corpus(size=size, seed=seed)
-    write_corpus(out, corpus)
-    console.print(f"wrote {sum(len(v) for v in corpus.values())} passages of {len(corpus)} concepts to {out}")
+    n_passages = write_embedded_corpus(out, size, seed)
+    console.print(f"wrote {n_passages} passages of {len(CONCEPTS)} concepts to {out}")
 
 
 @model_app.command("build")

@@ -15,14 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from poolbench.config import cache_dir
-from poolbench.corpus import signal_templates as ST
 from poolbench.corpus.embedded import ConceptSpec, _Slots
 from poolbench.corpus.layout import write_corpus
+from poolbench.corpus.material import load_material
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.sparse_signal import neutral_context, planted_pair
 from poolbench.corpus.token_count import count_tokens
 from poolbench.corpus.validation import normalise_text
 from poolbench.errors import CorpusError
+
+ST = load_material("corpus_v2_signal.json")
 
 REVISION = 3  # bump when generated text changes: it names the cached corpus folder (3: dense = four words, length
 # level with one, unseen words)

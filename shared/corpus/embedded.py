@@ -42,10 +42,13 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from poolbench.corpus import templates as T
+from poolbench.corpus.material import load_material
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.validation import normalise_text
 from poolbench.errors import CorpusError
+
+T = load_material("corpus_v1_templates.json")
+"""Corpus v1's templates and vocabulary (poolbench/data/corpus_v1_templates.json)."""
 
 SIZES: dict[str, tuple[int, int]] = {"tiny": (24, 12), "small": (80, 40), "full": (700, 300)}
 """Passages per class in (train, test)."""

@@ -36,8 +36,27 @@ OPTIONAL_FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "signal_spans": (list,),
     "density": (int,),
     "placement": (str,),
+    "tier": (str,),
 }
 """Fields a corpus may add to say where its concept sits (corpus v2); kept by the loader, checked by the validator."""
+
+
+MANIFEST_FILE = "poolbench_corpus.json"
+"""What a generator says about the corpus it wrote (`held_out`: its splits share no signal sentence by design)."""
+
+
+def read_manifest(root: Path | str) -> dict:
+    """The corpus folder's manifest, or {} for a folder without one (any user's corpus)."""
+    path = Path(root) / MANIFEST_FILE
+    if not path.is_file():
+        return {}
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CorpusError(f"{path}: unreadable manifest ({exc})") from None
+    if not isinstance(manifest, dict):
+        raise CorpusError(f"{path}: the manifest must be a JSON object")
+    return manifest
 
 
 def file_stem(split: str, label: int) -> str:
@@ -79,7 +98,7 @@ def passage_from_record(record: Mapping, concept: str) -> Passage:
     spans = record.get("signal_spans")
     return Passage(concept=concept, **{k: record[k] for k in FIELD_TYPES},
                    signal_spans=None if spans is None else tuple((int(a), int(b)) for a, b in spans),
-                   density=record.get("density"), placement=record.get("placement"))
+                   density=record.get("density"), placement=record.get("placement"), tier=record.get("tier"))
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, object | None, str | None]]:

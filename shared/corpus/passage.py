@@ -8,6 +8,8 @@ SPLITS = ("train", "test")
 LABEL_NAMES = {1: "pos", 0: "neg"}
 PLACEMENTS = ("start", "middle", "end", "spread")
 """Where a passage's concept-bearing sentences sit (corpus v2); `spread` spaces them across the passage."""
+TIERS = ("standard", "hard")
+"""A pair's tier: `hard` pairs hold the same words on both sides and differ only in what they mean together."""
 
 
 @dataclass(frozen=True)
@@ -16,7 +18,8 @@ class Passage:
 
     `signal_spans`, `density` and `placement` are optional: a corpus that marks where its concept is (v2)
     records the character spans of the concept-bearing sentences (of the rewrite, in a negative), their count
-    and their placement, so results can be read by density and position.
+    and their placement, so results can be read by density and position. `tier` (optional, one of TIERS) lets
+    results be read per tier.
     """
 
     id: str
@@ -30,6 +33,7 @@ class Passage:
     signal_spans: tuple[tuple[int, int], ...] | None = None
     density: int | None = None
     placement: str | None = None
+    tier: str | None = None
 
     @property
     def group(self) -> str:
@@ -54,6 +58,8 @@ class Passage:
             record["density"] = self.density
         if self.placement is not None:
             record["placement"] = self.placement
+        if self.tier is not None:
+            record["tier"] = self.tier
         return record
 
 

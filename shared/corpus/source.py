@@ -6,10 +6,11 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path
 
+from poolbench.atomic_write import write_json_atomic
 from poolbench.config import EMBEDDED, cache_dir
 from poolbench.corpus import sparse_signal
 from poolbench.corpus.embedded import DEFAULT_CORPUS_VERSION, GENERATOR_VERSION, generate_embedded_corpus
-from poolbench.corpus.layout import Corpus, load_corpus, write_corpus
+from poolbench.corpus.layout import MANIFEST_FILE, Corpus, load_corpus, write_corpus
 from poolbench.corpus.passage import Passage
 from poolbench.errors import CorpusError
 
@@ -25,11 +26,24 @@ def embedded_corpus_dir(size: str, version: int = DEFAULT_CORPUS_VERSION) -> Pat
 
     The folder is named by the generator's revision, so a change of generated text never reuses a stale one.
     """
-    revision = f"v{GENERATOR_VERSION}" if version == 1 else f"v2.{sparse_signal.REVISION}"
-    root = cache_dir() / "corpora" / f"embedded-{revision}-{size}-seed{EMBEDDED_CORPUS_SEED}"
-    if not root.exists():
-        write_corpus(root, generate_embedded_corpus(size=size, seed=EMBEDDED_CORPUS_SEED, version=version))
+    root = cache_dir() / "corpora" / f"embedded-{_revision(version)}-{size}-seed{EMBEDDED_CORPUS_SEED}"
+    if not (root / MANIFEST_FILE).is_file():
+        write_embedded_corpus(root, size, EMBEDDED_CORPUS_SEED, version)
     return root
+
+
+def _revision(version: int) -> str:
+    return f"v{GENERATOR_VERSION}" if version == 1 else f"v2.{sparse_signal.REVISION}"
+
+
+def write_embedded_corpus(root: Path, size: str, seed: int, version: int = DEFAULT_CORPUS_VERSION) -> int:
+    """Write the embedded corpus and, last, its manifest: v2's splits are held out by construction, so
+    `validate-corpus` treats any sentence they share as an error there. Returns the number of passages."""
+    corpus = generate_embedded_corpus(size=size, seed=seed, version=version)
+    write_corpus(root, corpus)
+    write_json_atomic(Path(root) / MANIFEST_FILE, {"generator": f"poolbench-embedded-{_revision(version)}",
+                                                    "size": size, "seed": seed, "held_out": version == 2})
+    return sum(len(v) for v in corpus.values())
 
 
 def open_corpus(source: str, size: str = "small", concepts: Sequence[str] | None = None) -> Corpus:

@@ -1,12 +1,13 @@
 """Corpus v2: long neutral passages with a few concept-bearing sentences at known places, every concept paired.
 
 A v1 passage is 15-90 words in which every sentence carries the concept, so on a real model every pooling
-strategy reaches the ceiling. A v2 passage is neutral context (shared by both classes, see
-`signal_templates.CONTEXT_TEMPLATES`) with `density` = 1-4 signal sentences placed at the `start`, in the
+strategy reaches the ceiling. A v2 passage is neutral context (shared by both classes, CONTEXT_TEMPLATES
+in corpus_v2_signal.json) with `density` = 1-4 signal sentences placed at the `start`, in the
 `middle`, at the `end` or `spread` across it. The negative is the controlled rewrite of the same signal sentences
 in the same context at the same places (same domain, split and `matched_pair_id`), so only the concept differs.
-Density and placement are balanced per concept and recorded per record with the signal sentences' character
-spans. Per concept, what a signal sentence does and what its rewrite removes:
+Density and placement are scheduled in balanced blocks per concept and recorded per record with the signal
+sentences' character spans (a split's pool or the hard tier may cap the density; the record says the actual one).
+Per concept, what a signal sentence does and what its rewrite removes:
 
 - hedging: hedges a claim ("may", "it seems", "the results suggest"); the rewrite states the same fact flatly.
 - negation_density: negates a claim ("not", "never", "no one"); the rewrite affirms the same claim.
@@ -26,6 +27,16 @@ spans. Per concept, what a signal sentence does and what its rewrite removes:
 - imdb_sentiment: praises an aspect of a film (acting, script, music); the rewrite pans the same aspect.
 - numerical_precision: gives exact figures (decimals, counts, units); the rewrite gives the same fact vaguely.
 
+Two tiers (`tier` on every record). A `standard` pair plants the rewrites above. A `hard` pair plants one unit
+whose positive and negative hold the same words and differ only in what they mean together (corpus_v2_hard.json):
+hand-written pairs per concept (negation scope, which claim a doubt attaches to, a causal link asserted or denied,
+who decides...) and, for every concept, framed pairs that assert one of a standard pair's sentences and quote or
+dismiss the other. A bag of words sees a hard pair as one text, so the lexical baseline is at chance there.
+
+Held out: train and test draw signal templates, hard pairs, frames and slot fillers from disjoint halves of each
+pool (`split_pool`), so no test signal sentence occurs in train; the written corpus's manifest says so and
+`validate-corpus` makes any shared sentence an error for it. Numbers are drawn fresh in both splits.
+
 `token_count` is counted with the default model's tokenizer (`poolbench.corpus.token_count`); every passage
 holds MIN_TOKENS..MAX_TOKENS tokens, inside the default 256-token window, so no signal is truncated away.
 """
@@ -34,51 +45,107 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from itertools import product
 
-from poolbench.corpus import signal_templates as ST
-from poolbench.corpus.embedded import _SENTENCE_START, CONCEPTS, SPECS, ConceptSpec, _Slots
-from poolbench.corpus.passage import PLACEMENTS, Passage
+from poolbench.corpus.embedded import _SENTENCE_START, CONCEPTS, SPECS, ConceptSpec, T, _Slots
+from poolbench.corpus.material import load_material
+from poolbench.corpus.passage import PLACEMENTS, SPLITS, TIERS, Passage
 from poolbench.corpus.token_count import count_tokens
 from poolbench.corpus.validation import normalise_text
 from poolbench.errors import CorpusError
 
-REVISION = 1  # bump when generated text changes: it names the cached corpus folder
-SIZES: dict[str, tuple[int, int]] = {"tiny": (24, 12), "small": (16, 8), "full": (700, 300)}
-"""Passages per class in (train, test). `small`, the default run's, is set by its 20-minute CPU budget (README);
-`tiny` keeps the counts the pipeline tests were written for."""
+ST = load_material("corpus_v2_signal.json")
+"""Corpus v2's signal rewrites and neutral context (poolbench/data/corpus_v2_signal.json)."""
+
+HARD = load_material("corpus_v2_hard.json")
+"""The hard tier's hand-written pairs and frames (poolbench/data/corpus_v2_hard.json)."""
+
+REVISION = 2  # bump when generated text changes: it names the cached corpus folder
+SIZES: dict[str, dict[str, tuple[int, int]]] = {
+    "tiny": {"standard": (16, 4), "hard": (8, 8)},
+    "small": {"standard": (12, 6), "hard": (6, 8)},
+    "full": {"standard": (500, 150), "hard": (200, 150)},
+}
+"""Matched pairs per tier in (train, test). `small`, the default run's, holds 32 pairs per concept in about the
+tokens its former 24 had (passages are shorter), so the run keeps its CPU budget: 8 hard test pairs give the hard
+tier an interval, 12 + 6 standard pairs keep the steering scorers (trained on the standard tier) valid. `tiny`
+keeps the 24 + 12 pairs the pipeline tests were written for."""
 DENSITIES: tuple[int, ...] = (1, 2, 3, 4)
-MIN_TOKENS, MAX_TOKENS = 120, 220
-CONTEXT_WORDS = (80, 140)
-"""Words of neutral context drawn per passage (uniform), which lands passages at about 120-220 tokens."""
+MAX_HARD_DENSITY = 1
+"""A hard unit is two sentences' worth of words (a frame holds both sides), so a hard passage carries one: the
+passage stays mostly context."""
+MIN_TOKENS, MAX_TOKENS = 100, 200
+PASSAGE_WORDS = (80, 125)
+"""Words per passage, signal included (uniform): neutral context fills what the signal leaves, so the tiers and the
+densities do not differ in length; about 100-200 tokens."""
+MIN_CONTEXT_WORDS = 55
 _MAX_TRIES = 50
 
 CONTEXT_SPEC = ConceptSpec("context", {"context": ST.CONTEXT_VOCAB})
 
 
+def split_pool(items: Sequence, split: str) -> list:
+    """The split's share of a template or filler pool: train takes the even positions, test the odd ones, so no
+    template or filler is shared; a pool of one is left whole (its sentence still differs by its other slots)."""
+    if len(items) < 2:
+        return list(items)
+    return [x for i, x in enumerate(items) if i % 2 == (split == "test")]
+
+
+def _split_vocab(vocab: Mapping[str, Sequence], split: str) -> dict[str, list]:
+    return {key: split_pool(values, split) for key, values in vocab.items()}
+
+
+def split_spec(spec: ConceptSpec, split: str) -> ConceptSpec:
+    """The concept's slot vocabulary restricted to the split's fillers (numbers are drawn fresh, not pooled)."""
+    context = spec.context
+    context = ({d: split_pool(c, split) for d, c in context.items()} if isinstance(context, Mapping)
+               else split_pool(context, split))
+    return replace(spec, domains={d: _split_vocab(v, split) for d, v in spec.domains.items()},
+                   common={**_split_vocab(T.COMMON, split), **_split_vocab(spec.common, split)}, context=context)
+
+
+def framed_pairs(pairs: Sequence[tuple[str, str]], frames: Sequence[str]) -> list[tuple[str, str]]:
+    """Hard pairs from standard ones: the positive asserts the concept sentence and quotes its rewrite, the
+    negative the reverse, so both hold the same words."""
+    def quoted(sentence: str) -> str:
+        return sentence.rstrip(".")
+
+    return [(frame.replace("<A>", pos).replace("<B>", quoted(neg)),
+             frame.replace("<A>", neg).replace("<B>", quoted(pos))) for frame in frames for pos, neg in pairs]
+
+
 @dataclass(frozen=True)
 class SignalSource:
-    """A concept's slot vocabulary (its v1 spec) and its (positive, rewrite) signal pairs per domain."""
+    """One split's slot vocabulary and, per domain, its standard (positive, rewrite) pairs, its hand-written hard
+    pairs and its framed hard pairs; train and test sources share no template and no filler."""
 
     spec: ConceptSpec
     pairs: Mapping[str, Sequence[tuple[str, str]]]
+    hard: Sequence[tuple[str, str]] = ()
+    framed: Mapping[str, Sequence[tuple[str, str]]] = field(default_factory=dict)
 
 
-def _sources() -> dict[str, SignalSource]:
+def _sources(split: str) -> dict[str, SignalSource]:
     sources = {}
+    frames = split_pool(HARD.FRAMES, split)
     for name in CONCEPTS:
         spec = SPECS[name]
         if name == "numerical_precision":
-            pairs: Mapping[str, Sequence[tuple[str, str]]] = ST.NUMERICAL_REWRITES
+            by_domain: Mapping[str, Sequence[tuple[str, str]]] = ST.NUMERICAL_REWRITES
         else:
             shared = spec.pairs if spec.paired else ST.REWRITES[name]
-            pairs = {domain: shared for domain in spec.domains}
-        sources[name] = SignalSource(spec, pairs)
+            by_domain = {domain: shared for domain in spec.domains}
+        pairs = {domain: split_pool(p, split) for domain, p in by_domain.items()}
+        sources[name] = SignalSource(split_spec(spec, split), pairs,
+                                     split_pool(HARD.HARD_PAIRS.get(name, ()), split),
+                                     {domain: framed_pairs(p, frames) for domain, p in pairs.items()})
     return sources
 
 
-SOURCES: dict[str, SignalSource] = _sources()
+SOURCES: dict[str, dict[str, SignalSource]] = {split: _sources(split) for split in SPLITS}
+"""Per split, per concept: where its signal sentences come from."""
 
 
 def _words(sentences: Sequence[str]) -> int:
@@ -145,18 +212,33 @@ def planted_pair(context: Sequence[str], units: Sequence[tuple[str, str]], place
     return sides[0], sides[1]
 
 
-def _draw_pair(rng: random.Random, source: SignalSource, domain: str, density: int,
-               placement: str) -> tuple[tuple[str, tuple], tuple[str, tuple]]:
-    spec, pairs = source.spec, source.pairs[domain]
+def _templates(rng: random.Random, source: SignalSource, domain: str, density: int,
+               tier: str) -> list[tuple[str, str]]:
+    """`density` distinct (positive, rewrite) templates of the tier; hard units are hand-written or framed at even
+    odds where the concept has hand-written ones."""
+    if tier == "standard":
+        pairs = source.pairs[domain]
+        return [pairs[i] for i in rng.sample(range(len(pairs)), min(density, len(pairs)))]
+    hand, framed = list(source.hard), list(source.framed[domain])
+    chosen: list[tuple[str, str]] = []
+    while len(chosen) < min(density, MAX_HARD_DENSITY):
+        pool = hand if hand and (not framed or rng.random() < 0.5) else framed
+        chosen.append(pool.pop(rng.randrange(len(pool))))
+    return chosen
+
+
+def _draw_pair(rng: random.Random, source: SignalSource, domain: str, density: int, placement: str,
+               tier: str = "standard") -> tuple[tuple[str, tuple], tuple[str, tuple]]:
+    spec = source.spec
     passage_slots = _Slots(rng, spec, domain)
     units = []
-    for idx in rng.sample(range(len(pairs)), density):
+    for pos_t, neg_t in _templates(rng, source, domain, density, tier):
         slots = _Slots(rng, spec, domain, parent=passage_slots)
-        pos_t, neg_t = pairs[idx]
         units.append((slots.fill(pos_t), slots.fill(neg_t)))
     own = spec.contexts(domain)
     extra = [passage_slots.fill(own[rng.randrange(len(own))])] if own and rng.random() < 0.5 else []
-    context = neutral_context(rng, rng.randint(*CONTEXT_WORDS), extra)
+    n_context = max(MIN_CONTEXT_WORDS, rng.randint(*PASSAGE_WORDS) - _words([u[0] for u in units]))
+    context = neutral_context(rng, n_context, extra)
     return planted_pair(context, units, placement, rng)
 
 
@@ -185,33 +267,39 @@ def draw_unique_pair(make: Callable[[], tuple[tuple[str, tuple], tuple[str, tupl
 
 
 def generate_concept_v2(concept: str, size: str = "small", seed: int = 0) -> list[Passage]:
-    """One concept's v2 passages in layout order (train_pos, train_neg, test_pos, test_neg)."""
-    if concept not in SOURCES:
+    """One concept's v2 passages in layout order (train_pos, train_neg, test_pos, test_neg), standard pairs before
+    hard ones within each file; train and test draw from disjoint template and filler pools."""
+    if concept not in CONCEPTS:
         raise CorpusError(f"unknown concept {concept!r} (known: {', '.join(CONCEPTS)})")
     if size not in SIZES:
         raise CorpusError(f"unknown corpus size {size!r} (known: {', '.join(SIZES)})")
-    source = SOURCES[concept]
     rng = random.Random(f"poolbench-corpus-v2:{seed}:{concept}")
-    domains = list(source.spec.domains)
-    n_train, n_test = SIZES[size]
-    schedule = balanced_schedule(rng, n_train + n_test)
+    domains = list(SPECS[concept].domains)
+    counts = SIZES[size]
+    schedule = balanced_schedule(rng, sum(n for tier in TIERS for n in counts[tier]))
     seen: set[str] = set()
     out: list[Passage] = []
     pair_index = 0
-    for split, n in (("train", n_train), ("test", n_test)):
+    for s_index, split in enumerate(SPLITS):
+        source = SOURCES[split][concept]
         sides: tuple[list[Passage], list[Passage]] = ([], [])
-        for i in range(n):
-            domain = domains[i % len(domains)]
-            density, placement = schedule[pair_index]
-            pair_id = f"{concept}-pair-{pair_index:05d}"
-            drawn = draw_unique_pair(lambda d=domain, k=density, p=placement: _draw_pair(rng, source, d, k, p),
-                                     seen, concept)
-            for label, (text, spans, tokens), side in zip((1, 0), drawn, sides, strict=True):
-                kind = "pos" if label == 1 else "neg"
-                side.append(Passage(id=f"{concept}-{split}-{kind}-{i:05d}", text=text, label=label, domain=domain,
-                                    token_count=tokens, matched_pair_id=pair_id, split=split, concept=concept,
-                                    signal_spans=spans, density=density, placement=placement))
-            pair_index += 1
+        i = 0
+        for tier in TIERS:
+            for j in range(counts[tier][s_index]):
+                domain = domains[j % len(domains)]
+                density, placement = schedule[pair_index]
+                pair_id = f"{concept}-pair-{pair_index:05d}"
+                drawn = draw_unique_pair(
+                    lambda s=source, d=domain, k=density, p=placement, t=tier: _draw_pair(rng, s, d, k, p, t), seen,
+                    concept)
+                for label, (text, spans, tokens), side in zip((1, 0), drawn, sides, strict=True):
+                    kind = "pos" if label == 1 else "neg"
+                    side.append(Passage(id=f"{concept}-{split}-{kind}-{i:05d}", text=text, label=label,
+                                        domain=domain, token_count=tokens, matched_pair_id=pair_id, split=split,
+                                        concept=concept, signal_spans=spans, density=len(spans),
+                                        placement=placement, tier=tier))
+                pair_index += 1
+                i += 1
         out.extend(sides[0] + sides[1])
     return out
 

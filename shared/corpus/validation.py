@@ -10,7 +10,7 @@ import hashlib
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
@@ -23,15 +23,20 @@ from poolbench.corpus.layout import (
     OPTIONAL_FIELD_TYPES,
     discover_concepts,
     iter_jsonl,
+    read_manifest,
     schema_problems,
 )
-from poolbench.corpus.passage import LABEL_NAMES, PLACEMENTS
+from poolbench.corpus.passage import LABEL_NAMES, PLACEMENTS, TIERS
 from poolbench.errors import CorpusError
 
 Severity = Literal["error", "warning"]
 
 MIN_DOMAINS = 3
 MAX_CLASS_RATIO = 1.5
+MIN_HARD_TEST_PAIRS = 8
+"""Hard test pairs a concept needs before its hard-tier AUROC gets an interval worth printing (16 passages; below
+that a pair bootstrap has too few distinct resamples to cover)."""
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,53 @@ def _check_pairs(rows: list[_Row], findings: list[Finding]) -> None:
                                     f"partner's at {at}, so the rewrite is not controlled"))
 
 
+def _check_tiers(concept: str, rows: list[_Row], findings: list[Finding]) -> None:
+    """One line per concept: tier values outside TIERS, or too few hard test pairs for a hard-tier interval."""
+    unknown = [row for row in rows if row.record.get("tier") is not None and row.record["tier"] not in TIERS]
+    if unknown:
+        values = sorted({row.record["tier"] for row in unknown})
+        first = unknown[0]
+        findings.append(Finding("error", concept, None, "tier",
+                                f"{len(unknown)} record(s) with tier {', '.join(map(repr, values))} "
+                                f"(first at {first.file}:{first.line}); allowed: {', '.join(TIERS)}"))
+    hard = Counter(row.stem for row in rows if row.record.get("tier") == "hard")
+    if hard:
+        n_pairs = min(hard["test_pos"], hard["test_neg"])
+        if n_pairs < MIN_HARD_TEST_PAIRS:
+            findings.append(Finding("error", concept, None, "tier",
+                                    f"{n_pairs} hard test pair(s) ({hard['test_pos']} positive, "
+                                    f"{hard['test_neg']} negative); a hard-tier interval needs >= "
+                                    f"{MIN_HARD_TEST_PAIRS} (mark them standard or add more)"))
+
+
+def signal_sentences(record: dict) -> set[str]:
+    """The normalised sentences a record carries its concept in: its signal spans where it marks them, else every
+    sentence of its text."""
+    spans = record.get("signal_spans")
+    parts = [record["text"][a:b] for a, b in spans] if spans else [record["text"]]
+    return {normalise_text(s) for part in parts for s in _SENTENCE_END.split(part) if s.strip()}
+
+
+def split_overlap(rows: Iterable[dict]) -> tuple[int, int, int]:
+    """(test records sharing a sentence verbatim with train, test records, distinct shared sentences)."""
+    rows = list(rows)
+    train = set().union(*(signal_sentences(r) for r in rows if r["split"] == "train"))
+    test = [signal_sentences(r) for r in rows if r["split"] == "test"]
+    shared = set().union(*(s & train for s in test))
+    return sum(bool(s & train) for s in test), len(test), len(shared)
+
+
+def _check_overlap(concept: str, rows: list[_Row], findings: list[Finding], held_out: bool) -> None:
+    """Test passages that repeat a train sentence verbatim: an error where the generator promises held-out splits
+    (the embedded corpus), a warning with counts for any other corpus."""
+    n_shared, n_test, n_sentences = split_overlap(row.record for row in rows)
+    if n_shared:
+        what = "signal sentence" if any(row.record.get("signal_spans") for row in rows) else "sentence"
+        findings.append(Finding("error" if held_out else "warning", concept, None, "text",
+                                f"{n_shared} of {n_test} test passages share a {what} verbatim with "
+                                f"train ({n_sentences} distinct); the test split is not fully held out"))
+
+
 def _check_concept_level(concept: str, rows: list[_Row], lines: Counter, findings: list[Finding]) -> None:
     """Domain coverage and class balance, which only make sense over a whole concept."""
     domains = sorted({row.record["domain"] for row in rows})
@@ -257,6 +309,10 @@ def validate_corpus(root: Path | str, tokenizer: Any = None, max_tokens: int | N
         return [Finding("error", str(root), None, None, "no concept folders")]
     findings: list[Finding] = []
     seen_ids: dict[str, str] = {}
+    try:
+        held_out = bool(read_manifest(root).get("held_out"))
+    except CorpusError as exc:
+        return [Finding("error", str(root), None, None, str(exc))]
     for concept in concepts:
         lines: Counter = Counter()
         rows = _read_rows(root, concept, findings, lines)
@@ -264,13 +320,15 @@ def validate_corpus(root: Path | str, tokenizer: Any = None, max_tokens: int | N
         _check_signal_fields(rows, findings)
         _check_duplicates(rows, findings, seen_ids)
         _check_pairs(rows, findings)
+        _check_tiers(concept, rows, findings)
+        _check_overlap(concept, rows, findings, held_out)
         _check_concept_level(concept, rows, lines, findings)
     return findings
 
 
 @dataclass(frozen=True)
 class ConceptProfile:
-    """What a reader checks at a glance: passages, token-length range, density and placement histograms."""
+    """What a reader checks at a glance: passages, token-length range, density, placement and tier histograms."""
 
     concept: str
     n_passages: int
@@ -278,6 +336,7 @@ class ConceptProfile:
     token_max: int
     density: dict[int, int]
     placement: dict[str, int]
+    tier: dict[str, int] = field(default_factory=dict)
 
 
 def profile_corpus(root: Path | str) -> list[ConceptProfile]:
@@ -295,9 +354,15 @@ def profile_corpus(root: Path | str) -> list[ConceptProfile]:
         tokens = [row.record["token_count"] for row in rows]
         density = Counter(row.record["density"] for row in rows if row.record.get("density") is not None)
         placement = Counter(row.record["placement"] for row in rows if row.record.get("placement") is not None)
+        tier = Counter(str(row.record["tier"]) for row in rows if row.record.get("tier") is not None)
         profiles.append(ConceptProfile(concept, len(rows), min(tokens), max(tokens), dict(sorted(density.items())),
-                                       {p: placement[p] for p in sorted(placement, key=_placement_order)}))
+                                       {p: placement[p] for p in sorted(placement, key=_placement_order)},
+                                       {t: tier[t] for t in sorted(tier, key=_tier_order)}))
     return profiles
+
+
+def _tier_order(name: str) -> tuple[int, str]:
+    return (TIERS.index(name) if name in TIERS else len(TIERS), name)
 
 
 def _placement_order(name: str) -> tuple[int, str]:
@@ -305,14 +370,15 @@ def _placement_order(name: str) -> tuple[int, str]:
 
 
 def render_profile(profiles: list[ConceptProfile]) -> Table:
-    """Per concept: passages, token_count range, density and placement histograms (`-` when not recorded)."""
-    table = Table(title="Corpus profile (token_count range; passages per density and placement)")
-    for column in ("concept", "passages", "tokens", "density", "placement"):
+    """Per concept: passages, token_count range, density, placement and tier histograms (`-` when not recorded)."""
+    table = Table(title="Corpus profile (token_count range; passages per density, placement and tier)")
+    for column in ("concept", "passages", "tokens", "density", "placement", "tier"):
         table.add_column(column, overflow="fold")
     for p in profiles:
         density = " ".join(f"{k}:{v}" for k, v in p.density.items()) or "-"
         placement = " ".join(f"{k}:{v}" for k, v in p.placement.items()) or "-"
-        table.add_row(p.concept, str(p.n_passages), f"{p.token_min}-{p.token_max}", density, placement)
+        tier = " ".join(f"{k}:{v}" for k, v in p.tier.items()) or "-"
+        table.add_row(p.concept, str(p.n_passages), f"{p.token_min}-{p.token_max}", density, placement, tier)
     return table
 
 

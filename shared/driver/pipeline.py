@@ -44,6 +44,7 @@ from poolbench.store.keys import artifact_key, layer_shard_key
 from poolbench.store.url import open_store
 
 from .breakdowns import d1_by_bucket, lexical_baselines
+from .tiers import d1_by_tier, lexical_by_tier
 from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch, poll_actors
 
 FORWARDED_ENV = ("POOLBENCH_CACHE", "POOLBENCH_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
@@ -369,10 +370,15 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None,
         computed = execute(cfg, run, inputs, queue, emit)
     records = collect_records(inputs.store, run)
     lexical, buckets = breakdowns(cfg, inputs, run, records)
+    passages = {p.concept: p.passages for p in run.plans}
+    d1_tiers = d1_by_tier(inputs.store, {p.concept: p.pooled_key for p in run.plans}, passages, records,
+                          {s.id for s in run.specs if s.supervision != "none"}, n_bootstrap=cfg.n_bootstrap,
+                          seed=cfg.seed)
+    lexical_tiers = lexical_by_tier(passages, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
     timing = {"d1_s": time.perf_counter() - started}
     steering = steer(cfg, inputs, run, records, threads, emit) if cfg.steering else None
     if steering is not None:
         timing["steering_s"] = steering["timing"]["total_s"]
     timing["total_s"] = time.perf_counter() - started
     return replace(outcome_of(cfg, inputs, run, records, computed, timing, steering), lexical=lexical,
-                   d1_buckets=buckets)
+                   d1_buckets=buckets, d1_tiers=d1_tiers, lexical_tiers=lexical_tiers)

@@ -9,6 +9,7 @@ from poolbench.records.buckets import BucketAurocRecord
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.steering import SteeringStage
+from poolbench.records.tiers import LexicalTierRecord, TierAurocRecord
 
 
 @dataclass
@@ -28,3 +29,5 @@ class RunOutcome:
     steering: SteeringStage | None = None
     lexical: list[LexicalBaselineRecord] = field(default_factory=list)
     d1_buckets: list[BucketAurocRecord] = field(default_factory=list)
+    d1_tiers: list[TierAurocRecord] = field(default_factory=list)
+    lexical_tiers: list[LexicalTierRecord] = field(default_factory=list)

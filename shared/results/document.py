@@ -13,6 +13,7 @@ from poolbench.records.run import RunOutcome
 from poolbench.records.steering import SteeringStage
 from poolbench.results.leaderboard import build_leaderboard
 from poolbench.results.tidy import LONG_COLUMNS, WIDE_COLUMNS, long_rows, to_csv, wide_rows
+from poolbench.results.tiers import tier_section
 
 RESULTS_SCHEMA_VERSION = 1
 
@@ -44,6 +45,10 @@ def _breakdown_sections(outcome: RunOutcome) -> dict:
         out["lexical_baseline"] = [r.to_dict() for r in outcome.lexical]
     if outcome.d1_buckets:
         out["d1_by_bucket"] = [r.to_dict() for r in outcome.d1_buckets]
+    if outcome.d1_tiers:
+        out["d1_by_tier"] = [r.to_dict() for r in outcome.d1_tiers]
+    if outcome.lexical_tiers:
+        out["lexical_by_tier"] = [r.to_dict() for r in outcome.lexical_tiers]
     return out
 
 
@@ -102,6 +107,8 @@ def write_run_outputs(outcome: RunOutcome, out_dir: Path, stamp: str | None = No
         average_ranks=friedman.get("average_ranks", {}), lexical=outcome.lexical or None,
         sections={"model": outcome.model, "corpus_hash": outcome.corpus["hash"], "git_hash": results["git_hash"],
                   "date": results["date"], "friedman": reliability.get("friedman"),
+                  **({"by_tier": tier_section(outcome.d1_tiers, outcome.lexical_tiers)}
+                     if outcome.d1_tiers or outcome.lexical_tiers else {}),
                   **_leaderboard_steering(outcome.steering)})
     paths = {"results_stamped": out_dir / f"results_{stamp}.json",
              "leaderboard_stamped": out_dir / f"leaderboard_{stamp}.json",

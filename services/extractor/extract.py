@@ -90,6 +90,8 @@ class ExtractionStats:
     padded_tokens: int = 0
     forward_seconds: float = 0.0
     convert_seconds: float = 0.0
+    pool_seconds: float = 0.0  # inside the capture's sinks (launching device pooling), a pooler's to fill
+    transfer_seconds: float = 0.0  # waiting for pooled vectors (or token states) to reach the host
     skipped: list[tuple[str, int]] = field(default_factory=list)  # (passage id, tokens) too big for the device
 
 

@@ -179,3 +179,64 @@ def test_negative_layer_weights_are_refused_after_the_forward() -> None:
     spec = next(s for s in list_strategies() if s.id == "S2_gradient")
     with pytest.raises(StrategyError, match=r"'S2_gradient': weights must be finite and non-negative"):
         run_device(batch, [spec], "cpu")
+
+
+def test_a_concept_pools_and_probes_the_same_on_the_device_as_the_reference_way(tiny_llama_dir) -> None:
+    """The run's path end to end on the tiny Llama: every card strategy (parses, corpus statistics, attention,
+    gradients, S3 heads) pooled inside the capture vs the numpy hand-off, then D1 on both tables."""
+    from negation_pairs import passages
+
+    from poolbench.extractor.loading import load_model
+    from poolbench.pooler.concept_pooling import pool_concept_tables
+    from poolbench.prober.concept_probe import probe_pooled_table
+
+    loaded = load_model(str(tiny_llama_dir))
+    data = passages(12, "train") + passages(6, "test")
+    specs = list_strategies()
+    new, old = (pool_concept_tables(loaded, data, [0, 1], specs, batch_size=8, max_length=64, device_pooling=flag)
+                for flag in (True, False))
+    for layer in (0, 1):
+        a, b = new.layers[layer], old.layers[layer]
+        assert a.column("strategy").to_pylist() == b.column("strategy").to_pylist()
+        assert a.column("fallback").to_pylist() == b.column("fallback").to_pylist()
+        np.testing.assert_allclose(np.stack(a.column("vector").to_numpy(zero_copy_only=False)),
+                                   np.stack(b.column("vector").to_numpy(zero_copy_only=False)), rtol=1e-5, atol=1e-6)
+    d1 = [probe_pooled_table(out.pooled, "negation", n_folds=3, n_bootstrap=20, reliability=False, heads=out.heads)
+          for out in (new, old)]
+    assert len(d1[0]) == len(d1[1]) > 0
+    assert max(abs(x.test_auroc - y.test_auroc) for x, y in zip(*d1, strict=True)) <= 1e-6
+
+
+class OutOfMemoryAbove(torch.nn.Module):
+    """A model wrapper that raises torch.OutOfMemoryError when a forward holds more than `limit` padded tokens."""
+
+    def __init__(self, model: torch.nn.Module, limit: int) -> None:
+        super().__init__()
+        self.inner, self.limit, self.config, self.sizes = model, limit, model.config, []
+
+    def forward(self, input_ids, attention_mask, **kwargs):
+        self.sizes.append(input_ids.shape[0])
+        if input_ids.numel() > self.limit:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+
+
+def test_a_chunk_that_runs_out_of_memory_halves_and_a_passage_too_big_alone_is_skipped(tiny_llama_dir) -> None:
+    from poolbench.extractor.extract import ExtractionStats, capture_chunks, prepare_batches
+    from poolbench.extractor.loading import load_model
+
+    loaded = load_model(str(tiny_llama_dir))
+    texts = ["a short one", "another short text", "tiny", "word " * 30]
+    batches = prepare_batches(loaded.tokenizer, texts, ids=["s1", "s2", "s3", "long"], batch_size=4,
+                              max_tokens=100)
+    assert [b.passage_ids for b in batches] == [["long"], ["s2", "s1", "s3"]]
+    long_tokens, short = (b.input_ids.shape[1] for b in batches)
+    wrapped = OutOfMemoryAbove(loaded.model, limit=2 * short)  # two short rows fit, three do not, `long` never
+    stats = ExtractionStats()
+    out = list(capture_chunks(wrapped, loaded.decoder_layers, batches, [1], stats=stats, max_batch_tokens=4096,
+                              sink_for=lambda chunk: HostPooler([list_strategies()[0]], chunk, [1], {})))
+    pooled_ids = [pid for chunk, _ in out for pid in chunk.passage_ids]
+    assert sorted(pooled_ids) == ["s1", "s2", "s3"]
+    assert stats.skipped == [("long", long_tokens)]
+    assert wrapped.sizes == [1, 3, 1, 2]  # `long` alone fails; three short rows halve to one and two
+    assert [chunk.passage_ids for chunk, _ in out] == [["s2"], ["s1", "s3"]]

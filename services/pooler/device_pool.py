@@ -183,12 +183,19 @@ class DevicePooler:
         norms = torch.linalg.vector_norm(h, dim=-1) if self._norms_needed else None
         pooled = torch.empty((len(self.specs), batch, dim), dtype=torch.float32, device=h.device)
         weighted, rows = [], []
+        sinks: dict[str, torch.Tensor] = {}  # the sink rule per mode, once per layer
+
+        def sink(mode: str) -> torch.Tensor:
+            if mode not in sinks:
+                assert norms is not None
+                sinks[mode] = self._sink_rows(norms, mode)
+            return sinks[mode]
+
         for s, (spec, source) in enumerate(zip(self.specs, self._sources, strict=True)):
             if source in ("max", "min"):
                 keep = self._mask
                 if spec.sink_mode != "keep":
-                    assert norms is not None
-                    keep = keep & ~(self._sink_rows(norms, spec.sink_mode)[:, None] & self._first)
+                    keep = keep & ~(sink(spec.sink_mode)[:, None] & self._first)
                 fill = torch.tensor(float("-inf") if source == "max" else float("inf"), device=h.device)
                 masked = torch.where(keep[:, :, None], h, fill)
                 pooled[s] = masked.amax(dim=1) if source == "max" else masked.amin(dim=1)
@@ -200,8 +207,7 @@ class DevicePooler:
                 w = torch.where(self._mask, self._layer_weights(source, norms, extras), 0.0)
                 self._bad[s] |= ~torch.isfinite(w).all() | (w < 0).any()
             if spec.sink_mode != "keep":
-                assert norms is not None
-                drop = self._sink_rows(norms, spec.sink_mode)
+                drop = sink(spec.sink_mode)
                 if spec.sink_mode == "auto" and spec.attention_queries is not None:
                     drop = drop | self._attention_sink_rows(w, spec.attention_queries)
                 w = w * ~(drop[:, None] & self._first)

@@ -132,6 +132,7 @@ class DevicePooler:
         self._fallback = torch.zeros((len(self.specs), mask.shape[0]), dtype=torch.bool, device=self.device)
         self._bad = torch.zeros(len(self.specs), dtype=torch.bool, device=self.device)
         self._out: torch.Tensor | None = None
+        self._masked: torch.Tensor | None = None
         self._head_out: tuple[torch.Tensor, torch.Tensor] | None = None
         self.pooled: PooledBatch | None = None
         self.heads: tuple[np.ndarray, np.ndarray] | None = None
@@ -191,13 +192,26 @@ class DevicePooler:
                 sinks[mode] = self._sink_rows(norms, mode)
             return sinks[mode]
 
+        filled_mode: list[str] = []
+
+        def filled(mode: str) -> torch.Tensor:
+            """The layer's states with every token left out (padding, a dropped sink) replaced by a kept token of
+            its passage: max and min over all T are then the max and min over the kept tokens, for both
+            reductions from one write (the host path reduces slices; a where per reduction costs twice this)."""
+            if filled_mode != [mode]:
+                keep = self._mask if mode == "keep" else self._mask & ~(sink(mode)[:, None] & self._first)
+                if self._masked is None or self._masked.shape != h.shape:  # one [B, T, d] buffer per chunk
+                    self._masked = torch.empty_like(h)
+                kept = keep.to(torch.uint8).argmax(dim=1)  # the first kept token of each passage
+                stand_in = h.gather(1, kept[:, None, None].expand(-1, 1, h.shape[-1]))
+                torch.where(keep[:, :, None], h, stand_in, out=self._masked)
+                filled_mode[:] = [mode]
+            assert self._masked is not None
+            return self._masked
+
         for s, (spec, source) in enumerate(zip(self.specs, self._sources, strict=True)):
             if source in ("max", "min"):
-                keep = self._mask
-                if spec.sink_mode != "keep":
-                    keep = keep & ~(sink(spec.sink_mode)[:, None] & self._first)
-                fill = torch.tensor(float("-inf") if source == "max" else float("inf"), device=h.device)
-                masked = torch.where(keep[:, :, None], h, fill)
+                masked = filled(spec.sink_mode)
                 pooled[s] = masked.amax(dim=1) if source == "max" else masked.amin(dim=1)
                 continue
             if isinstance(source, int):
@@ -249,6 +263,7 @@ class DevicePooler:
             raise StrategyError(f"strategy {self.specs[int(bad.argmax())].id!r}: weights must be finite and "
                                 "non-negative")
         assert self._out is not None
+        self._masked = None
         self.pooled = PooledBatch(vectors=self._out.numpy(), strategy_ids=[spec.id for spec in self.specs],
                                   layers=self.layers, passage_ids=list(self.chunk.passage_ids),
                                   fallback=self._fallback.cpu().numpy())

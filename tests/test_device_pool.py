@@ -240,3 +240,23 @@ def test_a_chunk_that_runs_out_of_memory_halves_and_a_passage_too_big_alone_is_s
     assert stats.skipped == [("long", long_tokens)]
     assert wrapped.sizes == [1, 3, 1, 2]  # `long` alone fails; three short rows halve to one and two
     assert [chunk.passage_ids for chunk, _ in out] == [["s2"], ["s1", "s3"]]
+
+
+class CudaErrorAt(OutOfMemoryAbove):
+    def forward(self, input_ids, attention_mask, **kwargs):
+        raise RuntimeError("CUDA error: device-side assert triggered\nCompile with TORCH_USE_CUDA_DSA")
+
+
+def test_a_cuda_error_names_the_stage_and_batch_in_one_line(tiny_llama_dir) -> None:
+    from poolbench.extractor.extract import ExtractionError, capture_chunks, prepare_batches
+    from poolbench.extractor.loading import load_model
+
+    loaded = load_model(str(tiny_llama_dir))
+    batches = prepare_batches(loaded.tokenizer, ["one text", "two texts here"], ids=["a", "b"], batch_size=4)
+    with pytest.raises(ExtractionError) as error:
+        list(capture_chunks(CudaErrorAt(loaded.model, 0), loaded.decoder_layers, batches, [0],
+                            sink_for=lambda chunk: HostPooler([list_strategies()[0]], chunk, [0], {})))
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("CUDA error in the capture (forward and pooling) of batch 0 (2 passages from 'b'")
+    assert message.endswith("CUDA error: device-side assert triggered")

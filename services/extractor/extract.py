@@ -346,13 +346,13 @@ def capture_chunks(
     forward, so its host-side preparation is done and sent ahead) as soon as the layer has run, and the
     (chunk, finished sink) pair comes out. A chunk that runs out of device memory is halved and retried (later
     chunks of the run keep the smaller size); a single passage that does not fit alone is skipped and counted
-    in `stats.skipped` as (passage id, tokens)."""
+    in `stats.skipped` as (passage id, tokens). Any other CUDA error stops with one line naming the batch."""
     layers = tuple(int(layer) for layer in layers)
     needs = frozenset(needs)
     budget = resolve_max_batch_tokens(model, layers, max_batch_tokens, dtype_out)
     costs = model_token_costs(model, layers, needs, dtype_out)
     halvings = 0
-    for batch in batches:
+    for batch_index, batch in enumerate(batches):
         rows = max(1, rows_per_forward(costs, budget, batch.input_ids.shape[1]) >> halvings)
         pending = [batch.select(chunk) for chunk in row_chunks(len(batch.indices), rows)]
         while pending:
@@ -376,6 +376,13 @@ def capture_chunks(
                 if stats is not None:
                     stats.skipped.append((chunk.passage_ids[0], tokens))
                 continue
+            except RuntimeError as exc:
+                if "CUDA" not in str(exc) or isinstance(exc, PoolBenchError):
+                    raise
+                raise ExtractionError(
+                    f"CUDA error in the capture (forward and pooling) of batch {batch_index} ({len(chunk.indices)} "
+                    f"passages from {chunk.passage_ids[0]!r}, {chunk.input_ids.shape[1]} tokens): "
+                    f"{str(exc).splitlines()[0]}") from exc
             yield chunk, sink
 
 

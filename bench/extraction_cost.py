@@ -10,7 +10,15 @@ Every path is the run's own pool_concept (extract, pool, S3 head rows) at the ru
 CPU-time ratios (process_time) sit beside wall-clock ones: on a shared machine they move less.
 Peak memory: the process's peak RSS on CPU, torch.cuda.max_memory_allocated on GPU. Texts: the embedded
 corpus, consecutive passages of a concept joined until they fill --max-length tokens (--pack-to 0: as stored).
-Writes bench/results/extraction_cost.json.
+Per pooling stage the seconds split into forward (the capture, less its sinks), pooling (inside the sinks; on a
+GPU that is launching device work, which runs behind the forward), device->host (waiting for pooled vectors,
+or token states on the host path) and host work (parses, tables, the rest).
+
+--shape llama-3.1-8b | llama-3.2-1b | tiny builds a random-init Llama of that published shape (config numbers as
+in ../shared/gpu/random_model.py) directly on --device in --dtype, with the embedded default's tokenizer: no
+download, and throughput does not depend on weight values. --pooling host measures the reference hand-off
+(token states to the host, numpy pooling) for a before/after on the same machine.
+Writes bench/results/extraction_cost.json (top-level device, git, shape, ratios beside the detail).
 """
 
 from __future__ import annotations
@@ -34,14 +42,15 @@ from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import open_corpus
 from poolbench.extractor.batching import rows_per_forward
 from poolbench.extractor.extract import (
+    ExtractionStats,
     forward_backward,
     forward_only,
     model_token_costs,
     prepare_batches,
     resolve_max_batch_tokens,
 )
-from poolbench.extractor.loading import LoadedModel, load_model
-from poolbench.pooler.concept_pooling import pool_concept, strategy_needs
+from poolbench.extractor.loading import EMBEDDED, LoadedModel, load_model, load_tokenizer, resolve_device
+from poolbench.pooler.concept_pooling import pool_concept_tables, strategy_needs
 from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
 from poolbench.pooler.registry import resolve_strategies
 from poolbench.pooler.spec import StrategySpec
@@ -52,6 +61,62 @@ TARGETS = {"hidden_over_raw": 1.15, "attention_over_raw": 1.4, "all_over_forward
            "all_peak_rss_gb": 3.0}
 TARGETS.update({f"{key}_cpu": value for key, value in list(TARGETS.items()) if "over" in key})
 HIDDEN_NEEDS = frozenset({"parse", "corpus"})
+LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+# The published configs' numbers (Hugging Face config.json of each model); tiny: a shape for smoke tests.
+SHAPES: dict[str, dict] = {
+    "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
+                         rope_scaling={**LLAMA3_ROPE, "factor": 8.0}, max_position_embeddings=131072,
+                         rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
+                         rope_scaling={**LLAMA3_ROPE, "factor": 32.0}, max_position_embeddings=131072,
+                         rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "tiny": dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True),
+}
+
+
+def shaped_model(shape: str, dtype: str, device: str) -> LoadedModel:
+    """A random-init Llama of a published shape, built in place on the device, with the embedded tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    target = resolve_device(device)
+    torch_dtype = {"auto": torch.bfloat16 if target.type == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
+                   "float16": torch.float16, "float32": torch.float32}[dtype]
+    config = LlamaConfig(**SHAPES[shape])
+    tokenizer = load_tokenizer(EMBEDDED)
+    config.pad_token_id = tokenizer.pad_token_id
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch_dtype)
+    try:
+        with target:
+            model = LlamaForCausalLM(config).eval().requires_grad_(False)
+    finally:
+        torch.set_default_dtype(previous)
+    return LoadedModel(model=model, tokenizer=tokenizer, model_id=f"random:{shape}", path=Path("."), kind="causal",
+                       n_layers=config.num_hidden_layers, hidden_size=config.hidden_size, dtype=torch_dtype,
+                       device=target, weights_hash=f"random:{shape}", decoder_layers=model.model.layers)
+
+
+def device_name(device: torch.device) -> str:
+    """The CUDA device's name, or the CPU's model name from /proc/cpuinfo."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def open_model(args: argparse.Namespace, device: str | None = None) -> LoadedModel:
+    if args.shape:
+        return shaped_model(args.shape, args.dtype, device or args.device)
+    return load_model(args.model, dtype=args.dtype, device=device or args.device)
 
 
 def stage_specs(stage: str) -> list[StrategySpec]:
@@ -65,7 +130,7 @@ def stage_specs(stage: str) -> list[StrategySpec]:
     return [s for s in card if allowed is None or s.needs <= allowed]
 
 
-def packed_passages(loaded: LoadedModel, args: argparse.Namespace) -> dict[str, list[Passage]]:
+def packed_passages(tokenizer, args: argparse.Namespace) -> dict[str, list[Passage]]:
     """Per concept, --texts passages; with --pack-to, consecutive ones joined until they reach that many tokens."""
     corpus = open_corpus("embedded", args.corpus_size)
     out: dict[str, list[Passage]] = {}
@@ -80,7 +145,7 @@ def packed_passages(loaded: LoadedModel, args: argparse.Namespace) -> dict[str, 
             while cursor < len(source):
                 parts.append(source[cursor].text)
                 cursor += 1
-                if len(loaded.tokenizer(" ".join(parts))["input_ids"]) >= args.pack_to:
+                if len(tokenizer(" ".join(parts))["input_ids"]) >= args.pack_to:
                     break
             packed.append(Passage(id=f"{first.id}+{len(parts)}", text=" ".join(parts), label=first.label,
                                   domain=first.domain, token_count=0, matched_pair_id=first.matched_pair_id,
@@ -100,9 +165,9 @@ def run_stage(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, dtype=args.dtype, device=args.device)
+    loaded = open_model(args)
     layers = [int(v) for v in args.layers.split(",")] if args.layers else list(range(loaded.n_layers))
-    concepts = packed_passages(loaded, args)
+    concepts = packed_passages(loaded.tokenizer, args)
     batches = {c: prepare_batches(loaded.tokenizer, ps, batch_size=args.batch_size, max_length=args.max_length)
                for c, ps in concepts.items()}
     specs = stage_specs(args.stage)
@@ -116,14 +181,24 @@ def run_stage(args: argparse.Namespace) -> dict:
                                           passages_digest=ids_digest([p.id for p in ps]))
             parses[concept] = ParseIndex.from_table(table)
 
+    split: list[dict[str, float]] = []
+
     def stage() -> None:
         if args.stage == "forward_backward":
             for concept_batches in batches.values():
                 forward_backward(loaded.model, concept_batches, max_batch_tokens=budget)
         elif args.stage != "raw":
+            stats, start = ExtractionStats(), time.perf_counter()
             for concept, ps in concepts.items():
-                pool_concept(loaded, ps, layers, specs, batch_size=args.batch_size, max_length=args.max_length,
-                             parses=parses.get(concept), max_batch_tokens=budget)
+                pool_concept_tables(loaded, ps, layers, specs, batch_size=args.batch_size, max_length=args.max_length,
+                                    parses=parses.get(concept), max_batch_tokens=budget, stats=stats,
+                                    device_pooling=args.pooling == "device")
+            total = time.perf_counter() - start
+            # device pooling runs inside the capture (forward_seconds), host pooling after it (convert_seconds)
+            inside = stats.pool_seconds if args.pooling == "device" else 0.0
+            split.append({"forward_s": stats.forward_seconds - inside, "pooling_s": stats.pool_seconds,
+                          "device_to_host_s": stats.transfer_seconds,
+                          "host_s": total - stats.forward_seconds - stats.convert_seconds})
 
     first = next(iter(batches.values()))[:1]
     forward_only(loaded.model, first)  # warm-up: allocator, kernels, caches
@@ -143,6 +218,7 @@ def run_stage(args: argparse.Namespace) -> dict:
             stage_s.append(time.perf_counter() - start)
             stage_cpu.append(time.process_time() - cpu)
     tokens = sum(int(b.attention_mask.sum()) for bs in batches.values() for b in bs)
+    fastest = split[stage_s.index(min(stage_s))] if split else {}
     padded = sum(b.attention_mask.size for bs in batches.values() for b in bs)
     lengths = sorted({b.input_ids.shape[1] for bs in batches.values() for b in bs})
     costs = model_token_costs(loaded.model, layers, {"gradient"} if args.stage == "forward_backward" else needs)
@@ -155,6 +231,7 @@ def run_stage(args: argparse.Namespace) -> dict:
         "cpu_seconds": best_cpu, "raw_cpu_seconds": min(raw_cpu), "cpu_over_raw": best_cpu / min(raw_cpu),
         "load_average_1m": os.getloadavg()[0],
         "peak_bytes": peak_bytes(device), "peak_kind": "cuda_max_allocated" if device.type == "cuda" else "rss",
+        "seconds_split": fastest, "pooling": args.pooling, "device_name": device_name(device),
         "max_batch_tokens": budget, "rows_per_forward": {str(n): rows_per_forward(costs, budget, n) for n in lengths},
         "n_layers": loaded.n_layers, "hidden_size": loaded.hidden_size, "layers": layers,
         "dtype": str(loaded.dtype), "device": str(device),
@@ -166,19 +243,21 @@ def measure(args: argparse.Namespace) -> dict:
     """Every stage in a child process of this script; the parent parses once so children read cached parses."""
     stages = args.stages.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        loaded = load_model(args.model, dtype=args.dtype, device="cpu")
+        tokenizer = load_tokenizer(EMBEDDED) if args.shape else open_model(args, "cpu").tokenizer
         store = LocalStore(tmp)
-        for ps in packed_passages(loaded, args).values():
+        for ps in packed_passages(tokenizer, args).values():
             cached_parse_table(store, [p.text for p in ps], [p.id for p in ps], corpus_hash="bench",
                                passages_digest=ids_digest([p.id for p in ps]))
-        del loaded
         results = {}
         for stage in stages:
-            out = Path(tmp) / f"{stage}.json"
-            command = [sys.executable, __file__, *sys.argv[1:], "--stage", stage, "--parse-store", tmp,
-                       "--child-out", str(out)]
-            subprocess.run(command, check=True)
-            results[stage] = json.loads(out.read_text())
+            if args.in_process:  # one process for every stage (smoke tests): peak memory is then cumulative
+                results[stage] = run_stage(argparse.Namespace(**{**vars(args), "stage": stage, "parse_store": tmp}))
+            else:
+                out = Path(tmp) / f"{stage}.json"
+                command = [sys.executable, __file__, *sys.argv[1:], "--stage", stage, "--parse-store", tmp,
+                           "--child-out", str(out)]
+                subprocess.run(command, check=True)
+                results[stage] = json.loads(out.read_text())
             Console().print(f"{stage}: {results[stage]['seconds']:.2f} s, {results[stage]['over_raw']:.3f}x raw, "
                             f"peak {results[stage]['peak_bytes'] / 2**30:.2f} GiB")
     header = run_header("extraction_cost", args, results[stages[0]]["device"])
@@ -194,7 +273,17 @@ def measure(args: argparse.Namespace) -> dict:
     if "all" in results:
         summary["all_peak_rss_gb"] = results["all"]["peak_bytes"] / 1e9
     any_stage = results[stages[0]]
+    over = {name: stage["over_raw"] for name, stage in results.items()}
+    ratios = {"hidden_vs_forward": over.get("hidden"), "attention_vs_forward": over.get("attention"),
+              "fwd_bwd_vs_forward": over.get("forward_backward"),
+              "all_vs_fwd_bwd": over["all"] / over["forward_backward"] if {"all", "forward_backward"} <= set(over)
+              else None}
     return {
+        "device": any_stage["device_name"], "git": header["git_hash"], "shape": args.shape or args.model,
+        "ratios": ratios, "torch": torch.__version__, "cuda": torch.version.cuda, "pooling": args.pooling,
+        "peak_device_bytes": {name: stage["peak_bytes"] for name, stage in results.items()},
+        "tokens_per_s": {name: stage["tokens_per_s"] for name, stage in results.items()},
+        "seconds_split": {name: stage["seconds_split"] for name, stage in results.items() if stage["seconds_split"]},
         **header,
         "config": {**header["options"], "n_layers": any_stage["n_layers"], "hidden_size": any_stage["hidden_size"],
                    "layers": any_stage["layers"], "dtype": any_stage["dtype"], "tokens": any_stage["tokens"],
@@ -233,6 +322,11 @@ def main() -> None:
     parser.add_argument("--layers", default=None, help="comma list (default: all)")
     parser.add_argument("--max-batch-tokens", type=int, default=None, help="default: the run's, from free memory")
     parser.add_argument("--stages", default=",".join(STAGES))
+    parser.add_argument("--shape", default=None, choices=sorted(SHAPES),
+                        help="a random-init Llama of this published shape instead of --model")
+    parser.add_argument("--pooling", default="device", choices=("device", "host"),
+                        help="pool inside the capture on the model's device, or the reference host hand-off")
+    parser.add_argument("--in-process", action="store_true", help="every stage in this process (smoke tests)")
     parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--parse-store", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, default=None, help=argparse.SUPPRESS)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -31,6 +33,8 @@ from .batching import (
     token_costs,
 )
 from .hook_points import capture_layer_outputs
+
+logger = logging.getLogger(__name__)
 
 
 class ExtractionError(PoolBenchError):
@@ -86,6 +90,9 @@ class ExtractionStats:
     padded_tokens: int = 0
     forward_seconds: float = 0.0
     convert_seconds: float = 0.0
+    pool_seconds: float = 0.0  # inside the capture's sinks (launching device pooling), a pooler's to fill
+    transfer_seconds: float = 0.0  # waiting for pooled vectors (or token states) to reach the host
+    skipped: list[tuple[str, int]] = field(default_factory=list)  # (passage id, tokens) too big for the device
 
 
 def tokenize_passages(
@@ -231,6 +238,63 @@ def resolve_max_batch_tokens(model: nn.Module, layers: Sequence[int], max_batch_
     return default_max_batch_tokens(free_memory_bytes(next(model.parameters()).device), plain)
 
 
+LayerExtras = Mapping[str, torch.Tensor]
+
+
+class LayerSink(Protocol):
+    """What a capture hands each requested layer to: its token states [B, T, d] on the model's device and that
+    layer's extras on the same device ("attention_head_inflow" / "attention_head_inflow_last" [B, H, T],
+    "attention_head_output_last" [B, H, Dh], "gradient_norm" / "gradient_x_input" [B, T]); `finish` runs once
+    after the forward (and backward), where device work may be waited for."""
+
+    def __call__(self, layer: int, hidden: torch.Tensor, extras: LayerExtras) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+SinkT = TypeVar("SinkT", bound=LayerSink)
+
+
+class HostCapture:
+    """Today's hand-off, kept as the reference: every layer's token states into one buffer, then to the host as
+    an ActivationBatch (numpy) for numpy pooling, activation dumps and other readers of token states."""
+
+    def __init__(self, batch: PaddedBatch, layers: Sequence[int], dtype_out: np.dtype | type = np.float32) -> None:
+        self.batch = batch
+        self.layers = tuple(layers)
+        self._dtype = _torch_dtype(dtype_out)
+        self._position = {layer: i for i, layer in enumerate(self.layers)}
+        self._buffer: torch.Tensor | None = None
+        self._extras: dict[int, LayerExtras] = {}
+        self.activations: ActivationBatch | None = None
+
+    def __call__(self, layer: int, hidden: torch.Tensor, extras: LayerExtras) -> None:
+        if self._buffer is None:
+            self._buffer = torch.empty((len(self.layers), *hidden.shape), dtype=self._dtype, device=hidden.device)
+        self._buffer[self._position[layer]].copy_(hidden)
+        self._extras[layer] = extras
+
+    def finish(self) -> None:
+        assert self._buffer is not None
+        b = self.batch
+        self.activations = ActivationBatch(
+            passage_ids=b.passage_ids, texts=b.texts, layers=self.layers, hidden=self._buffer.cpu().numpy(),
+            attention_mask=b.attention_mask, input_ids=b.input_ids, offsets=b.offsets, special_mask=b.special_mask,
+            extras=stack_layer_extras([self._extras[layer] for layer in self.layers]))
+        self._buffer = None
+
+
+def stack_layer_extras(per_layer: Sequence[LayerExtras]) -> dict[str, np.ndarray]:
+    """Per-layer device extras stacked to the [L, ...] numpy extras strategies read, plus S1's head means."""
+    if not per_layer or not per_layer[0]:
+        return {}
+    extras = {name: torch.stack([layer[name] for layer in per_layer]).cpu().numpy() for name in per_layer[0]}
+    if "attention_head_inflow" in extras:
+        extras["attention_inflow"] = extras["attention_head_inflow"].mean(axis=2)
+        extras["attention_inflow_last"] = extras["attention_head_inflow_last"].mean(axis=2)
+    return extras
+
+
 def extract_batches(
     model: nn.Module,
     decoder_layers: Sequence[nn.Module],
@@ -257,32 +321,89 @@ def extract_batches(
     graph is built and no LM head runs.
     """
     layers = tuple(int(layer) for layer in layers)
+    for _, capture in capture_chunks(model, decoder_layers, batches, layers,
+                                     sink_for=lambda chunk: HostCapture(chunk, layers, dtype_out), stats=stats,
+                                     stop_early=stop_early, needs=needs, max_batch_tokens=max_batch_tokens,
+                                     dtype_out=dtype_out):
+        assert capture.activations is not None
+        yield capture.activations
+
+
+def capture_chunks(
+    model: nn.Module,
+    decoder_layers: Sequence[nn.Module],
+    batches: Iterable[PaddedBatch],
+    layers: Sequence[int],
+    *,
+    sink_for: Callable[[PaddedBatch], SinkT],
+    stats: ExtractionStats | None = None,
+    stop_early: bool = True,
+    needs: Collection[str] = frozenset(),
+    max_batch_tokens: int | None = None,
+    dtype_out: np.dtype | type = np.float32,
+) -> Iterator[tuple[PaddedBatch, SinkT]]:
+    """One forward per row chunk; each requested layer goes to the chunk's sink (made by `sink_for` before the
+    forward, so its host-side preparation is done and sent ahead) as soon as the layer has run, and the
+    (chunk, finished sink) pair comes out. A chunk that runs out of device memory is halved and retried (later
+    chunks of the run keep the smaller size); a single passage that does not fit alone is skipped and counted
+    in `stats.skipped` as (passage id, tokens). Any other CUDA error stops with one line naming the batch."""
+    layers = tuple(int(layer) for layer in layers)
     needs = frozenset(needs)
     budget = resolve_max_batch_tokens(model, layers, max_batch_tokens, dtype_out)
     costs = model_token_costs(model, layers, needs, dtype_out)
-    for batch in batches:
-        rows = rows_per_forward(costs, budget, batch.input_ids.shape[1])
-        for chunk in row_chunks(len(batch.indices), rows):
-            yield _extract_chunk(model, decoder_layers, batch.select(chunk), layers, dtype_out=dtype_out,
-                                 stats=stats, stop_early=stop_early, needs=needs)
+    halvings = 0
+    for batch_index, batch in enumerate(batches):
+        rows = max(1, rows_per_forward(costs, budget, batch.input_ids.shape[1]) >> halvings)
+        pending = [batch.select(chunk) for chunk in row_chunks(len(batch.indices), rows)]
+        while pending:
+            chunk = pending.pop(0)
+            sink = None
+            try:
+                sink = sink_for(chunk)
+                _capture_chunk(model, decoder_layers, chunk, layers, sink, stats=stats, stop_early=stop_early,
+                               needs=needs)
+            except torch.OutOfMemoryError:
+                sink = None
+                _release(model)
+                n = len(chunk.indices)
+                if n > 1:
+                    halvings += 1
+                    pending[:0] = [chunk.select(slice(0, n // 2)), chunk.select(slice(n // 2, n))]
+                    continue
+                tokens = int(chunk.attention_mask.sum())
+                logger.warning("passage %s (%d tokens) does not fit in device memory alone; skipped",
+                               chunk.passage_ids[0], tokens)
+                if stats is not None:
+                    stats.skipped.append((chunk.passage_ids[0], tokens))
+                continue
+            except RuntimeError as exc:
+                if "CUDA" not in str(exc) or isinstance(exc, PoolBenchError):
+                    raise
+                raise ExtractionError(
+                    f"CUDA error in the capture (forward and pooling) of batch {batch_index} ({len(chunk.indices)} "
+                    f"passages from {chunk.passage_ids[0]!r}, {chunk.input_ids.shape[1]} tokens): "
+                    f"{str(exc).splitlines()[0]}") from exc
+            yield chunk, sink
 
 
-def _extract_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch: PaddedBatch,
-                   layers: tuple[int, ...], *, dtype_out: np.dtype | type, stats: ExtractionStats | None,
-                   stop_early: bool, needs: frozenset[str]) -> ActivationBatch:
-    """One forward (and, for S2, one backward) over one chunk; hidden states go straight into one buffer."""
+def _release(model: nn.Module) -> None:
+    """Give the cached blocks of a failed forward back before the halved retry."""
+    if next(model.parameters()).device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _capture_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch: PaddedBatch,
+                   layers: tuple[int, ...], sink: LayerSink, *, stats: ExtractionStats | None,
+                   stop_early: bool, needs: frozenset[str]) -> None:
+    """One forward (and, for S2, one backward) over one chunk; each layer goes to `sink` with its extras."""
     start = time.perf_counter()
-    out_dtype = _torch_dtype(dtype_out)
     attention, gradient = "attention" in needs, "gradient" in needs
-    extras: dict[str, np.ndarray] = {}
-    buffer: list[torch.Tensor] = []
     written: set[int] = set()
-    position = {layer: i for i, layer in enumerate(layers)}
+    heads: dict[int, dict[str, torch.Tensor]] = {}
 
-    def write(layer: int, hidden: torch.Tensor) -> None:
-        if not buffer:
-            buffer.append(torch.empty((len(layers), *hidden.shape), dtype=out_dtype, device=hidden.device))
-        buffer[0][position[layer]].copy_(hidden)
+    def write(layer: int, hidden: torch.Tensor, more: LayerExtras | None = None) -> None:
+        extras = {_ATTENTION_NAMES[name]: value for name, value in heads.get(layer, {}).items()}
+        sink(layer, hidden, {**extras, **(more or {})})
         written.add(layer)
 
     grad_mode = torch.enable_grad() if gradient else torch.inference_mode()
@@ -293,18 +414,16 @@ def _extract_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch:
             capture_attention(model, decoder_layers, layers, mask, head_outputs="labels" in needs)
             if attention else nullcontext({}))
         if gradient:
-            _gradient_forward(model, decoder_layers, inputs, mask, layers, write, extras)
+            _gradient_forward(model, decoder_layers, inputs, mask, layers, write)
         else:
             with capture_layer_outputs(decoder_layers, layers, stop_early=stop_early, sink=write):
                 model(**inputs)
         missing = [layer for layer in layers if layer not in written]
         if missing:
             raise ExtractionError(f"layers {missing} never ran: decoder_layers are not this model's")
-    if attention:
-        _attention_extras(heads, layers, extras)
     _sync(model)
     converted = time.perf_counter()
-    hidden = buffer[0].cpu().numpy()
+    sink.finish()
     done = time.perf_counter()
     if stats is not None:
         stats.batches += 1
@@ -313,23 +432,17 @@ def _extract_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch:
         stats.padded_tokens += batch.attention_mask.size
         stats.forward_seconds += converted - start
         stats.convert_seconds += done - converted
-    return ActivationBatch(
-        passage_ids=batch.passage_ids,
-        texts=batch.texts,
-        layers=layers,
-        hidden=hidden,
-        attention_mask=batch.attention_mask,
-        input_ids=batch.input_ids,
-        offsets=batch.offsets,
-        special_mask=batch.special_mask,
-        extras=extras,
-    )
+
+
+_ATTENTION_NAMES = {"inflow": "attention_head_inflow", "inflow_last": "attention_head_inflow_last",
+                    "head_output_last": "attention_head_output_last"}
 
 
 def _gradient_forward(model: nn.Module, decoder_layers: Sequence[nn.Module], inputs: dict, mask: torch.Tensor,
-                      layers: tuple[int, ...], write: Callable[[int, torch.Tensor], None],
-                      extras: dict[str, np.ndarray]) -> None:
-    """S2: forward to the LM head with the shallowest requested layer as a grad leaf, one backward for all."""
+                      layers: tuple[int, ...], write: Callable[[int, torch.Tensor, LayerExtras], None]) -> None:
+    """S2: forward to the LM head with the shallowest requested layer as a grad leaf (the backward stops
+    there), and ONE backward of the sum of every row's log-likelihood: rows are independent, so each row's
+    share of the gradient is its own gradient."""
     with gradient_layer_outputs(decoder_layers, layers) as captured:
         output = model(**inputs)
     logits = getattr(output, "logits", None)
@@ -341,24 +454,10 @@ def _gradient_forward(model: nn.Module, decoder_layers: Sequence[nn.Module], inp
     tensors = [captured[layer] for layer in layers]
     grads = torch.autograd.grad(score, tensors)
     with torch.no_grad():
-        extras["gradient_norm"] = torch.stack(
-            [torch.linalg.vector_norm(g.float(), dim=-1) for g in grads]).cpu().numpy()
-        extras["gradient_x_input"] = torch.stack(
-            [(g.float() * h.float()).sum(-1).abs() for g, h in zip(grads, tensors, strict=True)]
-        ).cpu().numpy()
-        for layer, hidden in zip(layers, tensors, strict=True):
-            write(layer, hidden.detach())
-
-
-def _attention_extras(heads: dict[int, dict[str, torch.Tensor]], layers: Sequence[int],
-                      extras: dict[str, np.ndarray]) -> None:
-    """Stack the per-layer head arrays to [L, ...] numpy extras, plus the head means S1 pools with."""
-    for name in ("inflow", "inflow_last", "head_output_last"):
-        if name in heads[layers[0]]:
-            key = f"attention_head_{name}" if name != "head_output_last" else "attention_head_output_last"
-            extras[key] = torch.stack([heads[layer][name] for layer in layers]).cpu().numpy()
-    extras["attention_inflow"] = extras["attention_head_inflow"].mean(axis=2)
-    extras["attention_inflow_last"] = extras["attention_head_inflow_last"].mean(axis=2)
+        for layer, hidden, grad in zip(layers, tensors, grads, strict=True):
+            write(layer, hidden.detach(), {
+                "gradient_norm": torch.linalg.vector_norm(grad.float(), dim=-1),
+                "gradient_x_input": (grad.float() * hidden.float()).sum(-1).abs()})
 
 
 def _count(stats: ExtractionStats, batch: PaddedBatch, seconds: float) -> None:

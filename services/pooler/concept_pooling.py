@@ -14,12 +14,12 @@ import pyarrow as pa
 
 from poolbench.corpus.passage import Passage
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.extractor.extract import extract_batches, prepare_batches
+from poolbench.extractor.extract import ExtractionStats, PaddedBatch, capture_chunks, prepare_batches
 from poolbench.extractor.loading import LoadedModel
 from poolbench.pooler.concept_context import ConceptContext
-from poolbench.pooler.iti import FRACTION_META, HEADS_META, ITIHeadTableBuilder, head_vectors
+from poolbench.pooler.device_pool import DevicePooler, HostPooler, chunk_pooler
+from poolbench.pooler.iti import FRACTION_META, HEADS_META, ITIHeadTableBuilder
 from poolbench.pooler.parses import ParseIndex, batch_parse_extras, load_nlp, parse_table
-from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.pooler.saliency import check_encoder_support, remove_first_component
 from poolbench.pooler.spec import StrategySpec
@@ -35,6 +35,7 @@ class PooledConcept:
 
     layers: dict[int, pa.Table]
     layer_heads: dict[int, pa.Table] | None  # None when no requested strategy is supervised
+    skipped: tuple[tuple[str, int], ...] = ()  # (passage id, tokens) that did not fit the device alone
 
     @property
     def pooled(self) -> pa.Table:
@@ -55,11 +56,12 @@ def strategy_needs(specs: Sequence[StrategySpec]) -> frozenset[str]:
 def pool_concept(loaded: LoadedModel, passages: Sequence[Passage], layers: Sequence[int],
                  specs: Sequence[StrategySpec], *, batch_size: int = 32, max_length: int = 256,
                  metadata: dict[str, str] | None = None, parses: ParseIndex | None = None,
-                 max_batch_tokens: int | None = None) -> pa.Table:
+                 max_batch_tokens: int | None = None, device_pooling: bool = True) -> pa.Table:
     """The PooledTable alone, for callers that never probe a supervised strategy (steering vectors): probing
     an S3 cell without its ITIHeadTable stops with an error."""
     return pool_concept_tables(loaded, passages, layers, specs, batch_size=batch_size, max_length=max_length,
-                               metadata=metadata, parses=parses, max_batch_tokens=max_batch_tokens).pooled
+                               metadata=metadata, parses=parses, max_batch_tokens=max_batch_tokens,
+                               device_pooling=device_pooling).pooled
 
 
 def pool_concept_tables(
@@ -71,14 +73,21 @@ def pool_concept_tables(
     batch_size: int = 32,
     max_length: int = 256,
     metadata: dict[str, str] | None = None,
-    on_batch: Callable[[ActivationBatch], None] | None = None,
+    on_batch: Callable[[PaddedBatch | ActivationBatch], None] | None = None,
     parses: ParseIndex | None = None,
     max_batch_tokens: int | None = None,
+    device_pooling: bool = True,
+    keep_activations: bool = False,
+    stats: ExtractionStats | None = None,
 ) -> PooledConcept:
-    """Extract every requested layer in one forward per batch and pool all strategies right away.
+    """Extract every requested layer in one forward per batch and pool all strategies inside that forward.
 
-    `parses` (e.g. the cached artifact) serves strategies that need them; without it they are parsed here.
-    `max_batch_tokens` bounds each forward (None: from free memory); the table is the same whatever it is."""
+    Pooling runs on the model's device in the capture (device_pool.DevicePooler): only pooled vectors leave it.
+    `device_pooling=False` or `keep_activations=True` (on_batch then gets each chunk's ActivationBatch, e.g. for
+    activation dumps) pool the reference way, token states to the host and numpy `pool_tokens`; otherwise
+    on_batch gets the PaddedBatch. `parses` (e.g. the cached artifact) serves strategies that need them;
+    without it they are parsed here. `max_batch_tokens` bounds each forward (None: from free memory); the table
+    is the same whatever it is. Passages that do not fit the device alone are left out, in `skipped`."""
     specs = list(specs)
     needs = strategy_needs(specs)
     check_encoder_support(loaded.kind, specs)
@@ -93,33 +102,48 @@ def pool_concept_tables(
     heads = {int(layer): ITIHeadTableBuilder(loaded.hidden_size) for layer in layers}
     metadata = dict(metadata or {})
     head_metadata = dict(metadata)
-    for batch in extract_batches(loaded.model, loaded.decoder_layers, batches, layers, needs=needs,
-                                 max_batch_tokens=max_batch_tokens):
+    stats = stats if stats is not None else ExtractionStats()
+    device = None if keep_activations or not device_pooling else next(loaded.model.parameters()).device
+
+    def host_extras(chunk: PaddedBatch) -> dict[str, np.ndarray]:
+        """What the strategies read from the text, built on the CPU before the chunk's forward."""
+        extras: dict[str, np.ndarray] = {}
         if "parse" in needs:
-            batch.extras.update(batch_parse_extras(parses, batch.passage_ids, batch.texts, batch.offsets,
-                                                   batch.attention_mask,
-                                                   context.word_flags if context is not None else None))
+            extras.update(batch_parse_extras(parses, chunk.passage_ids, chunk.texts, chunk.offsets,
+                                             chunk.attention_mask,
+                                             context.word_flags if context is not None else None))
         if context is not None:
-            batch.extras["unigram_probability"] = context.unigram_probability(batch.input_ids)
+            extras["unigram_probability"] = context.unigram_probability(chunk.input_ids)
+        return extras
+
+    def sink_for(chunk: PaddedBatch) -> DevicePooler | HostPooler:
+        return chunk_pooler(specs, chunk, layers, host_extras(chunk), device)
+
+    for chunk, pooler in capture_chunks(loaded.model, loaded.decoder_layers, batches, layers, sink_for=sink_for,
+                                        needs=needs, max_batch_tokens=max_batch_tokens, stats=stats):
         if on_batch is not None:
-            on_batch(batch)
-        pooled = pool_tokens(batch, specs)
+            on_batch(pooler.activations if pooler.activations is not None else chunk)
+        pooled = pooler.pooled
+        assert pooled is not None
         builder.add(pooled.vectors, pooled.layers, pooled.strategy_ids, pooled.passage_ids, pooled.fallback)
         for spec in specs:
             if spec.supervision == "labels":
-                per_head, outputs = head_vectors(batch)
+                assert pooler.heads is not None
+                per_head, outputs = pooler.heads
                 metadata[f"{spec.id}{HEADS_META}"] = str(per_head.shape[2])
                 head_metadata[f"{spec.id}{FRACTION_META}"] = str(spec.param("head_fraction"))
-                for i, layer in enumerate(batch.layers):
-                    heads[int(layer)].add(spec.id, [layer], batch.passage_ids, per_head[i:i + 1],
+                for i, layer in enumerate(pooled.layers):
+                    heads[int(layer)].add(spec.id, [layer], pooled.passage_ids, per_head[i:i + 1],
                                           outputs[i:i + 1])
+        stats.pool_seconds += pooler.pool_seconds
+        stats.transfer_seconds += pooler.transfer_seconds
     tables = builder.layer_tables(metadata)
     for spec in specs:
         if dict(spec.params).get("remove_first_pc") is True:
             tables = {layer: _remove_first_pc(table, spec.id) for layer, table in tables.items()}
     supervised = any(spec.supervision == "labels" for spec in specs)
     return PooledConcept(tables, {layer: heads[layer].table(head_metadata) for layer in tables}
-                         if supervised else None)
+                         if supervised else None, tuple(stats.skipped))
 
 
 def _fit_context(passages: Sequence[Passage], batches, parses: ParseIndex | None) -> ConceptContext:

@@ -11,7 +11,7 @@ import torch
 from poolbench.errors import StrategyError
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.pooler.sink import attention_sink_rows, drop_first, sink_rows
-from poolbench.pooler.spec import StrategySpec, TokenContext
+from poolbench.pooler.spec import HiddenOnDevice, StrategySpec, TokenContext
 
 
 @dataclass
@@ -68,6 +68,17 @@ def pool_tokens(batch: ActivationBatch, specs: Sequence[StrategySpec]) -> Pooled
 
 def token_weights(spec: StrategySpec, ctx: TokenContext, n_layers: int) -> np.ndarray:
     """A spec's weights as float32 [B,T] or [L,B,T], zero on padding, checked for shape and sign."""
+    weights = checked_weights(spec, ctx, n_layers)
+    if spec.sink_mode == "keep":
+        return weights
+    rows = sink_rows(ctx.token_norms, ctx.attention_mask, spec.sink_mode)
+    if spec.sink_mode == "auto" and spec.attention_queries is not None:
+        rows = rows | attention_sink_rows(weights, ctx.attention_mask, spec.attention_queries)
+    return drop_first(weights, ctx.attention_mask, rows)
+
+
+def checked_weights(spec: StrategySpec, ctx: TokenContext, n_layers: int) -> np.ndarray:
+    """weights_fn's output before the sink rule: float32, zero on padding, shape and sign checked."""
     batch_size, length = ctx.attention_mask.shape
     try:
         raw = np.asarray(spec.weights_fn(ctx))
@@ -75,6 +86,8 @@ def token_weights(spec: StrategySpec, ctx: TokenContext, n_layers: int) -> np.nd
         if repr(spec.id) in str(exc):
             raise
         raise StrategyError(f"strategy {spec.id!r}: {exc}") from exc
+    except HiddenOnDevice:
+        raise
     except Exception as exc:
         raise StrategyError(f"strategy {spec.id!r}: weights_fn failed: {type(exc).__name__}: {exc}") from exc
     if raw.shape not in ((batch_size, length), (n_layers, batch_size, length)):
@@ -83,12 +96,7 @@ def token_weights(spec: StrategySpec, ctx: TokenContext, n_layers: int) -> np.nd
     weights = np.where(ctx.attention_mask, raw, 0).astype(np.float32, copy=False)
     if not np.isfinite(weights).all() or (weights < 0).any():
         raise StrategyError(f"strategy {spec.id!r}: weights must be finite and non-negative")
-    if spec.sink_mode == "keep":
-        return weights
-    rows = sink_rows(ctx.token_norms, ctx.attention_mask, spec.sink_mode)
-    if spec.sink_mode == "auto" and spec.attention_queries is not None:
-        rows = rows | attention_sink_rows(weights, ctx.attention_mask, spec.attention_queries)
-    return drop_first(weights, ctx.attention_mask, rows)
+    return weights
 
 
 def normalise_weights(weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
@@ -105,14 +113,19 @@ def normalise_weights(weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def _checked_hidden(batch: ActivationBatch, specs: list[StrategySpec]) -> np.ndarray:
+    check_pool_inputs(batch.passage_ids, batch.lengths, specs)
+    return np.asarray(batch.hidden, dtype=np.float32)  # a view when already float32
+
+
+def check_pool_inputs(passage_ids: Sequence[str], lengths: np.ndarray, specs: Sequence[StrategySpec]) -> None:
+    """Strategy ids given once, every passage with a real token: what either pooling path refuses."""
     ids = [spec.id for spec in specs]
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
         raise StrategyError(f"pool_tokens: strategy id(s) given twice: {', '.join(repeated)}")
-    empty = [pid for pid, n in zip(batch.passage_ids, batch.lengths, strict=True) if n == 0]
+    empty = [pid for pid, n in zip(passage_ids, lengths, strict=True) if n == 0]
     if empty:
         raise StrategyError(f"pool_tokens: passage {empty[0]!r} has no real tokens to pool")
-    return np.asarray(batch.hidden, dtype=np.float32)  # a view when already float32
 
 
 def _put(out: torch.Tensor, index: list[int], values: torch.Tensor) -> None:

@@ -33,6 +33,27 @@ _PARAM_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*$")
 ParamValue = int | float | str | bool
 
 
+class HiddenOnDevice(Exception):
+    """A weight rule read token states while they stay on the device: that batch pools on the host instead."""
+
+
+class DeviceHidden:
+    """TokenContext.hidden where token states never leave the device: any use raises HiddenOnDevice, so the
+    pooler knows the rule reads them and pools that batch the reference way (on the host)."""
+
+    def __getattr__(self, name: str):
+        raise HiddenOnDevice(f"hidden.{name}")
+
+    def __array__(self, *args, **kwargs):
+        raise HiddenOnDevice("hidden as an array")
+
+    def __getitem__(self, key):
+        raise HiddenOnDevice("hidden[...]")
+
+    def __len__(self) -> int:
+        raise HiddenOnDevice("len(hidden)")
+
+
 @dataclass(frozen=True)
 class TokenContext:
     """Everything a weight function may look at for one padded batch; `rank` makes padding side irrelevant."""
@@ -61,6 +82,21 @@ class TokenContext:
             passage_ids=batch.passage_ids, hidden=batch.hidden, extras=batch.extras,
             lengths=lengths, rank=rank,
         )
+
+    @classmethod
+    def from_arrays(cls, *, attention_mask: np.ndarray, special_mask: np.ndarray, offsets: np.ndarray,
+                    input_ids: np.ndarray, texts: list[str], passage_ids: list[str],
+                    extras: Mapping[str, np.ndarray]) -> TokenContext:
+        """A context whose token states stay on the device (DeviceHidden): for weights built before a forward."""
+        mask = np.asarray(attention_mask, dtype=bool)
+        rank = np.cumsum(mask, axis=1, dtype=np.int64) - 1
+        rank[~mask] = -1
+        lengths = mask.sum(axis=1, dtype=np.int64)
+        rank.flags.writeable = lengths.flags.writeable = False
+        return cls(attention_mask=mask, special_mask=np.asarray(special_mask, dtype=bool), offsets=offsets,
+                   input_ids=input_ids, texts=texts, passage_ids=passage_ids,
+                   hidden=DeviceHidden(),  # type: ignore[arg-type]
+                   extras=extras, lengths=lengths, rank=rank)
 
     @cached_property
     def token_norms(self) -> np.ndarray:

@@ -6,6 +6,7 @@ Pooling happens in this process, so token activations never cross the object sto
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ import torch
 from poolbench.corpus.passage import Passage
 from poolbench.extractor.activation_dump import activation_dump_table
 from poolbench.extractor.activations import ActivationBatch
+from poolbench.extractor.extract import PaddedBatch
 from poolbench.extractor.loading import load_model
 from poolbench.pooler.concept_pooling import pool_concept_tables, strategy_needs
 from poolbench.pooler.iti import head_table_key
@@ -29,6 +31,8 @@ from poolbench.pooler.registry import (
 )
 from poolbench.store.keys import layer_shard_key
 from poolbench.store.url import open_store
+
+logger = logging.getLogger(__name__)
 
 
 class ExtractorWorker:
@@ -77,13 +81,13 @@ class ExtractorWorker:
         self._progress = {"concept": concept, "batches": 0, "passages_done": 0, "passages_total": len(passages),
                           "tokens_done": 0, "started": start}
 
-        def on_batch(batch: ActivationBatch) -> None:
+        def on_batch(batch: PaddedBatch | ActivationBatch) -> None:
             nonlocal tokens
             tokens += int(batch.attention_mask.sum())
             if self._progress is not None:
                 self._progress = {**self._progress, "batches": self._progress["batches"] + 1, "tokens_done": tokens,
                                   "passages_done": self._progress["passages_done"] + len(batch.passage_ids)}
-            if dump_key is not None:
+            if isinstance(batch, ActivationBatch) and dump_key is not None:
                 dumped.append(activation_dump_table(batch))
 
         parses = None
@@ -94,7 +98,10 @@ class ExtractorWorker:
             parses = ParseIndex.from_table(parsed)
         pooled = pool_concept_tables(self.loaded, passages, layers, specs, batch_size=batch_size,
                                      max_length=max_length, metadata=metadata, on_batch=on_batch, parses=parses,
-                                     max_batch_tokens=max_batch_tokens)
+                                     max_batch_tokens=max_batch_tokens, keep_activations=dump_key is not None)
+        for passage_id, n_tokens in pooled.skipped:
+            logger.warning("concept %s: passage %s (%d tokens) does not fit the device alone; skipped", concept,
+                           passage_id, n_tokens)
         seconds = time.perf_counter() - start
         self._progress = None
         # Every shard is encoded before any is written: a value float16 cannot hold stops the concept whole.
@@ -110,4 +117,5 @@ class ExtractorWorker:
         write_pooled_manifest(store, key, list(all_layers if all_layers is not None else layers), store_dtype)
         return {"concept": concept, "key": key, "layers": list(shards),
                 "rows": sum(t.num_rows for t in shards.values()), "tokens": tokens, "seconds": seconds,
+                "skipped_passages": [{"id": pid, "tokens": n} for pid, n in pooled.skipped],
                 "fallback_rows": sum(int(pc.sum(t.column("fallback")).as_py() or 0) for t in shards.values())}

@@ -282,6 +282,8 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     for key, summary in queue.run(jobs, after, on_wait=lambda: poll_progress(queue.actors, emit)):
         if key.stage == "pool":
             computed["pooled"] += 1
+            if summary.get("skipped_passages"):  # left out: they did not fit the device even alone (named in the log)
+                computed["passages_too_big"] = computed.get("passages_too_big", 0) + len(summary["skipped_passages"])
             emit(ConceptPooled(key.concept, skipped=False, seconds=summary["seconds"]))
         else:
             left = unprobed[key.concept]

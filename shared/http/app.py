@@ -565,12 +565,12 @@ def build_api(settings: ServiceSettings) -> FastAPI:
                 if len(req.vector) != loaded.hidden_size:
                     raise RequestError(f"vector: {len(req.vector)} floats, the model's hidden size is "
                                        f"{loaded.hidden_size}")
-                delta = req.alpha * np.asarray(req.vector, dtype=np.float32)
+                delta = req.alpha * np.asarray(req.vector, dtype=np.float64)
             if stored is not None:
                 if stored.size != loaded.hidden_size:
                     raise RequestError(f"stored: the run's vector has {stored.size} dimensions, model "
                                        f"'{loaded.model_id}' has {loaded.hidden_size}")
-                delta = (req.alpha * stored).astype(np.float32)
+                delta = req.alpha * np.asarray(stored, dtype=np.float64)
             out = TransformersBackend(loaded).generate(req.prompts, layer=req.layer, delta=delta, seeds=seeds,
                                                        settings=gen)
         return GenerateResponse(model_id=loaded.model_id, layer=req.layer, alpha=req.alpha,

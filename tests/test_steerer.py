@@ -304,7 +304,7 @@ def test_vllm_backend_without_vllm_says_how_to_install(tiny_dir):
     try:
         import vllm  # noqa: F401  # pyright: ignore[reportMissingImports]
     except ImportError:
-        with pytest.raises(SteeringError, match=r"pip install 'poolbench\[vllm\]'") as err:
+        with pytest.raises(SteeringError, match=r"pip install 'poolbench\[gpu\]'") as err:
             SteeringWorker(load_model(str(tiny_dir), device="cpu"), backend="vllm")
         assert "\n" not in str(err.value)
     else:

@@ -131,6 +131,14 @@ def remove_steering(worker) -> bool:
     return True
 
 
+def require_vllm() -> None:
+    """One line with the install hint where vLLM is not installed (checked before any work starts)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise SteeringError(INSTALL_HINT)
+
+
 class VLLMBackend:
     def __init__(self, model_path: str, *, dtype: str = "auto", gpu_memory_utilization: float = 0.5,
                  max_model_len: int | None = None, seed: int = 0, tensor_parallel_size: int = 1) -> None:

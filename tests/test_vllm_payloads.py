@@ -172,3 +172,32 @@ def test_bad_deltas_are_one_line_before_anything_reaches_the_engine(backend, del
     with pytest.raises(SteeringError, match=msg):
         backend.generate(["a"], layer=0, delta=delta, seeds=[0], settings=GenerationSettings(max_new_tokens=1))
     assert backend.llm.payloads == []
+
+
+def _without_vllm() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+
+
+def test_missing_vllm_is_one_line_before_any_work(tmp_path):
+    """Driver run, single-cell steer, the HTTP app and cluster up: the install hint, and nothing started."""
+    from poolbench.cluster.launcher import cluster_up
+    from poolbench.config import RunConfig
+    from poolbench.driver.pipeline import run_benchmark
+    from poolbench.http.app import ServiceSettings, build_api
+    from poolbench.steerer.single_cell import steer_one_cell
+
+    _without_vllm()
+    hint = r"^the vLLM backend needs vLLM \(a GPU machine\): pip install 'poolbench\[gpu\]'$"
+    with pytest.raises(SteeringError, match=hint):
+        run_benchmark(RunConfig(backend="vllm", out=str(tmp_path / "run"), store=str(tmp_path / "store")))
+    with pytest.raises(SteeringError, match=hint):
+        steer_one_cell("praise", "A1_mean", 0, model="tiny", corpus="embedded", corpus_size="small",
+                       store_url=str(tmp_path / "store"), backend="vllm")
+    with pytest.raises(SteeringError, match=hint):
+        build_api(ServiceSettings(steering_backend="vllm"))
+    with pytest.raises(SteeringError, match=hint):
+        cluster_up(state=tmp_path / "cluster", steering_backend="vllm")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -201,3 +201,12 @@ def test_missing_vllm_is_one_line_before_any_work(tmp_path):
     with pytest.raises(SteeringError, match=hint):
         cluster_up(state=tmp_path / "cluster", steering_backend="vllm")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_step_without_input_preparation_runs_unsteered(backend):
+    """vLLM's dummy runs call the model without preparing inputs: the hook must not fail on a stale index."""
+    settings = GenerationSettings(max_new_tokens=1, greedy=True)
+    backend.generate(["a b"], layer=0, delta=np.ones(D, np.float32), seeds=[0], settings=settings)
+    runner = backend.llm.worker.model_runner
+    n = getattr(runner, STATE_ATTR).index.numel() + 5
+    assert float(runner.get_model()(n)[-5:].abs().sum()) == 0

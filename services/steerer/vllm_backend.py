@@ -71,6 +71,9 @@ def steer_hook(state: WorkerSteering, layer: int, _module, _args, output):
     table = state.tables.get(layer)
     if table is None:
         return output
+    hidden = output[0] if isinstance(output, tuple) else output
+    if state.index.numel() < hidden.shape[-2]:  # a step no input preparation announced (a dummy run): unsteered
+        state.index = write_token_slots(state.index, np.zeros(hidden.shape[-2], np.int64))
     if isinstance(output, tuple):
         return (add_slot_vectors(output[0], table, state.index), *output[1:])
     return add_slot_vectors(output, table, state.index)

@@ -28,7 +28,7 @@ from bench_io import RESULTS, run_header, write_result
 from rich.console import Console
 from rich.table import Table
 
-from poolbench.extractor.loading import LoadedModel, load_model
+from poolbench.extractor.loading import LoadedModel
 from poolbench.steerer.backend import Generation, GenerationSettings
 from poolbench.steerer.prompts import encode_prompts, load_prompts
 from poolbench.steerer.run import prompt_seeds

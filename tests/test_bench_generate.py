@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import generate  # noqa: E402  # bench/ holds scripts, not a package
+import generate  # bench/ holds scripts, not a package
 
 
 def test_generate_bench_smoke(tmp_path):

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from poolbench.steerer.slot_table import add_slot_vectors, build_slot_table, token_slots, write_token_slots
+from poolbench.steerer.slot_table import (
+    add_slot_vectors,
+    build_layer_tables,
+    build_slot_table,
+    token_slots,
+    write_token_slots,
+)
 
 
 def test_table_has_the_zero_row_first_and_equal_deltas_share_a_slot():
@@ -17,6 +23,14 @@ def test_table_has_the_zero_row_first_and_equal_deltas_share_a_slot():
     assert table.dtype == np.float32
     table, slots = build_slot_table([None, None], 3)
     assert slots == [0, 0] and table.shape == (1, 3)
+
+
+def test_layer_tables_keep_each_slot_at_its_own_layer():
+    a, b = np.array([1.0, 2.0]), np.array([3.0, 4.0])
+    tables, slots = build_layer_tables([0, 3, 3, 0, 5], [a, a, b, None, None], 2)
+    assert slots == [1, 2, 3, 0, 0] and sorted(tables) == [0, 3]  # (0, a) and (3, a) are different slots
+    np.testing.assert_array_equal(tables[0], [[0, 0], [1, 2], [0, 0], [0, 0]])
+    np.testing.assert_array_equal(tables[3], [[0, 0], [0, 0], [1, 2], [3, 4]])
 
 
 def test_tokens_take_their_requests_slot_in_batch_order():

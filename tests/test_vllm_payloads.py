@@ -122,7 +122,7 @@ def test_every_payload_is_a_module_function_on_plain_values_and_pickles(backend)
     backend.generate(["a"], layer=2, delta=None, seeds=[0], settings=settings)
     backend.close()
     payloads = backend.llm.payloads
-    assert len(payloads) == 5  # install L1, tables, install L2, tables, remove
+    assert len(payloads) == 4  # install L1, tables; tables (nothing steers at L2, so no hook there); remove
     for p in payloads:
         fn = p.func if isinstance(p, functools.partial) else p
         assert _is_module_level(fn), fn
@@ -161,6 +161,20 @@ def test_an_unsteered_call_after_a_steered_one_adds_nothing(backend):
     backend.generate(["a b"], layer=0, delta=np.ones(D, np.float32), seeds=[0], settings=settings)
     backend.generate(["a b"], layer=0, delta=None, seeds=[0], settings=settings)
     assert all(float(t.abs().sum()) == 0 for t in backend.llm.seen[0])
+
+
+def test_rows_steering_at_different_layers_share_one_call(backend):
+    """Two layers' vectors in one engine call: each row's delta is added once, at its own layer only."""
+    rng = np.random.default_rng(2)
+    u, v = (rng.normal(size=D).astype(np.float32) for _ in range(2))
+    layers, deltas = [0, 2, 2, 0], [u, v, None, v]
+    backend.generate_rows(["a", "b c", "d", "e"], layer=layers, deltas=deltas, seeds=[0, 1, 2, 3],
+                          settings=GenerationSettings(max_new_tokens=2, greedy=True))
+    assert len(backend.llm.payloads) == 3  # install L0, install L2, tables
+    for i, delta in enumerate(deltas):
+        want = np.zeros(D, np.float32) if delta is None else delta
+        for t in backend.llm.seen[i]:
+            np.testing.assert_allclose(t.numpy(), want, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize(("delta", "msg"), [

@@ -31,6 +31,22 @@ def build_slot_table(deltas: Sequence[np.ndarray | None], hidden_size: int) -> t
     return np.stack(rows), slots
 
 
+def build_layer_tables(layers: Sequence[int], deltas: Sequence[np.ndarray | None], hidden_size: int,
+                       ) -> tuple[dict[int, np.ndarray], list[int]]:
+    """Rows steering at different layers in one call: a slot per distinct (layer, delta), and per layer a table
+    whose rows are zero except that layer's slots; layers no row steers at get no table."""
+    keyed = [None if d is None else np.concatenate([[float(layer)], np.asarray(d, np.float32)])
+             for layer, d in zip(layers, deltas, strict=True)]
+    table, slots = build_slot_table(keyed, hidden_size + 1)
+    tables = {}
+    for layer in sorted({int(t[0]) for t in table[1:]}):
+        rows = table[:, 1:].copy()
+        rows[table[:, 0] != layer] = 0
+        rows[0] = 0
+        tables[layer] = rows
+    return tables, slots
+
+
 def token_slots(request_slots: Sequence[int], tokens_per_request: Sequence[int]) -> np.ndarray:
     """The slot of every token of a flattened step: request i's slot repeated for its scheduled tokens."""
     return np.repeat(np.asarray(request_slots, np.int64), np.asarray(tokens_per_request, np.int64))

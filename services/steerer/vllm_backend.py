@@ -29,7 +29,7 @@ import numpy as np
 from .backend import Generation, GenerationSettings, validate_deltas
 from .errors import SteeringError
 from .prompts import encode_prompts, resolve_prompt_format
-from .slot_table import add_slot_vectors, build_slot_table, token_slots, write_token_slots
+from .slot_table import add_slot_vectors, build_layer_tables, token_slots, write_token_slots
 
 INSTALL_HINT = "the vLLM backend needs vLLM (a GPU machine): pip install 'poolbench[gpu]'"
 SLOT_ARG = "poolbench_slot"
@@ -176,17 +176,21 @@ class VLLMBackend:
         return self.generate_rows(prompts, layer=layer, deltas=[delta] * len(prompts), seeds=seeds,
                                   settings=settings, prompt_format=prompt_format)
 
-    def generate_rows(self, prompts: Sequence[str], *, layer: int, deltas: Sequence[np.ndarray | None],
-                      seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
-                      ) -> list[Generation]:
-        """Every row in one engine call: its delta is a slot of the call's table, named in its sampling params."""
+    def generate_rows(self, prompts: Sequence[str], *, layer: int | Sequence[int],
+                      deltas: Sequence[np.ndarray | None], seeds: Sequence[int], settings: GenerationSettings,
+                      prompt_format: str = "auto") -> list[Generation]:
+        """Every row in one engine call: its delta is a slot of the call's table, named in its sampling params.
+        `layer` may be one per row (several layers' vectors in one call)."""
         prompt_format = resolve_prompt_format(self.tokenizer, prompt_format)
-        if not 0 <= layer < self.n_layers:
-            raise SteeringError(f"layer {layer} out of range ({self.n_layers} layers)")
-        if not len(prompts) == len(seeds) == len(deltas):
-            raise SteeringError(f"{len(prompts)} prompts, {len(seeds)} seeds and {len(deltas)} steering deltas")
+        layers = [layer] * len(prompts) if isinstance(layer, int) else [int(x) for x in layer]
+        bad = [x for x in layers if not 0 <= x < self.n_layers]
+        if bad:
+            raise SteeringError(f"layer {bad[0]} out of range ({self.n_layers} layers)")
+        if not len(prompts) == len(seeds) == len(deltas) == len(layers):
+            raise SteeringError(f"{len(prompts)} prompts, {len(seeds)} seeds, {len(deltas)} steering deltas "
+                                f"and {len(layers)} layers")
         validate_deltas(deltas, self.hidden_size, self.dtype_max)
-        table, slots = build_slot_table(deltas, self.hidden_size)
+        tables, slots = build_layer_tables(layers, deltas, self.hidden_size)
         params = [self.sampling_params(
             temperature=0.0 if settings.greedy else settings.temperature, top_p=1.0,
             seed=None if settings.greedy else int(s), max_tokens=settings.max_new_tokens,
@@ -195,11 +199,11 @@ class VLLMBackend:
         # Token ids, not text: vLLM would add the tokenizer's special tokens to a chat-formatted text again.
         ids = encode_prompts(self.tokenizer, prompts, prompt_format)
         with self.lock:
-            if layer not in self.installed:
-                self.llm.collective_rpc(functools.partial(install_steering, layer))
-                self.installed.add(layer)
-            tables = {layer: (table.tobytes(), table.shape)} if len(table) > 1 else {}
-            self.llm.collective_rpc(functools.partial(set_tables, tables))
+            for steered in sorted(set(tables) - self.installed):
+                self.llm.collective_rpc(functools.partial(install_steering, steered))
+                self.installed.add(steered)
+            self.llm.collective_rpc(functools.partial(
+                set_tables, {at: (t.tobytes(), t.shape) for at, t in tables.items()}))
             outputs = self.llm.generate([{"prompt_token_ids": list(i)} for i in ids], params, use_tqdm=False)
         return [Generation(p, o.outputs[0].text, tuple(o.prompt_token_ids), tuple(o.outputs[0].token_ids))
                 for p, o in zip(prompts, outputs, strict=True)]

@@ -76,7 +76,8 @@ bench: install
 cluster-up: install
 	$(BIN)/poolbench-driver cluster up --ray-port $(RAY_PORT) --ray-host $(RAY_HOST) --serve-port $(SERVE_PORT) \
 		--s3-port $(S3_PORT) --host $(SERVE_HOST) --models $(SERVE_MODELS) \
-		$(if $(POOLBENCH_STORE),--store $(POOLBENCH_STORE),) $(if $(RUN),--run $(RUN),)
+		$(if $(POOLBENCH_STORE),--store $(POOLBENCH_STORE),) $(if $(RUN),--run $(RUN),) \
+		$(if $(STEERING_BACKEND),--steering-backend $(STEERING_BACKEND),)
 
 cluster-down:
 	$(BIN)/poolbench-driver cluster down

@@ -1,17 +1,25 @@
-"""Steered generation on the steering stage's batch shape: a cell's whole alpha grid x prompts in one batch
-(per-row deltas) vs one batch per alpha, and steered vs unsteered tokens/s in the same batch shape.
+"""Steered generation at the steering stage's batch shape: a cell's alpha grid x prompts, tokens/s per arm.
 
-All arms generate the same prompts with the same per-prompt seeds; tokens/s counts generated tokens only.
-`identical` counts rows whose continuation is the same token for token in both arms of a comparison.
-Prints a table and writes bench/results/generate-<model>.json.
+Arms (same prompts, same rows, generated tokens only): `hf_generate`, transformers' own sampling `generate` on
+the same rows and chunks, no steering (the ceiling); `transformers_backend`, the project's backend with the whole
+grid in shared batches (per-row deltas, device-side seeded sampling); `transformers_per_alpha`, one call per
+alpha, for the identical-row rate; with `--backend vllm` also `vllm_unsteered` (the engine without hooks) and
+`vllm_steered_grid` (the whole grid in one engine call, per-request slots). The identical-row rate is how many
+grid rows equal the per-alpha call's row token for token: batch invariance as measured on this device and dtype.
+`--shape` builds a random-weight model of a published shape (speed only: its text means nothing) with the
+embedded default's tokenizer. Writes bench/results/generate-<model>.json (or --out).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import os
+import tempfile
 import time
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +28,55 @@ from bench_io import RESULTS, run_header, write_result
 from rich.console import Console
 from rich.table import Table
 
+from poolbench.extractor.loading import LoadedModel
 from poolbench.steerer.backend import Generation, GenerationSettings
-from poolbench.steerer.prompts import load_prompts
+from poolbench.steerer.prompts import encode_prompts, load_prompts
 from poolbench.steerer.run import prompt_seeds
+from poolbench.steerer.transformers_backend import prompt_group_chunks
 from poolbench.steerer.vector import DEFAULT_ALPHAS
 from poolbench.steerer.worker import SteeringWorker
+
+LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
+# Published configs (Hugging Face config.json); "smoke" is a toy of the same family for the bench's own test.
+SHAPES: dict[str, dict] = {
+    "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
+                         rope_scaling={**LLAMA3_ROPE, "factor": 8.0}, max_position_embeddings=131072,
+                         rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
+                         rope_scaling={**LLAMA3_ROPE, "factor": 32.0}, max_position_embeddings=131072,
+                         rms_norm_eps=1e-5, tie_word_embeddings=True),
+    "smoke": dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                  tie_word_embeddings=True),
+}
+EOS = "<|im_end|>"
+
+
+def build_shape(shape: str, out: Path, dtype: str, device: str, seed: int = 0) -> Path:
+    """A random-weight Llama of `shape` saved in `out` beside the embedded default's tokenizer (no download)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    out.mkdir(parents=True, exist_ok=True)
+    raw = resources.files("poolbench").joinpath("data", "smollm2_tokenizer.json.gz").read_bytes()
+    (out / "tokenizer.json").write_text(gzip.decompress(raw).decode("utf-8"), encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": EOS, "eos_token": EOS, "pad_token": EOS}))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(out)
+    config = LlamaConfig(**SHAPES[shape], bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))  # weights born in the target dtype, on the target device
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default)
+    model.save_pretrained(out, max_shard_size="5GB")
+    return out
 
 
 def timed_arms(arms: dict[str, Callable[[], list[Generation]]], repeats: int,
@@ -47,22 +99,56 @@ def arm(gens: list[Generation], seconds: float) -> dict:
     return {"seconds": round(seconds, 3), "tokens": tokens, "tokens_per_s": round(tokens / seconds, 1)}
 
 
-def same(a: list[Generation], b: list[Generation]) -> str:
-    return f"{sum(x.token_ids == y.token_ids for x, y in zip(a, b, strict=True))}/{len(a)}"
+def identical(a: list[Generation], b: list[Generation]) -> dict:
+    same = sum(x.token_ids == y.token_ids for x, y in zip(a, b, strict=True))
+    return {"identical": same, "rows": len(a), "rate": round(same / len(a), 4)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+@torch.no_grad()
+def hf_generate(m: LoadedModel, rows: list[str], settings: GenerationSettings, fmt: str) -> list[Generation]:
+    """transformers' own sampling generate on the backend's chunks of the same rows: no hook, no seeds."""
+    tok = m.tokenizer
+    ids = encode_prompts(tok, rows, fmt)
+    out: list[Generation] = []
+    for chunk in prompt_group_chunks(ids, settings.max_new_tokens, settings.batch_size, settings.token_budget):
+        enc = tok.pad({"input_ids": [ids[i] for i in chunk]}, return_tensors="pt", padding=True,
+                      padding_side="left").to(m.device)
+        generated = m.model.generate(**enc, max_new_tokens=settings.max_new_tokens,
+                                     min_new_tokens=settings.min_tokens, do_sample=True,
+                                     temperature=settings.temperature, top_k=0, top_p=1.0, num_beams=1,
+                                     pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        width = enc["input_ids"].shape[1]
+        out.extend(Generation(rows[i], "", tuple(ids[i]), tuple(generated[r, width:].tolist()))
+                   for r, i in enumerate(chunk))
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="embedded")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default=None,
+                        help="random-weight model of this shape instead of --model (speed only)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 (a --shape model: bfloat16 "
+                                                        "on cuda, float32 on cpu by default)")
+    parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers")
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--layer", type=int, default=None, help="default: the middle layer")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    worker = SteeringWorker(args.model)
+    device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
+    device = "cpu" if device == "auto" else device
+    model = args.model
+    if args.shape:
+        dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
+        model = str(build_shape(args.shape, Path(tempfile.mkdtemp(prefix=f"shape-{args.shape}-")), dtype, device))
+    worker = SteeringWorker(model, device=device, dtype=args.dtype)
     m = worker.loaded
     layer = m.n_layers // 2 if args.layer is None else args.layer
     prompts = load_prompts(None, args.prompts)
@@ -74,50 +160,65 @@ def main() -> None:
     alphas = DEFAULT_ALPHAS
     deltas = [None if a == 0 else (a * unit).astype(np.float32) for a in alphas]
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens)
-    worker.generate(prompts[:2], layer=layer, delta=deltas[1], seeds=seeds[:2], settings=settings,
-                    prompt_format=fmt)  # warm-up
-
     rows = [p for _ in alphas for p in prompts]
     row_deltas = [d for d in deltas for _ in prompts]
     row_seeds = seeds * len(alphas)
-    # Same batch shape (alphas x prompts rows) for the last two: all steered at the largest alpha vs none (no hook).
-    runs = timed_arms({
-        "grid": lambda: worker.generate_rows(rows, layer=layer, deltas=row_deltas, seeds=row_seeds,
-                                             settings=settings, prompt_format=fmt),
-        "per_alpha": lambda: [g for d in deltas for g in worker.generate(
-            prompts, layer=layer, delta=d, seeds=seeds, settings=settings, prompt_format=fmt)],
-        "steered": lambda: worker.generate_rows(rows, layer=layer, deltas=[deltas[-1]] * len(rows), seeds=row_seeds,
-                                                settings=settings, prompt_format=fmt),
-        "plain": lambda: worker.generate_rows(rows, layer=layer, deltas=[None] * len(rows), seeds=row_seeds,
-                                              settings=settings, prompt_format=fmt),
-    }, args.repeats)
-    (grid, t_grid), (per_alpha, t_per_alpha) = runs["grid"], runs["per_alpha"]
-    (steered, t_steered), (plain, t_plain) = runs["steered"], runs["plain"]
 
-    result = run_header("generate", args, m.device)
-    result.update({
+    def grid(backend) -> Callable[[], list[Generation]]:
+        return lambda: backend.generate_rows(rows, layer=layer, deltas=row_deltas, seeds=row_seeds,
+                                             settings=settings, prompt_format=fmt)
+
+    arms: dict[str, Callable[[], list[Generation]]] = {
+        "hf_generate": lambda: hf_generate(m, rows, settings, fmt),
+        "transformers_backend": grid(worker),
+        "transformers_per_alpha": lambda: [g for d in deltas for g in worker.generate(
+            prompts, layer=layer, delta=d, seeds=seeds, settings=settings, prompt_format=fmt)],
+    }
+    if args.backend == "vllm":
+        from poolbench.steerer.vllm_backend import VLLMBackend
+
+        engine = VLLMBackend(str(m.path), dtype=str(m.dtype).removeprefix("torch."),
+                             gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len)
+
+        def unsteered() -> list[Generation]:
+            engine.close()  # no hooks at all: the engine as it ships
+            return engine.generate_rows(rows, layer=layer, deltas=[None] * len(rows), seeds=row_seeds,
+                                        settings=settings, prompt_format=fmt)
+
+        arms.update(vllm_unsteered=unsteered, vllm_steered_grid=grid(engine))
+    worker.generate(prompts[:2], layer=layer, delta=deltas[1], seeds=seeds[:2], settings=settings,
+                    prompt_format=fmt)  # warm-up
+    runs = timed_arms(arms, args.repeats)
+
+    header = run_header("generate", args, m.device)
+    result = {
+        **header, "device": str(m.device) if m.device.type == "cpu" else torch.cuda.get_device_name(m.device),
+        "git": header["git_hash"], "shape": args.shape or m.model_id, "dtype": str(m.dtype).removeprefix("torch."),
         "model_id": m.model_id, "layer": layer, "alphas": list(alphas), "prompts": n, "rows": len(rows),
-        "prompt_format": fmt,
-        "alpha_grid_one_batch": arm(grid, t_grid), "one_batch_per_alpha": arm(per_alpha, t_per_alpha),
-        "grid_speedup": round(t_per_alpha / t_grid, 2), "grid_identical": same(grid, per_alpha),
-        "steered_same_shape": arm(steered, t_steered), "unsteered_same_shape": arm(plain, t_plain),
-        "steering_cost": round(t_steered / t_plain - 1, 3), "load_average_1m": os.getloadavg()[0],
-    })
-    table = Table(title=f"generate on {m.model_id} ({len(rows)} rows = {len(alphas)} alphas x {n} prompts, "
-                        f"{args.max_new_tokens} new tokens, {args.threads} threads)")
+        "max_new_tokens": args.max_new_tokens, "prompt_format": fmt,
+        "arms": {name: arm(*runs[name]) for name in arms},
+        "identical_rows": {"device": str(m.device), "dtype": str(m.dtype).removeprefix("torch."),
+                           "transformers_grid_vs_per_alpha": identical(runs["transformers_backend"][0],
+                                                                       runs["transformers_per_alpha"][0])},
+        "load_average_1m": os.getloadavg()[0],
+    }
+    t = {k: v["tokens_per_s"] for k, v in result["arms"].items()}
+    result["ratios"] = {"transformers_backend_over_hf_generate": round(t["transformers_backend"] / t["hf_generate"], 3)}
+    if args.backend == "vllm":
+        result["ratios"]["vllm_steered_grid_over_unsteered"] = round(t["vllm_steered_grid"] / t["vllm_unsteered"], 3)
+    table = Table(title=f"generate on {result['shape']} ({result['device']}, {result['dtype']}; {len(rows)} rows = "
+                        f"{len(alphas)} alphas x {n} prompts, {args.max_new_tokens} new tokens)")
     for col in ("arm", "tokens", "seconds", "tokens/s"):
         table.add_column(col, justify="left" if col == "arm" else "right")
-    arms = (("alpha grid, one batch", "alpha_grid_one_batch"), ("one batch per alpha", "one_batch_per_alpha"),
-            ("steered (same shape)", "steered_same_shape"), ("unsteered (same shape)", "unsteered_same_shape"))
-    for name, key in arms:
-        r = result[key]
+    for name, r in result["arms"].items():
         table.add_row(name, str(r["tokens"]), f"{r['seconds']:.2f}", f"{r['tokens_per_s']:.1f}")
     Console().print(table)
-    Console().print(f"grid speed-up {result['grid_speedup']:.2f}x (identical continuations "
-                    f"{result['grid_identical']}); "
-                    f"steering costs {100 * result['steering_cost']:+.1f}% in the same batch shape")
-    slug = Path(str(args.model)).name.replace("/", "_")
+    ident = result["identical_rows"]["transformers_grid_vs_per_alpha"]
+    Console().print(f"ratios {result['ratios']}; grid rows identical to per-alpha rows: "
+                    f"{ident['identical']}/{ident['rows']}")
+    slug = args.shape or Path(str(args.model)).name.replace("/", "_")
     write_result(result, args.out or RESULTS / f"generate-{slug}.json")
+    return result
 
 
 if __name__ == "__main__":

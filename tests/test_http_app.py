@@ -194,6 +194,10 @@ def test_generate_steered_and_unsteered(service):
     assert steered.json()["generations"] != plain.json()["generations"]
     assert post(base, "/generate", {**body, "vector": [1.0] * 3, "alpha": 1.0}).json()["detail"] == \
         "vector: 3 floats, the model's hidden size is 32"
+    # alpha 1e308 is finite, but alpha x vector is not in the model's fp32: 422, not 200 with empty text.
+    huge = post(base, "/generate", {**body, "vector": [1.0] * 32, "alpha": 1e308})
+    assert huge.status_code == 422 and huge.json()["detail"] == \
+        "steering delta of row 0 has norm inf, over 1.84e+19, the largest the model's dtype carries: lower alpha"
 
 
 def test_generate_with_a_stored_vector_of_the_run(service):

@@ -13,7 +13,7 @@ from poolbench.extractor.loading import load_model
 from poolbench.steerer.backend import Generation, GenerationSettings, generate_by_delta
 from poolbench.steerer.measures import continuation_nll
 from poolbench.steerer.run import prompt_seeds
-from poolbench.steerer.transformers_backend import row_chunks
+from poolbench.steerer.transformers_backend import prompt_group_chunks, row_chunks
 from poolbench.steerer.worker import SteeringWorker
 
 PROMPTS = ["the cat sat on", "a dog", "birds sang in the trees near the river", "near the park the"]
@@ -72,9 +72,36 @@ def test_row_chunks_by_rows_and_tokens():
 def test_a_delta_of_the_wrong_size_is_one_line(worker):
     from poolbench.steerer.errors import SteeringError
 
-    with pytest.raises(SteeringError, match="row 1 has shape \\(3,\\)"):
+    d = worker.loaded.hidden_size
+    with pytest.raises(SteeringError, match=f"row 1 has width 3 \\(shape \\(3,\\)\\), the model's hidden size is {d}"):
         worker.generate_rows(PROMPTS[:2], layer=0, deltas=[None, np.ones(3, np.float32)], seeds=[0, 1],
                              settings=GenerationSettings(max_new_tokens=2))
+
+
+@pytest.mark.parametrize(("scale", "msg"), [(np.inf, "row 0 is not finite"), (np.nan, "row 0 is not finite"),
+                                            (1e308, "row 0 is not finite"),
+                                            (1e19, "row 0 has norm 5.66e\\+19, over 1.84e\\+19")])
+def test_a_delta_the_dtype_cannot_carry_is_one_line(worker, scale, msg):
+    """fp32 model: 1e308 overflows the float64 product's cast; 1e19 x 32 ones has norm 5.66e19 > sqrt(fp32 max)."""
+    from poolbench.steerer.errors import SteeringError
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        delta = (scale * np.ones(worker.loaded.hidden_size)).astype(np.float32)
+    with pytest.raises(SteeringError, match=msg) as err:
+        worker.generate_rows(PROMPTS[:1], layer=0, deltas=[delta], seeds=[0],
+                             settings=GenerationSettings(max_new_tokens=2))
+    assert "\n" not in str(err.value)
+
+
+def test_rows_of_one_prompt_share_a_chunk_and_only_an_oversized_group_splits():
+    ids = [[1, 2], [3, 4, 5], [1, 2], [3, 4, 5], [6], [1, 2]]  # prompts A B A B C A
+    assert prompt_group_chunks(ids, 2, 100, 1000) == [[0, 2, 5, 1, 3, 4]]
+    # 4 rows at most: A's three rows, then B's two with C (a group never straddles chunks).
+    assert prompt_group_chunks(ids, 2, 4, 1000) == [[0, 2, 5], [1, 3, 4]]
+    # Token budget 12: A (3 x (2 + 2) = 12) fills a chunk; B (2 x 5 = 10) and C would make 3 x 5 = 15.
+    assert prompt_group_chunks(ids, 2, 100, 12) == [[0, 2, 5], [1, 3], [4]]
+    # A group over the limits on its own is the only one split, into consecutive pieces.
+    assert prompt_group_chunks(ids, 2, 2, 1000) == [[0, 2], [5], [1, 3], [4]]
 
 
 def test_one_delta_per_call_backends_group_rows_and_keep_row_order():

@@ -305,7 +305,7 @@ def test_vllm_backend_without_vllm_says_how_to_install(tiny_dir):
     try:
         import vllm  # noqa: F401  # pyright: ignore[reportMissingImports]
     except ImportError:
-        with pytest.raises(SteeringError, match=r"pip install 'poolbench\[vllm\]'") as err:
+        with pytest.raises(SteeringError, match=r"pip install 'poolbench\[gpu\]'") as err:
             SteeringWorker(load_model(str(tiny_dir), device="cpu"), backend="vllm")
         assert "\n" not in str(err.value)
     else:
@@ -314,6 +314,7 @@ def test_vllm_backend_without_vllm_says_how_to_install(tiny_dir):
 
 @pytest.mark.gpu
 def test_vllm_and_transformers_agree_on_greedy_steered_continuations():
+    """A whole alpha grid in one vLLM engine call, greedy, against the transformers backend on the same weights."""
     pytest.importorskip("vllm")
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
@@ -328,13 +329,16 @@ def test_vllm_and_transformers_agree_on_greedy_steered_continuations():
     rng = np.random.default_rng(0)
     direction = rng.normal(size=loaded.hidden_size).astype(np.float32)
     direction /= np.linalg.norm(direction)
-    delta = 0.25 * hf.residual_norm(prompts, 1) * direction
-    for d in (None, delta):
-        a = hf.generate(prompts, layer=1, delta=d, seeds=seeds, settings=settings)
-        b = vl.generate(prompts, layer=1, delta=d, seeds=seeds, settings=settings)
-        assert [g.prompt_ids for g in a] == [g.prompt_ids for g in b]
-        same = sum(x.token_ids == y.token_ids for x, y in zip(a, b, strict=True))
-        assert same >= 7, f"only {same}/8 greedy continuations agree"
+    unit = hf.residual_norm(prompts, 1) * direction
+    deltas = [None if a == 0 else (a * unit).astype(np.float32) for a in (0.0, 0.25, 1.0)]
+    rows, row_deltas = [p for _ in deltas for p in prompts], [d for d in deltas for _ in prompts]
+    a = hf.generate_rows(rows, layer=1, deltas=row_deltas, seeds=seeds * 3, settings=settings)
+    b = vl.generate_rows(rows, layer=1, deltas=row_deltas, seeds=seeds * 3, settings=settings)
+    assert [g.prompt_ids for g in a] == [g.prompt_ids for g in b]
+    same = sum(x.token_ids == y.token_ids for x, y in zip(a, b, strict=True))
+    assert same >= 22, f"only {same}/24 greedy continuations agree"
+    # The large alpha steers (so agreement is not two unsteered engines agreeing).
+    assert [g.token_ids for g in b[16:]] != [g.token_ids for g in b[:8]]
     vl.close()
 
 

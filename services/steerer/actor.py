@@ -56,14 +56,22 @@ class SteeringService(SteeringWorker):
                             train_texts=train_texts, neighbour_tables=tables)
 
 
+def actor_count(gpus: int, gpus_per_actor: int, n: int | None) -> int:
+    """Engines the cluster holds: one per `gpus_per_actor` GPUs (at most n), else n CPU actors (default 1)."""
+    if gpus:
+        return max(1, min(n or gpus, gpus // gpus_per_actor or 1))
+    return max(1, n or 1)
+
+
 def steering_actors(model: str, *, n: int | None = None, backend: str = "transformers",
-                    runtime_env: dict | None = None, **worker_args) -> list:
-    """One actor per GPU on a GPU cluster (num_gpus=1), else a single CPU actor."""
+                    runtime_env: dict | None = None, gpus_per_actor: int = 1, **worker_args) -> list:
+    """One actor (one engine) per GPU on a GPU cluster, per `gpus_per_actor` GPUs under tensor parallelism; on
+    CPU, `n` actors (default one). The driver's work queue fans (concept, strategy, layer) cells across them."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
     # A second actor thread answers progress() while run_cell runs; the queue still sends one cell at a time.
     remote_cls = ray.remote(max_restarts=1, max_task_retries=1, max_concurrency=2)(SteeringService)
-    options = {"num_gpus": 1, "num_cpus": 1} if gpus else {"num_cpus": 1}
+    options: dict = {"num_gpus": gpus_per_actor, "num_cpus": 1} if gpus else {"num_cpus": 1}
     if runtime_env:
         options["runtime_env"] = runtime_env
-    count = max(1, min(n or gpus or 1, gpus or 1))
-    return [remote_cls.options(**options).remote(model, backend=backend, **worker_args) for _ in range(count)]
+    return [remote_cls.options(**options).remote(model, backend=backend, **worker_args)
+            for _ in range(actor_count(gpus, gpus_per_actor, n))]

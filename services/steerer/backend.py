@@ -8,6 +8,37 @@ from typing import Protocol
 
 import numpy as np
 
+from .errors import SteeringError
+
+# RMSNorm squares the hidden state in fp32 whatever the model's dtype: a delta longer than sqrt(fp32 max) makes it
+# infinite and the continuation empty or garbage, so it is refused up front.
+NORM_LIMIT_FP32 = float(np.sqrt(np.finfo(np.float32).max))
+
+
+def delta_norm_limit(dtype_max: float) -> float:
+    """The longest delta a model of this dtype carries through its layers and norms without overflow."""
+    return min(float(dtype_max), NORM_LIMIT_FP32)
+
+
+def validate_deltas(deltas: Sequence[np.ndarray | None], hidden_size: int, dtype_max: float) -> None:
+    """One line naming the first bad row: a width other than the model's, a non-finite value, or a norm the
+    model's dtype cannot carry (alpha = 1e308 would otherwise give 200 and empty text)."""
+    limit = delta_norm_limit(dtype_max)
+    for i, d in enumerate(deltas):
+        if d is None:
+            continue
+        if np.shape(d) != (hidden_size,):
+            raise SteeringError(f"steering delta of row {i} has width {np.shape(d)[-1] if np.ndim(d) else 0} "
+                                f"(shape {np.shape(d)}), the model's hidden size is {hidden_size}")
+        values = np.asarray(d, dtype=np.float64)
+        if not np.all(np.isfinite(values)):
+            raise SteeringError(f"steering delta of row {i} is not finite (alpha or vector too large, or NaN)")
+        with np.errstate(over="ignore"):
+            norm = float(np.linalg.norm(values))
+        if not norm <= limit:
+            raise SteeringError(f"steering delta of row {i} has norm {norm:.3g}, over {limit:.3g}, the largest "
+                                "the model's dtype carries: lower alpha")
+
 
 @dataclass(frozen=True)
 class GenerationSettings:

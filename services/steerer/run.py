@@ -142,7 +142,8 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
     n_a, n = len(alphas), len(prompts)
     instruction = concept_instruction(concept)
     # The whole alpha grid x prompts (and the prompted baseline's prompts, unsteered) in shared batches: each
-    # row carries its own delta and seed, so a row's continuation is the one it would get in a batch alone.
+    # row carries its own delta and seed, and a prompt's alpha rows share one batch, so they differ only by the
+    # delta, on identical sampling noise (paired draws; transformers_backend.py says what holds across batches).
     deltas = [None if a == 0 else vector.delta(a) for a in alphas]
     rows = [p for _ in alphas for p in prompts]
     row_deltas = [d for d in deltas for _ in prompts]

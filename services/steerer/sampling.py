@@ -1,10 +1,11 @@
-"""Per-prompt seeded sampling inside one batched generate call.
+"""Per-row seeded sampling inside one batched generate call, drawn on the model's device.
 
-`RowSeededSampler` is a LogitsProcessor used with greedy decoding: it turns each row's scores into
-log_softmax(scores / T) + Gumbel noise drawn from that row's own torch.Generator. The argmax of logits
-plus Gumbel(0, 1) noise is an exact sample from softmax(logits / T) (the Gumbel-max trick), so greedy
-decoding of the processed scores samples each row from its own seeded stream: a prompt's continuation does
-not depend on which other prompts share its batch (up to float round-off in the batched forward).
+`RowSeededSampler` is a LogitsProcessor used with greedy decoding: it returns scores / T + Gumbel noise, whose
+argmax is an exact draw from softmax(scores / T) (the Gumbel-max trick). The noise is a counter-based hash of
+(row seed, step, token id) in int32/int64 torch ops, vectorised over rows, on the scores' device, in fp32: no
+generator state, no host loop, nothing shipped from the CPU. A row's noise depends on its seed and the step
+only, so it is the same whatever else shares the batch; the logits it is added to are batch-invariant only
+when the row sees the same padding and batch shape (see transformers_backend.prompt_group_chunks).
 """
 
 from __future__ import annotations
@@ -15,21 +16,88 @@ import torch
 from transformers import LogitsProcessor
 
 
+def _signed(value: int, bits: int) -> int:
+    """An unsigned constant as the two's-complement value torch's signed integer tensors hold."""
+    return value - (1 << bits) if value >= 1 << (bits - 1) else value
+
+
+_GOLDEN64 = _signed(0x9E3779B97F4A7C15, 64)
+_MIX64 = (_signed(0xBF58476D1CE4E5B9, 64), _signed(0x94D049BB133111EB, 64))
+_GOLDEN32 = _signed(0x9E3779B9, 32)
+_MIX32 = (_signed(0x85EBCA6B, 32), _signed(0xC2B2AE35, 32))
+UNIFORM_BITS = 23  # (k + 0.5) / 2^23 and 1 minus it are exact in fp32, so log1p never sees 0 or 1
+
+
+def _shift_right(x: torch.Tensor, k: int, bits: int) -> torch.Tensor:
+    """Logical right shift on a signed tensor (torch shifts arithmetically)."""
+    return (x >> k) & ((1 << (bits - k)) - 1)
+
+
+def splitmix64(x: torch.Tensor) -> torch.Tensor:
+    """SplitMix64's finaliser on int64 (multiplication wraps): a bijection with full avalanche."""
+    x = x ^ _shift_right(x, 30, 64)
+    x = x * _MIX64[0]
+    x = x ^ _shift_right(x, 27, 64)
+    x = x * _MIX64[1]
+    return x ^ _shift_right(x, 31, 64)
+
+
+def fmix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finaliser on int32: half the memory traffic of 64-bit mixing over [rows, vocab]."""
+    x = x ^ _shift_right(x, 16, 32)
+    x = x * _MIX32[0]
+    x = x ^ _shift_right(x, 13, 32)
+    x = x * _MIX32[1]
+    return x ^ _shift_right(x, 16, 32)
+
+
+def row_keys(seeds: torch.Tensor, step: int) -> torch.Tensor:
+    """One int32 key per row from (seed, step): a 64-bit hash chain folded to its low 32 bits."""
+    step_key = splitmix64(torch.tensor(int(step), dtype=torch.int64, device=seeds.device) * _GOLDEN64)
+    x = splitmix64(splitmix64(seeds.to(torch.int64) * _GOLDEN64 + 1) ^ step_key)
+    low = x & 0xFFFFFFFF
+    return torch.where(low >= 1 << 31, low - (1 << 32), low).to(torch.int32)
+
+
+def token_keys(vocab: int, device: torch.device | str) -> torch.Tensor:
+    """One int32 key per token id, hashed once per vocabulary and device."""
+    ids = torch.arange(vocab, dtype=torch.int32, device=device)
+    return fmix32(ids * _GOLDEN32 + 1)
+
+
+def uniform_noise(seeds: torch.Tensor, step: int, tokens: torch.Tensor) -> torch.Tensor:
+    """[rows, vocab] uniforms in (0, 1), fp32, from (seed, step, token id): the same numbers on every device."""
+    x = fmix32(tokens[None, :] ^ row_keys(seeds, step)[:, None])
+    k = _shift_right(x, 32 - UNIFORM_BITS, 32)
+    return (k.to(torch.float32) + 0.5) * (2.0 ** -UNIFORM_BITS)
+
+
+def gumbel_noise(seeds: torch.Tensor, step: int, tokens: torch.Tensor) -> torch.Tensor:
+    """Standard Gumbel noise -log(E), E = -log1p(-u) ~ Exp(1): the high tail (small u) keeps full precision."""
+    return -torch.log(-torch.log1p(-uniform_noise(seeds, step, tokens)))
+
+
 class RowSeededSampler(LogitsProcessor):
+    """Gumbel-max sampling with one seed per row; the step is the number of calls so far (one per new token)."""
+
     def __init__(self, seeds: Sequence[int], temperature: float) -> None:
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 for sampling, got {temperature}")
         self.temperature = float(temperature)
-        self.generators = [torch.Generator(device="cpu").manual_seed(int(s)) for s in seeds]
+        self.seeds = torch.tensor([int(s) for s in seeds], dtype=torch.int64)
+        self.step = 0
+        self._tokens: torch.Tensor | None = None
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if scores.shape[0] != len(self.generators):
-            raise ValueError(f"batch of {scores.shape[0]} rows for {len(self.generators)} seeds")
-        vocab = scores.shape[-1]
-        uniform = torch.stack([torch.rand(vocab, generator=g, dtype=torch.float64) for g in self.generators])
-        gumbel = -torch.log(-torch.log(uniform.clamp_min(1e-300)))
-        logp = torch.log_softmax(scores.double() / self.temperature, dim=-1)
-        return (logp + gumbel.to(scores.device)).to(scores.dtype)
+        if scores.shape[0] != len(self.seeds):
+            raise ValueError(f"batch of {scores.shape[0]} rows for {len(self.seeds)} seeds")
+        vocab, device = scores.shape[-1], scores.device
+        if self._tokens is None or self._tokens.shape[0] != vocab or self._tokens.device != device:
+            self._tokens = token_keys(vocab, device)
+            self.seeds = self.seeds.to(device)
+        noise = gumbel_noise(self.seeds, self.step, self._tokens)
+        self.step += 1
+        return scores.float() / self.temperature + noise
 
 
 class StepCounter(LogitsProcessor):

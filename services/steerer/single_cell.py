@@ -34,6 +34,10 @@ def steer_one_cell(concept: str, strategy: str, layer: int, *, model: str, corpu
     Every input is checked (alphas, strategy, concept, prompts) before a model loads or a scorer trains.
     """
     grid = validate_alphas(alphas)
+    if backend == "vllm":
+        from .vllm_backend import require_vllm
+
+        require_vllm()
     spec = resolve_strategies([strategy])
     nbrs = neighbours(concept)
     source = open_corpus(corpus, corpus_size)

@@ -1,10 +1,13 @@
 """transformers backend: a forward hook adds each row's own delta at every position of one decoder layer's output.
 
 One `generate` call per chunk of rows (a row is a prompt with its delta and seed), bounded by
-`settings.batch_size` rows and `settings.token_budget` tokens; left padding, per-prompt seeds (see sampling.py),
-so rows with different vectors and alphas share a batch and each gets what it would get alone (up to float
-round-off of the batched forward, which argmax and the Gumbel-max draw absorb). Unsteered rows add zeros,
-which leaves their hidden states bit for bit. Prompts go in as `prompt_format` says (prompts.py). The hook is
+`settings.batch_size` rows and `settings.token_budget` tokens; left padding, per-row seeds (see sampling.py).
+What holds, exactly: a row's sampling noise depends on its seed and step only; every row with the same prompt
+(a cell's alpha rows of one prompt) goes in the same chunk, so they share padding, batch and kernels and differ
+only by their delta, on identical noise (paired draws). Across chunks or calls a row's logits agree only up to
+the batched forward's round-off: bit for bit in fp32 on CPU in our tests, not in bf16 on a GPU, where
+bench/generate.py measures the identical-row rate. Unsteered rows add zeros, which leaves their hidden
+states bit for bit. Prompts go in as `prompt_format` says (prompts.py). The hook is
 installed with `add_hooks` and removed when the call returns, also on error; nothing shared is mutated, so a
 steered call never touches another.
 """
@@ -22,7 +25,7 @@ from transformers import LogitsProcessorList
 from poolbench.extractor.hook_points import add_hooks
 from poolbench.extractor.loading import LoadedModel
 
-from .backend import Generation, GenerationSettings
+from .backend import Generation, GenerationSettings, validate_deltas
 from .errors import SteeringError
 from .prompts import encode_prompts, resolve_prompt_format
 from .sampling import RowSeededSampler, StepCounter
@@ -42,6 +45,35 @@ def row_chunks(lengths: Sequence[int], max_new_tokens: int, max_rows: int, token
         widest = grown
     if len(lengths) > start:
         chunks.append(range(start, len(lengths)))
+    return chunks
+
+
+def prompt_group_chunks(ids: Sequence[Sequence[int]], max_new_tokens: int, max_rows: int, token_budget: int,
+                        ) -> list[list[int]]:
+    """Row indices per generate call, rows of one prompt always together, whole groups packed in first-seen
+    order within `max_rows` and the token budget; only a group over the limits on its own is split (into
+    consecutive pieces of equal width)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, row in enumerate(ids):
+        groups.setdefault(tuple(row), []).append(i)
+    chunks: list[list[int]] = []
+    current: list[int] = []
+    width = 0
+    for prompt, rows in groups.items():
+        n = len(prompt)
+        if len(rows) > max_rows or len(rows) * (n + max_new_tokens) > token_budget:
+            chunks.extend([rows[r.start:r.stop] for r in row_chunks([n] * len(rows), max_new_tokens, max_rows,
+                                                                    token_budget)])
+            continue
+        grown = max(width, n)
+        if current and (len(current) + len(rows) > max_rows
+                        or (len(current) + len(rows)) * (grown + max_new_tokens) > token_budget):
+            chunks.append(current)
+            current, grown = [], n
+        current = current + rows
+        width = grown
+    if current:
+        chunks.append(current)
     return chunks
 
 
@@ -87,24 +119,23 @@ class TransformersBackend:
             raise SteeringError(f"{len(prompts)} prompts but {len(deltas)} steering deltas")
         if not 0 <= layer < m.n_layers:
             raise SteeringError(f"layer {layer} out of range for '{m.model_id}' ({m.n_layers} layers)")
-        bad = [i for i, d in enumerate(deltas) if d is not None and np.shape(d) != (m.hidden_size,)]
-        if bad:
-            raise SteeringError(f"steering delta of row {bad[0]} has shape {np.shape(deltas[bad[0]])}, "
-                                f"the model's hidden size is {m.hidden_size}")
+        validate_deltas(deltas, m.hidden_size, torch.finfo(m.dtype).max)
         ids = encode_prompts(m.tokenizer, list(prompts), prompt_format)
-        out: list[Generation] = []
+        out: list[Generation | None] = [None] * len(prompts)
         self.progress = GenerationProgress(rows_total=len(prompts),
                                            tokens_total=len(prompts) * settings.max_new_tokens)
         try:
-            for rows in row_chunks([len(i) for i in ids], settings.max_new_tokens, settings.batch_size,
-                                   settings.token_budget):
-                out.extend(self._generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], layer,
-                                                [deltas[i] for i in rows], [seeds[i] for i in rows], settings))
+            for rows in prompt_group_chunks(ids, settings.max_new_tokens, settings.batch_size,
+                                            settings.token_budget):
+                gens = self._generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], layer,
+                                            [deltas[i] for i in rows], [seeds[i] for i in rows], settings)
+                for i, g in zip(rows, gens, strict=True):
+                    out[i] = g
                 self.progress.rows_done += len(rows)
                 self.progress.tokens_done = self.progress.rows_done * settings.max_new_tokens
         finally:
             self.progress = None
-        return out
+        return [g for g in out if g is not None]
 
     @torch.no_grad()
     def _generate_batch(self, prompts: list[str], ids: list[list[int]], layer: int,

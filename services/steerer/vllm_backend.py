@@ -1,31 +1,52 @@
-"""vLLM backend (GPU clusters, `--backend vllm`): the same steering as the transformers backend.
+"""vLLM backend (GPU clusters, `--backend vllm`): per-request steering vectors in one engine call.
 
-How: a forward hook on the vLLM model's decoder layer `layer`, installed in the engine's worker through
-`LLM.apply_model` (V1 engine; `collective_rpc` underneath). vLLM decoder layers return (hidden, residual)
-and fuse the residual add into the next layer's norm, so the residual stream after the layer is their sum;
-adding delta to `hidden` adds it to that sum. delta lives in a device buffer on the layer, rewritten before
-each `generate()` (one per alpha; every other layer's buffer is zeroed), so no hook is re-registered
-between alphas; `close()` removes the hooks. `enforce_eager=True` because
-hooks do not fire under CUDA-graph replay; prefix caching is off so KV blocks computed under another alpha
-are never reused. Per-prompt seeds use vLLM's per-request `SamplingParams(seed=...)`: sampled text matches
-the transformers backend only in distribution, greedy text token for token (up to kernel round-off).
+Inside each engine worker (reached through `LLM.collective_rpc`), a forward hook on decoder layer `layer` adds
+`table[index[t]]` to every token t of the flattened step (slot_table.py): the table holds one row per distinct
+delta of the call (row 0 zeros), and the index is rewritten before every forward from the running requests,
+each of which names its slot in `SamplingParams.extra_args`, the way multi-LoRA maps tokens to adapters. So a
+whole alpha grid x prompts goes through one `generate`. vLLM decoder layers return (hidden, residual) and fuse
+the residual add into the next norm; adding to `hidden` adds to their sum, the residual stream.
+
+Every payload sent to the engine is a module-level function bound with `functools.partial` to plain values
+(cloudpickle ships it to the engine process; a closure over the backend drags its queues along and fails).
+`enforce_eager=True`: hooks installed after start-up are not in captured CUDA graphs. Prefix caching is off so
+KV blocks computed under another delta are never reused. Seeds are vLLM's per-request `SamplingParams(seed=)`:
+sampled text matches the transformers backend only in distribution, greedy text token for token (up to kernel
+round-off).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from .backend import Generation, GenerationSettings, generate_by_delta
+from .backend import Generation, GenerationSettings, validate_deltas
 from .errors import SteeringError
 from .prompts import encode_prompts, resolve_prompt_format
+from .slot_table import add_slot_vectors, build_layer_tables, token_slots, write_token_slots
 
-INSTALL_HINT = "the vLLM backend needs vLLM: pip install 'poolbench[vllm]'"
+INSTALL_HINT = "the vLLM backend needs vLLM (a GPU machine): pip install 'poolbench[gpu]'"
+SLOT_ARG = "poolbench_slot"
+STATE_ATTR = "_poolbench_steering"
 
 
-def _decoder_layers(model):
+@dataclass
+class WorkerSteering:
+    """Engine-worker side: the per-layer slot tables, the per-token index, the hook handles."""
+
+    index: Any
+    tables: dict[int, Any] = field(default_factory=dict)
+    handles: dict[int, Any] = field(default_factory=dict)
+    original_prepare: Any = None
+
+
+def decoder_layers(model):
     """The decoder block list of a vLLM model (model.model.layers for Llama/Mistral/Qwen/Gemma)."""
     inner = getattr(model, "model", model)
     layers = getattr(inner, "layers", None)
@@ -34,92 +55,161 @@ def _decoder_layers(model):
     return layers
 
 
-def _install(model, layer: int, hidden_size: int):
+def _runner_model(runner):
+    return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+
+def request_slot(request) -> int:
+    """The slot a running request asked for in its sampling params (0: unsteered)."""
+    params = getattr(request, "sampling_params", None)
+    extra = getattr(params, "extra_args", None) or {}
+    return int(extra.get(SLOT_ARG, 0))
+
+
+def steer_hook(state: WorkerSteering, layer: int, _module, _args, output):
+    """Add each token's slot row of `layer`'s table to the layer's hidden output."""
+    table = state.tables.get(layer)
+    if table is None:
+        return output
+    hidden = output[0] if isinstance(output, tuple) else output
+    if state.index.numel() < hidden.shape[-2]:  # a step no input preparation announced (a dummy run): unsteered
+        state.index = write_token_slots(state.index, np.zeros(hidden.shape[-2], np.int64))
+    if isinstance(output, tuple):
+        return (add_slot_vectors(output[0], table, state.index), *output[1:])
+    return add_slot_vectors(output, table, state.index)
+
+
+def prepare_with_slots(state: WorkerSteering, runner, scheduler_output, *args, **kwargs):
+    """The runner's own input preparation, then the step's token -> slot index from its requests, in batch order."""
+    out = state.original_prepare(scheduler_output, *args, **kwargs)
+    req_ids = list(runner.input_batch.req_ids)
+    counts = [int(scheduler_output.num_scheduled_tokens[r]) for r in req_ids]
+    slots = [request_slot(runner.requests[r]) for r in req_ids]
+    state.index = write_token_slots(state.index, token_slots(slots, counts))
+    return out
+
+
+def install_steering(layer: int, worker) -> bool:
+    """Hook `layer` (once) and wrap the runner's input preparation (once per worker)."""
     import torch
 
-    block = _decoder_layers(model)[layer]
-    if getattr(block, "_poolbench_steer", None) is None:
-        param = next(model.parameters())
-        block._poolbench_steer = torch.zeros(hidden_size, device=param.device, dtype=param.dtype)
-
-        def hook(_module, _args, output):
-            buf = block._poolbench_steer
-            if isinstance(output, tuple):
-                return (output[0] + buf, *output[1:])
-            return output + buf
-
-        block._poolbench_hook = block.register_forward_hook(hook)
+    runner = worker.model_runner
+    state = getattr(runner, STATE_ATTR, None)
+    if state is None:
+        device = next(_runner_model(runner).parameters()).device
+        state = WorkerSteering(index=torch.zeros(8192, dtype=torch.int64, device=device))
+        state.original_prepare = runner._prepare_inputs
+        runner._prepare_inputs = functools.partial(prepare_with_slots, state, runner)
+        setattr(runner, STATE_ATTR, state)
+    if layer not in state.handles:
+        block = decoder_layers(_runner_model(runner))[layer]
+        state.handles[layer] = block.register_forward_hook(functools.partial(steer_hook, state, layer))
     return True
 
 
-def _set_delta(model, layer: int, values: list[float]):
-    """Zero every installed buffer, then write delta into `layer`'s: only one layer steers at a time."""
+def set_tables(tables: dict[int, tuple[bytes, tuple[int, int]]], worker) -> bool:
+    """Replace every layer's slot table (float32 bytes and shape) by the call's; layers not given steer nothing."""
     import torch
 
-    for other in _decoder_layers(model):
-        if getattr(other, "_poolbench_steer", None) is not None:
-            other._poolbench_steer.zero_()
-    block = _decoder_layers(model)[layer]
-    buf = block._poolbench_steer
-    buf.copy_(torch.tensor(values, dtype=buf.dtype, device=buf.device))
+    state: WorkerSteering = getattr(worker.model_runner, STATE_ATTR)
+    param = next(_runner_model(worker.model_runner).parameters())
+    state.tables = {layer: torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(shape)
+                    .to(device=param.device, dtype=param.dtype) for layer, (data, shape) in tables.items()}
     return True
 
 
-def _remove_all(model):
-    for block in _decoder_layers(model):
-        handle = getattr(block, "_poolbench_hook", None)
-        if handle is not None:
-            handle.remove()
-            block._poolbench_hook = None
-            block._poolbench_steer = None
+def remove_steering(worker) -> bool:
+    """Remove the hooks and restore the runner's own input preparation."""
+    runner = worker.model_runner
+    state: WorkerSteering | None = getattr(runner, STATE_ATTR, None)
+    if state is None:
+        return True
+    for handle in state.handles.values():
+        handle.remove()
+    if getattr(state.original_prepare, "__self__", None) is runner:
+        del runner._prepare_inputs  # the class's own method again
+    else:
+        runner._prepare_inputs = state.original_prepare
+    delattr(runner, STATE_ATTR)
     return True
+
+
+def require_vllm() -> None:
+    """One line with the install hint where vLLM is not installed (checked before any work starts)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise SteeringError(INSTALL_HINT)
 
 
 class VLLMBackend:
     def __init__(self, model_path: str, *, dtype: str = "auto", gpu_memory_utilization: float = 0.5,
-                 max_model_len: int | None = None, seed: int = 0) -> None:
+                 max_model_len: int | None = None, seed: int = 0, tensor_parallel_size: int = 1) -> None:
         try:
             import vllm  # pyright: ignore[reportMissingImports]  (the optional GPU extra)
         except ImportError as exc:
             raise SteeringError(INSTALL_HINT) from exc
-        # apply_model ships these functions to the engine process; V1 needs this to allow it.
+        # collective_rpc ships the payloads below to the engine process with cloudpickle; V1 needs this for it.
         os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-        self._vllm = vllm
-        self.llm = vllm.LLM(model=model_path, dtype=dtype, enforce_eager=True, enable_prefix_caching=False,
-                            gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
-                            seed=seed)
-        config = self.llm.llm_engine.model_config.hf_config
-        self.hidden_size = int(getattr(config, "hidden_size", 0) or config.get_text_config().hidden_size)
-        self.n_layers = int(getattr(config, "num_hidden_layers", 0) or config.get_text_config().num_hidden_layers)
-        self.tokenizer = self.llm.get_tokenizer()
+        llm = vllm.LLM(model=model_path, dtype=dtype, enforce_eager=True, enable_prefix_caching=False,
+                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, seed=seed,
+                       tensor_parallel_size=tensor_parallel_size)
+        config = llm.llm_engine.model_config
+        self.setup(llm, vllm.SamplingParams, config.hf_config, config.dtype)
+
+    def setup(self, llm, sampling_params, hf_config, dtype) -> None:
+        """Bind an engine (a real vllm.LLM, or a test's stand-in) and read the model's shape from its config."""
+        import torch
+
+        self.llm = llm
+        self.sampling_params = sampling_params
+        text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+        self.hidden_size = int(text.hidden_size)
+        self.n_layers = int(text.num_hidden_layers)
+        self.dtype_max = float(torch.finfo(dtype).max)
+        self.tokenizer = llm.get_tokenizer()
+        self.installed: set[int] = set()
+        self.lock = threading.Lock()  # one engine call at a time: a call's table is its requests' alone
 
     def generate(self, prompts: Sequence[str], *, layer: int, delta: np.ndarray | None, seeds: Sequence[int],
                  settings: GenerationSettings, prompt_format: str = "auto") -> list[Generation]:
+        return self.generate_rows(prompts, layer=layer, deltas=[delta] * len(prompts), seeds=seeds,
+                                  settings=settings, prompt_format=prompt_format)
+
+    def generate_rows(self, prompts: Sequence[str], *, layer: int | Sequence[int],
+                      deltas: Sequence[np.ndarray | None], seeds: Sequence[int], settings: GenerationSettings,
+                      prompt_format: str = "auto") -> list[Generation]:
+        """Every row in one engine call: its delta is a slot of the call's table, named in its sampling params.
+        `layer` may be one per row (several layers' vectors in one call)."""
         prompt_format = resolve_prompt_format(self.tokenizer, prompt_format)
-        if not 0 <= layer < self.n_layers:
-            raise SteeringError(f"layer {layer} out of range ({self.n_layers} layers)")
-        if len(seeds) != len(prompts):
-            raise SteeringError(f"{len(prompts)} prompts but {len(seeds)} seeds")
-        values = np.zeros(self.hidden_size, np.float32) if delta is None else np.asarray(delta, np.float32)
-        self.llm.apply_model(lambda model: _install(model, layer, self.hidden_size))
-        self.llm.apply_model(lambda model: _set_delta(model, layer, values.tolist()))
-        params = [self._vllm.SamplingParams(
+        layers = [layer] * len(prompts) if isinstance(layer, int) else [int(x) for x in layer]
+        bad = [x for x in layers if not 0 <= x < self.n_layers]
+        if bad:
+            raise SteeringError(f"layer {bad[0]} out of range ({self.n_layers} layers)")
+        if not len(prompts) == len(seeds) == len(deltas) == len(layers):
+            raise SteeringError(f"{len(prompts)} prompts, {len(seeds)} seeds, {len(deltas)} steering deltas "
+                                f"and {len(layers)} layers")
+        validate_deltas(deltas, self.hidden_size, self.dtype_max)
+        tables, slots = build_layer_tables(layers, deltas, self.hidden_size)
+        params = [self.sampling_params(
             temperature=0.0 if settings.greedy else settings.temperature, top_p=1.0,
             seed=None if settings.greedy else int(s), max_tokens=settings.max_new_tokens,
-            min_tokens=settings.min_tokens, skip_special_tokens=True) for s in seeds]
+            min_tokens=settings.min_tokens, skip_special_tokens=True, extra_args={SLOT_ARG: slot})
+            for s, slot in zip(seeds, slots, strict=True)]
         # Token ids, not text: vLLM would add the tokenizer's special tokens to a chat-formatted text again.
         ids = encode_prompts(self.tokenizer, prompts, prompt_format)
-        outputs = self.llm.generate([{"prompt_token_ids": list(i)} for i in ids], params, use_tqdm=False)
+        with self.lock:
+            for steered in sorted(set(tables) - self.installed):
+                self.llm.collective_rpc(functools.partial(install_steering, steered))
+                self.installed.add(steered)
+            self.llm.collective_rpc(functools.partial(
+                set_tables, {at: (t.tobytes(), t.shape) for at, t in tables.items()}))
+            outputs = self.llm.generate([{"prompt_token_ids": list(i)} for i in ids], params, use_tqdm=False)
         return [Generation(p, o.outputs[0].text, tuple(o.prompt_token_ids), tuple(o.outputs[0].token_ids))
                 for p, o in zip(prompts, outputs, strict=True)]
 
-    def generate_rows(self, prompts: Sequence[str], *, layer: int, deltas: Sequence[np.ndarray | None],
-                      seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
-                      ) -> list[Generation]:
-        """One engine call per distinct delta: the hook's buffer holds a single delta for the whole engine."""
-        return generate_by_delta(self, prompts, layer=layer, deltas=deltas, seeds=seeds, settings=settings,
-                                 prompt_format=prompt_format)
-
     def close(self) -> None:
         """Remove the steering hooks from the engine's model."""
-        self.llm.apply_model(_remove_all)
+        with self.lock:
+            self.llm.collective_rpc(remove_steering)
+            self.installed.clear()

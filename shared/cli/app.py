@@ -118,8 +118,11 @@ def run(
     steering: Annotated[bool, typer.Option(help="D2/D3 after D1 (default subset; --full for every cell)")] = True,
     full: Annotated[bool, typer.Option(help="steer every concept x strategy at its D1 layer, 50 prompts")] = False,
     allow_weak_scorer: Annotated[bool, typer.Option(help="keep scorers with held-out AUROC < 0.7")] = False,
-    backend: Annotated[str, typer.Option(help="steering backend: transformers or vllm (GPU, extra [vllm])")]
+    backend: Annotated[str, typer.Option(help="steering backend: transformers or vllm (GPU, extra [gpu])")]
     = "transformers",
+    tensor_parallel_size: Annotated[int, typer.Option(
+        help="--backend vllm: GPUs per engine, for a model that does not fit one card (one steering actor each)")]
+    = 1,
     flash: Annotated[str | None, typer.Option(help="train probes on a stratified, pair-preserving fraction, e.g. 1/32")]
     = None,
     log_samples: Annotated[bool, typer.Option(
@@ -144,7 +147,8 @@ def run(
             max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=bootstrap,
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
-            allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash, store_dtype=store_dtype)
+            allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash, store_dtype=store_dtype,
+            tensor_parallel_size=tensor_parallel_size)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise PoolBenchError(f"--{'-'.join(str(p) for p in first['loc'])}: {first['msg']}") from None

@@ -30,11 +30,14 @@ def up(
     num_cpus: Annotated[int | None, typer.Option(help="CPUs our Ray head offers (default: all)")] = None,
     run: Annotated[Path | None, typer.Option(help="a run folder: /score serves the scorers it recorded")] = None,
     serve: Annotated[bool, typer.Option(help="deploy the HTTP app (--no-serve: Ray and S3 only)")] = True,
+    steering_backend: Annotated[str, typer.Option(
+        help="/generate on transformers or vllm (a GPU per replica, extra [gpu])")] = "transformers",
     state: State = STATE_DIR,
 ) -> None:
     """Start our own Ray head, the HTTP app into it only, and an S3 server for an s3:// store."""
     info = cluster_up(ray_port=ray_port, ray_host=ray_host, serve_port=serve_port, host=host, s3_port=s3_port,
-                      store=store, models=models.split(","), num_cpus=num_cpus, state=state, serve=serve, run=run)
+                      store=store, models=models.split(","), num_cpus=num_cpus, state=state, serve=serve, run=run,
+                      steering_backend=steering_backend)
     shown = ("ray_address", "serve_url", "s3_endpoint", "store", "cluster_id")
     typer.echo(" · ".join(f"{key} {info[key]}" for key in shown if key in info))
     typer.echo(f"next: env $(cat {state / 'ray.env'}) poolbench-driver run --address {info['ray_address']}")

@@ -172,14 +172,15 @@ def _session(action: str, info: dict, timeout_s: float, **extra) -> subprocess.C
                           text=True, timeout=timeout_s, env=env)
 
 
-def start_serve_app(info: dict, models: list[str], host: str, port: int, run: Path | None = None) -> str:
+def start_serve_app(info: dict, models: list[str], host: str, port: int, run: Path | None = None,
+                    steering_backend: str = "transformers") -> str:
     """Deploy the one HTTP app (poolbench.http.app) into OUR head from a short-lived driver; Serve's controller is
     detached and lives with the cluster. With `run`, /score serves the scorers that run recorded and /generate
     its stored steering vectors."""
     from poolbench.http.app import ServiceSettings, scorers_of_run, vectors_of_run
 
     from_run = {**scorers_of_run(run), **vectors_of_run(run)} if run is not None else {}
-    settings = ServiceSettings(models=tuple(models), **from_run)
+    settings = ServiceSettings(models=tuple(models), steering_backend=steering_backend, **from_run)
     done = _session("deploy", info, 240, settings=settings.model_dump(mode="json"), host=host, port=port)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["?"])[-1].removeprefix("error: ")
@@ -207,9 +208,13 @@ def _save(state: Path, update: dict) -> None:
 def cluster_up(*, ray_port: int = 6379, serve_port: int = 8000, s3_port: int = 9000, host: str = LOOPBACK,
                ray_host: str = LOOPBACK, store: str | None = None, models: list[str] | None = None,
                num_cpus: int | None = None, state: Path = STATE_DIR, serve: bool = True,
-               run: Path | None = None) -> dict:
+               run: Path | None = None, steering_backend: str = "transformers") -> dict:
     """Start our head, the Serve app and the S3 server, in order; on any failure stop what this call started."""
     store = store if store is not None else os.environ.get("POOLBENCH_STORE", "")
+    if serve and steering_backend == "vllm":
+        from poolbench.steerer.vllm_backend import require_vllm
+
+        require_vllm()  # the install hint here, before anything starts
     if run is not None:
         from poolbench.http.app import scorers_of_run
 
@@ -228,7 +233,8 @@ def cluster_up(*, ray_port: int = 6379, serve_port: int = 8000, s3_port: int = 9
             _save(state, {"s3_endpoint": start_s3(store, s3_port, state), "store": store})
         _save(state, start_ray(ray_port, state, num_cpus, cluster_id=_load(state)["cluster_id"], node_ip=ray_host))
         if serve:
-            _save(state, {"serve_url": start_serve_app(_load(state), models or ["embedded"], host, serve_port, run)})
+            _save(state, {"serve_url": start_serve_app(_load(state), models or ["embedded"], host, serve_port, run,
+                                                          steering_backend)})
     except BaseException:
         cluster_down(state)
         raise

@@ -326,7 +326,10 @@ def steer(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellR
         build_leaderboard(records), model=cfg.model, backend=cfg.backend, runtime_env=worker_runtime_env(),
         full=cfg.full, allow_weak_scorer=cfg.allow_weak_scorer,
         worker_args={"dtype": cfg.dtype, "device": cfg.device, "model_args": dict(cfg.model_args),
-                     "torch_threads": threads},
+                     "torch_threads": threads,
+                     **({"vllm_args": {"dtype": cfg.dtype, "tensor_parallel_size": cfg.tensor_parallel_size}}
+                        if cfg.backend == "vllm" else {})},
+        gpus_per_actor=cfg.tensor_parallel_size if cfg.backend == "vllm" else 1,
         emit=emit, seed=cfg.seed)
 
 
@@ -357,6 +360,10 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None,
     emit = on_event or ignore_event
     started = time.perf_counter()
     load_plugins(strategy_modules)
+    if cfg.steering and cfg.backend == "vllm":
+        from poolbench.steerer.vllm_backend import require_vllm
+
+        require_vllm()  # one line with the install hint now, not after D1 inside a steering actor
     inputs = read_inputs(cfg)
     prepare_model(cfg, emit)
     connect_ray(cfg.address)

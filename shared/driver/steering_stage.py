@@ -18,7 +18,8 @@ from .work_queue import ActorJob, WorkQueue, poll_actors
 
 def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, pooled_keys: dict[str, str],
                         leaderboard: dict, *, model: str, backend: str, worker_args: dict, runtime_env: dict,
-                        full: bool, allow_weak_scorer: bool, emit: EventSink, seed: int = 0) -> dict:
+                        full: bool, allow_weak_scorer: bool, emit: EventSink, seed: int = 0,
+                        gpus_per_actor: int = 1, n_actors: int | None = None) -> dict:
     """Choose cells from the D1 leaderboard, make sure every needed scorer exists, then run the cells on actors."""
     started = time.perf_counter()
     config = steering_config(full, seed)
@@ -41,8 +42,9 @@ def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, po
             [p.text for p in corpus.passages(cell.concept, "train")], config.to_record()))
 
     d2, d3 = [], []
-    with WorkQueue[SteeringCell](steering_actors(model, backend=backend, runtime_env=runtime_env,
-                                                 **worker_args)) as queue:
+    actors = steering_actors(model, n=n_actors, backend=backend, runtime_env=runtime_env,
+                             gpus_per_actor=gpus_per_actor, **worker_args)
+    with WorkQueue[SteeringCell](actors) as queue:
         for cell, result in queue.run([job(cell) for cell in cells], on_wait=lambda: poll_steering(queue.actors, emit)):
             d2.append(result.d2.selected(cell.why))
             d3.extend(result.d3)

@@ -70,6 +70,7 @@ class ServiceSettings(BaseModel):
     max_length: int = Field(256, ge=8)
     device: str = "auto"
     dtype: str = "auto"
+    steering_backend: Literal["transformers", "vllm"] = "transformers"  # vllm: /generate on a vLLM engine (GPU)
 
     @model_validator(mode="after")
     def _one_source_per_concept(self) -> ServiceSettings:
@@ -455,11 +456,38 @@ _ERRORS = {404: {"description": "model or scorer not served here"},
            422: {"description": "invalid request (one-line detail)"}}
 
 
+class SteeringEngines:
+    """The /generate backend per served model: transformers on the loaded model, or one vLLM engine per model
+    (started on first use, kept; each request's vector is its own slot of the engine call)."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self._engines: dict[str, object] = {}
+        self._lock = threading.Lock()
+        if settings.steering_backend == "vllm":
+            from poolbench.steerer.vllm_backend import require_vllm
+
+            require_vllm()
+
+    def backend(self, model: str, loaded):
+        if self.settings.steering_backend == "transformers":
+            from poolbench.steerer.transformers_backend import TransformersBackend
+
+            return TransformersBackend(loaded)
+        from poolbench.steerer.vllm_backend import VLLMBackend
+
+        with self._lock:
+            if model not in self._engines:
+                self._engines[model] = VLLMBackend(str(loaded.path), dtype=self.settings.dtype)
+            return self._engines[model]
+
+
 def build_api(settings: ServiceSettings) -> FastAPI:
     """The FastAPI app (usable without Ray: tests and `uvicorn` can mount it directly)."""
     api = FastAPI(title="PoolBench", version="1", description=limits_description(settings))
     api.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     models = ModelCache(settings)
+    engines = SteeringEngines(settings)
     scorers = ScorerCache(settings)
     vectors = VectorCache(settings)
     plain_openapi = api.openapi
@@ -551,7 +579,6 @@ def build_api(settings: ServiceSettings) -> FastAPI:
     def generate(req: GenerateRequest) -> GenerateResponse:
         """Continuations with alpha * vector added to the output of `layer` (the steerer's backend)."""
         from poolbench.steerer.backend import GenerationSettings
-        from poolbench.steerer.transformers_backend import TransformersBackend
 
         _check_sizes(settings, req.prompts, "prompts")
         if req.max_new_tokens > settings.max_new_tokens:
@@ -565,14 +592,14 @@ def build_api(settings: ServiceSettings) -> FastAPI:
                 if len(req.vector) != loaded.hidden_size:
                     raise RequestError(f"vector: {len(req.vector)} floats, the model's hidden size is "
                                        f"{loaded.hidden_size}")
-                delta = req.alpha * np.asarray(req.vector, dtype=np.float32)
+                delta = req.alpha * np.asarray(req.vector, dtype=np.float64)
             if stored is not None:
                 if stored.size != loaded.hidden_size:
                     raise RequestError(f"stored: the run's vector has {stored.size} dimensions, model "
                                        f"'{loaded.model_id}' has {loaded.hidden_size}")
-                delta = (req.alpha * stored).astype(np.float32)
-            out = TransformersBackend(loaded).generate(req.prompts, layer=req.layer, delta=delta, seeds=seeds,
-                                                       settings=gen)
+                delta = req.alpha * np.asarray(stored, dtype=np.float64)
+            out = engines.backend(req.model, loaded).generate(req.prompts, layer=req.layer, delta=delta,
+                                                              seeds=seeds, settings=gen)
         return GenerateResponse(model_id=loaded.model_id, layer=req.layer, alpha=req.alpha,
                                 generations=[GenerationOut(prompt=g.prompt, text=g.text) for g in out])
 
@@ -587,7 +614,8 @@ def serve_application(settings: ServiceSettings, *, num_cpus: float = 1.0):
         return build_api(settings)
 
     @serve.deployment(name="PoolBenchIngress", num_replicas=1, max_ongoing_requests=settings.max_ongoing_requests,
-                      ray_actor_options={"num_cpus": num_cpus})
+                      ray_actor_options={"num_cpus": num_cpus,
+                                         **({"num_gpus": 1} if settings.steering_backend == "vllm" else {})})
     @serve.ingress(build)
     class PoolBenchIngress:
         """Holds one replica's models and scorers; every route is the FastAPI handler."""

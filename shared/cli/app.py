@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from poolbench.cli.calibrate import calibrate
 from poolbench.cli.cebench import bias, cebench, sae_train
 from poolbench.cli.listing import list_app
+from poolbench.cli.options import DEFAULT_RUN, RenamingGroup, out_folder, run_folder
 from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
 from poolbench.cli.steering import serve_scorers, steer, train_scorers
@@ -37,7 +38,7 @@ from poolbench.records.events import (
     SteeringPlanned,
 )
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+app = typer.Typer(cls=RenamingGroup, add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="PoolBench: which pooling strategy captures a concept, at which layer.")
 model_app = typer.Typer(no_args_is_help=True, help="Models: build the embedded default.")
 corpus_app = typer.Typer(no_args_is_help=True, help="Corpora: write the embedded corpus to a folder.")
@@ -97,7 +98,7 @@ def run(
     strategies: Annotated[list[str] | None, typer.Option(help="strategy ids (comma list); default all")] = None,
     strategy_module: Annotated[list[Path] | None, typer.Option(help="a .py file registering strategies")] = None,
     store: Annotated[str | None, typer.Option(help="artifact store: a folder or s3://bucket/prefix")] = None,
-    out: Annotated[Path, typer.Option("--out", "--output-path", help="where results.json goes")] = Path("runs/latest"),
+    out: Annotated[Path, typer.Option(help="run folder: results.json, leaderboard.json go here")] = DEFAULT_RUN,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1")] = "auto",
     batch_size: Annotated[int, typer.Option(help="passages per forward pass")] = 32,
@@ -107,7 +108,7 @@ def run(
     limit: Annotated[int | None, typer.Option(help="at most N passages per split and class")] = None,
     seed: Annotated[int, typer.Option(help="seed for folds, probes and bootstrap")] = 0,
     folds: Annotated[int, typer.Option(help="cross-validation folds")] = 5,
-    bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for CIs")] = 1000,
+    n_bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for CIs")] = 1000,
     address: Annotated[str | None, typer.Option(help="Ray address to join ('auto'); default: local Ray")] = None,
     num_workers: Annotated[int | None, typer.Option(help="extractor workers (default: one per GPU, else 1)")] = None,
     torch_threads: Annotated[int | None, typer.Option(help="torch threads per CPU worker")] = None,
@@ -139,7 +140,7 @@ def run(
             layers=_layers(layers),
             strategies=_split(strategies), store=store, out=str(out), batch_size=batch_size,
             max_batch_tokens=max_batch_tokens,
-            max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=bootstrap,
+            max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=n_bootstrap,
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
             allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash, store_dtype=store_dtype)
@@ -216,8 +217,12 @@ def _print_leaderboard(leaderboard: dict) -> None:
 
 
 @app.command()
-def leaderboard(run_dir: Annotated[Path, typer.Argument(help="a run's --out folder")]) -> None:
+def leaderboard(
+    run: Annotated[Path | None, typer.Option(help="a finished run's --out folder [default: runs/default]")] = None,
+    old_run: Annotated[Path | None, typer.Argument(hidden=True)] = None,
+) -> None:
     """Print the leaderboard of a finished run."""
+    run_dir = run_folder(run, old_run)
     path = run_dir / "leaderboard.json"
     if not path.is_file():
         raise PoolBenchError(f"no leaderboard.json in {run_dir}")
@@ -253,7 +258,7 @@ def validate_corpus_cmd(
 
 @corpus_app.command("build")
 def corpus_build(
-    out: Annotated[Path, typer.Option(help="folder to write the PoolBench layout into")],
+    out: Annotated[Path, typer.Option(help="corpus folder to write the PoolBench layout into")],
     size: Annotated[str, typer.Option(help="tiny, small or full")] = "small",
     seed: Annotated[int, typer.Option(help="generator seed")] = 0,
 ) -> None:
@@ -290,9 +295,10 @@ def model_build(
 def export_submission(
     strategy: Annotated[str, typer.Option(help="strategy id, e.g. A1_mean")],
     model_key: Annotated[str, typer.Option(help="llama3_8b, gemma2_9b, mistral_7b, qwen25_7b, ...")],
-    run_dir: Annotated[Path, typer.Option("--run", help="a finished run's --out folder")] = Path("runs/latest"),
+    run_dir: Annotated[Path, typer.Option("--run", help="a finished run's --out folder")] = DEFAULT_RUN,
     source: Annotated[str, typer.Option(help="community, or published (implements a paper)")] = "community",
-    out: Annotated[Path | None, typer.Option(help="file to write; default <run>/submission_<strategy>.json")] = None,
+    out: Annotated[Path | None, typer.Option(help="folder for submission_<strategy>.json; default the run folder")]
+    = None,
 ) -> None:
     """Write one strategy's results in the PoolBench community-submission format."""
     from poolbench.results.document import write_json_atomic
@@ -306,7 +312,7 @@ def export_submission(
     if strategy not in info:
         raise PoolBenchError(f"strategy '{strategy}' was not run in {run_dir} (ran: {', '.join(info)})")
     submission = build_submission(json.loads(lb_path.read_text()), strategy, model_key, source, info[strategy])
-    target = out or run_dir / f"submission_{strategy}.json"
+    target = (out_folder(out) if out is not None else run_dir) / f"submission_{strategy}.json"
     write_json_atomic(target, submission.model_dump(mode="json"))
     console.print(f"wrote {target}")
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.atomic_write import write_json_atomic
+from poolbench.cli.options import out_folder
 from poolbench.config import EMBEDDED, default_store_url
 from poolbench.errors import PoolBenchError
 
@@ -82,7 +83,7 @@ def steer(
     seed: Annotated[int, typer.Option(help="seed for prompt seeds, halves and bootstrap")] = 0,
     prompt_format: Annotated[str, typer.Option(help="auto (chat template if the tokenizer has one), chat, plain")]
         = "auto",
-    out: Annotated[Path, typer.Option(help="where the D2/D3 JSON goes")] = Path("runs/steer.json"),
+    out: Annotated[Path, typer.Option(help="folder for steer.json (D2/D3)")] = Path("runs/steer"),
 ) -> None:
     """D2 and D3 for one (concept, strategy, layer) cell: steer, score, and print SCP, Delta, Disent."""
     from poolbench.steerer.backend import GenerationSettings
@@ -108,8 +109,9 @@ def steer(
         console.print(f"D3 {r.relation} {r.neighbour}: Disent {_fmt(r.disent)} "
                       f"(raw {_fmt(r.disent_raw)}) rep {_fmt(r.d3_rep)}"
                       + (f"  null: {r.disent_null_reason}" if r.disent_null_reason else ""))
-    write_json_atomic(out, result.to_dict())
-    console.print(f"wrote {out}")
+    target = out_folder(out) / "steer.json"
+    write_json_atomic(target, result.to_dict())
+    console.print(f"wrote {target}")
 
 
 def serve_scorers(

@@ -6,17 +6,17 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from poolbench.cli.calibrate import calibrate
 from poolbench.cli.cebench import bias, cebench, sae_train
 from poolbench.cli.listing import list_app
 from poolbench.cli.options import DEFAULT_RUN, RenamingGroup, out_folder, run_folder
+from poolbench.cli.progress import LineProgress
 from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
 from poolbench.cli.steering import serve_scorers, steer, train_scorers
@@ -37,6 +37,9 @@ from poolbench.records.events import (
     ScorerReady,
     SteeringPlanned,
 )
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 app = typer.Typer(cls=RenamingGroup, add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="PoolBench: which pooling strategy captures a concept, at which layer.")
@@ -150,8 +153,7 @@ def run(
     except ValueError as exc:
         raise PoolBenchError(f"--layers: {exc}") from None
 
-    with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=console) as progress:
+    with run_progress() as progress:
         results = evaluate_config(cfg, on_event=RunDisplay(progress).show, log_samples=log_samples,
                                   strategy_modules=tuple(str(p) for p in strategy_module or ()))
     _print_leaderboard(results.leaderboard)
@@ -164,12 +166,22 @@ def run(
         "total_s", 0.0)), results_path=paths["results"]), soft_wrap=True, highlight=False)
 
 
-class RunDisplay:
-    """Renders the driver's run events as progress bars, by event type."""
+def run_progress() -> Progress | LineProgress:
+    """Bars on a terminal; one plain line per stage step when stdout is a pipe or a file (CI logs)."""
+    if not console.is_terminal:
+        return LineProgress(sys.stdout)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    def __init__(self, progress: Progress) -> None:
+    return Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=console)
+
+
+class RunDisplay:
+    """Renders the driver's run events as progress bars (or plain lines), by event type."""
+
+    def __init__(self, progress: Progress | LineProgress) -> None:
         self.progress = progress
-        self.tasks: dict[str, TaskID] = {}
+        self.tasks: dict[str, int] = {}
 
     def show(self, event: RunEvent) -> None:
         bar = self.progress.update

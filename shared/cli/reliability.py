@@ -108,10 +108,22 @@ def power(
     console.print(f"wrote {target}")
 
 
+def default_fractions(fractions: list, results: dict) -> tuple[list, list]:
+    """(kept, dropped): a fraction f is kept when f x n_train / 2 >= 1/2 for the smallest concept, so the flash
+    subset keeps at least one pair (or one passage per class) wherever it rounds."""
+    sizes = [c["n_train"] for c in results.get("cells", []) if c.get("n_train")]
+    if not sizes:
+        return fractions, []
+    smallest = min(sizes)
+    kept = [f for f in fractions if f * smallest >= 1]
+    return kept, [f for f in fractions if f not in kept]
+
+
 @reliability_app.command("flash-check")
 def flash_check(
     run_dir: Annotated[Path, typer.Option("--run", help="a finished run's --out folder")] = DEFAULT_RUN,
-    fractions: Annotated[str, typer.Option(help="comma list of train fractions")] = DEFAULT_FRACTIONS,
+    fractions: Annotated[str | None, typer.Option(
+        help=f"comma list of train fractions [default: {DEFAULT_FRACTIONS}, less those leaving no pair]")] = None,
     n_bootstrap: Annotated[int, typer.Option(help="bootstrap resamples of concepts")] = 1000,
     seed: Annotated[int, typer.Option(help="seed for subsets and bootstrap")] = 0,
     out: Annotated[Path | None, typer.Option(help="folder for flash_check.json; default the run folder")] = None,
@@ -120,10 +132,15 @@ def flash_check(
     from poolbench.prober.flash import parse_fraction
     from poolbench.prober.flash_check import flash_check as check
 
-    parsed = [parse_fraction(f) for f in fractions.split(",") if f.strip()]
+    results = _load_results(run_dir)
+    parsed = [parse_fraction(f) for f in (fractions or DEFAULT_FRACTIONS).split(",") if f.strip()]
+    if fractions is None:
+        parsed, dropped = default_fractions(parsed, results)
+        if dropped:
+            console.print(f"skipped fractions {', '.join(map(str, dropped))}: they leave no train pair of the "
+                          "smallest concept", highlight=False)
     if not parsed:
         raise PoolBenchError("--fractions is empty; give e.g. 1/2,1/4")
-    results = _load_results(run_dir)
     strategies = sorted(s["id"] for s in results["strategies"])
     if len(strategies) < 2:
         raise PoolBenchError(f"flash-check needs >= 2 strategies in {run_dir}, found {len(strategies)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -40,6 +41,8 @@ from poolbench.records.events import (
 
 if TYPE_CHECKING:
     from rich.progress import Progress
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes inside remote tracebacks Ray forwards
 
 app = typer.Typer(cls=RenamingGroup, add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="PoolBench: which pooling strategy captures a concept, at which layer.")
@@ -346,6 +349,18 @@ def main() -> None:
     except PoolBenchError as exc:
         # An error raised inside a Ray worker arrives wrapped (RayTaskError): show the worker's own line.
         cause = getattr(exc, "cause", None)
-        message = str(cause if isinstance(cause, PoolBenchError) else exc).strip().splitlines()[0]
-        err_console.print(f"error: {message}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(1)
+        fail(str(cause if isinstance(cause, PoolBenchError) else exc))
+    except Exception as exc:
+        if not type(exc).__module__.startswith("ray."):
+            raise
+        from poolbench.driver.work_queue import worker_death_cause
+
+        fail(f"a Ray worker failed: {worker_death_cause(getattr(exc, 'cause', None) or exc)}")
+
+
+def fail(message: str) -> None:
+    """One line on stderr, colour codes from remote tracebacks removed, and exit 1."""
+    text = ANSI.sub("", message).strip()
+    err_console.print(f"error: {text.splitlines()[0] if text else 'failed'}", highlight=False, markup=False,
+                      soft_wrap=True)
+    sys.exit(1)

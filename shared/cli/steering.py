@@ -127,8 +127,7 @@ def serve_scorers(
     """Serve POST /score {concept, texts} (the one PoolBench HTTP app, no LM) on host:port until interrupted."""
     import time
 
-    import ray
-
+    from poolbench.driver.local_ray import LOOPBACK_RUNTIME_ENV, init_local_ray
     from poolbench.http.app import ServiceSettings, scorers_of_run, start_serve
     from poolbench.store.url import open_store
 
@@ -143,7 +142,7 @@ def serve_scorers(
         scorers = ensure_scorers(open_store(url_store), source, source.concepts, allow_weak=allow_weak_scorer)
         settings = ServiceSettings(models=(), scorer_store=url_store,
                                    scorer_keys={c: s.info["key"] for c, s in scorers.items()})
-    ray.init(address="local", include_dashboard=False, logging_level="ERROR")
+    init_local_ray(log_to_driver=True, runtime_env=LOOPBACK_RUNTIME_ENV)
     url = start_serve(settings, host=host, port=port)
     console.print(f"serving POST {url}/score for {', '.join(settings.scorer_concepts)}")
     while True:

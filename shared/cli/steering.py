@@ -123,14 +123,19 @@ def serve_scorers(
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port")] = 8000,
     allow_weak_scorer: Annotated[bool, typer.Option(help="serve scorers with held-out AUROC < 0.7")] = False,
+    token: Annotated[str | None, typer.Option(
+        envvar="POOLBENCH_TOKEN", show_envvar=True,
+        help="bearer token every request but /healthz must carry (>= 16 characters); needed beyond loopback")]
+    = None,
 ) -> None:
     """Serve POST /score {concept, texts} (the one PoolBench HTTP app, no LM) on host:port until interrupted."""
     import time
 
     from poolbench.driver.local_ray import LOOPBACK_RUNTIME_ENV, init_local_ray
-    from poolbench.http.app import ServiceSettings, scorers_of_run, start_serve
+    from poolbench.http.app import ServiceSettings, check_exposure, scorers_of_run, start_serve, with_token
     from poolbench.store.url import open_store
 
+    check_exposure(host, with_token(ServiceSettings(models=()), token).token)  # before any scorer trains
     if run is not None:
         settings = ServiceSettings(models=(), **scorers_of_run(run))
     else:
@@ -142,6 +147,7 @@ def serve_scorers(
         scorers = ensure_scorers(open_store(url_store), source, source.concepts, allow_weak=allow_weak_scorer)
         settings = ServiceSettings(models=(), scorer_store=url_store,
                                    scorer_keys={c: s.info["key"] for c, s in scorers.items()})
+    settings = with_token(settings, token)
     init_local_ray(log_to_driver=True, runtime_env=LOOPBACK_RUNTIME_ENV)
     url = start_serve(settings, host=host, port=port)
     console.print(f"serving POST {url}/score for {', '.join(settings.scorer_concepts)}")

@@ -10,7 +10,10 @@ core. Hooks are request-local as well (poolbench.extractor.hook_points); /probe'
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -33,6 +36,8 @@ from .body_limit import BodyLimit
 APP_NAME = "poolbench"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
+TOKEN_ENV = "POOLBENCH_TOKEN"
+OPEN_PATHS = ("/healthz",)  # answered without the bearer token: liveness checks carry no secret
 
 
 class RequestError(PoolBenchError):
@@ -70,6 +75,7 @@ class ServiceSettings(BaseModel):
     max_length: int = Field(256, ge=8)
     device: str = "auto"
     dtype: str = "auto"
+    token: str | None = Field(None, min_length=16, repr=False, exclude=True)  # bearer token; None: no auth
 
     @model_validator(mode="after")
     def _one_source_per_concept(self) -> ServiceSettings:
@@ -455,10 +461,49 @@ _ERRORS = {404: {"description": "model or scorer not served here"},
            422: {"description": "invalid request (one-line detail)"}}
 
 
+def is_loopback_host(host: str) -> bool:
+    """127.0.0.0/8, ::1 and localhost: nobody else on the network can connect there."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, token: str | None) -> None:
+    """Refuse, in one line, to listen beyond loopback with no token: the models would be open to the network."""
+    if token is None and not is_loopback_host(host):
+        raise ServiceConfigError(f"refusing to serve on {host} without a bearer token: pass --token or set "
+                                 f"{TOKEN_ENV} (or listen on 127.0.0.1)")
+
+
+def with_token(settings: ServiceSettings, token: str | None) -> ServiceSettings:
+    """The settings with this bearer token (at least 16 characters), or one line saying why not."""
+    if token is not None and len(token) < 16:
+        raise ServiceConfigError(f"the bearer token has {len(token)} characters; use at least 16 "
+                                 "(e.g. python -c 'import secrets; print(secrets.token_hex(16))')")
+    return settings.model_copy(update={"token": token})
+
+
+def bearer_ok(header: str | None, token: str) -> bool:
+    scheme, _, given = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(given.strip().encode(), token.encode())
+
+
 def build_api(settings: ServiceSettings) -> FastAPI:
     """The FastAPI app (usable without Ray: tests and `uvicorn` can mount it directly)."""
     api = FastAPI(title="PoolBench", version="1", description=limits_description(settings))
     api.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    if settings.token is not None:
+        token = settings.token
+
+        @api.middleware("http")
+        async def require_token(request: Request, call_next):  # added last: runs before the body is read
+            if request.url.path in OPEN_PATHS or bearer_ok(request.headers.get("authorization"), token):
+                return await call_next(request)
+            return JSONResponse(status_code=401, content={"detail": "missing or wrong bearer token"},
+                                headers={"WWW-Authenticate": "Bearer"})
     models = ModelCache(settings)
     scorers = ScorerCache(settings)
     vectors = VectorCache(settings)
@@ -600,6 +645,8 @@ def start_serve(settings: ServiceSettings, *, host: str = DEFAULT_HOST, port: in
     """Start Serve's HTTP proxy on host:port (Ray must be connected) and deploy; returns the base URL."""
     from ray import serve
 
+    settings = with_token(settings, settings.token or os.environ.get(TOKEN_ENV) or None)
+    check_exposure(host, settings.token)
     check_scorers(settings)
     serve.start(http_options={"host": host, "port": port})
     serve.run(serve_application(settings, num_cpus=num_cpus), name=APP_NAME, route_prefix="/", blocking=False)

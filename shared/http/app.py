@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from poolbench.config import default_store_url
 from poolbench.errors import PoolBenchError
 
+from .admission import Admission
 from .body_limit import BodyLimit
 
 APP_NAME = "poolbench"
@@ -70,7 +71,9 @@ class ServiceSettings(BaseModel):
     max_new_tokens: int = Field(64, ge=1)
     max_bootstrap: int = Field(2000, ge=0)
     max_loaded_models: int = Field(2, ge=1)
-    max_ongoing_requests: int = Field(32, ge=1)  # per replica; more wait in Serve's queue
+    max_working: int = Field(2, ge=1)  # requests doing work at once in a replica (the model lock serialises more)
+    max_queued: int = Field(32, ge=0)  # requests waiting for a slot; beyond that 503 with Retry-After
+    batch_wait_s: float = Field(0.01, ge=0)  # how long /pool and /score wait to fill a batch
     batch_size: int = Field(16, ge=1)
     max_length: int = Field(256, ge=8)
     device: str = "auto"
@@ -434,8 +437,8 @@ def limits_description(settings: ServiceSettings) -> str:
         "- every number must be finite: NaN and Infinity are refused with 422\n"
         f"- models: {', '.join(settings.models) or 'none'} (others: 404); "
         f"scorers: {', '.join(settings.scorer_concepts) or 'none'} (others: 404)\n"
-        f"- at most {settings.max_ongoing_requests} requests in flight per replica; each model serves one "
-        "request at a time, the rest wait")
+        f"- per replica at most {settings.max_working} requests work at once and {settings.max_queued} wait; "
+        "beyond that: 503 with Retry-After (seconds)")
 
 
 def _schema_limits(settings: ServiceSettings) -> dict[str, dict[str, dict]]:
@@ -495,6 +498,7 @@ def build_api(settings: ServiceSettings) -> FastAPI:
     """The FastAPI app (usable without Ray: tests and `uvicorn` can mount it directly)."""
     api = FastAPI(title="PoolBench", version="1", description=limits_description(settings))
     api.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    api.add_middleware(Admission, workers=settings.max_working, queue=settings.max_queued, open_paths=OPEN_PATHS)
     if settings.token is not None:
         token = settings.token
 
@@ -631,7 +635,9 @@ def serve_application(settings: ServiceSettings, *, num_cpus: float = 1.0):
     def build() -> FastAPI:
         return build_api(settings)
 
-    @serve.deployment(name="PoolBenchIngress", num_replicas=1, max_ongoing_requests=settings.max_ongoing_requests,
+    # Serve forwards every request (a waiting one costs the replica an asyncio task); Admission decides who waits.
+    ongoing = 2 * (settings.max_working + settings.max_queued) + 16
+    @serve.deployment(name="PoolBenchIngress", num_replicas=1, max_ongoing_requests=ongoing,
                       ray_actor_options={"num_cpus": num_cpus})
     @serve.ingress(build)
     class PoolBenchIngress:

@@ -224,7 +224,7 @@ def print_table(summary: dict) -> None:
         table.add_row(str(level["clients"]), f"{level['completed'] - level['errors']}/{level['planned']}",
                       f"{level['requests_per_s']:.1f}", ms("p50_ms"), ms("p99_ms"), ms("e2e_p99_ms"),
                       str(level["rejected"]), str(level["errors"]), str(level["mismatches"]))
-    Console().print(table)
+    Console(width=max(Console().width, 110)).print(table)
     for level in levels:
         for error in level["first_errors"]:
             Console().print(f"error at {level['clients']} clients: {error}", highlight=False)

@@ -75,6 +75,9 @@ def test_old_names_are_rewritten_with_a_warning():
     args = ["run", "--bootstrap", "10", "--output-path=x", "--", "--bootstrap"]
     assert rewrite_old_names(args, warnings.append) == ["run", "--n-bootstrap", "10", "--out=x", "--", "--bootstrap"]
     assert len(warnings) == 2 and "--bootstrap is now --n-bootstrap" in warnings[0]
+    assert rewrite_old_names(["report", "--html", "h", "runs/a"]) == ["report", "--html", "h", "--run", "runs/a"]
+    assert rewrite_old_names(["leaderboard", "runs/a"]) == ["leaderboard", "--run", "runs/a"]
+    assert rewrite_old_names(["report", "--run=runs/a", "--help"]) == ["report", "--run=runs/a", "--help"]
     assert set(RENAMED.values()) <= set(SYNONYMS)
 
 

@@ -16,7 +16,7 @@ from rich.console import Console
 from poolbench.cli.calibrate import calibrate
 from poolbench.cli.cebench import bias, cebench, sae_train
 from poolbench.cli.listing import list_app
-from poolbench.cli.options import DEFAULT_RUN, RenamingGroup, out_folder, run_folder
+from poolbench.cli.options import DEFAULT_RUN, RenamingGroup, out_folder
 from poolbench.cli.progress import LineProgress
 from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
@@ -233,11 +233,9 @@ def _print_leaderboard(leaderboard: dict) -> None:
 
 @app.command()
 def leaderboard(
-    run: Annotated[Path | None, typer.Option(help="a finished run's --out folder [default: runs/default]")] = None,
-    old_run: Annotated[Path | None, typer.Argument(hidden=True)] = None,
+    run_dir: Annotated[Path, typer.Option("--run", help="a finished run's --out folder")] = DEFAULT_RUN,
 ) -> None:
     """Print the leaderboard of a finished run."""
-    run_dir = run_folder(run, old_run)
     path = run_dir / "leaderboard.json"
     if not path.is_file():
         raise PoolBenchError(f"no leaderboard.json in {run_dir}")

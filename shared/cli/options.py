@@ -31,8 +31,14 @@ SYNONYMS: dict[str, tuple[str, ...]] = {
 """The one name of a meaning -> names that would mean the same; no visible option may use the latter."""
 
 
+POSITIONAL_RUN = ("report", "leaderboard")
+"""Commands that took the run folder as their one positional argument; it is `--run <folder>` now."""
+
+
 def rewrite_old_names(args: Sequence[str], warn=None) -> list[str]:
-    """The argument list with every old option name replaced by its new one (also `--old=value`)."""
+    """The argument list with every old option name replaced by its new one (also `--old=value`), and the old
+    positional run folder of `report` / `leaderboard` given as `--run`."""
+    args = _positional_run(list(args), warn)
     out: list[str] = []
     for arg in args:
         if arg == "--":
@@ -45,6 +51,23 @@ def rewrite_old_names(args: Sequence[str], warn=None) -> list[str]:
             arg = RENAMED[name] + eq + value
         out.append(arg)
     return out
+
+
+def _positional_run(args: list[str], warn) -> list[str]:
+    if not args or args[0] not in POSITIONAL_RUN:
+        return args
+    i = 1
+    while i < len(args):
+        arg = args[i]
+        if arg == "--help":
+            i += 1
+        elif arg.startswith("-"):
+            i += 1 if "=" in arg else 2  # every option of these commands takes a value
+        else:
+            if warn is not None:
+                warn(f"warning: the run folder is now --run {arg}; the positional form goes in the next release")
+            return [*args[:i], "--run", *args[i:]]
+    return args
 
 
 def _stderr(message: str) -> None:
@@ -67,11 +90,3 @@ def out_folder(out: Path, option: str = "--out") -> Path:
     return out
 
 
-def run_folder(option: Path | None, positional: Path | None) -> Path:
-    """`--run`, or the old positional run folder (hidden, one release), or runs/default."""
-    if option is not None and positional is not None and option != positional:
-        raise PoolBenchError(f"two run folders: --run {option} and {positional}; give only --run")
-    if positional is not None:
-        _stderr("warning: the run folder is now given as --run <folder>; the positional form goes in the next "
-                "release")
-    return option or positional or DEFAULT_RUN

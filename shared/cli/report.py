@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from poolbench.cli.options import run_folder
+from poolbench.cli.options import DEFAULT_RUN
 
 
 def report_target(html: Path | None, run_dir: Path) -> Path:
@@ -16,14 +16,12 @@ def report_target(html: Path | None, run_dir: Path) -> Path:
     return folder if folder.suffix == ".html" else folder / "report.html"
 
 
-def report(run: Annotated[Path | None, typer.Option(
-               help="a run's --out folder, or a folder of run folders [default: runs/default]")] = None,
+def report(run: Annotated[Path, typer.Option(help="a run's --out folder, or a folder of run folders")] = DEFAULT_RUN,
            html: Annotated[Path | None, typer.Option(
-               "--html", help="folder to write report.html into [default: the run folder]")] = None,
+               "--html", help="folder to write report.html into", show_default="the run folder")] = None,
            store: Annotated[str | None, typer.Option(
                help="where the runs' generations are (default: the store each run recorded); gives the D2 "
-                    "per-alpha intervals")] = None,
-           old_run: Annotated[Path | None, typer.Argument(hidden=True)] = None) -> None:
+                    "per-alpha intervals")] = None) -> None:
     """Write a self-contained HTML report: run summary, leaderboard with CIs and tie groups, CD diagram, D1 heatmap,
     layer curves, fallback cells, per-concept D1, D2/D3 tables and alpha curves, scorer validity, strategy
     definitions."""
@@ -31,7 +29,6 @@ def report(run: Annotated[Path | None, typer.Option(
 
     from poolbench.results.report import write_report
 
-    run_dir = run_folder(run, old_run)
-    target = report_target(html, run_dir)
-    figures = write_report(run_dir, target, store)
+    target = report_target(html, run)
+    figures = write_report(run, target, store)
     Console().print(f"wrote {target} ({len(figures)} figures: {', '.join(f.fig_id for f in figures)})")

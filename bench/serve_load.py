@@ -2,8 +2,11 @@
 
 Every distinct request is first served alone, one after another; under load, every answer must equal that one
 bit for bit (timing fields aside), so shared hooks or state between requests show up as mismatches, not as
-noise. Loopback only; bounded in request count and in time. Prints a table and writes bench/results/
-serve_load.json: requests/s and p50/p99 latency per endpoint, errors and mismatches (both must be 0).
+noise. Loopback only; bounded in request count and in time. `--clients 16,32,64,128` runs one level after another
+against the same app. A 503/429 with Retry-After is backpressure, not an error: the client waits that long and sends
+the request again (counted as `rejected`). Latency is the answered attempt's (served p50/p99) and, separately, from
+the first attempt to the answer (end-to-end p99). Prints a table and writes bench/results/serve_load.json: per level
+requests/s, latencies, rejected, non-2xx errors and wrong answers (both must be 0).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import itertools
+import os
 import random
 import sys
 import threading
@@ -74,13 +78,23 @@ def comparable(answer: dict) -> dict:
     return {k: v for k, v in answer.items() if k not in TIMING_FIELDS}
 
 
+class Busy(Exception):
+    """A 503/429 with Retry-After: the app is shedding load; retry after `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"busy, retry after {seconds:g} s")
+        self.seconds = seconds
+
+
 @dataclass
 class Outcome:
     index: int  # into the mix
     path: str
-    seconds: float
+    seconds: float  # the answered attempt
     error: str | None = None
     mismatch: bool = False
+    rejected: int = 0  # 503/429 answers with Retry-After before this one
+    end_to_end_s: float = 0.0  # first attempt to answer, backoffs included
 
 
 @dataclass
@@ -92,33 +106,46 @@ class LoadResult:
         endpoints = {}
         for path in sorted({o.path for o in self.outcomes}):
             mine = [o for o in self.outcomes if o.path == path]
-            ms = np.array([1000 * o.seconds for o in mine])
             endpoints[path] = {"requests": len(mine), "errors": sum(o.error is not None for o in mine),
                                "mismatches": sum(o.mismatch for o in mine),
-                               "requests_per_s": len(mine) / self.wall_s,
-                               "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
+                               "rejected": sum(o.rejected for o in mine),
+                               "requests_per_s": len(mine) / self.wall_s, **_latencies(mine)}
         errors = [o.error for o in self.outcomes if o.error is not None]
+        answered = [o for o in self.outcomes if o.error is None]
         return {"clients": clients, "planned": planned, "completed": len(self.outcomes), "wall_s": self.wall_s,
-                "requests_per_s": len(self.outcomes) / self.wall_s, "errors": len(errors),
-                "mismatches": sum(o.mismatch for o in self.outcomes), "first_errors": errors[:5],
-                "endpoints": endpoints}
+                "requests_per_s": len(answered) / self.wall_s, "errors": len(errors),
+                "mismatches": sum(o.mismatch for o in self.outcomes),
+                "rejected": sum(o.rejected for o in self.outcomes), "first_errors": errors[:5],
+                **_latencies(answered), "endpoints": endpoints}
 
 
-def post(client: httpx.Client, base: str, path: str, body: dict) -> dict:
-    reply = client.post(f"{base}{path}", json=body)
+def _latencies(outcomes: Sequence[Outcome]) -> dict:
+    if not outcomes:
+        return {"p50_ms": None, "p99_ms": None, "e2e_p99_ms": None}
+    served = np.array([1000 * o.seconds for o in outcomes])
+    e2e = np.array([1000 * o.end_to_end_s for o in outcomes])
+    return {"p50_ms": float(np.percentile(served, 50)), "p99_ms": float(np.percentile(served, 99)),
+            "e2e_p99_ms": float(np.percentile(e2e, 99))}
+
+
+def post(client: httpx.Client, base: str, path: str, body: dict, token: str | None = None) -> dict:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    reply = client.post(f"{base}{path}", json=body, headers=headers)
+    if reply.status_code in (429, 503) and "retry-after" in reply.headers:
+        raise Busy(float(reply.headers["retry-after"]))
     if reply.status_code != 200:
         raise LoadError(f"{path}: HTTP {reply.status_code}: {reply.text[:200]}")
     return reply.json()
 
 
-def serve_alone(base: str, mix: Sequence[tuple[str, dict]], timeout_s: float) -> list[dict]:
+def serve_alone(base: str, mix: Sequence[tuple[str, dict]], timeout_s: float, token: str | None = None) -> list[dict]:
     """The reference: each request on its own, nothing else in flight."""
     with httpx.Client(timeout=timeout_s) as client:
-        return [comparable(post(client, base, path, body)) for path, body in mix]
+        return [comparable(post(client, base, path, body, token)) for path, body in mix]
 
 
 def fire(base: str, mix: Sequence[tuple[str, dict]], reference: Sequence[dict], *, clients: int, requests: int,
-         time_limit_s: float, timeout_s: float, seed: int = 0) -> LoadResult:
+         time_limit_s: float, timeout_s: float, seed: int = 0, token: str | None = None) -> LoadResult:
     """`requests` requests (mix entries in a shuffled cycle) from `clients` threads; none starts after the limit."""
     order = [i % len(mix) for i in range(requests)]
     random.Random(seed).shuffle(order)
@@ -135,13 +162,23 @@ def fire(base: str, mix: Sequence[tuple[str, dict]], reference: Sequence[dict], 
                 if index is None:
                     return
                 path, body = mix[index]
-                start = time.perf_counter()
+                first = time.perf_counter()
                 outcome = Outcome(index, path, 0.0)
-                try:
-                    outcome.mismatch = comparable(post(client, base, path, body)) != reference[index]
-                except (httpx.HTTPError, LoadError) as exc:
-                    outcome.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                while True:
+                    start = time.perf_counter()
+                    try:
+                        outcome.mismatch = comparable(post(client, base, path, body, token)) != reference[index]
+                    except Busy as busy:
+                        outcome.rejected += 1
+                        if time.monotonic() + busy.seconds < deadline + timeout_s:
+                            time.sleep(busy.seconds)  # the app asked for this pause: backpressure, not a race
+                            continue
+                        outcome.error = f"Busy: still refused at the time limit ({outcome.rejected} tries)"
+                    except (httpx.HTTPError, LoadError) as exc:
+                        outcome.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                    break
                 outcome.seconds = time.perf_counter() - start
+                outcome.end_to_end_s = time.perf_counter() - first
                 with lock:
                     result.outcomes.append(outcome)
 
@@ -153,33 +190,44 @@ def fire(base: str, mix: Sequence[tuple[str, dict]], reference: Sequence[dict], 
     return result
 
 
-def run_load(base: str, model: str, layers: Sequence[int], *, clients: int = 16, requests: int = 200,
-             time_limit_s: float = 120.0, timeout_s: float = 60.0, seed: int = 0) -> dict:
-    """Reference answers alone, then the concurrent load; the summary dict the JSON holds."""
+def run_load(base: str, model: str, layers: Sequence[int], *, clients: int | Sequence[int] = 16,
+             requests: int = 200, time_limit_s: float = 120.0, timeout_s: float = 60.0, seed: int = 0,
+             token: str | None = None) -> dict:
+    """Reference answers alone, then the concurrent load at each client count; the summary dict the JSON holds
+    (one level's figures at the top when `clients` is a number, a `levels` list otherwise)."""
     check_loopback(base)
     with httpx.Client(timeout=timeout_s) as client:
-        probe = post(client, base, "/pool", {"model": model, "layer": layers[0], "texts": ["x"]})
+        probe = post(client, base, "/pool", {"model": model, "layer": layers[0], "texts": ["x"]}, token)
     mix = request_mix(model, layers, probe["dim"], seed)
-    reference = serve_alone(base, mix, timeout_s)
-    result = fire(base, mix, reference, clients=clients, requests=requests, time_limit_s=time_limit_s,
-                  timeout_s=timeout_s, seed=seed)
-    return {"url": base, "model": model, "layers": list(layers), "distinct_requests": len(mix),
-            **result.summary(clients, requests)}
+    reference = serve_alone(base, mix, timeout_s, token)
+    head = {"url": base, "model": model, "layers": list(layers), "distinct_requests": len(mix)}
+    levels = [clients] if isinstance(clients, int) else list(clients)
+    summaries = [fire(base, mix, reference, clients=n, requests=requests, time_limit_s=time_limit_s,
+                      timeout_s=timeout_s, seed=seed, token=token).summary(n, requests) for n in levels]
+    if isinstance(clients, int):
+        return {**head, **summaries[0]}
+    return {**head, "levels": summaries}
 
 
 def print_table(summary: dict) -> None:
+    """One row per client level: throughput, served and end-to-end latency, backpressure, errors, wrong answers."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table("endpoint", "requests", "req/s", "p50 ms", "p99 ms", "errors", "mismatches",
-                  title=f"{summary['clients']} clients, {summary['completed']}/{summary['planned']} requests in "
-                        f"{summary['wall_s']:.1f} s ({summary['requests_per_s']:.1f} req/s)")
-    for path, row in summary["endpoints"].items():
-        table.add_row(path, str(row["requests"]), f"{row['requests_per_s']:.1f}", f"{row['p50_ms']:.0f}",
-                      f"{row['p99_ms']:.0f}", str(row["errors"]), str(row["mismatches"]))
-    Console().print(table)
-    for error in summary["first_errors"]:
-        Console().print(f"error: {error}")
+    levels = summary.get("levels") or [summary]
+    table = Table("clients", "answered", "req/s", "p50 ms", "p99 ms", "e2e p99 ms", "503 (retried)", "non-2xx",
+                  "wrong", title=f"serve_load: {summary['distinct_requests']} distinct requests, mixed "
+                                 "/pool /probe /generate, answers compared with each served alone")
+    for level in levels:
+        def ms(key: str, row: dict = level) -> str:
+            return "-" if row.get(key) is None else f"{row[key]:.0f}"
+        table.add_row(str(level["clients"]), f"{level['completed'] - level['errors']}/{level['planned']}",
+                      f"{level['requests_per_s']:.1f}", ms("p50_ms"), ms("p99_ms"), ms("e2e_p99_ms"),
+                      str(level["rejected"]), str(level["errors"]), str(level["mismatches"]))
+    Console(width=max(Console().width, 110)).print(table)
+    for level in levels:
+        for error in level["first_errors"]:
+            Console().print(f"error at {level['clients']} clients: {error}", highlight=False)
 
 
 def _wait_healthy(base: str, timeout_s: float) -> None:
@@ -201,14 +249,16 @@ def main() -> int:
     parser.add_argument("--url", default=None, help="a running app on loopback (default: start one here)")
     parser.add_argument("--model", default="embedded", help="model id/path the app serves")
     parser.add_argument("--layers", default="0,1", help="comma list of layers the mix uses")
-    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--clients", default="16", help="client counts, one level each: 16,32,64,128")
     parser.add_argument("--requests", type=int, default=200, help="total requests under load (an upper bound)")
     parser.add_argument("--time-limit", type=float, default=120.0, help="no request starts after this many s")
     parser.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, s")
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs of the private Ray when starting the app")
+    parser.add_argument("--token", default=os.environ.get("POOLBENCH_TOKEN"), help="bearer token of the app")
     parser.add_argument("--out", type=Path, default=RESULTS / "serve_load.json")
     args = parser.parse_args()
     layers = [int(x) for x in args.layers.split(",")]
+    clients = [int(x) for x in args.clients.split(",")]
     started_here = args.url is None
     try:
         if started_here:
@@ -216,20 +266,21 @@ def main() -> int:
 
             import ray
 
+            from poolbench.driver.local_ray import LOOPBACK_RUNTIME_ENV, init_local_ray
             from poolbench.http.app import ServiceSettings, start_serve
 
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
                 port = sock.getsockname()[1]
-            ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False, logging_level="ERROR",
-                     log_to_driver=False)
+            init_local_ray(num_cpus=args.num_cpus, runtime_env=LOOPBACK_RUNTIME_ENV)
             base = start_serve(ServiceSettings(models=(args.model,)), host="127.0.0.1", port=port)
         else:
             base = args.url.rstrip("/")
             check_loopback(base)
         _wait_healthy(base, 120)
-        summary = run_load(base, args.model, layers, clients=args.clients, requests=args.requests,
-                           time_limit_s=args.time_limit, timeout_s=args.timeout)
+        summary = run_load(base, args.model, layers, clients=clients if len(clients) > 1 else clients[0],
+                           requests=args.requests, time_limit_s=args.time_limit, timeout_s=args.timeout,
+                           token=args.token)
     except LoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -241,7 +292,8 @@ def main() -> int:
             ray.shutdown()
     print_table(summary)
     write_result({**run_header("serve_load", args, base), **summary}, args.out)
-    return 0 if summary["errors"] == 0 and summary["mismatches"] == 0 else 1
+    levels = summary.get("levels") or [summary]
+    return 0 if all(level["errors"] == 0 and level["mismatches"] == 0 for level in levels) else 1
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from poolbench.config import EMBEDDED, RunConfig
+from poolbench.config import DEFAULT_RUN_DIR, EMBEDDED, RunConfig
 from poolbench.errors import PoolBenchError
 from poolbench.records.base import RecordError
 from poolbench.records.d1 import D1CellRecord
@@ -111,7 +111,7 @@ def run_config(**options: object) -> RunConfig:
         raise PoolBenchError(f"{'.'.join(str(p) for p in first['loc']) or 'options'}: {first['msg']}") from None
 
 
-def evaluate(model: str = EMBEDDED, *, out: str | Path = "runs/latest", log_samples: bool = False,
+def evaluate(model: str = EMBEDDED, *, out: str | Path = DEFAULT_RUN_DIR, log_samples: bool = False,
              on_event: EventSink | None = None, strategy_modules: Sequence[str] = (), **options: object) -> Results:
     """`poolbench-driver run` from Python: the same options by RunConfig's names (concepts, strategies, layers,
     corpus_size, limit, steering, ...), the same files in `out`, the results as typed records."""

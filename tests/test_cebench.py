@@ -177,17 +177,17 @@ def test_cli_cebench_on_neurons_and_a_trained_sae(random_llama: Path, tmp_path: 
     runner = CliRunner()
     sae_path = tmp_path / "sae.safetensors"
     result = runner.invoke(_app(), ["sae-train", "--model", str(random_llama), "--layer", "1", "--features", "64",
-                                    "--steps", "30", "--tokens", "2000", "--out", str(sae_path)])
+                                    "--steps", "30", "--tokens", "2000", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert load_sae(sae_path, hidden_size=32).m == 64
     for extra, unit in (([], "neurons"), (["--sae", str(sae_path)], "SAE")):
         m = 64 if extra else 32
         for normalisation in ("entry_zscore", "dataset_minmax"):
-            out = tmp_path / f"{unit}-{normalisation}.json"
+            out = tmp_path / f"{unit}-{normalisation}"
             result = runner.invoke(_app(), ["cebench", "--model", str(random_llama), "--layer", "1", "--entries",
                                             "6", "--out", str(out), "--normalisation", normalisation, *extra])
             assert result.exit_code == 0, result.output
-            doc = json.loads(out.read_text())
+            doc = json.loads((out / "results.json").read_text())
             scores = doc["scores"]
             assert doc["config"]["normalisation"] == normalisation
             if normalisation == "dataset_minmax":
@@ -200,7 +200,7 @@ def test_cli_cebench_on_neurons_and_a_trained_sae(random_llama: Path, tmp_path: 
             assert len(doc["features"]["contrastive"]) == m
     save_sae(_wrong_width_sae(), tmp_path / "wide.npz")
     result = runner.invoke(_app(), ["cebench", "--model", str(random_llama), "--sae", str(tmp_path / "wide.npz"),
-                                    "--entries", "4", "--out", str(tmp_path / "x.json")])
+                                    "--entries", "4", "--out", str(tmp_path / "x")])
     assert isinstance(result.exception, SAEError)
     assert "wide.npz: tensor W_enc has shape (16, 8)" in str(result.exception)
 

@@ -44,7 +44,7 @@ def test_address_auto_matches_local_mode(tiny_llama_dir, tmp_path):
     env = {**os.environ, "POOLBENCH_CACHE": str(tmp_path / "cache"), "RAY_AUTH_MODE": "disabled"}
     env.pop("RAY_ADDRESS", None)
     common = ["--model", str(tiny_llama_dir), "--corpus-size", "tiny", "--concepts", "hedging,toxicity",
-              "--strategies", "A1,P1", "--bootstrap", "200"]
+              "--strategies", "A1,P1", "--n-bootstrap", "200"]
     local = run([*common, "--store", str(tmp_path / "local"), "--out", str(tmp_path / "out-local")], env)
     with ray_head("pb-address-", 2, env) as head:
         wait_for_port(head.port, head.process)

@@ -152,7 +152,7 @@ def test_killed_driver_resumes_without_recomputing(tiny_llama_dir, cache, tmp_pa
     store_dir = tmp_path / "store"
     args = [sys.executable, "-c", "from poolbench.cli.app import main; main()", "run", "--model", str(tiny_llama_dir),
             "--corpus-size", "tiny", "--concepts", ",".join(MANY), "--strategies", "A1_mean,P1_last",
-            "--store", str(store_dir), "--bootstrap", "100", "--no-reliability", "--no-steering",
+            "--store", str(store_dir), "--n-bootstrap", "100", "--no-reliability", "--no-steering",
             "--torch-threads", "1", "--out", str(tmp_path / "out")]
     env = {**os.environ, "POOLBENCH_CACHE": str(cache)}
     driver = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -130,7 +130,7 @@ def test_power_command_table_json_and_errors(tmp_path):
     runner = CliRunner()
     result = runner.invoke(cli(), ["power", "--strategies", "A1", "--strategies", "A2_max",
                                    "--concept", "negation", "--layer", "1", "--run", str(run),
-                                   "--n-resamples", "200"])
+                                   "--n-bootstrap", "200"])
     assert result.exit_code == 0, result.output
     assert "power" in result.output
     report = json.loads((run / "power_negation_A1_mean_vs_A2_max.json").read_text())
@@ -138,10 +138,10 @@ def test_power_command_table_json_and_errors(tmp_path):
     assert report["power"][-1]["power"] == 1.0
     # default layers: the leaderboard's (highest mean cv_auroc: layer 1)
     result = runner.invoke(cli(), ["power", "--strategies", "A1_mean,P1_last", "--concept", "sarcasm",
-                                   "--run", str(run), "--n-resamples", "100",
-                                   "--out", str(tmp_path / "p.json")])
+                                   "--run", str(run), "--n-bootstrap", "100",
+                                   "--out", str(tmp_path / "p")])
     assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "p.json").read_text())["layer_b"] == 1
+    assert json.loads((tmp_path / "p" / "power_sarcasm_A1_mean_vs_P1_last.json").read_text())["layer_b"] == 1
     for args, message in ((["--strategies", "A1,A1_mean", "--concept", "negation"], "with itself"),
                           (["--strategies", "A1,Z9", "--concept", "negation"], "'Z9' was not run"),
                           (["--strategies", "A1,P1", "--concept", "irony"], "'irony' was not run"),
@@ -179,7 +179,7 @@ def test_power_and_flash_check_score_s3_with_d1s_fold_wise_heads(tmp_path):
 
     run = make_s3_run(tmp_path)
     result = CliRunner().invoke(cli(), ["power", "--strategies", "S3,A1", "--concept", "negation", "--run",
-                                        str(run), "--n-resamples", "100"])
+                                        str(run), "--n-bootstrap", "100"])
     assert result.exit_code == 0, result.output
     report = json.loads((run / "power_negation_S3_iti_probe_vs_A1_mean.json").read_text())
     assert report["auroc_a"] == s3.test_auroc and report["auroc_b"] == a1.test_auroc

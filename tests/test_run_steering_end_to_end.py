@@ -17,7 +17,7 @@ def test_run_with_steering_writes_d2_and_d3(tiny_llama_dir: Path, tmp_path: Path
     out = tmp_path / "run"
     result = subprocess.run(
         [*DRIVER, "run", "--model", str(tiny_llama_dir), "--corpus-size", "tiny", "--concepts", ",".join(CONCEPTS),
-         "--strategies", "A1_mean,P1_last,W2_last_k", "--bootstrap", "100", "--torch-threads", "1",
+         "--strategies", "A1_mean,P1_last,W2_last_k", "--n-bootstrap", "100", "--torch-threads", "1",
          "--store", str(tmp_path / "store"), "--out", str(out), "--allow-weak-scorer", "--log-samples"],
         capture_output=True, text=True, timeout=900,
         env={**os.environ, "POOLBENCH_CACHE": str(tmp_path / "cache")})

@@ -164,11 +164,10 @@ def test_cli_bias_same_checkpoint_is_zero_and_bad_lists_are_named(tiny_model: Pa
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     app.command("bias")(bias)
     app.command("other")(lambda: None)  # two commands: keep `bias` a subcommand, as in the driver
-    out = tmp_path / "bias.json"
     result = CliRunner().invoke(app, ["bias", "--before", str(tiny_model), "--after", str(tiny_model),
-                                      "--layer", "1", "--bootstrap", "200", "--out", str(out)])
+                                      "--layer", "1", "--n-bootstrap", "200", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    doc = json.loads(out.read_text())
+    doc = json.loads((tmp_path / "results.json").read_text())
     assert doc["results"]["delta_var"] == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0, "excludes_zero": False}
     assert doc["config"]["layer"] == 1 and len(doc["results"]["words"]) == 24 and doc["git"]
     (tmp_path / "none.txt").write_text("# no words\n")

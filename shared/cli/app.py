@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from poolbench.cli.calibrate import calibrate
 from poolbench.cli.cebench import bias, cebench, sae_train
 from poolbench.cli.findings import findings
 from poolbench.cli.listing import list_app
+from poolbench.cli.options import DEFAULT_RUN, RenamingGroup, out_folder
+from poolbench.cli.progress import LineProgress
 from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
 from poolbench.cli.steering import serve_scorers, steer, train_scorers
@@ -38,7 +40,12 @@ from poolbench.records.events import (
     SteeringPlanned,
 )
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes inside remote tracebacks Ray forwards
+
+app = typer.Typer(cls=RenamingGroup, add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="PoolBench: which pooling strategy captures a concept, at which layer.")
 model_app = typer.Typer(no_args_is_help=True, help="Models: build the embedded default.")
 corpus_app = typer.Typer(no_args_is_help=True, help="Corpora: write the embedded corpus to a folder.")
@@ -99,7 +106,7 @@ def run(
     strategies: Annotated[list[str] | None, typer.Option(help="strategy ids (comma list); default all")] = None,
     strategy_module: Annotated[list[Path] | None, typer.Option(help="a .py file registering strategies")] = None,
     store: Annotated[str | None, typer.Option(help="artifact store: a folder or s3://bucket/prefix")] = None,
-    out: Annotated[Path, typer.Option("--out", "--output-path", help="where results.json goes")] = Path("runs/latest"),
+    out: Annotated[Path, typer.Option(help="run folder: results.json, leaderboard.json go here")] = DEFAULT_RUN,
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1")] = "auto",
     batch_size: Annotated[int, typer.Option(help="passages per forward pass")] = 32,
@@ -109,7 +116,7 @@ def run(
     limit: Annotated[int | None, typer.Option(help="at most N passages per split and class")] = None,
     seed: Annotated[int, typer.Option(help="seed for folds, probes and bootstrap")] = 0,
     folds: Annotated[int, typer.Option(help="cross-validation folds")] = 5,
-    bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for CIs")] = 1000,
+    n_bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for CIs")] = 1000,
     address: Annotated[str | None, typer.Option(help="Ray address to join ('auto'); default: local Ray")] = None,
     num_workers: Annotated[int | None, typer.Option(help="extractor workers (default: one per GPU, else 1)")] = None,
     torch_threads: Annotated[int | None, typer.Option(help="torch threads per CPU worker")] = None,
@@ -144,7 +151,7 @@ def run(
             layers=_layers(layers),
             strategies=_split(strategies), store=store, out=str(out), batch_size=batch_size,
             max_batch_tokens=max_batch_tokens,
-            max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=bootstrap,
+            max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=n_bootstrap,
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
             allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash, store_dtype=store_dtype,
@@ -155,8 +162,7 @@ def run(
     except ValueError as exc:
         raise PoolBenchError(f"--layers: {exc}") from None
 
-    with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=console) as progress:
+    with run_progress() as progress:
         results = evaluate_config(cfg, on_event=RunDisplay(progress).show, log_samples=log_samples,
                                   strategy_modules=tuple(str(p) for p in strategy_module or ()))
     _print_leaderboard(results.leaderboard)
@@ -177,12 +183,22 @@ def _print_answer(document: dict, leaderboard: dict) -> None:
     console.print(answer_text(build_answer(document, leaderboard)), soft_wrap=True, highlight=False, markup=False)
 
 
-class RunDisplay:
-    """Renders the driver's run events as progress bars, by event type."""
+def run_progress() -> Progress | LineProgress:
+    """Bars on a terminal; one plain line per stage step when stdout is a pipe or a file (CI logs)."""
+    if not console.is_terminal:
+        return LineProgress(sys.stdout)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    def __init__(self, progress: Progress) -> None:
+    return Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=console)
+
+
+class RunDisplay:
+    """Renders the driver's run events as progress bars (or plain lines), by event type."""
+
+    def __init__(self, progress: Progress | LineProgress) -> None:
         self.progress = progress
-        self.tasks: dict[str, TaskID] = {}
+        self.tasks: dict[str, int] = {}
 
     def show(self, event: RunEvent) -> None:
         bar = self.progress.update
@@ -230,7 +246,9 @@ def _print_leaderboard(leaderboard: dict) -> None:
 
 
 @app.command()
-def leaderboard(run_dir: Annotated[Path, typer.Argument(help="a run's --out folder")]) -> None:
+def leaderboard(
+    run_dir: Annotated[Path, typer.Option("--run", help="a finished run's --out folder")] = DEFAULT_RUN,
+) -> None:
     """Print the leaderboard of a finished run."""
     path = run_dir / "leaderboard.json"
     if not path.is_file():
@@ -267,7 +285,7 @@ def validate_corpus_cmd(
 
 @corpus_app.command("build")
 def corpus_build(
-    out: Annotated[Path, typer.Option(help="folder to write the PoolBench layout into")],
+    out: Annotated[Path, typer.Option(help="corpus folder to write the PoolBench layout into")],
     size: Annotated[str, typer.Option(help="tiny, small or full")] = "small",
     seed: Annotated[int, typer.Option(help="generator seed")] = 0,
 ) -> None:
@@ -303,9 +321,10 @@ def model_build(
 def export_submission(
     strategy: Annotated[str, typer.Option(help="strategy id, e.g. A1_mean")],
     model_key: Annotated[str, typer.Option(help="llama3_8b, gemma2_9b, mistral_7b, qwen25_7b, ...")],
-    run_dir: Annotated[Path, typer.Option("--run", help="a finished run's --out folder")] = Path("runs/latest"),
+    run_dir: Annotated[Path, typer.Option("--run", help="a finished run's --out folder")] = DEFAULT_RUN,
     source: Annotated[str, typer.Option(help="community, or published (implements a paper)")] = "community",
-    out: Annotated[Path | None, typer.Option(help="file to write; default <run>/submission_<strategy>.json")] = None,
+    out: Annotated[Path | None, typer.Option(help="folder for submission_<strategy>.json; default the run folder")]
+    = None,
 ) -> None:
     """Write one strategy's results in the PoolBench community-submission format."""
     from poolbench.results.document import write_json_atomic
@@ -319,7 +338,7 @@ def export_submission(
     if strategy not in info:
         raise PoolBenchError(f"strategy '{strategy}' was not run in {run_dir} (ran: {', '.join(info)})")
     submission = build_submission(json.loads(lb_path.read_text()), strategy, model_key, source, info[strategy])
-    target = out or run_dir / f"submission_{strategy}.json"
+    target = (out_folder(out) if out is not None else run_dir) / f"submission_{strategy}.json"
     write_json_atomic(target, submission.model_dump(mode="json"))
     console.print(f"wrote {target}")
 
@@ -341,6 +360,18 @@ def main() -> None:
     except PoolBenchError as exc:
         # An error raised inside a Ray worker arrives wrapped (RayTaskError): show the worker's own line.
         cause = getattr(exc, "cause", None)
-        message = str(cause if isinstance(cause, PoolBenchError) else exc).strip().splitlines()[0]
-        err_console.print(f"error: {message}", highlight=False, markup=False, soft_wrap=True)
-        sys.exit(1)
+        fail(str(cause if isinstance(cause, PoolBenchError) else exc))
+    except Exception as exc:
+        if not type(exc).__module__.startswith("ray."):
+            raise
+        from poolbench.driver.work_queue import worker_death_cause
+
+        fail(f"a Ray worker failed: {worker_death_cause(getattr(exc, 'cause', None) or exc)}")
+
+
+def fail(message: str) -> None:
+    """One line on stderr, colour codes from remote tracebacks removed, and exit 1."""
+    text = ANSI.sub("", message).strip()
+    err_console.print(f"error: {text.splitlines()[0] if text else 'failed'}", highlight=False, markup=False,
+                      soft_wrap=True)
+    sys.exit(1)

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.atomic_write import write_json_atomic
+from poolbench.cli.options import out_folder
 from poolbench.config import EMBEDDED
 from poolbench.errors import PoolBenchError
 
@@ -37,14 +38,14 @@ def calibrate(
     store: Annotated[str | None, typer.Option(help="artifact store: a folder or s3://bucket/prefix")] = None,
     batch_size: Annotated[int, typer.Option(help="passages per forward pass")] = 32,
     seed: Annotated[int, typer.Option(help="seed for probes and bootstrap")] = 0,
-    bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for the gap CIs")] = 1000,
-    out: Annotated[Path | None, typer.Option(help="also write the report as JSON here")] = None,
+    n_bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for the gap CIs")] = 1000,
+    out: Annotated[Path | None, typer.Option(help="also write calibration.json into this folder")] = None,
 ) -> None:
     """Known-answer calibration: planted signals whose winning pooling is known; each expectation held or not."""
     from poolbench.driver.calibration import run_calibration
 
     report = run_calibration(model, layer=layer, model_args=_model_args(model_args), dtype=dtype, device=device,
-                             store=store, batch_size=batch_size, seed=seed, n_bootstrap=bootstrap)
+                             store=store, batch_size=batch_size, seed=seed, n_bootstrap=n_bootstrap)
     table = Table(title=f"Calibration of {report['model']['model_id']} at layer {report['layer']} "
                         f"(held-out AUROC gap, {report['ci_level']:.0%} CI over matched pairs)")
     for column in ("expectation", "AUROC", "versus", "gap", "CI", "result"):
@@ -58,5 +59,6 @@ def calibrate(
                       style=None if row["held"] else "red")
     console.print(table)
     if out is not None:
-        write_json_atomic(out, report)
-        console.print(f"wrote {out}")
+        target = out_folder(out) / "calibration.json"
+        write_json_atomic(target, report)
+        console.print(f"wrote {target}")

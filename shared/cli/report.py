@@ -6,21 +6,29 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from poolbench.results.report import write_report
-
-console = Console()
+from poolbench.cli.options import DEFAULT_RUN
 
 
-def report(run_dir: Annotated[Path, typer.Argument(help="a run's --out folder, or a folder of run folders")],
-           html: Annotated[Path, typer.Option("--html", help="where to write the self-contained page")] = Path(
-               "report.html"),
+def report_target(html: Path | None, run_dir: Path) -> Path:
+    """`--html` is a folder that gets report.html (default: the run folder); a path ending in .html is the page."""
+    folder = run_dir if html is None else html
+    return folder if folder.suffix == ".html" else folder / "report.html"
+
+
+def report(run: Annotated[Path, typer.Option(help="a run's --out folder, or a folder of run folders")] = DEFAULT_RUN,
+           html: Annotated[Path | None, typer.Option(
+               "--html", help="folder to write report.html into", show_default="the run folder")] = None,
            store: Annotated[str | None, typer.Option(
                help="where the runs' generations are (default: the store each run recorded); gives the D2 "
                     "per-alpha intervals")] = None) -> None:
     """Write a self-contained HTML report: run summary, leaderboard with CIs and tie groups, CD diagram, D1 heatmap,
     layer curves, fallback cells, per-concept D1, D2/D3 tables and alpha curves, scorer validity, strategy
     definitions."""
-    figures = write_report(run_dir, html, store)
-    console.print(f"wrote {html} ({len(figures)} figures: {', '.join(f.fig_id for f in figures)})")
+    from rich.console import Console
+
+    from poolbench.results.report import write_report
+
+    target = report_target(html, run)
+    figures = write_report(run, target, store)
+    Console().print(f"wrote {target} ({len(figures)} figures: {', '.join(f.fig_id for f in figures)})")

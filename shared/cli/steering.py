@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.atomic_write import write_json_atomic
+from poolbench.cli.options import out_folder
 from poolbench.config import EMBEDDED, default_store_url
 from poolbench.errors import PoolBenchError
 
@@ -82,7 +83,7 @@ def steer(
     seed: Annotated[int, typer.Option(help="seed for prompt seeds, halves and bootstrap")] = 0,
     prompt_format: Annotated[str, typer.Option(help="auto (chat template if the tokenizer has one), chat, plain")]
         = "auto",
-    out: Annotated[Path, typer.Option(help="where the D2/D3 JSON goes")] = Path("runs/steer.json"),
+    out: Annotated[Path, typer.Option(help="folder for steer.json (D2/D3)")] = Path("runs/steer"),
 ) -> None:
     """D2 and D3 for one (concept, strategy, layer) cell: steer, score, and print SCP, Delta, Disent."""
     from poolbench.steerer.backend import GenerationSettings
@@ -108,8 +109,9 @@ def steer(
         console.print(f"D3 {r.relation} {r.neighbour}: Disent {_fmt(r.disent)} "
                       f"(raw {_fmt(r.disent_raw)}) rep {_fmt(r.d3_rep)}"
                       + (f"  null: {r.disent_null_reason}" if r.disent_null_reason else ""))
-    write_json_atomic(out, result.to_dict())
-    console.print(f"wrote {out}")
+    target = out_folder(out) / "steer.json"
+    write_json_atomic(target, result.to_dict())
+    console.print(f"wrote {target}")
 
 
 def serve_scorers(
@@ -121,15 +123,19 @@ def serve_scorers(
     host: Annotated[str, typer.Option(help="bind address")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="HTTP port")] = 8000,
     allow_weak_scorer: Annotated[bool, typer.Option(help="serve scorers with held-out AUROC < 0.7")] = False,
+    token: Annotated[str | None, typer.Option(
+        envvar="POOLBENCH_TOKEN", show_envvar=True,
+        help="bearer token every request but /healthz must carry (>= 16 characters); needed beyond loopback")]
+    = None,
 ) -> None:
     """Serve POST /score {concept, texts} (the one PoolBench HTTP app, no LM) on host:port until interrupted."""
     import time
 
-    import ray
-
-    from poolbench.http.app import ServiceSettings, scorers_of_run, start_serve
+    from poolbench.driver.local_ray import LOOPBACK_RUNTIME_ENV, init_local_ray
+    from poolbench.http.app import ServiceSettings, check_exposure, scorers_of_run, start_serve, with_token
     from poolbench.store.url import open_store
 
+    check_exposure(host, with_token(ServiceSettings(models=()), token).token)  # before any scorer trains
     if run is not None:
         settings = ServiceSettings(models=(), **scorers_of_run(run))
     else:
@@ -141,7 +147,8 @@ def serve_scorers(
         scorers = ensure_scorers(open_store(url_store), source, source.concepts, allow_weak=allow_weak_scorer)
         settings = ServiceSettings(models=(), scorer_store=url_store,
                                    scorer_keys={c: s.info["key"] for c, s in scorers.items()})
-    ray.init(address="local", include_dashboard=False, logging_level="ERROR")
+    settings = with_token(settings, token)
+    init_local_ray(log_to_driver=True, runtime_env=LOOPBACK_RUNTIME_ENV)
     url = start_serve(settings, host=host, port=port)
     console.print(f"serving POST {url}/score for {', '.join(settings.scorer_concepts)}")
     while True:

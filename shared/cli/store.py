@@ -8,7 +8,6 @@ import typer
 from rich.console import Console
 
 from poolbench.errors import PoolBenchError
-from poolbench.store.url import open_store
 
 console = Console()
 
@@ -21,6 +20,8 @@ def verify(
     = False,
 ) -> None:
     """Verify every artifact; exits 1 when one is corrupt (0 once all are whole or quarantined)."""
+    from poolbench.store.url import open_store
+
     artifacts = open_store(store)
     n = len([k for k in artifacts.list(prefix) if not k.startswith("quarantine/")])
     bad = artifacts.verify(prefix, quarantine=quarantine)

@@ -33,8 +33,19 @@ def up(
     steering_backend: Annotated[str, typer.Option(
         help="/generate on transformers or vllm (a GPU per replica, extra [gpu])")] = "transformers",
     state: State = STATE_DIR,
+    token: Annotated[str | None, typer.Option(
+        envvar="POOLBENCH_TOKEN", show_envvar=True,
+        help="bearer token the HTTP app requires (>= 16 characters); needed when --host is beyond loopback")] = None,
 ) -> None:
     """Start our own Ray head, the HTTP app into it only, and an S3 server for an s3:// store."""
+    import os
+
+    from poolbench.http.app import TOKEN_ENV, ServiceSettings, check_exposure, with_token
+
+    if serve:
+        check_exposure(host, with_token(ServiceSettings(models=()), token).token)
+    if token:
+        os.environ[TOKEN_ENV] = token  # the deploy session inherits it; never on a command line
     info = cluster_up(ray_port=ray_port, ray_host=ray_host, serve_port=serve_port, host=host, s3_port=s3_port,
                       store=store, models=models.split(","), num_cpus=num_cpus, state=state, serve=serve, run=run,
                       steering_backend=steering_backend)

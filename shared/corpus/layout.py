@@ -59,6 +59,10 @@ def read_manifest(root: Path | str) -> dict:
     return manifest
 
 
+MAX_TEXT_CHARS = 100_000
+"""A passage longer than this is refused, not silently cut to the model's window after minutes of tokenising."""
+
+
 def file_stem(split: str, label: int) -> str:
     """The file a passage of this split and label belongs in, e.g. `train_pos`."""
     return f"{split}_{LABEL_NAMES[label]}"
@@ -77,6 +81,9 @@ def schema_problems(record: object) -> list[tuple[str | None, str]]:
         if isinstance(value, bool) or not isinstance(value, types):
             wanted = " or ".join("null" if t is type(None) else t.__name__ for t in types)
             problems.append((name, f"expected {wanted}, got {type(value).__name__} {value!r:.40}"))
+    text = record.get("text")
+    if isinstance(text, str) and len(text) > MAX_TEXT_CHARS:
+        problems.append(("text", f"{len(text):,} characters, at most {MAX_TEXT_CHARS:,} (split the passage)"))
     for name, types in OPTIONAL_FIELD_TYPES.items():
         value = record.get(name)
         if value is None:
@@ -102,9 +109,22 @@ def passage_from_record(record: Mapping, concept: str) -> Passage:
 
 
 def iter_jsonl(path: Path) -> Iterator[tuple[int, object | None, str | None]]:
-    """Yield (line number, parsed record, JSON error) for each non-blank line of `path`."""
-    with path.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, start=1):
+    """Yield (line number, parsed record, JSON error) for each non-blank line of `path`; a byte that is not UTF-8
+    is the last error yielded (naming its byte offset in the file): nothing after it can be read reliably."""
+    offset = 0
+    try:
+        fh = path.open("rb")
+    except OSError as exc:
+        raise CorpusError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    with fh:
+        for line_no, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield line_no, None, (f"byte 0x{raw[exc.start]:02x} at byte offset {offset + exc.start} is not "
+                                      "UTF-8 (save the file as UTF-8)")
+                return
+            offset += len(raw)
             if not line.strip():
                 continue
             try:
@@ -113,11 +133,39 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, object | None, str | None]]:
                 yield line_no, None, f"invalid JSON ({exc.msg} at column {exc.colno})"
 
 
+def link_problem(path: Path) -> str | None:
+    """Why a symlink cannot be followed (a loop, a dangling target), or None: so it is not read as 'missing'."""
+    if not path.is_symlink():
+        return None
+    try:
+        path.resolve(strict=True)
+    except FileNotFoundError:
+        return f"broken symlink (to {os.readlink(path)})"
+    except (RuntimeError, OSError):
+        return "symlink loop"
+    return None
+
+
 def discover_concepts(root: Path) -> list[str]:
-    """Concept folders under `root`: every non-hidden subdirectory, sorted."""
+    """Concept folders under `root`: every non-hidden subdirectory holding at least one of the four files, sorted;
+    a stray folder (none of them) or an unfollowable symlink is refused by name, never counted as a concept."""
     if not root.is_dir():
         raise CorpusError(f"corpus root {root} is not a directory")
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith((".", "_")))
+    concepts = []
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith((".", "_")):
+            continue
+        problem = link_problem(entry)
+        if problem:
+            raise CorpusError(f"{entry}: {problem} at the corpus root")
+        if not entry.is_dir():
+            continue
+        if not any((entry / f"{stem}.jsonl").exists() or (entry / f"{stem}.jsonl").is_symlink()
+                   for stem in FILE_STEMS):
+            raise CorpusError(f"{entry}: stray folder at the corpus root (none of {', '.join(FILE_STEMS)}.jsonl); "
+                              "move it out or prefix its name with '_' to skip it")
+        concepts.append(entry.name)
+    return concepts
 
 
 def canonical_record(record: Mapping) -> str:
@@ -131,6 +179,9 @@ def _read_concept(root: Path, concept: str) -> tuple[list[Passage], str]:
     passages: list[Passage] = []
     for stem in FILE_STEMS:
         path = root / concept / f"{stem}.jsonl"
+        problem = link_problem(path)
+        if problem:
+            raise CorpusError(f"{path}: {problem}")
         if not path.is_file():
             raise CorpusError(f"{path}: missing file")
         digest.update(f"file:{stem}\n".encode())

@@ -23,6 +23,7 @@ from poolbench.corpus.layout import (
     OPTIONAL_FIELD_TYPES,
     discover_concepts,
     iter_jsonl,
+    link_problem,
     read_manifest,
     schema_problems,
 )
@@ -87,7 +88,7 @@ def _read_rows(root: Path, concept: str, findings: list[Finding], lines: Counter
         rel = f"{concept}/{stem}.jsonl"
         path = root / rel
         if not path.is_file():
-            findings.append(Finding("error", rel, None, None, "missing file"))
+            findings.append(Finding("error", rel, None, None, link_problem(path) or "missing file"))
             continue
         for line_no, record, error in iter_jsonl(path):
             lines[stem] += 1

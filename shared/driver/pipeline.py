@@ -15,6 +15,7 @@ from poolbench.corpus.layout import Corpus
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import limit_passages, open_corpus, passages_digest
 from poolbench.corpus.validation import validate_corpus
+from poolbench.driver.local_ray import init_local_ray
 from poolbench.errors import CorpusError, PoolBenchError
 from poolbench.extractor.loading import check_model_reference, local_model_dir, model_ready
 from poolbench.pooler.concept_pooling import POOL_VERSION
@@ -101,7 +102,10 @@ def connect_ray(address: str | None) -> None:
     if ray.is_initialized():
         return
     try:
-        ray.init(address=address or "local", include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        if address in (None, "local"):
+            init_local_ray()
+        else:
+            ray.init(address=address, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     except ConnectionError as exc:
         raise PoolBenchError(f"Ray address '{address}' does not answer: {exc}".splitlines()[0]) from exc
 

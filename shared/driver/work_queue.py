@@ -7,6 +7,7 @@ task) and never kills its actors; this queue does both, so no stage carries its 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -45,8 +46,22 @@ Job = ActorJob[K] | TaskJob[K]
 FollowUp = Callable[[K, Any], Iterable[Job[K]]]
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_RAISED = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b.*?: .+")
+
+
 def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
+    lines = ANSI.sub("", str(error)).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+def worker_death_cause(error: BaseException) -> str:
+    """The worker's own exception line ("OSError: config.json: ...") from a Ray actor-death message, which carries
+    the remote traceback as text with colour codes; its first line when there is none."""
+    lines = [line.strip() for line in ANSI.sub("", str(error)).splitlines() if line.strip()]
+    raised = [line for line in lines if _RAISED.match(line)]
+    if raised:
+        return raised[-1]
     return lines[0] if lines else type(error).__name__
 
 
@@ -61,6 +76,8 @@ def fetch(ref: ray.ObjectRef, what: object) -> Any:
         detail = f"{type(cause).__name__}: {_first_line(cause)}" if cause is not None else _first_line(exc)
         raise WorkQueueError(f"{what} failed: {detail}") from exc
     except RayActorError as exc:
+        if "creation task" in str(exc):
+            raise WorkQueueError(f"{what} failed: its worker could not start: {worker_death_cause(exc)}") from exc
         raise WorkQueueError(f"{what} failed: its worker died ({_first_line(exc)})") from exc
 
 

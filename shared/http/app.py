@@ -10,7 +10,10 @@ core. Hooks are request-local as well (poolbench.extractor.hook_points); /probe'
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -28,11 +31,14 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from poolbench.config import default_store_url
 from poolbench.errors import PoolBenchError
 
+from .admission import Admission
 from .body_limit import BodyLimit
 
 APP_NAME = "poolbench"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
+TOKEN_ENV = "POOLBENCH_TOKEN"
+OPEN_PATHS = ("/healthz",)  # answered without the bearer token: liveness checks carry no secret
 
 
 class RequestError(PoolBenchError):
@@ -65,12 +71,18 @@ class ServiceSettings(BaseModel):
     max_new_tokens: int = Field(64, ge=1)
     max_bootstrap: int = Field(2000, ge=0)
     max_loaded_models: int = Field(2, ge=1)
-    max_ongoing_requests: int = Field(32, ge=1)  # per replica; more wait in Serve's queue
+    max_working: int = Field(8, ge=1)  # requests inside a replica at once: enough to fill a batch, few threads
+    max_queued: int = Field(32, ge=0)  # requests waiting for a slot; beyond that 503 with Retry-After
+    batch_wait_s: float = Field(0.01, ge=0)  # how long /pool and /score wait to fill a batch
+    batching: bool = False  # @serve.batch for /pool and /score: only inside a Serve replica (serve_application)
     batch_size: int = Field(16, ge=1)
     max_length: int = Field(256, ge=8)
     device: str = "auto"
     dtype: str = "auto"
     steering_backend: Literal["transformers", "vllm"] = "transformers"  # vllm: /generate on a vLLM engine (GPU)
+
+
+    token: str | None = Field(None, min_length=16, repr=False, exclude=True)  # bearer token; None: no auth
 
     @model_validator(mode="after")
     def _one_source_per_concept(self) -> ServiceSettings:
@@ -429,8 +441,8 @@ def limits_description(settings: ServiceSettings) -> str:
         "- every number must be finite: NaN and Infinity are refused with 422\n"
         f"- models: {', '.join(settings.models) or 'none'} (others: 404); "
         f"scorers: {', '.join(settings.scorer_concepts) or 'none'} (others: 404)\n"
-        f"- at most {settings.max_ongoing_requests} requests in flight per replica; each model serves one "
-        "request at a time, the rest wait")
+        f"- per replica at most {settings.max_working} requests work at once and {settings.max_queued} wait; "
+        "beyond that: 503 with Retry-After (seconds)")
 
 
 def _schema_limits(settings: ServiceSettings) -> dict[str, dict[str, dict]]:
@@ -482,10 +494,76 @@ class SteeringEngines:
             return self._engines[model]
 
 
+def is_loopback_host(host: str) -> bool:
+    """127.0.0.0/8, ::1 and localhost: nobody else on the network can connect there."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(host: str, token: str | None) -> None:
+    """Refuse, in one line, to listen beyond loopback with no token: the models would be open to the network."""
+    if token is None and not is_loopback_host(host):
+        raise ServiceConfigError(f"refusing to serve on {host} without a bearer token: pass --token or set "
+                                 f"{TOKEN_ENV} (or listen on 127.0.0.1)")
+
+
+def with_token(settings: ServiceSettings, token: str | None) -> ServiceSettings:
+    """The settings with this bearer token (at least 16 characters), or one line saying why not."""
+    if token is not None and len(token) < 16:
+        raise ServiceConfigError(f"the bearer token has {len(token)} characters; use at least 16 "
+                                 "(e.g. python -c 'import secrets; print(secrets.token_hex(16))')")
+    return settings.model_copy(update={"token": token})
+
+
+def bearer_ok(header: str | None, token: str) -> bool:
+    scheme, _, given = (header or "").partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(given.strip().encode(), token.encode())
+
+
+def _answer(result):
+    """A batched call's answer, or its error raised for the exception handlers."""
+    if isinstance(result, PoolBenchError):
+        raise result
+    return result
+
+
+def _batched(many, settings: ServiceSettings):
+    """`many` (a list of requests -> their answers, blocking) as an awaitable of one request: `@serve.batch`
+    inside a Serve replica (concurrent requests share one thread hop and lock hold), one request elsewhere."""
+    from starlette.concurrency import run_in_threadpool
+
+    if not settings.batching:
+        async def one(req):
+            return (await run_in_threadpool(many, [req]))[0]
+
+        return one
+    from ray import serve
+
+    @serve.batch(max_batch_size=settings.batch_size, batch_wait_timeout_s=settings.batch_wait_s)
+    async def batch(reqs: list) -> list:
+        return await run_in_threadpool(many, reqs)
+
+    return batch
+
+
 def build_api(settings: ServiceSettings) -> FastAPI:
     """The FastAPI app (usable without Ray: tests and `uvicorn` can mount it directly)."""
     api = FastAPI(title="PoolBench", version="1", description=limits_description(settings))
     api.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    api.add_middleware(Admission, workers=settings.max_working, queue=settings.max_queued, open_paths=OPEN_PATHS)
+    if settings.token is not None:
+        token = settings.token
+
+        @api.middleware("http")
+        async def require_token(request: Request, call_next):  # added last: runs before the body is read
+            if request.url.path in OPEN_PATHS or bearer_ok(request.headers.get("authorization"), token):
+                return await call_next(request)
+            return JSONResponse(status_code=401, content={"detail": "missing or wrong bearer token"},
+                                headers={"WWW-Authenticate": "Bearer"})
     models = ModelCache(settings)
     engines = SteeringEngines(settings)
     scorers = ScorerCache(settings)
@@ -526,24 +604,68 @@ def build_api(settings: ServiceSettings) -> FastAPI:
         return Health(status="ok", models=list(settings.models), scorers=settings.scorer_concepts,
                       vectors=sorted(settings.pooled_keys))
 
-    @api.post("/pool", responses=_ERRORS)
-    def pool(req: PoolRequest) -> PoolResponse:
-        """Pooled vectors of `texts` at one layer with one strategy, in input order."""
+    def pool_many(reqs: list[PoolRequest]) -> list[PoolResponse | PoolBenchError]:
+        """A batch of /pool requests under one hold of each model's lock, one thread hop for all. Each request keeps
+        its own forward pass: pooling texts of several requests together changes their vectors (padding; by up to
+        0.06 in the embedded model's bfloat16, 1.5e-4 in float32), and an answer must not depend on its neighbours."""
         from poolbench.pooler.pooled_table import PooledTableView
 
+        out: list[PoolResponse | PoolBenchError | None] = [None] * len(reqs)
+        by_model: dict[str, list[int]] = {}
+        for i, r in enumerate(reqs):
+            by_model.setdefault(r.model, []).append(i)
+        for model, members in by_model.items():
+            try:
+                with models.use(model) as loaded:
+                    for i in members:
+                        req, started, n = reqs[i], time.perf_counter(), len(reqs[i].texts)
+                        try:
+                            strategy = _spec(req.strategy).id
+                            table = _pool(loaded, settings, req.texts, [0] * n, ["test"] * n, [None] * n, req.layer,
+                                          strategy).pooled
+                        except PoolBenchError as exc:
+                            out[i] = exc
+                            continue
+                        cell = PooledTableView(table).matrix(req.layer, strategy)
+                        order = np.argsort([int(p[1:]) for p in cell.passage_ids])
+                        out[i] = PoolResponse(model_id=loaded.model_id, layer=req.layer, strategy=strategy,
+                                              dim=int(cell.X.shape[1]), vectors=cell.X[order].astype(float).tolist(),
+                                              fallback=cell.fallback[order].tolist(),
+                                              seconds=time.perf_counter() - started)
+            except PoolBenchError as exc:  # the model is not served or does not load: every request for it
+                for i in members:
+                    out[i] = exc
+        return out  # type: ignore[return-value]
+
+    def score_many(reqs: list[ScoreRequest]) -> list[ScoreResponse | PoolBenchError]:
+        """A batch of /score requests under one hold of each scorer's lock; each request scored on its own, as its
+        answer alone would be (the scorer pads by length within a call)."""
+        out: list[ScoreResponse | PoolBenchError | None] = [None] * len(reqs)
+        by_concept: dict[str, list[int]] = {}
+        for i, r in enumerate(reqs):
+            by_concept.setdefault(r.concept, []).append(i)
+        for concept, members in by_concept.items():
+            try:
+                with scorers.use(concept) as scorer:
+                    for i in members:
+                        out[i] = ScoreResponse(concept=concept, scores=scorer.score(reqs[i].texts).tolist(),
+                                               heldout_auroc=scorer.info.get("heldout_auroc"))
+            except PoolBenchError as exc:
+                for i in members:
+                    out[i] = exc
+        return out  # type: ignore[return-value]
+
+    pool_batched, score_batched = _batched(pool_many, settings), _batched(score_many, settings)
+
+    @api.post("/pool", responses=_ERRORS)
+    async def pool(req: PoolRequest) -> PoolResponse:
+        """Pooled vectors of `texts` at one layer with one strategy, in input order (served in a batch with other
+        requests when served by Ray Serve; the answer is the same as alone)."""
         _check_sizes(settings, req.texts, "texts")
         spec = _spec(req.strategy)
         if spec.supervision != "none" or "corpus" in spec.needs:
             raise RequestError(f"strategy: {spec.id} needs labels or corpus statistics; use /probe or a run")
-        started = time.perf_counter()
-        n = len(req.texts)
-        with models.use(req.model) as loaded:
-            table = _pool(loaded, settings, req.texts, [0] * n, ["test"] * n, [None] * n, req.layer, spec.id).pooled
-        cell = PooledTableView(table).matrix(req.layer, spec.id)
-        order = np.argsort([int(p[1:]) for p in cell.passage_ids])
-        return PoolResponse(model_id=loaded.model_id, layer=req.layer, strategy=spec.id, dim=int(cell.X.shape[1]),
-                            vectors=cell.X[order].astype(float).tolist(), fallback=cell.fallback[order].tolist(),
-                            seconds=time.perf_counter() - started)
+        return _answer(await pool_batched(req))
 
     @api.post("/probe", responses=_ERRORS)
     def probe(req: ProbeRequest) -> ProbeResponse:
@@ -568,12 +690,11 @@ def build_api(settings: ServiceSettings) -> FastAPI:
                              seconds=time.perf_counter() - started)
 
     @api.post("/score", responses=_ERRORS)
-    def score(req: ScoreRequest) -> ScoreResponse:
-        """Classifier B's P(concept | text) for each text, from the scorer configured (or run-recorded) for it."""
+    async def score(req: ScoreRequest) -> ScoreResponse:
+        """Classifier B's P(concept | text) for each text, from the scorer configured (or run-recorded) for it
+        (served in a batch with other requests when served by Ray Serve; the answer is the same as alone)."""
         _check_sizes(settings, req.texts, "texts")
-        with scorers.use(req.concept) as scorer:
-            scores = scorer.score(req.texts).tolist()
-        return ScoreResponse(concept=req.concept, scores=scores, heldout_auroc=scorer.info.get("heldout_auroc"))
+        return _answer(await score_batched(req))
 
     @api.post("/generate", responses=_ERRORS)
     def generate(req: GenerateRequest) -> GenerateResponse:
@@ -611,9 +732,12 @@ def serve_application(settings: ServiceSettings, *, num_cpus: float = 1.0):
     from ray import serve
 
     def build() -> FastAPI:
-        return build_api(settings)
+        return build_api(settings.model_copy(update={"batching": True}))
 
-    @serve.deployment(name="PoolBenchIngress", num_replicas=1, max_ongoing_requests=settings.max_ongoing_requests,
+    # Serve forwards every request (a waiting one costs the replica an asyncio task); Admission decides who waits.
+    ongoing = 2 * (settings.max_working + settings.max_queued) + 16
+
+    @serve.deployment(name="PoolBenchIngress", num_replicas=1, max_ongoing_requests=ongoing,
                       ray_actor_options={"num_cpus": num_cpus,
                                          **({"num_gpus": 1} if settings.steering_backend == "vllm" else {})})
     @serve.ingress(build)
@@ -628,6 +752,8 @@ def start_serve(settings: ServiceSettings, *, host: str = DEFAULT_HOST, port: in
     """Start Serve's HTTP proxy on host:port (Ray must be connected) and deploy; returns the base URL."""
     from ray import serve
 
+    settings = with_token(settings, settings.token or os.environ.get(TOKEN_ENV) or None)
+    check_exposure(host, settings.token)
     check_scorers(settings)
     serve.start(http_options={"host": host, "port": port})
     serve.run(serve_application(settings, num_cpus=num_cpus), name=APP_NAME, route_prefix="/", blocking=False)

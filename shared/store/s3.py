@@ -25,6 +25,18 @@ _AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "I
 _CONTENT_TYPES = {SUFFIX_TABLE: "application/vnd.apache.arrow.file", SUFFIX_JSON: "application/json"}
 
 
+DEFAULT_CONNECT_TIMEOUT_S = 2.0
+DEFAULT_READ_TIMEOUT_S = 7.0  # between two reads of a reply, not for the whole transfer
+DEFAULT_RETRIES = 2
+BACKOFF_S = 0.1
+
+
+def worst_case_s(connect_timeout_s: float, read_timeout_s: float, retries: int) -> float:
+    """Every attempt connecting and then waiting its full read timeout, plus urllib3's backoff between them."""
+    backoff = sum(min(BACKOFF_S * 2 ** (n - 1), 120.0) for n in range(2, retries + 1))  # urllib3: none before 2nd
+    return (retries + 1) * (connect_timeout_s + read_timeout_s) + backoff
+
+
 def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
@@ -51,7 +63,7 @@ class S3Store(ArtifactStore):
 
     A single put_object is atomic on S3 (the object appears whole or not at all); directory artifacts rely
     on their manifest being written last. The HTTP client retries only a couple of times with short
-    timeouts, so a dead endpoint fails within seconds instead of minio's default minutes.
+    timeouts, so a dead or hung endpoint fails within `worst_case_s` (under 30 s by default) instead of minutes.
     """
 
     def __init__(
@@ -64,11 +76,12 @@ class S3Store(ArtifactStore):
         secure: bool | None = None,
         region: str = "us-east-1",
         *,
-        connect_timeout_s: float = 2.0,
-        read_timeout_s: float = 60.0,
-        retries: int = 2,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
+        retries: int = DEFAULT_RETRIES,
     ) -> None:
         super().__init__()
+        self.connect_timeout_s, self.read_timeout_s, self.retries = connect_timeout_s, read_timeout_s, retries
         parts = urlsplit(endpoint if "://" in endpoint else f"//{endpoint}")
         if parts.scheme not in ("", "http", "https") or not parts.netloc or parts.path.strip("/"):
             raise StoreError(f"invalid S3 endpoint {endpoint!r}: use http(s)://host:port")
@@ -79,7 +92,7 @@ class S3Store(ArtifactStore):
         http = urllib3.PoolManager(
             timeout=urllib3.Timeout(connect=connect_timeout_s, read=read_timeout_s),
             retries=urllib3.Retry(
-                total=retries, backoff_factor=0.1, status_forcelist=[500, 502, 503, 504]
+                total=retries, backoff_factor=BACKOFF_S, status_forcelist=[500, 502, 503, 504]
             ),
             maxsize=10,
             cert_reqs="CERT_REQUIRED",
@@ -109,6 +122,11 @@ class S3Store(ArtifactStore):
     def describe(self) -> str:
         return f"s3://{self.bucket}/{self.prefix} @ {self.endpoint}"
 
+    @property
+    def worst_case_s(self) -> float:
+        """The longest one call can wait on an endpoint that accepts and never answers."""
+        return worst_case_s(self.connect_timeout_s, self.read_timeout_s, self.retries)
+
     @contextlib.contextmanager
     def _errors(self, doing: str) -> Iterator[None]:
         """Turn SDK / network failures into one-line StoreErrors that name the endpoint or bucket."""
@@ -127,7 +145,9 @@ class S3Store(ArtifactStore):
             ) from exc
         except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
             raise StoreError(
-                f"S3 endpoint {self.endpoint} {_network_failure(exc)} while {doing} (is the server running?)"
+                f"S3 endpoint {self.endpoint} {_network_failure(exc)} while {doing} after {self.retries + 1} "
+                f"attempts (timeouts: connect {self.connect_timeout_s:g} s, read {self.read_timeout_s:g} s; is the "
+                "server running?)"
             ) from exc
         except InvalidResponseError as exc:
             raise StoreError(

@@ -8,7 +8,7 @@ import re
 from poolbench.config import default_store_url
 from poolbench.errors import StoreError
 from poolbench.store.artifact_store import ArtifactStore, LocalStore
-from poolbench.store.s3 import S3Store
+from poolbench.store.s3 import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S, DEFAULT_RETRIES, S3Store
 
 
 def open_store(url: str | os.PathLike[str] | None = None) -> ArtifactStore:
@@ -26,12 +26,28 @@ def open_store(url: str | os.PathLike[str] | None = None) -> ArtifactStore:
         access_key = _required_env("AWS_ACCESS_KEY_ID", "the S3 access key")
         secret_key = _required_env("AWS_SECRET_ACCESS_KEY", "the S3 secret key")
         region = os.environ.get("AWS_REGION") or "us-east-1"
-        return S3Store(bucket, prefix, endpoint, access_key=access_key, secret_key=secret_key, region=region)
+        return S3Store(bucket, prefix, endpoint, access_key=access_key, secret_key=secret_key, region=region,
+                       connect_timeout_s=_number_env("POOLBENCH_S3_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT_S),
+                       read_timeout_s=_number_env("POOLBENCH_S3_READ_TIMEOUT", DEFAULT_READ_TIMEOUT_S),
+                       retries=int(_number_env("POOLBENCH_S3_RETRIES", DEFAULT_RETRIES)))
     if text.startswith("file://"):
         return LocalStore(text[len("file://") :])
     if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", text):
         raise StoreError(f"unsupported store URL {text!r}: use a folder path or s3://bucket/prefix")
     return LocalStore(text)
+
+
+def _number_env(var: str, default: float) -> float:
+    text = os.environ.get(var)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise StoreError(f"{var}={text!r} is not a number") from None
+    if value < 0:
+        raise StoreError(f"{var}={text!r} must be >= 0")
+    return value
 
 
 def _required_env(var: str, what: str) -> str:

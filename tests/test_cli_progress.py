@@ -1,0 +1,45 @@
+"""Piped output of a run: one plain line per stage step with counts and an ETA, no bars, no ANSI, no \\r."""
+
+from __future__ import annotations
+
+import io
+
+from poolbench.cli.app import RunDisplay
+from poolbench.cli.progress import LineProgress
+from poolbench.records.events import ConceptPooled, ConceptProbed, ConceptProgress, RunPlanned
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_run_events_become_plain_lines_with_counts_and_eta():
+    stream, clock = io.StringIO(), Clock()
+    display = RunDisplay(LineProgress(stream, step_pct=25, detail_every_s=30, clock=clock))
+    concepts = tuple(f"c{i}" for i in range(8))
+    display.show(RunPlanned(model_id="m", n_layers=4, hidden_size=8, concepts=concepts, layers=(0, 1),
+                            strategies=("A1_mean",), worker_pids=(1,)))
+    for i, concept in enumerate(concepts):
+        clock.now += 10.0
+        display.show(ConceptProgress(concept=concept, batches=1, passages_done=5, passages_total=10,
+                                     tokens_done=100, seconds=1.0))
+        display.show(ConceptPooled(concept=concept, skipped=i == 0, seconds=10.0))
+    display.show(ConceptProbed(concept="c0", skipped=False))
+    assert "probe D1" not in stream.getvalue()  # 1/8 is below the first 25% step
+    clock.now += 20.0
+    display.show(ConceptProbed(concept="c1", skipped=True))
+    text = stream.getvalue()
+    assert "\x1b" not in text and "\r" not in text
+    pool = [line for line in text.splitlines() if line.startswith("pool:")]
+    # 8 concepts, a line at each 25% step: 2/8, 4/8, 6/8, 8/8; details only every 30 s (t = 10, 40, 70)
+    counted = [line for line in pool if "%)" in line]
+    assert [line.split(" (")[0] for line in counted] == ["pool: 2/8", "pool: 4/8", "pool: 6/8", "pool: 8/8"]
+    assert "20s elapsed, ETA 60s" in counted[0]  # 2 done in 20 s, 6 to go at 10 s each
+    assert "done in 80s" in counted[-1]
+    assert len(pool) - len(counted) == 3
+    assert "probe D1: 2/8 (25%), 1.7min elapsed, ETA 5.0min · c1 (cached)" in text
+    assert text.splitlines()[0].startswith("model m (4 layers, d=8), 8 concepts")

@@ -32,12 +32,6 @@ def config(model: Path, store: str, **overrides) -> RunConfig:
     return RunConfig(**{**base, **overrides})
 
 
-@pytest.fixture
-def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path_factory.getbasetemp() / "poolbench-cache"
-    monkeypatch.setenv("POOLBENCH_CACHE", str(root))
-    return root
-
 
 HELD_PLUGIN = """
 import os

@@ -21,12 +21,6 @@ CONCEPTS = ("hedging", "toxicity")
 STRATEGIES = ("A1_mean", "P1_last", "P2_first")
 
 
-@pytest.fixture
-def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path_factory.getbasetemp() / "poolbench-cache"
-    monkeypatch.setenv("POOLBENCH_CACHE", str(root))
-    return root
-
 
 def config(model: Path, store: str, **overrides) -> RunConfig:
     # Corpus v1: small, nearly separable cells for the tiny model, so the counts below are stable.

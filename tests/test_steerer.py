@@ -4,6 +4,7 @@ steers with rho > 0 and a CI excluding 0, and one-line errors on bad input with 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -300,15 +301,11 @@ def test_unknown_backend_and_encoder_model(tiny_dir):
         SteeringWorker(load_model(str(tiny_dir), device="cpu"), backend="tgi")
 
 
-def test_vllm_backend_without_vllm_says_how_to_install(tiny_dir):
-    try:
-        import vllm  # noqa: F401  # pyright: ignore[reportMissingImports]
-    except ImportError:
-        with pytest.raises(SteeringError, match=r"pip install 'poolbench\[vllm\]'") as err:
-            SteeringWorker(load_model(str(tiny_dir), device="cpu"), backend="vllm")
-        assert "\n" not in str(err.value)
-    else:
-        pytest.skip("vLLM is installed here")
+def test_vllm_backend_without_vllm_says_how_to_install(tiny_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # importing it raises ImportError, installed or not
+    with pytest.raises(SteeringError, match=r"pip install 'poolbench\[vllm\]'") as err:
+        SteeringWorker(load_model(str(tiny_dir), device="cpu"), backend="vllm")
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.gpu

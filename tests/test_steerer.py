@@ -176,7 +176,12 @@ def test_planted_direction_steers_with_positive_scp_and_ci_excluding_zero(worker
     assert d2.per_alpha[0].fluency_ratio == pytest.approx(1.0)
     d3 = {r.relation: r for r in result.d3}
     assert d3["LD"].neighbour == "frustration" and d3["LD"].delta_b is not None
-    assert d3["LD"].disent == pytest.approx(min(1.0, max(0.0, 1 - d3["LD"].delta_b / d3["LD"].delta_a)))
+    # Delta_A from D2's own rows (a separate path): the target score at alpha* minus at alpha 0. The neighbour
+    # scorer counts "dog", a word the direction does not lift: no continuation gains one, Delta_B = 0, so
+    # Disent = 1 - 0 / Delta_A = 1.
+    by_alpha = {r.alpha: r.score for r in d2.per_alpha}
+    assert d3["LD"].delta_a == pytest.approx(by_alpha[d2.alpha_star] - by_alpha[0.0]) and d3["LD"].delta_a > 0
+    assert d3["LD"].delta_b == 0.0 and d3["LD"].disent == 1.0
     assert d3["LC"].disent is None and "no scorer" in d3["LC"].disent_null_reason
     # The store holds the record's dict (it sorts keys on disk); the record writes the producer's key order,
     # and a rerun reads it back.

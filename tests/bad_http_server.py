@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 from collections.abc import Iterator
@@ -35,6 +36,9 @@ def _serve(listener: socket.socket, server: BadServer, mode: str, release: threa
             conn, _ = listener.accept()
         except OSError:  # the listener was closed: the test is over
             break
+        if release.is_set():  # the wake-up connection from bad_http_server's exit
+            conn.close()
+            break
         with server.lock:
             server.connections += 1
         conn.settimeout(30)
@@ -49,12 +53,12 @@ def _serve(listener: socket.socket, server: BadServer, mode: str, release: threa
             continue
         with conn:
             try:
-                while head := _read_head(conn):
-                    with server.lock:
-                        server.requests.append(head.split(b"\r\n")[0])
-                    body = b"<html>internal error</html>"
-                    conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/html\r\n"
-                                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+                head = _read_head(conn)
+                with server.lock:
+                    server.requests.append(head.split(b"\r\n")[0])
+                body = b"<html>internal error</html>"  # one answer a connection, then closed: no idle keep-alive
+                conn.sendall(b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: text/html\r\nConnection: close"
+                             b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
             except OSError:
                 pass
     for conn in held:
@@ -75,5 +79,7 @@ def bad_http_server(mode: str) -> Iterator[BadServer]:
         yield server
     finally:
         release.set()
-        listener.close()
+        with contextlib.suppress(OSError):  # wake the blocked accept(): closing the listener alone does not
+            socket.create_connection(listener.getsockname(), timeout=5).close()
         thread.join(timeout=30)
+        listener.close()

@@ -43,10 +43,14 @@ run: install
 	$(BIN)/poolbench-driver run --out $(RUN_OUT) $(RUN_ARGS)
 
 # The report's browser test needs Debian's chromium. Outside CI a missing browser only skips that test; in CI
-# (CI=true) every non-gpu skip fails the run, so a failed install stops here. The marker means "chromium is there".
+# (CI=true, .ci/run) every skip not marked gpu/slow fails the run, so a failed install stops here, loudly.
+# On a machine with an NVIDIA GPU the `gpu` extra (vLLM) is installed, so the gpu-marked vLLM test runs.
+# The marker means "chromium is there".
 test-deps: $(VENV)/.test-deps
 
 $(VENV)/.test-deps: | install
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(BIN)/pip install -q --disable-pip-version-check -e ".[gpu]" $(EDITABLE); fi
 	command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
 		&& apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || true
 	if command -v chromium >/dev/null 2>&1; then touch $@; \

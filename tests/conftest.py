@@ -1,8 +1,12 @@
 """Shared pytest fixtures. Store fixtures: ``moto_s3`` (one real S3 server per session) and
-``artifact_store`` (each store test runs once on LocalStore and once on S3Store)."""
+``artifact_store`` (each store test runs once on LocalStore and once on S3Store). The whole session, its Ray
+workers and its subprocesses use a temporary POOLBENCH_CACHE: no test reads or writes the user's ~/.cache."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +16,30 @@ from s3_server import MotoServer, s3_store_on
 from poolbench.store.artifact_store import ArtifactStore, LocalStore
 
 pytest_plugins = ["skip_policy"]
+
+_SESSION_CACHE_ENV = "_POOLBENCH_TEST_SESSION_CACHE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before collection: point POOLBENCH_CACHE at a fresh temp dir for the session (removed at its end)."""
+    root = tempfile.mkdtemp(prefix="poolbench-test-cache-")
+    os.environ[_SESSION_CACHE_ENV] = root
+    os.environ["POOLBENCH_CACHE"] = root
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    root = os.environ.pop(_SESSION_CACHE_ENV, None)
+    if root is not None:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def cache(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The session's temp cache (built models and corpora are shared by the tests that use it), set for the test
+    even if an earlier one changed POOLBENCH_CACHE."""
+    root = Path(os.environ[_SESSION_CACHE_ENV])
+    monkeypatch.setenv("POOLBENCH_CACHE", str(root))
+    return root
 
 
 @pytest.fixture(scope="session")

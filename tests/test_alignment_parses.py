@@ -1,11 +1,11 @@
-"""Word-to-token alignment for byte-level BPE, SentencePiece-style and WordPiece tokenizers (and the
-tiny model's, when built), spaCy parses through the real pipeline, the parse cache, and the README
-plugin example."""
+"""Word-to-token alignment for byte-level BPE, SentencePiece-style and WordPiece tokenizers and the tiny model's
+(its recipe's tokenizer, built once per session in the session's temp cache), spaCy parses through the real
+pipeline, the parse cache, and the README's plugin example read from README.md."""
 
 from __future__ import annotations
 
+import functools
 import re
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +16,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from poolbench.config import cache_dir
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.extract import prepare_batches
+from poolbench.extractor.tiny_model import build_tiny_model, tiny_training_texts
 from poolbench.pooler.parses import ParseIndex, batch_parse_extras, cached_parse_table, load_nlp, parse_table
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.registry import get_strategy, load_strategy_module, unregister_strategy
@@ -65,11 +66,19 @@ def wordpiece() -> PreTrainedTokenizerFast:
                                    cls_token="[CLS]", sep_token="[SEP]")
 
 
+@functools.cache
+def tiny_recipe_dir() -> Path:
+    """The tiny model's recipe (same texts, same train split, same tokenizer) with a 1-step, 32-wide model: its
+    tokenizer is the real tiny model's, built in seconds into the session's temp cache, never the user's."""
+    out = cache_dir() / "tiny-tokenizer-recipe"
+    if not out.exists():
+        build_tiny_model(out, tiny_training_texts(), steps=1, hidden_size=32, n_layers=1, n_heads=2,
+                         n_kv_heads=1, intermediate_size=64, warmup_steps=0, max_heldout_sequences=2)
+    return out
+
+
 def tiny() -> PreTrainedTokenizerFast:
-    built = sorted((cache_dir() / "models").glob("embedded-llama-v1-*/tokenizer.json"))
-    if not built:
-        pytest.skip("the tiny model is not built in this cache")
-    return AutoTokenizer.from_pretrained(built[0].parent)
+    return AutoTokenizer.from_pretrained(tiny_recipe_dir())
 
 
 TOKENIZERS = {"bpe_trimmed": lambda: byte_level_bpe(True), "bpe_untrimmed": lambda: byte_level_bpe(False),
@@ -177,36 +186,32 @@ def test_parses_are_cached_by_corpus_hash_and_reused(nlp, tmp_path: Path, monkey
     assert cached and again.equals(first)
 
 
-README_PLUGIN = '''
-import numpy as np
-
-from poolbench.pooler.registry import register_strategy
-from poolbench.pooler.spec import StrategySpec
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def capitalised_weights(ctx):
-    """1 on tokens whose text starts with a capital letter, 0 elsewhere (the pooler normalises)."""
-    weights = np.zeros(ctx.attention_mask.shape, dtype=bool)
-    for b, text in enumerate(ctx.texts):
-        for t, (start, end) in enumerate(ctx.offsets[b]):
-            weights[b, t] = text[start:end].strip()[:1].isupper()
-    return weights
-
-
-register_strategy(StrategySpec(
-    id="X1_capitalised", code="X1", family="other", kind="weights", weights_fn=capitalised_weights,
-    description="Mean of the tokens whose text starts with a capital letter.",
-))
-'''
+def readme_plugin_example() -> str:
+    """The README's strategy-plugin example: its one python block that calls register_strategy."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    plugins = [block for block in blocks if "register_strategy(" in block]
+    assert len(plugins) == 1, f"README.md has {len(plugins)} python blocks calling register_strategy, not 1"
+    return plugins[0]
 
 
 def test_readme_plugin_example_loads_and_pools(tmp_path: Path) -> None:
+    """The example as the README prints it, saved as the file it names and loaded as --strategy-module would:
+    each text pools to the mean position of its tokens that start with a capital letter."""
     path = tmp_path / "my_strategies.py"
-    path.write_text(textwrap.dedent(README_PLUGIN))
+    path.write_text(readme_plugin_example())
     (spec,) = load_strategy_module(path)
     try:
         batch = batch_for(byte_level_bpe(True), "right")
         pooled = pool_tokens(batch, [spec])
         assert not pooled.fallback.any()  # both texts have capitalised words
+        for b, text in enumerate(batch.texts):
+            # Hand-derived: hidden state = token position, so the pooled value is the capitalised positions' mean.
+            capital = [t for t, (start, end) in enumerate(batch.offsets[b])
+                       if batch.attention_mask[b, t] and text[start:end].strip()[:1].isupper()]
+            assert len(capital) >= 2  # Zoë, Bob, Unbelievably / Paris, It
+            assert pooled.vectors[0, 0, b, 0] == pytest.approx(np.mean(capital))
     finally:
         unregister_strategy(spec.id)

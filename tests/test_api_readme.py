@@ -21,12 +21,6 @@ def readme_example() -> str:
     return match.group(1)
 
 
-@pytest.fixture
-def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path_factory.getbasetemp() / "poolbench-cache"
-    monkeypatch.setenv("POOLBENCH_CACHE", str(root))
-    return root
-
 
 def test_the_readme_api_example_runs_and_its_samples_reproduce_d1(tiny_llama_dir, local_ray, cache, tmp_path,
                                                                   capsys):

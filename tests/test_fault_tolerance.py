@@ -7,8 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -34,16 +32,10 @@ def config(model: Path, store: str, **overrides) -> RunConfig:
     return RunConfig(**{**base, **overrides})
 
 
-@pytest.fixture
-def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path_factory.getbasetemp() / "poolbench-cache"
-    monkeypatch.setenv("POOLBENCH_CACHE", str(root))
-    return root
-
 
 HELD_PLUGIN = """
 import os
-import time
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -57,19 +49,18 @@ CALLS = []
 
 def held_mean(ctx):
     \"\"\"A1's weights. Armed, the second batch a worker process pools (so it is mid-task, part of the work
-    done) announces the process and blocks until the test kills it; the restarted worker runs straight on.\"\"\"
+    done) records the process and SIGKILLs it; the restarted worker runs straight on.\"\"\"
     CALLS.append(len(ctx.passage_ids))
     with open(HOOK / "calls", "a") as log:
         log.write(f"{{os.getpid()}}\\n")
-    if len(CALLS) == 2 and (HOOK / "armed").exists() and not (HOOK / "busy").exists():
-        (HOOK / "busy.tmp").write_text(str(os.getpid()))
-        (HOOK / "busy.tmp").rename(HOOK / "busy")
-        time.sleep(300)
+    if len(CALLS) == 2 and (HOOK / "armed").exists() and not (HOOK / "killed").exists():
+        (HOOK / "killed").write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
     return np.ones(ctx.attention_mask.shape)
 
 
 register_strategy(StrategySpec(id="X9_held_mean", code="X9", family="other", kind="weights",
-                               weights_fn=held_mean, description="A1_mean that can hold a worker mid-task."))
+                               weights_fn=held_mean, description="A1_mean that can kill its worker mid-task."))
 """
 
 
@@ -101,32 +92,18 @@ def test_worker_killed_mid_task_is_restarted_and_the_run_matches_an_undisturbed_
     (hook / "armed").touch()
     pids: list[int] = []
     pooled_events: list[str] = []
-    killed: list[int] = []
-    stop = threading.Event()
-
-    def kill_when_busy() -> None:
-        while not stop.is_set() and not (hook / "busy").exists():
-            time.sleep(0.02)
-        if (hook / "busy").exists():
-            pid = int((hook / "busy").read_text())
-            os.kill(pid, signal.SIGKILL)
-            killed.append(pid)
-
     def on_event(event: RunEvent) -> None:
         if isinstance(event, RunPlanned):
             pids.extend(event.worker_pids)
         elif isinstance(event, ConceptPooled):
             pooled_events.append(event.concept)
 
-    watcher = threading.Thread(target=kill_when_busy, daemon=True)
-    watcher.start()
     try:
         stormy = run_benchmark(config(tiny_llama_dir, str(tmp_path / "stormy"), strategies=strategies), on_event,
                                strategy_modules=(str(plugin),))
     finally:
-        stop.set()
-        watcher.join(timeout=10)
         unregister_strategy("X9_held_mean")
+    killed = [int((hook / "killed").read_text())]
     assert killed == [pids[0]]  # the extractor itself, while it held a batch
     calls = [int(line) for line in (hook / "calls").read_text().split()]
     assert calls[:2] == [killed[0], killed[0]]  # one batch pooled, then killed inside the second
@@ -143,40 +120,79 @@ def test_worker_killed_mid_task_is_restarted_and_the_run_matches_an_undisturbed_
                                                   (a[kind], *(layer_shard_key(a[kind], L) for L in stormy.layers)))
 
 
-def pooled_concepts(store_dir: Path) -> int:
+KILL_PLUGIN = """
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+
+from poolbench.pooler.registry import register_strategy
+from poolbench.pooler.spec import StrategySpec
+
+HOOK = Path({hook!r})
+POOLED = Path({pooled!r})
+AFTER = {after}
+
+
+def kill_mean(ctx):
+    \"\"\"A1's weights. Armed (the file holds the driver's process group), the one extractor, on its first batch
+    after AFTER concepts are marked pooled, disarms and SIGKILLs the driver's group and then itself.\"\"\"
+    armed = HOOK / "armed"
+    if armed.exists():
+        done = [p for p in POOLED.glob("*.json") if not p.name.endswith({sidecar!r})]
+        if len(done) == AFTER:
+            group = int(armed.read_text())
+            (HOOK / "killed").write_text(" ".join(sorted(p.name for p in done)))
+            armed.unlink()
+            os.killpg(group, signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+    return np.ones(ctx.attention_mask.shape)
+
+
+register_strategy(StrategySpec(id="X8_kill_mean", code="X8", family="other", kind="weights",
+                               weights_fn=kill_mean, description="A1_mean that can kill the run at a known point."))
+"""
+
+
+def pooled_manifests(store_dir: Path) -> list[str]:
     """Concepts marked pooled: their manifests, written under the concept key after every layer shard."""
-    return len([p for p in (store_dir / "pooled").glob("*.json") if not p.name.endswith(SIDECAR_SUFFIX)])
+    return sorted(p.name for p in (store_dir / "pooled").glob("*.json") if not p.name.endswith(SIDECAR_SUFFIX))
 
 
 def test_killed_driver_resumes_without_recomputing(tiny_llama_dir, cache, tmp_path):
-    store_dir = tmp_path / "store"
-    args = [sys.executable, "-c", "from poolbench.cli.app import main; main()", "run", "--model", str(tiny_llama_dir),
-            "--corpus-size", "tiny", "--concepts", ",".join(MANY), "--strategies", "A1_mean,P1_last",
+    """One extractor pools the concepts in order; a strategy plugin kills the driver's whole process group and
+    its own worker on the first batch after exactly AFTER concepts are marked pooled. The rerun skips exactly
+    those AFTER concepts and pools exactly the rest."""
+    after = 2
+    store_dir, hook = tmp_path / "store", tmp_path / "hook"
+    hook.mkdir()
+    plugin = tmp_path / "kill_strategy.py"
+    plugin.write_text(KILL_PLUGIN.format(hook=str(hook), pooled=str(store_dir / "pooled"), after=after,
+                                         sidecar=SIDECAR_SUFFIX))
+    main = "from poolbench.cli.app import main; main()"
+    # The first run arms the plugin itself, before anything runs: the file holds its own process group.
+    arm = f"import os, pathlib; pathlib.Path({str(hook / 'armed')!r}).write_text(str(os.getpgid(0))); "
+    args = ["run", "--model", str(tiny_llama_dir),
+            "--corpus-size", "tiny", "--concepts", ",".join(MANY), "--strategies", "A1_mean,X8_kill_mean",
+            "--strategy-module", str(plugin), "--num-workers", "1",
             "--store", str(store_dir), "--n-bootstrap", "100", "--no-reliability", "--no-steering",
             "--torch-threads", "1", "--out", str(tmp_path / "out")]
     env = {**os.environ, "POOLBENCH_CACHE": str(cache)}
-    driver = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and not pooled_concepts(store_dir):
-        time.sleep(0.01)
-    os.killpg(driver.pid, signal.SIGKILL)  # the driver and the Ray it started
-    driver.wait(timeout=30)
-    # A Ray worker notices its dead raylet only after it finishes the write it is in: count once nothing changes.
-    done_before, stable_since = -1, time.monotonic()
-    while time.monotonic() - stable_since < 3.0:
-        now = pooled_concepts(store_dir)
-        if now != done_before:
-            done_before, stable_since = now, time.monotonic()
-        time.sleep(0.2)
-    assert 1 <= done_before < len(MANY)
+    driver = subprocess.Popen([sys.executable, "-c", arm + main, *args], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _, stderr = driver.communicate(timeout=600)
+    assert driver.returncode == -signal.SIGKILL, stderr[-2000:]
+    killed_after = (hook / "killed").read_text().split()
+    assert len(killed_after) == after and pooled_manifests(store_dir) == killed_after
     assert not (tmp_path / "out" / "results.json").exists()
 
-    rerun = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-    assert rerun.returncode == 0, rerun.stderr
+    rerun = subprocess.run([sys.executable, "-c", main, *args], env=env, capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
     computed = json.loads((tmp_path / "out" / "results.json").read_text())["computed"]
-    assert computed["pooled_skipped"] == done_before
-    assert computed["pooled"] == len(MANY) - done_before
+    assert computed["pooled_skipped"] == after
+    assert computed["pooled"] == len(MANY) - after
+    assert len(pooled_manifests(store_dir)) == len(MANY)
 
 
 def test_s3_outage_is_one_line_and_a_rerun_completes(tiny_llama_dir, local_ray, cache, tmp_path, monkeypatch):

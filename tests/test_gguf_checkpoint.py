@@ -33,7 +33,8 @@ def gguf_file(tmp_path_factory: pytest.TempPathFactory, source) -> Path:
 
 
 @pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty cache per test (unlike conftest's shared `cache`): the tests count what a conversion leaves."""
     monkeypatch.setenv("POOLBENCH_CACHE", str(tmp_path / "cache"))
     return tmp_path / "cache"
 
@@ -43,14 +44,14 @@ def _logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids])).logits[0]
 
 
-def test_gguf_loads_with_the_logits_of_the_model_it_was_written_from(gguf_file, source, cache):
+def test_gguf_loads_with_the_logits_of_the_model_it_was_written_from(gguf_file, source, fresh_cache):
     model, tokenizer = source
     ids = tokenizer(TEXT, add_special_tokens=False)["input_ids"]
     assert not model_ready(str(gguf_file))
     loaded = load_model(str(gguf_file), dtype="float32", device="cpu")
     assert model_ready(str(gguf_file))
     assert (loaded.model_id, loaded.kind, loaded.n_layers, loaded.hidden_size) == (str(gguf_file), "causal", 2, 64)
-    assert loaded.path.parent == cache / "models" and loaded.path.name.startswith("gguf-")
+    assert loaded.path.parent == fresh_cache / "models" and loaded.path.name.startswith("gguf-")
     torch.testing.assert_close(_logits(loaded.model, ids), _logits(model, ids), rtol=1e-5, atol=1e-5)
     # The same vocabulary and merges: the GGUF's tokenizer splits text into the same ids. Its offsets keep each
     # token's leading space (GPT-2's ByteLevel, untrimmed), so the spans tile the text.
@@ -62,7 +63,7 @@ def test_gguf_loads_with_the_logits_of_the_model_it_was_written_from(gguf_file, 
         ("<s>", "</s>", "<pad>")
 
 
-def test_converted_folder_is_a_plain_hf_folder(gguf_file, source, cache):
+def test_converted_folder_is_a_plain_hf_folder(gguf_file, source, fresh_cache):
     model, _ = source
     path = load_model(str(gguf_file), dtype="float32", device="cpu").path
     config = json.loads((path / "config.json").read_text())
@@ -81,7 +82,7 @@ def test_converted_folder_is_a_plain_hf_folder(gguf_file, source, cache):
     assert (path / "chat_template.jinja").read_text() == CHAT_TEMPLATE
 
 
-def test_second_load_reuses_the_conversion(gguf_file, cache, monkeypatch):
+def test_second_load_reuses_the_conversion(gguf_file, fresh_cache, monkeypatch):
     first = load_model(str(gguf_file), dtype="float32", device="cpu").path
     stamp = (first / INFO_FILE).stat().st_mtime_ns, (first / "model.safetensors").stat().st_mtime_ns
 
@@ -93,20 +94,20 @@ def test_second_load_reuses_the_conversion(gguf_file, cache, monkeypatch):
     assert again.path == first
     assert ((first / INFO_FILE).stat().st_mtime_ns, (first / "model.safetensors").stat().st_mtime_ns) == stamp
     # Keyed by content: a copy under another name, in a folder of its own, reuses the same folder.
-    copy_dir = cache.parent / "elsewhere"
+    copy_dir = fresh_cache.parent / "elsewhere"
     copy_dir.mkdir()
     shutil.copy(gguf_file, copy_dir / "renamed.gguf")
     assert load_model(str(copy_dir), dtype="float32", device="cpu").path == first
-    assert sorted(p.name for p in (cache / "models").iterdir()) == sorted(["gguf-hashes", first.name])
+    assert sorted(p.name for p in (fresh_cache / "models").iterdir()) == sorted(["gguf-hashes", first.name])
 
 
-def test_tokenizer_alone_comes_from_the_conversion(gguf_file, source, cache):
+def test_tokenizer_alone_comes_from_the_conversion(gguf_file, source, fresh_cache):
     tokenizer = load_tokenizer(str(gguf_file))
     assert tokenizer(TEXT, add_special_tokens=False)["input_ids"] == source[1](TEXT, add_special_tokens=False)[
         "input_ids"]
 
 
-def test_q8_0_weights_are_the_dequantised_values(tmp_path, source, cache):
+def test_q8_0_weights_are_the_dequantised_values(tmp_path, source, fresh_cache):
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize, quantize
 
@@ -126,22 +127,23 @@ def _one_line(err: pytest.ExceptionInfo, *needles: str) -> None:
         assert needle in message, message
 
 
-def test_unsupported_architecture_is_one_line_naming_the_file(tmp_path, source, cache):
+def test_unsupported_architecture_is_one_line_naming_the_file(tmp_path, source, fresh_cache):
     path = write_tiny_gguf(tmp_path / "odd.gguf", *source, architecture="poolbench-toy")
     with pytest.raises(GGUFCheckpointError) as err:
         load_model(str(path))
     _one_line(err, f"GGUF '{path}'", "architecture 'poolbench-toy' is not supported by transformers")
-    assert not (cache / "models").exists() or [p.name for p in (cache / "models").iterdir()] == ["gguf-hashes"]
+    models = fresh_cache / "models"
+    assert not models.exists() or [p.name for p in models.iterdir()] == ["gguf-hashes"]
 
 
-def test_undequantisable_tensor_type_is_one_line_naming_the_file(tmp_path, source, cache):
+def test_undequantisable_tensor_type_is_one_line_naming_the_file(tmp_path, source, fresh_cache):
     path = write_tiny_gguf(tmp_path / "q81.gguf", *source, raw_tensor=("blk.0.ffn_up.weight", "Q8_1"))
     with pytest.raises(GGUFCheckpointError) as err:
         load_model(str(path))
     _one_line(err, f"GGUF '{path}'", "'blk.0.ffn_up.weight' is quantised as Q8_1")
 
 
-def test_not_a_gguf_and_ambiguous_folders_are_one_line(tmp_path, gguf_file, cache):
+def test_not_a_gguf_and_ambiguous_folders_are_one_line(tmp_path, gguf_file, fresh_cache):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not a gguf at all" * 10)
     with pytest.raises(GGUFCheckpointError) as err:
@@ -158,7 +160,7 @@ def test_not_a_gguf_and_ambiguous_folders_are_one_line(tmp_path, gguf_file, cach
         load_model(str(tmp_path / "missing.gguf"))
 
 
-def test_interrupted_conversion_leaves_no_folder(gguf_file, cache, monkeypatch):
+def test_interrupted_conversion_leaves_no_folder(gguf_file, fresh_cache, monkeypatch):
     def explode(gguf: Path, out: Path, architecture: str) -> None:
         out.mkdir(parents=True)
         (out / "model.safetensors").write_bytes(b"half")
@@ -167,10 +169,10 @@ def test_interrupted_conversion_leaves_no_folder(gguf_file, cache, monkeypatch):
     monkeypatch.setattr(gguf_checkpoint, "_convert_into", explode)
     with pytest.raises(KeyboardInterrupt):
         load_model(str(gguf_file))
-    assert sorted(p.name for p in (cache / "models").iterdir()) == ["gguf-hashes"]
+    assert sorted(p.name for p in (fresh_cache / "models").iterdir()) == ["gguf-hashes"]
 
 
-def test_file_hash_is_remembered_until_the_file_changes(tmp_path, gguf_file, cache):
+def test_file_hash_is_remembered_until_the_file_changes(tmp_path, gguf_file, fresh_cache):
     copy = tmp_path / "m.gguf"
     shutil.copy(gguf_file, copy)
     first = gguf_checkpoint.file_sha256(copy)

@@ -21,12 +21,6 @@ CONCEPTS = ("hedging", "toxicity")
 STRATEGIES = ("A1_mean", "P1_last", "P2_first")
 
 
-@pytest.fixture
-def cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path_factory.getbasetemp() / "poolbench-cache"
-    monkeypatch.setenv("POOLBENCH_CACHE", str(root))
-    return root
-
 
 def config(model: Path, store: str, **overrides) -> RunConfig:
     # Corpus v1: small, nearly separable cells for the tiny model, so the counts below are stable.
@@ -54,9 +48,15 @@ def test_run_writes_every_cell_and_a_rerun_computes_nothing(tiny_llama_dir, loca
             assert cell.mdl_compression > 0 and -1.0 <= cell.selectivity <= 1.0
         else:
             assert cell.seed_std is None and cell.selectivity is None
-    # P2 is the BOS token on a Llama tokenizer: the same vector for every passage, so no signal at all.
+    # P2 is the BOS token on a Llama tokenizer: the same vector for every passage, so no signal at all, and each
+    # reliability statistic must say so: every seed's CV AUROC 0.5 (all scores tie), no spread, a control task
+    # as unlearnable as the concept (selectivity 0.5 - 0.5 = 0), and no compression beyond the label prior's.
     p2 = [c for c in outcome.records if c.strategy == "P2_first"]
     assert all(c.test_auroc == 0.5 for c in p2)
+    for cell in (c for c in p2 if c.probe == "logistic"):
+        assert cell.seed_cv_aurocs == [0.5] * 5 and cell.seed_std == 0.0
+        assert cell.control_cv_auroc == 0.5 and cell.selectivity == 0.0
+        assert cell.mdl_compression <= 1.05
     [planned] = [e for e in events if isinstance(e, RunPlanned)]
     assert (planned.concepts, planned.layers, planned.strategies) == (CONCEPTS, (0, 1), STRATEGIES)
     assert (planned.n_layers, planned.hidden_size, planned.workers) == (2, 32, 1)

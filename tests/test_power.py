@@ -6,6 +6,11 @@ import math
 
 import numpy as np
 import pytest
+from scipy.stats import multinomial
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import roc_auc_score
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
 from statsmodels.stats.contingency_tables import mcnemar
 
 from poolbench.prober.power import (
@@ -19,6 +24,7 @@ from poolbench.prober.power import (
     recommended_train_size,
     simulate_power,
 )
+from poolbench.prober.probes import LOGISTIC_C
 
 
 def test_mcnemar_table_and_p_match_statsmodels():
@@ -38,14 +44,39 @@ def test_vectorised_mcnemar_equals_statsmodels(b, c):
         mcnemar([[5, b], [c, 5]], exact=True).pvalue)
 
 
+def enumerated_power(acc_a: float, acc_b: float, n: int, alpha: float = 0.05) -> float:
+    """The reference: every 2x2 table of n independent (A, B) outcomes, weighted by scipy's multinomial pmf,
+    rejected where statsmodels' exact McNemar gives p < alpha."""
+    p_only_a, p_only_b = acc_a * (1 - acc_b), (1 - acc_a) * acc_b
+    power = 0.0
+    for b in range(n + 1):
+        for c in range(n + 1 - b):
+            if mcnemar([[0, b], [c, n - b - c]], exact=True).pvalue < alpha:
+                power += multinomial.pmf([b, c, n - b - c], n, [p_only_a, p_only_b, 1 - p_only_a - p_only_b])
+    return power
+
+
+@pytest.mark.parametrize(("acc_a", "acc_b", "n"), [(0.80, 0.70, 50), (0.95, 0.60, 12), (0.70, 0.80, 30)])
+def test_exact_power_equals_a_statsmodels_enumeration(acc_a, acc_b, n):
+    assert exact_mcnemar_power(acc_a, acc_b, n) == pytest.approx(enumerated_power(acc_a, acc_b, n), abs=1e-9)
+
+
+def test_exact_power_without_a_gap_is_at_most_alpha():
+    """No difference to find: the 'power' is the test's size, which the exact (conservative) test keeps <= alpha."""
+    for n in (10, 40, 120):
+        assert 0 < exact_mcnemar_power(0.75, 0.75, n) <= 0.05
+
+
 def test_simulated_power_recovers_planted_gap():
-    # A right w.p. 0.80, B w.p. 0.70, independently: the exact power at n is a binomial sum.
+    # A right w.p. 0.80, B w.p. 0.70, independently: the power at n is the enumerated binomial sum.
     rng = np.random.default_rng(0)
     n_pool = 20000
     correct_a = rng.random((2, n_pool)) < 0.80
     correct_b = rng.random((2, n_pool)) < 0.70
     rows = simulate_power(correct_a, correct_b, sizes=(50, 150, 300), n_resamples=2000, seed=1, clustered=False)
-    for n, power in rows:
+    # Monte Carlo: 2000 resamples give a standard error of at most sqrt(0.25 / 2000) = 0.011; 0.04 is 3.6 of them.
+    assert rows[0][1] == pytest.approx(enumerated_power(0.80, 0.70, 50), abs=0.04)
+    for n, power in rows[1:]:  # exact_mcnemar_power equals the enumeration above; enumerating n=300 takes long
         assert power == pytest.approx(exact_mcnemar_power(0.80, 0.70, n), abs=0.04)
     assert rows[0][1] < rows[1][1] < rows[2][1]
 
@@ -172,7 +203,16 @@ def test_power_and_flash_check_score_s3_with_d1s_fold_wise_heads(tmp_path):
                                                                 reliability=False, heads=heads)}
     s3, a1 = d1["S3_iti_probe", "logistic"], d1["A1_mean", "logistic"]
     assert s3.heads_selected == [1]
-    assert s3.test_auroc == pytest.approx(0.5756, abs=1e-4) and a1.test_auroc == pytest.approx(0.8556, abs=1e-4)
+    # A1: D1's logistic refitted by scikit-learn on the same pooled train rows, scored on the test rows.
+    a1_cells = ConceptCells(pooled).matrix(0, "A1_mean")
+    a1_train, a1_test = a1_cells.subset("train"), a1_cells.subset("test")
+    ref = make_pipeline(StandardScaler(), LogisticRegression(C=LOGISTIC_C, tol=1e-10, max_iter=10000))
+    ref.fit(a1_train.X, a1_train.y)
+    assert a1.test_auroc == pytest.approx(roc_auc_score(a1_test.y, ref.decision_function(a1_test.X)), abs=1e-6)
+    # From the construction: A1's one signal coordinate is +-1 in unit noise (d' = 2, AUROC Phi(2 / sqrt 2) =
+    # 0.92 at best); S3's selected head 1 pools pure noise, so its AUROC is 0.5 give or take sampling error
+    # (30 + 30 test passages: SE about 0.075).
+    assert 0.75 < a1.test_auroc <= 0.99 and abs(s3.test_auroc - 0.5) < 0.2
     shortcut = ConceptCells(pooled).matrix(0, "S3_iti_probe")
     train, test = shortcut.subset("train"), shortcut.subset("test")
     assert auroc(NewtonLogisticProbe().fit(train.X, train.y).decision_function(test.X), test.y) > 0.97

@@ -4,6 +4,7 @@ steers with rho > 0 and a CI excluding 0, and one-line errors on bad input with 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -175,7 +176,12 @@ def test_planted_direction_steers_with_positive_scp_and_ci_excluding_zero(worker
     assert d2.per_alpha[0].fluency_ratio == pytest.approx(1.0)
     d3 = {r.relation: r for r in result.d3}
     assert d3["LD"].neighbour == "frustration" and d3["LD"].delta_b is not None
-    assert d3["LD"].disent == pytest.approx(min(1.0, max(0.0, 1 - d3["LD"].delta_b / d3["LD"].delta_a)))
+    # Delta_A from D2's own rows (a separate path): the target score at alpha* minus at alpha 0. The neighbour
+    # scorer counts "dog", a word the direction does not lift: no continuation gains one, Delta_B = 0, so
+    # Disent = 1 - 0 / Delta_A = 1.
+    by_alpha = {r.alpha: r.score for r in d2.per_alpha}
+    assert d3["LD"].delta_a == pytest.approx(by_alpha[d2.alpha_star] - by_alpha[0.0]) and d3["LD"].delta_a > 0
+    assert d3["LD"].delta_b == 0.0 and d3["LD"].disent == 1.0
     assert d3["LC"].disent is None and "no scorer" in d3["LC"].disent_null_reason
     # The store holds the record's dict (it sorts keys on disk); the record writes the producer's key order,
     # and a rerun reads it back.
@@ -301,15 +307,11 @@ def test_unknown_backend_and_encoder_model(tiny_dir):
         SteeringWorker(load_model(str(tiny_dir), device="cpu"), backend="tgi")
 
 
-def test_vllm_backend_without_vllm_says_how_to_install(tiny_dir):
-    try:
-        import vllm  # noqa: F401  # pyright: ignore[reportMissingImports]
-    except ImportError:
-        with pytest.raises(SteeringError, match=r"pip install 'poolbench\[gpu\]'") as err:
-            SteeringWorker(load_model(str(tiny_dir), device="cpu"), backend="vllm")
-        assert "\n" not in str(err.value)
-    else:
-        pytest.skip("vLLM is installed here")
+def test_vllm_backend_without_vllm_says_how_to_install(tiny_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # importing it raises ImportError, installed or not
+    with pytest.raises(SteeringError, match=r"pip install 'poolbench\[gpu\]'") as err:
+        SteeringWorker(load_model(str(tiny_dir), device="cpu"), backend="vllm")
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.gpu

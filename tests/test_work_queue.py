@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -16,13 +18,14 @@ from poolbench.errors import CorpusError
 
 
 class Sleeper:
-    """A tiny actor: names itself, sleeps as told, and fails on request."""
+    """A tiny actor: names itself, holds a job until its gate file appears, and fails on request."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def work(self, job: str, seconds: float) -> tuple[str, str]:
-        time.sleep(seconds)
+    def work(self, job: str, gate: str | None = None) -> tuple[str, str]:
+        if gate is not None:
+            wait_for_file(gate)
         return job, self.name
 
     def fail(self, job: str) -> None:
@@ -34,6 +37,15 @@ class Sleeper:
 
 # Ray workers cannot import this test module: ship its tiny actors and tasks by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+def wait_for_file(path: str, within: float = 120.0) -> None:
+    """Block until `path` exists: the test opens the gate when the event it orders against has happened."""
+    deadline = time.monotonic() + within
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {path} never opened in {within} s")
+        time.sleep(0.02)
 
 
 def double(value: int) -> int:
@@ -54,8 +66,8 @@ def actors(*names: str) -> list:
     return [cls.remote(name) for name in names]
 
 
-def work(job: str, seconds: float = 0.0) -> ActorJob[str]:
-    return ActorJob(job, lambda actor: actor.work.remote(job, seconds))
+def work(job: str, gate: Path | None = None) -> ActorJob[str]:
+    return ActorJob(job, lambda actor: actor.work.remote(job, None if gate is None else str(gate)))
 
 
 def assert_dead(handles: list, within: float = 30.0) -> None:
@@ -68,13 +80,18 @@ def assert_dead(handles: list, within: float = 30.0) -> None:
                 time.sleep(0.1)
 
 
-def test_one_job_per_idle_actor_in_completion_order(local_ray):
-    # j0 holds a for 3 s; b takes j1, then j2, then j3 as it frees up, so they finish first.
-    # A queue that handed jobs out round-robin up front would put j2 behind j0 on a.
+def test_one_job_per_idle_actor_in_completion_order(local_ray, tmp_path):
+    # j0 holds a until j3 has come back; b takes j1, then j2, then j3 as it frees up, so they finish first.
+    # A queue that handed jobs out round-robin up front would put j2 behind j0 on a, and never finish.
     handles = actors("a", "b")
-    assert ray.get([h.ping.remote() for h in handles]) == ["a", "b"]  # both started: timing is the jobs' alone
+    assert ray.get([h.ping.remote() for h in handles]) == ["a", "b"]
+    gate = tmp_path / "j3-done"
+    done = []
     with WorkQueue(handles) as queue:
-        done = list(queue.run([work("j0", 3.0), work("j1"), work("j2"), work("j3")]))
+        for key, result in queue.run([work("j0", gate), work("j1"), work("j2"), work("j3")]):
+            done.append((key, result))
+            if key == "j3":
+                gate.touch()
     assert done == [("j1", ("j1", "b")), ("j2", ("j2", "b")), ("j3", ("j3", "b")), ("j0", ("j0", "a"))]
     assert_dead(handles)
 
@@ -88,7 +105,7 @@ def test_a_single_actor_runs_jobs_in_submission_order(local_ray):
 
 def test_follow_ups_run_as_tasks_after_their_job(local_ray):
     task = ray.remote(num_cpus=0)(double)
-    jobs: list = [ActorJob(("pool", n), lambda actor, n=n: actor.work.remote(n, 0.0)) for n in (3, 5)]
+    jobs: list = [ActorJob(("pool", n), lambda actor, n=n: actor.work.remote(n)) for n in (3, 5)]
     jobs.append(TaskJob(("probe", 7), lambda: task.remote(7)))  # a concept pooled earlier: straight to D1
 
     def follow_up(key, result):
@@ -125,7 +142,7 @@ def test_any_other_task_error_is_one_line_naming_the_job(local_ray):
     assert_dead(handles)
 
 
-def test_an_interrupted_run_kills_its_actors_and_cancels_its_tasks(local_ray):
+def test_an_interrupted_run_kills_its_actors_and_cancels_its_tasks(local_ray, tmp_path):
     handles = actors("a", "b")
     slow = ray.remote(num_cpus=0)(sleeping)
     refs: list = []
@@ -134,7 +151,7 @@ def test_an_interrupted_run_kills_its_actors_and_cancels_its_tasks(local_ray):
         refs.append(slow.remote(60.0))
         return refs[-1]
 
-    jobs = [work("quick"), work("long", 60.0), TaskJob("slow", start_slow)]
+    jobs = [work("quick"), work("long", tmp_path / "never"), TaskJob("slow", start_slow)]
     with pytest.raises(KeyboardInterrupt), WorkQueue(handles) as queue:
         for key, _ in queue.run(jobs):
             assert key == "quick"
@@ -149,15 +166,34 @@ def test_actor_jobs_without_actors_are_refused(local_ray):
         list(queue.run([work("j0")]))
 
 
-def test_on_wait_runs_while_nothing_completes_and_never_without_a_wait(local_ray):
-    """Progress polling: a 1.5 s job with wait_s 0.2 leaves several empty waits, each a full wait_s apart;
-    without on_wait the queue blocks as before."""
+def test_on_wait_runs_while_nothing_completes_and_never_without_a_wait(local_ray, tmp_path, monkeypatch):
+    """Progress polling: each on_wait follows a ray.wait of wait_s that returned nothing; the held job is let go
+    on the third call. Without on_wait the queue blocks in ray.wait (no timeout) as before."""
     handles = actors("a")
     assert ray.get(handles[0].ping.remote()) == "a"
-    calls: list[float] = []
+    gate = tmp_path / "go"
+    events: list[tuple] = []
+    real_wait = ray.wait
+
+    def spy_wait(refs, **kwargs):
+        ready, rest = real_wait(refs, **kwargs)
+        events.append(("wait", kwargs.get("timeout"), len(ready)))
+        return ready, rest
+
+    def on_wait():
+        events.append(("on_wait",))
+        if sum(e[0] == "on_wait" for e in events) == 3:
+            gate.touch()
+
+    monkeypatch.setattr(ray, "wait", spy_wait)
     with WorkQueue(handles) as queue:
-        done = list(queue.run([work("slow", 1.5)], on_wait=lambda: calls.append(time.monotonic()), wait_s=0.2))
+        done = list(queue.run([work("slow", gate)], on_wait=on_wait, wait_s=0.2))
         assert done == [("slow", ("slow", "a"))]
-        assert len(calls) >= 2  # at most ~7 windows of 0.2 s in 1.5 s, fewer on a busy machine
-        assert min(b - a for a, b in itertools.pairwise(calls)) >= 0.19  # each call follows a full empty wait
+        assert sum(e[0] == "on_wait" for e in events) >= 3
+        for before, event in itertools.pairwise(events):
+            if event[0] == "on_wait":
+                assert before == ("wait", 0.2, 0)  # only after a full wait in which nothing completed
+        assert events[-1] == ("wait", 0.2, 1)
+        events.clear()
         assert list(queue.run([work("plain")])) == [("plain", ("plain", "a"))]
+        assert events == [("wait", None, 1)]

@@ -80,8 +80,6 @@ class ServiceSettings(BaseModel):
     device: str = "auto"
     dtype: str = "auto"
     steering_backend: Literal["transformers", "vllm"] = "transformers"  # vllm: /generate on a vLLM engine (GPU)
-
-
     token: str | None = Field(None, min_length=16, repr=False, exclude=True)  # bearer token; None: no auth
 
     @model_validator(mode="after")

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 from bench_io import add_model_options, run_header, write_result
+from model_shapes import SHAPES
 from rich.console import Console
 from rich.table import Table
 
@@ -61,21 +62,6 @@ TARGETS = {"hidden_over_raw": 1.15, "attention_over_raw": 1.4, "all_over_forward
            "all_peak_rss_gb": 3.0}
 TARGETS.update({f"{key}_cpu": value for key, value in list(TARGETS.items()) if "over" in key})
 HIDDEN_NEEDS = frozenset({"parse", "corpus"})
-LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 8192}
-# The published configs' numbers (Hugging Face config.json of each model); tiny: a shape for smoke tests.
-SHAPES: dict[str, dict] = {
-    "llama-3.1-8b": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
-                         rope_scaling={**LLAMA3_ROPE, "factor": 8.0}, max_position_embeddings=131072,
-                         rms_norm_eps=1e-5, tie_word_embeddings=False),
-    "llama-3.2-1b": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                         num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
-                         rope_scaling={**LLAMA3_ROPE, "factor": 32.0}, max_position_embeddings=131072,
-                         rms_norm_eps=1e-5, tie_word_embeddings=True),
-    "tiny": dict(vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4,
-                 num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=True),
-}
 
 
 def shaped_model(shape: str, dtype: str, device: str) -> LoadedModel:

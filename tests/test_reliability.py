@@ -365,8 +365,8 @@ def test_mcnemar_power_resamples_pairs():
 
 def test_cell_reliability_keys_and_its_cost_in_probe_fits(monkeypatch):
     """Its cost is a fixed number of probe fits, none on more than the train split (timing lives in bench/):
-    seeds 5 x folds 5 = 25, the control task's 5 folds (D1's score is reused) = 5, and MDL's 4 coded blocks
-    (ends 16, 20, 40, 80, 160 after the uniform first block) x 3 calibration folds = 12; 42 in all."""
+    seeds 5 x folds 5 = 25, MDL's 4 coded blocks (ends 16, 20, 40, 80, 160 after the uniform first block) x 3
+    calibration folds = 12, and the control task's 5 folds only where lexical types are given (else n/a): 37 / 42."""
     X, y, g, ids = paired_cell(80, 256, 0.8, seed=2)
     Xt, yt, gt, _ = paired_cell(40, 256, 0.8, seed=3, prefix="t")
     fits: list[tuple[int, int]] = []
@@ -382,5 +382,9 @@ def test_cell_reliability_keys_and_its_cost_in_probe_fits(monkeypatch):
     assert len(out["seed_cv_aurocs"]) == 5 and out["mdl_uniform_bits"] == 160
     assert out["mdl_block_ends"] == [16, 20, 40, 80, 160]
     assert sum(out["mdl_block_bits"]) == pytest.approx(out["mdl_online_bits"])
-    assert len(fits) == 25 + 5 + 4 * 3
+    assert len(fits) == 25 + 4 * 3 and out["selectivity"] is None
     assert all(rows <= 160 and cols == 256 for rows, cols in fits)  # never the test split, never stacked
+    fits.clear()
+    types = np.array([f"domain{i % 4}" for i in range(80)] * 2)
+    typed = cell_reliability(X, y, g, ids, Xt, yt, gt, seed=0, types_train=types)
+    assert typed["selectivity"] is not None and len(fits) == 25 + 5 + 4 * 3

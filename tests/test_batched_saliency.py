@@ -6,22 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_models import random_llama
+from transformers import LlamaForCausalLM
 
 from poolbench.extractor.extract import PaddedBatch, extract_batches
 
 
 @pytest.fixture(scope="module")
 def llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=64, vocab_size=50)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.normal_(0, 0.2)
-    return model.requires_grad_(False)
+    return random_llama()
 
 
 @pytest.mark.parametrize("left", [False, True])

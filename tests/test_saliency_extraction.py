@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM
+from tiny_models import random_llama
+from transformers import BertConfig, BertModel, LlamaForCausalLM
 
 from poolbench.extractor.extract import ExtractionError, PaddedBatch, extract_batches
 
@@ -15,15 +16,7 @@ LAYERS = (0, 2)
 
 @pytest.fixture(scope="module")
 def llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                         intermediate_size=64, vocab_size=50)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.normal_(0, 0.2)
-    return model.requires_grad_(False)
+    return random_llama()
 
 
 def padded(left: bool) -> PaddedBatch:

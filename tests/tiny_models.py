@@ -134,3 +134,16 @@ def write_tiny_gguf(path: Path, model: LlamaForCausalLM, tokenizer: PreTrainedTo
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def random_llama() -> LlamaForCausalLM:
+    """A 3-layer random Llama with weights large enough that gradients and saliency differ across tokens."""
+    torch.manual_seed(0)
+    config = LlamaConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         intermediate_size=64, vocab_size=50)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.2)
+    return model.requires_grad_(False)

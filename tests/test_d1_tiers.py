@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from poolbench.corpus.passage import Passage
-from poolbench.driver.tiers import d1_by_tier, has_tiers, lexical_by_tier
+from poolbench.driver.breakdowns import d1_by_tier, has_tiers, lexical_by_tier
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.records.d1 import D1CellRecord
-from poolbench.records.tiers import TierAurocRecord
+from poolbench.records.breakdowns import TierAurocRecord
 from poolbench.results.tiers import tier_section
 from poolbench.store.url import open_store
 
@@ -103,7 +103,7 @@ def test_results_and_leaderboard_carry_the_tiers(tmp_path):
 
     from test_cli_board import outcome
 
-    from poolbench.records.tiers import LexicalTierRecord
+    from poolbench.records.breakdowns import LexicalTierRecord
     from poolbench.results.document import write_run_outputs
 
     tiers = [TierAurocRecord(strategy=s, layer=2, probe="logistic", tier="hard", auroc=a, ci_low=lo, ci_high=hi,

@@ -27,7 +27,7 @@ from matplotlib.patches import Rectangle
 from poolbench.atomic_write import write_text_atomic
 from poolbench.errors import PoolBenchError
 from poolbench.records.base import RecordError
-from poolbench.records.buckets import BucketAurocRecord
+from poolbench.records.breakdowns import BucketAurocRecord
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.scorer import ScorerValidity

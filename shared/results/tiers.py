@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from poolbench.corpus.passage import TIERS
-from poolbench.records.tiers import LexicalTierRecord, TierAurocRecord
+from poolbench.records.breakdowns import LexicalTierRecord, TierAurocRecord
 
 SEPARATES_SHARE = 1 / 3
 """The best strategy separates a tier when its CI lies above chance and above at least this share of the other

@@ -49,6 +49,9 @@ class Runner:
         self.model = Model()
         self.requests: dict = {}
         self.input_batch = SimpleNamespace(req_ids=[])
+        self.max_num_tokens = 8192
+        self.compilation_config = SimpleNamespace(mode=SimpleNamespace(name="NONE"),
+                                                  cudagraph_mode=SimpleNamespace(name="NONE"))
 
     def get_model(self):
         return self.model
@@ -224,3 +227,31 @@ def test_a_step_without_input_preparation_runs_unsteered(backend):
     runner = backend.llm.worker.model_runner
     n = getattr(runner, STATE_ATTR).index.numel() + 5
     assert float(runner.get_model()(n)[-5:].abs().sum()) == 0
+
+
+def test_the_engine_gets_the_v1_model_runner_and_pickled_payloads(monkeypatch):
+    env: dict[str, str] = {}
+    vllm_backend.engine_environment(env)
+    assert env == {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    with pytest.raises(SteeringError, match=r"^VLLM_USE_V2_MODEL_RUNNER=1 selects vLLM's model runner V2") as err:
+        vllm_backend.engine_environment({"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    assert "\n" not in str(err.value)
+    with pytest.raises(SteeringError, match=r"^VLLM_ALLOW_INSECURE_SERIALIZATION=0 stops"):
+        vllm_backend.engine_environment({"VLLM_ALLOW_INSECURE_SERIALIZATION": "0"})
+
+
+def test_a_runner_the_hooks_cannot_steer_is_one_line_at_install(backend):
+    """Model runner V2 (vllm/v1/worker/gpu/model_runner.py) has no _prepare_inputs/input_batch/requests, and a
+    compiled model never calls hooks added after start-up: both refused before any generation."""
+    v2 = SimpleNamespace(model=Model(), prepare_inputs=lambda *a: None, req_states=None, max_num_tokens=64)
+    backend.llm.worker.model_runner = v2
+    with pytest.raises(SteeringError, match=r"^vLLM's model runner .* has no _prepare_inputs: the steering backend "
+                                            "hooks the V1 GPU model runner") as err:
+        backend.generate(["a"], layer=0, delta=np.ones(D), seeds=[0], settings=GenerationSettings(max_new_tokens=1))
+    assert "\n" not in str(err.value) and backend.installed == set()
+    runner = Runner()
+    runner.compilation_config.mode = SimpleNamespace(name="VLLM_COMPILE")
+    backend.llm.worker.model_runner = runner
+    with pytest.raises(SteeringError, match=r"compilation_config\.mode=VLLM_COMPILE: hooks added after start-up"):
+        backend.generate(["a"], layer=0, delta=np.ones(D), seeds=[0], settings=GenerationSettings(max_new_tokens=1))
+    assert not hasattr(runner, STATE_ATTR) and not runner.model.model.layers[0]._forward_hooks

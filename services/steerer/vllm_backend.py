@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,41 @@ from .slot_table import add_slot_vectors, build_layer_tables, token_slots, write
 INSTALL_HINT = "the vLLM backend needs vLLM (a GPU machine): pip install 'poolbench[gpu]'"
 SLOT_ARG = "poolbench_slot"
 STATE_ATTR = "_poolbench_steering"
+V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+PICKLE_ENV = "VLLM_ALLOW_INSECURE_SERIALIZATION"
+# What the hooks rely on in vllm/v1/worker/gpu_model_runner.py (model runner V1); V2 has none of them.
+RUNNER_ATTRS = ("_prepare_inputs", "input_batch", "requests", "max_num_tokens")
+
+
+def engine_environment(environ: MutableMapping[str, str]) -> None:
+    """Pick vLLM's V1 model runner (0.26 defaults dense models to V2, whose input preparation the hooks cannot
+    see) and let collective_rpc pickle the payloads; a contrary setting is one line, not silently overridden."""
+    if environ.get(V2_RUNNER_ENV, "0").strip() != "0":
+        raise SteeringError(f"{V2_RUNNER_ENV}={environ[V2_RUNNER_ENV]} selects vLLM's model runner V2, which the "
+                            f"vLLM steering backend cannot hook: unset it or set it to 0")
+    if environ.get(PICKLE_ENV, "1").strip() != "1":
+        raise SteeringError(f"{PICKLE_ENV}={environ[PICKLE_ENV]} stops vLLM's collective_rpc from shipping the "
+                            f"steering payloads: unset it or set it to 1")
+    environ[V2_RUNNER_ENV] = "0"
+    environ[PICKLE_ENV] = "1"
+
+
+def runner_problem(runner) -> str:
+    """Why the hooks cannot steer this worker's model runner (empty when they can): not the V1 runner, or a model
+    compiled / graph-captured at start-up, whose compiled path never calls hooks registered afterwards."""
+    missing = [name for name in RUNNER_ATTRS if not hasattr(runner, name)]
+    if missing:
+        kind = f"{type(runner).__module__}.{type(runner).__qualname__}"
+        return (f"vLLM's model runner {kind} has no {missing[0]}: the steering backend hooks the V1 GPU model "
+                f"runner ({V2_RUNNER_ENV}=0)")
+    config = getattr(runner, "compilation_config", None)
+    for name in ("mode", "cudagraph_mode"):
+        value = getattr(config, name, None)
+        shown = getattr(value, "name", value)
+        if value is not None and str(shown).upper() != "NONE":
+            return (f"vLLM runs the model with compilation_config.{name}={shown}: hooks added after start-up "
+                    f"would be skipped (the backend needs enforce_eager=True)")
+    return ""
 
 
 @dataclass
@@ -47,12 +82,8 @@ class WorkerSteering:
 
 
 def decoder_layers(model):
-    """The decoder block list of a vLLM model (model.model.layers for Llama/Mistral/Qwen/Gemma)."""
-    inner = getattr(model, "model", model)
-    layers = getattr(inner, "layers", None)
-    if layers is None:
-        raise RuntimeError(f"vLLM model {type(model).__name__} has no .model.layers")
-    return layers
+    """The decoder block list of a vLLM model (model.model.layers for Llama/Mistral/Qwen/Gemma), None if none."""
+    return getattr(getattr(model, "model", model), "layers", None)
 
 
 def _runner_model(runner):
@@ -89,22 +120,29 @@ def prepare_with_slots(state: WorkerSteering, runner, scheduler_output, *args, *
     return out
 
 
-def install_steering(layer: int, worker) -> bool:
-    """Hook `layer` (once) and wrap the runner's input preparation (once per worker)."""
+def install_steering(layer: int, worker) -> str:
+    """Hook `layer` (once) and wrap the runner's input preparation (once per worker); the problem, if any, as one
+    line for the driver to raise (an exception here would come back as a worker traceback)."""
     import torch
 
     runner = worker.model_runner
     state = getattr(runner, STATE_ATTR, None)
+    model = _runner_model(runner)
+    layers = decoder_layers(model)
+    if layers is None:
+        return f"vLLM model {type(model).__name__} has no .model.layers to hook"
     if state is None:
-        device = next(_runner_model(runner).parameters()).device
-        state = WorkerSteering(index=torch.zeros(8192, dtype=torch.int64, device=device))
+        problem = runner_problem(runner)
+        if problem:
+            return problem
+        device = next(model.parameters()).device
+        state = WorkerSteering(index=torch.zeros(int(runner.max_num_tokens), dtype=torch.int64, device=device))
         state.original_prepare = runner._prepare_inputs
         runner._prepare_inputs = functools.partial(prepare_with_slots, state, runner)
         setattr(runner, STATE_ATTR, state)
     if layer not in state.handles:
-        block = decoder_layers(_runner_model(runner))[layer]
-        state.handles[layer] = block.register_forward_hook(functools.partial(steer_hook, state, layer))
-    return True
+        state.handles[layer] = layers[layer].register_forward_hook(functools.partial(steer_hook, state, layer))
+    return ""
 
 
 def set_tables(tables: dict[int, tuple[bytes, tuple[int, int]]], worker) -> bool:
@@ -149,8 +187,7 @@ class VLLMBackend:
             import vllm  # pyright: ignore[reportMissingImports]  (the optional GPU extra)
         except ImportError as exc:
             raise SteeringError(INSTALL_HINT) from exc
-        # collective_rpc ships the payloads below to the engine process with cloudpickle; V1 needs this for it.
-        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+        engine_environment(os.environ)  # read by the engine core and worker processes vLLM starts below
         llm = vllm.LLM(model=model_path, dtype=dtype, enforce_eager=True, enable_prefix_caching=False,
                        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, seed=seed,
                        tensor_parallel_size=tensor_parallel_size)
@@ -200,7 +237,9 @@ class VLLMBackend:
         ids = encode_prompts(self.tokenizer, prompts, prompt_format)
         with self.lock:
             for steered in sorted(set(tables) - self.installed):
-                self.llm.collective_rpc(functools.partial(install_steering, steered))
+                problems = [p for p in self.llm.collective_rpc(functools.partial(install_steering, steered)) if p]
+                if problems:
+                    raise SteeringError(problems[0])
                 self.installed.add(steered)
             self.llm.collective_rpc(functools.partial(
                 set_tables, {at: (t.tobytes(), t.shape) for at, t in tables.items()}))

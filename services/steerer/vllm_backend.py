@@ -73,12 +73,24 @@ def runner_problem(runner) -> str:
 
 @dataclass
 class WorkerSteering:
-    """Engine-worker side: the per-layer slot tables, the per-token index, the hook handles."""
+    """Engine-worker side: the per-layer slot tables, the per-token index, the hook handles, and what the call's
+    steps did (read back after each call, so a hook the engine skipped fails the call instead of going unseen)."""
 
     index: Any
     tables: dict[int, Any] = field(default_factory=dict)
+    rows: int = 1  # rows of each of the call's tables: a larger slot would index past them
     handles: dict[int, Any] = field(default_factory=dict)
     original_prepare: Any = None
+    steps: int = 0  # forward steps prepared since the call's tables were set
+    step_tokens: int = 0  # scheduled tokens of the latest step
+    covered: dict[int, int] = field(default_factory=dict)  # per hooked layer: prepared steps its hook ran in
+    last_seen: dict[int, int] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def note(self, problem: str) -> None:
+        """Keep a problem (once) for the call's report."""
+        if problem not in self.problems and len(self.problems) < 8:
+            self.problems.append(problem)
 
 
 def decoder_layers(model):
@@ -98,25 +110,44 @@ def request_slot(request) -> int:
 
 
 def steer_hook(state: WorkerSteering, layer: int, _module, _args, output):
-    """Add each token's slot row of `layer`'s table to the layer's hidden output."""
+    """Add each token's slot row of `layer`'s table to the layer's hidden output, and count that the hook ran in
+    this step (with the whole step's tokens: a split forward would not line up with the index)."""
+    hidden = output[0] if isinstance(output, tuple) else output
+    rows = hidden.shape[-2]
+    if state.steps and state.last_seen.get(layer) != state.steps:
+        state.last_seen[layer] = state.steps
+        state.covered[layer] = state.covered.get(layer, 0) + 1
+        if rows < state.step_tokens:
+            state.note(f"the hook at layer {layer} saw a forward of {rows} tokens in a step of "
+                       f"{state.step_tokens}: vLLM split the step (micro-batching), so the slot index cannot line up")
     table = state.tables.get(layer)
     if table is None:
         return output
-    hidden = output[0] if isinstance(output, tuple) else output
-    if state.index.numel() < hidden.shape[-2]:  # a step no input preparation announced (a dummy run): unsteered
-        state.index = write_token_slots(state.index, np.zeros(hidden.shape[-2], np.int64))
+    if state.index.numel() < rows:  # only a forward no input preparation announced (a dummy run): unsteered
+        state.index = write_token_slots(state.index, np.zeros(rows, np.int64))
     if isinstance(output, tuple):
         return (add_slot_vectors(output[0], table, state.index), *output[1:])
     return add_slot_vectors(output, table, state.index)
 
 
 def prepare_with_slots(state: WorkerSteering, runner, scheduler_output, *args, **kwargs):
-    """The runner's own input preparation, then the step's token -> slot index from its requests, in batch order."""
+    """The runner's own input preparation, then the step's token -> slot index from its requests in batch order
+    (execute_model flattens input_batch.req_ids, each with its num_scheduled_tokens)."""
     out = state.original_prepare(scheduler_output, *args, **kwargs)
     req_ids = list(runner.input_batch.req_ids)
-    counts = [int(scheduler_output.num_scheduled_tokens[r]) for r in req_ids]
+    scheduled = scheduler_output.num_scheduled_tokens
+    if sorted(req_ids) != sorted(scheduled):
+        state.note(f"the batch holds {len(req_ids)} requests but {len(scheduled)} were scheduled: "
+                   "input_batch.req_ids is not the step's batch")
+        req_ids = []
+    counts = [int(scheduled[r]) for r in req_ids]
     slots = [request_slot(runner.requests[r]) for r in req_ids]
+    if any(not 0 <= slot < state.rows for slot in slots):
+        state.note(f"a request names slot {max(slots)} but the call's tables have {state.rows} rows")
+        slots = [0] * len(slots)
     state.index = write_token_slots(state.index, token_slots(slots, counts))
+    state.steps += 1
+    state.step_tokens = sum(counts)
     return out
 
 
@@ -146,14 +177,50 @@ def install_steering(layer: int, worker) -> str:
 
 
 def set_tables(tables: dict[int, tuple[bytes, tuple[int, int]]], worker) -> bool:
-    """Replace every layer's slot table (float32 bytes and shape) by the call's; layers not given steer nothing."""
+    """Replace every layer's slot table (float32 bytes and shape) by the call's (layers not given steer nothing),
+    point every token at slot 0 until the first step names its own, and start the call's step counts afresh."""
     import torch
 
-    state: WorkerSteering = getattr(worker.model_runner, STATE_ATTR)
+    state: WorkerSteering | None = getattr(worker.model_runner, STATE_ATTR, None)
+    if state is None:  # nothing installed (or closed): only an unsteered call comes here
+        return not tables
     param = next(_runner_model(worker.model_runner).parameters())
     state.tables = {layer: torch.frombuffer(bytearray(data), dtype=torch.float32).reshape(shape)
                     .to(device=param.device, dtype=param.dtype) for layer, (data, shape) in tables.items()}
+    state.rows = min((int(shape[0]) for _, shape in tables.values()), default=1)
+    state.index.zero_()
+    state.steps = state.step_tokens = 0
+    state.covered, state.last_seen, state.problems = {}, {}, []
     return True
+
+
+def steering_report(worker) -> dict | None:
+    """What this worker's hooks did in the call (plain values for the trip back), None where nothing is hooked."""
+    state: WorkerSteering | None = getattr(worker.model_runner, STATE_ATTR, None)
+    if state is None:
+        return None
+    return {"steps": state.steps, "covered": [[layer, state.covered.get(layer, 0)] for layer in sorted(state.handles)],
+            "problems": list(state.problems)}
+
+
+def report_problem(reports: Sequence[dict | None]) -> str:
+    """The first reason a call's outputs are not what its tables asked for, as one line (empty when they are):
+    every worker must have prepared the call's steps itself and run every hook in every one of them."""
+    for rank, report in enumerate(reports):
+        if report is None:
+            return f"vLLM worker {rank} has no steering installed while the others have"
+        if report["problems"]:
+            return f"vLLM worker {rank}: {report['problems'][0]}"
+        steps = report["steps"]
+        if steps == 0:
+            return (f"vLLM worker {rank} ran the call without the backend's input preparation (execute_model no "
+                    "longer calls _prepare_inputs), so no token got its request's steering slot")
+        for layer, ran in report["covered"]:
+            if ran < steps:
+                return (f"vLLM worker {rank}: the steering hook at layer {layer} ran in {ran} of {steps} forward "
+                        "steps: the model runs compiled or from captured CUDA graphs, which skip hooks added after "
+                        "start-up (the backend needs enforce_eager=True)")
+    return ""
 
 
 def remove_steering(worker) -> bool:
@@ -241,9 +308,13 @@ class VLLMBackend:
                 if problems:
                     raise SteeringError(problems[0])
                 self.installed.add(steered)
-            self.llm.collective_rpc(functools.partial(
-                set_tables, {at: (t.tobytes(), t.shape) for at, t in tables.items()}))
+            if not all(self.llm.collective_rpc(functools.partial(
+                    set_tables, {at: (t.tobytes(), t.shape) for at, t in tables.items()}))):
+                raise SteeringError("a vLLM worker got steering tables but has no steering installed")
             outputs = self.llm.generate([{"prompt_token_ids": list(i)} for i in ids], params, use_tqdm=False)
+            problem = report_problem(self.llm.collective_rpc(steering_report)) if self.installed and ids else ""
+            if problem:
+                raise SteeringError(problem)
         return [Generation(p, o.outputs[0].text, tuple(o.prompt_token_ids), tuple(o.outputs[0].token_ids))
                 for p, o in zip(prompts, outputs, strict=True)]
 

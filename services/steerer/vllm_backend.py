@@ -5,14 +5,50 @@ Inside each engine worker (reached through `LLM.collective_rpc`), a forward hook
 delta of the call (row 0 zeros), and the index is rewritten before every forward from the running requests,
 each of which names its slot in `SamplingParams.extra_args`, the way multi-LoRA maps tokens to adapters. So a
 whole alpha grid x prompts goes through one `generate`. vLLM decoder layers return (hidden, residual) and fuse
-the residual add into the next norm; adding to `hidden` adds to their sum, the residual stream.
+the residual add into the next layer's norm and the final `norm(hidden, residual)`; adding to `hidden` adds to
+their sum, the residual stream, as the transformers backend does.
+
+What this rests on, read in vllm-project/vllm (gpu_model_runner.py and config/vllm.py at 000fc94b754f, a tree
+from after vLLM made model runner V2 the default for dense models in July 2026, vllm-project/vllm#44443, so of
+the 0.26 line or later; the other files at other stored commits):
+- Dense models run on model runner V2 unless VLLM_USE_V2_MODEL_RUNNER=0 (`VllmConfig.use_v2_model_runner`), and
+  V2 has no `_prepare_inputs`, `input_batch` or `requests`: `engine_environment` sets it to 0 for the engine's
+  processes, and `install_steering` refuses any other runner in one line.
+- V1 `execute_model` flattens the batch as `[scheduler_output.num_scheduled_tokens[r] for r in
+  input_batch.req_ids]` and calls `self._prepare_inputs(scheduler_output, num_scheduled_tokens_np)` (an instance
+  attribute wins the lookup, so the wrapper runs) after `_update_states` has reordered the batch; chunked prefill
+  is a smaller count for the same request. The forward may be padded (num_tokens_padded): the index has
+  `max_num_tokens` entries, zero past the step's tokens. `_dummy_run` (profile, DP dummy batches) calls the model
+  without `_prepare_inputs`; its tokens read whatever the index holds, zeroed with every call's tables.
+- `enforce_eager=True` sets compilation mode NONE and cudagraph mode NONE (`VllmConfig.__post_init__`); vLLM's
+  own note (`_dummy_run`) says hooks registered after compilation "will never be called on the compiled model
+  execution path". So every call is checked afterwards: each worker reports how many steps it prepared and in
+  how many each hook ran, and a shortfall (compiled or captured model, a runner that stopped calling
+  `_prepare_inputs`, a step split into micro-batches) fails the call in one line instead of returning
+  unsteered text.
+- Async scheduling is on by default: the CPU prepares step k+1 while step k runs, but the index writes and the
+  hook's gather are queued on the same CUDA stream in that order, so step k reads its own slots; the copy comes
+  from pageable memory, which makes the CPU wait for the stream there (correct, at the cost of that overlap).
+- Under tensor parallelism collective_rpc reaches every worker, each runner sees the same scheduler output and
+  batch order, and the layer output is replicated (RowParallelLinear all-reduces o_proj and down_proj), so
+  every rank adds the same rows. Pipeline parallelism is not supported (other ranks' layers are placeholders).
 
 Every payload sent to the engine is a module-level function bound with `functools.partial` to plain values
-(cloudpickle ships it to the engine process; a closure over the backend drags its queues along and fails).
-`enforce_eager=True`: hooks installed after start-up are not in captured CUDA graphs. Prefix caching is off so
-KV blocks computed under another delta are never reused. Seeds are vLLM's per-request `SamplingParams(seed=)`:
-sampled text matches the transformers backend only in distribution, greedy text token for token (up to kernel
-round-off).
+(vLLM pickles it to the engine process under VLLM_ALLOW_INSECURE_SERIALIZATION=1; a closure over the backend
+drags its queues along and fails). Prefix caching is off so KV blocks computed under another delta are never
+reused. Seeds are vLLM's per-request `SamplingParams(seed=)`: sampled text matches the transformers backend only
+in distribution, greedy text token for token (up to kernel round-off).
+
+CUDA graphs stay off. Keeping them needs the steering inside the traced forward before compilation and capture:
+per steered layer a [max_slots, d] table and one [max_num_tokens] index allocated at start-up at fixed
+addresses, `hidden + table[index[:n]]` registered as a custom op in compilation_config.splitting_ops (the stored
+vLLM tree has such an op, `apply_steering` in model_executor/layers/steering.py, not checked against 0.26.0;
+EasySteer's in-graph tier does the same), the layers and slot count fixed per engine, and tables and index only
+ever written in place. That means a
+`vllm.general_plugins` entry point that rewrites the model in every vLLM process of the environment, and
+correctness that rests on how Dynamo lifts those buffers under vLLM's guard-free compiled call and on graph
+replay reading them: nothing a CPU test can show, and a wrong guess is silent wrong data. Until a GPU run
+measures it, eager with the self-check above is the safe choice.
 """
 
 from __future__ import annotations

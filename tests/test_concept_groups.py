@@ -17,11 +17,16 @@ import pytest
 from negation_pairs import passages
 
 from poolbench.corpus.passage import Passage
+from poolbench.driver.pool_groups import estimated_tokens, group_token_target, plan_groups
 from poolbench.extractor.extract import PaddedBatch
 from poolbench.extractor.loading import load_model
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, pool_concept_tables
-from poolbench.pooler.pooled_table import decode_vectors
+from poolbench.pooler.iti import head_table_key
+from poolbench.pooler.pooled_table import decode_vectors, pooled_layers
 from poolbench.pooler.registry import list_strategies
+from poolbench.pooler.worker import ExtractorWorker, PoolTask
+from poolbench.store.artifact_store import LocalStore
+from poolbench.store.keys import layer_shard_key
 
 HEDGES = ["might", "perhaps", "could", "possibly", "seems", "the", "river", "report", "suggests", "rain"]
 
@@ -80,7 +85,7 @@ def test_a_concept_pooled_in_a_group_equals_it_pooled_alone_for_every_strategy(t
     group = members()
     chunks: list[PaddedBatch] = []
     grouped = pool_concept_group(loaded, group, [0, 1], specs, batch_size=8, max_length=64,
-                                 on_batch=lambda chunk: chunks.append(chunk), overlap=overlap)  # type: ignore
+                                 on_batch=lambda chunk, _: chunks.append(chunk), overlap=overlap)
     starts = np.cumsum([0] + [len(m.passages) for m in group])
     owners = [set(np.searchsorted(starts, chunk.indices, side="right") - 1) for chunk in chunks]
     assert sum(len(o) > 1 for o in owners) >= 2  # forwards really were shared between concepts
@@ -105,8 +110,8 @@ def test_concept_statistics_reach_their_own_rows(tiny_llama_dir) -> None:
     specs = [s for s in list_strategies(include_reference=True)
              if s.id in ("A1_mean", "L1_pos_filtered", "L2_dependency_rel", "L5_keyword", "S2_sif")]
     shared = "The report suggests it might rain; the cat sat home, the river sun surely not."
-    negation = passages(4, "train") + [Passage("x", shared, 1, "d", 8, "x", "test", "negation")]
-    hedging = hedging_passages(4, "train") + [Passage("x", shared, 1, "d", 8, "x", "test", "hedging")]
+    negation = [*passages(4, "train"), Passage("x", shared, 1, "d", 8, "x", "test", "negation")]
+    hedging = [*hedging_passages(4, "train"), Passage("x", shared, 1, "d", 8, "x", "test", "hedging")]
     group = [ConceptPassages("negation", negation), ConceptPassages("hedging", hedging)]
     tables = [p.layers[1] for p in pool_concept_group(loaded, group, [1], specs, batch_size=16, max_length=64)]
 
@@ -123,3 +128,61 @@ def test_concept_statistics_reach_their_own_rows(tiny_llama_dir) -> None:
     for member, table in zip(group, tables, strict=True):
         alone = pool_concept_tables(loaded, list(member.passages), [1], specs, batch_size=16, max_length=64)
         assert_same_tables(table, alone.layers[1], member.concept)
+
+
+def test_plan_groups_packs_consecutive_concepts_up_to_the_target_and_an_even_share() -> None:
+    assert plan_groups([5, 5, 5], 0) == [[0], [1], [2]]
+    assert plan_groups([40, 30, 50, 10, 10, 90], 100) == [[0, 1], [2, 3, 4], [5]]
+    assert plan_groups([250, 10, 10], 100) == [[0], [1, 2]]  # a concept above the target pools alone
+    # two workers: no group above half of all 180 tokens, so both get work
+    assert plan_groups([40, 30, 50, 10, 10, 40], 1000, n_workers=2) == [[0, 1], [2, 3, 4], [5]]
+    assert group_token_target(None, on_gpu=False, max_batch_tokens=None) == 0
+    assert group_token_target(None, on_gpu=True, max_batch_tokens=None) == 16 * 8192
+    assert group_token_target(None, on_gpu=True, max_batch_tokens=1000) == 16_000
+    assert group_token_target(5000, on_gpu=False, max_batch_tokens=None) == 5000
+    assert group_token_target(0, on_gpu=True, max_batch_tokens=None) == 0
+    data = [Passage("a", "x" * 40, 1, "d", 0, None, "train", "c"), Passage("b", "y", 0, "d", 300, None, "train", "c")]
+    assert estimated_tokens(data, max_length=256) == 11 + 256  # 40 characters / 4 + 1; 300 cut at max_length
+
+
+def test_a_group_job_writes_each_concept_as_alone_and_a_retry_rewrites_only_what_is_missing(
+        tiny_llama_dir, tmp_path) -> None:
+    """Two concepts in one ExtractorWorker job: each one's shards, head shards and manifest under its own key hold
+    what the concept pooled alone holds. Then the job 'dies' while writing the second concept (its layer-1 shard
+    and manifest are gone) and is retried as Ray would, with the same arguments: only that shard is written."""
+    store_url = str(tmp_path / "store")
+    store = LocalStore(tmp_path / "store")
+    worker = ExtractorWorker(str(tiny_llama_dir))
+    strategies = ["A1_mean", "L5_keyword", "S2_sif_pc1", "S3_iti_probe"]
+    group = members()[:2]
+    tasks = [PoolTask(m.concept, list(m.passages), f"pooled/{m.concept}", dict(m.metadata), (0, 1)) for m in group]
+    kwargs = {"store_url": store_url, "batch_size": 8, "max_length": 64}
+    summaries = worker.pool_concepts(tasks, strategies, **kwargs)
+    assert [s["concept"] for s in summaries] == ["negation", "hedging"]
+    assert all(s["layers"] == [0, 1] and s["group"] == ["negation", "hedging"] for s in summaries)
+    for task, summary in zip(tasks, summaries, strict=True):
+        alone = f"pooled/alone-{task.concept}"
+        single = worker.pool_concept(task.concept, task.passages, [0, 1], strategies, key=alone,
+                                     metadata=task.metadata, **kwargs)
+        assert (summary["tokens"], summary["rows"]) == (single["tokens"], single["rows"])
+        assert pooled_layers(store, task.key) == [0, 1] == pooled_layers(store, alone)
+        for layer in (0, 1):
+            shard, single = layer_shard_key(task.key, layer), layer_shard_key(alone, layer)
+            assert_same_tables(store.get_table(shard), store.get_table(single), f"{task.concept} {layer}")
+            assert_same_tables(store.get_table(head_table_key(shard)), store.get_table(head_table_key(single)),
+                               f"{task.concept} heads {layer}")
+
+    files = {key: (tmp_path / "store" / f"{key}.arrow") for task in tasks for key in
+             (layer_shard_key(task.key, 0), layer_shard_key(task.key, 1))}
+    stamps = {key: path.stat().st_mtime_ns for key, path in files.items()}
+    lost = layer_shard_key("pooled/hedging", 1)
+    before = store.get_table(lost)
+    store.delete(lost)
+    store.delete("pooled/hedging")
+    again = worker.pool_concepts(tasks, strategies, **kwargs)
+    assert [s["layers"] for s in again] == [[], [1]] and again[1]["group"] == ["hedging"]
+    assert {key for key, path in files.items() if path.stat().st_mtime_ns != stamps[key]} == {lost}
+    # pooled alone this time (the other concept is whole), so equal up to the rounding a shared forward makes
+    assert_same_tables(store.get_table(lost), before, "rewritten")
+    assert pooled_layers(store, "pooled/hedging") == [0, 1]
+    assert [s["layers"] for s in worker.pool_concepts(tasks, strategies, **kwargs)] == [[], []]

@@ -117,8 +117,10 @@ def pool_concept_tables(
     is the same whatever it is. Passages that do not fit the device alone are left out, in `skipped`."""
     concept = passages[0].concept if passages else ""
     member = ConceptPassages(concept, passages, dict(metadata or {}), parses)
+    each = None if on_batch is None else (
+        lambda chunk, activations: on_batch(activations if activations is not None else chunk))
     [pooled] = pool_concept_group(loaded, [member], layers, specs, batch_size=batch_size, max_length=max_length,
-                                  on_batch=on_batch, max_batch_tokens=max_batch_tokens, device_pooling=device_pooling,
+                                  on_batch=each, max_batch_tokens=max_batch_tokens, device_pooling=device_pooling,
                                   keep_activations=keep_activations, stats=stats, overlap=overlap)
     return pooled
 
@@ -131,7 +133,7 @@ def pool_concept_group(
     *,
     batch_size: int = 32,
     max_length: int = 256,
-    on_batch: Callable[[PaddedBatch | ActivationBatch], None] | None = None,
+    on_batch: Callable[[PaddedBatch, ActivationBatch | None], None] | None = None,
     max_batch_tokens: int | None = None,
     device_pooling: bool = True,
     keep_activations: bool = False,
@@ -144,8 +146,9 @@ def pool_concept_group(
 
     Each row is weighted with its own concept's parses and train-split statistics (chunk_extras.ChunkExtras);
     `remove_first_pc` variants are fitted per concept. `overlap` (default: on CUDA) prepares the next chunk's
-    text extras and weights on a background thread while the current chunk's forward runs. Returns one
-    PooledConcept per member, in order."""
+    text extras and weights on a background thread while the current chunk's forward runs. `on_batch(chunk,
+    activations)` sees every chunk (its `indices` count through the members' passages in order), with its
+    ActivationBatch where token states went to the host. Returns one PooledConcept per member, in order."""
     specs = list(specs)
     needs = strategy_needs(specs)
     check_encoder_support(loaded.kind, specs)
@@ -175,7 +178,7 @@ def pool_concept_group(
                                         overlap=overlap, needs=needs, max_batch_tokens=max_batch_tokens,
                                         stats=stats):
         if on_batch is not None:
-            on_batch(pooler.activations if pooler.activations is not None else chunk)
+            on_batch(chunk, pooler.activations)
         pooled = pooler.pooled
         assert pooled is not None
         for i, rows in _rows_by_owner(extras.owners(chunk)):

@@ -25,7 +25,8 @@ from poolbench.extractor.extract import PaddedBatch
 from poolbench.extractor.loading import load_model
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, strategy_needs
 from poolbench.pooler.iti import head_table_key
-from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
+from poolbench.pooler.parse_task import concept_parses
+from poolbench.pooler.parses import ParseIndex
 from poolbench.pooler.pooled_table import StoreDtype, encode_vectors, write_pooled_manifest
 from poolbench.pooler.registry import (
     load_entry_point_strategies,
@@ -182,11 +183,8 @@ class ExtractorWorker:
         """The concept's parses when a strategy needs them: parsed once per corpus, reused by every run and metric."""
         if "parse" not in strategy_needs(specs):
             return None
-        ids = [p.id for p in task.passages]
-        parsed, _ = cached_parse_table(store, [p.text for p in task.passages], ids,
-                                       corpus_hash=task.metadata.get("corpus", task.concept),
-                                       passages_digest=ids_digest(ids))
-        return ParseIndex.from_table(parsed)
+        return ParseIndex.from_table(concept_parses(store, task.passages,
+                                                    task.metadata.get("corpus", task.concept))[0])
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from poolbench.corpus.validation import validate_corpus
 from poolbench.driver.local_ray import init_local_ray
 from poolbench.errors import CorpusError, PoolBenchError
 from poolbench.extractor.loading import check_model_reference, local_model_dir, model_ready
-from poolbench.pooler.concept_pooling import POOL_VERSION
+from poolbench.pooler.concept_pooling import POOL_VERSION, strategy_needs
+from poolbench.pooler.parse_task import parse_concept_task
 from poolbench.pooler.pooled_table import write_pooled_manifest
 from poolbench.pooler.registry import load_entry_point_strategies, load_strategy_module, resolve_strategies
 from poolbench.pooler.spec import StrategySpec
@@ -231,6 +232,7 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
     plans = {p.concept: p for p in run.plans}
     probe_task = ray.remote(max_retries=2)(probe_layer_task)
+    parse_task = ray.remote(max_retries=2)(parse_concept_task)
     runtime_env = worker_runtime_env()
     metadata = {"model": run.model["model_id"], "weights_hash": run.model["weights_hash"]}
     strategy_ids = [s.id for s in run.specs]
@@ -277,7 +279,17 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
         unprobed[plan.concept] = set(todo)
         return [probe(plan, layer) for layer in todo]
 
-    def after(key: ConceptJob, _: list[dict]) -> list[Job[ConceptJob]]:
+    def parse(plan: ConceptPlan) -> TaskJob[ConceptJob]:
+        return TaskJob(ConceptJob("parse", plan.concept), lambda: parse_task.options(
+            num_cpus=1, runtime_env=runtime_env).remote(store_url, plan.concept, plan.passages, plan.corpus_hash))
+
+    groups: list[list[tuple[ConceptPlan, list[int]]]] = []
+    unparsed: dict[str, int] = {}  # concept -> its group, while its parse task runs
+
+    def after(key: ConceptJob, _: list[dict] | dict) -> list[Job[ConceptJob]]:
+        if key.stage == "parse":  # a group's pooling starts once every one of its concepts is parsed
+            group = unparsed.pop(key.concept)
+            return [] if group in unparsed.values() else [pool(groups[group])]
         if key.stage != "pool":
             return []
         return [job for concept in key.concepts for job in probe_unless_stored(plans[concept])]
@@ -300,9 +312,16 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     target = 0 if cfg.dump_activations else group_token_target(cfg.concept_group_tokens, on_gpu,
                                                                 cfg.max_batch_tokens)
     sizes = [estimated_tokens(plan.passages, cfg.max_length) for plan, _ in to_pool]
-    jobs[:0] = [pool([to_pool[i] for i in group]) for group in plan_groups(sizes, target, len(queue.actors))]
+    groups.extend([to_pool[i] for i in group] for group in plan_groups(sizes, target, len(queue.actors)))
+    if parse_ahead(cfg, run.specs, on_gpu):  # spaCy on the CPU cores while the GPU pools the groups before
+        unparsed.update({plan.concept: g for g, group in enumerate(groups) for plan, _ in group})
+        jobs[:0] = [parse(plan) for group in groups for plan, _ in group]
+    else:
+        jobs[:0] = [pool(group) for group in groups]
     for key, result in queue.run(jobs, after, on_wait=lambda: poll_progress(queue.actors, emit)):
-        if key.stage == "pool":
+        if key.stage == "parse":
+            computed["parsed_ahead"] = computed.get("parsed_ahead", 0) + int(result["parsed"])
+        elif key.stage == "pool":
             for summary in result:  # one per concept of the job
                 computed["pooled"] += 1
                 if summary.get("skipped_passages"):  # left out: they did not fit the device even alone (logged)
@@ -315,6 +334,12 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
             if not left:
                 gather(plans[key.concept])
     return computed
+
+
+def parse_ahead(cfg: RunConfig, specs: Sequence[StrategySpec], on_gpu: bool) -> bool:
+    """Parse concepts in CPU tasks ahead of their pooling jobs where strategies need parses and the text work
+    overlaps the forward (on a GPU unless --no-overlap; on CPU only with --overlap, which then shares the cores)."""
+    return "parse" in strategy_needs(specs) and (on_gpu if cfg.overlap is None else cfg.overlap)
 
 
 def poll_progress(actors: Sequence[ActorHandle], emit: EventSink) -> None:

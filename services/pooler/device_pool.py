@@ -119,8 +119,8 @@ def host_weights(specs: Sequence[StrategySpec], chunk: PaddedBatch, layers: Sequ
 
     stacked = None
     if static:
-        stacked = host((np.stack([np.broadcast_to(w, (len(layers), *mask.shape)) for w in static], axis=1)
-                        if any(w.ndim == 3 for w in static) else np.stack(static)[None]).astype(np.float32))
+        stacked = host(np.asarray(np.stack([np.broadcast_to(w, (len(layers), *mask.shape)) for w in static], axis=1)
+                                  if any(w.ndim == 3 for w in static) else np.stack(static)[None], dtype=np.float32))
     first = mask.argmax(axis=1)
     onehot = np.zeros_like(mask)
     onehot[np.arange(len(first)), first] = True

@@ -109,35 +109,38 @@ class ExtractorWorker:
         pooled = self._pool(pooling, specs, store, batch_size=batch_size, max_length=max_length,
                             max_batch_tokens=max_batch_tokens, overlap=overlap) if pooling else {}
         seconds = time.perf_counter() - start
-        summaries = []
-        for task, missing in work:
-            done = pooled.get(task.key)
-            shards = {} if done is None else {layer: encode_vectors(done.tables[layer], store_dtype,
-                                                                    f"concept {task.concept} ").combine_chunks()
-                                              for layer in missing}
-            if done is not None and done.dump is not None:
-                assert task.dump_key is not None
-                store.put_table(task.dump_key, done.dump)
-            for layer, table in shards.items():
-                shard_key = layer_shard_key(task.key, layer)
-                if done is not None and done.heads is not None:  # before its PooledTable: a stored shard means
-                    store.put_table(head_table_key(shard_key), done.heads[layer])  # its heads are stored too
-                store.put_table(shard_key, table)
-            if shards or not store.exists(task.key):
-                write_pooled_manifest(store, task.key, list(all_layers if all_layers is not None else task.layers),
-                                      store_dtype)
-            skipped = done.skipped if done is not None else ()
-            for passage_id, n_tokens in skipped:
-                logger.warning("concept %s: passage %s (%d tokens) does not fit the device alone; skipped",
-                               task.concept, passage_id, n_tokens)
-            summaries.append({
-                "concept": task.concept, "key": task.key, "layers": list(shards),
+        layers = list(all_layers) if all_layers is not None else None
+        return [{**self._store(store, task, missing, pooled.get(task.key), store_dtype, layers or list(task.layers)),
+                 "group_seconds": seconds, "group": [t.concept for t, _ in pooling]} for task, missing in work]
+
+    @staticmethod
+    def _store(store: ArtifactStore, task: PoolTask, missing: list[int], done: _Pooled | None,
+               store_dtype: StoreDtype, all_layers: list[int]) -> dict:
+        """Write one concept's missing shards (each ITIHeadTable shard before its PooledTable: a stored shard means
+        its heads are stored too), then its manifest once every layer is stored; the concept's summary."""
+        # Every shard of the concept is encoded before any is written: a value float16 cannot hold stops it whole.
+        shards = {} if done is None else {layer: encode_vectors(done.tables[layer], store_dtype,
+                                                                f"concept {task.concept} ").combine_chunks()
+                                          for layer in missing}
+        if done is not None and done.dump is not None:
+            assert task.dump_key is not None
+            store.put_table(task.dump_key, done.dump)
+        for layer, table in shards.items():
+            shard_key = layer_shard_key(task.key, layer)
+            if done is not None and done.heads is not None:
+                store.put_table(head_table_key(shard_key), done.heads[layer])
+            store.put_table(shard_key, table)
+        if shards or not store.exists(task.key):
+            write_pooled_manifest(store, task.key, all_layers, store_dtype)
+        skipped = done.skipped if done is not None else ()
+        for passage_id, n_tokens in skipped:
+            logger.warning("concept %s: passage %s (%d tokens) does not fit the device alone; skipped",
+                           task.concept, passage_id, n_tokens)
+        return {"concept": task.concept, "key": task.key, "layers": list(shards),
                 "rows": sum(t.num_rows for t in shards.values()), "tokens": done.tokens if done is not None else 0,
-                "seconds": done.seconds if done is not None else 0.0, "group_seconds": seconds,
-                "group": [t.concept for t, _ in pooling],
+                "seconds": done.seconds if done is not None else 0.0,
                 "skipped_passages": [{"id": pid, "tokens": n} for pid, n in skipped],
-                "fallback_rows": sum(int(pc.sum(t.column("fallback")).as_py() or 0) for t in shards.values())})
-        return summaries
+                "fallback_rows": sum(int(pc.sum(t.column("fallback")).as_py() or 0) for t in shards.values())}
 
     def _pool(self, work: Sequence[tuple[PoolTask, list[int]]], specs: list[StrategySpec], store: ArtifactStore,
               *, batch_size: int, max_length: int, max_batch_tokens: int | None,

@@ -377,12 +377,12 @@ def capture_chunks(
     with _Preparer(prepare, overlap, stats) as preparer:
         while (entry := plan.next()) is not None:
             batch_index, chunk = entry
-            make = preparer.take(chunk)
-            upcoming = plan.peek()
-            if upcoming is not None:
-                preparer.ahead(upcoming)
             sink = None
             try:
+                make = preparer.take(chunk)
+                upcoming = plan.peek()
+                if upcoming is not None:
+                    preparer.ahead(upcoming)
                 sink = make()
                 _capture_chunk(model, decoder_layers, chunk, layers, sink, stats=stats, stop_early=stop_early,
                                needs=needs)

@@ -86,8 +86,11 @@ def test_progress_event_eta_and_display():
         display.show(RunPlanned("tiny", 2, 32, ("hedging",), (0, 1), ("A1_mean",), (11,)))
         display.show(event)
         [pool] = [t for t in progress.tasks if t.description == "pool"]
+        assert pool.fields["last"] == "hedging: 24/72 passages, 3 batches, 3,984 tokens, ETA 12s"
+        # a job pooling several concepts in shared forwards names every one in flight
+        display.show(ConceptProgress("hedging", 2, 40, 90, 5000, 4.0, group=("hedging", "toxicity", "contrast")))
     assert pool.completed == 0
-    assert pool.fields["last"] == "hedging: 24/72 passages, 3 batches, 3,984 tokens, ETA 12s"
+    assert pool.fields["last"] == "hedging+toxicity+contrast: 40/90 passages, 2 batches, 5,000 tokens, ETA 5s"
 
 
 def test_the_worker_reports_passages_and_tokens_after_every_batch(tiny_llama_dir, tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import limit_passages, open_corpus, passages_digest
 from poolbench.corpus.validation import validate_corpus
 from poolbench.driver.local_ray import init_local_ray
+from poolbench.driver.pool_groups import estimated_tokens, group_token_target, plan_groups
 from poolbench.errors import CorpusError, PoolBenchError
 from poolbench.extractor.loading import check_model_reference, local_model_dir, model_ready
 from poolbench.pooler.concept_pooling import POOL_VERSION, strategy_needs
@@ -46,7 +47,6 @@ from poolbench.store.keys import artifact_key, layer_shard_key
 from poolbench.store.url import open_store
 
 from .breakdowns import d1_by_bucket, lexical_baselines
-from .pool_groups import estimated_tokens, group_token_target, plan_groups
 from .tiers import d1_by_tier, lexical_by_tier
 from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch, poll_actors
 

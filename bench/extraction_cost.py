@@ -18,6 +18,10 @@ or token states on the host path) and host work (parses, tables, the rest).
 in ../shared/gpu/random_model.py) directly on --device in --dtype, with the embedded default's tokenizer: no
 download, and throughput does not depend on weight values. --pooling host measures the reference hand-off
 (token states to the host, numpy pooling) for a before/after on the same machine.
+--concepts-per-job N pools N concepts per job in shared forwards (pool_concept_group, as a GPU run groups them;
+1: one concept per job, the CPU default), so with many small concepts the forwards stay full across concept ends;
+each stage reports the forwards it ran and their padded tokens. --overlap on|off|auto prepares the next chunk's
+text extras and weights on a background thread beside the forward (auto: on CUDA only, the run's default).
 Writes bench/results/extraction_cost.json (top-level device, git, shape, ratios beside the detail).
 """
 
@@ -51,7 +55,7 @@ from poolbench.extractor.extract import (
     resolve_max_batch_tokens,
 )
 from poolbench.extractor.loading import EMBEDDED, LoadedModel, load_model, load_tokenizer, resolve_device
-from poolbench.pooler.concept_pooling import pool_concept_tables, strategy_needs
+from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, strategy_needs
 from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
 from poolbench.pooler.registry import resolve_strategies
 from poolbench.pooler.spec import StrategySpec
@@ -62,6 +66,7 @@ TARGETS = {"hidden_over_raw": 1.15, "attention_over_raw": 1.4, "all_over_forward
            "all_peak_rss_gb": 3.0}
 TARGETS.update({f"{key}_cpu": value for key, value in list(TARGETS.items()) if "over" in key})
 HIDDEN_NEEDS = frozenset({"parse", "corpus"})
+OVERLAP = {"auto": None, "on": True, "off": False}
 
 
 def shaped_model(shape: str, dtype: str, device: str) -> LoadedModel:
@@ -154,8 +159,12 @@ def run_stage(args: argparse.Namespace) -> dict:
     loaded = open_model(args)
     layers = [int(v) for v in args.layers.split(",")] if args.layers else list(range(loaded.n_layers))
     concepts = packed_passages(loaded.tokenizer, args)
-    batches = {c: prepare_batches(loaded.tokenizer, ps, batch_size=args.batch_size, max_length=args.max_length)
-               for c, ps in concepts.items()}
+    names = list(concepts)
+    jobs = [names[i:i + args.concepts_per_job] for i in range(0, len(names), args.concepts_per_job)]
+    # the raw forward and forward_backward run on the batches of the pooling jobs: a ratio compares like with like
+    batches = {"+".join(job): prepare_batches(loaded.tokenizer, [p for c in job for p in concepts[c]],
+                                              batch_size=args.batch_size, max_length=args.max_length)
+               for job in jobs}
     specs = stage_specs(args.stage)
     needs = strategy_needs(specs)
     budget = resolve_max_batch_tokens(loaded.model, layers, args.max_batch_tokens)
@@ -168,6 +177,8 @@ def run_stage(args: argparse.Namespace) -> dict:
             parses[concept] = ParseIndex.from_table(table)
 
     split: list[dict[str, float]] = []
+    ran: list[ExtractionStats] = []
+    members = [[ConceptPassages(c, concepts[c], parses=parses.get(c)) for c in job] for job in jobs]
 
     def stage() -> None:
         if args.stage == "forward_backward":
@@ -175,16 +186,18 @@ def run_stage(args: argparse.Namespace) -> dict:
                 forward_backward(loaded.model, concept_batches, max_batch_tokens=budget)
         elif args.stage != "raw":
             stats, start = ExtractionStats(), time.perf_counter()
-            for concept, ps in concepts.items():
-                pool_concept_tables(loaded, ps, layers, specs, batch_size=args.batch_size, max_length=args.max_length,
-                                    parses=parses.get(concept), max_batch_tokens=budget, stats=stats,
-                                    device_pooling=args.pooling == "device")
+            for job in members:
+                pool_concept_group(loaded, job, layers, specs, batch_size=args.batch_size, max_length=args.max_length,
+                                   max_batch_tokens=budget, stats=stats, device_pooling=args.pooling == "device",
+                                   overlap=OVERLAP[args.overlap])
             total = time.perf_counter() - start
             # device pooling runs inside the capture (forward_seconds), host pooling after it (convert_seconds)
             inside = stats.pool_seconds if args.pooling == "device" else 0.0
             split.append({"forward_s": stats.forward_seconds - inside, "pooling_s": stats.pool_seconds,
                           "device_to_host_s": stats.transfer_seconds,
-                          "host_s": total - stats.forward_seconds - stats.convert_seconds})
+                          "host_s": total - stats.forward_seconds - stats.convert_seconds,
+                          "prepare_s": stats.prepare_seconds})
+            ran.append(stats)
 
     first = next(iter(batches.values()))[:1]
     forward_only(loaded.model, first)  # warm-up: allocator, kernels, caches
@@ -210,6 +223,7 @@ def run_stage(args: argparse.Namespace) -> dict:
     costs = model_token_costs(loaded.model, layers, {"gradient"} if args.stage == "forward_backward" else needs)
     best = min(stage_s) if stage_s else min(raw_s)
     best_cpu = min(stage_cpu) if stage_cpu else min(raw_cpu)
+    pooled = ran[stage_s.index(min(stage_s))] if ran else None
     return {
         "stage": args.stage, "strategies": [s.id for s in specs], "needs": sorted(needs),
         "tokens": tokens, "padded_tokens": padded, "seconds": best, "tokens_per_s": tokens / best,
@@ -218,6 +232,10 @@ def run_stage(args: argparse.Namespace) -> dict:
         "load_average_1m": os.getloadavg()[0],
         "peak_bytes": peak_bytes(device), "peak_kind": "cuda_max_allocated" if device.type == "cuda" else "rss",
         "seconds_split": fastest, "pooling": args.pooling, "device_name": device_name(device),
+        "concepts_per_job": args.concepts_per_job, "overlap": args.overlap,
+        "forwards": pooled.batches if pooled else sum(len(bs) for bs in batches.values()),
+        "forward_padded_tokens": pooled.padded_tokens if pooled else padded,
+        "prepared_ahead": pooled.prepared_ahead if pooled else 0,
         "max_batch_tokens": budget, "rows_per_forward": {str(n): rows_per_forward(costs, budget, n) for n in lengths},
         "n_layers": loaded.n_layers, "hidden_size": loaded.hidden_size, "layers": layers,
         "dtype": str(loaded.dtype), "device": str(device),
@@ -267,6 +285,8 @@ def measure(args: argparse.Namespace) -> dict:
     return {
         "device": any_stage["device_name"], "git": header["git_hash"], "shape": args.shape or args.model,
         "ratios": ratios, "torch": torch.__version__, "cuda": torch.version.cuda, "pooling": args.pooling,
+        "concepts_per_job": args.concepts_per_job, "overlap": args.overlap,
+        "forwards": {name: stage["forwards"] for name, stage in results.items()},
         "peak_device_bytes": {name: stage["peak_bytes"] for name, stage in results.items()},
         "tokens_per_s": {name: stage["tokens_per_s"] for name, stage in results.items()},
         "seconds_split": {name: stage["seconds_split"] for name, stage in results.items() if stage["seconds_split"]},
@@ -285,13 +305,16 @@ def measure(args: argparse.Namespace) -> dict:
 def report(result: dict, out: Path) -> None:
     cfg = result["config"]
     table = Table(title=f"extraction cost on {cfg['model']} ({cfg['tokens']} tokens, {len(cfg['layers'])} layers, "
-                        f"{cfg['dtype']}, budget {cfg['max_batch_tokens']} tokens/forward)")
-    for column in ("stage", "tok/s", "tok/CPU-s", "x raw", "x raw (CPU time)", "peak GiB", "rows/forward"):
+                        f"{cfg['dtype']}, budget {cfg['max_batch_tokens']} tokens/forward, "
+                        f"{result['concepts_per_job']} concept(s) per job, overlap {result['overlap']})")
+    for column in ("stage", "tok/s", "tok/CPU-s", "x raw", "x raw (CPU time)", "peak GiB", "forwards",
+                   "padded tokens", "rows/forward"):
         table.add_column(column)
     for name, stage in result["stages"].items():
         table.add_row(name, f"{stage['tokens_per_s']:,.0f}", f"{stage['tokens'] / stage['cpu_seconds']:,.0f}",
                       f"{stage['over_raw']:.3f}", f"{stage['cpu_over_raw']:.3f}",
-                      f"{stage['peak_bytes'] / 2**30:.2f}", json.dumps(stage["rows_per_forward"]))
+                      f"{stage['peak_bytes'] / 2**30:.2f}", str(stage["forwards"]),
+                      f"{stage['forward_padded_tokens']:,}", json.dumps(stage["rows_per_forward"]))
     Console().print(table)
     for key, value in result["summary"].items():
         Console().print(f"{key}: {value:.3f} (target <= {TARGETS[key]}): {'yes' if result['met'][key] else 'NO'}")
@@ -312,6 +335,10 @@ def main() -> None:
                         help="a random-init Llama of this published shape instead of --model")
     parser.add_argument("--pooling", default="device", choices=("device", "host"),
                         help="pool inside the capture on the model's device, or the reference host hand-off")
+    parser.add_argument("--concepts-per-job", type=int, default=1,
+                        help="concepts pooled in shared forwards per job (1: one concept per job, the CPU default)")
+    parser.add_argument("--overlap", default="auto", choices=sorted(OVERLAP),
+                        help="prepare the next chunk beside the forward: on, off, or auto (on CUDA only)")
     parser.add_argument("--in-process", action="store_true", help="every stage in this process (smoke tests)")
     parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--parse-store", default=None, help=argparse.SUPPRESS)
@@ -320,6 +347,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.pack_to is None:
         args.pack_to = args.max_length
+    if args.concepts_per_job < 1:
+        parser.error("--concepts-per-job must be >= 1")
     if args.stage is not None:
         args.child_out.write_text(json.dumps(run_stage(args)))
         return

@@ -41,6 +41,10 @@ class RunConfig(BaseModel):
     out: str = DEFAULT_RUN_DIR
     batch_size: int = Field(32, ge=1)
     max_batch_tokens: int | None = Field(None, ge=1)
+    # Concepts sharing forwards, up to this many tokens per pooling job; None: on a GPU 16 forwards at the batch
+    # budget, on CPU one concept per job; 0: one concept per job everywhere (poolbench.driver.pool_groups).
+    concept_group_tokens: int | None = Field(None, ge=0)
+    overlap: bool | None = None  # prepare the next chunk's text extras beside the forward; None: on CUDA only
     max_length: int = Field(256, ge=8)
     limit: int | None = Field(None, ge=4)
     seed: int = 0

@@ -86,8 +86,11 @@ def test_progress_event_eta_and_display():
         display.show(RunPlanned("tiny", 2, 32, ("hedging",), (0, 1), ("A1_mean",), (11,)))
         display.show(event)
         [pool] = [t for t in progress.tasks if t.description == "pool"]
+        assert pool.fields["last"] == "hedging: 24/72 passages, 3 batches, 3,984 tokens, ETA 12s"
+        # a job pooling several concepts in shared forwards names every one in flight
+        display.show(ConceptProgress("hedging", 2, 40, 90, 5000, 4.0, group=("hedging", "toxicity", "contrast")))
     assert pool.completed == 0
-    assert pool.fields["last"] == "hedging: 24/72 passages, 3 batches, 3,984 tokens, ETA 12s"
+    assert pool.fields["last"] == "hedging+toxicity+contrast: 40/90 passages, 2 batches, 5,000 tokens, ETA 5s"
 
 
 def test_the_worker_reports_passages_and_tokens_after_every_batch(tiny_llama_dir, tmp_path, monkeypatch):
@@ -98,21 +101,22 @@ def test_the_worker_reports_passages_and_tokens_after_every_batch(tiny_llama_dir
     passages = generate_embedded_corpus("tiny")["hedging"][:10]
     worker = worker_module.ExtractorWorker(str(tiny_llama_dir), torch_threads=1)
     seen: list[dict] = []
-    real = worker_module.pool_concept_tables
+    real = worker_module.pool_concept_group
 
     def spying(*args, on_batch, **kwargs):
-        def watched(batch):
-            on_batch(batch)
+        def watched(chunk, activations):
+            on_batch(chunk, activations)
             seen.append(worker.progress())
         return real(*args, on_batch=watched, **kwargs)
 
-    monkeypatch.setattr(worker_module, "pool_concept_tables", spying)
+    monkeypatch.setattr(worker_module, "pool_concept_group", spying)
     assert worker.progress() is None
     summary = worker.pool_concept("hedging", passages, [0], ["A1_mean"], store_url=str(tmp_path / "store"),
                                   key="pooled/x", metadata={}, batch_size=4, max_length=64)
     assert [s["passages_done"] for s in seen] == [4, 8, 10]
     assert [s["batches"] for s in seen] == [1, 2, 3]
     assert {s["passages_total"] for s in seen} == {10} and {s["concept"] for s in seen} == {"hedging"}
+    assert all(s["concepts"] == ["hedging"] for s in seen)
     assert seen[-1]["tokens_done"] == summary["tokens"]
     assert worker.progress() is None  # idle again
 

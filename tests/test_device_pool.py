@@ -221,9 +221,14 @@ class OutOfMemoryAbove(torch.nn.Module):
         return self.inner(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
 
-def test_a_chunk_that_runs_out_of_memory_halves_and_a_passage_too_big_alone_is_skipped(tiny_llama_dir) -> None:
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_chunk_that_runs_out_of_memory_halves_and_a_passage_too_big_alone_is_skipped(tiny_llama_dir,
+                                                                                       overlap) -> None:
+    """Also with the next chunk prepared ahead: the chunk that failed was prepared (ahead) for itself, and its
+    halves are each prepared anew, never handed the failed chunk's preparation."""
     from poolbench.extractor.extract import ExtractionStats, capture_chunks, prepare_batches
     from poolbench.extractor.loading import load_model
+    from poolbench.pooler.device_pool import prepare_chunk_pooler
 
     loaded = load_model(str(tiny_llama_dir))
     texts = ["a short one", "another short text", "tiny", "word " * 30]
@@ -233,13 +238,58 @@ def test_a_chunk_that_runs_out_of_memory_halves_and_a_passage_too_big_alone_is_s
     long_tokens, short = (b.input_ids.shape[1] for b in batches)
     wrapped = OutOfMemoryAbove(loaded.model, limit=2 * short)  # two short rows fit, three do not, `long` never
     stats = ExtractionStats()
+    prepared: list[PaddedBatch] = []
+
+    def prepare(chunk: PaddedBatch):
+        prepared.append(chunk)
+        return prepare_chunk_pooler([list_strategies()[0]], chunk, [1], {}, torch.device("cpu"))
+
     out = list(capture_chunks(wrapped, loaded.decoder_layers, batches, [1], stats=stats, max_batch_tokens=4096,
-                              sink_for=lambda chunk: HostPooler([list_strategies()[0]], chunk, [1], {})))
+                              prepare_for=prepare, overlap=overlap))
     pooled_ids = [pid for chunk, _ in out for pid in chunk.passage_ids]
     assert sorted(pooled_ids) == ["s1", "s2", "s3"]
-    assert stats.skipped == [("long", long_tokens)]
+    assert stats.skipped == [("long", long_tokens)] and stats.skipped_indices == [3]
     assert wrapped.sizes == [1, 3, 1, 2]  # `long` alone fails; three short rows halve to one and two
     assert [chunk.passage_ids for chunk, _ in out] == [["s2"], ["s1", "s3"]]
+    assert [c.passage_ids for c in prepared] == [["long"], ["s2", "s1", "s3"], ["s2"], ["s1", "s3"]]
+    assert all(isinstance(sink, DevicePooler) and sink.chunk is chunk for chunk, sink in out)
+    assert stats.prepared_ahead == (2 if overlap else 0)  # the three-row chunk and the second half
+
+
+class OutOfMemoryAboveLlama(OutOfMemoryAbove):
+    """OutOfMemoryAbove with the inner Llama's own forward arguments, so the capture passes position ids."""
+
+    def forward(self, input_ids, attention_mask, position_ids=None, use_cache=None, output_hidden_states=None):
+        kwargs = {"position_ids": position_ids} if position_ids is not None else {}
+        return super().forward(input_ids, attention_mask, use_cache=use_cache,
+                               output_hidden_states=output_hidden_states, **kwargs)
+
+
+def test_a_concept_group_that_runs_out_of_memory_pools_the_same_tables_with_overlap(tiny_llama_dir) -> None:
+    """Every strategy, chunks halved after injected out-of-memory errors, the next chunk prepared ahead: the
+    tables are the undisturbed ones bit for bit (halves keep the padded length)."""
+    from dataclasses import replace
+
+    from negation_pairs import passages
+
+    from poolbench.extractor.loading import load_model
+    from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group
+
+    loaded = load_model(str(tiny_llama_dir))
+    specs = list_strategies()
+    members = [ConceptPassages("negation", passages(8, "train") + passages(4, "test")),
+               ConceptPassages("other", [replace(p, concept="other", text=p.text.upper())
+                                         for p in passages(5, "train") + passages(2, "test")])]
+    calm = pool_concept_group(loaded, members, [0, 1], specs, batch_size=16, max_length=64, overlap=False)
+    wrapped = OutOfMemoryAboveLlama(loaded.model, limit=5 * 12)
+    stormy = pool_concept_group(replace(loaded, model=wrapped), members, [0, 1], specs, batch_size=16,
+                                max_length=64, overlap=True)
+    assert any(a > b for a, b in zip(wrapped.sizes, wrapped.sizes[1:], strict=False))  # some chunk was halved
+    for a, b in zip(calm, stormy, strict=True):
+        for layer in (0, 1):
+            assert a.layers[layer].equals(b.layers[layer])
+            assert a.layer_heads is not None and b.layer_heads is not None
+            assert a.layer_heads[layer].equals(b.layer_heads[layer])
 
 
 class CudaErrorAt(OutOfMemoryAbove):

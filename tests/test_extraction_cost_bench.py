@@ -26,5 +26,20 @@ def test_the_shape_bench_writes_device_versions_ratios_and_the_seconds_split(tmp
     assert all(v > 0 for v in result["peak_device_bytes"].values())
     for stage in ("hidden", "attention", "gradient", "all"):
         split = result["seconds_split"][stage]
-        assert set(split) == {"forward_s", "pooling_s", "device_to_host_s", "host_s"}
+        assert set(split) == {"forward_s", "pooling_s", "device_to_host_s", "host_s", "prepare_s"}
         assert split["forward_s"] > 0 and split["pooling_s"] > 0 and split["device_to_host_s"] >= 0
+
+
+def test_the_bench_pools_several_concepts_per_job_with_the_next_chunk_prepared_ahead(tmp_path) -> None:
+    out = tmp_path / "cost.json"
+    subprocess.run([sys.executable, str(BENCH), "--shape", "tiny", "--concepts", "3", "--texts", "3",
+                    "--concepts-per-job", "3", "--overlap", "on", "--batch-size", "4", "--stages", "raw,hidden",
+                    "--max-length", "48", "--repeats", "1", "--threads", "1", "--device", "cpu", "--in-process",
+                    "--out", str(out)], check=True, cwd=BENCH.parent, capture_output=True)
+    result = json.loads(out.read_text())
+    assert result["concepts_per_job"] == 3 and result["overlap"] == "on"
+    hidden = result["stages"]["hidden"]
+    # 9 passages in one job: batches of 4, 4 and 1 rows, where one job per concept would run 3 x (3 rows)
+    assert result["forwards"] == {"raw": 3, "hidden": 3} and hidden["prepared_ahead"] == 2
+    assert hidden["forward_padded_tokens"] == result["stages"]["raw"]["forward_padded_tokens"]
+    assert result["seconds_split"]["hidden"]["prepare_s"] > 0

@@ -409,3 +409,58 @@ def test_encoder_through_the_same_code(bert_and_tokenizer):
     tok.padding_side = "right"
     for pid in results["right"]:
         np.testing.assert_allclose(results["left"][pid], results["right"][pid], atol=1e-4)
+
+
+class RecordingSink:
+    """A capture sink that logs its finish; with `wait_for`, finish first waits (bounded) for the next chunk's
+    preparation to have started, so a run where preparation does not run ahead fails instead of racing."""
+
+    def __init__(self, index: int, log: list, started: dict, wait_for: int | None) -> None:
+        self.index, self.log, self.started, self.wait_for = index, log, started, wait_for
+        self.layers: list[int] = []
+
+    def __call__(self, layer, hidden, extras) -> None:
+        self.layers.append(layer)
+
+    def finish(self) -> None:
+        if self.wait_for is not None:
+            self.log.append(("next prepared in time", self.started[self.wait_for].wait(timeout=60)))
+        self.log.append(("finish", self.index))
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_next_chunk_is_prepared_while_this_one_runs(llama, tokenizer, overlap):
+    """prepare_for(chunk k+1) runs on the background thread during chunk k's capture with overlap, strictly after
+    it without; either way every sink comes from its own chunk's preparation, in order."""
+    import threading
+
+    from poolbench.extractor.extract import capture_chunks
+
+    batches = prepare_batches(tokenizer, TEXTS, batch_size=2)
+    order = [tuple(b.passage_ids) for b in batches]
+    started = {i: threading.Event() for i in range(len(order))}
+    log: list = []
+
+    def prepare(chunk):
+        index = order.index(tuple(chunk.passage_ids))
+        log.append(("prepare", index, threading.current_thread() is threading.main_thread()))
+        started[index].set()
+        ahead = index + 1 if overlap and index + 1 < len(order) else None
+        return lambda: RecordingSink(index, log, started, ahead)
+
+    stats = ExtractionStats()
+    out = list(capture_chunks(llama, llama.model.layers, batches, [0, 2], prepare_for=prepare, overlap=overlap,
+                              stats=stats, max_batch_tokens=4096))
+    assert [sink.index for _, sink in out] == list(range(len(order))) and len(order) == 4
+    assert all(sink.layers == [0, 2] for _, sink in out)
+    events = [e[:2] for e in log if e[0] != "next prepared in time"]
+    if overlap:
+        assert all(e[1] for e in log if e[0] == "next prepared in time")
+        for k in range(len(order) - 1):  # chunk k+1 prepared before chunk k's sink finished
+            assert events.index(("prepare", k + 1)) < events.index(("finish", k))
+        assert [e[2] for e in log if e[0] == "prepare"] == [True, False, False, False]  # the first one inline
+        assert stats.prepared_ahead == len(order) - 1
+    else:
+        assert events == [step for k in range(len(order)) for step in (("prepare", k), ("finish", k))]
+        assert stats.prepared_ahead == 0
+    assert stats.prepare_seconds > 0

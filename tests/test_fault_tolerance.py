@@ -72,10 +72,12 @@ def comparable(outcome) -> dict:
     return {k: v for k, v in document.items() if k not in ("date", "timing", "config", "store")}
 
 
+@pytest.mark.parametrize("group_tokens", [None, 10**6], ids=["one-concept-jobs", "one-group-job"])
 def test_worker_killed_mid_task_is_restarted_and_the_run_matches_an_undisturbed_one(tiny_llama_dir, local_ray,
-                                                                                    cache, tmp_path):
-    """SIGKILL the extractor while it is inside a batch of a concept: Ray restarts the actor, the work queue's
-    pooling task is retried on it, and results.json equals an undisturbed run's."""
+                                                                                    cache, tmp_path, group_tokens):
+    """SIGKILL the extractor while it is inside a batch of a concept (or of the one job pooling every concept in
+    shared forwards): Ray restarts the actor, the work queue's pooling task is retried on it, and results.json
+    equals an undisturbed run's."""
     from poolbench.pooler.registry import unregister_strategy
 
     hook = tmp_path / "hook"
@@ -83,11 +85,15 @@ def test_worker_killed_mid_task_is_restarted_and_the_run_matches_an_undisturbed_
     plugin = tmp_path / "held_strategy.py"
     plugin.write_text(HELD_PLUGIN.format(hook=str(hook)))
     strategies = ("A1_mean", "P1_last", "X9_held_mean")
+    grouping = {"concept_group_tokens": group_tokens}
     try:
-        calm = run_benchmark(config(tiny_llama_dir, str(tmp_path / "calm"), strategies=strategies),
+        calm = run_benchmark(config(tiny_llama_dir, str(tmp_path / "calm"), strategies=strategies, **grouping),
                              strategy_modules=(str(plugin),))
     finally:
         unregister_strategy("X9_held_mean")
+    sizes = calm.corpus["passages"].values()  # one weights call per forward of 32 passages (no budget cut here)
+    forwards = -(-sum(sizes) // 32) if group_tokens else sum(-(-n // 32) for n in sizes)
+    assert len((hook / "calls").read_text().split()) == forwards
     (hook / "calls").unlink()
     (hook / "armed").touch()
     pids: list[int] = []
@@ -99,8 +105,8 @@ def test_worker_killed_mid_task_is_restarted_and_the_run_matches_an_undisturbed_
             pooled_events.append(event.concept)
 
     try:
-        stormy = run_benchmark(config(tiny_llama_dir, str(tmp_path / "stormy"), strategies=strategies), on_event,
-                               strategy_modules=(str(plugin),))
+        stormy = run_benchmark(config(tiny_llama_dir, str(tmp_path / "stormy"), strategies=strategies, **grouping),
+                               on_event, strategy_modules=(str(plugin),))
     finally:
         unregister_strategy("X9_held_mean")
     killed = [int((hook / "killed").read_text())]

@@ -205,3 +205,25 @@ def test_a_corrupt_artifact_is_quarantined_and_recomputed_not_fatal(tiny_llama_d
     assert again.computed == {"pooled": 1, "d1": 0, "pooled_skipped": 1, "d1_skipped": 2}
     assert open_store(cfg.resolved_store()).check(f"quarantine/{bad}") is None
     assert [c.to_dict() for c in again.records] == [c.to_dict() for c in first.records]
+
+
+def test_concepts_sharing_a_pooling_job_with_parses_ahead_give_the_run_of_the_worker_parsing(tiny_llama_dir,
+                                                                                             local_ray, cache,
+                                                                                             tmp_path):
+    """Both concepts in one pooling job (as a GPU run groups them), once with the worker parsing before its first
+    forward and once with --overlap: parse tasks on the CPU first, the group's job when both are stored, the
+    next chunk prepared beside each forward. Same records; each concept pooled, probed and reported once."""
+    strategies = ("A1_mean", "L1_pos_filtered", "L5_keyword")
+    runs = {}
+    for overlap in (False, True):
+        events: list[RunEvent] = []
+        cfg = config(tiny_llama_dir, str(tmp_path / f"store-{overlap}"), strategies=strategies,
+                     concept_group_tokens=10**6, overlap=overlap, reliability=False, n_bootstrap=50)
+        runs[overlap] = (run_benchmark(cfg, events.append), events)
+    (serial, serial_events), (ahead, ahead_events) = runs[False], runs[True]
+    assert serial.computed == {"pooled": 2, "d1": 2, "pooled_skipped": 0, "d1_skipped": 0}
+    assert ahead.computed == {**serial.computed, "parsed_ahead": 2}
+    assert ahead.records == serial.records and len(serial.records) == 2 * 2 * 3 * 2
+    for events in (serial_events, ahead_events):
+        assert sorted(e.concept for e in events if isinstance(e, ConceptPooled)) == list(CONCEPTS)
+        assert sorted(e.concept for e in events if isinstance(e, ConceptProbed)) == list(CONCEPTS)

@@ -1,25 +1,34 @@
-"""Pool one concept's passages on the fly: token activations live for one batch, pooled vectors are kept.
+"""Pool concepts' passages on the fly: token activations live for one batch, pooled vectors are kept.
 
-The extractor computes only what the requested strategies need (attention inflow, gradients); parses and the
-concept's train-split statistics are prepared once per concept and handed to every batch as extras.
+The extractor computes only what the requested strategies need (attention inflow, gradients); parses and each
+concept's train-split statistics are prepared once per concept and handed to every batch as extras. Several
+concepts may share forwards (pool_concept_group): a concept of a few dozen passages then fills the batches
+another leaves partly empty.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import torch
 
 from poolbench.corpus.passage import Passage
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.extractor.extract import ExtractionStats, PaddedBatch, capture_chunks, prepare_batches
+from poolbench.extractor.extract import (
+    ExtractionStats,
+    PaddedBatch,
+    capture_chunks,
+    pad_batches,
+    tokenize_passages,
+)
 from poolbench.extractor.loading import LoadedModel
-from poolbench.pooler.concept_context import ConceptContext
-from poolbench.pooler.device_pool import DevicePooler, HostPooler, chunk_pooler
+from poolbench.pooler.chunk_extras import ChunkExtras, concept_text
+from poolbench.pooler.device_pool import DevicePooler, HostPooler, prepare_chunk_pooler
 from poolbench.pooler.iti import FRACTION_META, HEADS_META, ITIHeadTableBuilder
-from poolbench.pooler.parses import ParseIndex, batch_parse_extras, load_nlp, parse_table
+from poolbench.pooler.parses import ParseIndex
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.pooler.saliency import check_encoder_support, remove_first_component
 from poolbench.pooler.spec import StrategySpec
@@ -53,6 +62,23 @@ def strategy_needs(specs: Sequence[StrategySpec]) -> frozenset[str]:
     return frozenset().union(*(spec.needs for spec in specs)) if specs else frozenset()
 
 
+@dataclass(frozen=True)
+class ConceptPassages:
+    """One concept of a pooling job: its passages, the metadata its tables carry, and its parses when they were
+    read from the store (else parsed here when a strategy needs them)."""
+
+    concept: str
+    passages: Sequence[Passage]
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    parses: ParseIndex | None = None
+
+
+def overlap_by_default(device: torch.device | None) -> bool:
+    """Prepare the next chunk beside the forward only where the forward leaves the CPU idle: on a GPU. On CPU the
+    forward already uses every core, and a second thread would only take turns with it."""
+    return device is not None and device.type == "cuda"
+
+
 def pool_concept(loaded: LoadedModel, passages: Sequence[Passage], layers: Sequence[int],
                  specs: Sequence[StrategySpec], *, batch_size: int = 32, max_length: int = 256,
                  metadata: dict[str, str] | None = None, parses: ParseIndex | None = None,
@@ -79,6 +105,7 @@ def pool_concept_tables(
     device_pooling: bool = True,
     keep_activations: bool = False,
     stats: ExtractionStats | None = None,
+    overlap: bool | None = None,
 ) -> PooledConcept:
     """Extract every requested layer in one forward per batch and pool all strategies inside that forward.
 
@@ -88,78 +115,110 @@ def pool_concept_tables(
     on_batch gets the PaddedBatch. `parses` (e.g. the cached artifact) serves strategies that need them;
     without it they are parsed here. `max_batch_tokens` bounds each forward (None: from free memory); the table
     is the same whatever it is. Passages that do not fit the device alone are left out, in `skipped`."""
+    concept = passages[0].concept if passages else ""
+    member = ConceptPassages(concept, passages, dict(metadata or {}), parses)
+    each = None if on_batch is None else (
+        lambda chunk, activations: on_batch(activations if activations is not None else chunk))
+    [pooled] = pool_concept_group(loaded, [member], layers, specs, batch_size=batch_size, max_length=max_length,
+                                  on_batch=each, max_batch_tokens=max_batch_tokens, device_pooling=device_pooling,
+                                  keep_activations=keep_activations, stats=stats, overlap=overlap)
+    return pooled
+
+
+def pool_concept_group(
+    loaded: LoadedModel,
+    members: Sequence[ConceptPassages],
+    layers: Sequence[int],
+    specs: Sequence[StrategySpec],
+    *,
+    batch_size: int = 32,
+    max_length: int = 256,
+    on_batch: Callable[[PaddedBatch, ActivationBatch | None], None] | None = None,
+    max_batch_tokens: int | None = None,
+    device_pooling: bool = True,
+    keep_activations: bool = False,
+    stats: ExtractionStats | None = None,
+    overlap: bool | None = None,
+) -> list[PooledConcept]:
+    """pool_concept_tables for several concepts sharing forwards: batches are planned over the union of their
+    passages (length-bucketed), and each chunk's pooled rows go back to their own concept's tables, each
+    concept's equal to what it pools alone (rows differ only by the padding their forward shared).
+
+    Each row is weighted with its own concept's parses and train-split statistics (chunk_extras.ChunkExtras);
+    `remove_first_pc` variants are fitted per concept. `overlap` (default: on CUDA) prepares the next chunk's
+    text extras and weights on a background thread while the current chunk's forward runs. `on_batch(chunk,
+    activations)` sees every chunk (its `indices` count through the members' passages in order), with its
+    ActivationBatch where token states went to the host. Returns one PooledConcept per member, in order."""
     specs = list(specs)
     needs = strategy_needs(specs)
     check_encoder_support(loaded.kind, specs)
-    batches = prepare_batches(loaded.tokenizer, passages, batch_size=batch_size, max_length=max_length)
-    if "parse" in needs and parses is None:
-        texts, ids = [p.text for p in passages], [p.id for p in passages]
-        parses = ParseIndex.from_table(parse_table(load_nlp(), texts, ids))
-    context = None
-    if "corpus" in needs:
-        context = _fit_context(passages, batches, parses)
-    builder = PooledTableBuilder(passages, loaded.hidden_size)
-    heads = {int(layer): ITIHeadTableBuilder(loaded.hidden_size) for layer in layers}
-    metadata = dict(metadata or {})
-    head_metadata = dict(metadata)
+    passages = [p for member in members for p in member.passages]
+    owner = np.repeat(np.arange(len(members)), [len(member.passages) for member in members])
+    tokens = tokenize_passages(loaded.tokenizer, [p.text for p in passages], [p.id for p in passages], max_length)
+    batches = pad_batches(loaded.tokenizer, tokens, batch_size=batch_size)
+    starts = np.concatenate([[0], np.cumsum([len(member.passages) for member in members])]).astype(int)
+    texts = [concept_text(member.concept, member.passages, tokens, range(starts[i], starts[i + 1]), needs,
+                          member.parses) for i, member in enumerate(members)]
+    extras = ChunkExtras(texts, owner, needs)
+    builders = [PooledTableBuilder(member.passages, loaded.hidden_size) for member in members]
+    heads = [{int(layer): ITIHeadTableBuilder(loaded.hidden_size) for layer in layers} for _ in members]
+    metadata = [dict(member.metadata) for member in members]
+    head_metadata = [dict(member.metadata) for member in members]
     stats = stats if stats is not None else ExtractionStats()
+    skipped_before = len(stats.skipped)
     device = None if keep_activations or not device_pooling else next(loaded.model.parameters()).device
+    overlap = overlap_by_default(device) if overlap is None else overlap
+    supervised = [spec for spec in specs if spec.supervision == "labels"]
 
-    def host_extras(chunk: PaddedBatch) -> dict[str, np.ndarray]:
-        """What the strategies read from the text, built on the CPU before the chunk's forward."""
-        extras: dict[str, np.ndarray] = {}
-        if "parse" in needs:
-            extras.update(batch_parse_extras(parses, chunk.passage_ids, chunk.texts, chunk.offsets,
-                                             chunk.attention_mask,
-                                             context.word_flags if context is not None else None))
-        if context is not None:
-            extras["unigram_probability"] = context.unigram_probability(chunk.input_ids)
-        return extras
+    def prepare(chunk: PaddedBatch) -> Callable[[], DevicePooler | HostPooler]:
+        """The CPU side of a chunk: its rows' text extras and static weights, ready to send."""
+        return prepare_chunk_pooler(specs, chunk, layers, extras(chunk), device)
 
-    def sink_for(chunk: PaddedBatch) -> DevicePooler | HostPooler:
-        return chunk_pooler(specs, chunk, layers, host_extras(chunk), device)
-
-    for chunk, pooler in capture_chunks(loaded.model, loaded.decoder_layers, batches, layers, sink_for=sink_for,
-                                        needs=needs, max_batch_tokens=max_batch_tokens, stats=stats):
+    for chunk, pooler in capture_chunks(loaded.model, loaded.decoder_layers, batches, layers, prepare_for=prepare,
+                                        overlap=overlap, needs=needs, max_batch_tokens=max_batch_tokens,
+                                        stats=stats):
         if on_batch is not None:
-            on_batch(pooler.activations if pooler.activations is not None else chunk)
+            on_batch(chunk, pooler.activations)
         pooled = pooler.pooled
         assert pooled is not None
-        builder.add(pooled.vectors, pooled.layers, pooled.strategy_ids, pooled.passage_ids, pooled.fallback)
-        for spec in specs:
-            if spec.supervision == "labels":
+        for i, rows in _rows_by_owner(extras.owners(chunk)):
+            ids = pooled.passage_ids if rows is None else [pooled.passage_ids[r] for r in rows]
+            builders[i].add(_take(pooled.vectors, rows, 2), pooled.layers, pooled.strategy_ids, ids,
+                            _take(pooled.fallback, rows, 1))
+            for spec in supervised:
                 assert pooler.heads is not None
-                per_head, outputs = pooler.heads
-                metadata[f"{spec.id}{HEADS_META}"] = str(per_head.shape[2])
-                head_metadata[f"{spec.id}{FRACTION_META}"] = str(spec.param("head_fraction"))
-                for i, layer in enumerate(pooled.layers):
-                    heads[int(layer)].add(spec.id, [layer], pooled.passage_ids, per_head[i:i + 1],
-                                          outputs[i:i + 1])
+                per_head, outputs = (_take(part, rows, 1) for part in pooler.heads)
+                metadata[i][f"{spec.id}{HEADS_META}"] = str(per_head.shape[2])
+                head_metadata[i][f"{spec.id}{FRACTION_META}"] = str(spec.param("head_fraction"))
+                for j, layer in enumerate(pooled.layers):
+                    heads[i][int(layer)].add(spec.id, [layer], ids, per_head[j:j + 1], outputs[j:j + 1])
         stats.pool_seconds += pooler.pool_seconds
         stats.transfer_seconds += pooler.transfer_seconds
-    tables = builder.layer_tables(metadata)
-    for spec in specs:
-        if dict(spec.params).get("remove_first_pc") is True:
-            tables = {layer: _remove_first_pc(table, spec.id) for layer, table in tables.items()}
-    supervised = any(spec.supervision == "labels" for spec in specs)
-    return PooledConcept(tables, {layer: heads[layer].table(head_metadata) for layer in tables}
-                         if supervised else None, tuple(stats.skipped))
+    skipped: list[list[tuple[str, int]]] = [[] for _ in members]
+    for (passage_id, n_tokens), index in zip(stats.skipped[skipped_before:], stats.skipped_indices[skipped_before:],
+                                             strict=True):
+        skipped[int(owner[index])].append((passage_id, n_tokens))
+    out = []
+    for i, builder in enumerate(builders):
+        tables = builder.layer_tables(metadata[i])
+        for spec in specs:
+            if dict(spec.params).get("remove_first_pc") is True:
+                tables = {layer: _remove_first_pc(table, spec.id) for layer, table in tables.items()}
+        out.append(PooledConcept(tables, {layer: heads[i][layer].table(head_metadata[i]) for layer in tables}
+                                 if supervised else None, tuple(skipped[i])))
+    return out
 
 
-def _fit_context(passages: Sequence[Passage], batches, parses: ParseIndex | None) -> ConceptContext:
-    """Train-split statistics: TF-IDF over parsed words, unigram counts over non-special model tokens."""
-    train = {p.id for p in passages if p.split == "train"}
-    token_ids = []
-    for batch in batches:
-        for row, passage_id in enumerate(batch.passage_ids):
-            if passage_id in train:
-                keep = batch.attention_mask[row] & ~batch.special_mask[row]
-                token_ids.append(batch.input_ids[row][keep].tolist())
-    concept = passages[0].concept if passages else ""
-    context = ConceptContext.fit(concept, parses, [p.id for p in passages if p.split == "train"], token_ids)
-    if parses is not None:
-        context.cache_keywords(parses, [p.id for p in passages])
-    return context
+def _rows_by_owner(owners: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
+    """(concept, its rows of the chunk) per concept present; rows None when the whole chunk is one concept's."""
+    present = np.unique(owners)
+    if len(present) == 1:
+        return [(int(present[0]), None)]
+    return [(int(i), np.flatnonzero(owners == i)) for i in present]
+
+
+def _take(values: np.ndarray, rows: np.ndarray | None, axis: int) -> np.ndarray:
+    return values if rows is None else np.take(values, rows, axis=axis)
 
 
 def _remove_first_pc(table: pa.Table, strategy_id: str) -> pa.Table:

@@ -12,7 +12,9 @@ token states itself (a plugin using ctx.hidden) sends its chunk the reference wa
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -76,13 +78,67 @@ def _numpy_median(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return torch.where(n > 0, (low + high) / 2, torch.full_like(low, float("nan")))
 
 
+@dataclass(frozen=True)
+class HostWeights:
+    """What a DevicePooler sends to the device, built on the CPU from the chunk and its text extras alone: the
+    part of a chunk's preparation that may run ahead of the forward (on another thread), pinned for an async
+    send on CUDA."""
+
+    sources: tuple[str | int, ...]  # per spec: a LAYER_WEIGHTS name, "max"/"min", or an index into `static`
+    static: torch.Tensor | None  # [L or 1, S_static, B, T] float32
+    mask: torch.Tensor  # [B, T] bool
+    first: torch.Tensor  # [B, T] bool, each passage's first real token
+    first_index: torch.Tensor  # [B, 1] int64
+    lengths: torch.Tensor  # [B] int64
+    uniform: dict[str, torch.Tensor]  # per attention query kind: sink.uniform_causal_inflow [B, T]
+
+
+def host_weights(specs: Sequence[StrategySpec], chunk: PaddedBatch, layers: Sequence[int],
+                 host_extras: Mapping[str, np.ndarray], *, pin: bool = False) -> HostWeights:
+    """Every static weight rule run on the chunk (raises HiddenOnDevice when one reads token states), and the
+    masks the per-layer rules need; `pin` puts them in page-locked memory so the send does not wait."""
+    mask = np.asarray(chunk.attention_mask, dtype=bool)
+    check_pool_inputs(chunk.passage_ids, mask.sum(axis=1), specs)
+    ctx = TokenContext.from_arrays(attention_mask=mask, special_mask=chunk.special_mask, offsets=chunk.offsets,
+                                   input_ids=chunk.input_ids, texts=chunk.texts, passage_ids=chunk.passage_ids,
+                                   extras=_HostExtras(host_extras))
+    sources: list[str | int] = []
+    static: list[np.ndarray] = []
+    for spec in specs:
+        if spec.kind == "reduction":
+            sources.append(str(spec.reduction))
+        elif spec.weights_fn in LAYER_WEIGHTS:
+            sources.append(LAYER_WEIGHTS[spec.weights_fn])
+        else:  # raises HiddenOnDevice when the rule reads token states: the caller pools on the host
+            sources.append(len(static))
+            static.append(checked_weights(spec, ctx, len(layers)))
+
+    def host(array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(np.ascontiguousarray(array))
+        return tensor.pin_memory() if pin else tensor
+
+    stacked = None
+    if static:
+        stacked = host(np.asarray(np.stack([np.broadcast_to(w, (len(layers), *mask.shape)) for w in static], axis=1)
+                                  if any(w.ndim == 3 for w in static) else np.stack(static)[None], dtype=np.float32))
+    first = mask.argmax(axis=1)
+    onehot = np.zeros_like(mask)
+    onehot[np.arange(len(first)), first] = True
+    queries = {spec.attention_queries for spec in specs
+               if spec.attention_queries is not None and spec.sink_mode == "auto"}
+    return HostWeights(tuple(sources), stacked, host(mask), host(onehot), host(first[:, None]),
+                       host(mask.sum(axis=1)), {q: host(uniform_causal_inflow(mask, q)) for q in sorted(queries)})
+
+
 class DevicePooler:
     """A capture sink for one chunk: pools every strategy at each layer on the layer's device, keeps nothing of
     the token states, and after `finish` holds `pooled` (a PooledBatch) and, for supervised strategies, `heads`
-    (per-head pooled vectors [L, B, H, d] and last-token head outputs [L, B, H, Dh])."""
+    (per-head pooled vectors [L, B, H, d] and last-token head outputs [L, B, H, Dh]). `weights` are the chunk's
+    HostWeights when they were built ahead (else built here)."""
 
     def __init__(self, specs: Sequence[StrategySpec], chunk: PaddedBatch, layers: Sequence[int],
-                 host_extras: Mapping[str, np.ndarray], device: torch.device) -> None:
+                 host_extras: Mapping[str, np.ndarray], device: torch.device,
+                 weights: HostWeights | None = None) -> None:
         self.specs = list(specs)
         self.chunk = chunk
         self.layers = tuple(int(layer) for layer in layers)
@@ -90,46 +146,24 @@ class DevicePooler:
         self.pool_seconds = 0.0
         self.transfer_seconds = 0.0
         self.activations: ActivationBatch | None = None
-        mask = np.asarray(chunk.attention_mask, dtype=bool)
-        check_pool_inputs(chunk.passage_ids, mask.sum(axis=1), self.specs)
-        ctx = TokenContext.from_arrays(attention_mask=mask, special_mask=chunk.special_mask, offsets=chunk.offsets,
-                                       input_ids=chunk.input_ids, texts=chunk.texts,
-                                       passage_ids=chunk.passage_ids, extras=_HostExtras(host_extras))
-        self._sources: list[str | int] = []  # per spec: a LAYER_WEIGHTS name, "max"/"min", or a static index
-        static: list[np.ndarray] = []
-        for spec in self.specs:
-            if spec.kind == "reduction":
-                self._sources.append(str(spec.reduction))
-            elif spec.weights_fn in LAYER_WEIGHTS:
-                self._sources.append(LAYER_WEIGHTS[spec.weights_fn])
-            else:  # raises HiddenOnDevice when the rule reads token states: the caller pools on the host
-                weights = checked_weights(spec, ctx, len(self.layers))
-                self._sources.append(len(static))
-                static.append(weights)
+        if weights is None:
+            weights = host_weights(self.specs, chunk, self.layers, host_extras)
+        self._sources = list(weights.sources)
         self._supervised = any(spec.supervision == "labels" for spec in self.specs)
         send = {"device": self.device, "non_blocking": True}
-        self._mask = torch.from_numpy(mask).to(**send)
+        self._mask = weights.mask.to(**send)
         self._maskf = self._mask.float()
-        first = mask.argmax(axis=1)
-        onehot = np.zeros_like(mask)
-        onehot[np.arange(len(first)), first] = True
-        self._first = torch.from_numpy(onehot).to(**send)
-        self._first_index = torch.from_numpy(first[:, None]).to(**send)
+        self._first = weights.first.to(**send)
+        self._first_index = weights.first_index.to(**send)
         self._others = self._mask & ~self._first
-        lengths = torch.from_numpy(mask.sum(axis=1)).to(**send)
-        self._lengths = lengths
-        self._static = None
-        if static:
-            stacked = (np.stack([np.broadcast_to(w, (len(self.layers), *mask.shape)) for w in static], axis=1)
-                       if any(w.ndim == 3 for w in static) else np.stack(static)[None])
-            self._static = torch.from_numpy(np.ascontiguousarray(stacked, dtype=np.float32)).to(**send)
-        queries = {spec.attention_queries for spec in self.specs
-                   if spec.attention_queries is not None and spec.sink_mode == "auto"}
-        self._uniform = {q: torch.from_numpy(uniform_causal_inflow(mask, q)).to(**send) for q in queries}
+        self._lengths = weights.lengths.to(**send)
+        self._static = weights.static.to(**send) if weights.static is not None else None
+        self._uniform = {q: values.to(**send) for q, values in weights.uniform.items()}
         self._norms_needed = any(s == "token_norms" for s in self._sources) or any(
             spec.sink_mode != "keep" for spec in self.specs)
         self._position = {layer: i for i, layer in enumerate(self.layers)}
-        self._fallback = torch.zeros((len(self.specs), mask.shape[0]), dtype=torch.bool, device=self.device)
+        batch = int(weights.mask.shape[0])
+        self._fallback = torch.zeros((len(self.specs), batch), dtype=torch.bool, device=self.device)
         self._bad = torch.zeros(len(self.specs), dtype=torch.bool, device=self.device)
         self._out: torch.Tensor | None = None
         self._masked: torch.Tensor | None = None
@@ -308,9 +342,19 @@ class HostPooler:
 def chunk_pooler(specs: Sequence[StrategySpec], chunk: PaddedBatch, layers: Sequence[int],
                  host_extras: Mapping[str, np.ndarray], device: torch.device | None) -> DevicePooler | HostPooler:
     """A DevicePooler on `device`, or the HostPooler where a weight rule reads token states (or device is None)."""
+    return prepare_chunk_pooler(specs, chunk, layers, host_extras, device)()
+
+
+def prepare_chunk_pooler(specs: Sequence[StrategySpec], chunk: PaddedBatch, layers: Sequence[int],
+                         host_extras: Mapping[str, np.ndarray], device: torch.device | None
+                         ) -> Callable[[], DevicePooler | HostPooler]:
+    """chunk_pooler in two halves: this call does the CPU work (it may run on another thread, ahead of the
+    forward), the function it returns makes the pooler and sends its weights (on the capture's thread)."""
     if device is not None:
         try:
-            return DevicePooler(specs, chunk, layers, host_extras, device)
+            weights = host_weights(specs, chunk, layers, host_extras, pin=torch.device(device).type == "cuda")
         except HiddenOnDevice:
             pass
-    return HostPooler(specs, chunk, layers, host_extras)
+        else:
+            return partial(DevicePooler, specs, chunk, layers, host_extras, device, weights)
+    return partial(HostPooler, specs, chunk, layers, host_extras)

@@ -66,12 +66,13 @@ def needs_head_table(pooled: pa.Table) -> bool:
 
 
 class ITIHeadTableBuilder:
-    """Accumulates per-head batches of supervised strategies and emits one ITIHeadTable per concept."""
+    """Accumulates per-head batches of supervised strategies and emits one ITIHeadTable per concept, strategy by
+    strategy, so the table does not depend on how its passages were cut into chunks."""
 
     def __init__(self, hidden_size: int) -> None:
         self._hidden_size = hidden_size
         self._head_dim = 0
-        self._chunks: list[pa.RecordBatch] = []
+        self._chunks: dict[str, list[pa.RecordBatch]] = {}
 
     def add(self, strategy_id: str, layers: Sequence[int], passage_ids: Sequence[str], pooled: np.ndarray,
             outputs: np.ndarray) -> None:
@@ -89,11 +90,11 @@ class ITIHeadTableBuilder:
             "output": _fixed_size(outputs, self._head_dim),
         }
         schema = iti_head_schema(self._hidden_size, self._head_dim)
-        self._chunks.append(pa.RecordBatch.from_pydict(columns, schema=schema))
+        self._chunks.setdefault(strategy_id, []).append(pa.RecordBatch.from_pydict(columns, schema=schema))
 
     def table(self, metadata: dict[str, str] | None = None) -> pa.Table:
         schema = iti_head_schema(self._hidden_size, self._head_dim).with_metadata(metadata or {})
-        return pa.Table.from_batches(self._chunks, schema=schema)
+        return pa.Table.from_batches([c for chunks in self._chunks.values() for c in chunks], schema=schema)
 
 
 def _fixed_size(values: np.ndarray, width: int) -> pa.FixedSizeListArray:

@@ -165,11 +165,20 @@ def batch_parse_extras(index: ParseIndex, passage_ids: Sequence[str], texts: Seq
 
     `word_flags(passage_id, words) -> {name: [n_words] bool}` adds concept-dependent flags (triggers,
     keywords) as `parse_<name>` arrays."""
+    words = [index.words(passage_id) for passage_id in passage_ids]
+    flags = None if word_flags is None else [word_flags(pid, w) for pid, w in zip(passage_ids, words, strict=True)]
+    return rows_parse_extras(words, passage_ids, texts, offsets, attention_mask, flags)
+
+
+def rows_parse_extras(words_per_row: Sequence[Mapping[str, np.ndarray]], passage_ids: Sequence[str],
+                      texts: Sequence[str], offsets: np.ndarray, attention_mask: np.ndarray,
+                      flags_per_row: Sequence[Mapping[str, np.ndarray]] | None = None) -> dict[str, np.ndarray]:
+    """batch_parse_extras from each row's own words and flags: rows of one chunk may come from different
+    concepts (their own parses, their own train-split statistics)."""
     parts: dict[str, list[np.ndarray]] = {}
     pair_b, pair_t, pair_w = [], [], []
     n_words = n_sents = n_ents = 0
-    for b, passage_id in enumerate(passage_ids):
-        words = index.words(passage_id)
+    for b, (passage_id, words) in enumerate(zip(passage_ids, words_per_row, strict=True)):
         n = len(words["start"])
         local = {int(w): i for i, w in enumerate(words["word"])}
         try:
@@ -186,9 +195,9 @@ def batch_parse_extras(index: ParseIndex, passage_ids: Sequence[str], texts: Seq
         fields = {name: words[name] for name in WORD_FIELDS}
         fields.update(batch=np.full(n, b, dtype=np.int64), head=head + n_words,
                       sent=sent + n_sents, ent=np.where(ent >= 0, ent + n_ents, -1))
-        if word_flags is not None:
-            for name, flags in word_flags(passage_id, words).items():
-                fields[name] = np.asarray(flags, dtype=bool)
+        if flags_per_row is not None:
+            for name, values in flags_per_row[b].items():
+                fields[name] = np.asarray(values, dtype=bool)
         for name, values in fields.items():
             parts.setdefault(name, []).append(np.asarray(values))
         n_words += n

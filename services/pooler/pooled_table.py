@@ -110,12 +110,15 @@ def encode_vectors(table: pa.Table, store_dtype: StoreDtype, where: str = "") ->
 
 
 class PooledTableBuilder:
-    """Accumulates pooled batches (vectors [L, S, B, d]) and emits one Arrow table per layer (or per concept)."""
+    """Accumulates pooled batches (vectors [L, S, B, d]) and emits one Arrow table per layer (or per concept).
+
+    Rows come out strategy by strategy, each strategy's passages in the order they were added, so a table does
+    not depend on how its passages were cut into chunks (alone, or sharing forwards with other concepts)."""
 
     def __init__(self, passages: Sequence[Passage], hidden_size: int) -> None:
         self._by_id = {p.id: p for p in passages}
         self._hidden_size = hidden_size
-        self._chunks: dict[int, list[pa.RecordBatch]] = {}
+        self._chunks: dict[int, dict[str, list[pa.RecordBatch]]] = {}
 
     def add(
         self,
@@ -125,7 +128,7 @@ class PooledTableBuilder:
         passage_ids: Sequence[str],
         fallback: np.ndarray,
     ) -> None:
-        """Add one pooled batch; rows are ordered layer-major, then strategy, then passage."""
+        """Add one pooled batch (vectors [L, S, B, d], fallback [S, B])."""
         n_layers, n_strategies, batch, dim = vectors.shape
         passages = [self._by_id[pid] for pid in passage_ids]
         rows = n_layers * n_strategies * batch
@@ -143,19 +146,24 @@ class PooledTableBuilder:
             "vector": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), dim),
         }
         record = pa.RecordBatch.from_pydict(columns, schema=pooled_schema(self._hidden_size))
-        per_layer = n_strategies * batch
         for i, layer in enumerate(layers):
-            self._chunks.setdefault(int(layer), []).append(record.slice(i * per_layer, per_layer))
+            per_strategy = self._chunks.setdefault(int(layer), {})
+            for s, strategy in enumerate(strategy_ids):
+                start = (i * n_strategies + s) * batch
+                per_strategy.setdefault(strategy, []).append(record.slice(start, batch))
+
+    def _batches(self, layer: int) -> list[pa.RecordBatch]:
+        return [chunk for chunks in self._chunks[layer].values() for chunk in chunks]
 
     def layer_tables(self, metadata: dict[str, str] | None = None) -> dict[int, pa.Table]:
         """One float32 table per layer, in the order layers were first added."""
         schema = pooled_schema(self._hidden_size).with_metadata(metadata or {})
-        return {layer: pa.Table.from_batches(chunks, schema=schema) for layer, chunks in self._chunks.items()}
+        return {layer: pa.Table.from_batches(self._batches(layer), schema=schema) for layer in self._chunks}
 
     def table(self, metadata: dict[str, str] | None = None) -> pa.Table:
         """Every layer in one table (rows layer by layer), for callers that keep vectors in memory."""
         schema = pooled_schema(self._hidden_size).with_metadata(metadata or {})
-        return pa.Table.from_batches([c for chunks in self._chunks.values() for c in chunks], schema=schema)
+        return pa.Table.from_batches([c for layer in self._chunks for c in self._batches(layer)], schema=schema)
 
 
 @dataclass

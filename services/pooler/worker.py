@@ -10,25 +10,31 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
 from poolbench.corpus.passage import Passage
+from poolbench.errors import PoolBenchError
 from poolbench.extractor.activation_dump import activation_dump_table
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.extract import PaddedBatch
 from poolbench.extractor.loading import load_model
-from poolbench.pooler.concept_pooling import pool_concept_tables, strategy_needs
+from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, strategy_needs
 from poolbench.pooler.iti import head_table_key
-from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
+from poolbench.pooler.parse_task import concept_parses
+from poolbench.pooler.parses import ParseIndex
 from poolbench.pooler.pooled_table import StoreDtype, encode_vectors, write_pooled_manifest
 from poolbench.pooler.registry import (
     load_entry_point_strategies,
     load_strategy_module,
     resolve_strategies,
 )
+from poolbench.pooler.spec import StrategySpec
+from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import layer_shard_key
 from poolbench.store.url import open_store
 
@@ -48,8 +54,8 @@ class ExtractorWorker:
         self._progress: dict | None = None
 
     def progress(self) -> dict | None:
-        """Where pool_concept is now (concept, batches, passages, tokens, seconds), None when idle; the driver
-        polls it from a second actor thread, so it only reads what on_batch last wrote."""
+        """Where the pooling job is now (its concepts, batches, passages, tokens, seconds), None when idle; the
+        driver polls it from a second actor thread, so it only reads what on_batch last wrote."""
         progress = self._progress
         return None if progress is None else {**progress, "seconds": time.perf_counter() - progress["started"]}
 
@@ -67,55 +73,143 @@ class ExtractorWorker:
                      strategies: Sequence[str], *, store_url: str, key: str, metadata: dict[str, str],
                      batch_size: int, max_length: int, dump_key: str | None = None,
                      max_batch_tokens: int | None = None, store_dtype: StoreDtype = "float32",
-                     all_layers: Sequence[int] | None = None) -> dict:
+                     all_layers: Sequence[int] | None = None, overlap: bool | None = None) -> dict:
         """Pool `layers` and write one PooledTable shard per layer (its ITIHeadTable shard first), then the
         manifest under `key` once every layer of `all_layers` (default: `layers`) is stored; returns a summary.
 
         A resumed run passes only the layers whose shards are missing; the others are left as they are."""
+        task = PoolTask(concept, passages, key, metadata, tuple(layers), dump_key)
+        [summary] = self.pool_concepts([task], strategies, store_url=store_url, batch_size=batch_size,
+                                       max_length=max_length, max_batch_tokens=max_batch_tokens,
+                                       store_dtype=store_dtype, all_layers=all_layers, overlap=overlap)
+        return summary
+
+    def pool_concepts(self, tasks: Sequence[PoolTask], strategies: Sequence[str], *, store_url: str,
+                      batch_size: int, max_length: int, max_batch_tokens: int | None = None,
+                      store_dtype: StoreDtype = "float32", all_layers: Sequence[int] | None = None,
+                      overlap: bool | None = None) -> list[dict]:
+        """Pool several concepts in shared forwards and write each one's missing shards and its manifest exactly
+        as a concept pooled alone; one summary per task, in order.
+
+        Shards already stored are left as they are and their layers not pooled again, so a job retried after its
+        worker died mid-way writes only what the first attempt did not (a dump pools every layer it is given)."""
         store = open_store(store_url)
         specs = resolve_strategies(list(strategies))
-        dumped: list[pa.Table] = []
-        tokens = 0
-
         start = time.perf_counter()
-        self._progress = {"concept": concept, "batches": 0, "passages_done": 0, "passages_total": len(passages),
-                          "tokens_done": 0, "started": start}
-
-        def on_batch(batch: PaddedBatch | ActivationBatch) -> None:
-            nonlocal tokens
-            tokens += int(batch.attention_mask.sum())
-            if self._progress is not None:
-                self._progress = {**self._progress, "batches": self._progress["batches"] + 1, "tokens_done": tokens,
-                                  "passages_done": self._progress["passages_done"] + len(batch.passage_ids)}
-            if isinstance(batch, ActivationBatch) and dump_key is not None:
-                dumped.append(activation_dump_table(batch))
-
-        parses = None
-        if "parse" in strategy_needs(specs):  # parsed once per corpus, reused by every run and metric
-            parsed, _ = cached_parse_table(store, [p.text for p in passages], [p.id for p in passages],
-                                           corpus_hash=metadata.get("corpus", concept),
-                                           passages_digest=ids_digest([p.id for p in passages]))
-            parses = ParseIndex.from_table(parsed)
-        pooled = pool_concept_tables(self.loaded, passages, layers, specs, batch_size=batch_size,
-                                     max_length=max_length, metadata=metadata, on_batch=on_batch, parses=parses,
-                                     max_batch_tokens=max_batch_tokens, keep_activations=dump_key is not None)
-        for passage_id, n_tokens in pooled.skipped:
-            logger.warning("concept %s: passage %s (%d tokens) does not fit the device alone; skipped", concept,
-                           passage_id, n_tokens)
+        work: list[tuple[PoolTask, list[int]]] = []
+        for task in tasks:
+            redo = task.dump_key is not None and not store.exists(task.dump_key)
+            missing = list(task.layers) if redo else \
+                [layer for layer in task.layers if not store.exists(layer_shard_key(task.key, layer))]
+            work.append((task, missing))
+        pooling = [(task, missing) for task, missing in work if missing]
+        dumps = [task for task, _ in pooling if task.dump_key is not None]
+        if dumps and len(pooling) > 1:
+            raise PoolBenchError(f"concept {dumps[0].concept}: an activation dump is pooled alone, not in a group")
+        pooled = self._pool(pooling, specs, store, batch_size=batch_size, max_length=max_length,
+                            max_batch_tokens=max_batch_tokens, overlap=overlap) if pooling else {}
         seconds = time.perf_counter() - start
-        self._progress = None
-        # Every shard is encoded before any is written: a value float16 cannot hold stops the concept whole.
-        shards = {layer: encode_vectors(table, store_dtype, f"concept {concept} ").combine_chunks()
-                  for layer, table in pooled.layers.items()}
-        if dump_key is not None:
-            store.put_table(dump_key, pa.concat_tables(dumped))
+        layers = list(all_layers) if all_layers is not None else None
+        return [{**self._store(store, task, missing, pooled.get(task.key), store_dtype, layers or list(task.layers)),
+                 "group_seconds": seconds, "group": [t.concept for t, _ in pooling]} for task, missing in work]
+
+    @staticmethod
+    def _store(store: ArtifactStore, task: PoolTask, missing: list[int], done: _Pooled | None,
+               store_dtype: StoreDtype, all_layers: list[int]) -> dict:
+        """Write one concept's missing shards (each ITIHeadTable shard before its PooledTable: a stored shard means
+        its heads are stored too), then its manifest once every layer is stored; the concept's summary."""
+        # Every shard of the concept is encoded before any is written: a value float16 cannot hold stops it whole.
+        shards = {} if done is None else {layer: encode_vectors(done.tables[layer], store_dtype,
+                                                                f"concept {task.concept} ").combine_chunks()
+                                          for layer in missing}
+        if done is not None and done.dump is not None:
+            assert task.dump_key is not None
+            store.put_table(task.dump_key, done.dump)
         for layer, table in shards.items():
-            shard_key = layer_shard_key(key, layer)
-            if pooled.layer_heads is not None:  # before its PooledTable: a stored shard means its heads are
-                store.put_table(head_table_key(shard_key), pooled.layer_heads[layer])
+            shard_key = layer_shard_key(task.key, layer)
+            if done is not None and done.heads is not None:
+                store.put_table(head_table_key(shard_key), done.heads[layer])
             store.put_table(shard_key, table)
-        write_pooled_manifest(store, key, list(all_layers if all_layers is not None else layers), store_dtype)
-        return {"concept": concept, "key": key, "layers": list(shards),
-                "rows": sum(t.num_rows for t in shards.values()), "tokens": tokens, "seconds": seconds,
-                "skipped_passages": [{"id": pid, "tokens": n} for pid, n in pooled.skipped],
+        if shards or not store.exists(task.key):
+            write_pooled_manifest(store, task.key, all_layers, store_dtype)
+        skipped = done.skipped if done is not None else ()
+        for passage_id, n_tokens in skipped:
+            logger.warning("concept %s: passage %s (%d tokens) does not fit the device alone; skipped",
+                           task.concept, passage_id, n_tokens)
+        return {"concept": task.concept, "key": task.key, "layers": list(shards),
+                "rows": sum(t.num_rows for t in shards.values()), "tokens": done.tokens if done is not None else 0,
+                "seconds": done.seconds if done is not None else 0.0,
+                "skipped_passages": [{"id": pid, "tokens": n} for pid, n in skipped],
                 "fallback_rows": sum(int(pc.sum(t.column("fallback")).as_py() or 0) for t in shards.values())}
+
+    def _pool(self, work: Sequence[tuple[PoolTask, list[int]]], specs: list[StrategySpec], store: ArtifactStore,
+              *, batch_size: int, max_length: int, max_batch_tokens: int | None,
+              overlap: bool | None) -> dict[str, _Pooled]:
+        """One pool_concept_group over the tasks at the union of their missing layers, with progress and (for a
+        lone task with a dump key) the activation dump; keyed by each task's artifact key."""
+        start = time.perf_counter()
+        layers = sorted({layer for _, missing in work for layer in missing})
+        members = [ConceptPassages(task.concept, task.passages, task.metadata,
+                                   self._parses(store, task, specs)) for task, _ in work]
+        starts = np.cumsum([0] + [len(task.passages) for task, _ in work])
+        tokens = np.zeros(len(work), dtype=np.int64)
+        dumped: list[pa.Table] = []
+        dumping = any(task.dump_key is not None for task, _ in work)
+        self._progress = {"concept": work[0][0].concept, "concepts": [task.concept for task, _ in work],
+                          "batches": 0, "passages_done": 0, "passages_total": int(starts[-1]), "tokens_done": 0,
+                          "started": start}
+
+        def on_batch(chunk: PaddedBatch, activations: ActivationBatch | None) -> None:
+            owners = np.searchsorted(starts, np.asarray(chunk.indices), side="right") - 1
+            np.add.at(tokens, owners, chunk.attention_mask.sum(axis=1))
+            if self._progress is not None:
+                self._progress = {**self._progress, "batches": self._progress["batches"] + 1,
+                                  "tokens_done": int(tokens.sum()),
+                                  "passages_done": self._progress["passages_done"] + len(chunk.passage_ids)}
+            if activations is not None and dumping:
+                dumped.append(activation_dump_table(activations))
+
+        try:
+            results = pool_concept_group(self.loaded, members, layers, specs, batch_size=batch_size,
+                                         max_length=max_length, on_batch=on_batch, max_batch_tokens=max_batch_tokens,
+                                         keep_activations=dumping, overlap=overlap)
+        finally:
+            self._progress = None
+        seconds = time.perf_counter() - start
+        share = tokens / max(int(tokens.sum()), 1)
+        return {task.key: _Pooled(pooled.layers, pooled.layer_heads, pooled.skipped, int(tokens[i]),
+                                  seconds * float(share[i]), pa.concat_tables(dumped) if task.dump_key else None)
+                for i, ((task, _), pooled) in enumerate(zip(work, results, strict=True))}
+
+    @staticmethod
+    def _parses(store: ArtifactStore, task: PoolTask, specs: Sequence[StrategySpec]) -> ParseIndex | None:
+        """The concept's parses when a strategy needs them: parsed once per corpus, reused by every run and metric."""
+        if "parse" not in strategy_needs(specs):
+            return None
+        return ParseIndex.from_table(concept_parses(store, task.passages,
+                                                    task.metadata.get("corpus", task.concept))[0])
+
+
+@dataclass(frozen=True)
+class PoolTask:
+    """One concept of a pooling job: its passages, where its shards and manifest go (`key`), the metadata its
+    tables carry, the layers to store, and an activation dump's key when one is asked for."""
+
+    concept: str
+    passages: Sequence[Passage]
+    key: str
+    metadata: dict[str, str]
+    layers: tuple[int, ...]
+    dump_key: str | None = None
+
+
+@dataclass(frozen=True)
+class _Pooled:
+    """One concept's share of a group job: its tables, its tokens and its token share of the job's seconds."""
+
+    tables: dict[int, pa.Table]
+    heads: dict[int, pa.Table] | None
+    skipped: tuple[tuple[str, int], ...]
+    tokens: int
+    seconds: float
+    dump: pa.Table | None

@@ -112,6 +112,12 @@ def run(
     batch_size: Annotated[int, typer.Option(help="passages per forward pass")] = 32,
     max_batch_tokens: Annotated[int | None, typer.Option(
         help="padded tokens per forward (default: from free memory, at most 8192); results do not change")] = None,
+    concept_group_tokens: Annotated[int | None, typer.Option(
+        help="concepts share forwards up to this many tokens per pooling job (default: on a GPU 16 forwards at the "
+             "batch budget, on CPU one concept per job; 0: one per job)")] = None,
+    overlap: Annotated[bool | None, typer.Option(
+        "--overlap/--no-overlap", help="prepare the next batch's text extras while the forward runs "
+                                       "(default: on CUDA only)")] = None,
     max_length: Annotated[int, typer.Option(help="truncate passages to this many tokens")] = 256,
     limit: Annotated[int | None, typer.Option(help="at most N passages per split and class")] = None,
     seed: Annotated[int, typer.Option(help="seed for folds, probes and bootstrap")] = 0,
@@ -150,7 +156,7 @@ def run(
             corpus_size=corpus_size, concepts=_split(concepts),
             layers=_layers(layers),
             strategies=_split(strategies), store=store, out=str(out), batch_size=batch_size,
-            max_batch_tokens=max_batch_tokens,
+            max_batch_tokens=max_batch_tokens, concept_group_tokens=concept_group_tokens, overlap=overlap,
             max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=n_bootstrap,
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
@@ -217,7 +223,7 @@ class RunDisplay:
                 bar(self.tasks["pool"], advance=1, last=f"{concept} ({'cached' if skipped else f'{seconds:.1f}s'})")
             case ConceptProgress():
                 eta = "" if event.eta_s is None else f", ETA {event.eta_s:.0f}s"
-                bar(self.tasks["pool"], last=f"{event.concept}: {event.passages_done}/{event.passages_total} passages, "
+                bar(self.tasks["pool"], last=f"{event.label}: {event.passages_done}/{event.passages_total} passages, "
                                              f"{event.batches} batches, {event.tokens_done:,} tokens{eta}")
             case CellProgress():
                 eta = "" if event.eta_s is None else f", ETA {event.eta_s:.0f}s"

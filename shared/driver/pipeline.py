@@ -16,13 +16,15 @@ from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import limit_passages, open_corpus, passages_digest
 from poolbench.corpus.validation import validate_corpus
 from poolbench.driver.local_ray import init_local_ray
+from poolbench.driver.pool_groups import estimated_tokens, group_token_target, plan_groups
 from poolbench.errors import CorpusError, PoolBenchError
 from poolbench.extractor.loading import check_model_reference, local_model_dir, model_ready
-from poolbench.pooler.concept_pooling import POOL_VERSION
+from poolbench.pooler.concept_pooling import POOL_VERSION, strategy_needs
+from poolbench.pooler.parse_task import parse_concept_task
 from poolbench.pooler.pooled_table import write_pooled_manifest
 from poolbench.pooler.registry import load_entry_point_strategies, load_strategy_module, resolve_strategies
 from poolbench.pooler.spec import StrategySpec
-from poolbench.pooler.worker import ExtractorWorker
+from poolbench.pooler.worker import ExtractorWorker, PoolTask
 from poolbench.prober.concept_probe import D1_VERSION, gather_layer_d1, probe_layer_task
 from poolbench.prober.flash import parse_fraction
 from poolbench.prober.reliability import RELIABILITY_VERSION
@@ -86,14 +88,20 @@ class RunPlan:
 
 @dataclass(frozen=True)
 class ConceptJob:
-    """A work-queue key: pool a concept's missing layers on an extractor, or probe one layer (D1) in a task."""
+    """A work-queue key: pool the missing layers of a concept (or of a group of concepts sharing forwards, named
+    in `group`) on an extractor, or probe one layer (D1) of a concept in a task."""
 
     stage: str
     concept: str
     layer: int | None = None
+    group: tuple[str, ...] = ()
+
+    @property
+    def concepts(self) -> tuple[str, ...]:
+        return self.group or (self.concept,)
 
     def __str__(self) -> str:
-        return f"{self.stage} {self.concept}" + (f" layer {self.layer}" if self.layer is not None else "")
+        return f"{self.stage} {'+'.join(self.concepts)}" + (f" layer {self.layer}" if self.layer is not None else "")
 
 
 def connect_ray(address: str | None) -> None:
@@ -223,17 +231,21 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
     plans = {p.concept: p for p in run.plans}
     probe_task = ray.remote(max_retries=2)(probe_layer_task)
+    parse_task = ray.remote(max_retries=2)(parse_concept_task)
     runtime_env = worker_runtime_env()
     metadata = {"model": run.model["model_id"], "weights_hash": run.model["weights_hash"]}
     strategy_ids = [s.id for s in run.specs]
     unprobed: dict[str, set[int]] = {}
 
-    def pool(plan: ConceptPlan, layers: list[int]) -> ActorJob[ConceptJob]:
-        return ActorJob(ConceptJob("pool", plan.concept), lambda worker: worker.pool_concept.remote(
-            plan.concept, plan.passages, layers, strategy_ids, store_url=store_url, key=plan.pooled_key,
-            metadata={**metadata, "concept": plan.concept, "corpus": plan.corpus_hash},
-            batch_size=cfg.batch_size, max_length=cfg.max_length, dump_key=plan.dump_key,
-            max_batch_tokens=cfg.max_batch_tokens, store_dtype=cfg.store_dtype, all_layers=run.layers))
+    def pool(group: list[tuple[ConceptPlan, list[int]]]) -> ActorJob[ConceptJob]:
+        tasks = [PoolTask(plan.concept, plan.passages, plan.pooled_key,
+                          {**metadata, "concept": plan.concept, "corpus": plan.corpus_hash}, tuple(layers),
+                          plan.dump_key) for plan, layers in group]
+        key = ConceptJob("pool", tasks[0].concept, group=tuple(t.concept for t in tasks) if len(tasks) > 1 else ())
+        return ActorJob(key, lambda worker: worker.pool_concepts.remote(
+            tasks, strategy_ids, store_url=store_url, batch_size=cfg.batch_size, max_length=cfg.max_length,
+            max_batch_tokens=cfg.max_batch_tokens, store_dtype=cfg.store_dtype, all_layers=run.layers,
+            overlap=cfg.overlap))
 
     def stored(key: str) -> bool:
         """Stored and whole; a corrupt artifact is quarantined, reported and recomputed instead of stopping."""
@@ -266,41 +278,75 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
         unprobed[plan.concept] = set(todo)
         return [probe(plan, layer) for layer in todo]
 
-    def after(key: ConceptJob, _: dict) -> list[Job[ConceptJob]]:
-        return probe_unless_stored(plans[key.concept]) if key.stage == "pool" else []
+    def parse(plan: ConceptPlan) -> TaskJob[ConceptJob]:
+        return TaskJob(ConceptJob("parse", plan.concept), lambda: parse_task.options(
+            num_cpus=1, runtime_env=runtime_env).remote(store_url, plan.concept, plan.passages, plan.corpus_hash))
+
+    groups: list[list[tuple[ConceptPlan, list[int]]]] = []
+    unparsed: dict[str, int] = {}  # concept -> its group, while its parse task runs
+
+    def after(key: ConceptJob, _: list[dict] | dict) -> list[Job[ConceptJob]]:
+        if key.stage == "parse":  # a group's pooling starts once every one of its concepts is parsed
+            group = unparsed.pop(key.concept)
+            return [] if group in unparsed.values() else [pool(groups[group])]
+        if key.stage != "pool":
+            return []
+        return [job for concept in key.concepts for job in probe_unless_stored(plans[concept])]
 
     jobs: list[Job[ConceptJob]] = []
+    to_pool: list[tuple[ConceptPlan, list[int]]] = []
     for plan in run.plans:
         needs_dump = plan.dump_key is not None and not stored(plan.dump_key)
         missing = list(run.layers) if needs_dump else \
             [layer for layer in run.layers if not stored(layer_shard_key(plan.pooled_key, layer))]
         if missing:
-            jobs.append(pool(plan, missing))
+            to_pool.append((plan, missing))
             continue
         if not stored(plan.pooled_key):  # every shard landed but not the manifest: mark the concept pooled
             write_pooled_manifest(store, plan.pooled_key, run.layers, cfg.store_dtype)
         computed["pooled_skipped"] += 1
         emit(ConceptPooled(plan.concept, skipped=True))
         jobs.extend(probe_unless_stored(plan))
-    for key, summary in queue.run(jobs, after, on_wait=lambda: poll_progress(queue.actors, emit)):
-        if key.stage == "pool":
-            computed["pooled"] += 1
-            if summary.get("skipped_passages"):  # left out: they did not fit the device even alone (named in the log)
-                computed["passages_too_big"] = computed.get("passages_too_big", 0) + len(summary["skipped_passages"])
-            emit(ConceptPooled(key.concept, skipped=False, seconds=summary["seconds"]))
+    on_gpu = str(run.model.get("device", "cpu")).startswith("cuda")
+    target = 0 if cfg.dump_activations else group_token_target(cfg.concept_group_tokens, on_gpu,
+                                                                cfg.max_batch_tokens)
+    sizes = [estimated_tokens(plan.passages, cfg.max_length) for plan, _ in to_pool]
+    groups.extend([to_pool[i] for i in group] for group in plan_groups(sizes, target, len(queue.actors)))
+    if parse_ahead(cfg, run.specs, on_gpu):  # spaCy on the CPU cores while the GPU pools the groups before
+        unparsed.update({plan.concept: g for g, group in enumerate(groups) for plan, _ in group})
+        jobs[:0] = [parse(plan) for group in groups for plan, _ in group]
+    else:
+        jobs[:0] = [pool(group) for group in groups]
+    for key, result in queue.run(jobs, after, on_wait=lambda: poll_progress(queue.actors, emit)):
+        if key.stage == "parse":
+            computed["parsed_ahead"] = computed.get("parsed_ahead", 0) + int(result["parsed"])
+        elif key.stage == "pool":
+            for summary in result:  # one per concept of the job
+                computed["pooled"] += 1
+                if summary.get("skipped_passages"):  # left out: they did not fit the device even alone (logged)
+                    computed["passages_too_big"] = (computed.get("passages_too_big", 0)
+                                                    + len(summary["skipped_passages"]))
+                emit(ConceptPooled(summary["concept"], skipped=False, seconds=summary["seconds"]))
         else:
             left = unprobed[key.concept]
-            left.discard(int(summary["layer"]))
+            left.discard(int(result["layer"]))
             if not left:
                 gather(plans[key.concept])
     return computed
 
 
+def parse_ahead(cfg: RunConfig, specs: Sequence[StrategySpec], on_gpu: bool) -> bool:
+    """Parse concepts in CPU tasks ahead of their pooling jobs where strategies need parses and the text work
+    overlaps the forward (on a GPU unless --no-overlap; on CPU only with --overlap, which then shares the cores)."""
+    return "parse" in strategy_needs(specs) and (on_gpu if cfg.overlap is None else cfg.overlap)
+
+
 def poll_progress(actors: Sequence[ActorHandle], emit: EventSink) -> None:
     """Each busy extractor's position inside its concept, as ConceptProgress events."""
     for state in poll_actors(actors):
-        emit(ConceptProgress(state["concept"], state["batches"], state["passages_done"],
-                             state["passages_total"], state["tokens_done"], state["seconds"]))
+        group = tuple(state.get("concepts", ()))
+        emit(ConceptProgress(state["concept"], state["batches"], state["passages_done"], state["passages_total"],
+                             state["tokens_done"], state["seconds"], group=group if len(group) > 1 else ()))
 
 
 def collect_records(store: ArtifactStore, run: RunPlan) -> list[D1CellRecord]:

@@ -42,8 +42,9 @@ class ConceptPooled:
 
 @dataclass(frozen=True)
 class ConceptProgress:
-    """How far an extractor is inside one concept (passages and tokens through the model so far), polled while
-    it pools, so a run on a large model shows movement before the concept ends."""
+    """How far an extractor is inside one pooling job (passages and tokens through the model so far), polled while
+    it pools, so a run on a large model shows movement before the concept ends. A job may pool several concepts
+    in shared forwards: `group` names them all (`concept` is the first) and the counts cover them together."""
 
     concept: str
     batches: int
@@ -51,6 +52,12 @@ class ConceptProgress:
     passages_total: int
     tokens_done: int
     seconds: float
+    group: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """The concept, or every concept in flight in the job."""
+        return "+".join(self.group) if len(self.group) > 1 else self.concept
 
     @property
     def eta_s(self) -> float | None:

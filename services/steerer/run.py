@@ -142,7 +142,9 @@ def _check_cell(cell: CellInputs, scorers: Mapping[str, ScorerModel]) -> Steerin
         raise SteeringError(f"no scorer for concept '{cell.concept}' (have: {', '.join(sorted(scorers)) or 'none'})")
     if not cell.train_texts:
         raise SteeringError(f"concept '{cell.concept}': no train passages to measure the residual norm on")
-    return steering_vector(PooledTableView(cell.pooled_table), cell.concept, cell.strategy, cell.layer)
+    vector = steering_vector(PooledTableView(cell.pooled_table), cell.concept, cell.strategy, cell.layer)
+    neighbours(cell.concept)
+    return vector
 
 
 def cell_rows(prompts: Sequence[str], seeds: Sequence[int], deltas: Sequence[np.ndarray | None], layer: int,

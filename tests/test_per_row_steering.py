@@ -80,7 +80,7 @@ def test_a_row_layer_out_of_range_or_a_layer_list_of_the_wrong_length_is_one_lin
     from poolbench.steerer.errors import SteeringError
 
     settings = GenerationSettings(max_new_tokens=2)
-    with pytest.raises(SteeringError, match="layer 2 out of range for .* \\(2 layers\\)"):
+    with pytest.raises(SteeringError, match=r"layer 2 out of range for .* \(2 layers\)"):
         worker.generate_rows(PROMPTS[:2], layer=[0, 2], deltas=[None, None], seeds=[0, 1], settings=settings)
     with pytest.raises(SteeringError, match="2 prompts but 3 layers"):
         worker.generate_rows(PROMPTS[:2], layer=[0, 1, 1], deltas=[None, None], seeds=[0, 1], settings=settings)

@@ -206,3 +206,41 @@ def test_cells_are_grouped_per_engine_within_the_row_bound():
     small_chunks = SteeringConfig(n_prompts=20, settings=GenerationSettings(batch_size=64))
     assert cells_per_call(small_chunks) == (64 - 1) // 9  # 7: a prompt's 1 + 7 x 9 = 64 rows fill one chunk
     assert cells_per_call(SteeringConfig(n_prompts=50, settings=GenerationSettings(max_rows_per_call=10))) == 1
+
+
+def test_progress_names_the_calls_first_cell_and_how_many_cells_it_holds(worker, monkeypatch, tmp_path):
+    """While a group generates, the actor's progress() (polled from its second thread) names the group's first cell
+    and its cell count, and the driver turns it into a CellProgress; between calls it answers None."""
+    from poolbench.driver import steering_stage
+    from poolbench.records.events import CellProgress
+    from poolbench.steerer import actor
+    from poolbench.steerer.transformers_backend import GenerationProgress
+
+    service = actor.SteeringService(worker.loaded)
+    seen: list = []
+    step = GenerationProgress.step
+
+    def polled(self, rows: int) -> None:
+        step(self, rows)
+        seen.append(service.progress())
+
+    def run_cells(store, worker, inputs, scorers, config):  # the group's one generate call, nothing stored
+        worker.generate_rows(PROMPTS * 3, layer=[c.layer for c in inputs for _ in PROMPTS] + [0] * 4,
+                             deltas=[None] * 12, seeds=list(range(12)), settings=GenerationSettings(max_new_tokens=2))
+        return []
+
+    monkeypatch.setattr(GenerationProgress, "step", polled)
+    monkeypatch.setattr(actor, "read_pooled_layer", lambda store, key, layer: None)
+    monkeypatch.setattr(actor, "run_steering_cells", run_cells)
+    cells = [SteeringCell("imdb_sentiment", "A1_mean", 1), SteeringCell("frustration", "P1_last", 0)]
+    assert service.progress() is None
+    service.run_cells(str(tmp_path / "store"), cells, {c: "pooled/x" for c in CONCEPTS}, {},
+                      {c: ["x"] for c in CONCEPTS}, _config(tmp_path).to_record())
+    assert service.progress() is None
+    # 12 rows (one chunk) x 2 tokens: one poll per sampled step
+    assert [(s["concept"], s["strategy"], s["layer"], s["cells"], s["tokens_done"], s["tokens_total"]) for s in seen] \
+        == [("imdb_sentiment", "A1_mean", 1, 2, 12, 24), ("imdb_sentiment", "A1_mean", 1, 2, 24, 24)]
+    events: list = []
+    monkeypatch.setattr(steering_stage, "poll_actors", lambda actors: seen[:1])
+    steering_stage.poll_steering([], events.append)
+    assert events == [CellProgress("imdb_sentiment", "A1_mean", 1, 12, 24, seen[0]["seconds"], cells=2)]

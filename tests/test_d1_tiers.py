@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from poolbench.corpus.passage import Passage
-from poolbench.driver.tiers import d1_by_tier, has_tiers, lexical_by_tier
+from poolbench.driver.breakdowns import d1_by_tier, has_tiers, lexical_by_tier
 from poolbench.pooler.pooled_table import PooledTableBuilder
+from poolbench.records.breakdowns import TierAurocRecord
 from poolbench.records.d1 import D1CellRecord
-from poolbench.records.tiers import TierAurocRecord
 from poolbench.results.tiers import tier_section
 from poolbench.store.url import open_store
 
@@ -45,6 +45,10 @@ def test_words_only_strategy_is_at_chance_on_the_hard_tier(tmp_path):
     assert list(got) == [("MEANING", "standard"), ("MEANING", "hard"), ("WORDS", "standard"), ("WORDS", "hard")]
     assert got[("WORDS", "standard")].auroc == 1.0 and got[("MEANING", "hard")].auroc == 1.0
     assert got[("WORDS", "hard")].auroc == pytest.approx(0.5, abs=1e-12)
+    # counting each hard positive against its own twin too: the words give exactly one tie per pair, still 0.5
+    assert got[("WORDS", "hard")].comparisons == "across_pairs"
+    assert got[("WORDS", "hard")].auroc_with_twins == pytest.approx(0.5, abs=1e-12)
+    assert got[("MEANING", "hard")].auroc_with_twins == 1.0
     assert (got[("WORDS", "hard")].n, got[("WORDS", "hard")].n_pos) == (16, 8)
     # the leaderboard section: MEANING's CI [1, 1] lies above WORDS' 0.5 on hard, so it separates there
     section = tier_section(out)
@@ -103,7 +107,7 @@ def test_results_and_leaderboard_carry_the_tiers(tmp_path):
 
     from test_cli_board import outcome
 
-    from poolbench.records.tiers import LexicalTierRecord
+    from poolbench.records.breakdowns import LexicalTierRecord
     from poolbench.results.document import write_run_outputs
 
     tiers = [TierAurocRecord(strategy=s, layer=2, probe="logistic", tier="hard", auroc=a, ci_low=lo, ci_high=hi,

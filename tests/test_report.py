@@ -282,3 +282,34 @@ def test_report_shows_the_lexical_baseline_and_d1_by_density_and_placement(tmp_p
     assert ("<tr class=\"null\"><td>W2_last_k</td><td>1</td><td>placement</td><td>start</td>"
             "<td>0.500 [0.500, 0.500]</td><td>12</td><td>6 / 6</td><td>3</td></tr>") in page
     assert ("<tr><td>W2_last_k</td><td>1</td><td>placement</td><td>end</td><td>1.000 [1.000, 1.000]</td>") in page
+
+
+def test_report_shows_each_tier_with_the_twin_comparison_and_whether_it_separates(tmp_path):
+    folder = write_run(tmp_path / "run", with_d2=False)
+    board = json.loads((folder / "leaderboard.json").read_text())
+    board["by_tier"] = {
+        "standard": {"rows": [{"strategy": "A1_mean", "layer": 1, "auroc": 1.0, "ci_low": 1.0, "ci_high": 1.0,
+                               "auroc_with_twins": 1.0, "n": 48, "n_concepts": 3}],
+                     "best": "A1_mean", "best_above_chance": True, "n_others": 0, "n_excluded_by_best": 0,
+                     "excluded_by_best": [], "separates": False, "lexical": {"mean": 1.0, "max": 1.0}},
+        "hard": {"rows": [{"strategy": "P1_last", "layer": 0, "auroc": 0.71, "ci_low": 0.6, "ci_high": 0.8,
+                           "auroc_with_twins": 0.75, "n": 32, "n_concepts": 3},
+                          {"strategy": "A1_mean", "layer": 1, "auroc": 0.52, "ci_low": 0.41, "ci_high": 0.63,
+                           "auroc_with_twins": 0.5, "n": 32, "n_concepts": 3}],
+                 "best": "P1_last", "best_above_chance": True, "n_others": 1, "n_excluded_by_best": 1,
+                 "excluded_by_best": ["A1_mean"], "separates": True, "lexical": {"mean": 0.5, "max": 0.5}}}
+    (folder / "leaderboard.json").write_text(json.dumps(board))
+    page, _ = render_report(load_runs(folder))
+    hard = page.index("<h4>hard tier</h4>")
+    assert page.index("<h4>standard tier</h4>") < hard
+    assert ("<p>best P1_last: its interval lies above 1 of 1 others, so this tier <b>separates</b> strategies; "
+            "lexical baseline mean 0.500, max 0.500.</p>") in page
+    assert "<tr><td>P1_last</td><td>0</td><td>0.710 [0.600, 0.800]</td><td>0.750</td><td>32</td></tr>" in page
+    assert ("<tr class=\"null\"><td>A1_mean</td><td>1</td><td>0.520 [0.410, 0.630]</td><td>0.500</td><td>32</td>"
+            "</tr>") in page
+    assert "so this tier does <b>not</b> separate them" in page[:hard]
+
+
+def test_report_without_tiers_says_so(tmp_path):
+    page, _ = render_report(load_runs(write_run(tmp_path / "run", with_d2=False)))
+    assert "No D1 by tier: the corpus marks no tiers" in page

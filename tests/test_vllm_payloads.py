@@ -1,11 +1,20 @@
 """The vLLM backend without vLLM: a stand-in engine cloudpickles every payload the backend sends (as vLLM's
-collective_rpc does across processes) and runs it on a CPU stand-in worker whose scheduler flattens requests in
-its own order, so the test sees each token's added vector: every request gets its own delta and no other's."""
+collective_rpc does across processes) and runs it on CPU stand-in workers whose model runner mirrors vLLM's V1 GPU
+model runner, so the test sees each token's added vector: every request gets its own delta and no other's.
+
+The stand-in follows vllm/v1/worker/gpu_model_runner.py as read at vllm-project/vllm@000fc94b754f (the vLLM 0.26
+line; torch 2.11): execute_model updates the persistent batch (_update_states, where _may_reorder_batch may reorder
+it), flattens `input_batch.req_ids` with `[scheduler_output.num_scheduled_tokens[r] for r in req_ids]`, calls
+`self._prepare_inputs(scheduler_output, num_scheduled_tokens_np)` and runs `self.model` on num_tokens_padded >= the
+scheduled tokens; `_dummy_run` calls the model without `_prepare_inputs`; a prompt longer than the step's token
+budget is prefilled in chunks (chunked prefill). Decoder layers follow vllm/model_executor/models/llama.py:
+(hidden, residual) out, the residual add fused into the next layer's norm and the final norm(hidden, residual)."""
 
 from __future__ import annotations
 
 import functools
 import inspect
+from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,72 +32,151 @@ from poolbench.steerer.vllm_backend import SLOT_ARG, STATE_ATTR, VLLMBackend
 D, LAYERS = 8, 3
 
 
+class Mode(Enum):
+    """The names vLLM's CompilationMode and CUDAGraphMode members carry."""
+
+    NONE = 0
+    VLLM_COMPILE = 3
+
+
 class Layer(torch.nn.Module):
-    """A vLLM-style decoder layer: (hidden, residual) in and out, here the identity."""
+    """A vLLM decoder layer: `residual` is the stream so far, `hidden` this block's output; the next layer's input
+    norm adds them (fused), as LlamaDecoderLayer does. `mix` is the block's own computation (zero: identity)."""
+
+    def __init__(self, mix: torch.nn.Module | None = None) -> None:
+        super().__init__()
+        self.mix = mix
 
     def forward(self, hidden, residual):
-        return hidden, residual
+        residual = hidden if residual is None else hidden + residual
+        return (torch.zeros_like(residual) if self.mix is None else self.mix(residual)), residual
 
 
 class Model(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, mixes=None) -> None:
         super().__init__()
         self.model = torch.nn.Module()
-        self.model.layers = torch.nn.ModuleList([Layer() for _ in range(LAYERS)])
+        self.model.layers = torch.nn.ModuleList([Layer(None if mixes is None else m) for m in mixes or [None] * LAYERS])
         self.weight = torch.nn.Parameter(torch.zeros(1))
+        self.bypass_hooks = False  # a compiled graph / captured CUDA graph: traced before the hooks existed
 
-    def forward(self, n_tokens: int) -> torch.Tensor:
-        hidden, residual = torch.zeros(n_tokens, D), torch.zeros(n_tokens, D)
+    def forward(self, n_tokens: int, embeddings: torch.Tensor | None = None) -> torch.Tensor:
+        hidden, residual = torch.zeros(n_tokens, D) if embeddings is None else embeddings, None
         for layer in self.model.layers:
-            hidden, residual = layer(hidden, residual)
-        return hidden + residual
+            hidden, residual = (layer.forward if self.bypass_hooks else layer)(hidden, residual)
+        return hidden + residual  # LlamaModel: self.norm(hidden_states, residual), the norm left out
 
 
 class Runner:
-    def __init__(self) -> None:
-        self.model = Model()
-        self.requests: dict = {}
+    """vLLM's V1 GPUModelRunner, the parts the backend touches, in its call order."""
+
+    def __init__(self, model: Model | None = None, max_num_tokens: int = 64) -> None:
+        self.model = model or Model()
+        self.max_num_tokens = max_num_tokens
+        self.requests: dict = {}  # req_id -> CachedRequestState (sampling_params)
         self.input_batch = SimpleNamespace(req_ids=[])
+        self.compilation_config = SimpleNamespace(mode=Mode.NONE, cudagraph_mode=Mode.NONE)
+        self.prepared: list[list[int]] = []
 
     def get_model(self):
         return self.model
 
-    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
-        return "prepared"
+    def _update_states(self, scheduler_output) -> None:
+        for req_id in scheduler_output.finished_req_ids:
+            self.requests.pop(req_id, None)
+        for new in scheduler_output.scheduled_new_reqs:
+            self.requests[new.req_id] = SimpleNamespace(req_id=new.req_id, sampling_params=new.sampling_params)
+        kept = [r for r in self.input_batch.req_ids if r in scheduler_output.num_scheduled_tokens]
+        batch = kept + [n.req_id for n in scheduler_output.scheduled_new_reqs]
+        # _may_reorder_batch: decodes (1 token) before prefills, as reorder_batch_to_split_decodes_and_prefills
+        self.input_batch.req_ids = sorted(batch, key=lambda r: scheduler_output.num_scheduled_tokens[r] > 1)
+
+    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens: np.ndarray):
+        self.prepared.append(num_scheduled_tokens.tolist())
+        return "logits_indices", None, 1
+
+    def _prepare(self, scheduler_output, num_scheduled_tokens: np.ndarray):
+        return self._prepare_inputs(scheduler_output, num_scheduled_tokens)  # an attribute lookup, as vLLM's
+
+    def _model_forward(self, num_tokens_padded: int) -> torch.Tensor:
+        return self.model(num_tokens_padded)
+
+    def execute_model(self, scheduler_output, pad: int = 0) -> dict[str, torch.Tensor]:
+        self._update_states(scheduler_output)
+        req_ids = self.input_batch.req_ids
+        tokens = [scheduler_output.num_scheduled_tokens[i] for i in req_ids]
+        num_scheduled_tokens_np = np.array(tokens, dtype=np.int32)
+        assert self._prepare(scheduler_output, num_scheduled_tokens_np)[0] == "logits_indices"
+        n = scheduler_output.total_num_scheduled_tokens
+        hidden = self._model_forward(n + pad)  # num_tokens_padded (sequence-parallel / DP padding)
+        return dict(zip(req_ids, torch.split(hidden[:n], tokens), strict=True))
+
+    def _dummy_run(self, num_tokens: int) -> torch.Tensor:
+        assert num_tokens <= self.max_num_tokens
+        return self.model(num_tokens)
 
 
 class Engine:
-    """Records every payload, ships it through cloudpickle and runs it on the worker; generate() schedules a
-    prefill step and one-token decode steps, the batch order reversed on odd steps."""
+    """vllm.LLM's surface: collective_rpc cloudpickles each payload to every worker (a tensor-parallel group), and
+    generate() schedules steps under a token budget (chunked prefill, decodes joining prefills) on every worker."""
 
-    def __init__(self, tokenizer) -> None:
-        self.worker = SimpleNamespace(model_runner=Runner())
+    def __init__(self, tokenizer, runners: list[Runner] | None = None, budget: int = 5, pad: int = 0,
+                 dummy_first: bool = False, same_ranks: bool = True) -> None:
+        self.workers = [SimpleNamespace(model_runner=r) for r in runners or [Runner()]]
         self.tokenizer = tokenizer
+        self.budget, self.pad, self.dummy_first, self.same_ranks = budget, pad, dummy_first, same_ranks
         self.payloads: list = []
         self.seen: dict[int, list[torch.Tensor]] = {}
+        self.calls = 0
+
+    @property
+    def worker(self):
+        return self.workers[0]
 
     def get_tokenizer(self):
         return self.tokenizer
 
-    def collective_rpc(self, method, args=(), kwargs=None):
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.payloads.append(method)
-        shipped = cloudpickle.loads(cloudpickle.dumps(method))
-        return [shipped(self.worker, *args, **(kwargs or {}))]
+        blob = cloudpickle.dumps(method)
+        return [cloudpickle.loads(blob)(w, *args, **(kwargs or {})) for w in self.workers]
 
     def generate(self, prompts, params, use_tqdm=True):
-        runner = self.worker.model_runner
-        ids = [f"req-{i}" for i in range(len(prompts))]
-        runner.requests = {r: SimpleNamespace(sampling_params=p) for r, p in zip(ids, params, strict=True)}
+        ids = [f"req-{self.calls}-{i}" for i in range(len(prompts))]  # vLLM's request ids are unique
+        self.calls += 1
+        todo = {r: len(p["prompt_token_ids"]) for r, p in zip(ids, prompts, strict=True)}  # prompt tokens left
+        left = {r: p.max_tokens for r, p in zip(ids, params, strict=True)}
         self.seen = {i: [] for i in range(len(prompts))}
-        for step in range(params[0].max_tokens):
-            order = list(reversed(range(len(ids)))) if step % 2 else list(range(len(ids)))
-            runner.input_batch.req_ids = [ids[i] for i in order]
-            counts = [len(prompts[i]["prompt_token_ids"]) if step == 0 else 1 for i in order]
-            assert runner._prepare_inputs(SimpleNamespace(num_scheduled_tokens={
-                ids[i]: n for i, n in zip(order, counts, strict=True)}), np.array(counts)) == "prepared"
-            out = runner.get_model()(sum(counts))
-            for i, part in zip(order, torch.split(out, counts), strict=True):
-                self.seen[i].extend(part)
+        self.params = params
+        if self.dummy_first:  # a DP rank with nothing to run executes a dummy batch
+            for w in self.workers:
+                w.model_runner._dummy_run(w.model_runner.max_num_tokens)
+        started, finished = set(), []
+        while any(left.values()):
+            scheduled, budget = {}, self.budget
+            for r in ids:  # decodes first, then prefill chunks, under the step's token budget
+                if left[r] and not todo[r] and budget:
+                    scheduled[r], budget = 1, budget - 1
+            for r in ids:
+                if todo[r] and budget:
+                    scheduled[r] = min(todo[r], budget)
+                    budget -= scheduled[r]
+            out = SimpleNamespace(
+                num_scheduled_tokens=scheduled, total_num_scheduled_tokens=sum(scheduled.values()),
+                scheduled_new_reqs=[SimpleNamespace(req_id=r, sampling_params=params[ids.index(r)])
+                                    for r in scheduled if r not in started],
+                finished_req_ids=finished)
+            started |= set(scheduled)
+            per_worker = [w.model_runner.execute_model(out, self.pad) for w in self.workers]
+            for other in per_worker[1:] if self.same_ranks else []:  # TP ranks compute the same hidden states
+                assert all(torch.equal(other[r], per_worker[0][r]) for r in scheduled)
+            for r, n in scheduled.items():
+                self.seen[ids.index(r)].extend(per_worker[0][r])
+                if todo[r]:
+                    todo[r] -= n
+                if not todo[r]:  # the prefill's last chunk and every decode sample a token
+                    left[r] -= 1
+            finished = [r for r in scheduled if not left[r]]
         return [SimpleNamespace(prompt_token_ids=p["prompt_token_ids"],
                                 outputs=[SimpleNamespace(text="", token_ids=(1,) * params[0].max_tokens)])
                 for p in prompts]
@@ -101,12 +189,23 @@ class Params:
         self.__dict__.update(kwargs)
 
 
+def make_backend(tokenizer_dir: Path, **engine) -> VLLMBackend:
+    b = VLLMBackend.__new__(VLLMBackend)
+    b.setup(Engine(AutoTokenizer.from_pretrained(tokenizer_dir), **engine), Params,
+            SimpleNamespace(hidden_size=D, num_hidden_layers=LAYERS), torch.float32)
+    return b
+
+
 @pytest.fixture
 def backend(tiny_llama_dir: Path) -> VLLMBackend:
-    engine = Engine(AutoTokenizer.from_pretrained(tiny_llama_dir))
-    b = VLLMBackend.__new__(VLLMBackend)
-    b.setup(engine, Params, SimpleNamespace(hidden_size=D, num_hidden_layers=LAYERS), torch.float32)
-    return b
+    return make_backend(tiny_llama_dir)
+
+
+def assert_each_row_got(backend: VLLMBackend, deltas) -> None:
+    for i, delta in enumerate(deltas):
+        seen = torch.stack(backend.llm.seen[i]).numpy()
+        want = np.zeros(D, np.float32) if delta is None else delta
+        np.testing.assert_allclose(seen, np.broadcast_to(want, seen.shape), rtol=1e-6, atol=1e-6)
 
 
 def _is_module_level(fn) -> bool:
@@ -122,7 +221,9 @@ def test_every_payload_is_a_module_function_on_plain_values_and_pickles(backend)
     backend.generate(["a"], layer=2, delta=None, seeds=[0], settings=settings)
     backend.close()
     payloads = backend.llm.payloads
-    assert len(payloads) == 4  # install L1, tables; tables (nothing steers at L2, so no hook there); remove
+    # install L1, tables, report; tables, report (nothing steers at L2, so no hook there); remove
+    assert [getattr(p, "func", p).__name__ for p in payloads] == [
+        "install_steering", "set_tables", "steering_report", "set_tables", "steering_report", "remove_steering"]
     for p in payloads:
         fn = p.func if isinstance(p, functools.partial) else p
         assert _is_module_level(fn), fn
@@ -136,6 +237,7 @@ def test_every_payload_is_a_module_function_on_plain_values_and_pickles(backend)
 
 
 def test_an_alpha_grid_in_one_call_steers_each_request_with_its_own_delta(backend):
+    """Chunked prefills, decodes joining them and the batch reordered each step: every token its request's delta."""
     rng = np.random.default_rng(1)
     unit = rng.normal(size=D).astype(np.float32)
     other = rng.normal(size=D).astype(np.float32)
@@ -146,14 +248,27 @@ def test_an_alpha_grid_in_one_call_steers_each_request_with_its_own_delta(backen
     settings = GenerationSettings(max_new_tokens=4, greedy=True)
     gens = backend.generate_rows([p for _, p in rows], layer=1, deltas=deltas, seeds=list(range(len(rows))),
                                  settings=settings)
-    assert len(gens) == len(rows) and len(backend.llm.payloads) == 2  # one install, one table: one engine call
-    for i, delta in enumerate(deltas):
-        seen = torch.stack(backend.llm.seen[i]).numpy()
-        want = np.zeros(D, np.float32) if delta is None else delta
-        np.testing.assert_allclose(seen, np.broadcast_to(want, seen.shape), rtol=1e-6, atol=1e-6)
+    assert len(gens) == len(rows) and len(backend.llm.payloads) == 3  # install, table, report: one engine call
+    assert_each_row_got(backend, deltas)
+    runner = backend.llm.worker.model_runner
+    assert any(len(set(step)) > 1 for step in runner.prepared)  # prefill chunks and decodes shared steps
     # The requests named their slots; equal deltas (none here but the zeros) share slot 0.
-    slots = [r.sampling_params.extra_args[SLOT_ARG] for r in backend.llm.worker.model_runner.requests.values()]
+    slots = [p.extra_args[SLOT_ARG] for p in backend.llm.params]
     assert slots[:len(prompts)] == [0] * len(prompts) and len(set(slots)) == 1 + 3 + 1
+
+
+def test_padded_forwards_and_tensor_parallel_ranks(tiny_llama_dir):
+    """num_tokens_padded > the scheduled tokens (the padding reads slot 0), and two tensor-parallel workers get the
+    same payloads, so both ranks add the same vectors to their (replicated) hidden states."""
+    b = make_backend(tiny_llama_dir, runners=[Runner(), Runner()], pad=3)
+    rng = np.random.default_rng(3)
+    deltas = [rng.normal(size=D).astype(np.float32), None, rng.normal(size=D).astype(np.float32)]
+    b.generate_rows(["a b c", "d", "e f"], layer=0, deltas=deltas, seeds=[0, 1, 2],
+                    settings=GenerationSettings(max_new_tokens=3, greedy=True))
+    assert_each_row_got(b, deltas)  # the engine also checks that both ranks computed the same rows
+    for w in b.llm.workers:
+        state = getattr(w.model_runner, STATE_ATTR)
+        assert state.index.numel() == w.model_runner.max_num_tokens and state.steps > 1
 
 
 def test_an_unsteered_call_after_a_steered_one_adds_nothing(backend):
@@ -163,6 +278,16 @@ def test_an_unsteered_call_after_a_steered_one_adds_nothing(backend):
     assert all(float(t.abs().sum()) == 0 for t in backend.llm.seen[0])
 
 
+def test_an_unsteered_call_after_close_runs_on_the_engine_as_it_ships(backend):
+    """bench/generate.py's vllm_unsteered arm: close() then generate_rows with no deltas."""
+    settings = GenerationSettings(max_new_tokens=2, greedy=True)
+    backend.generate(["a b"], layer=0, delta=np.ones(D, np.float32), seeds=[0], settings=settings)
+    backend.close()
+    backend.generate_rows(["a b", "c"], layer=0, deltas=[None, None], seeds=[0, 1], settings=settings)
+    assert all(float(t.abs().sum()) == 0 for t in backend.llm.seen[0])
+    assert not hasattr(backend.llm.worker.model_runner, STATE_ATTR)
+
+
 def test_rows_steering_at_different_layers_share_one_call(backend):
     """Two layers' vectors in one engine call: each row's delta is added once, at its own layer only."""
     rng = np.random.default_rng(2)
@@ -170,11 +295,33 @@ def test_rows_steering_at_different_layers_share_one_call(backend):
     layers, deltas = [0, 2, 2, 0], [u, v, None, v]
     backend.generate_rows(["a", "b c", "d", "e"], layer=layers, deltas=deltas, seeds=[0, 1, 2, 3],
                           settings=GenerationSettings(max_new_tokens=2, greedy=True))
-    assert len(backend.llm.payloads) == 3  # install L0, install L2, tables
-    for i, delta in enumerate(deltas):
-        want = np.zeros(D, np.float32) if delta is None else delta
-        for t in backend.llm.seen[i]:
-            np.testing.assert_allclose(t.numpy(), want, rtol=1e-6, atol=1e-6)
+    assert len(backend.llm.payloads) == 4  # install L0, install L2, tables, report
+    assert_each_row_got(backend, deltas)
+
+
+def test_adding_to_the_hidden_output_adds_to_the_residual_stream():
+    """vLLM layers return (hidden, residual) and the next norm adds them; the hook adds the delta to hidden, which
+    must equal adding it to the stream after the layer (what the transformers backend does), nonlinear blocks and
+    all, including at the last layer (whose sum the final norm takes)."""
+    torch.manual_seed(0)
+    mixes = [torch.nn.Sequential(torch.nn.Linear(D, D), torch.nn.Tanh()) for _ in range(LAYERS)]
+    model = Model(mixes)
+    embeddings = torch.randn(4, D)
+    delta = torch.randn(D)
+    for layer in range(LAYERS):
+        stream = embeddings.clone()
+        for at, mix in enumerate(mixes):  # the transformers view: stream += block(stream); steer the output
+            stream = stream + mix(stream)
+            if at == layer:
+                stream = stream + delta
+        state = vllm_backend.WorkerSteering(index=torch.ones(16, dtype=torch.int64),
+                                            tables={layer: torch.stack([torch.zeros(D), delta])})
+        handle = model.model.layers[layer].register_forward_hook(
+            functools.partial(vllm_backend.steer_hook, state, layer))
+        with torch.no_grad():
+            steered = model(4, embeddings)
+            torch.testing.assert_close(steered, stream.detach(), rtol=1e-5, atol=1e-5)
+        handle.remove()
 
 
 @pytest.mark.parametrize(("delta", "msg"), [
@@ -217,10 +364,107 @@ def test_missing_vllm_is_one_line_before_any_work(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_a_step_without_input_preparation_runs_unsteered(backend):
-    """vLLM's dummy runs call the model without preparing inputs: the hook must not fail on a stale index."""
-    settings = GenerationSettings(max_new_tokens=1, greedy=True)
-    backend.generate(["a b"], layer=0, delta=np.ones(D, np.float32), seeds=[0], settings=settings)
-    runner = backend.llm.worker.model_runner
+def test_dummy_runs_read_slot_zero_and_stay_inside_the_table(tiny_llama_dir):
+    """vLLM's _dummy_run calls the model without _prepare_inputs (a DP rank's dummy batch): after a call with a
+    larger table, it must neither steer nor index past the new, smaller table; a forward longer than the index
+    (no real step has one) runs unsteered."""
+    b = make_backend(tiny_llama_dir, dummy_first=True)
+    settings = GenerationSettings(max_new_tokens=2, greedy=True)
+    rng = np.random.default_rng(4)
+    many = [rng.normal(size=D).astype(np.float32) for _ in range(4)]
+    b.generate_rows(["a", "b", "c", "d"], layer=0, deltas=many, seeds=[0, 1, 2, 3], settings=settings)
+    b.generate(["a b"], layer=0, delta=many[0], seeds=[0], settings=settings)  # a 2-row table now
+    assert_each_row_got(b, [many[0]])
+    runner = b.llm.worker.model_runner
     n = getattr(runner, STATE_ATTR).index.numel() + 5
     assert float(runner.get_model()(n)[-5:].abs().sum()) == 0
+
+
+def test_the_engine_gets_the_v1_model_runner_and_pickled_payloads():
+    env: dict[str, str] = {}
+    vllm_backend.engine_environment(env)
+    assert env == {"VLLM_USE_V2_MODEL_RUNNER": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    vllm_backend.engine_environment(env)  # already so: fine
+    with pytest.raises(SteeringError, match=r"^VLLM_USE_V2_MODEL_RUNNER=1 selects vLLM's model runner V2") as err:
+        vllm_backend.engine_environment({"VLLM_USE_V2_MODEL_RUNNER": "1"})
+    assert "\n" not in str(err.value)
+    with pytest.raises(SteeringError, match=r"^VLLM_ALLOW_INSECURE_SERIALIZATION=0 stops"):
+        vllm_backend.engine_environment({"VLLM_ALLOW_INSECURE_SERIALIZATION": "0"})
+
+
+def test_a_runner_the_hooks_cannot_steer_is_one_line_at_install(backend):
+    """Model runner V2 (vllm/v1/worker/gpu/model_runner.py) has no _prepare_inputs/input_batch/requests, and a
+    compiled model never calls hooks added after start-up: both refused before any generation."""
+    v2 = SimpleNamespace(model=Model(), prepare_inputs=lambda *a: None, req_states=None, max_num_tokens=64)
+    backend.llm.workers[0].model_runner = v2
+    one_token = GenerationSettings(max_new_tokens=1)
+    with pytest.raises(SteeringError, match=r"^vLLM's model runner .* has no _prepare_inputs: the steering backend "
+                                            "hooks the V1 GPU model runner") as err:
+        backend.generate(["a"], layer=0, delta=np.ones(D), seeds=[0], settings=one_token)
+    assert "\n" not in str(err.value) and backend.installed == set()
+    for name in ("mode", "cudagraph_mode"):
+        runner = Runner()
+        setattr(runner.compilation_config, name, Mode.VLLM_COMPILE)
+        backend.llm.workers[0].model_runner = runner
+        with pytest.raises(SteeringError, match=rf"compilation_config\.{name}=VLLM_COMPILE: hooks added after"):
+            backend.generate(["a"], layer=0, delta=np.ones(D), seeds=[0], settings=one_token)
+        assert not hasattr(runner, STATE_ATTR) and not runner.model.model.layers[0]._forward_hooks
+
+
+class CompiledRunner(Runner):
+    """A runner whose model runs a graph traced before the hooks were added: it never calls them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model.bypass_hooks = True
+
+
+class StepWithoutPreparation(Runner):
+    """A runner whose step no longer goes through the instance's _prepare_inputs (a renamed or inlined method)."""
+
+    def _prepare(self, scheduler_output, num_scheduled_tokens: np.ndarray):
+        return Runner._prepare_inputs(self, scheduler_output, num_scheduled_tokens)
+
+
+class MicroBatchRunner(Runner):
+    """A runner that splits a step's forward in two (DBO micro-batching): the index would not line up."""
+
+    def _model_forward(self, num_tokens_padded: int) -> torch.Tensor:
+        half = max(1, num_tokens_padded // 2)
+        return torch.cat([self.model(half), self.model(num_tokens_padded - half)])
+
+
+@pytest.mark.parametrize(("runners", "msg"), [
+    ([CompiledRunner()], r"^vLLM worker 0: the steering hook at layer 1 ran in 0 of \d+ forward steps: the model "
+                         r"runs compiled or from captured CUDA graphs"),
+    ([Runner(), CompiledRunner()], r"^vLLM worker 1: the steering hook at layer 1 ran in 0 of"),
+    ([StepWithoutPreparation()], r"^vLLM worker 0 ran the call without the backend's input preparation"),
+    ([MicroBatchRunner()], r"^vLLM worker 0: the hook at layer 1 saw a forward of \d+ tokens in a step of \d+"),
+])
+def test_a_call_whose_steering_the_engine_skipped_fails_in_one_line(tiny_llama_dir, runners, msg):
+    """The self-check after every call: each worker prepared every step itself and ran every hook in each."""
+    b = make_backend(tiny_llama_dir, runners=runners, same_ranks=False)
+    with pytest.raises(SteeringError, match=msg) as err:
+        b.generate_rows(["a b c", "d"], layer=1, deltas=[np.ones(D, np.float32), None], seeds=[0, 1],
+                        settings=GenerationSettings(max_new_tokens=3, greedy=True))
+    assert "\n" not in str(err.value)
+
+
+def test_a_request_naming_a_slot_past_the_table_is_reported():
+    """Slots index the call's table on the device; one past it would fault the kernel, so it reads slot 0 and the
+    call fails."""
+    runner = Runner()
+    worker = SimpleNamespace(model_runner=runner)
+    assert vllm_backend.install_steering(0, worker) == ""
+    table = np.zeros((2, D), np.float32)
+    assert vllm_backend.set_tables({0: (table.tobytes(), table.shape)}, worker)
+    params = Params(extra_args={SLOT_ARG: 5})
+    runner.execute_model(SimpleNamespace(num_scheduled_tokens={"r": 2}, total_num_scheduled_tokens=2,
+                                         scheduled_new_reqs=[SimpleNamespace(req_id="r", sampling_params=params)],
+                                         finished_req_ids=[]))
+    report = vllm_backend.steering_report(worker)
+    assert report == {"steps": 1, "covered": [[0, 1]],
+                      "problems": ["a request names slot 5 but the call's tables have 2 rows"]}
+    assert vllm_backend.report_problem([report]) == \
+        "vLLM worker 0: a request names slot 5 but the call's tables have 2 rows"
+    assert getattr(runner, STATE_ATTR).index[:2].tolist() == [0, 0]

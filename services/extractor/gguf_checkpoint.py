@@ -14,8 +14,11 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +26,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.utils import logging as hf_logging
 
 from poolbench.config import cache_dir as poolbench_cache_dir
 from poolbench.errors import ModelLoadError
@@ -120,7 +124,25 @@ def _plain_copy(loaded: PreTrainedModel, auto: type) -> PreTrainedModel:
     return plain
 
 
+@contextmanager
+def _bars_on_a_terminal_only() -> Iterator[None]:
+    """transformers' de-quantisation bar, piped to a log, is carriage-return debris: shown on a terminal only."""
+    was = hf_logging.is_progress_bar_enabled()
+    if was and not sys.stderr.isatty():
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def _convert_into(gguf: Path, out: Path, architecture: str) -> None:
+    with _bars_on_a_terminal_only():
+        _convert(gguf, out, architecture)
+
+
+def _convert(gguf: Path, out: Path, architecture: str) -> None:
     folder, name = str(gguf.parent), gguf.name
     try:
         config = AutoConfig.from_pretrained(folder, gguf_file=name)

@@ -33,22 +33,24 @@ def _shift_right(x: torch.Tensor, k: int, bits: int) -> torch.Tensor:
     return (x >> k) & ((1 << (bits - k)) - 1)
 
 
+def _xorshift_multiply(x: torch.Tensor, shifts: tuple[int, int, int], multipliers: tuple[int, int],
+                       bits: int) -> torch.Tensor:
+    """The finaliser shape SplitMix64 and MurmurHash3 share: xor-shift, multiply, xor-shift, multiply, xor-shift."""
+    x = x ^ _shift_right(x, shifts[0], bits)
+    x = x * multipliers[0]
+    x = x ^ _shift_right(x, shifts[1], bits)
+    x = x * multipliers[1]
+    return x ^ _shift_right(x, shifts[2], bits)
+
+
 def splitmix64(x: torch.Tensor) -> torch.Tensor:
     """SplitMix64's finaliser on int64 (multiplication wraps): a bijection with full avalanche."""
-    x = x ^ _shift_right(x, 30, 64)
-    x = x * _MIX64[0]
-    x = x ^ _shift_right(x, 27, 64)
-    x = x * _MIX64[1]
-    return x ^ _shift_right(x, 31, 64)
+    return _xorshift_multiply(x, (30, 27, 31), _MIX64, 64)
 
 
 def fmix32(x: torch.Tensor) -> torch.Tensor:
     """MurmurHash3's 32-bit finaliser on int32: half the memory traffic of 64-bit mixing over [rows, vocab]."""
-    x = x ^ _shift_right(x, 16, 32)
-    x = x * _MIX32[0]
-    x = x ^ _shift_right(x, 13, 32)
-    x = x * _MIX32[1]
-    return x ^ _shift_right(x, 16, 32)
+    return _xorshift_multiply(x, (16, 13, 16), _MIX32, 32)
 
 
 def row_keys(seeds: torch.Tensor, step: int) -> torch.Tensor:

@@ -1,18 +1,19 @@
-"""Two per-run readings of D1 that need no model: the lexical baseline per concept, and D1 by density and placement
-for a few strategies at their CV-chosen layer (their probes refitted from the stored pooled vectors)."""
+"""Per-run readings of D1 that need no model: the lexical baseline per concept and per tier, and D1 by density /
+placement and by tier for strategies at their CV-chosen layer, their probes refitted from the stored pooled vectors."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from poolbench.corpus.passage import PLACEMENTS, Passage
+from poolbench.corpus.passage import PLACEMENTS, TIERS, Passage
 from poolbench.pooler.pooled_table import PooledTableView, read_pooled_table
-from poolbench.prober.buckets import bucket_aurocs, heldout_scores
-from poolbench.prober.lexical import lexical_record
+from poolbench.prober.buckets import BucketAuroc, bucket_aurocs, heldout_scores
+from poolbench.prober.lexical import lexical_baseline, lexical_record
 from poolbench.prober.reliability import cv_chosen_layers
-from poolbench.records.buckets import BucketAurocRecord
+from poolbench.records.breakdowns import BucketAurocRecord, LexicalTierRecord, TierAurocRecord
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.store.artifact_store import ArtifactStore
@@ -21,6 +22,57 @@ BUCKET_STRATEGIES = ("A1_mean", "P1_last", "W1_first_k", "W2_last_k")
 """Beside the best strategy: the mean, the last token and the two end windows, whose reach differs by place."""
 BUCKET_FIELDS = ("density", "placement")
 CI_LEVEL = 0.95
+
+
+@dataclass
+class HeldoutColumns:
+    """One (strategy, layer) cell's held-out probe scores over every concept's kept test passages, each passage
+    beside its score, so any of its fields can split the AUROC."""
+
+    scores: list[float] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    groups: list[str] = field(default_factory=list)
+    concepts: list[str] = field(default_factory=list)
+    passages: list[Passage] = field(default_factory=list)
+
+    def aurocs(self, subset: Callable[[Passage], object], order: Sequence[str], *, n_bootstrap: int,
+               seed: int) -> list[BucketAuroc]:
+        """The stratified AUROC across pairs per value of `subset(passage)`, CI over (concept, pair) units."""
+        return bucket_aurocs(np.array(self.scores), np.array(self.labels), np.array(self.groups),
+                             np.array(self.concepts), np.array([str(subset(p)) for p in self.passages]),
+                             n_bootstrap=n_bootstrap, seed=seed, ci_level=CI_LEVEL, order=order)
+
+
+def heldout_columns(store: ArtifactStore, pooled_keys: dict[str, str],
+                    passages_by_concept: dict[str, Sequence[Passage]], cells: dict[str, int],
+                    keep: Callable[[Passage], bool], seed: int) -> dict[str, HeldoutColumns]:
+    """Per strategy of `cells` (strategy -> layer): D1's logistic probe refitted on each concept's train split at
+    that layer, scoring the concept's test passages that `keep` accepts."""
+    meta = {c: {p.id: p for p in ps} for c, ps in passages_by_concept.items()}
+    columns = {s: HeldoutColumns() for s in cells}
+    if not cells:
+        return columns
+    for concept, key in pooled_keys.items():
+        view = PooledTableView(read_pooled_table(store, key, sorted(set(cells.values()))))
+        for strategy, layer in cells.items():
+            cell = view.matrix(layer, strategy)
+            train, test = cell.subset("train"), cell.subset("test")
+            passages = [meta[concept][str(pid)] for pid in test.passage_ids]
+            kept = [i for i, p in enumerate(passages) if keep(p)]
+            col = columns[strategy]
+            col.scores.extend(heldout_scores(train.X, train.y, test.X, seed)[kept])
+            col.labels.extend(test.y[kept])
+            col.groups.extend(str(g) for g in test.groups[kept])
+            col.concepts.extend([concept] * len(kept))
+            col.passages.extend(passages[i] for i in kept)
+    return columns
+
+
+def _subset_fields(b: BucketAuroc, n_bootstrap: int) -> dict:
+    """The fields every SubsetAurocRecord takes from one bucket's AUROC."""
+    return {"auroc": b.auroc, "ci_low": b.ci_low, "ci_high": b.ci_high, "ci_level": CI_LEVEL, "n": b.n,
+            "n_pos": b.n_pos, "n_neg": b.n_neg, "n_concepts": b.n_strata, "n_bootstrap": n_bootstrap,
+            "concept_aurocs": b.stratum_aurocs, "comparisons": "across_pairs", "auroc_with_twins": b.auroc_with_twins}
 
 
 def lexical_baselines(passages_by_concept: dict[str, Sequence[Passage]], *, n_bootstrap: int,
@@ -50,36 +102,58 @@ def d1_by_bucket(store: ArtifactStore, pooled_keys: dict[str, str], passages_by_
                  seed: int) -> list[BucketAurocRecord]:
     """Per chosen strategy and per density / placement bucket, the held-out AUROC over every concept's test
     passages; empty when the corpus records no density and placement (v1, most user corpora)."""
-    meta = {c: {p.id: p for p in ps} for c, ps in passages_by_concept.items()}
-    if not any(p.density is not None and p.placement is not None for ps in meta.values() for p in ps.values()):
+    def placed(p: Passage) -> bool:
+        return p.density is not None and p.placement is not None
+
+    if not any(placed(p) for ps in passages_by_concept.values() for p in ps):
         return []
     cells = bucket_cells(records, supervised)
-    columns: dict[str, dict[str, list]] = {s: {k: [] for k in ("scores", "labels", "groups", "concepts",
-                                                              *BUCKET_FIELDS)} for s in cells}
-    for concept, key in pooled_keys.items():
-        view = PooledTableView(read_pooled_table(store, key, sorted(set(cells.values()))))
-        for strategy, layer in cells.items():
-            cell = view.matrix(layer, strategy)
-            train, test = cell.subset("train"), cell.subset("test")
-            passages = [meta[concept][str(pid)] for pid in test.passage_ids]
-            kept = [i for i, p in enumerate(passages) if p.density is not None and p.placement is not None]
-            col = columns[strategy]
-            col["scores"].extend(heldout_scores(train.X, train.y, test.X, seed)[kept])
-            col["labels"].extend(test.y[kept])
-            col["groups"].extend(str(g) for g in test.groups[kept])
-            col["concepts"].extend([concept] * len(kept))
-            col["density"].extend(str(passages[i].density) for i in kept)
-            col["placement"].extend(str(passages[i].placement) for i in kept)
+    columns = heldout_columns(store, pooled_keys, passages_by_concept, cells, placed, seed)
+    return [BucketAurocRecord(strategy=strategy, layer=layer, probe="logistic", by=by, bucket=b.bucket,
+                              **_subset_fields(b, n_bootstrap))
+            for strategy, layer in cells.items() for by in BUCKET_FIELDS
+            for b in columns[strategy].aurocs(lambda p, by=by: getattr(p, by), PLACEMENTS, n_bootstrap=n_bootstrap,
+                                              seed=seed)]
+
+
+def has_tiers(passages_by_concept: dict[str, Sequence[Passage]]) -> bool:
+    """Whether any test passage says its tier (the embedded corpus does; most user corpora do not)."""
+    return any(p.tier is not None for ps in passages_by_concept.values() for p in ps if p.split == "test")
+
+
+def d1_by_tier(store: ArtifactStore, pooled_keys: dict[str, str], passages_by_concept: dict[str, Sequence[Passage]],
+               records: Sequence[D1CellRecord], supervised: set[str], *, n_bootstrap: int,
+               seed: int) -> list[TierAurocRecord]:
+    """Per unsupervised strategy and tier, the stratified held-out AUROC over every concept's test passages of that
+    tier with a (concept, pair) bootstrap CI; empty when no passage records a tier. Supervised strategies choose
+    heads per fold, which a refit here would not repeat, so they are left out."""
+    if not has_tiers(passages_by_concept):
+        return []
+    layers = cv_chosen_layers([r.to_dict() for r in records if r.probe == "logistic"], probe="logistic")
+    cells = {s: layer for s, layer in sorted(layers.items()) if s not in supervised}
+    columns = heldout_columns(store, pooled_keys, passages_by_concept, cells, lambda p: p.tier is not None, seed)
+    return [TierAurocRecord(strategy=strategy, layer=layer, probe="logistic", tier=b.bucket,
+                            **_subset_fields(b, n_bootstrap))
+            for strategy, layer in cells.items()
+            for b in columns[strategy].aurocs(lambda p: p.tier, TIERS, n_bootstrap=n_bootstrap, seed=seed)]
+
+
+def lexical_by_tier(passages_by_concept: dict[str, Sequence[Passage]], *, n_bootstrap: int,
+                    seed: int) -> list[LexicalTierRecord]:
+    """Per concept and tier, the lexical baseline trained on the whole train split and scored on that tier's test
+    passages (a tier with one class in test is skipped)."""
     out = []
-    for strategy, layer in cells.items():
-        col = columns[strategy]
-        for by in BUCKET_FIELDS:
-            for b in bucket_aurocs(np.array(col["scores"]), np.array(col["labels"]), np.array(col["groups"]),
-                                   np.array(col["concepts"]), np.array(col[by]), n_bootstrap=n_bootstrap,
-                                   seed=seed, ci_level=CI_LEVEL, order=PLACEMENTS):
-                out.append(BucketAurocRecord(
-                    strategy=strategy, layer=layer, probe="logistic", by=by, bucket=b.bucket, auroc=b.auroc,
-                    ci_low=b.ci_low, ci_high=b.ci_high, ci_level=CI_LEVEL, n=b.n, n_pos=b.n_pos, n_neg=b.n_neg,
-                    n_concepts=b.n_strata, n_bootstrap=n_bootstrap, concept_aurocs=b.stratum_aurocs,
-                    comparisons="across_pairs", auroc_with_twins=b.auroc_with_twins))
+    for concept, passages in passages_by_concept.items():
+        train = [p for p in passages if p.split == "train"]
+        for tier in TIERS:
+            test = [p for p in passages if p.split == "test" and p.tier == tier]
+            if len({p.label for p in test}) < 2:
+                continue
+            r = lexical_baseline([p.text for p in train], np.array([p.label for p in train]),
+                                 [p.text for p in test], np.array([p.label for p in test]),
+                                 np.array([p.group for p in test]), n_bootstrap=n_bootstrap, seed=seed,
+                                 ci_level=CI_LEVEL)
+            out.append(LexicalTierRecord(concept=concept, tier=tier, test_auroc=r.test_auroc, ci_low=r.ci_low,
+                                         ci_high=r.ci_high, ci_level=CI_LEVEL, n_test=r.n_test,
+                                         n_bootstrap=n_bootstrap))
     return out

@@ -26,7 +26,7 @@ from poolbench.pooler.worker import ExtractorWorker
 from poolbench.prober.concept_probe import D1_VERSION, gather_layer_d1, probe_layer_task
 from poolbench.prober.flash import parse_fraction
 from poolbench.prober.reliability import RELIABILITY_VERSION
-from poolbench.records.buckets import BucketAurocRecord
+from poolbench.records.breakdowns import BucketAurocRecord
 from poolbench.records.d1 import D1CellRecord, d1_records_from_table
 from poolbench.records.events import (
     ArtifactQuarantined,
@@ -44,8 +44,7 @@ from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key, layer_shard_key
 from poolbench.store.url import open_store
 
-from .breakdowns import d1_by_bucket, lexical_baselines
-from .tiers import d1_by_tier, lexical_by_tier
+from .breakdowns import d1_by_bucket, d1_by_tier, lexical_baselines, lexical_by_tier
 from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch, poll_actors
 
 FORWARDED_ENV = ("POOLBENCH_CACHE", "POOLBENCH_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",

@@ -5,11 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from poolbench.config import RunConfig
-from poolbench.records.buckets import BucketAurocRecord
+from poolbench.records.breakdowns import BucketAurocRecord, LexicalTierRecord, TierAurocRecord
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.steering import SteeringStage
-from poolbench.records.tiers import LexicalTierRecord, TierAurocRecord
 
 
 @dataclass

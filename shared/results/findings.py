@@ -104,13 +104,15 @@ def render_findings(facts: dict) -> str:
                        "worst concept"], board)]
     for tier in facts.get("tiers") or []:
         rows = [[r["strategy"], _n(r.get("layer"), "d"), _iv({"value": r["auroc"], "low": r.get("ci_low"),
-                                                             "high": r.get("ci_high")})] for r in tier["rows"]]
+                                                             "high": r.get("ci_high")}),
+                 _n(r.get("auroc_with_twins"))] for r in tier["rows"]]
         lexical = tier["lexical"]
         lines += [f"## The {tier['tier']} tier", "",
-                  "Held-out AUROC of each strategy on this tier's test passages, best first"
+                  "Held-out AUROC of each strategy on this tier's test passages, best first: positives against "
+                  "negatives of other pairs (95% CI over pairs), and counting each positive against its own twin"
                   + (f"; the lexical baseline's mean is {_n(lexical['mean'])}, its max {_n(lexical.get('max'))}."
                      if lexical.get("mean") is not None else "."), "",
-                  *_table(["strategy", "layer", "AUROC [95% CI]"], rows)]
+                  *_table(["strategy", "layer", "AUROC across pairs [95% CI]", "counting own twin"], rows)]
     if facts["lexical"]:
         rows = [[r["concept"], _iv({"value": r["auroc"], "low": r["low"], "high": r["high"]}), _n(r["best_d1"])]
                 for r in facts["lexical"]]

@@ -27,7 +27,7 @@ from matplotlib.patches import Rectangle
 from poolbench.atomic_write import write_text_atomic
 from poolbench.errors import PoolBenchError
 from poolbench.records.base import RecordError
-from poolbench.records.buckets import BucketAurocRecord
+from poolbench.records.breakdowns import BucketAurocRecord
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.scorer import ScorerValidity
@@ -684,6 +684,28 @@ def bucket_table(run: Run) -> str:
                   "buckets", flags)
 
 
+def tier_tables(run: Run) -> str:
+    """Per corpus tier: each strategy's AUROC across pairs with its CI, the same counting each positive against its
+    own twin, and whether the best one's interval separates it from the others; the lexical baseline beside."""
+    parts = []
+    for tier, section in (run.leaderboard.get("by_tier") or {}).items():
+        rows = section.get("rows") or []
+        lexical = section.get("lexical") or {}
+        said = (f"best {html.escape(str(section['best']))}: its interval lies above {section['n_excluded_by_best']} "
+                f"of {section['n_others']} others, so this tier "
+                + ("<b>separates</b> strategies" if section.get("separates") else "does <b>not</b> separate them")
+                if section.get("best") else "no strategy scored")
+        lex = (f"; lexical baseline mean {_num(lexical.get('mean'))}, max {_num(lexical.get('max'))}"
+               if lexical.get("mean") is not None else "")
+        table_rows = [[r["strategy"], str(r["layer"]), _ci(r["auroc"], r.get("ci_low"), r.get("ci_high")),
+                       _num(r.get("auroc_with_twins")), str(r["n"])] for r in rows]
+        flags = ["null" if r.get("ci_low") is None or float(r["ci_low"]) <= 0.5 else "" for r in rows]
+        parts.append(f"<h4>{html.escape(tier)} tier</h4><p>{said}{lex}.</p>"
+                     + _table(("strategy", "layer", "AUROC across pairs [95% CI]", "counting own twin", "n"),
+                              table_rows, "tiers", flags))
+    return "".join(parts)
+
+
 def run_summary(run: Run) -> str:
     res, model, config = run.results, run.results.get("model") or {}, run.results.get("config") or {}
     concepts = sorted({c.concept for c in run.cells})
@@ -746,6 +768,12 @@ HOW_TO_READ = {
                "C, fitted on the train split and scored on the test split, with the same pair-bootstrap CI as D1. "
                "It sees no model: a concept it already separates is carried by its vocabulary, and a strategy's D1 "
                "there says little about pooling. Amber rows: the lexical CI lies above 0.9.",
+    "tiers": "The standard tier's pairs differ in their words; the hard tier's positive and negative share their "
+             "content words and differ in what the words mean together (negation scope, who did what, quoted vs "
+             "asserted), so a bag of words scores 0.5 there. Each strategy at its CV-chosen layer, its probe refitted "
+             "on the whole train split; the AUROC compares positives with negatives of other pairs of the same "
+             "concept (CI over matched pairs); 'counting own twin' adds each positive against its own rewrite, the "
+             "minimal pair. Grey rows: the CI reaches 0.5.",
     "buckets": "Test passages grouped by how many concept sentences they hold (density) and where those sit "
                "(placement), for the best strategy and a few whose reach depends on place, each at its CV-chosen "
                "layer with its probe refitted on the whole train split. A bucket's AUROC compares positives only "
@@ -829,6 +857,11 @@ def run_section(run: Run, index: int) -> tuple[str, list[Figure]]:
         parts += [_how("lexical"), lexical_table(run)]
     else:
         note("No lexical baseline in this run (it predates the baseline).")
+    parts.append("<h3>D1 by corpus tier</h3>")
+    if run.leaderboard.get("by_tier"):
+        parts += [_how("tiers"), tier_tables(run)]
+    else:
+        note("No D1 by tier: the corpus marks no tiers (most user corpora), or the run predates them.")
     parts.append("<h3>D1 by density and placement</h3>")
     if run.buckets:
         parts.append(_how("buckets"))

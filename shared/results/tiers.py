@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from poolbench.corpus.passage import TIERS
-from poolbench.records.tiers import LexicalTierRecord, TierAurocRecord
+from poolbench.records.breakdowns import LexicalTierRecord, TierAurocRecord
 
 SEPARATES_SHARE = 1 / 3
 """The best strategy separates a tier when its CI lies above chance and above at least this share of the other
@@ -26,7 +26,8 @@ def tier_section(tiers: Sequence[TierAurocRecord], lexical: Sequence[LexicalTier
         if not rows and not lex:
             continue
         section: dict = {"rows": [{"strategy": r.strategy, "layer": r.layer, "auroc": r.auroc, "ci_low": r.ci_low,
-                                   "ci_high": r.ci_high, "n": r.n, "n_concepts": r.n_concepts} for r in rows]}
+                                   "ci_high": r.ci_high, "auroc_with_twins": r.auroc_with_twins, "n": r.n,
+                                   "n_concepts": r.n_concepts} for r in rows]}
         if rows:
             best, others = rows[0], rows[1:]
             excluded = [r.strategy for r in others if best.ci_low is not None and float(r.auroc or 0.0) < best.ci_low]

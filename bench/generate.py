@@ -6,6 +6,10 @@ grid in shared batches (per-row deltas, device-side seeded sampling); `transform
 alpha, for the identical-row rate; with `--backend vllm` also `vllm_unsteered` (the engine without hooks) and
 `vllm_steered_grid` (the whole grid in one engine call, per-request slots). The identical-row rate is how many
 grid rows equal the per-alpha call's row token for token: batch invariance as measured on this device and dtype.
+`--cells N` adds the driver's choice, N cells (the default subset's shape: cells in pairs per concept, the pair at
+two layers, each with its prompted baseline) `transformers_cells_one_call`, every cell's rows in one generate call
+with identical rows once (steerer.generation_rows), against `transformers_cells_per_cell`, one call per cell (and
+the `vllm_` pair with `--backend vllm`); their tokens/s count every cell's rows, so the ratio is the speed-up.
 `--shape` builds a random-weight model of a published shape (speed only: its text means nothing) with the
 embedded default's tokenizer. Writes bench/results/generate-<model>.json (or --out).
 """
@@ -30,9 +34,11 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.extractor.loading import LoadedModel
-from poolbench.steerer.backend import Generation, GenerationSettings
-from poolbench.steerer.prompts import encode_prompts, load_prompts
-from poolbench.steerer.run import prompt_seeds
+from poolbench.steerer.backend import Generation, GenerationSettings, SteeringBackend
+from poolbench.steerer.generation_rows import GenerationRow, distinct_rows, generate_groups
+from poolbench.steerer.plan import DEFAULT_STEERING_CONCEPTS
+from poolbench.steerer.prompts import concept_instruction, encode_prompts, load_prompts
+from poolbench.steerer.run import cell_rows, prompt_seeds
 from poolbench.steerer.transformers_backend import prompt_group_chunks
 from poolbench.steerer.vector import DEFAULT_ALPHAS
 from poolbench.steerer.worker import SteeringWorker
@@ -108,6 +114,34 @@ def hf_generate(m: LoadedModel, rows: list[str], settings: GenerationSettings, f
     return out
 
 
+def steering_cells(n: int, prompts: list[str], seeds: list[int], unit_norm: float, hidden: int, layers: list[int],
+                   alphas: tuple[float, ...]) -> list[list[GenerationRow]]:
+    """n cells' rows as the default subset has them: two cells per concept (at two layers), each its own random
+    direction over the alpha grid, each with its concept's prompted baseline."""
+    rng = np.random.default_rng(1)
+    cells = []
+    for k in range(n):
+        concept = DEFAULT_STEERING_CONCEPTS[(k // 2) % len(DEFAULT_STEERING_CONCEPTS)]
+        direction = rng.normal(size=hidden)
+        unit = (unit_norm * direction / np.linalg.norm(direction)).astype(np.float32)
+        deltas = [None if a == 0 else (a * unit).astype(np.float32) for a in alphas]
+        prompted = [f"{concept_instruction(concept)} {p}" for p in prompts]
+        cells.append(cell_rows(prompts, seeds, deltas, layers[k % len(layers)], prompted))
+    return cells
+
+
+def cell_arms(prefix: str, backend: SteeringBackend, cells: list[list[GenerationRow]], settings: GenerationSettings,
+              fmt: str) -> dict[str, Callable[[], list[Generation]]]:
+    """Every cell's rows in one call, and one call per cell; both answer every cell's rows, in cell order."""
+    def one_call() -> list[Generation]:
+        return [g for gens in generate_groups(backend, cells, settings, fmt) for g in gens]
+
+    def per_cell() -> list[Generation]:
+        return [g for rows in cells for g in generate_groups(backend, [rows], settings, fmt)[0]]
+
+    return {f"{prefix}_cells_one_call": one_call, f"{prefix}_cells_per_cell": per_cell}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="embedded")
@@ -120,6 +154,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--layer", type=int, default=None, help="default: the middle layer")
+    parser.add_argument("--cells", type=int, default=6, help="cells for the one-call vs per-cell arms (0: none)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
@@ -159,6 +194,11 @@ def main(argv: list[str] | None = None) -> dict:
         "transformers_per_alpha": lambda: [g for d in deltas for g in worker.generate(
             prompts, layer=layer, delta=d, seeds=seeds, settings=settings, prompt_format=fmt)],
     }
+    cell_layers = sorted({layer, min(layer + 1, m.n_layers - 1)})
+    cells = steering_cells(args.cells, prompts, seeds, float(np.linalg.norm(unit)), m.hidden_size, cell_layers,
+                           alphas)
+    if cells:
+        arms.update(cell_arms("transformers", worker, cells, settings, fmt))
     if args.backend == "vllm":
         from poolbench.steerer.vllm_backend import VLLMBackend
 
@@ -171,6 +211,8 @@ def main(argv: list[str] | None = None) -> dict:
                                         settings=settings, prompt_format=fmt)
 
         arms.update(vllm_unsteered=unsteered, vllm_steered_grid=grid(engine))
+        if cells:
+            arms.update(cell_arms("vllm", engine, cells, settings, fmt))
     worker.generate(prompts[:2], layer=layer, delta=deltas[1], seeds=seeds[:2], settings=settings,
                     prompt_format=fmt)  # warm-up
     runs = timed_arms(arms, args.repeats)
@@ -191,6 +233,15 @@ def main(argv: list[str] | None = None) -> dict:
     result["ratios"] = {"transformers_backend_over_hf_generate": round(t["transformers_backend"] / t["hf_generate"], 3)}
     if args.backend == "vllm":
         result["ratios"]["vllm_steered_grid_over_unsteered"] = round(t["vllm_steered_grid"] / t["vllm_unsteered"], 3)
+    if cells:
+        flat = [r for rows in cells for r in rows]
+        result["cells"] = {"n": len(cells), "layers": cell_layers, "rows": len(flat),
+                           "distinct_rows": len(distinct_rows(flat)[0])}
+        result["identical_rows"]["transformers_cells_one_call_vs_per_cell"] = identical(
+            runs["transformers_cells_one_call"][0], runs["transformers_cells_per_cell"][0])
+        for prefix in ("transformers", "vllm") if args.backend == "vllm" else ("transformers",):
+            result["ratios"][f"{prefix}_cells_one_call_over_per_cell"] = round(
+                t[f"{prefix}_cells_one_call"] / t[f"{prefix}_cells_per_cell"], 3)
     table = Table(title=f"generate on {result['shape']} ({result['device']}, {result['dtype']}; {len(rows)} rows = "
                         f"{len(alphas)} alphas x {n} prompts, {args.max_new_tokens} new tokens)")
     for col in ("arm", "tokens", "seconds", "tokens/s"):
@@ -201,6 +252,10 @@ def main(argv: list[str] | None = None) -> dict:
     ident = result["identical_rows"]["transformers_grid_vs_per_alpha"]
     Console().print(f"ratios {result['ratios']}; grid rows identical to per-alpha rows: "
                     f"{ident['identical']}/{ident['rows']}")
+    if cells:
+        ident = result["identical_rows"]["transformers_cells_one_call_vs_per_cell"]
+        Console().print(f"{len(cells)} cells: {result['cells']['rows']} rows, {result['cells']['distinct_rows']} "
+                        f"distinct; one-call rows identical to per-cell rows: {ident['identical']}/{ident['rows']}")
     slug = args.shape or Path(str(args.model)).name.replace("/", "_")
     write_result(result, args.out or RESULTS / f"generate-{slug}.json")
     return result

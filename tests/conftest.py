@@ -70,6 +70,15 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def layered_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with weights at std 0.2, so each block moves the residual stream: a delta added after layer 0
+    and the same delta after layer 1 give different text (at the default init they give the same)."""
+    from tiny_models import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("models") / "layered-llama", weight_std=0.2)
+
+
+@pytest.fixture(scope="session")
 def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer, 32-wide BERT with MiniLM's tokenizer: a classifier B that fine-tunes in a second on CPU."""
     import torch

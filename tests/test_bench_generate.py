@@ -1,5 +1,6 @@
 """bench/generate.py runs end to end on CPU: a --shape model built from the embedded tokenizer, every
-transformers arm, and the JSON the GPU results are committed in (device, git, shape, arms, identical rows)."""
+transformers arm (the cells arms too), and the JSON the GPU results are committed in (device, git, shape, arms,
+identical rows, cells)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,23 @@ import generate  # bench/ holds scripts, not a package
 def test_generate_bench_smoke(tmp_path):
     out = tmp_path / "generate.json"
     result = generate.main(["--shape", "smoke", "--device", "cpu", "--prompts", "3", "--max-new-tokens", "3",
-                            "--repeats", "1", "--threads", "1", "--out", str(out)])
+                            "--cells", "2", "--repeats", "1", "--threads", "1", "--out", str(out)])
     stored = json.loads(out.read_text())
     assert stored["shape"] == "smoke" and stored["device"] == "cpu" and stored["dtype"] == "float32"
     assert stored["git"] == result["git_hash"]
-    assert set(stored["arms"]) == {"hf_generate", "transformers_backend", "transformers_per_alpha"}
+    assert set(stored["arms"]) == {"hf_generate", "transformers_backend", "transformers_per_alpha",
+                                   "transformers_cells_one_call", "transformers_cells_per_cell"}
     rows = len(stored["alphas"]) * 3
+    # 2 cells of one concept (at the middle layer and the next; the smoke shape's 2 layers leave only layer 1):
+    # 10 alphas x 3 prompts + 3 prompted each = 66 rows; distinct: 3 alpha = 0 rows, 2 x 9 x 3 steered, 3 prompted.
+    assert stored["cells"] == {"n": 2, "layers": [1], "rows": 66, "distinct_rows": 60}
     for name, a in stored["arms"].items():
-        assert a["tokens"] == rows * 3, name  # EOS suppressed: every row writes max_new_tokens
+        # EOS suppressed: every row writes max_new_tokens; the cells arms answer every cell's 66 rows
+        assert a["tokens"] == (66 if "cells" in name else rows) * 3, name
         assert a["tokens_per_s"] > 0
     ident = stored["identical_rows"]["transformers_grid_vs_per_alpha"]
     # fp32 on CPU: a row's continuation does not depend on the rest of its batch.
     assert ident == {"identical": rows, "rows": rows, "rate": 1.0}
+    assert stored["identical_rows"]["transformers_cells_one_call_vs_per_cell"] == {"identical": 66, "rows": 66,
+                                                                                   "rate": 1.0}
+    assert stored["ratios"]["transformers_cells_one_call_over_per_cell"] > 0

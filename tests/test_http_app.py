@@ -352,3 +352,51 @@ def test_openapi_states_every_limit(service):
     assert schemas["LabelledText"]["properties"]["text"]["maxLength"] == 200
     assert schemas["GenerateRequest"]["properties"]["max_new_tokens"]["maximum"] == 8
     assert schemas["ProbeRequest"]["properties"]["n_bootstrap"]["maximum"] == 2000
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_generate_requests_batched_together_answer_as_each_alone(layered_llama_dir, monkeypatch, greedy):
+    """What a Serve batch of /generate requests runs: requests with different vectors, layers and alphas share one
+    engine call (one generate_rows), and each gets exactly the texts it gets alone; a bad request fails alone."""
+    from poolbench.http.app import (
+        GenerateRequest,
+        ModelCache,
+        RequestError,
+        SteeringEngines,
+        VectorCache,
+        generate_many,
+    )
+    from poolbench.steerer.transformers_backend import TransformersBackend
+
+    settings = ServiceSettings(models=(str(layered_llama_dir),), device="cpu", max_new_tokens=8)
+    services = {"models": ModelCache(settings), "engines": SteeringEngines(settings), "vectors": VectorCache(settings)}
+    rng = np.random.default_rng(0)
+    u, v = (rng.normal(size=32).tolist() for _ in range(2))
+    model = str(layered_llama_dir)
+    common = {"model": model, "max_new_tokens": 6, "greedy": greedy}
+    reqs = [GenerateRequest(prompts=["the cat", "a dog"], layer=0, vector=u, alpha=0.5, **common),
+            GenerateRequest(prompts=["a dog", "birds sang in the"], layer=1, vector=v, alpha=1.0, seed=3, **common),
+            GenerateRequest(prompts=["the cat", "a dog"], layer=1, **common),  # unsteered
+            GenerateRequest(prompts=["the cat"], layer=0, vector=[1.0] * 3, alpha=1.0, **common)]
+    calls = []
+    generate_rows = TransformersBackend.generate_rows
+
+    def counted(self, prompts, **kwargs):
+        calls.append(len(prompts))
+        return generate_rows(self, prompts, **kwargs)
+
+    monkeypatch.setattr(TransformersBackend, "generate_rows", counted)
+    alone = [generate_many([r], **services)[0] for r in reqs]
+    assert calls == [2, 2, 2]  # the bad request never reaches the engine
+    calls.clear()
+    together = generate_many(reqs, **services)
+    assert calls == [6]  # three requests' rows in one call
+    with services["models"].use(model) as loaded:
+        assert str(loaded.dtype) == "torch.float32"
+    for mine, single in zip(together[:3], alone[:3], strict=True):
+        assert mine == single
+    assert isinstance(together[3], RequestError) and str(together[3]) == str(alone[3]) == \
+        "vector: 3 floats, the model's hidden size is 32"
+    # The vectors steer (so equal answers could differ): same prompts and seeds, steered or not.
+    steered, plain = together[0], together[2]
+    assert [g.text for g in steered.generations] != [g.text for g in plain.generations]

@@ -1,5 +1,6 @@
-"""Per-row steering: rows with different vectors and alphas share one batch and get what each gets in a batch of
-its own delta (greedy and sampled); row chunking by rows and tokens; the batched perplexity equals one-at-a-time."""
+"""Per-row steering: rows with different vectors, alphas and layers share one batch and get what each gets in a
+batch of its own (layer, delta) (greedy and sampled); row chunking by rows and tokens; the batched perplexity
+equals one-at-a-time."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ PROMPTS = ["the cat sat on", "a dog", "birds sang in the trees near the river", 
 @pytest.fixture(scope="module")
 def worker(tiny_llama_dir: Path) -> SteeringWorker:
     return SteeringWorker(load_model(str(tiny_llama_dir), device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def layered(layered_llama_dir: Path) -> SteeringWorker:
+    return SteeringWorker(load_model(str(layered_llama_dir), device="cpu"))
 
 
 def _deltas(d: int) -> list[np.ndarray | None]:
@@ -47,6 +53,37 @@ def test_mixed_batch_equals_one_delta_per_batch(worker, greedy):
     # The deltas do steer (so the equality above could fail): each steered row differs from the unsteered one.
     for k in (1, 2):
         assert [g.token_ids for g in alone[k]] != [g.token_ids for g in alone[0]]
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_mixed_layer_batch_equals_one_layer_per_batch(layered, greedy):
+    """Rows steering at layer 0, at layer 1 and not at all in one call get what each gets in a call of its own
+    (layer, delta); the same delta at the other layer is another row, so a backend that ignored the per-row layer
+    fails here."""
+    settings = GenerationSettings(max_new_tokens=6, greedy=greedy)
+    _, u, v = _deltas(layered.loaded.hidden_size)
+    kinds = [(0, None), (0, u), (1, u), (1, v)]  # (layer, delta)
+    seeds = prompt_seeds(len(PROMPTS), 2)
+    alone = [layered.generate(PROMPTS, layer=layer, delta=d, seeds=seeds, settings=settings) for layer, d in kinds]
+    order = [(k, i) for i in range(len(PROMPTS)) for k in (3, 1, 0, 2)]
+    mixed = layered.generate_rows([PROMPTS[i] for _, i in order], layer=[kinds[k][0] for k, _ in order],
+                                 deltas=[kinds[k][1] for k, _ in order], seeds=[seeds[i] for _, i in order],
+                                 settings=settings)
+    for (k, i), g in zip(order, mixed, strict=True):
+        assert g.token_ids == alone[k][i].token_ids and g.text == alone[k][i].text, (k, i)
+    tokens = [[g.token_ids for g in gens] for gens in alone]
+    assert tokens[1] != tokens[0] and tokens[3] != tokens[0]  # each layer's delta steers ...
+    assert tokens[1] != tokens[2]  # ... and u at layer 0 is not u at layer 1
+
+
+def test_a_row_layer_out_of_range_or_a_layer_list_of_the_wrong_length_is_one_line(worker):
+    from poolbench.steerer.errors import SteeringError
+
+    settings = GenerationSettings(max_new_tokens=2)
+    with pytest.raises(SteeringError, match=r"layer 2 out of range for .* \(2 layers\)"):
+        worker.generate_rows(PROMPTS[:2], layer=[0, 2], deltas=[None, None], seeds=[0, 1], settings=settings)
+    with pytest.raises(SteeringError, match="2 prompts but 3 layers"):
+        worker.generate_rows(PROMPTS[:2], layer=[0, 1, 1], deltas=[None, None], seeds=[0, 1], settings=settings)
 
 
 def test_rows_beyond_the_budget_go_in_further_batches_with_the_same_answers(worker):
@@ -117,6 +154,12 @@ def test_one_delta_per_call_backends_group_rows_and_keep_row_order():
                             deltas=[a, None, a.copy(), b], seeds=[0, 1, 2, 3], settings=GenerationSettings())
     assert [g.text for g in out] == ["p@1.0", "q@None", "r@1.0", "s@2.0"]
     assert calls == [(["p", "r"], 1.0, [0, 2]), (["q"], None, [1]), (["s"], 2.0, [3])]
+    # One layer per row: a delta at two layers is two calls; unsteered rows go in one call whatever their layer.
+    calls.clear()
+    out = generate_by_delta(OneDelta(), ["p", "q", "r", "s"], layer=[0, 1, 1, 2],  # type: ignore[arg-type]
+                            deltas=[a, a, None, None], seeds=[0, 1, 2, 3], settings=GenerationSettings())
+    assert [g.text for g in out] == ["p@1.0", "q@1.0", "r@None", "s@None"]
+    assert calls == [(["p"], 1.0, [0]), (["q"], 1.0, [1]), (["r", "s"], None, [2, 3])]
 
 
 def _nll_alone(loaded, g: Generation) -> float:

@@ -21,15 +21,24 @@ def tiny_tokenizer(vocab: int = 320) -> PreTrainedTokenizerFast:
     return tiny_model.train_tokenizer(generated_texts(200, seed=3), vocab_size=vocab)
 
 
-def save_tiny_llama(path: Path, *, seed: int = 0, layers: int = 2, hidden: int = 32, vocab: int = 320) -> Path:
-    """A random-weight Llama with a byte-level BPE tokenizer trained on generated text (seconds on CPU)."""
+def save_tiny_llama(path: Path, *, seed: int = 0, layers: int = 2, hidden: int = 32, vocab: int = 320,
+                    weight_std: float | None = None) -> Path:
+    """A random-weight Llama with a byte-level BPE tokenizer trained on generated text (seconds on CPU).
+    `weight_std` redraws every weight matrix at that scale: at the default init (0.02) each block adds little to
+    the residual stream, so a delta added after layer 0 or after layer 1 gives the same text."""
     tokenizer = tiny_tokenizer(vocab)
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, num_hidden_layers=layers,
                          num_attention_heads=2, num_key_value_heads=2, intermediate_size=2 * hidden,
                          max_position_embeddings=256, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(path)
+    model = LlamaForCausalLM(config)
+    if weight_std is not None:
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.dim() > 1:
+                    param.normal_(0, weight_std)
+    model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
 

@@ -1,13 +1,14 @@
-"""Ray wrapper: a SteeringWorker per GPU (num_gpus=1) or one on CPU, running cells by artefact keys.
+"""Ray wrapper: a SteeringWorker per GPU (num_gpus=1) or one on CPU, running groups of cells by artefact keys.
 
-Scorers and pooled tables travel as store keys, never as pickled models; the driver fans
-(concept, strategy, layer) cells across the actors and collects the records.
+Scorers and pooled tables travel as store keys, never as pickled models; the driver fans groups of
+(concept, strategy, layer) cells across the actors (each group one engine call) and collects the records.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import pyarrow as pa
 import ray
 
 from poolbench.pooler.pooled_table import read_pooled_layer
@@ -16,44 +17,62 @@ from poolbench.scorer.artifacts import load_stored_scorer
 from poolbench.store.url import open_store
 
 from .backend import GenerationSettings
-from .run import SteeringConfig, run_steering
+from .d3 import neighbour_map
+from .plan import SteeringCell
+from .run import CellInputs, SteeringConfig, run_steering_cells
 from .worker import SteeringWorker
 
 
 class SteeringService(SteeringWorker):
-    """SteeringWorker plus a run_cell method whose arguments are plain keys and values."""
+    """SteeringWorker plus a run_cells method whose arguments are plain keys and values."""
 
-    _cell: tuple[str, str, int] | None = None
+    _cells: tuple[SteeringCell, ...] = ()
 
     def progress(self) -> dict | None:
-        """The cell being steered and how far its generation is; None between generations. Answered from the
-        actor's second thread while run_cell runs."""
+        """The group being steered (its first cell and how many it holds) and how far its generation is; None
+        between generations. Answered from the actor's second thread while run_cells runs."""
         generating = getattr(self.backend, "progress", None)
-        if self._cell is None or generating is None:
+        if not self._cells or generating is None:
             return None
-        concept, strategy, layer = self._cell
-        return {"concept": concept, "strategy": strategy, "layer": layer, **generating.snapshot()}
+        first = self._cells[0]
+        return {"concept": first.concept, "strategy": first.strategy, "layer": first.layer,
+                "cells": len(self._cells), **generating.snapshot()}
 
-    def run_cell(self, store_url: str, concept: str, strategy: str, layer: int, pooled_keys: Mapping[str, str],
-                 scorer_keys: Mapping[str, str], train_texts: Sequence[str], config: dict) -> SteeringResult:
-        self._cell = (concept, strategy, layer)
+    def run_cells(self, store_url: str, cells: Sequence[SteeringCell], pooled_keys: Mapping[str, str],
+                  scorer_keys: Mapping[str, str], train_texts: Mapping[str, Sequence[str]], config: dict,
+                  ) -> list[SteeringResult]:
+        """The cells' results in order: stored ones read back, the rest through one generate call.
+        `pooled_keys` and `scorer_keys` cover the cells' concepts and their neighbours, `train_texts` the concepts."""
+        self._cells = tuple(cells)
         try:
-            return self._run_cell(store_url, concept, strategy, layer, pooled_keys, scorer_keys, train_texts,
-                                  config)
+            return self._run_cells(store_url, cells, pooled_keys, scorer_keys, train_texts, config)
         finally:
-            self._cell = None
+            self._cells = ()
 
-    def _run_cell(self, store_url: str, concept: str, strategy: str, layer: int, pooled_keys: Mapping[str, str],
-                  scorer_keys: Mapping[str, str], train_texts: Sequence[str], config: dict) -> SteeringResult:
+    def _run_cells(self, store_url: str, cells: Sequence[SteeringCell], pooled_keys: Mapping[str, str],
+                   scorer_keys: Mapping[str, str], train_texts: Mapping[str, Sequence[str]], config: dict,
+                   ) -> list[SteeringResult]:
         store = open_store(store_url)
         scorers = {c: load_stored_scorer(store, k, c) for c, k in scorer_keys.items()}
         for c, s in scorers.items():
             s.info["key"] = scorer_keys[c]
         settings = GenerationSettings(**config.get("settings", {}))
         cfg = SteeringConfig(**{**config, "settings": settings})
-        tables = {c: read_pooled_layer(store, k, layer) for c, k in pooled_keys.items()}
-        return run_steering(store, self, concept, strategy, layer, tables[concept], scorers, cfg,
-                            train_texts=train_texts, neighbour_tables=tables)
+        tables: dict[tuple[str, int], pa.Table] = {}
+
+        def table(concept: str, layer: int) -> pa.Table:
+            if (concept, layer) not in tables:
+                tables[concept, layer] = read_pooled_layer(store, pooled_keys[concept], layer)
+            return tables[concept, layer]
+
+        inputs = []
+        near = neighbour_map()
+        for cell in cells:
+            related = [c for c in (cell.concept, *near.get(cell.concept, {}).values()) if c in pooled_keys]
+            inputs.append(CellInputs(cell.concept, cell.strategy, cell.layer, table(cell.concept, cell.layer),
+                                     train_texts[cell.concept],
+                                     neighbour_tables={c: table(c, cell.layer) for c in related}))
+        return run_steering_cells(store, self, inputs, scorers, cfg)
 
 
 def actor_count(gpus: int, gpus_per_actor: int, n: int | None) -> int:
@@ -66,9 +85,9 @@ def actor_count(gpus: int, gpus_per_actor: int, n: int | None) -> int:
 def steering_actors(model: str, *, n: int | None = None, backend: str = "transformers",
                     runtime_env: dict | None = None, gpus_per_actor: int = 1, **worker_args) -> list:
     """One actor (one engine) per GPU on a GPU cluster, per `gpus_per_actor` GPUs under tensor parallelism; on
-    CPU, `n` actors (default one). The driver's work queue fans (concept, strategy, layer) cells across them."""
+    CPU, `n` actors (default one). The driver's work queue fans groups of cells across them."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
-    # A second actor thread answers progress() while run_cell runs; the queue still sends one cell at a time.
+    # A second actor thread answers progress() while run_cells runs; the queue still sends one group at a time.
     remote_cls = ray.remote(max_restarts=1, max_task_retries=1, max_concurrency=2)(SteeringService)
     options: dict = {"num_gpus": gpus_per_actor, "num_cpus": 1} if gpus else {"num_cpus": 1}
     if runtime_env:

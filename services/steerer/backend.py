@@ -49,8 +49,12 @@ class GenerationSettings:
     greedy: bool = False
     batch_size: int = 256  # rows per generate call (a row is one prompt at one delta)
     # ... and at most this many tokens per call, rows x (longest prompt + max_new_tokens): it bounds the KV
-    # cache when a cell's whole alpha grid x prompts shares one batch. Neither enters an artefact key.
+    # cache when a cell's whole alpha grid x prompts shares one batch.
     token_budget: int = 16384
+    # How many rows (before shared rows are merged) the driver sends to one engine call, as whole cells: several
+    # cells' alpha grids go through one generate, and a killed run loses at most one call's cells. None of
+    # these three enters an artefact key.
+    max_rows_per_call: int = 4096
     # EOS is suppressed until this many tokens (default: all of them), so every continuation has the same
     # length and perplexities and scores compare like with like.
     min_new_tokens: int | None = None
@@ -79,30 +83,38 @@ class Generation:
 class SteeringBackend(Protocol):
     """Generate continuations of `prompts` with `delta` (None: unsteered) added to the output of `layer`;
     `prompt_format` is auto, chat or plain (prompts.resolve_prompt_format). `generate_rows` takes one delta
-    per prompt, so rows with different vectors and alphas can share a batch."""
+    per prompt and one layer or one per prompt, so rows with different vectors, alphas and layers (several
+    cells) can share a batch."""
 
     def generate(self, prompts: Sequence[str], *, layer: int, delta: np.ndarray | None,
                  seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
                  ) -> list[Generation]: ...
 
-    def generate_rows(self, prompts: Sequence[str], *, layer: int, deltas: Sequence[np.ndarray | None],
-                      seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
-                      ) -> list[Generation]: ...
+    def generate_rows(self, prompts: Sequence[str], *, layer: int | Sequence[int],
+                      deltas: Sequence[np.ndarray | None], seeds: Sequence[int], settings: GenerationSettings,
+                      prompt_format: str = "auto") -> list[Generation]: ...
 
 
-def generate_by_delta(backend: SteeringBackend, prompts: Sequence[str], *, layer: int,
+def row_layers(layer: int | Sequence[int], n: int) -> list[int]:
+    """`generate_rows`'s layer argument as one layer per row."""
+    return [int(layer)] * n if isinstance(layer, int) else [int(x) for x in layer]
+
+
+def generate_by_delta(backend: SteeringBackend, prompts: Sequence[str], *, layer: int | Sequence[int],
                       deltas: Sequence[np.ndarray | None], seeds: Sequence[int], settings: GenerationSettings,
                       prompt_format: str = "auto") -> list[Generation]:
-    """`generate_rows` for a backend that steers one delta per call: one `generate` per distinct delta,
-    answers put back in row order."""
-    if not len(prompts) == len(deltas) == len(seeds):
-        raise ValueError(f"{len(prompts)} prompts, {len(deltas)} deltas and {len(seeds)} seeds")
-    groups: dict[bytes | None, list[int]] = {}
-    for i, d in enumerate(deltas):
-        groups.setdefault(None if d is None else np.asarray(d, np.float32).tobytes(), []).append(i)
+    """`generate_rows` for a backend that steers one delta at one layer per call: one `generate` per distinct
+    (layer, delta), unsteered rows in one call whatever their layer, answers put back in row order."""
+    layers = row_layers(layer, len(prompts))
+    if not len(prompts) == len(deltas) == len(seeds) == len(layers):
+        raise ValueError(f"{len(prompts)} prompts, {len(deltas)} deltas, {len(seeds)} seeds and {len(layers)} "
+                         "layers")
+    groups: dict[tuple[int, bytes] | None, list[int]] = {}
+    for i, (at, d) in enumerate(zip(layers, deltas, strict=True)):
+        groups.setdefault(None if d is None else (at, np.asarray(d, np.float32).tobytes()), []).append(i)
     out: list[Generation | None] = [None] * len(prompts)
     for rows in groups.values():
-        gens = backend.generate([prompts[i] for i in rows], layer=layer, delta=deltas[rows[0]],
+        gens = backend.generate([prompts[i] for i in rows], layer=layers[rows[0]], delta=deltas[rows[0]],
                                 seeds=[seeds[i] for i in rows], settings=settings, prompt_format=prompt_format)
         for i, g in zip(rows, gens, strict=True):
             out[i] = g

@@ -8,6 +8,7 @@ FULL_N_PROMPTS prompts.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -16,7 +17,9 @@ from poolbench.records.steering import D2Record, D3Record
 from .backend import GenerationSettings
 from .d3 import neighbour_map
 from .errors import SteeringError
+from .prompts import load_prompts
 from .run import SteeringConfig
+from .vector import validate_alphas
 
 # Their D3 neighbours overlap, so 3 concepts need 6 scorers: imdb_sentiment (narrative, frustration),
 # frustration (deference, toxicity), toxicity (frustration, depression).
@@ -60,6 +63,35 @@ def choose_cells(leaderboard: dict, concepts: Sequence[str], *, full: bool = Fal
     informative = [r for r in rows[1:] if r["mean_d1"] >= CHANCE_D1] or rows[1:]
     picks = [(rows[0], "best D1")] + ([(informative[-1], "worst D1")] if informative else [])
     return [SteeringCell(c, row["strategy"], int(row["best_layer"]), why) for c in chosen for row, why in picks]
+
+
+def rows_per_cell(config: SteeringConfig) -> int:
+    """Rows one cell generates: its alpha grid x prompts, and its prompts again for the prompted baseline."""
+    n = len(load_prompts(config.prompts_file, config.n_prompts))
+    return len(validate_alphas(config.alphas)) * n + (n if config.prompted_baseline else 0)
+
+
+def cells_per_call(config: SteeringConfig) -> int:
+    """How many cells one engine call takes: their rows within `max_rows_per_call`, and each prompt's rows of all
+    of them (one shared alpha = 0 row, the other alphas each cell's own) within one transformers chunk of
+    `batch_size` rows, so a prompt's alpha rows stay paired in one batch. At least one."""
+    settings = config.settings
+    steered_alphas = len(validate_alphas(config.alphas)) - 1
+    by_rows = settings.max_rows_per_call // rows_per_cell(config)
+    by_chunk = (settings.batch_size - 1) // steered_alphas
+    return max(1, min(by_rows, by_chunk))
+
+
+def cell_groups(cells: Sequence[SteeringCell], *, engines: int, per_call: int) -> list[tuple[SteeringCell, ...]]:
+    """Each engine's share of the cells (contiguous in the given, concept-major order, so a concept's cells share
+    their prompted rows), cut into as few groups of at most `per_call` cells as it takes, sizes balanced."""
+    shares = max(1, min(engines, len(cells)))
+    groups: list[tuple[SteeringCell, ...]] = []
+    for k in range(shares):
+        share = cells[k * len(cells) // shares:(k + 1) * len(cells) // shares]
+        n = math.ceil(len(share) / max(1, per_call))
+        groups.extend(tuple(share[j * len(share) // n:(j + 1) * len(share) // n]) for j in range(n))
+    return groups
 
 
 def scorer_concepts(cells: Sequence[SteeringCell], available: Sequence[str]) -> list[str]:

@@ -1,8 +1,13 @@
-"""run_steering: one (concept, strategy, layer) cell of D2 and D3, from pooled vectors to records.
+"""run_steering_cells: (concept, strategy, layer) cells of D2 and D3, from pooled vectors to records, several cells
+through one generate call; run_steering is its one-cell case.
 
-No Ray here: the pipeline calls it in-process or through `SteeringActor` (actor.py). Generations and the
-record are stored under a key of everything that determines them, so a rerun reads them back; the
-generations go in first and the record last, so a failed cell leaves no record behind.
+Three steps: each cell is prepared (its stored result read back, its null record stored, or its rows built: alpha
+grid x prompts and the prompted baseline); the rows of every cell still to run go through ONE `generate_rows`, each
+distinct row once (generation_rows.py), and one perplexity pass over the distinct continuations; then each cell is
+finished (scores, relevance, D2, D3) and stored on its own. No Ray here: the pipeline calls it in-process or through
+`SteeringService` (actor.py). Generations and the record are stored under a key of everything that determines them
+(never how cells were grouped), so a rerun reads them back; a cell's generations go in first and its record last,
+so a failed cell leaves no record behind.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from .backend import Generation, GenerationSettings
 from .d2 import D2_VERSION, DEFAULT_FLUENCY_GUARD, d2_summary, paired_delta, prompted_summary
 from .d3 import D3_VERSION, d3_rep_flags, disentanglement, neighbours
 from .errors import SteeringError
+from .generation_rows import GenerationRow, generate_groups
 from .prompts import concept_instruction, load_prompts
 from .vector import DEFAULT_ALPHAS, SteeringVector, cosine, diffmean_vector, validate_alphas
 from .worker import SteeringWorker
@@ -91,22 +97,72 @@ def _generations_table(alphas: Sequence[float], gens: Sequence[Sequence[Generati
     return pa.table(cols)
 
 
-def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, strategy: str, layer: int,
-                 pooled_table: pa.Table, scorers: Mapping[str, ScorerModel], config: SteeringConfig, *,
-                 train_texts: Sequence[str], neighbour_tables: Mapping[str, pa.Table] | None = None
-                 ) -> SteeringResult:
-    """The cell's D2 record and a D3 record per neighbour; stored, and read back on a rerun."""
-    started = time.perf_counter()
+@dataclass(frozen=True, eq=False)
+class CellInputs:
+    """One (concept, strategy, layer) cell and what it is computed from: its concept's pooled table, the train
+    passages its alpha unit is measured on, and the neighbours' pooled tables D3 compares vectors with."""
+
+    concept: str
+    strategy: str
+    layer: int
+    pooled_table: pa.Table
+    train_texts: Sequence[str]
+    neighbour_tables: Mapping[str, pa.Table] | None = None
+
+
+@dataclass(eq=False)
+class PreparedCell:
+    """A cell whose key, vector and generation rows are known, waiting for its generations."""
+
+    cell: CellInputs
+    key: str
+    vector: SteeringVector
+    prompts: list[str]
+    seeds: list[int]
+    base: dict
+    d2: dict
+    nbrs: dict[str, str]
+    scorer_concepts: list[str]
+    instruction: str
+    rows: list[GenerationRow]
+    seconds: float  # the cell's own time so far; its share of the shared generation is added when it finishes
+
+
+def _check_config(config: SteeringConfig) -> tuple[tuple[float, ...], list[str]]:
     alphas = validate_alphas(config.alphas)
-    if concept not in scorers:
-        raise SteeringError(f"no scorer for concept '{concept}' (have: {', '.join(sorted(scorers)) or 'none'})")
     prompts = load_prompts(config.prompts_file, config.n_prompts)
     if len(prompts) < 2:
         raise SteeringError(f"D2 needs at least 2 prompts, the prompts file gives {len(prompts)}")
-    if not train_texts:
-        raise SteeringError(f"concept '{concept}': no train passages to measure the residual norm on")
-    view = PooledTableView(pooled_table)
-    vector = steering_vector(view, concept, strategy, layer)
+    return alphas, prompts
+
+
+def _check_cell(cell: CellInputs, scorers: Mapping[str, ScorerModel]) -> SteeringVector:
+    """The cell's steering vector, or one line naming what is missing."""
+    if cell.concept not in scorers:
+        raise SteeringError(f"no scorer for concept '{cell.concept}' (have: {', '.join(sorted(scorers)) or 'none'})")
+    if not cell.train_texts:
+        raise SteeringError(f"concept '{cell.concept}': no train passages to measure the residual norm on")
+    vector = steering_vector(PooledTableView(cell.pooled_table), cell.concept, cell.strategy, cell.layer)
+    neighbours(cell.concept)
+    return vector
+
+
+def cell_rows(prompts: Sequence[str], seeds: Sequence[int], deltas: Sequence[np.ndarray | None], layer: int,
+              prompted: Sequence[str]) -> list[GenerationRow]:
+    """The alpha grid x prompts (alpha-major, a delta per alpha), then the prompted prompts, unsteered, each row
+    with its prompt's seed, so a prompt's alphas and its prompted row are paired draws."""
+    rows = [GenerationRow(p, d, s, layer) for d in deltas for p, s in zip(prompts, seeds, strict=True)]
+    return rows + [GenerationRow(p, None, s, layer) for p, s in zip(prompted, seeds, strict=True)]
+
+
+def prepare_cell(store: ArtifactStore, worker: SteeringWorker, cell: CellInputs, scorers: Mapping[str, ScorerModel],
+                 config: SteeringConfig, *, residual_norms: dict | None = None) -> SteeringResult | PreparedCell:
+    """The cell's stored result, its null result (stored now), or its rows to generate. `residual_norms` caches the
+    alpha unit per (layer, train passages) across the cells of a group."""
+    started = time.perf_counter()
+    alphas, prompts = _check_config(config)
+    vector = _check_cell(cell, scorers)
+    concept, strategy, layer = cell.concept, cell.strategy, cell.layer
     nbrs = neighbours(concept)
     info = worker.info()
     prompt_format = worker.prompt_format(config.prompt_format)
@@ -117,7 +173,7 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
     key = artifact_key(
         "steering", model=info["weights_hash"], dtype=info["dtype"], concept=concept, strategy=strategy,
         layer=layer, vector=_vector_digest(vector), raw_norm=round(vector.raw_norm, 6),
-        prompts=_digest(prompts), train_texts=_digest(list(train_texts)), config=config.to_record(),
+        prompts=_digest(prompts), train_texts=_digest(list(cell.train_texts)), config=config.to_record(),
         scorers={c: scorers[c].info.get("key", c) for c in scorer_concepts},
         backend=info["backend"], prompt_format=prompt_format, version=[STEERING_VERSION, D2_VERSION, D3_VERSION])
     if store.exists(key):
@@ -136,43 +192,80 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
         store.put_json(key, result.to_dict())
         return result
 
-    vector = vector.with_residual_norm(worker.residual_norm(list(train_texts), layer))
+    norms = {} if residual_norms is None else residual_norms
+    unit_key = (layer, _digest(list(cell.train_texts)))
+    if unit_key not in norms:
+        norms[unit_key] = worker.residual_norm(list(cell.train_texts), layer)
+    vector = vector.with_residual_norm(norms[unit_key])
     d2.update(residual_norm=vector.residual_norm)
     seeds = prompt_seeds(len(prompts), config.seed)
-    n_a, n = len(alphas), len(prompts)
     instruction = concept_instruction(concept)
-    # The whole alpha grid x prompts (and the prompted baseline's prompts, unsteered) in shared batches: each
-    # row carries its own delta and seed, and a prompt's alpha rows share one batch, so they differ only by the
-    # delta, on identical sampling noise (paired draws; transformers_backend.py says what holds across batches).
     deltas = [None if a == 0 else vector.delta(a) for a in alphas]
-    rows = [p for _ in alphas for p in prompts]
-    row_deltas = [d for d in deltas for _ in prompts]
-    if config.prompted_baseline:
-        rows += [f"{instruction} {p}" for p in prompts]
-        row_deltas += [None] * n
-    flat = worker.generate_rows(rows, layer=layer, deltas=row_deltas, seeds=seeds * (len(rows) // n),
-                                settings=config.settings, prompt_format=prompt_format)
-    gens = [flat[i * n:(i + 1) * n] for i in range(n_a)]
-    pgens = flat[n_a * n:]
-    # Perplexity of the prompted continuation is measured given the neutral prompt, as for steering.
+    prompted = [f"{instruction} {p}" for p in prompts] if config.prompted_baseline else []
+    return PreparedCell(cell, key, vector, prompts, seeds, base, d2, nbrs, scorer_concepts, instruction,
+                        cell_rows(prompts, seeds, deltas, layer, prompted), time.perf_counter() - started)
+
+
+def continuation_nlls(worker: SteeringWorker, groups: Sequence[Sequence[Generation]],
+                      ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(summed NLL, tokens) per generation of each group, from one perplexity pass over the distinct (prompt ids,
+    continuation ids) of all groups: every cell's alpha = 0 rows are the same continuations."""
+    seen: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    distinct: list[Generation] = []
+    index = []
+    for g in (g for group in groups for g in group):
+        at = seen.setdefault((g.prompt_ids, g.token_ids), len(distinct))
+        if at == len(distinct):
+            distinct.append(g)
+        index.append(at)
+    nll, n_tok = worker.nll(distinct) if distinct else (np.zeros(0), np.zeros(0, np.int64))
+    out, start = [], 0
+    for group in groups:
+        picked = np.asarray(index[start:start + len(group)], dtype=np.int64)
+        out.append((nll[picked], n_tok[picked]))
+        start += len(group)
+    return out
+
+
+def _nll_inputs(prepared: PreparedCell, gens: Sequence[Generation], n_alphas: int) -> list[Generation]:
+    """The steered continuations and, for the prompted baseline, its continuations given the neutral prompt
+    (perplexity of the prompted continuation is measured as for steering)."""
+    n = len(prepared.prompts)
+    steered, pgens = gens[:n_alphas * n], gens[n_alphas * n:]
     as_neutral = [Generation(g0.prompt, gp.text, g0.prompt_ids, gp.token_ids)
-                  for g0, gp in zip(gens[0], pgens, strict=True)] if pgens else []
-    all_nll, all_tok = worker.nll([g for row in gens for g in row] + as_neutral)
-    texts = [g.text for row in gens for g in row]
-    scores = {c: scorers[c].score(texts).reshape(n_a, n) for c in scorer_concepts}
+                  for g0, gp in zip(steered[:n], pgens, strict=True)]
+    return list(steered) + as_neutral
+
+
+def finish_cell(store: ArtifactStore, worker: SteeringWorker, prepared: PreparedCell, gens: Sequence[Generation],
+                all_nll: np.ndarray, all_tok: np.ndarray, scorers: Mapping[str, ScorerModel], config: SteeringConfig,
+                *, shared_seconds: float = 0.0) -> SteeringResult:
+    """Scores, relevance, D2 and D3 of a cell from its generations and their perplexities; stored (generations
+    table first, record last). `shared_seconds` is the cell's share of the group's generation time."""
+    started = time.perf_counter()
+    cell, vector, prompts, seeds, d2 = prepared.cell, prepared.vector, prepared.prompts, prepared.seeds, prepared.d2
+    concept, strategy, layer = cell.concept, cell.strategy, cell.layer
+    alphas = validate_alphas(config.alphas)
+    scorer = scorers[concept]
+    n_a, n = len(alphas), len(prompts)
+    flat = list(gens)
+    gens_by_alpha = [flat[i * n:(i + 1) * n] for i in range(n_a)]
+    pgens = flat[n_a * n:]
+    texts = [g.text for row in gens_by_alpha for g in row]
+    scores = {c: scorers[c].score(texts).reshape(n_a, n) for c in prepared.scorer_concepts}
     nll, n_tok = all_nll[:n_a * n].reshape(n_a, n), all_tok[:n_a * n].reshape(n_a, n)
-    relevance = worker.relevance([g.prompt for row in gens for g in row], texts).reshape(n_a, n)
+    relevance = worker.relevance([g.prompt for row in gens_by_alpha for g in row], texts).reshape(n_a, n)
     summary = d2_summary(alphas, scores[concept], nll, n_tok, relevance, guard=config.fluency_guard,
                          n_bootstrap=config.n_bootstrap, seed=config.seed)
     report = np.asarray(summary["report_prompts"])
     d2.update(status="ok", null_reason=None, **summary)
-    tables = [_generations_table(alphas, gens, seeds, scores, "steered")]
+    tables = [_generations_table(alphas, gens_by_alpha, seeds, scores, "steered")]
 
     if config.prompted_baseline:
         p_scores = scorer.score([g.text for g in pgens])
         p_nll, p_tok = all_nll[n_a * n:], all_tok[n_a * n:]
         p_rel = worker.relevance(prompts, [g.text for g in pgens])
-        d2.update(prompted_instruction=instruction,
+        d2.update(prompted_instruction=prepared.instruction,
                   **prompted_summary(p_scores, p_nll, p_tok, p_rel, scores[concept][0], nll[0], n_tok[0],
                                      report, n_bootstrap=config.n_bootstrap, seed=config.seed,
                                      guard=config.fluency_guard))
@@ -182,8 +275,8 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
     delta_a = paired_delta(scores[concept][star, report], scores[concept][0, report],
                            n_bootstrap=config.n_bootstrap, seed=config.seed)
     d3 = []
-    for rel, other in nbrs.items():
-        rec = {**base, "neighbour": other, "relation": rel, "alpha_star": summary["alpha_star"],
+    for rel, other in prepared.nbrs.items():
+        rec = {**prepared.base, "neighbour": other, "relation": rel, "alpha_star": summary["alpha_star"],
                "delta_a": delta_a["delta"], "delta_a_ci_low": delta_a["ci_low"],
                "delta_a_ci_high": delta_a["ci_high"]}
         if other in scores:
@@ -196,7 +289,7 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
         else:
             rec.update(delta_b=None, disent=None, disent_raw=None,
                        disent_null_reason=f"no scorer for neighbour '{other}'")
-        other_table = (neighbour_tables or {}).get(other)
+        other_table = (cell.neighbour_tables or {}).get(other)
         if other_table is not None:
             other_vec = steering_vector(PooledTableView(other_table), other, strategy, layer)
             rec.update(d3_rep=cosine(vector.direction, other_vec.direction),
@@ -206,11 +299,45 @@ def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, str
             rec.update(d3_rep=None, neighbour_vector_null_reason="neighbour's pooled table not given")
         d3.append(D3Record(**rec))
 
-    d2["seconds"] = round(time.perf_counter() - started, 3)
-    gens_key = key.replace("steering/", "generations/", 1)
+    d2["seconds"] = round(prepared.seconds + shared_seconds + time.perf_counter() - started, 3)
+    gens_key = prepared.key.replace("steering/", "generations/", 1)
     store.put_table(gens_key, pa.concat_tables(tables, promote_options="default"),
                     metadata={"concept": concept, "strategy": strategy, "layer": str(layer)})
     d2["generations_key"] = gens_key
-    result = SteeringResult(d2=D2Record(**d2), d3=d3, key=key)
-    store.put_json(key, result.to_dict())
+    result = SteeringResult(d2=D2Record(**d2), d3=d3, key=prepared.key)
+    store.put_json(prepared.key, result.to_dict())
     return result
+
+
+def run_steering_cells(store: ArtifactStore, worker: SteeringWorker, cells: Sequence[CellInputs],
+                       scorers: Mapping[str, ScorerModel], config: SteeringConfig) -> list[SteeringResult]:
+    """Each cell's D2 record and a D3 record per neighbour, in cell order; stored cells are read back, and the
+    rest generate in one call. Every cell is checked before anything generates."""
+    _check_config(config)
+    for cell in cells:
+        _check_cell(cell, scorers)
+    norms: dict = {}
+    ready = [prepare_cell(store, worker, cell, scorers, config, residual_norms=norms) for cell in cells]
+    todo = [c for c in ready if isinstance(c, PreparedCell)]
+    if todo:
+        started = time.perf_counter()
+        prompt_format = worker.prompt_format(config.prompt_format)
+        gens = generate_groups(worker, [c.rows for c in todo], config.settings, prompt_format)
+        n_alphas = len(validate_alphas(config.alphas))
+        nlls = continuation_nlls(worker, [_nll_inputs(c, g, n_alphas) for c, g in zip(todo, gens, strict=True)])
+        shared = time.perf_counter() - started
+        total = sum(len(c.rows) for c in todo)
+        finished = iter([finish_cell(store, worker, c, g, nll, n_tok, scorers, config,
+                                     shared_seconds=shared * len(c.rows) / total)
+                         for c, g, (nll, n_tok) in zip(todo, gens, nlls, strict=True)])
+        ready = [next(finished) if isinstance(c, PreparedCell) else c for c in ready]
+    return [r for r in ready if isinstance(r, SteeringResult)]
+
+
+def run_steering(store: ArtifactStore, worker: SteeringWorker, concept: str, strategy: str, layer: int,
+                 pooled_table: pa.Table, scorers: Mapping[str, ScorerModel], config: SteeringConfig, *,
+                 train_texts: Sequence[str], neighbour_tables: Mapping[str, pa.Table] | None = None
+                 ) -> SteeringResult:
+    """The cell's D2 record and a D3 record per neighbour; stored, and read back on a rerun."""
+    cell = CellInputs(concept, strategy, layer, pooled_table, train_texts, neighbour_tables)
+    return run_steering_cells(store, worker, [cell], scorers, config)[0]

@@ -1,4 +1,4 @@
-"""transformers backend: a forward hook adds each row's own delta at every position of one decoder layer's output.
+"""transformers backend: forward hooks add each row's own delta at every position of its decoder layer's output.
 
 One `generate` call per chunk of rows (a row is a prompt with its delta and seed), bounded by
 `settings.batch_size` rows and `settings.token_budget` tokens; left padding, per-row seeds (see sampling.py).
@@ -6,10 +6,12 @@ What holds, exactly: a row's sampling noise depends on its seed and step only; e
 (a cell's alpha rows of one prompt) goes in the same chunk, so they share padding, batch and kernels and differ
 only by their delta, on identical noise (paired draws). Across chunks or calls a row's logits agree only up to
 the batched forward's round-off: bit for bit in fp32 on CPU in our tests, not in bf16 on a GPU, where
-bench/generate.py measures the identical-row rate. Unsteered rows add zeros, which leaves their hidden
-states bit for bit. Prompts go in as `prompt_format` says (prompts.py). The hook is
-installed with `add_hooks` and removed when the call returns, also on error; nothing shared is mutated, so a
-steered call never touches another.
+bench/generate.py measures the identical-row rate. Rows may steer at different layers (one layer per row, as
+the vLLM backend takes): slot_table.build_layer_tables gives each steered layer a table whose rows are zero
+except that layer's deltas, and that layer's hook adds each row's slot row, so unsteered rows and rows steering
+elsewhere add exact zeros, which leaves their hidden states bit for bit. Prompts go in as `prompt_format` says
+(prompts.py). The hooks are installed with `add_hooks` and removed when the call returns, also on error; nothing
+shared is mutated, so a steered call never touches another.
 """
 
 from __future__ import annotations
@@ -25,10 +27,11 @@ from transformers import LogitsProcessorList
 from poolbench.extractor.hook_points import add_hooks
 from poolbench.extractor.loading import LoadedModel
 
-from .backend import Generation, GenerationSettings, validate_deltas
+from .backend import Generation, GenerationSettings, row_layers, validate_deltas
 from .errors import SteeringError
 from .prompts import encode_prompts, resolve_prompt_format
 from .sampling import RowSeededSampler, StepCounter
+from .slot_table import build_layer_tables
 
 
 def row_chunks(lengths: Sequence[int], max_new_tokens: int, max_rows: int, token_budget: int) -> list[range]:
@@ -108,18 +111,25 @@ class TransformersBackend:
         return self.generate_rows(prompts, layer=layer, deltas=[delta] * len(prompts), seeds=seeds,
                                   settings=settings, prompt_format=prompt_format)
 
-    def generate_rows(self, prompts: Sequence[str], *, layer: int, deltas: Sequence[np.ndarray | None],
-                      seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
-                      ) -> list[Generation]:
+    def generate_rows(self, prompts: Sequence[str], *, layer: int | Sequence[int],
+                      deltas: Sequence[np.ndarray | None], seeds: Sequence[int], settings: GenerationSettings,
+                      prompt_format: str = "auto") -> list[Generation]:
+        """Every row with its own delta, seed and (where `layer` is a sequence) layer, in shared chunks."""
         m = self.loaded
         prompt_format = resolve_prompt_format(m.tokenizer, prompt_format)
+        layers = row_layers(layer, len(prompts))
         if len(seeds) != len(prompts):
             raise SteeringError(f"{len(prompts)} prompts but {len(seeds)} seeds")
         if len(deltas) != len(prompts):
             raise SteeringError(f"{len(prompts)} prompts but {len(deltas)} steering deltas")
-        if not 0 <= layer < m.n_layers:
-            raise SteeringError(f"layer {layer} out of range for '{m.model_id}' ({m.n_layers} layers)")
+        if len(layers) != len(prompts):
+            raise SteeringError(f"{len(prompts)} prompts but {len(layers)} layers")
+        bad = [x for x in layers if not 0 <= x < m.n_layers]
+        if bad:
+            raise SteeringError(f"layer {bad[0]} out of range for '{m.model_id}' ({m.n_layers} layers)")
         validate_deltas(deltas, m.hidden_size, torch.finfo(m.dtype).max)
+        tables, slots = build_layer_tables(layers, deltas, m.hidden_size)
+        on_device = {at: torch.as_tensor(t, dtype=m.dtype, device=m.device) for at, t in tables.items()}
         ids = encode_prompts(m.tokenizer, list(prompts), prompt_format)
         out: list[Generation | None] = [None] * len(prompts)
         self.progress = GenerationProgress(rows_total=len(prompts),
@@ -127,8 +137,8 @@ class TransformersBackend:
         try:
             for rows in prompt_group_chunks(ids, settings.max_new_tokens, settings.batch_size,
                                             settings.token_budget):
-                gens = self._generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], layer,
-                                            [deltas[i] for i in rows], [seeds[i] for i in rows], settings)
+                gens = self._generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], on_device,
+                                            [slots[i] for i in rows], [seeds[i] for i in rows], settings)
                 for i, g in zip(rows, gens, strict=True):
                     out[i] = g
                 self.progress.rows_done += len(rows)
@@ -138,9 +148,8 @@ class TransformersBackend:
         return [g for g in out if g is not None]
 
     @torch.no_grad()
-    def _generate_batch(self, prompts: list[str], ids: list[list[int]], layer: int,
-                        deltas: list[np.ndarray | None], seeds: list[int], settings: GenerationSettings,
-                        ) -> list[Generation]:
+    def _generate_batch(self, prompts: list[str], ids: list[list[int]], tables: dict[int, torch.Tensor],
+                        slots: list[int], seeds: list[int], settings: GenerationSettings) -> list[Generation]:
         m = self.loaded
         tok = m.tokenizer
         enc = tok.pad({"input_ids": ids}, return_tensors="pt", padding=True, padding_side="left").to(m.device)
@@ -151,14 +160,10 @@ class TransformersBackend:
             processors.append(StepCounter(lambda: progress.step(rows_in_batch)))
         if not settings.greedy:
             processors.append(RowSeededSampler(seeds, settings.temperature))
-        hooks = {}
-        if any(d is not None for d in deltas):
-            rows = np.zeros((len(deltas), m.hidden_size), dtype=np.float32)
-            for i, d in enumerate(deltas):
-                if d is not None:
-                    rows[i] = d
-            per_row = torch.as_tensor(rows, dtype=m.dtype, device=m.device)[:, None, :]
-            hooks[f"layers.{layer}.out"] = lambda hidden: hidden + per_row
+        index = torch.as_tensor(slots, dtype=torch.long, device=m.device)
+        # A layer whose table is zero for every row of this chunk gets no hook: adding zeros would change nothing.
+        hooks = {f"layers.{at}.out": _add_rows(table[index][:, None, :])
+                 for at, table in tables.items() if bool(table[index].any())}
         with add_hooks(m.decoder_layers, hooks):
             generated = m.model.generate(
                 **enc, max_new_tokens=settings.max_new_tokens,
@@ -174,3 +179,8 @@ class TransformersBackend:
             results.append(Generation(prompt, tok.decode(new, skip_special_tokens=True), tuple(ids[row]),
                                       tuple(new)))
         return results
+
+
+def _add_rows(per_row: torch.Tensor):
+    """A hook function adding each row's [1, d] delta at every position of the hidden state [B, T, d]."""
+    return lambda hidden: hidden + per_row

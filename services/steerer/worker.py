@@ -58,10 +58,11 @@ class SteeringWorker:
         return self.backend.generate(prompts, layer=layer, delta=delta, seeds=seeds, settings=settings,
                                      prompt_format=prompt_format)
 
-    def generate_rows(self, prompts: Sequence[str], *, layer: int, deltas: Sequence[np.ndarray | None],
-                      seeds: Sequence[int], settings: GenerationSettings, prompt_format: str = "auto",
-                      ) -> list[Generation]:
-        """One delta per prompt (None: unsteered), so a whole alpha grid x prompts shares batches."""
+    def generate_rows(self, prompts: Sequence[str], *, layer: int | Sequence[int],
+                      deltas: Sequence[np.ndarray | None], seeds: Sequence[int], settings: GenerationSettings,
+                      prompt_format: str = "auto") -> list[Generation]:
+        """One delta per prompt (None: unsteered) and one layer or one per prompt, so whole alpha grids x
+        prompts of several cells share batches."""
         return self.backend.generate_rows(prompts, layer=layer, deltas=deltas, seeds=seeds, settings=settings,
                                           prompt_format=prompt_format)
 

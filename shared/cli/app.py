@@ -227,7 +227,8 @@ class RunDisplay:
                                              f"{event.batches} batches, {event.tokens_done:,} tokens{eta}")
             case CellProgress():
                 eta = "" if event.eta_s is None else f", ETA {event.eta_s:.0f}s"
-                bar(self.tasks["steer"], last=f"{event.concept}/{event.strategy} L{event.layer}: "
+                more = f" and {event.cells - 1} more cells" if event.cells > 1 else ""
+                bar(self.tasks["steer"], last=f"{event.concept}/{event.strategy} L{event.layer}{more}: "
                                               f"{event.tokens_done:,}/{event.tokens_total:,} tokens{eta}")
             case ConceptProbed(concept=concept, skipped=skipped):
                 bar(self.tasks["probe"], advance=1, last=f"{concept} ({'cached' if skipped else 'done'})")

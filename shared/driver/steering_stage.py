@@ -1,4 +1,5 @@
-"""D2/D3 after D1: scorers in the driver (stored once), steering cells on the work queue's steering actors."""
+"""D2/D3 after D1: scorers in the driver (stored once), groups of steering cells on the work queue's steering actors:
+each engine gets its share of the cells in as few calls as fit the row bound (plan.cells_per_call)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ from poolbench.scorer.artifacts import ensure_scorers, scorer_record
 from poolbench.scorer.finetune import ScorerConfig
 from poolbench.steerer.actor import steering_actors
 from poolbench.steerer.d3 import neighbour_map
-from poolbench.steerer.plan import SteeringCell, choose_cells, scorer_concepts, steering_config
+from poolbench.steerer.plan import (
+    SteeringCell,
+    cell_groups,
+    cells_per_call,
+    choose_cells,
+    scorer_concepts,
+    steering_config,
+)
 from poolbench.store.artifact_store import ArtifactStore
 
 from .work_queue import ActorJob, WorkQueue, poll_actors
@@ -34,28 +42,33 @@ def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, po
     scorer_seconds = time.perf_counter() - started
     neighbours = neighbour_map()
 
-    def job(cell: SteeringCell) -> ActorJob[SteeringCell]:
-        related = [cell.concept, *(c for c in neighbours.get(cell.concept, {}).values() if c in pooled_keys)]
-        return ActorJob(cell, lambda actor: actor.run_cell.remote(
-            store_url, cell.concept, cell.strategy, cell.layer, {c: pooled_keys[c] for c in related},
+    def job(group: tuple[SteeringCell, ...]) -> ActorJob[tuple[SteeringCell, ...]]:
+        own = list(dict.fromkeys(cell.concept for cell in group))
+        near = [c for concept in own for c in neighbours.get(concept, {}).values() if c in pooled_keys]
+        related = list(dict.fromkeys([*own, *near]))
+        return ActorJob(group, lambda actor: actor.run_cells.remote(
+            store_url, list(group), {c: pooled_keys[c] for c in related},
             {c: scorer_keys[c] for c in related if c in scorer_keys},
-            [p.text for p in corpus.passages(cell.concept, "train")], config.to_record()))
+            {c: [p.text for p in corpus.passages(c, "train")] for c in own}, config.to_record()))
 
     d2, d3 = [], []
     actors = steering_actors(model, n=n_actors, backend=backend, runtime_env=runtime_env,
                              gpus_per_actor=gpus_per_actor, **worker_args)
-    with WorkQueue[SteeringCell](actors) as queue:
-        for cell, result in queue.run([job(cell) for cell in cells], on_wait=lambda: poll_steering(queue.actors, emit)):
-            d2.append(result.d2.selected(cell.why))
-            d3.extend(result.d3)
-            emit(CellSteered(cell.concept, cell.strategy, cell.layer, result.d2.scp, result.d2.d2_delta))
+    groups = cell_groups(cells, engines=len(actors), per_call=cells_per_call(config))
+    with WorkQueue[tuple[SteeringCell, ...]](actors) as queue:
+        for group, results in queue.run([job(group) for group in groups],
+                                        on_wait=lambda: poll_steering(queue.actors, emit)):
+            for cell, result in zip(group, results, strict=True):
+                d2.append(result.d2.selected(cell.why))
+                d3.extend(result.d3)
+                emit(CellSteered(cell.concept, cell.strategy, cell.layer, result.d2.scp, result.d2.d2_delta))
     return {"scorers": [scorer_record(s) for s in scorers.values()], "d2": d2, "d3": d3,
             "steering_config": config.to_record(), "subset": "full" if full else "default",
             "timing": {"scorers_s": scorer_seconds, "total_s": time.perf_counter() - started}}
 
 
 def poll_steering(actors, emit: EventSink) -> None:
-    """Each busy steering actor's place inside its cell's generation, as CellProgress events."""
+    """Each busy steering actor's place inside its group's generation, as CellProgress events."""
     for state in poll_actors(actors):
         emit(CellProgress(state["concept"], state["strategy"], state["layer"], state["tokens_done"],
-                          state["tokens_total"], state["seconds"]))
+                          state["tokens_total"], state["seconds"], cells=state.get("cells", 1)))

@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -33,6 +33,9 @@ from poolbench.errors import PoolBenchError
 
 from .admission import Admission
 from .body_limit import BodyLimit
+
+if TYPE_CHECKING:  # loaded lazily: importing the app loads no steering code
+    from poolbench.steerer.generation_rows import GenerationRow
 
 APP_NAME = "poolbench"
 DEFAULT_HOST = "127.0.0.1"
@@ -492,6 +495,72 @@ class SteeringEngines:
             return self._engines[model]
 
 
+def request_rows(req: GenerateRequest, loaded, vectors: VectorCache) -> list[GenerationRow]:
+    """A /generate request as generation rows (prompt i with the request's delta, layer and seed + i), or one line
+    naming what is wrong with it, checked on its own so it never fails a batch it shares."""
+    import torch
+
+    from poolbench.steerer.backend import validate_deltas
+    from poolbench.steerer.generation_rows import GenerationRow
+
+    if req.layer >= loaded.n_layers:
+        raise RequestError(f"layer: {req.layer} out of range for '{loaded.model_id}' ({loaded.n_layers} layers)")
+    delta = None
+    if req.vector is not None and req.alpha != 0:
+        if len(req.vector) != loaded.hidden_size:
+            raise RequestError(f"vector: {len(req.vector)} floats, the model's hidden size is {loaded.hidden_size}")
+        delta = req.alpha * np.asarray(req.vector, dtype=np.float64)
+    if req.stored is not None and req.alpha != 0:
+        stored = vectors.get(req.stored, req.layer)
+        if stored.size != loaded.hidden_size:
+            raise RequestError(f"stored: the run's vector has {stored.size} dimensions, model "
+                               f"'{loaded.model_id}' has {loaded.hidden_size}")
+        delta = req.alpha * np.asarray(stored, dtype=np.float64)
+    validate_deltas([delta], loaded.hidden_size, torch.finfo(loaded.dtype).max)
+    return [GenerationRow(p, delta, req.seed + i, req.layer) for i, p in enumerate(req.prompts)]
+
+
+def generate_many(reqs: list[GenerateRequest], *, models: ModelCache, engines: SteeringEngines,
+                  vectors: VectorCache) -> list[GenerateResponse | PoolBenchError]:
+    """A batch of /generate requests: per model and generation settings, every request's rows in one engine call
+    (steerer.generation_rows: rows with different vectors and layers side by side, identical rows once)."""
+    from poolbench.steerer.backend import GenerationSettings
+    from poolbench.steerer.generation_rows import generate_groups
+
+    out: list[GenerateResponse | PoolBenchError | None] = [None] * len(reqs)
+    by_model: dict[str, list[int]] = {}
+    for i, r in enumerate(reqs):
+        by_model.setdefault(r.model, []).append(i)
+    for model, members in by_model.items():
+        try:
+            with models.use(model) as loaded:
+                calls: dict[GenerationSettings, list[tuple[int, list[GenerationRow]]]] = {}
+                for i in members:
+                    req = reqs[i]
+                    gen = GenerationSettings(max_new_tokens=req.max_new_tokens, temperature=req.temperature,
+                                             greedy=req.greedy)
+                    try:
+                        calls.setdefault(gen, []).append((i, request_rows(req, loaded, vectors)))
+                    except PoolBenchError as exc:
+                        out[i] = exc
+                for gen, batch in calls.items():
+                    try:
+                        answers = generate_groups(engines.backend(model, loaded), [rows for _, rows in batch], gen)
+                    except PoolBenchError as exc:
+                        for i, _ in batch:
+                            out[i] = exc
+                        continue
+                    for (i, _), gens in zip(batch, answers, strict=True):
+                        out[i] = GenerateResponse(model_id=loaded.model_id, layer=reqs[i].layer, alpha=reqs[i].alpha,
+                                                  generations=[GenerationOut(prompt=g.prompt, text=g.text)
+                                                               for g in gens])
+        except PoolBenchError as exc:  # the model is not served or does not load: every request for it not answered
+            for i in members:
+                if out[i] is None:
+                    out[i] = exc
+    return out  # type: ignore[return-value]
+
+
 def is_loopback_host(host: str) -> bool:
     """127.0.0.0/8, ::1 and localhost: nobody else on the network can connect there."""
     if host == "localhost":
@@ -654,6 +723,8 @@ def build_api(settings: ServiceSettings) -> FastAPI:
         return out  # type: ignore[return-value]
 
     pool_batched, score_batched = _batched(pool_many, settings), _batched(score_many, settings)
+    generate_batched = _batched(lambda reqs: generate_many(reqs, models=models, engines=engines, vectors=vectors),
+                                settings)
 
     @api.post("/pool", responses=_ERRORS)
     async def pool(req: PoolRequest) -> PoolResponse:
@@ -695,32 +766,14 @@ def build_api(settings: ServiceSettings) -> FastAPI:
         return _answer(await score_batched(req))
 
     @api.post("/generate", responses=_ERRORS)
-    def generate(req: GenerateRequest) -> GenerateResponse:
-        """Continuations with alpha * vector added to the output of `layer` (the steerer's backend)."""
-        from poolbench.steerer.backend import GenerationSettings
-
+    async def generate(req: GenerateRequest) -> GenerateResponse:
+        """Continuations with alpha * vector added to the output of `layer` (the steerer's backend); concurrent
+        requests served by Ray Serve share one engine call, each row with its own vector, layer and seed (the
+        answer is the same as alone)."""
         _check_sizes(settings, req.prompts, "prompts")
         if req.max_new_tokens > settings.max_new_tokens:
             raise RequestError(f"max_new_tokens: {req.max_new_tokens}, at most {settings.max_new_tokens}")
-        gen = GenerationSettings(max_new_tokens=req.max_new_tokens, temperature=req.temperature, greedy=req.greedy)
-        seeds = [req.seed + i for i in range(len(req.prompts))]
-        stored = None if req.stored is None or req.alpha == 0 else vectors.get(req.stored, req.layer)
-        with models.use(req.model) as loaded:
-            delta = None
-            if req.vector is not None and req.alpha != 0:
-                if len(req.vector) != loaded.hidden_size:
-                    raise RequestError(f"vector: {len(req.vector)} floats, the model's hidden size is "
-                                       f"{loaded.hidden_size}")
-                delta = req.alpha * np.asarray(req.vector, dtype=np.float64)
-            if stored is not None:
-                if stored.size != loaded.hidden_size:
-                    raise RequestError(f"stored: the run's vector has {stored.size} dimensions, model "
-                                       f"'{loaded.model_id}' has {loaded.hidden_size}")
-                delta = req.alpha * np.asarray(stored, dtype=np.float64)
-            out = engines.backend(req.model, loaded).generate(req.prompts, layer=req.layer, delta=delta,
-                                                              seeds=seeds, settings=gen)
-        return GenerateResponse(model_id=loaded.model_id, layer=req.layer, alpha=req.alpha,
-                                generations=[GenerationOut(prompt=g.prompt, text=g.text) for g in out])
+        return _answer(await generate_batched(req))
 
     return api
 

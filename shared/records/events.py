@@ -69,8 +69,8 @@ class ConceptProgress:
 
 @dataclass(frozen=True)
 class CellProgress:
-    """How far a steering cell's generation is (tokens sampled over its alpha grid x prompts), polled while it
-    generates, so the D2 stage shows movement inside a cell."""
+    """How far a steering call's generation is (tokens sampled over its cells' alpha grids x prompts), polled while
+    it generates, so the D2 stage shows movement inside a call; names its first cell and how many cells it holds."""
 
     concept: str
     strategy: str
@@ -78,6 +78,7 @@ class CellProgress:
     tokens_done: int
     tokens_total: int
     seconds: float
+    cells: int = 1
 
     @property
     def eta_s(self) -> float | None:

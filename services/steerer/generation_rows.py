@@ -1,0 +1,77 @@
+"""Rows of several groups (steering cells, HTTP requests) through one `generate_rows` call, each distinct row once.
+
+A row is a prompt with its delta (None: unsteered), seed and layer. Two rows with the same prompt text, the same
+delta bytes (float32, as the backends add them) or both unsteered, the same seed and the same layer (any layer when
+unsteered) generate the same continuation, so it is generated once and handed to both: every cell's alpha = 0 rows
+of the same prompts, and the prompted-baseline rows of two cells of one concept. Distinct rows keep their first-seen
+order, so a backend's prompt grouping (transformers_backend.prompt_group_chunks) still puts all rows of one prompt in
+one chunk, and a lone group's call is exactly its own rows in its own order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import Generation, GenerationSettings, SteeringBackend
+
+
+@dataclass(frozen=True, eq=False)
+class GenerationRow:
+    """One row of a generate call."""
+
+    prompt: str
+    delta: np.ndarray | None
+    seed: int
+    layer: int
+
+    def identity(self) -> tuple[str, bytes | None, int, int | None]:
+        """What the row's continuation depends on: an unsteered row's layer does not matter."""
+        if self.delta is None:
+            return self.prompt, None, int(self.seed), None
+        return self.prompt, np.ascontiguousarray(self.delta, np.float32).tobytes(), int(self.seed), int(self.layer)
+
+
+def distinct_rows(rows: Sequence[GenerationRow]) -> tuple[list[GenerationRow], list[int]]:
+    """The distinct rows in first-seen order, and per row the index of its distinct row."""
+    seen: dict[tuple, int] = {}
+    distinct: list[GenerationRow] = []
+    index = []
+    for row in rows:
+        key = row.identity()
+        if key not in seen:
+            seen[key] = len(distinct)
+            distinct.append(row)
+        index.append(seen[key])
+    return distinct, index
+
+
+def call_layers(rows: Sequence[GenerationRow]) -> int | list[int]:
+    """`generate_rows`'s layer argument: one int where every steered row steers at one layer (unsteered rows add
+    nothing anywhere, so they go with it), else one per row, unsteered rows at the first steered layer."""
+    steered = [r.layer for r in rows if r.delta is not None]
+    first = steered[0] if steered else (rows[0].layer if rows else 0)
+    if all(layer == first for layer in steered):
+        return int(first)
+    return [int(first if r.delta is None else r.layer) for r in rows]
+
+
+def generate_groups(backend: SteeringBackend, groups: Sequence[Sequence[GenerationRow]],
+                    settings: GenerationSettings, prompt_format: str = "auto") -> list[list[Generation]]:
+    """Each group's generations in row order, from one `generate_rows` call over the distinct rows of all groups
+    (no call when there are no rows)."""
+    flat = [row for group in groups for row in group]
+    if not flat:
+        return [[] for _ in groups]
+    distinct, index = distinct_rows(flat)
+    gens = backend.generate_rows([r.prompt for r in distinct], layer=call_layers(distinct),
+                                 deltas=[r.delta for r in distinct], seeds=[r.seed for r in distinct],
+                                 settings=settings, prompt_format=prompt_format)
+    out: list[list[Generation]] = []
+    start = 0
+    for group in groups:
+        out.append([gens[index[i]] for i in range(start, start + len(group))])
+        start += len(group)
+    return out

@@ -5,6 +5,7 @@ grouping of cells per engine and call."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -244,3 +245,19 @@ def test_progress_names_the_calls_first_cell_and_how_many_cells_it_holds(worker,
     monkeypatch.setattr(steering_stage, "poll_actors", lambda actors: seen[:1])
     steering_stage.poll_steering([], events.append)
     assert events == [CellProgress("imdb_sentiment", "A1_mean", 1, 12, 24, seen[0]["seconds"], cells=2)]
+
+
+def test_the_actor_rebuilds_the_drivers_config_with_its_batching_settings(worker, tmp_path, monkeypatch):
+    """Batching settings enter no key, so to_record drops them; the actor must still get them (to_message)."""
+    from poolbench.steerer import actor
+
+    settings = GenerationSettings(max_new_tokens=3, batch_size=5, token_budget=77, max_rows_per_call=9)
+    config = replace(_config(tmp_path), settings=settings)
+    got: list = []
+    monkeypatch.setattr(actor, "read_pooled_layer", lambda store, key, layer: None)
+    monkeypatch.setattr(actor, "run_steering_cells", lambda store, w, inputs, scorers, cfg: got.append(cfg) or [])
+    service = actor.SteeringService(worker.loaded)
+    service.run_cells(str(tmp_path / "store"), [SteeringCell("imdb_sentiment", "A1_mean", 1)],
+                      {c: "pooled/x" for c in CONCEPTS}, {}, {c: ["x"] for c in CONCEPTS}, config.to_message())
+    assert got == [config]
+    assert SteeringConfig.from_message(config.to_record()).settings.batch_size == GenerationSettings().batch_size

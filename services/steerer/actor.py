@@ -16,7 +16,6 @@ from poolbench.records.steering import SteeringResult
 from poolbench.scorer.artifacts import load_stored_scorer
 from poolbench.store.url import open_store
 
-from .backend import GenerationSettings
 from .d3 import neighbour_map
 from .plan import SteeringCell
 from .run import CellInputs, SteeringConfig, run_steering_cells
@@ -56,8 +55,7 @@ class SteeringService(SteeringWorker):
         scorers = {c: load_stored_scorer(store, k, c) for c, k in scorer_keys.items()}
         for c, s in scorers.items():
             s.info["key"] = scorer_keys[c]
-        settings = GenerationSettings(**config.get("settings", {}))
-        cfg = SteeringConfig(**{**config, "settings": settings})
+        cfg = SteeringConfig.from_message(config)
         tables: dict[tuple[str, int], pa.Table] = {}
 
         def table(concept: str, layer: int) -> pa.Table:

@@ -58,6 +58,16 @@ class SteeringConfig:
         out["alphas"] = list(validate_alphas(self.alphas))
         return out
 
+    def to_message(self) -> dict:
+        """Every option, the batching ones that enter no key too, for an actor to rebuild this config exactly."""
+        return {**self.to_record(), "settings": asdict(self.settings)}
+
+    @classmethod
+    def from_message(cls, message: dict) -> SteeringConfig:
+        """The config `to_message` (or `to_record`, batching at its defaults) describes."""
+        return cls(**{**message, "alphas": tuple(message.get("alphas", DEFAULT_ALPHAS)),
+                      "settings": GenerationSettings(**message.get("settings", {}))})
+
 
 def prompt_seeds(n: int, seed: int) -> list[int]:
     """One sampling seed per prompt, the same at every alpha, so each prompt's alphas are paired draws."""

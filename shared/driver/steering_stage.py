@@ -49,7 +49,7 @@ def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, po
         return ActorJob(group, lambda actor: actor.run_cells.remote(
             store_url, list(group), {c: pooled_keys[c] for c in related},
             {c: scorer_keys[c] for c in related if c in scorer_keys},
-            {c: [p.text for p in corpus.passages(c, "train")] for c in own}, config.to_record()))
+            {c: [p.text for p in corpus.passages(c, "train")] for c in own}, config.to_message()))
 
     d2, d3 = [], []
     actors = steering_actors(model, n=n_actors, backend=backend, runtime_env=runtime_env,

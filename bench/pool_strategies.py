@@ -22,9 +22,10 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.corpus.source import open_corpus
-from poolbench.extractor.extract import extract_batches, forward_only, prepare_batches
+from poolbench.extractor.extract import extract_batches, forward_only, prepare_batches, tokenize_passages
 from poolbench.extractor.loading import load_model
-from poolbench.pooler.concept_pooling import _fit_context, strategy_needs
+from poolbench.pooler.chunk_extras import concept_text
+from poolbench.pooler.concept_pooling import strategy_needs
 from poolbench.pooler.iti import head_vectors
 from poolbench.pooler.parses import ParseIndex, batch_parse_extras, cached_parse_table, ids_digest, load_nlp
 from poolbench.pooler.pool import pool_tokens
@@ -63,7 +64,9 @@ def measure(args: argparse.Namespace) -> dict:
         cached_load_s = time.perf_counter() - start
         assert cached
 
-    context = _fit_context(passages, batches, parses)
+    tokens = tokenize_passages(loaded.tokenizer, texts, ids, args.max_length)
+    context = concept_text(concept, passages, tokens, range(len(passages)), needs, parses).context
+    assert context is not None
     forward_only(loaded.model, batches[:2])  # warm-up
     forward_s, extract_s, pool_s = [], [], []
     for _ in range(args.repeats):

@@ -17,10 +17,10 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import numpy as np
 from fastapi import FastAPI, Request
@@ -520,6 +520,28 @@ def request_rows(req: GenerateRequest, loaded, vectors: VectorCache) -> list[Gen
     return [GenerationRow(p, delta, req.seed + i, req.layer) for i, p in enumerate(req.prompts)]
 
 
+R = TypeVar("R")
+
+
+def answer_grouped(reqs: Sequence[R], key: Callable[[R], str], use: Callable[[str], AbstractContextManager[Any]],
+                   answer: Callable[[Any, list[R]], list]) -> list:
+    """Requests grouped by the resource they name (a model, a scorer), each group answered under one hold of it;
+    a resource that is not served or does not load answers every request of its group with that error."""
+    out: list = [None] * len(reqs)
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(reqs):
+        groups.setdefault(key(r), []).append(i)
+    for name, members in groups.items():
+        try:
+            with use(name) as resource:
+                answers = answer(resource, [reqs[i] for i in members])
+        except PoolBenchError as exc:
+            answers = [exc] * len(members)
+        for i, a in zip(members, answers, strict=True):
+            out[i] = a
+    return out
+
+
 def generate_many(reqs: list[GenerateRequest], *, models: ModelCache, engines: SteeringEngines,
                   vectors: VectorCache) -> list[GenerateResponse | PoolBenchError]:
     """A batch of /generate requests: per model and generation settings, every request's rows in one engine call
@@ -527,38 +549,29 @@ def generate_many(reqs: list[GenerateRequest], *, models: ModelCache, engines: S
     from poolbench.steerer.backend import GenerationSettings
     from poolbench.steerer.generation_rows import generate_groups
 
-    out: list[GenerateResponse | PoolBenchError | None] = [None] * len(reqs)
-    by_model: dict[str, list[int]] = {}
-    for i, r in enumerate(reqs):
-        by_model.setdefault(r.model, []).append(i)
-    for model, members in by_model.items():
-        try:
-            with models.use(model) as loaded:
-                calls: dict[GenerationSettings, list[tuple[int, list[GenerationRow]]]] = {}
-                for i in members:
-                    req = reqs[i]
-                    gen = GenerationSettings(max_new_tokens=req.max_new_tokens, temperature=req.temperature,
-                                             greedy=req.greedy)
-                    try:
-                        calls.setdefault(gen, []).append((i, request_rows(req, loaded, vectors)))
-                    except PoolBenchError as exc:
-                        out[i] = exc
-                for gen, batch in calls.items():
-                    try:
-                        answers = generate_groups(engines.backend(model, loaded), [rows for _, rows in batch], gen)
-                    except PoolBenchError as exc:
-                        for i, _ in batch:
-                            out[i] = exc
-                        continue
-                    for (i, _), gens in zip(batch, answers, strict=True):
-                        out[i] = GenerateResponse(model_id=loaded.model_id, layer=reqs[i].layer, alpha=reqs[i].alpha,
-                                                  generations=[GenerationOut(prompt=g.prompt, text=g.text)
-                                                               for g in gens])
-        except PoolBenchError as exc:  # the model is not served or does not load: every request for it not answered
-            for i in members:
-                if out[i] is None:
+    def answer(loaded, group: list[GenerateRequest]) -> list[GenerateResponse | PoolBenchError]:
+        out: list[GenerateResponse | PoolBenchError | None] = [None] * len(group)
+        calls: dict[GenerationSettings, list[tuple[int, list[GenerationRow]]]] = {}
+        for i, req in enumerate(group):
+            gen = GenerationSettings(max_new_tokens=req.max_new_tokens, temperature=req.temperature,
+                                     greedy=req.greedy)
+            try:
+                calls.setdefault(gen, []).append((i, request_rows(req, loaded, vectors)))
+            except PoolBenchError as exc:
+                out[i] = exc
+        for gen, batch in calls.items():
+            try:
+                answers = generate_groups(engines.backend(group[0].model, loaded), [rows for _, rows in batch], gen)
+            except PoolBenchError as exc:
+                for i, _ in batch:
                     out[i] = exc
-    return out  # type: ignore[return-value]
+                continue
+            for (i, _), gens in zip(batch, answers, strict=True):
+                out[i] = GenerateResponse(model_id=loaded.model_id, layer=group[i].layer, alpha=group[i].alpha,
+                                          generations=[GenerationOut(prompt=g.prompt, text=g.text) for g in gens])
+        return out  # type: ignore[return-value]
+
+    return answer_grouped(reqs, lambda r: r.model, models.use, answer)
 
 
 def is_loopback_host(host: str) -> bool:
@@ -677,50 +690,34 @@ def build_api(settings: ServiceSettings) -> FastAPI:
         0.06 in the embedded model's bfloat16, 1.5e-4 in float32), and an answer must not depend on its neighbours."""
         from poolbench.pooler.pooled_table import PooledTableView
 
-        out: list[PoolResponse | PoolBenchError | None] = [None] * len(reqs)
-        by_model: dict[str, list[int]] = {}
-        for i, r in enumerate(reqs):
-            by_model.setdefault(r.model, []).append(i)
-        for model, members in by_model.items():
-            try:
-                with models.use(model) as loaded:
-                    for i in members:
-                        req, started, n = reqs[i], time.perf_counter(), len(reqs[i].texts)
-                        try:
-                            strategy = _spec(req.strategy).id
-                            table = _pool(loaded, settings, req.texts, [0] * n, ["test"] * n, [None] * n, req.layer,
-                                          strategy).pooled
-                        except PoolBenchError as exc:
-                            out[i] = exc
-                            continue
-                        cell = PooledTableView(table).matrix(req.layer, strategy)
-                        order = np.argsort([int(p[1:]) for p in cell.passage_ids])
-                        out[i] = PoolResponse(model_id=loaded.model_id, layer=req.layer, strategy=strategy,
-                                              dim=int(cell.X.shape[1]), vectors=cell.X[order].astype(float).tolist(),
-                                              fallback=cell.fallback[order].tolist(),
-                                              seconds=time.perf_counter() - started)
-            except PoolBenchError as exc:  # the model is not served or does not load: every request for it
-                for i in members:
-                    out[i] = exc
-        return out  # type: ignore[return-value]
+        def answer(loaded, group: list[PoolRequest]) -> list[PoolResponse | PoolBenchError]:
+            out: list[PoolResponse | PoolBenchError] = []
+            for req in group:
+                started, n = time.perf_counter(), len(req.texts)
+                try:
+                    strategy = _spec(req.strategy).id
+                    table = _pool(loaded, settings, req.texts, [0] * n, ["test"] * n, [None] * n, req.layer,
+                                  strategy).pooled
+                except PoolBenchError as exc:
+                    out.append(exc)
+                    continue
+                cell = PooledTableView(table).matrix(req.layer, strategy)
+                order = np.argsort([int(p[1:]) for p in cell.passage_ids])
+                out.append(PoolResponse(model_id=loaded.model_id, layer=req.layer, strategy=strategy,
+                                        dim=int(cell.X.shape[1]), vectors=cell.X[order].astype(float).tolist(),
+                                        fallback=cell.fallback[order].tolist(), seconds=time.perf_counter() - started))
+            return out
+
+        return answer_grouped(reqs, lambda r: r.model, models.use, answer)
 
     def score_many(reqs: list[ScoreRequest]) -> list[ScoreResponse | PoolBenchError]:
         """A batch of /score requests under one hold of each scorer's lock; each request scored on its own, as its
         answer alone would be (the scorer pads by length within a call)."""
-        out: list[ScoreResponse | PoolBenchError | None] = [None] * len(reqs)
-        by_concept: dict[str, list[int]] = {}
-        for i, r in enumerate(reqs):
-            by_concept.setdefault(r.concept, []).append(i)
-        for concept, members in by_concept.items():
-            try:
-                with scorers.use(concept) as scorer:
-                    for i in members:
-                        out[i] = ScoreResponse(concept=concept, scores=scorer.score(reqs[i].texts).tolist(),
-                                               heldout_auroc=scorer.info.get("heldout_auroc"))
-            except PoolBenchError as exc:
-                for i in members:
-                    out[i] = exc
-        return out  # type: ignore[return-value]
+        def answer(scorer, group: list[ScoreRequest]) -> list[ScoreResponse]:
+            return [ScoreResponse(concept=req.concept, scores=scorer.score(req.texts).tolist(),
+                                  heldout_auroc=scorer.info.get("heldout_auroc")) for req in group]
+
+        return answer_grouped(reqs, lambda r: r.concept, scorers.use, answer)
 
     pool_batched, score_batched = _batched(pool_many, settings), _batched(score_many, settings)
     generate_batched = _batched(lambda reqs: generate_many(reqs, models=models, engines=engines, vectors=vectors),

@@ -54,7 +54,14 @@ from poolbench.extractor.extract import (
     prepare_batches,
     resolve_max_batch_tokens,
 )
-from poolbench.extractor.loading import EMBEDDED, LoadedModel, load_model, load_tokenizer, resolve_device
+from poolbench.extractor.loading import (
+    EMBEDDED,
+    LoadedModel,
+    contiguous_head_input,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+)
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, strategy_needs
 from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
 from poolbench.pooler.registry import resolve_strategies
@@ -86,6 +93,7 @@ def shaped_model(shape: str, dtype: str, device: str) -> LoadedModel:
             model = LlamaForCausalLM(config).eval().requires_grad_(False)
     finally:
         torch.set_default_dtype(previous)
+    contiguous_head_input(model)
     return LoadedModel(model=model, tokenizer=tokenizer, model_id=f"random:{shape}", path=Path("."), kind="causal",
                        n_layers=config.num_hidden_layers, hidden_size=config.hidden_size, dtype=torch_dtype,
                        device=target, weights_hash=f"random:{shape}", decoder_layers=model.model.layers)

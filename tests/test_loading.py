@@ -76,6 +76,29 @@ def test_loads_tiny_llama(llama_dir: Path) -> None:
     assert enc["offset_mapping"][1][0] == (0, 0) and enc["offset_mapping"][1][-1][1] == len("The café")
 
 
+def test_lm_head_reads_a_contiguous_input_and_keeps_its_logits(llama_dir: Path) -> None:
+    """transformers hands the head a strided slice of the last positions; the loaded model's head sees it
+    contiguous (torch's linear on the strided view copies the weight per row) and the logits do not change."""
+    loaded = load_model(str(llama_dir))
+    seen: list[bool] = []
+    handle = loaded.model.lm_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0].is_contiguous()))
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]])
+    with torch.no_grad():
+        full = loaded.model(input_ids=ids).logits
+        last = loaded.model(input_ids=ids, logits_to_keep=2).logits
+    handle.remove()
+    assert seen == [True, True]
+    torch.testing.assert_close(last, full[:, -2:], rtol=0, atol=0)
+    bare = torch.nn.Linear(4, 3)
+    loading.contiguous_head_input(SimpleNamespace(get_output_embeddings=lambda: bare))  # type: ignore[arg-type]
+    strided = torch.arange(24.0).reshape(2, 3, 4)[:, -1:, :]
+    assert not strided.is_contiguous()
+    got: list[bool] = []
+    bare.register_forward_hook(lambda _m, args, _out: got.append(args[0].is_contiguous()))
+    torch.testing.assert_close(bare(strided), strided @ bare.weight.T + bare.bias)
+    assert got == [True]
+
+
 @pytest.mark.parametrize(("dtype", "expected"), [("float16", torch.float16), ("bfloat16", torch.bfloat16),
                                                  (torch.float32, torch.float32)])
 def test_dtype_is_applied(llama_dir: Path, dtype: str | torch.dtype, expected: torch.dtype) -> None:

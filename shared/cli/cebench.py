@@ -16,7 +16,7 @@ from rich.table import Table
 
 from poolbench.atomic_write import write_json_atomic
 from poolbench.cli.options import out_folder
-from poolbench.config import EMBEDDED
+from poolbench.defaults import EMBEDDED
 from poolbench.errors import PoolBenchError
 
 console = Console()

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from poolbench.config import EMBEDDED, TINY
+from poolbench.defaults import EMBEDDED, TINY
 from poolbench.errors import PoolBenchError
 
 list_app = typer.Typer(no_args_is_help=True, help="List the strategies, concepts and models a run can use.")

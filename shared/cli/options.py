@@ -13,7 +13,7 @@ from typing import Any
 
 from typer.core import TyperGroup
 
-from poolbench.config import DEFAULT_RUN_DIR
+from poolbench.defaults import DEFAULT_RUN_DIR
 from poolbench.errors import PoolBenchError
 
 DEFAULT_RUN = Path(DEFAULT_RUN_DIR)

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from poolbench.atomic_write import write_json_atomic
 from poolbench.cli.options import out_folder
-from poolbench.config import EMBEDDED, default_store_url
+from poolbench.defaults import EMBEDDED, default_store_url
 from poolbench.errors import PoolBenchError
 
 console = Console()

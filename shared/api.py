@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 from pydantic import ValidationError
 
-from poolbench.config import DEFAULT_RUN_DIR, EMBEDDED, RunConfig
+from poolbench.config import RunConfig
+from poolbench.defaults import DEFAULT_RUN_DIR, EMBEDDED
 from poolbench.errors import PoolBenchError
 from poolbench.records.base import RecordError
 from poolbench.records.d1 import D1CellRecord

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from poolbench.defaults import DEFAULT_RUN_DIR, EMBEDDED, TINY, cache_dir, default_store_url  # noqa: F401
+from poolbench.defaults import DEFAULT_RUN_DIR, EMBEDDED, default_store_url
 
 
 class RunConfig(BaseModel):

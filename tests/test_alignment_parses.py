@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from poolbench.config import cache_dir
+from poolbench.defaults import cache_dir
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.extract import prepare_batches
 from poolbench.extractor.tiny_model import build_tiny_model, tiny_training_texts

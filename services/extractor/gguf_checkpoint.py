@@ -28,7 +28,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokeni
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.utils import logging as hf_logging
 
-from poolbench.config import cache_dir as poolbench_cache_dir
+from poolbench.defaults import cache_dir as poolbench_cache_dir
 from poolbench.errors import ModelLoadError
 from poolbench.store.keys import cached_sha256
 

@@ -32,7 +32,7 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 )
 
-from poolbench.config import EMBEDDED, TINY
+from poolbench.defaults import EMBEDDED, TINY
 from poolbench.errors import ModelLoadError
 from poolbench.extractor.gguf_checkpoint import GGUF_SUFFIX, ensure_converted, find_gguf, is_converted
 from poolbench.store.keys import cached_sha256

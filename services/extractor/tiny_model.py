@@ -36,7 +36,7 @@ from transformers import (
     get_cosine_schedule_with_warmup,
 )
 
-from poolbench.config import cache_dir as poolbench_cache_dir
+from poolbench.defaults import cache_dir as poolbench_cache_dir
 from poolbench.determinism import deterministic_cpu
 
 MODEL_FAMILY = "embedded-llama-v1"  # its cache name from its embedded days: renaming would retrain

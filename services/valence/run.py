@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from poolbench.config import EMBEDDED, TINY
 from poolbench.corpus.english import generated_texts
 from poolbench.corpus.word_lists import WordList
+from poolbench.defaults import EMBEDDED, TINY
 from poolbench.extractor.loading import LoadedModel, find_decoder_layers, load_model
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key

@@ -89,7 +89,7 @@ TINY_FAMILY = "embedded-llama-v1"  # poolbench.extractor.tiny_model.MODEL_FAMILY
 def cached_builds() -> tuple[bool, bool]:
     """(embedded converted, tiny built) read from the cache's finished build records alone: the extractor's own
     check imports torch (seconds), a listing should not."""
-    from poolbench.config import cache_dir
+    from poolbench.defaults import cache_dir
 
     root = cache_dir() / "models"
     embedded = False

@@ -14,7 +14,6 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from poolbench.config import cache_dir
 from poolbench.corpus.embedded import ConceptSpec, _Slots
 from poolbench.corpus.layout import write_corpus
 from poolbench.corpus.material import load_material
@@ -22,6 +21,7 @@ from poolbench.corpus.passage import Passage
 from poolbench.corpus.sparse_signal import neutral_context, planted_pair
 from poolbench.corpus.token_count import count_tokens
 from poolbench.corpus.validation import normalise_text
+from poolbench.defaults import cache_dir
 from poolbench.errors import CorpusError
 
 ST = load_material("corpus_v2_signal.json")

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from poolbench.atomic_write import write_json_atomic
-from poolbench.config import EMBEDDED, cache_dir
 from poolbench.corpus import sparse_signal
 from poolbench.corpus.embedded import DEFAULT_CORPUS_VERSION, GENERATOR_VERSION, generate_embedded_corpus
 from poolbench.corpus.layout import MANIFEST_FILE, Corpus, load_corpus, write_corpus
 from poolbench.corpus.passage import Passage
+from poolbench.defaults import EMBEDDED, cache_dir
 from poolbench.errors import CorpusError
 
 EMBEDDED_CORPUS_SEED = 0

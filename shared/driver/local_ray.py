@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from poolbench.config import cache_dir
+from poolbench.defaults import cache_dir
 
 LOOPBACK = "127.0.0.1"
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"

@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from poolbench.config import default_store_url
+from poolbench.defaults import default_store_url
 from poolbench.errors import PoolBenchError
 
 from .admission import Admission

@@ -10,12 +10,16 @@ one chunk, and a lone group's call is exactly its own rows in its own order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence, Sized
 from dataclasses import dataclass
+from itertools import accumulate
+from typing import TypeVar
 
 import numpy as np
 
 from .backend import Generation, GenerationSettings, SteeringBackend
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,18 +38,28 @@ class GenerationRow:
         return self.prompt, np.ascontiguousarray(self.delta, np.float32).tobytes(), int(self.seed), int(self.layer)
 
 
+def distinct_by(items: Sequence[T], key: Callable[[T], Hashable]) -> tuple[list[T], list[int]]:
+    """The items distinct by `key` in first-seen order, and per item the index of its distinct item."""
+    seen: dict[Hashable, int] = {}
+    distinct: list[T] = []
+    index = []
+    for item in items:
+        at = seen.setdefault(key(item), len(distinct))
+        if at == len(distinct):
+            distinct.append(item)
+        index.append(at)
+    return distinct, index
+
+
 def distinct_rows(rows: Sequence[GenerationRow]) -> tuple[list[GenerationRow], list[int]]:
     """The distinct rows in first-seen order, and per row the index of its distinct row."""
-    seen: dict[tuple, int] = {}
-    distinct: list[GenerationRow] = []
-    index = []
-    for row in rows:
-        key = row.identity()
-        if key not in seen:
-            seen[key] = len(distinct)
-            distinct.append(row)
-        index.append(seen[key])
-    return distinct, index
+    return distinct_by(rows, GenerationRow.identity)
+
+
+def group_slices(groups: Sequence[Sized]) -> list[slice]:
+    """Each group's slice of the groups laid end to end."""
+    ends = list(accumulate(len(group) for group in groups))
+    return [slice(end - len(group), end) for group, end in zip(groups, ends, strict=True)]
 
 
 def call_layers(rows: Sequence[GenerationRow]) -> int | list[int]:
@@ -69,9 +83,4 @@ def generate_groups(backend: SteeringBackend, groups: Sequence[Sequence[Generati
     gens = backend.generate_rows([r.prompt for r in distinct], layer=call_layers(distinct),
                                  deltas=[r.delta for r in distinct], seeds=[r.seed for r in distinct],
                                  settings=settings, prompt_format=prompt_format)
-    out: list[list[Generation]] = []
-    start = 0
-    for group in groups:
-        out.append([gens[index[i]] for i in range(start, start + len(group))])
-        start += len(group)
-    return out
+    return [[gens[i] for i in index[part]] for part in group_slices(groups)]

@@ -30,7 +30,7 @@ from .backend import Generation, GenerationSettings
 from .d2 import D2_VERSION, DEFAULT_FLUENCY_GUARD, d2_summary, paired_delta, prompted_summary
 from .d3 import D3_VERSION, d3_rep_flags, disentanglement, neighbours
 from .errors import SteeringError
-from .generation_rows import GenerationRow, generate_groups
+from .generation_rows import GenerationRow, distinct_by, generate_groups, group_slices
 from .prompts import concept_instruction, load_prompts
 from .vector import DEFAULT_ALPHAS, SteeringVector, cosine, diffmean_vector, validate_alphas
 from .worker import SteeringWorker
@@ -165,13 +165,13 @@ def cell_rows(prompts: Sequence[str], seeds: Sequence[int], deltas: Sequence[np.
     return rows + [GenerationRow(p, None, s, layer) for p, s in zip(prompted, seeds, strict=True)]
 
 
-def prepare_cell(store: ArtifactStore, worker: SteeringWorker, cell: CellInputs, scorers: Mapping[str, ScorerModel],
-                 config: SteeringConfig, *, residual_norms: dict | None = None) -> SteeringResult | PreparedCell:
-    """The cell's stored result, its null result (stored now), or its rows to generate. `residual_norms` caches the
-    alpha unit per (layer, train passages) across the cells of a group."""
+def prepare_cell(store: ArtifactStore, worker: SteeringWorker, cell: CellInputs, vector: SteeringVector,
+                 scorers: Mapping[str, ScorerModel], config: SteeringConfig, *, alphas: tuple[float, ...],
+                 prompts: list[str], residual_norms: dict | None = None) -> SteeringResult | PreparedCell:
+    """The cell's stored result, its null result (stored now), or its rows to generate, from the vector, alphas and
+    prompts run_steering_cells checked. `residual_norms` caches the alpha unit per (layer, train passages) across
+    the cells of a group."""
     started = time.perf_counter()
-    alphas, prompts = _check_config(config)
-    vector = _check_cell(cell, scorers)
     concept, strategy, layer = cell.concept, cell.strategy, cell.layer
     nbrs = neighbours(concept)
     info = worker.info()
@@ -220,21 +220,10 @@ def continuation_nlls(worker: SteeringWorker, groups: Sequence[Sequence[Generati
                       ) -> list[tuple[np.ndarray, np.ndarray]]:
     """(summed NLL, tokens) per generation of each group, from one perplexity pass over the distinct (prompt ids,
     continuation ids) of all groups: every cell's alpha = 0 rows are the same continuations."""
-    seen: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
-    distinct: list[Generation] = []
-    index = []
-    for g in (g for group in groups for g in group):
-        at = seen.setdefault((g.prompt_ids, g.token_ids), len(distinct))
-        if at == len(distinct):
-            distinct.append(g)
-        index.append(at)
+    distinct, index = distinct_by([g for group in groups for g in group], lambda g: (g.prompt_ids, g.token_ids))
     nll, n_tok = worker.nll(distinct) if distinct else (np.zeros(0), np.zeros(0, np.int64))
-    out, start = [], 0
-    for group in groups:
-        picked = np.asarray(index[start:start + len(group)], dtype=np.int64)
-        out.append((nll[picked], n_tok[picked]))
-        start += len(group)
-    return out
+    picked = np.asarray(index, dtype=np.int64)
+    return [(nll[picked[part]], n_tok[picked[part]]) for part in group_slices(groups)]
 
 
 def _nll_inputs(prepared: PreparedCell, gens: Sequence[Generation], n_alphas: int) -> list[Generation]:
@@ -323,17 +312,17 @@ def run_steering_cells(store: ArtifactStore, worker: SteeringWorker, cells: Sequ
                        scorers: Mapping[str, ScorerModel], config: SteeringConfig) -> list[SteeringResult]:
     """Each cell's D2 record and a D3 record per neighbour, in cell order; stored cells are read back, and the
     rest generate in one call. Every cell is checked before anything generates."""
-    _check_config(config)
-    for cell in cells:
-        _check_cell(cell, scorers)
+    alphas, prompts = _check_config(config)
+    vectors = [_check_cell(cell, scorers) for cell in cells]
     norms: dict = {}
-    ready = [prepare_cell(store, worker, cell, scorers, config, residual_norms=norms) for cell in cells]
+    ready = [prepare_cell(store, worker, cell, vector, scorers, config, alphas=alphas, prompts=prompts,
+                          residual_norms=norms) for cell, vector in zip(cells, vectors, strict=True)]
     todo = [c for c in ready if isinstance(c, PreparedCell)]
     if todo:
         started = time.perf_counter()
         prompt_format = worker.prompt_format(config.prompt_format)
         gens = generate_groups(worker, [c.rows for c in todo], config.settings, prompt_format)
-        n_alphas = len(validate_alphas(config.alphas))
+        n_alphas = len(alphas)
         nlls = continuation_nlls(worker, [_nll_inputs(c, g, n_alphas) for c, g in zip(todo, gens, strict=True)])
         shared = time.perf_counter() - started
         total = sum(len(c.rows) for c in todo)

@@ -107,24 +107,6 @@ def test_dtype_is_applied(llama_dir: Path, dtype: str | torch.dtype, expected: t
     assert {p.dtype for p in loaded.model.parameters()} == {expected}
 
 
-def test_native_bf16_is_read_from_cpu_flags() -> None:
-    assert loading.cpu_has_native_bf16("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile\n")
-    assert loading.cpu_has_native_bf16("Features\t: fp asimd bf16 i8mm\n")
-    assert not loading.cpu_has_native_bf16("flags\t\t: fpu avx2 avx512f avx512bw avx512_vnni\n")
-    assert not loading.cpu_has_native_bf16("")
-
-
-@pytest.mark.parametrize("native", [True, False])
-def test_auto_dtype_is_bf16_only_for_the_embedded_default_on_a_native_bf16_cpu(
-        monkeypatch: pytest.MonkeyPatch, native: bool) -> None:
-    monkeypatch.setattr(loading, "cpu_has_native_bf16", lambda: native)
-    cpu = torch.device("cpu")
-    assert loading.resolve_dtype("auto", cpu, "embedded") == (torch.bfloat16 if native else torch.float32)
-    assert loading.resolve_dtype("auto", cpu, "tiny") == torch.float32
-    assert loading.resolve_dtype("auto", cpu, "/models/llama") == torch.float32
-    assert loading.resolve_dtype("float32", cpu, "embedded") == torch.float32
-
-
 def test_dtype_and_device_resolution() -> None:
     assert loading.resolve_dtype("auto", torch.device("cpu")) == torch.float32
     assert loading.resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16

@@ -75,31 +75,14 @@ def resolve_device(device: str) -> torch.device:
     return resolved
 
 
-def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """True where the CPU multiplies bfloat16 in hardware (x86 avx512_bf16/amx_bf16, arm bf16); elsewhere bf16 is
-    emulated and slower than float32."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return False
-    flags = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags.update(line.partition(":")[2].split())
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device, model: str | None = None) -> torch.dtype:
-    """'auto' is bfloat16 on cuda and float32 on cpu (half precision is slow where emulated, and float32 is the
-    exact reference), except the embedded default, which runs bfloat16 on a CPU with native bf16: 1.6x faster on
-    the default run, D1 within sampling noise of float32 (README, "Choices of the default run")."""
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """'auto' is bfloat16 on cuda and float32 on cpu: float32 is the exact reference, and on a CPU it is also the
+    faster one (torch 2.13 on avx512_bf16 without AMX, the embedded default: S2 pooling 1.3-1.7x, the extraction
+    bench's all-strategy stage 1.30x and steered generation 1.34x faster than bfloat16; bench/README.md)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        if device.type == "cuda" or (model == EMBEDDED and cpu_has_native_bf16()):
-            return torch.bfloat16
-        return torch.float32
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
     if dtype not in DTYPES:
         raise ModelLoadError(f"dtype '{dtype}' is not one of auto, {', '.join(DTYPES)}")
     return DTYPES[dtype]
@@ -287,7 +270,7 @@ def load_model(model: str, *, dtype: str | torch.dtype = "auto", device: str = "
     reserved = ("dtype", "torch_dtype", "local_files_only", "config")
     model_args = {k: _coerce(v) for k, v in (model_args or {}).items() if k not in reserved}
     target_device = resolve_device(device)
-    target_dtype = resolve_dtype(dtype, target_device, model)
+    target_dtype = resolve_dtype(dtype, target_device)
     hub_args = {k: v for k, v in model_args.items() if k in _HUB_ARGS}
 
     local = local_model_dir(model)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 import ray
 
+from poolbench.compute_thread import with_compute_thread
 from poolbench.pooler.pooled_table import read_pooled_layer
 from poolbench.records.steering import SteeringResult
 from poolbench.scorer.artifacts import load_stored_scorer
@@ -20,6 +21,9 @@ from .d3 import neighbour_map
 from .plan import SteeringCell
 from .run import CellInputs, SteeringConfig, run_steering_cells
 from .worker import SteeringWorker
+
+# What touches the model; progress() and info() answer from Ray's other thread meanwhile.
+COMPUTE_METHODS = ("run_cells", "generate", "generate_rows", "residual_norm", "nll", "relevance")
 
 
 class SteeringService(SteeringWorker):
@@ -86,7 +90,10 @@ def steering_actors(model: str, *, n: int | None = None, backend: str = "transfo
     CPU, `n` actors (default one). The driver's work queue fans groups of cells across them."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
     # A second actor thread answers progress() while run_cells runs; the queue still sends one group at a time.
-    remote_cls = ray.remote(max_restarts=1, max_task_retries=1, max_concurrency=2)(SteeringService)
+    # torch runs on one thread of the actor's own (poolbench.compute_thread): Ray's threads would give libgomp
+    # a team each and throttle them all.
+    service = with_compute_thread(SteeringService, COMPUTE_METHODS)
+    remote_cls = ray.remote(max_restarts=1, max_task_retries=1, max_concurrency=2)(service)
     options: dict = {"num_gpus": gpus_per_actor, "num_cpus": 1} if gpus else {"num_cpus": 1}
     if runtime_env:
         options["runtime_env"] = runtime_env

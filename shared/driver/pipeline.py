@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import ray
 from ray.actor import ActorHandle
 
+from poolbench.compute_thread import with_compute_thread
 from poolbench.config import RunConfig
 from poolbench.corpus.layout import Corpus
 from poolbench.corpus.passage import Passage
@@ -189,7 +190,10 @@ def start_extractors(cfg: RunConfig, n: int, resources: dict, threads: int | Non
                      strategy_modules: Sequence[str]) -> list[ActorHandle]:
     """`n` extractor actors, each loading the model once (restarted and retried when a worker dies)."""
     # A second actor thread answers progress() while pool_concept runs; the queue still sends one job at a time.
-    worker_cls = ray.remote(max_restarts=2, max_task_retries=2, max_concurrency=2)(ExtractorWorker)
+    # torch runs on one thread of the actor's own (poolbench.compute_thread): Ray's threads would give libgomp
+    # a team each and throttle them all.
+    pooling = with_compute_thread(ExtractorWorker, ("pool_concept", "pool_concepts"))
+    worker_cls = ray.remote(max_restarts=2, max_task_retries=2, max_concurrency=2)(pooling)
     return [worker_cls.options(**resources, runtime_env=worker_runtime_env()).remote(  # type: ignore[attr-defined]
         cfg.model, dtype=cfg.dtype, device=cfg.device, model_args=dict(cfg.model_args),
         torch_threads=threads, strategy_modules=tuple(strategy_modules)) for _ in range(n)]

@@ -10,6 +10,7 @@ core. Hooks are request-local as well (poolbench.extractor.hook_points); /probe'
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import json
 import os
@@ -28,6 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from poolbench.compute_thread import ComputeThread
 from poolbench.defaults import default_store_url
 from poolbench.errors import PoolBenchError
 
@@ -611,21 +613,20 @@ def _answer(result):
     return result
 
 
-def _batched(many, settings: ServiceSettings):
-    """`many` (a list of requests -> their answers, blocking) as an awaitable of one request: `@serve.batch`
-    inside a Serve replica (concurrent requests share one thread hop and lock hold), one request elsewhere."""
-    from starlette.concurrency import run_in_threadpool
-
+def _batched(many, settings: ServiceSettings, compute: ComputeThread):
+    """`many` (a list of requests -> their answers, blocking) as an awaitable of one request, run on the app's
+    compute thread: `@serve.batch` inside a Serve replica (concurrent requests share one hop and lock hold), one
+    request elsewhere."""
     if not settings.batching:
         async def one(req):
-            return (await run_in_threadpool(many, [req]))[0]
+            return (await asyncio.wrap_future(compute.submit(many, [req])))[0]
 
         return one
     from ray import serve
 
     @serve.batch(max_batch_size=settings.batch_size, batch_wait_timeout_s=settings.batch_wait_s)
     async def batch(reqs: list) -> list:
-        return await run_in_threadpool(many, reqs)
+        return await asyncio.wrap_future(compute.submit(many, reqs))
 
     return batch
 
@@ -646,6 +647,9 @@ def build_api(settings: ServiceSettings) -> FastAPI:
                                 headers={"WWW-Authenticate": "Bearer"})
     models = ModelCache(settings)
     engines = SteeringEngines(settings)
+    # Every model call of this app on one thread (poolbench.compute_thread): request threads would each give
+    # libgomp a team of OpenMP threads and throttle them all.
+    compute = ComputeThread("poolbench-http")
     scorers = ScorerCache(settings)
     vectors = VectorCache(settings)
     plain_openapi = api.openapi
@@ -719,9 +723,9 @@ def build_api(settings: ServiceSettings) -> FastAPI:
 
         return answer_grouped(reqs, lambda r: r.concept, scorers.use, answer)
 
-    pool_batched, score_batched = _batched(pool_many, settings), _batched(score_many, settings)
+    pool_batched, score_batched = _batched(pool_many, settings, compute), _batched(score_many, settings, compute)
     generate_batched = _batched(lambda reqs: generate_many(reqs, models=models, engines=engines, vectors=vectors),
-                                settings)
+                                settings, compute)
 
     @api.post("/pool", responses=_ERRORS)
     async def pool(req: PoolRequest) -> PoolResponse:
@@ -734,8 +738,11 @@ def build_api(settings: ServiceSettings) -> FastAPI:
         return _answer(await pool_batched(req))
 
     @api.post("/probe", responses=_ERRORS)
-    def probe(req: ProbeRequest) -> ProbeResponse:
+    async def probe(req: ProbeRequest) -> ProbeResponse:
         """D1 of one cell on labelled texts: grouped CV AUROC on train, held-out AUROC with a bootstrap CI."""
+        return await asyncio.wrap_future(compute.submit(probe_one, req))
+
+    def probe_one(req: ProbeRequest) -> ProbeResponse:
         from poolbench.prober.concept_probe import probe_pooled_table
 
         _check_sizes(settings, [i.text for i in req.items], "items")

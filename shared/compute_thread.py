@@ -32,7 +32,7 @@ class ComputeThread:
         return self._executor.submit(fn, *args, **kwargs)
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        if threading.get_ident() == self._ident:
+        if self.on_thread():
             return fn(*args, **kwargs)
         return self.submit(fn, *args, **kwargs).result()
 

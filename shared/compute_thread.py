@@ -4,19 +4,31 @@ libgomp keeps one team of OpenMP threads per thread that starts a parallel regio
 OpenMP threads than CPUs it cuts how long an idle team thread spins before it sleeps (GOMP_SPINCOUNT 300,000 ->
 30,000): every parallel region then waits on a futex. An actor that loads its model in `__init__` (Ray's main
 thread) and runs its methods on Ray's executor threads holds two teams or more; on 2 cores that made S2 pooling
-1.4-1.7x slower than the same code on one thread (bench/README.md, "One thread for torch").
+1.4-1.7x slower than the same code on one thread (bench/README.md, "One thread for torch"). One thread also
+means a queue: calls of one batch function waiting in it are merged into one run (`submit_batch`).
 """
 
 from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, ParamSpec, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, ParamSpec, TypeVar
 
 P = ParamSpec("P")
 T = TypeVar("T")
+R = TypeVar("R")
+A = TypeVar("A")
+
+
+@dataclass
+class _Merged(Generic[R, A]):
+    """Items of several `submit_batch` calls that one run of the batch function answers together."""
+
+    items: list[R] = field(default_factory=list)
+    parts: list[tuple[int, Future[list[A]]]] = field(default_factory=list)  # (item count, its caller's future)
 
 
 class ComputeThread:
@@ -26,10 +38,46 @@ class ComputeThread:
     def __init__(self, name: str = "torch") -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self._ident = self._executor.submit(threading.get_ident).result()
+        self._waiting: dict[Callable[..., Any], _Merged[Any, Any]] = {}
+        self._lock = threading.Lock()
 
     def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
         """`fn(*args, **kwargs)` queued on the thread (an asyncio caller awaits `asyncio.wrap_future` of it)."""
         return self._executor.submit(fn, *args, **kwargs)
+
+    def submit_batch(self, many: Callable[[list[R]], Sequence[A]], items: Sequence[R], *,
+                     max_items: int) -> Future[list[A]]:
+        """`many(items)`'s answers, run together with the items of every other call for the same `many` that is
+        still waiting for the thread (up to `max_items` in one run): under load the batch is whatever piled up
+        behind the running call, and nothing waits to fill one when the thread is free."""
+        part: Future[list[A]] = Future()
+        with self._lock:
+            merged = self._waiting.get(many)
+            if merged is None or len(merged.items) + len(items) > max_items:
+                merged = _Merged()
+                self._waiting[many] = merged
+                self._executor.submit(self._run_merged, many, merged)
+            merged.items.extend(items)
+            merged.parts.append((len(items), part))
+        return part
+
+    def _run_merged(self, many: Callable[[list[R]], Sequence[A]], merged: _Merged[R, A]) -> None:
+        with self._lock:
+            if self._waiting.get(many) is merged:
+                del self._waiting[many]
+        try:
+            answers = list(many(merged.items))
+            if len(answers) != len(merged.items):
+                raise RuntimeError(f"{getattr(many, '__name__', many)}: {len(answers)} answers for "
+                                   f"{len(merged.items)} items")
+        except BaseException as exc:  # every caller of the run gets its error
+            for _, future in merged.parts:
+                future.set_exception(exc)
+            return
+        start = 0
+        for count, future in merged.parts:
+            future.set_result(answers[start:start + count])
+            start += count
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         if self.on_thread():

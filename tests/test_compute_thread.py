@@ -68,3 +68,56 @@ def test_a_ray_actor_runs_init_and_work_on_one_thread_and_answers_others_meanwhi
     assert ray.get(actor.work.remote(), timeout=30) == init_thread
     with pytest.raises(ray.exceptions.RayTaskError, match="r: no"):
         ray.get(actor.fail.remote(), timeout=30)
+
+
+class Batches:
+    """A batch function that records each run's items and answers each item with its square."""
+
+    def __init__(self) -> None:
+        self.runs: list[list[int]] = []
+
+    def __call__(self, items: list[int]) -> list[int]:
+        if -1 in items:
+            raise ValueError("a bad item")
+        self.runs.append(list(items))
+        return [i * i for i in items]
+
+
+def _blocked(compute: ComputeThread) -> threading.Event:
+    """Occupy the thread until the returned event is set, so the calls made meanwhile wait in its queue."""
+    release, running = threading.Event(), threading.Event()
+    compute.submit(lambda: (running.set(), release.wait(10)))
+    assert running.wait(10)
+    return release
+
+
+def test_batch_calls_waiting_for_the_thread_run_as_one_and_each_gets_its_own_answers() -> None:
+    compute, squares, other = ComputeThread("b"), Batches(), Batches()
+    release = _blocked(compute)
+    parts = [compute.submit_batch(squares, items, max_items=6) for items in ([1, 2], [3], [4, 5])]
+    apart = compute.submit_batch(other, [7], max_items=6)  # another function is never merged in
+    late = compute.submit_batch(squares, [6, 8], max_items=6)  # would make 7 items: a run of its own
+    release.set()
+    assert [p.result(10) for p in parts] == [[1, 4], [9], [16, 25]]
+    assert apart.result(10) == [49] and late.result(10) == [36, 64]
+    assert squares.runs == [[1, 2, 3, 4, 5], [6, 8]] and other.runs == [[7]]
+    assert compute.submit_batch(squares, [9], max_items=6).result(10) == [81]  # a free thread runs it at once
+    assert squares.runs[-1] == [9]
+
+
+def test_an_error_in_a_merged_run_reaches_every_caller_of_that_run_only() -> None:
+    compute, squares = ComputeThread("e"), Batches()
+    release = _blocked(compute)
+    merged = [compute.submit_batch(squares, items, max_items=3) for items in ([1], [-1])]
+    alone = compute.submit_batch(squares, [2, 3], max_items=3)
+    release.set()
+    for part in merged:
+        with pytest.raises(ValueError, match="a bad item"):
+            part.result(10)
+    assert alone.result(10) == [4, 9]
+
+
+def test_a_batch_function_answering_the_wrong_number_fails_its_callers() -> None:
+    compute = ComputeThread("n")
+    with pytest.raises(RuntimeError, match="1 answers for 2 items"):
+        compute.submit_batch(lambda items: items[:1], [1, 2], max_items=4).result(10)

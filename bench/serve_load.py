@@ -6,7 +6,8 @@ noise. Loopback only; bounded in request count and in time. `--clients 16,32,64,
 against the same app. A 503/429 with Retry-After is backpressure, not an error: the client waits that long and sends
 the request again (counted as `rejected`). Latency is the answered attempt's (served p50/p99) and, separately, from
 the first attempt to the answer (end-to-end p99). Prints a table and writes bench/results/serve_load.json: per level
-requests/s, latencies, rejected, non-2xx errors and wrong answers (both must be 0).
+requests/s, latencies, rejected, non-2xx errors and wrong answers (both must be 0), and, for an app started here,
+the CPU seconds of the clients, Serve's proxy and the replica (they share this machine's cores).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
+import psutil
 
 TIMING_FIELDS = ("seconds",)  # the only part of an answer that may differ between two servings
 WORDS = ("the cat sat on the mat", "perhaps it will rain", "water boils at noon", "she might be right",
@@ -48,29 +50,38 @@ def check_loopback(url: str) -> None:
         raise LoadError(f"{url}: serve_load only targets loopback (127.0.0.1, ::1, localhost)")
 
 
-def request_mix(model: str, layers: Sequence[int], hidden_size: int, seed: int = 0) -> list[tuple[str, dict]]:
-    """Distinct requests covering each endpoint: pooling at every layer with three strategies (and attention-
-    weighted S1, which swaps the model's attention function while it runs), two probes, and generation
-    unsteered, strongly steered (the case that corrupted concurrent /pool replies) and sampled."""
+PROMPTS = ("the cat", "a dog", "my friend said", "the weather today", "in the morning", "she opened the",
+           "we could try", "the report shows")
+
+
+def request_mix(model: str, layers: Sequence[int], hidden_size: int, seed: int = 0,
+                variants: int = 1) -> list[tuple[str, dict]]:
+    """Distinct requests covering each endpoint, `variants` times over with other texts, prompts and seeds:
+    pooling at every layer with three strategies (and attention-weighted S1, which swaps the model's attention
+    function while it runs), two probes, and generation unsteered, strongly steered (the case that corrupted
+    concurrent /pool replies) and sampled. Identical rows are computed once in a batch, so a mix of few distinct
+    requests would measure that instead of the service."""
     rng = random.Random(seed)
     mix: list[tuple[str, dict]] = []
-    for layer in layers:
-        for strategy in ("A1_mean", "P1_last", "A2_max"):
-            mix.append(("/pool", {"model": model, "layer": layer, "strategy": strategy,
-                                  "texts": rng.sample(WORDS, rng.randint(2, 4))}))
-    mix.append(("/pool", {"model": model, "layer": layers[0], "strategy": "S1_attention",
-                          "texts": rng.sample(WORDS, 3)}))
-    for layer, strategy in zip(layers, itertools.cycle(("A1_mean", "P1_last")), strict=False):
-        items = [{"text": text, "label": int(i % 2 == 0), "split": "train" if i < 8 else "test",
-                  "group": f"g{i // 2}"} for i, text in enumerate(WORDS + WORDS[:4])]
-        mix.append(("/probe", {"model": model, "layer": layer, "strategy": strategy, "items": items,
-                               "n_folds": 2, "n_bootstrap": 100}))
-    direction = [1.0] * hidden_size
-    prompts = ["the cat", "a dog"]
-    base = {"model": model, "prompts": prompts, "layer": layers[-1], "max_new_tokens": 4}
-    mix += [("/generate", {**base, "greedy": True}),
-            ("/generate", {**base, "greedy": True, "vector": direction, "alpha": 50.0}),
-            ("/generate", {**base, "vector": direction, "alpha": -8.0, "seed": 3})]
+    for variant in range(variants):
+        for layer in layers:
+            for strategy in ("A1_mean", "P1_last", "A2_max"):
+                mix.append(("/pool", {"model": model, "layer": layer, "strategy": strategy,
+                                      "texts": rng.sample(WORDS, rng.randint(2, 4))}))
+        mix.append(("/pool", {"model": model, "layer": layers[0], "strategy": "S1_attention",
+                              "texts": rng.sample(WORDS, 3)}))
+        for layer, strategy in zip(layers, itertools.cycle(("A1_mean", "P1_last")), strict=False):
+            texts = rng.sample(WORDS, len(WORDS)) + rng.sample(WORDS, 4)
+            items = [{"text": text, "label": int(i % 2 == 0), "split": "train" if i < 8 else "test",
+                      "group": f"g{i // 2}"} for i, text in enumerate(texts)]
+            mix.append(("/probe", {"model": model, "layer": layer, "strategy": strategy, "items": items,
+                                   "n_folds": 2, "n_bootstrap": 100, "seed": variant}))
+        direction = [1.0] * hidden_size
+        prompts = ["the cat", "a dog"] if variant == 0 else rng.sample(PROMPTS, 2)
+        base = {"model": model, "prompts": prompts, "layer": layers[-1], "max_new_tokens": 4}
+        mix += [("/generate", {**base, "greedy": True}),
+                ("/generate", {**base, "greedy": True, "vector": direction, "alpha": 50.0 - variant}),
+                ("/generate", {**base, "vector": direction, "alpha": -8.0, "seed": 3 + variant})]
     return mix
 
 
@@ -117,6 +128,26 @@ class LoadResult:
                 "mismatches": sum(o.mismatch for o in self.outcomes),
                 "rejected": sum(o.rejected for o in self.outcomes), "first_errors": errors[:5],
                 **_latencies(answered), "endpoints": endpoints}
+
+
+ROLES = (("ServeReplica", "replica"), ("ProxyActor", "proxy"), ("ServeController", "controller"),
+         ("raylet", "raylet"), ("gcs_server", "gcs"))
+
+
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds so far of this process (the clients) and of every process under it (the Ray it started), by
+    role: where the 2 cores go at each level, since the clients, Serve's proxy and the replica share them."""
+    me = psutil.Process()
+    seconds: dict[str, float] = {}
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            command = " ".join(proc.cmdline()[:2])
+        except psutil.Error:
+            continue
+        role = "clients" if proc.pid == me.pid else next((r for key, r in ROLES if key in command), "other")
+        seconds[role] = seconds.get(role, 0.0) + times.user + times.system
+    return seconds
 
 
 def _latencies(outcomes: Sequence[Outcome]) -> dict:
@@ -192,18 +223,24 @@ def fire(base: str, mix: Sequence[tuple[str, dict]], reference: Sequence[dict], 
 
 def run_load(base: str, model: str, layers: Sequence[int], *, clients: int | Sequence[int] = 16,
              requests: int = 200, time_limit_s: float = 120.0, timeout_s: float = 60.0, seed: int = 0,
-             token: str | None = None) -> dict:
+             token: str | None = None, variants: int = 1) -> dict:
     """Reference answers alone, then the concurrent load at each client count; the summary dict the JSON holds
     (one level's figures at the top when `clients` is a number, a `levels` list otherwise)."""
     check_loopback(base)
     with httpx.Client(timeout=timeout_s) as client:
         probe = post(client, base, "/pool", {"model": model, "layer": layers[0], "texts": ["x"]}, token)
-    mix = request_mix(model, layers, probe["dim"], seed)
+    mix = request_mix(model, layers, probe["dim"], seed, variants)
     reference = serve_alone(base, mix, timeout_s, token)
     head = {"url": base, "model": model, "layers": list(layers), "distinct_requests": len(mix)}
     levels = [clients] if isinstance(clients, int) else list(clients)
-    summaries = [fire(base, mix, reference, clients=n, requests=requests, time_limit_s=time_limit_s,
-                      timeout_s=timeout_s, seed=seed, token=token).summary(n, requests) for n in levels]
+    summaries = []
+    for n in levels:
+        before = cpu_by_role()
+        level = fire(base, mix, reference, clients=n, requests=requests, time_limit_s=time_limit_s,
+                     timeout_s=timeout_s, seed=seed, token=token).summary(n, requests)
+        after = cpu_by_role()
+        level["cpu_s"] = {role: after[role] - before.get(role, 0.0) for role in sorted(after)}
+        summaries.append(level)
     if isinstance(clients, int):
         return {**head, **summaries[0]}
     return {**head, "levels": summaries}
@@ -225,6 +262,11 @@ def print_table(summary: dict) -> None:
                       f"{level['requests_per_s']:.1f}", ms("p50_ms"), ms("p99_ms"), ms("e2e_p99_ms"),
                       str(level["rejected"]), str(level["errors"]), str(level["mismatches"]))
     Console(width=max(Console().width, 110)).print(table)
+    for level in levels:
+        if level.get("cpu_s"):
+            shares = ", ".join(f"{role} {s:.1f}" for role, s in sorted(level["cpu_s"].items(), key=lambda kv: -kv[1]))
+            Console().print(f"CPU s at {level['clients']} clients over {level['wall_s']:.1f} s wall: {shares}",
+                            highlight=False)
     for level in levels:
         for error in level["first_errors"]:
             Console().print(f"error at {level['clients']} clients: {error}", highlight=False)
@@ -249,11 +291,15 @@ def main() -> int:
     parser.add_argument("--url", default=None, help="a running app on loopback (default: start one here)")
     parser.add_argument("--model", default="embedded", help="model id/path the app serves")
     parser.add_argument("--layers", default="0,1", help="comma list of layers the mix uses")
+    parser.add_argument("--variants", type=int, default=32, help="the mix of 12 distinct requests, this many times "
+                        "over with other texts, prompts and seeds")
     parser.add_argument("--clients", default="16", help="client counts, one level each: 16,32,64,128")
-    parser.add_argument("--requests", type=int, default=200, help="total requests under load (an upper bound)")
+    parser.add_argument("--requests", type=int, default=400, help="requests at each level (an upper bound)")
     parser.add_argument("--time-limit", type=float, default=120.0, help="no request starts after this many s")
     parser.add_argument("--timeout", type=float, default=60.0, help="per-request timeout, s")
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs of the private Ray when starting the app")
+    parser.add_argument("--max-working", type=int, default=None, help="max_working of the app started here")
+    parser.add_argument("--max-queued", type=int, default=None, help="max_queued of the app started here")
     parser.add_argument("--token", default=os.environ.get("POOLBENCH_TOKEN"), help="bearer token of the app")
     parser.add_argument("--out", type=Path, default=RESULTS / "serve_load.json")
     args = parser.parse_args()
@@ -273,14 +319,16 @@ def main() -> int:
                 sock.bind(("127.0.0.1", 0))
                 port = sock.getsockname()[1]
             init_local_ray(num_cpus=args.num_cpus, runtime_env=LOOPBACK_RUNTIME_ENV)
-            base = start_serve(ServiceSettings(models=(args.model,)), host="127.0.0.1", port=port)
+            sizes = {k: v for k, v in (("max_working", args.max_working), ("max_queued", args.max_queued))
+                     if v is not None}
+            base = start_serve(ServiceSettings(models=(args.model,), **sizes), host="127.0.0.1", port=port)
         else:
             base = args.url.rstrip("/")
             check_loopback(base)
         _wait_healthy(base, 120)
         summary = run_load(base, args.model, layers, clients=clients if len(clients) > 1 else clients[0],
                            requests=args.requests, time_limit_s=args.time_limit, timeout_s=args.timeout,
-                           token=args.token)
+                           token=args.token, variants=args.variants)
     except LoadError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

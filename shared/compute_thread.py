@@ -25,10 +25,11 @@ A = TypeVar("A")
 
 @dataclass
 class _Merged(Generic[R, A]):
-    """Items of several `submit_batch` calls that one run of the batch function answers together."""
+    """The `submit_batch` calls that one run of the batch function answers together: each caller's items and
+    future."""
 
-    items: list[R] = field(default_factory=list)
-    parts: list[tuple[int, Future[list[A]]]] = field(default_factory=list)  # (item count, its caller's future)
+    parts: list[tuple[Sequence[R], Future[list[A]]]] = field(default_factory=list)
+    size: int = 0  # items over all parts
 
 
 class ComputeThread:
@@ -53,31 +54,35 @@ class ComputeThread:
         part: Future[list[A]] = Future()
         with self._lock:
             merged = self._waiting.get(many)
-            if merged is None or len(merged.items) + len(items) > max_items:
+            if merged is None or merged.size + len(items) > max_items:
                 merged = _Merged()
                 self._waiting[many] = merged
                 self._executor.submit(self._run_merged, many, merged)
-            merged.items.extend(items)
-            merged.parts.append((len(items), part))
+            merged.parts.append((items, part))
+            merged.size += len(items)
         return part
 
     def _run_merged(self, many: Callable[[list[R]], Sequence[A]], merged: _Merged[R, A]) -> None:
         with self._lock:
             if self._waiting.get(many) is merged:
                 del self._waiting[many]
+        # A caller that gave up (an asyncio task cancelled, its future with it) is left out of the run.
+        parts = [(items, future) for items, future in merged.parts if future.set_running_or_notify_cancel()]
+        if not parts:
+            return
+        items = [item for part, _ in parts for item in part]
         try:
-            answers = list(many(merged.items))
-            if len(answers) != len(merged.items):
-                raise RuntimeError(f"{getattr(many, '__name__', many)}: {len(answers)} answers for "
-                                   f"{len(merged.items)} items")
+            answers = list(many(items))
+            if len(answers) != len(items):
+                raise RuntimeError(f"{getattr(many, '__name__', many)}: {len(answers)} answers for {len(items)} items")
         except BaseException as exc:  # every caller of the run gets its error
-            for _, future in merged.parts:
+            for _, future in parts:
                 future.set_exception(exc)
             return
         start = 0
-        for count, future in merged.parts:
-            future.set_result(answers[start:start + count])
-            start += count
+        for part, future in parts:
+            future.set_result(answers[start:start + len(part)])
+            start += len(part)
 
     def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         if self.on_thread():

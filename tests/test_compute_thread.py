@@ -121,3 +121,14 @@ def test_a_batch_function_answering_the_wrong_number_fails_its_callers() -> None
     compute = ComputeThread("n")
     with pytest.raises(RuntimeError, match="1 answers for 2 items"):
         compute.submit_batch(lambda items: items[:1], [1, 2], max_items=4).result(10)
+
+
+def test_a_caller_that_gave_up_is_left_out_and_the_others_of_its_run_still_get_their_answers() -> None:
+    """An asyncio caller whose task is cancelled (a client that went away) cancels its future through
+    asyncio.wrap_future; the run must not compute its items nor stop answering the callers after it."""
+    compute, squares = ComputeThread("c"), Batches()
+    release = _blocked(compute)
+    gone, kept = (compute.submit_batch(squares, items, max_items=4) for items in ([1, 2], [3]))
+    assert gone.cancel()
+    release.set()
+    assert kept.result(10) == [9] and squares.runs == [[3]]

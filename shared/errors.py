@@ -27,3 +27,7 @@ class StrategyError(PoolBenchError):
 
 class ModelLoadError(PoolBenchError):
     """A model id or path that cannot be loaded."""
+
+
+class StageFailed(PoolBenchError):
+    """A later stage of a run failed after the earlier ones' results were written (they stand; the run exits 1)."""

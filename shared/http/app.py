@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from poolbench.compute_thread import ComputeThread
 from poolbench.defaults import default_store_url
 from poolbench.errors import PoolBenchError
+from poolbench.steerer.errors import EngineDied
 
 from .admission import Admission
 from .body_limit import BodyLimit
@@ -84,7 +85,7 @@ class ServiceSettings(BaseModel):
     max_length: int = Field(256, ge=8)
     device: str = "auto"
     dtype: str = "auto"
-    steering_backend: Literal["transformers", "vllm"] = "transformers"  # vllm: /generate on a vLLM engine (GPU)
+    steering_backend: Literal["transformers", "vllm"] = "transformers"  # vllm: /generate on a vLLM engine
     token: str | None = Field(None, min_length=16, repr=False, exclude=True)  # bearer token; None: no auth
 
     @model_validator(mode="after")
@@ -493,7 +494,7 @@ class SteeringEngines:
         from poolbench.steerer.vllm_backend import VLLMBackend
 
         with self._lock:
-            if model not in self._engines:
+            if model not in self._engines or self._engines[model].dead:  # a dead engine: a new one
                 self._engines[model] = VLLMBackend(str(loaded.path), dtype=self.settings.dtype)
             return self._engines[model]
 
@@ -674,6 +675,10 @@ def build_api(settings: ServiceSettings) -> FastAPI:
     async def unavailable(_: Request, exc: ServiceConfigError):
         return JSONResponse(status_code=503, content={"detail": str(exc).splitlines()[0]})
 
+    @api.exception_handler(EngineDied)
+    async def engine_died(_: Request, exc: EngineDied):
+        return JSONResponse(status_code=503, content={"detail": str(exc).splitlines()[0]})
+
     @api.exception_handler(PoolBenchError)
     async def poolbench_error(_: Request, exc: PoolBenchError):
         return JSONResponse(status_code=422, content={"detail": str(exc).splitlines()[0]})
@@ -779,6 +784,7 @@ def build_api(settings: ServiceSettings) -> FastAPI:
 
 def serve_application(settings: ServiceSettings, *, num_cpus: float = 1.0):
     """The Serve application: one deployment whose ingress is the FastAPI app, built on each replica."""
+    import ray
     from ray import serve
 
     def build() -> FastAPI:
@@ -789,7 +795,8 @@ def serve_application(settings: ServiceSettings, *, num_cpus: float = 1.0):
 
     @serve.deployment(name="PoolBenchIngress", num_replicas=1, max_ongoing_requests=ongoing,
                       ray_actor_options={"num_cpus": num_cpus,
-                                         **({"num_gpus": 1} if settings.steering_backend == "vllm" else {})})
+                                         **({"num_gpus": 1} if settings.steering_backend == "vllm"
+                                            and ray.cluster_resources().get("GPU") else {})})
     @serve.ingress(build)
     class PoolBenchIngress:
         """Holds one replica's models and scorers; every route is the FastAPI handler."""

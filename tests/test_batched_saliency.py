@@ -12,7 +12,6 @@ from transformers import LlamaForCausalLM
 
 from poolbench.extractor.extract import PaddedBatch, extract_batches
 
-
 pytestmark = pytest.mark.numerics
 
 

@@ -49,3 +49,12 @@ def assert_float32_close(actual: ArrayLike, expected: ArrayLike, *, terms: int =
             f"{err_msg}: {int(bad.sum())} of {a.size} entries differ by more than {k:g} widths of eps32·scale·"
             f"√{terms}; worst at {tuple(int(i) for i in worst)}: {a[worst]!r} vs {b[worst]!r}, gap {gap[worst]:.3g} > "
             f"allowed {allowed[worst]:.3g} (scale {scales[worst]:.3g})")
+
+
+def assert_weighted_mean_close(actual: ArrayLike, expected: ArrayLike, values: ArrayLike, n: int,
+                               err_msg: str = "") -> None:
+    """A weighted mean Σw·x/Σw (w >= 0) of at most n of `values`: n multiply-adds, the weights' sum and the
+    division, each rounding relative to at most max|x| (every partial sum of w·x/Σw is), so n + 2 roundings of
+    max|values| — the values pooled, not the mean, which may cancel to ~0."""
+    assert_float32_close(actual, expected, terms=n + 2, scale=float(np.abs(np.asarray(values)).max()),
+                         err_msg=err_msg)

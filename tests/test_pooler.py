@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from tolerances import assert_weighted_mean_close
+from tolerances import assert_pooled_close as assert_pooled
 
 from poolbench.errors import StrategyError
 from poolbench.extractor.activations import ActivationBatch
@@ -18,13 +18,6 @@ from poolbench.pooler.windows import window_spec
 PAD = 99.0
 
 pytestmark = pytest.mark.numerics
-
-
-def assert_pooled(actual: np.ndarray, expected, batch: ActivationBatch, err_msg: str = "") -> None:
-    """Pooled vectors are weighted means of a passage's real token rows (at most T of them): float32 round-off
-    of T + 2 roundings of the largest real value (tests/tolerances.py); padding (±99) is no operand."""
-    real = batch.hidden[:, batch.attention_mask]
-    assert_weighted_mean_close(actual, expected, real, batch.hidden.shape[2], err_msg=err_msg)
 
 
 def make_batch(passages: list[list[list[float]]], length: int, left: list[bool]) -> ActivationBatch:

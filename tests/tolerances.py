@@ -5,6 +5,7 @@ eps·|partial sums|·√n for n roundings, so a comparison allows a few of those
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -58,3 +59,10 @@ def assert_weighted_mean_close(actual: ArrayLike, expected: ArrayLike, values: A
     max|values| — the values pooled, not the mean, which may cancel to ~0."""
     assert_float32_close(actual, expected, terms=n + 2, scale=float(np.abs(np.asarray(values)).max()),
                          err_msg=err_msg)
+
+
+def assert_pooled_close(actual: ArrayLike, expected: ArrayLike, batch: Any, err_msg: str = "") -> None:
+    """Pooled vectors of an ActivationBatch are weighted means of a passage's real token rows (at most T of them):
+    the bound above over its real token values; padding (often ±99 in tests) is no operand."""
+    hidden, mask = np.asarray(batch.hidden), np.asarray(batch.attention_mask)
+    assert_weighted_mean_close(actual, expected, hidden[:, mask], hidden.shape[2], err_msg=err_msg)

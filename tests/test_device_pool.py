@@ -130,6 +130,7 @@ def assert_same(device: DevicePooler, batch: ActivationBatch, specs: list[Strate
         np.testing.assert_array_equal(device.heads[1], heads[1])
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("seed", range(3))
 def test_device_pooling_equals_numpy_pooling_for_every_strategy(device: str, seed: int) -> None:
@@ -144,6 +145,7 @@ def test_device_pooling_equals_numpy_pooling_for_every_strategy(device: str, see
     assert_same(run_device(batch, specs, device), batch, specs)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("left", [False, True])
 def test_device_pooling_equals_numpy_pooling_for_linguistic_strategies(device: str, left: bool) -> None:
@@ -153,6 +155,7 @@ def test_device_pooling_equals_numpy_pooling_for_linguistic_strategies(device: s
     assert_same(run_device(batch, specs, device), batch, specs)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("device", DEVICES)
 def test_bfloat16_states_pool_as_their_float32_cast(device: str) -> None:
     batch = sinky_batch(7)

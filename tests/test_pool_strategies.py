@@ -113,6 +113,7 @@ EXPECTED_T = {
 A1_T = [28 / 8, 36 / 9]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("strategy_id", list(EXPECTED_T))
 @pytest.mark.parametrize("left", [False, True])
 def test_linguistic_strategies_match_hand_computed_vectors(strategy_id: str, left: bool) -> None:
@@ -125,6 +126,7 @@ def test_linguistic_strategies_match_hand_computed_vectors(strategy_id: str, lef
         assert pooled.fallback[0, b] == (expected is None)
 
 
+@pytest.mark.numerics
 def test_linguistic_strategies_agree_with_pool_naive_and_batch_order() -> None:
     specs = [get_strategy(s) for s in EXPECTED_T]
     batch = parsed_batch(left=True)
@@ -166,6 +168,7 @@ def test_trigger_table_is_data_with_a_default() -> None:
     assert ConceptContext.fit("unlisted_concept", None, []).deps == table["_default"]["deps"]
 
 
+@pytest.mark.numerics
 def test_reference_window_variants_by_hand() -> None:
     batch = make_batch()
     expected = {  # p1 has 8 tokens (0..7), p2 has 9 (0..8)
@@ -198,6 +201,7 @@ def test_p3_skips_special_and_punctuation_tokens() -> None:
     np.testing.assert_allclose(pooled.vectors[0, 0, 0], [2, 1])
 
 
+@pytest.mark.numerics
 def test_a3_random_is_a_seeded_half_fixed_per_passage_id() -> None:
     spec = get_strategy("A3_random")
     right, left = pool_tokens(make_batch(), [spec]), pool_tokens(make_batch(left=True, order=(1, 0)), [spec])
@@ -208,6 +212,7 @@ def test_a3_random_is_a_seeded_half_fixed_per_passage_id() -> None:
     assert passage_seed("p1") == int.from_bytes(hashlib.sha256(b"p1").digest()[:8], "little")
 
 
+@pytest.mark.numerics
 def test_sif_weights_and_first_component_removal() -> None:
     batch = make_batch(order=(0,))
     batch.input_ids[0] = [1, 5, 6, 5, 7, 7, 7, 7]
@@ -224,6 +229,7 @@ def test_sif_weights_and_first_component_removal() -> None:
                          terms=2 + 2, scale=3.0)
 
 
+@pytest.mark.numerics
 def test_saliency_strategies_pool_with_their_extras_per_layer() -> None:
     inflow = np.zeros((2, 2, 9), dtype=np.float32)
     inflow[0, :, 2] = 1.0  # layer 0: all attention on token 2

@@ -57,8 +57,17 @@ $(VENV)/.test-deps: | install
 	elif [ "$$CI" = true ]; then echo "chromium could not be installed; CI runs the report's browser test" >&2; exit 1; \
 	else echo "chromium not installed: the report's browser test will skip"; fi
 
+# Then the `numerics` tests again under other x86-64 CPUs' kernel sets (tests/cpu_kernels.py: torch, MKL, oneDNN and
+# numpy held to AVX2, or to SSE4.2 and torch's default kernels): a tolerance tuned to this CPU's summation order
+# fails here, not on the next machine. A profile that does not take stops the run (tests/conftest.py).
+CPU_PROFILES ?= default avx2
+NUMERICS_FILES = $(shell grep -l "mark.numerics" tests/test_*.py)
+
 test: lint test-deps
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	for profile in $(CPU_PROFILES); do \
+		$(BIN)/python tests/cpu_kernels.py $$profile -- $(BIN)/python -m pytest -q -p no:cacheprovider \
+			-m "numerics and not slow" $(PYTEST_ARGS) $(NUMERICS_FILES) || exit 1; done
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m "slow" $(PYTEST_ARGS)

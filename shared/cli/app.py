@@ -14,9 +14,10 @@ from rich.console import Console
 
 from poolbench.cli.calibrate import calibrate
 from poolbench.cli.cebench import bias, cebench, sae_train
+from poolbench.cli.command_order import RootGroup
 from poolbench.cli.findings import findings
 from poolbench.cli.listing import list_app
-from poolbench.cli.options import DEFAULT_RUN, RenamingGroup, out_folder
+from poolbench.cli.options import DEFAULT_RUN, out_folder
 from poolbench.cli.progress import LineProgress
 from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes inside remote tracebacks Ray forwards
 
-app = typer.Typer(cls=RenamingGroup, add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+app = typer.Typer(cls=RootGroup, add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="PoolBench: which pooling strategy captures a concept, at which layer.")
 model_app = typer.Typer(no_args_is_help=True, help="Models: build the embedded default.")
 corpus_app = typer.Typer(no_args_is_help=True, help="Corpora: write the embedded corpus to a folder.")

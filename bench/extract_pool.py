@@ -19,8 +19,11 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.corpus.source import open_corpus
-from poolbench.extractor.extract import ExtractionStats, extract_batches, forward_only, prepare_batches
+from poolbench.extractor.capture import ExtractionStats
+from poolbench.extractor.extract import extract_batches
+from poolbench.extractor.forward_baselines import forward_only
 from poolbench.extractor.loading import load_model
+from poolbench.extractor.padded_batches import prepare_batches
 from poolbench.pooler.naive import pool_naive
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.pooled_table import PooledTableBuilder

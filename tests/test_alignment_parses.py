@@ -15,7 +15,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from poolbench.defaults import cache_dir
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.extractor.extract import prepare_batches
+from poolbench.extractor.padded_batches import prepare_batches
 from poolbench.extractor.tiny_model import build_tiny_model, tiny_training_texts
 from poolbench.pooler.parses import ParseIndex, batch_parse_extras, cached_parse_table, load_nlp, parse_table
 from poolbench.pooler.pool import pool_tokens

@@ -9,7 +9,8 @@ import torch
 from tiny_models import random_llama
 from transformers import LlamaForCausalLM
 
-from poolbench.extractor.extract import PaddedBatch, extract_batches
+from poolbench.extractor.extract import extract_batches
+from poolbench.extractor.padded_batches import PaddedBatch
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ from negation_pairs import passages
 
 from poolbench.corpus.passage import Passage
 from poolbench.driver.pool_groups import estimated_tokens, group_token_target, plan_groups
-from poolbench.extractor.extract import PaddedBatch
 from poolbench.extractor.loading import load_model
+from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, pool_concept_tables
 from poolbench.pooler.iti import head_table_key
 from poolbench.pooler.pooled_table import decode_vectors, pooled_layers

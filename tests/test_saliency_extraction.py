@@ -9,7 +9,9 @@ import torch
 from tiny_models import random_llama
 from transformers import BertConfig, BertModel, LlamaForCausalLM
 
-from poolbench.extractor.extract import ExtractionError, PaddedBatch, extract_batches
+from poolbench.errors import ExtractionError
+from poolbench.extractor.extract import extract_batches
+from poolbench.extractor.padded_batches import PaddedBatch
 
 LAYERS = (0, 2)
 

@@ -28,7 +28,7 @@ from poolbench.pooler.naive import pool_naive
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.pooler.registry import resolve_strategies
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 TARGETS = {"path_over_forward": 1.2, "pool_share_of_forward": 0.10, "speedup_over_naive": 5.0}
 

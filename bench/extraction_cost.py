@@ -61,7 +61,7 @@ from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group
 from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
 from poolbench.pooler.registry import resolve_strategies
 from poolbench.pooler.spec import StrategySpec
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 STAGES = ("raw", "forward_backward", "hidden", "attention", "gradient", "all")
 TARGETS = {"hidden_over_raw": 1.15, "attention_over_raw": 1.4, "all_over_forward_backward": 1.2,

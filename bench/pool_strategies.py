@@ -32,7 +32,7 @@ from poolbench.pooler.iti import head_vectors
 from poolbench.pooler.parses import ParseIndex, batch_parse_extras, cached_parse_table, ids_digest, load_nlp
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.registry import list_strategies
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 TARGETS = {"pool_share_of_forward": 0.25}
 

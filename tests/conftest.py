@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from s3_server import MotoServer, s3_store_on
 
-from poolbench.store.artifact_store import ArtifactStore, LocalStore
+from poolbench.store.artifact_store import ArtifactStore
+from poolbench.store.local import LocalStore
 
 pytest_plugins = ["skip_policy"]
 

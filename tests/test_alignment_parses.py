@@ -21,7 +21,7 @@ from poolbench.pooler.parses import ParseIndex, batch_parse_extras, cached_parse
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.registry import get_strategy, load_strategy_module, unregister_strategy
 from poolbench.pooler.spec import TokenContext
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 TEXTS = ["Zoë's café isn't open, but Bob's is!  Unbelievably cheap.",
          "Paris hosted 12,500 runners in 2024. It rained."]

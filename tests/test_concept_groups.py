@@ -25,8 +25,8 @@ from poolbench.pooler.iti import head_table_key
 from poolbench.pooler.pooled_table import decode_vectors, pooled_layers
 from poolbench.pooler.registry import list_strategies
 from poolbench.pooler.worker import ExtractorWorker, PoolTask
-from poolbench.store.artifact_store import LocalStore
 from poolbench.store.keys import layer_shard_key
+from poolbench.store.local import LocalStore
 
 HEDGES = ["might", "perhaps", "could", "possibly", "seems", "the", "river", "report", "suggests", "rain"]
 

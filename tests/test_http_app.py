@@ -26,7 +26,7 @@ from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.prober.d1 import evaluate_d1
 from poolbench.scorer.artifacts import ensure_scorer, scorer_record
 from poolbench.scorer.finetune import ScorerConfig
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import serve_load  # bench/ holds scripts, not a package

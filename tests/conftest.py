@@ -14,7 +14,8 @@ import pytest
 from cpu_kernels import PROFILE_ENV, profile_mismatches
 from s3_server import MotoServer, s3_store_on
 
-from poolbench.store.artifact_store import ArtifactStore, LocalStore
+from poolbench.store.artifact_store import ArtifactStore
+from poolbench.store.local import LocalStore
 
 pytest_plugins = ["skip_policy"]
 

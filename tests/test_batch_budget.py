@@ -15,8 +15,10 @@ from poolbench.extractor.batching import (
     rows_per_forward,
     token_costs,
 )
-from poolbench.extractor.extract import ExtractionStats, extract_batches, prepare_batches
+from poolbench.extractor.capture import ExtractionStats
+from poolbench.extractor.extract import extract_batches
 from poolbench.extractor.loading import load_model
+from poolbench.extractor.padded_batches import prepare_batches
 from poolbench.pooler.concept_pooling import pool_concept_tables
 from poolbench.pooler.parses import ParseIndex, load_nlp, parse_table
 from poolbench.pooler.pooled_table import PooledTableView

@@ -10,7 +10,8 @@ from tiny_models import random_llama
 from tolerances import assert_float32_close
 from transformers import LlamaForCausalLM
 
-from poolbench.extractor.extract import PaddedBatch, extract_batches
+from poolbench.extractor.extract import extract_batches
+from poolbench.extractor.padded_batches import PaddedBatch
 
 pytestmark = pytest.mark.numerics
 

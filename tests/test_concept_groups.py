@@ -21,15 +21,15 @@ from tolerances import assert_float32_close, float32_atol
 
 from poolbench.corpus.passage import Passage
 from poolbench.driver.pool_groups import estimated_tokens, group_token_target, plan_groups
-from poolbench.extractor.extract import PaddedBatch
 from poolbench.extractor.loading import load_model
+from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, pool_concept_tables
 from poolbench.pooler.iti import head_table_key
 from poolbench.pooler.pooled_table import decode_vectors, pooled_layers
 from poolbench.pooler.registry import list_strategies
 from poolbench.pooler.worker import ExtractorWorker, PoolTask
-from poolbench.store.artifact_store import LocalStore
 from poolbench.store.keys import layer_shard_key
+from poolbench.store.local import LocalStore
 
 HEDGES = ["might", "perhaps", "could", "possibly", "seems", "the", "river", "report", "suggests", "rain"]
 

@@ -19,7 +19,8 @@ from tolerances import assert_float32_close, assert_weighted_mean_close
 
 from poolbench.errors import StrategyError
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.extractor.extract import PaddedBatch, stack_layer_extras
+from poolbench.extractor.layer_sinks import stack_layer_extras
+from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.device_pool import DevicePooler, HostPooler, chunk_pooler
 from poolbench.pooler.iti import head_vectors
 from poolbench.pooler.pool import pool_tokens
@@ -235,8 +236,9 @@ def test_a_chunk_that_runs_out_of_memory_halves_and_a_passage_too_big_alone_is_s
                                                                                        overlap) -> None:
     """Also with the next chunk prepared ahead: the chunk that failed was prepared (ahead) for itself, and its
     halves are each prepared anew, never handed the failed chunk's preparation."""
-    from poolbench.extractor.extract import ExtractionStats, capture_chunks, prepare_batches
+    from poolbench.extractor.capture import ExtractionStats, capture_chunks
     from poolbench.extractor.loading import load_model
+    from poolbench.extractor.padded_batches import prepare_batches
     from poolbench.pooler.device_pool import prepare_chunk_pooler
 
     loaded = load_model(str(tiny_llama_dir))
@@ -307,8 +309,10 @@ class CudaErrorAt(OutOfMemoryAbove):
 
 
 def test_a_cuda_error_names_the_stage_and_batch_in_one_line(tiny_llama_dir) -> None:
-    from poolbench.extractor.extract import ExtractionError, capture_chunks, prepare_batches
+    from poolbench.errors import ExtractionError
+    from poolbench.extractor.capture import capture_chunks
     from poolbench.extractor.loading import load_model
+    from poolbench.extractor.padded_batches import prepare_batches
 
     loaded = load_model(str(tiny_llama_dir))
     batches = prepare_batches(loaded.tokenizer, ["one text", "two texts here"], ids=["a", "b"], batch_size=4)

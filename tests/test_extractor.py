@@ -13,17 +13,14 @@ from torch import nn
 from transformers import BertConfig, BertModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from poolbench.corpus.passage import Passage
+from poolbench.errors import ExtractionError
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.batching import plan_batches
-from poolbench.extractor.extract import (
-    ExtractionError,
-    ExtractionStats,
-    extract_activations,
-    extract_batches,
-    forward_only,
-    prepare_batches,
-)
+from poolbench.extractor.capture import ExtractionStats
+from poolbench.extractor.extract import extract_activations, extract_batches
+from poolbench.extractor.forward_baselines import forward_only
 from poolbench.extractor.hook_points import HookPointError, add_hooks, capture_layer_outputs
+from poolbench.extractor.padded_batches import prepare_batches
 
 CORPUS = [
     "The cat sat on the mat.",
@@ -441,7 +438,7 @@ def test_the_next_chunk_is_prepared_while_this_one_runs(llama, tokenizer, overla
     it without; either way every sink comes from its own chunk's preparation, in order."""
     import threading
 
-    from poolbench.extractor.extract import capture_chunks
+    from poolbench.extractor.capture import capture_chunks
 
     batches = prepare_batches(tokenizer, TEXTS, batch_size=2)
     order = [tuple(b.passage_ids) for b in batches]

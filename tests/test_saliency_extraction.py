@@ -10,7 +10,9 @@ from tiny_models import random_llama
 from tolerances import assert_float32_close
 from transformers import BertConfig, BertModel, LlamaForCausalLM
 
-from poolbench.extractor.extract import ExtractionError, PaddedBatch, extract_batches
+from poolbench.errors import ExtractionError
+from poolbench.extractor.extract import extract_batches
+from poolbench.extractor.padded_batches import PaddedBatch
 
 LAYERS = (0, 2)
 # Roundings in a forward or backward through the 3 layers of random_llama: each sums over the hidden size (32),

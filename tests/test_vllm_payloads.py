@@ -348,7 +348,8 @@ def test_missing_vllm_is_one_line_before_any_work(tmp_path):
     from poolbench.cluster.launcher import cluster_up
     from poolbench.config import RunConfig
     from poolbench.driver.pipeline import run_benchmark
-    from poolbench.http.app import ServiceSettings, build_api
+    from poolbench.http.app import build_api
+    from poolbench.http.settings import ServiceSettings
     from poolbench.steerer.single_cell import steer_one_cell
 
     _without_vllm()

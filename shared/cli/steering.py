@@ -132,7 +132,9 @@ def serve_scorers(
     import time
 
     from poolbench.driver.local_ray import LOOPBACK_RUNTIME_ENV, init_local_ray
-    from poolbench.http.app import ServiceSettings, check_exposure, scorers_of_run, start_serve, with_token
+    from poolbench.http.access import check_exposure, with_token
+    from poolbench.http.app import start_serve
+    from poolbench.http.settings import ServiceSettings, scorers_of_run
     from poolbench.store.url import open_store
 
     check_exposure(host, with_token(ServiceSettings(models=()), token).token)  # before any scorer trains

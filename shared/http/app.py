@@ -70,6 +70,7 @@ class ServiceSettings(BaseModel):
     vector_store: str | None = None  # artifact store holding `pooled_keys` (a run's store)
     pooled_keys: dict[str, str] = Field(default_factory=dict)  # concept -> the run's pooled table: stored vectors
     residual_norms: dict[str, float] = Field(default_factory=dict)  # "concept/layer" -> the run's alpha unit
+    leaderboard: dict = Field(default_factory=dict)  # a run's leaderboard.json, served at /leaderboard
     max_texts: int = Field(256, ge=1)
     max_chars: int = Field(4000, ge=1)
     max_body_bytes: int = Field(2_000_000, ge=1024)
@@ -677,6 +678,10 @@ def build_api(settings: ServiceSettings) -> FastAPI:
     @api.exception_handler(PoolBenchError)
     async def poolbench_error(_: Request, exc: PoolBenchError):
         return JSONResponse(status_code=422, content={"detail": str(exc).splitlines()[0]})
+
+    from poolbench.http.leaderboard_route import add_leaderboard_route
+
+    add_leaderboard_route(api, settings.leaderboard)
 
     @api.get("/healthz")
     def healthz() -> Health:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from poolbench.errors import PoolBenchError
-from poolbench.results.cross_model import ModelBoard, cross_model_table, relative_depth
+from poolbench.results.cross_model import ModelBoard, cross_model_table, relative_depth, tied_with_best
 
 
 def board(name: str, n_layers: int, d1: dict[str, list[float]], layers: dict[str, int]) -> ModelBoard:
@@ -38,7 +38,8 @@ def test_same_winner_in_both_models_is_said_once_with_w_one() -> None:
     assert top["per_model"]["small"]["ci_low"] == pytest.approx(0.85 - 4.302653 * 0.05 / 3 ** 0.5, abs=1e-5)
     assert table["agreement"]["kendall_w"] == pytest.approx(1.0)
     assert table["best"] == {"per_model": {"small": ["A"], "gemma": ["A"]}, "in_every_model": ["A"],
-                             "on_average": ["A"], "on_average_mean_rank": 1.0}
+                             "on_average": ["A"], "on_average_mean_rank": 1.0,
+                             "tied_within_model": {}}
     assert table["answer"][0] == "A is the best strategy in every model (small (org/small) and gemma (org/gemma))."
     assert "Kendall's W = 1.00" in table["answer"][2]
 
@@ -73,3 +74,15 @@ def test_only_shared_strategies_and_concepts_enter_and_one_model_is_refused() ->
     assert table["rows"][0]["per_model"]["m1"]["mean_d1"] == pytest.approx(0.9)  # c1 left out: m2 lacks it
     with pytest.raises(PoolBenchError, match="at least two models"):
         cross_model_table([a])
+
+
+def test_ties_inside_a_model_come_from_its_own_nemenyi_groups() -> None:
+    a = board("m1", 4, {"A": [0.9, 0.9], "B": [0.8, 0.8], "C": [0.5, 0.5]}, dict.fromkeys("ABC", 1))
+    b = board("m2", 4, {"A": [0.9, 0.9], "B": [0.8, 0.8], "C": [0.5, 0.5]}, dict.fromkeys("ABC", 1))
+    # groups within CD 1.0 over average ranks A 1.0, B 1.5, C 3.0: {A, B} and {C}
+    a.leaderboard["friedman"] = {"average_ranks": {"A": 1.0, "B": 1.5, "C": 3.0}, "critical_difference": 1.0}
+    assert tied_with_best(a.leaderboard, "A") == ["B"] and tied_with_best(b.leaderboard, "A") is None
+    table = cross_model_table([a, b], n_permutations=99, n_bootstrap=50)
+    assert table["best"]["tied_within_model"] == {"m1": ["B"]}
+    assert ("Within each model its best is not told apart (Nemenyi, its own leaderboard) from: on m1 (org/m1) 1 "
+            "other strategy.") in table["answer"]

@@ -11,7 +11,7 @@ from scipy.stats import rankdata
 
 from poolbench.errors import PoolBenchError
 from poolbench.prober.concordance import concordance
-from poolbench.results.ranking import mean_t_interval
+from poolbench.results.ranking import group_letters, mean_t_interval, tie_groups
 
 CROSS_MODEL_VERSION = 1
 
@@ -50,6 +50,17 @@ def _best(values: Mapping[str, float], higher: bool) -> list[str]:
     """Every strategy at the extreme: a tie is named as a tie, never broken by name order."""
     extreme = max(values.values()) if higher else min(values.values())
     return sorted(s for s, v in values.items() if v == extreme)
+
+
+def tied_with_best(leaderboard: dict, best: str) -> list[str] | None:
+    """Strategies the model's own Nemenyi test cannot tell apart from `best` (sharing a tie-group letter over its
+    Friedman average ranks); None when the model's leaderboard has no Friedman test."""
+    friedman = leaderboard.get("friedman") or {}
+    ranks, cd = friedman.get("average_ranks"), friedman.get("critical_difference")
+    if not ranks or cd is None or best not in ranks:
+        return None
+    letters = group_letters(tie_groups(ranks, float(cd)))
+    return sorted(s for s in ranks if s != best and set(letters.get(s, "")) & set(letters.get(best, "")))
 
 
 def cross_model_table(boards: Sequence[ModelBoard], *, n_permutations: int = 9999, n_bootstrap: int = 1000,
@@ -92,6 +103,7 @@ def cross_model_table(boards: Sequence[ModelBoard], *, n_permutations: int = 999
     in_every = sorted(set.intersection(*(set(v) for v in best_per_model.values())))
     on_average = _best(dict(zip(strategies, mean_rank.tolist(), strict=True)), higher=False)
     agreement = concordance(d1, n_permutations=n_permutations, n_bootstrap=n_bootstrap, seed=seed).to_dict()
+    tied = {b.name: tied_with_best(b.leaderboard, best_per_model[b.name][0]) for b in boards}
     table = {
         "version": CROSS_MODEL_VERSION,
         "models": [{"name": b.name, "model_id": b.model_id, "n_layers": b.n_layers, "folder": b.folder}
@@ -99,7 +111,8 @@ def cross_model_table(boards: Sequence[ModelBoard], *, n_permutations: int = 999
         "concepts": concepts, "strategies": [r["strategy"] for r in rows], "rows": rows,
         "agreement": agreement,
         "best": {"per_model": best_per_model, "in_every_model": in_every, "on_average": on_average,
-                 "on_average_mean_rank": float(mean_rank.min())},
+                 "on_average_mean_rank": float(mean_rank.min()),
+                 "tied_within_model": {k: v for k, v in tied.items() if v is not None}},
         "d1": "held-out AUROC at each model's own CV-chosen layer per strategy, mean over the concepts every "
               "model probed; rank 1 = highest mean D1 in that model, ties share the average rank",
     }
@@ -136,6 +149,11 @@ def cross_model_sentences(table: dict) -> list[str]:
             f"best on {labels[m]} is {_list(best['per_model'][m])}"
             + (" (tied)" if len(best['per_model'][m]) > 1 else "")
             + f" (D1 {rows[best['per_model'][m][0]]['per_model'][m]['mean_d1']:.3f})" for m in models) + ".")
+    within = best.get("tied_within_model") or {}
+    if any(within.values()):
+        counts = {m: len(within[m]) for m in models if m in within}
+        lines.append("Within each model its best is not told apart (Nemenyi, its own leaderboard) from: " + "; ".join(
+            f"on {labels[m]} {n} other strateg{'y' if n == 1 else 'ies'}" for m, n in counts.items()) + ".")
     average = best["on_average"]
     lines.append(f"Best on average over {len(models)} models: {_list(average)}"
                  + (" (tied)" if len(average) > 1 else "") + f", mean rank {best['on_average_mean_rank']:.1f} of "

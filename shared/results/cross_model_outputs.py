@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from poolbench.atomic_write import write_json_atomic, write_text_atomic
+from poolbench.defaults import EMBEDDED, EMBEDDED_GEMMA
 from poolbench.errors import PoolBenchError
 from poolbench.provenance import git_hash, package_versions, utc_now
 from poolbench.results.cross_model import ModelBoard, cross_model_table
@@ -16,6 +17,7 @@ from poolbench.results.document import RESULTS_SCHEMA_VERSION, run_stamp
 from poolbench.results.tidy import to_csv
 
 CROSS_MODEL_KIND = "cross_model"
+BUILT_IN_MODELS = {EMBEDDED: "SmolLM2-135M-Instruct", EMBEDDED_GEMMA: "Gemma-3-270M"}  # what the names load
 WIDE_COLUMNS = ["strategy", "family", "mean_rank", "model", "mean_d1", "ci_low", "ci_high", "rank", "best_layer",
                 "relative_depth"]
 
@@ -58,8 +60,8 @@ def read_boards(run_dir: Path, folders: dict[str, str]) -> list[ModelBoard]:
         model = leaderboard.get("model") or {}
         if "n_layers" not in model:
             raise PoolBenchError(f"{board_path}: no model.n_layers (needed for relative depth)")
-        boards.append(ModelBoard(name, str(model.get("model_id", name)), int(model["n_layers"]), leaderboard,
-                                 folder))
+        model_id = BUILT_IN_MODELS.get(str(model.get("model_id", name)), str(model.get("model_id", name)))
+        boards.append(ModelBoard(name, model_id, int(model["n_layers"]), leaderboard, folder))
     return boards
 
 

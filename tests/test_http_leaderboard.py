@@ -18,7 +18,7 @@ from test_cross_model_report import cross_run
 
 from poolbench.errors import PoolBenchError
 from poolbench.http.app import ServiceSettings, build_api
-from poolbench.http.leaderboard_route import leaderboard_of_run
+from poolbench.http.leaderboard_route import leaderboard_of_run, run_serving
 
 
 @contextmanager
@@ -54,3 +54,10 @@ def test_leaderboard_serves_the_cross_model_table_and_a_single_run(tmp_path: Pat
         assert missing.status_code == 404 and "--run" in missing.json()["detail"]
     with pytest.raises(PoolBenchError, match="is not a finished run folder"):
         leaderboard_of_run(tmp_path / "nowhere")
+
+
+def test_run_serving_gives_a_cross_model_run_its_table_and_a_single_run_its_scorers_too(tmp_path: Path) -> None:
+    run = cross_run(tmp_path / "run")
+    assert set(run_serving(run)) == {"leaderboard"}
+    with pytest.raises(PoolBenchError, match="the run recorded no scorers"):  # a model folder of a --no-steering run
+        run_serving(run / "small")

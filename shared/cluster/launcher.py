@@ -177,12 +177,10 @@ def start_serve_app(info: dict, models: list[str], host: str, port: int, run: Pa
     """Deploy the one HTTP app (poolbench.http.app) into OUR head from a short-lived driver; Serve's controller is
     detached and lives with the cluster. With `run`, /score serves the scorers that run recorded and /generate
     its stored steering vectors, and /leaderboard its leaderboard (a cross-model run's table)."""
-    from poolbench.http.app import ServiceSettings, scorers_of_run, vectors_of_run
-    from poolbench.http.leaderboard_route import leaderboard_of_run
+    from poolbench.http.app import ServiceSettings
+    from poolbench.http.leaderboard_route import run_serving
 
-    from_run = {} if run is None else leaderboard_of_run(run)
-    if run is not None and from_run["leaderboard"].get("kind") != "cross_model":  # its models' folders hold those
-        from_run |= {**scorers_of_run(run), **vectors_of_run(run)}
+    from_run = {} if run is None else run_serving(run)
     settings = ServiceSettings(models=tuple(models), steering_backend=steering_backend, **from_run)
     done = _session("deploy", info, 240, settings=settings.model_dump(mode="json"), host=host, port=port)
     if done.returncode != 0:
@@ -219,9 +217,9 @@ def cluster_up(*, ray_port: int = 6379, serve_port: int = 8000, s3_port: int = 9
 
         require_vllm()  # the install hint here, before anything starts
     if run is not None:
-        from poolbench.http.app import scorers_of_run
+        from poolbench.http.leaderboard_route import run_serving
 
-        scorers_of_run(run)  # a bad run folder fails here, before anything starts
+        run_serving(run)  # a bad run folder fails here, before anything starts
     if (state / "cluster.json").exists():
         raise ClusterError(f"a cluster is already up ({state / 'cluster.json'}): run `make cluster-down` first")
     wanted = [("Ray head", ray_port)] + ([("Serve HTTP", serve_port)] if serve else [])

@@ -25,6 +25,17 @@ def leaderboard_of_run(run: str | Path) -> dict:
     return {"leaderboard": document}
 
 
+def run_serving(run: Path) -> dict:
+    """What a run folder adds to the service: its leaderboard (when it has one) and, for a single-model run, the
+    scorers and stored vectors it recorded; a cross-model run's are in its models' folders, so it adds its table."""
+    from poolbench.http.app import scorers_of_run, vectors_of_run
+
+    served = leaderboard_of_run(run) if (run / "leaderboard.json").is_file() else {}
+    if served.get("leaderboard", {}).get("kind") == "cross_model":
+        return served
+    return {**served, **scorers_of_run(run), **vectors_of_run(run)}
+
+
 def add_leaderboard_route(api: FastAPI, leaderboard: dict) -> None:
     """The route answers the document it was given; without one, 404 saying how to start with a run."""
 

@@ -21,6 +21,7 @@ from poolbench.errors import PoolBenchError
 from poolbench.results.cross_model_outputs import is_cross_model
 from poolbench.results.report import (
     _STYLE,
+    FAMILY_ORDER,
     Figure,
     _figure_html,
     _png,
@@ -76,7 +77,7 @@ def relative_depth_figure(table: dict) -> bytes:
     for row in table["rows"]:
         families[row.get("family") or "other"].append(row)
     styles = series_styles({r["strategy"]: r.get("family") or "other" for r in table["rows"]})
-    names = sorted(families)
+    names = sorted(families, key=lambda f: (FAMILY_ORDER.index(f) if f in FAMILY_ORDER else len(FAMILY_ORDER), f))
     cols = min(3, len(names))
     n_rows = -(-len(names) // cols)
     fig, axes = plt.subplots(n_rows, cols, figsize=(5.2 * cols, 3.6 * n_rows), squeeze=False, sharey=True)

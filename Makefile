@@ -46,10 +46,12 @@ $(VENV)/.installed-$(MODULES): $(VENV)/.deps
 run: install
 	$(BIN)/poolbench-driver run --out $(RUN_OUT) $(RUN_ARGS)
 
-# The default corpus over both real models (SmolLM2-135M and Gemma-3-270M, Gemma's terms), D1 only so it fits an
-# hour on 2 CPU cores (bench/README.md), then the cross-model report and findings page.
+# The default corpus (17 concepts) over both real models (SmolLM2-135M and Gemma-3-270M, Gemma's terms), then the
+# cross-model report and findings page. To fit an hour on 2 CPU cores: D1 only, the 11 strategies without the
+# gradient (S2), probe-fitted heads (S3) and spaCy (L1-L6), no per-cell reliability statistics (bench/README.md).
+# MODELS_ARGS=--no-steering runs all 19 strategies (not measured within an hour).
 MODELS_OUT ?= runs/models
-MODELS_ARGS ?= --no-steering
+MODELS_ARGS ?= --no-steering --no-reliability --strategies P1,P2,A1,A2,A3,A4,W1,W2,W3,W4,S1
 run-models: install
 	$(BIN)/poolbench-driver run --model embedded --model embedded-gemma --out $(MODELS_OUT) $(MODELS_ARGS)
 	$(BIN)/poolbench-driver report --run $(MODELS_OUT)

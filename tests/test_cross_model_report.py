@@ -83,3 +83,12 @@ def test_cross_model_page_renders_in_headless_chromium(tmp_path: Path) -> None:
         non_white = (region < 240).any(axis=2).mean()
         colours = len(np.unique(region.reshape(-1, 3) // 16, axis=0))
         assert non_white > 0.02 and colours > 8, f"{fig['id']} is blank on screen ({non_white=:.3f}, {colours=})"
+
+
+def test_the_committed_cross_model_findings_page_is_generated_from_its_facts() -> None:
+    from poolbench.results.cross_model_findings import render_cross_model_findings
+
+    docs = Path(__file__).resolve().parents[1] / "docs" / "across-models-run"
+    facts = json.loads((docs / "findings.json").read_text())
+    assert (docs / "findings.md").read_text() == render_cross_model_findings(facts), \
+        "docs/across-models-run/findings.md was edited by hand: run `poolbench-driver findings`"

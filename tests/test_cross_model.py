@@ -86,3 +86,12 @@ def test_ties_inside_a_model_come_from_its_own_nemenyi_groups() -> None:
     assert table["best"]["tied_within_model"] == {"m1": ["B"]}
     assert ("Within each model its best is not told apart (Nemenyi, its own leaderboard) from: on m1 (org/m1) 1 "
             "other strategy.") in table["answer"]
+
+
+def test_d2_sits_beside_d1_for_a_model_that_steered() -> None:
+    a = board("m1", 4, {"A": [0.9, 0.8], "B": [0.7, 0.6]}, dict.fromkeys("AB", 1))
+    b = board("m2", 4, {"A": [0.9, 0.8], "B": [0.7, 0.6]}, dict.fromkeys("AB", 1))
+    a.leaderboard["steering"] = {"A": {"mean_d2_delta": 0.12, "mean_scp": 0.4}}
+    rows = {r["strategy"]: r for r in cross_model_table([a, b], n_permutations=99, n_bootstrap=50)["rows"]}
+    assert (rows["A"]["per_model"]["m1"]["mean_d2_delta"], rows["A"]["per_model"]["m1"]["mean_scp"]) == (0.12, 0.4)
+    assert "mean_d2_delta" not in rows["A"]["per_model"]["m2"] and "mean_d2_delta" not in rows["B"]["per_model"]["m1"]

@@ -139,7 +139,9 @@ def serve_scorers(
 
     check_exposure(host, with_token(ServiceSettings(models=()), token).token)  # before any scorer trains
     if run is not None:
-        settings = ServiceSettings(models=(), **scorers_of_run(run))
+        from poolbench.http.leaderboard_route import leaderboard_of_run
+
+        settings = ServiceSettings(models=(), **scorers_of_run(run), **leaderboard_of_run(run))
     else:
         from poolbench.corpus.source import open_corpus
         from poolbench.scorer.artifacts import ensure_scorers

@@ -25,6 +25,7 @@ from poolbench.http.admission import Admission
 from poolbench.http.batching import answer_or_raise, batched
 from poolbench.http.body_limit import BodyLimit
 from poolbench.http.handlers import check_sizes, generate_many, pool_many, probe_one, score_many
+from poolbench.http.leaderboard_route import add_leaderboard_route
 from poolbench.http.model_caches import ModelCache, ScorerCache, SteeringEngines, VectorCache
 from poolbench.http.openapi_limits import limits_description, merge_keywords, schema_limits
 from poolbench.http.schemas import (
@@ -115,6 +116,8 @@ def build_api(settings: ServiceSettings) -> FastAPI:
     @api.exception_handler(PoolBenchError)
     async def poolbench_error(_: Request, exc: PoolBenchError):
         return JSONResponse(status_code=422, content={"detail": str(exc).splitlines()[0]})
+
+    add_leaderboard_route(api, settings.leaderboard)
 
     @api.get("/healthz")
     def healthz() -> Health:

@@ -25,6 +25,7 @@ class ServiceSettings(BaseModel):
     vector_store: str | None = None  # artifact store holding `pooled_keys` (a run's store)
     pooled_keys: dict[str, str] = Field(default_factory=dict)  # concept -> the run's pooled table: stored vectors
     residual_norms: dict[str, float] = Field(default_factory=dict)  # "concept/layer" -> the run's alpha unit
+    leaderboard: dict = Field(default_factory=dict)  # a run's leaderboard.json, served at /leaderboard
     max_texts: int = Field(256, ge=1)
     max_chars: int = Field(4000, ge=1)
     max_body_bytes: int = Field(2_000_000, ge=1024)

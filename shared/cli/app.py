@@ -32,6 +32,7 @@ from poolbench.records.events import (
     ConceptPooled,
     ConceptProbed,
     ConceptProgress,
+    JobRetried,
     ModelBuilding,
     RunEvent,
     RunPlanned,
@@ -240,6 +241,8 @@ class RunDisplay:
             case ScorerReady():
                 bar(self.tasks["scorer"], advance=1,
                     last=f"{event.concept} (held-out AUROC {event.heldout_auroc:.2f})")
+            case JobRetried():
+                self.progress.console.print(event.line, highlight=False, markup=False)
             case ArtifactQuarantined():
                 self.progress.console.print(f"warning: {event.key} is corrupt ({event.reason}): moved to "
                                             f"quarantine/{event.key}, recomputing", highlight=False)

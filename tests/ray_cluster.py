@@ -30,7 +30,7 @@ def _ports() -> dict:
 def loopback_cluster(*nodes: dict, head_cpus: int = 0) -> Iterator[tuple[Cluster, list]]:
     """A head holding `head_cpus` CPUs (the driver's scorers and nothing else by default) and one worker node per
     `nodes` entry (add_node's arguments: num_cpus, num_gpus, resources); the driver is not connected."""
-    assert not ray.is_initialized()
+    ray.shutdown()  # the driver joins this cluster, not a local Ray an earlier test left (local_ray restarts one)
     previous = os.environ.get(SINGLE_MACHINE_ENV)
     os.environ[SINGLE_MACHINE_ENV] = "0"  # Ray keeps 127.0.0.1 instead of the machine's address
     ray_constants.ENABLE_RAY_CLUSTER = False

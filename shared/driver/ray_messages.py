@@ -30,7 +30,10 @@ def plain_ray_messages(stream: TextIO | None = None) -> None:
     if stream.isatty():
         return
     os.environ["RAY_COLOR_PREFIX"] = "0"
+    import ray._private.ray_logging as ray_logging
     import ray._private.worker as ray_worker
+
+    ray_logging._color = lambda message: message  # " [repeated 3x across cluster]" is green whatever the setting
 
     original: Callable[..., Any] = getattr(ray_worker, "print_to_stdstream", None) or (lambda *a, **k: None)
     if getattr(original, "__poolbench_plain__", False):

@@ -1,6 +1,7 @@
 """deploy/ and docs/cluster.md (README's "On your cluster") run what the code has: every `poolbench-driver`
 command they name is a command of the Typer app with options it declares, every environment variable they set is
-one PoolBench (or Ray) reads, and all of them agree on the variables, the store and the `run --address` command the tests run."""
+one PoolBench (or Ray) reads, and all of them agree on the variables, the store and the `run --address` command
+the tests run."""
 
 from __future__ import annotations
 

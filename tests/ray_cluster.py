@@ -44,7 +44,7 @@ def loopback_cluster(*nodes: dict, head_cpus: int = 0) -> Iterator[tuple[Cluster
     try:
         cluster.add_node(**common, **_ports(), num_cpus=head_cpus, gcs_server_port=free_port(), include_dashboard=False,
                          ray_client_server_port=free_port(), _system_config=FAST_HEALTH_CHECKS)
-        workers = [cluster.add_node(**common, **_ports(), **node) for node in nodes]
+        workers = [add_loopback_node(cluster, **node) for node in nodes]
         cluster.wait_for_nodes()
         yield cluster, workers
     finally:
@@ -56,6 +56,13 @@ def loopback_cluster(*nodes: dict, head_cpus: int = 0) -> Iterator[tuple[Cluster
         else:
             os.environ[SINGLE_MACHINE_ENV] = previous
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def add_loopback_node(cluster: Cluster, **node):
+    """One more worker node on 127.0.0.1 in the head's temp folder, on free ports (add_node's arguments)."""
+    temp_dir = cluster.head_node._ray_params.temp_dir  # type: ignore[union-attr]
+    return cluster.add_node(node_ip_address=LOOPBACK, temp_dir=temp_dir, object_store_memory=80 * 1024 * 1024,
+                            **_ports(), **node)
 
 
 def node_name(node) -> str:

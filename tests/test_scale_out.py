@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import ray
-from ray_cluster import loopback_cluster, node_name
+from ray_cluster import add_loopback_node, loopback_cluster, node_name
 from s3_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 
 from poolbench.config import RunConfig
@@ -37,7 +37,7 @@ def s3_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
 def config(model: Path, store: str, **overrides) -> RunConfig:
     base = dict(model=str(model), corpus_size="tiny", concepts=CONCEPTS, strategies=("A1_mean", "P1_last"),
-                store=store, n_bootstrap=100, torch_threads=1, reliability=False, steering=False,
+                layers=(1,), store=store, n_bootstrap=100, torch_threads=1, reliability=False, steering=False,
                 concept_group_tokens=0)
     return RunConfig(**{**base, **overrides})
 
@@ -75,6 +75,33 @@ def test_a_node_removed_mid_pool_costs_time_not_cells(tiny_llama_dir, cache, s3_
     assert list(stormy.cluster.retried) == retried
     assert stormy.cluster.lost_nodes == (removed[0],)
     assert ray.is_initialized() is False
+
+
+@pytest.mark.slow
+def test_with_no_node_left_the_run_stops_in_one_line_and_a_rerun_resumes(tiny_llama_dir, cache, s3_env):
+    """The one CPU node is removed once the first concept is pooled: no alive node can hold an extractor, so the
+    run stops in one line naming the lost node; with a new node the same command pools only what is missing."""
+    cfg_store = f"s3://{s3_env}/alone"
+    with loopback_cluster({"num_cpus": 2}) as (cluster, [node]):
+        cfg = config(tiny_llama_dir, cfg_store, address=cluster.address)
+        pooled: list[str] = []
+
+        def remove_the_node(event: RunEvent) -> None:
+            if isinstance(event, ConceptPooled) and not pooled:
+                pooled.append(event.concept)
+                cluster.remove_node(node, allow_graceful=False)
+
+        with pytest.raises(PoolBenchError) as stopped:
+            run_benchmark(cfg, remove_the_node)
+        message = str(stopped.value)
+        assert len(message.splitlines()) == 1
+        assert message.startswith("no node with 1 CPU is left in the Ray cluster") and node_name(node) in message
+        add_loopback_node(cluster, num_cpus=2)
+        cluster.wait_for_nodes()
+        resumed = run_benchmark(cfg)
+    assert resumed.computed["pooled_skipped"] == len(pooled) == 1
+    assert resumed.computed["pooled"] == len(CONCEPTS) - 1
+    assert {r.concept for r in resumed.records} == set(CONCEPTS)
 
 
 def test_a_local_folder_store_on_a_multi_node_cluster_is_refused_in_one_line(tiny_llama_dir, cache, tmp_path):

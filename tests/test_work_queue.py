@@ -280,3 +280,12 @@ def test_a_task_whose_worker_died_is_submitted_again(local_ray, tmp_path):
     with WorkQueue(on_retry=retried.append) as queue:
         assert list(queue.run([TaskJob("probe x", lambda: task.remote(21, marker))])) == [("probe x", 42)]
     assert [(r.job, r.attempt, r.on) for r in retried] == [("probe x", 2, "")]
+
+
+def test_tasks_no_alive_node_can_run_stop_the_run_in_one_line(local_ray):
+    """A probe task waits for a resource no node has (a GPU here, a CPU once every CPU node is lost): one line,
+    not a wait without end."""
+    task = ray.remote(num_gpus=1)(double)
+    with pytest.raises(WorkQueueError) as raised, WorkQueue(task_needs={"GPU": 1}) as queue:
+        list(queue.run([TaskJob("probe x", lambda: task.remote(1))], on_wait=lambda: None, wait_s=0.2))
+    assert str(raised.value).startswith("no node with 1 GPU is left in the Ray cluster")

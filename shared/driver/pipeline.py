@@ -442,7 +442,7 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None,
     spawn = extractor_spawner(cfg, resources, threads, strategy_modules)
     # Leaving this block, however the run stops, kills the extractors: no model (or GPU) stays held.
     with WorkQueue[ConceptJob]([spawn() for _ in range(n_workers)], spawn=spawn, needs=resource_needs(resources),
-                               on_retry=emit) as queue:
+                               task_needs={"CPU": 1}, on_retry=emit) as queue:
         run = plan_cells(cfg, inputs, fetch(queue.actors[0].info.remote(), "extractor start"))
         emit(RunPlanned(
             model_id=run.model["model_id"], n_layers=run.model["n_layers"], hidden_size=run.model["hidden_size"],

@@ -113,9 +113,11 @@ class WorkQueue(Generic[K]):
 
     def __init__(self, actors: Sequence[ActorHandle] = (), *, spawn: Callable[[], ActorHandle] | None = None,
                  needs: Mapping[str, float] | None = None, on_retry: Callable[[JobRetried], None] | None = None,
-                 label: Callable[[K], str] = str, max_attempts: int = MAX_ATTEMPTS) -> None:
+                 label: Callable[[K], str] = str, max_attempts: int = MAX_ATTEMPTS,
+                 task_needs: Mapping[str, float] | None = None) -> None:
         self.actors = list(actors)
         self.spawn, self.needs, self.label, self.max_attempts = spawn, dict(needs or {}), label, max_attempts
+        self.task_needs = dict(task_needs or {})  # one task's resources: tasks no alive node can run stop the run
         self.on_retry = on_retry or (lambda _: None)
         self.retried: list[JobRetried] = []
         self.lost_nodes: list[str] = []
@@ -241,7 +243,9 @@ class WorkQueue(Generic[K]):
                 if on_wait is not None:
                     on_wait()
                 if waiting and len(starting) == len(self.actors):  # only replacements that may never start
-                    self._check_room()
+                    self._check_room(self.needs)
+                elif self.task_needs and any(a is None and j is not None for j, a in running.values()):
+                    self._check_room(self.task_needs)
                 continue
             ref = ready[0]
             job, actor = running.pop(ref)
@@ -283,7 +287,7 @@ class WorkQueue(Generic[K]):
 
     def _replace(self) -> ActorHandle:
         """Start one replacement actor on whichever alive node holds it; stop in one line when none can."""
-        self._check_room()
+        self._check_room(self.needs)
         if self.spawn is None:
             raise WorkQueueError("every worker of this stage was lost and none can be started in its place")
         if len(self._owned) >= self._planned + 2 * self.max_attempts:
@@ -294,11 +298,12 @@ class WorkQueue(Generic[K]):
         self._where[id(actor)] = locate(actor)
         return actor
 
-    def _check_room(self) -> None:
-        """One line when no alive node could hold one actor of this stage: the run cannot go on, only resume."""
-        if self.needs and not any(node.fits(self.needs) for node in alive_nodes()):
+    def _check_room(self, needs: Mapping[str, float]) -> None:
+        """One line when no alive node could hold one actor (or task) of this stage: the run cannot go on, only
+        resume."""
+        if needs and not any(node.fits(needs) for node in alive_nodes()):
             self._confirm_lost()
-            wanted = ", ".join(f"{v:g} {k}" for k, v in self.needs.items())
+            wanted = ", ".join(f"{v:g} {k}" for k, v in needs.items())
             lost = f" (lost: {', '.join(self.lost_nodes)})" if self.lost_nodes else ""
             raise WorkQueueError(f"no node with {wanted} is left in the Ray cluster{lost}: finished artifacts are "
                                  "kept in the store; run the same command again once nodes are back to resume")

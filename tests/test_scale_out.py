@@ -16,7 +16,7 @@ from s3_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from poolbench.config import RunConfig
 from poolbench.driver.pipeline import run_benchmark
 from poolbench.errors import PoolBenchError
-from poolbench.records.events import CellProgress, ConceptPooled, JobRetried, RunEvent, RunPlanned
+from poolbench.records.events import ConceptPooled, JobRetried, RunEvent, RunPlanned, SteeringStarted
 
 CONCEPTS = ("hedging", "toxicity", "contrast", "causation")
 
@@ -118,8 +118,8 @@ STEERING_CONCEPTS = ("imdb_sentiment", "frustration")  # two default steering co
 def test_gpu_nodes_get_an_extractor_and_an_engine_each_and_a_lost_engine_costs_no_cells(tiny_llama_dir, cache,
                                                                                           s3_env):
     """Nodes that declare one GPU each (a CPU device underneath): one extractor per GPU, the concepts' pooling
-    split across both nodes, one steering engine per GPU; the engine generating the first progress report is
-    SIGKILLed and its cells run again on the engine of the other node, every chosen cell steered."""
+    split across both nodes, one steering engine per GPU node; the first engine is SIGKILLed once both are loaded,
+    so the group of cells sent to it runs again on the engine of the other node, and every chosen cell is steered."""
     import os
     import signal
 
@@ -129,9 +129,10 @@ def test_gpu_nodes_get_an_extractor_and_an_engine_each_and_a_lost_engine_costs_n
 
         def on_event(event: RunEvent) -> None:
             events.append(event)
-            if isinstance(event, CellProgress) and event.worker_pid and not killed:
-                killed.append(event.worker_pid)
-                os.kill(event.worker_pid, signal.SIGKILL)
+            if isinstance(event, SteeringStarted):
+                assert set(event.nodes) == {node_name(w) for w in workers}  # one engine per GPU node
+                killed.append(event.worker_pids[0])
+                os.kill(event.worker_pids[0], signal.SIGKILL)
 
         outcome = run_benchmark(config(tiny_llama_dir, f"s3://{s3_env}/gpus", address=cluster.address,
                                        concepts=STEERING_CONCEPTS, steering=True, allow_weak_scorer=True),
@@ -142,7 +143,8 @@ def test_gpu_nodes_get_an_extractor_and_an_engine_each_and_a_lost_engine_costs_n
     assert set(outcome.cluster.jobs_by_node["pool"]) == nodes  # one concept on each GPU node
     assert killed
     [retry] = [r for r in outcome.cluster.retried if r.job.startswith("steer ")]
-    assert retry.how == "died" and {retry.node, retry.on} == nodes  # an engine on each GPU node
+    # the process died, its node lives ("unreachable" while Ray has not yet noticed the death)
+    assert retry.how in ("died", "unreachable") and {retry.node, retry.on} == nodes
     assert outcome.steering is not None
     d2 = outcome.steering["d2"]
     assert sorted(r.concept for r in d2) == sorted(STEERING_CONCEPTS * 2)  # best and worst cell of each concept

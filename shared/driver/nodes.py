@@ -48,6 +48,17 @@ def _node_id() -> str:
     return ray.get_runtime_context().get_node_id()
 
 
+def _pid() -> int:
+    import os
+
+    return os.getpid()
+
+
+def process_id(actor: ActorHandle) -> ray.ObjectRef:
+    """A ref to the actor's process id (any actor class), resolved once it has started."""
+    return actor.__ray_call__.remote(lambda _self: _pid())  # type: ignore[attr-defined]
+
+
 def locate(actor: ActorHandle) -> ray.ObjectRef:
     """A ref to the id of the node `actor` runs on; it resolves once the actor has started (its model loaded)."""
     return actor.__ray_call__.remote(lambda _self: _node_id())  # type: ignore[attr-defined]

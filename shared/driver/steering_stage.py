@@ -7,7 +7,14 @@ import time
 
 from poolbench.corpus.layout import Corpus
 from poolbench.records.cluster import ClusterActivity
-from poolbench.records.events import CellProgress, CellSteered, EventSink, ScorerReady, SteeringPlanned
+from poolbench.records.events import (
+    CellProgress,
+    CellSteered,
+    EventSink,
+    ScorerReady,
+    SteeringPlanned,
+    SteeringStarted,
+)
 from poolbench.scorer.artifacts import ensure_scorers, scorer_record
 from poolbench.scorer.finetune import ScorerConfig
 from poolbench.steerer.actor import steering_spawner
@@ -22,8 +29,8 @@ from poolbench.steerer.plan import (
 )
 from poolbench.store.artifact_store import ArtifactStore
 
-from .nodes import resource_needs
-from .work_queue import ActorJob, WorkQueue, poll_actors
+from .nodes import process_id, resource_needs
+from .work_queue import ActorJob, WorkQueue, fetch, poll_actors
 
 
 def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, pooled_keys: dict[str, str],
@@ -60,6 +67,8 @@ def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, po
     groups = cell_groups(cells, engines=len(actors), per_call=cells_per_call(config))
     with WorkQueue[tuple[SteeringCell, ...]](actors, spawn=spawn, needs=resource_needs(options), on_retry=emit,
                                              label=group_label) as queue:
+        pids = tuple(fetch(process_id(actor), "a steering engine's start") for actor in actors)
+        emit(SteeringStarted(worker_pids=pids, nodes=tuple(queue.nodes())))
         for group, results in queue.run([job(group) for group in groups],
                                         on_wait=lambda: poll_steering(queue.actors, emit)):
             for cell, result in zip(group, results, strict=True):

@@ -159,6 +159,12 @@ class WorkQueue(Generic[K]):
             self._names.update({n.node_id: n.name for n in cluster_nodes()})
         return self._names.get(node_id, node_id[:12])
 
+    def nodes(self) -> list[str]:
+        """Every actor's node (`ip:port`), waiting for the actors to start; a worker that cannot start raises."""
+        for actor in self.actors:
+            fetch(self._where[id(actor)], "a worker's start")
+        return [self.node_of(actor) for actor in self.actors]
+
     def run(self, jobs: Iterable[Job[K]], follow_up: FollowUp[K] | None = None, *,
             on_wait: Callable[[], None] | None = None, wait_s: float = 1.0) -> Iterator[tuple[K, Any]]:
         """Yield (key, result) per job as it completes; actor jobs wait in order for an idle actor.

@@ -106,6 +106,14 @@ class SteeringPlanned:
 
 
 @dataclass(frozen=True)
+class SteeringStarted:
+    """The steering engines are loaded: their processes and the nodes (`ip:port`) they run on, one per engine."""
+
+    worker_pids: tuple[int, ...]
+    nodes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ScorerReady:
     """A concept's classifier B is trained (or fetched) and valid."""
 
@@ -161,7 +169,7 @@ class JobRetried:
 
 RunEvent = (ArtifactQuarantined | JobRetried | ModelBuilding | RunPlanned | ConceptPooled | ConceptProgress
             | CellProgress | ConceptProbed
-            | SteeringPlanned | ScorerReady | CellSteered)
+            | SteeringPlanned | SteeringStarted | ScorerReady | CellSteered)
 EventSink = Callable[[RunEvent], None]
 
 

@@ -27,3 +27,7 @@ class StrategyError(PoolBenchError):
 
 class ModelLoadError(PoolBenchError):
     """A model id or path that cannot be loaded."""
+
+
+class ExtractionError(PoolBenchError):
+    """A tokenizer or model that extraction cannot work with."""

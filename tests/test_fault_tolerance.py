@@ -16,8 +16,8 @@ from poolbench.config import RunConfig
 from poolbench.driver.pipeline import run_benchmark
 from poolbench.errors import StoreError
 from poolbench.records.events import ConceptPooled, RunEvent, RunPlanned
-from poolbench.store.artifact_store import SIDECAR_SUFFIX
 from poolbench.store.keys import layer_shard_key
+from poolbench.store.local import SIDECAR_SUFFIX
 from poolbench.store.url import open_store
 
 CONCEPTS = ("hedging", "toxicity", "contrast")

@@ -20,7 +20,7 @@ from poolbench.steerer.generation_rows import GenerationRow, call_layers, distin
 from poolbench.steerer.plan import SteeringCell, cell_groups, cells_per_call, rows_per_cell
 from poolbench.steerer.run import CellInputs, SteeringConfig, run_steering, run_steering_cells
 from poolbench.steerer.worker import SteeringWorker
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 PROMPTS = ["the cat sat on", "a dog", "birds sang in the trees near the river", "near the park the"]
 TEXTS = ["the cat sat on a mat", "a dog ran to the park", "birds sang in trees", "the river ran near the park"]

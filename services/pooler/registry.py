@@ -80,6 +80,8 @@ def load_strategy_module(path: str | Path) -> list[StrategySpec]:
         raise StrategyError(f"{path}: strategy module must be an existing .py file")
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     module_name = f"poolbench_user_strategies.{path.stem}_{digest}"
+    if module_name in sys.modules:  # loaded already (a run over several models loads plugins per model)
+        return []
     before = set(_BY_ID)
     try:
         module_spec = importlib.util.spec_from_file_location(module_name, path)

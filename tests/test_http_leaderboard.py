@@ -18,8 +18,8 @@ from test_cross_model_report import cross_run
 
 from poolbench.errors import PoolBenchError
 from poolbench.http.app import build_api
-from poolbench.http.settings import ServiceSettings
 from poolbench.http.leaderboard_route import leaderboard_of_run, run_serving
+from poolbench.http.settings import ServiceSettings
 
 
 @contextmanager

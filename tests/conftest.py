@@ -117,16 +117,14 @@ def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def local_ray() -> Iterator[None]:
-    """One local Ray for the session (starting Ray costs seconds); shut down at the end."""
+@pytest.fixture
+def local_ray() -> None:
+    """One local Ray shared by the tests that ask for it (starting Ray costs seconds), started again when a test
+    left none (the loopback-cluster tests connect the driver to a cluster of their own); Ray stops at exit."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

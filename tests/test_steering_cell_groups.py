@@ -5,6 +5,7 @@ grouping of cells per engine and call."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -244,7 +245,8 @@ def test_progress_names_the_calls_first_cell_and_how_many_cells_it_holds(worker,
     events: list = []
     monkeypatch.setattr(steering_stage, "poll_actors", lambda actors: seen[:1])
     steering_stage.poll_steering([], events.append)
-    assert events == [CellProgress("imdb_sentiment", "A1_mean", 1, 12, 24, seen[0]["seconds"], cells=2)]
+    assert events == [CellProgress("imdb_sentiment", "A1_mean", 1, 12, 24, seen[0]["seconds"], cells=2,
+                                   worker_pid=os.getpid())]  # the service ran in this process
 
 
 def test_the_actor_rebuilds_the_drivers_config_with_its_batching_settings(worker, tmp_path, monkeypatch):

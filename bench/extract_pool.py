@@ -19,13 +19,16 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.corpus.source import open_corpus
-from poolbench.extractor.extract import ExtractionStats, extract_batches, forward_only, prepare_batches
+from poolbench.extractor.capture import ExtractionStats
+from poolbench.extractor.extract import extract_batches
+from poolbench.extractor.forward_baselines import forward_only
 from poolbench.extractor.loading import load_model
+from poolbench.extractor.padded_batches import prepare_batches
 from poolbench.pooler.naive import pool_naive
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.pooler.registry import resolve_strategies
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 TARGETS = {"path_over_forward": 1.2, "pool_share_of_forward": 0.10, "speedup_over_naive": 5.0}
 

@@ -46,14 +46,8 @@ from rich.table import Table
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import open_corpus
 from poolbench.extractor.batching import rows_per_forward
-from poolbench.extractor.extract import (
-    ExtractionStats,
-    forward_backward,
-    forward_only,
-    model_token_costs,
-    prepare_batches,
-    resolve_max_batch_tokens,
-)
+from poolbench.extractor.capture import ExtractionStats, model_token_costs, resolve_max_batch_tokens
+from poolbench.extractor.forward_baselines import forward_backward, forward_only
 from poolbench.extractor.loading import (
     EMBEDDED,
     LoadedModel,
@@ -62,11 +56,12 @@ from poolbench.extractor.loading import (
     load_tokenizer,
     resolve_device,
 )
+from poolbench.extractor.padded_batches import prepare_batches
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, strategy_needs
 from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
 from poolbench.pooler.registry import resolve_strategies
 from poolbench.pooler.spec import StrategySpec
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 STAGES = ("raw", "forward_backward", "hidden", "attention", "gradient", "all")
 TARGETS = {"hidden_over_raw": 1.15, "attention_over_raw": 1.4, "all_over_forward_backward": 1.2,

@@ -22,15 +22,17 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.corpus.source import open_corpus
-from poolbench.extractor.extract import extract_batches, forward_only, prepare_batches, tokenize_passages
+from poolbench.extractor.extract import extract_batches
+from poolbench.extractor.forward_baselines import forward_only
 from poolbench.extractor.loading import load_model
+from poolbench.extractor.padded_batches import prepare_batches, tokenize_passages
 from poolbench.pooler.chunk_extras import concept_text
 from poolbench.pooler.concept_pooling import strategy_needs
 from poolbench.pooler.iti import head_vectors
 from poolbench.pooler.parses import ParseIndex, batch_parse_extras, cached_parse_table, ids_digest, load_nlp
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.registry import list_strategies
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 TARGETS = {"pool_share_of_forward": 0.25}
 

@@ -313,7 +313,8 @@ def main() -> int:
             import ray
 
             from poolbench.driver.local_ray import LOOPBACK_RUNTIME_ENV, init_local_ray
-            from poolbench.http.app import ServiceSettings, start_serve
+            from poolbench.http.app import start_serve
+            from poolbench.http.settings import ServiceSettings
 
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))

@@ -105,6 +105,44 @@ def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None, strate
     return results_of(document, leaderboard, paths)
 
 
+@dataclass(frozen=True)
+class ModelsResults:
+    """A run over several models: each model's Results (its own folder, as a single-model run writes it) and the
+    run folder's cross-model results.json / leaderboard.json."""
+
+    per_model: dict[str, Results]
+    document: dict
+    leaderboard: dict
+    paths: dict[str, Path] = field(default_factory=dict)
+
+
+def evaluate_models(cfg: RunConfig, models: Sequence[str], *, on_event: EventSink | None = None,
+                    strategy_modules: Sequence[str] = (), log_samples: bool = False) -> ModelsResults:
+    """`cfg` over each model in turn, into <out>/<model folder>/ (resumable model by model: the store skips what
+    is done), then the cross-model table into <out>; every model reference is checked before the first loads."""
+    import time
+
+    from poolbench.extractor.loading import check_model_reference
+    from poolbench.results.cross_model_outputs import model_folders, write_cross_model_outputs
+
+    if len(models) < 2:
+        raise PoolBenchError(f"a cross-model run needs at least two models, got {len(models)}")
+    folders = model_folders(models)
+    for name in models:
+        check_model_reference(name, dict(cfg.model_args))
+    started, timing, per_model = time.perf_counter(), {}, {}
+    for name in models:
+        model_cfg = cfg.model_copy(update={"model": name, "out": str(Path(cfg.out) / folders[name])})
+        per_model[name] = evaluate_config(model_cfg, on_event=on_event, strategy_modules=strategy_modules,
+                                          log_samples=log_samples)
+        timing[f"{name}_s"] = float((per_model[name].document.get("timing") or {}).get("total_s", 0.0))
+    timing["total_s"] = time.perf_counter() - started
+    paths = write_cross_model_outputs(Path(cfg.out), folders, config=cfg.model_dump(mode="json") | {
+        "model": list(models)}, timing=timing, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
+    return ModelsResults(per_model, json.loads(paths["results"].read_text()),
+                         json.loads(paths["leaderboard"].read_text()), paths)
+
+
 def run_config(**options: object) -> RunConfig:
     """A RunConfig from keyword options (lists taken for tuples); a bad option stops in one line naming it."""
     fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}

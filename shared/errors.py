@@ -31,3 +31,7 @@ class ModelLoadError(PoolBenchError):
 
 class StageFailed(PoolBenchError):
     """A later stage of a run failed after the earlier ones' results were written (they stand; the run exits 1)."""
+
+
+class ExtractionError(PoolBenchError):
+    """A tokenizer or model that extraction cannot work with."""

@@ -11,9 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cpu_kernels import PROFILE_ENV, profile_mismatches
 from s3_server import MotoServer, s3_store_on
 
-from poolbench.store.artifact_store import ArtifactStore, LocalStore
+from poolbench.store.artifact_store import ArtifactStore
+from poolbench.store.local import LocalStore
 
 pytest_plugins = ["skip_policy"]
 
@@ -21,10 +23,29 @@ _SESSION_CACHE_ENV = "_POOLBENCH_TEST_SESSION_CACHE"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Before collection: point POOLBENCH_CACHE at a fresh temp dir for the session (removed at its end)."""
+    """Before collection: in a run under another CPU's kernels (tests/cpu_kernels.py) stop unless torch and numpy
+    did switch; point POOLBENCH_CACHE at a fresh temp dir for the session (removed at its end)."""
+    profile = os.environ.get(PROFILE_ENV)
+    if profile:
+        wrong = profile_mismatches(profile)
+        if wrong:
+            raise pytest.UsageError(f"CPU profile {profile!r} did not take: {'; '.join(wrong)} (a CPU without "
+                                    f"these instructions: set CPU_PROFILES to the ones it has)")
     root = tempfile.mkdtemp(prefix="poolbench-test-cache-")
     os.environ[_SESSION_CACHE_ENV] = root
     os.environ["POOLBENCH_CACHE"] = root
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """Say which kernels this run holds torch and numpy to, so a log shows the profile really ran."""
+    profile = os.environ.get(PROFILE_ENV)
+    if not profile:
+        return None
+    import torch
+    from cpu_kernels import numpy_dispatch
+
+    return (f"CPU profile {profile}: torch {torch.backends.cpu.get_cpu_capability()} kernels, numpy SIMD beyond "
+            f"baseline: {numpy_dispatch() or 'none'}")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -96,16 +117,14 @@ def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def local_ray() -> Iterator[None]:
-    """One local Ray for the session (starting Ray costs seconds); shut down at the end."""
+@pytest.fixture
+def local_ray() -> None:
+    """One local Ray shared by the tests that ask for it (starting Ray costs seconds), started again when a test
+    left none (the loopback-cluster tests connect the driver to a cluster of their own); Ray stops at exit."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    if not ray.is_initialized():
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

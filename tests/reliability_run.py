@@ -13,7 +13,7 @@ from poolbench.cli.reliability import flash_check, power
 from poolbench.corpus.passage import Passage
 from poolbench.pooler.iti import FRACTION_META, HEADS_META, ITIHeadTableBuilder, head_table_key
 from poolbench.pooler.pooled_table import PooledTableBuilder
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 STRATEGIES = {"A1_mean": 2.0, "P1_last": 0.6, "A2_max": 0.0}  # signal strength per strategy
 LAYERS = (0, 1)

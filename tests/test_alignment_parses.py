@@ -15,13 +15,13 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from poolbench.defaults import cache_dir
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.extractor.extract import prepare_batches
+from poolbench.extractor.padded_batches import prepare_batches
 from poolbench.extractor.tiny_model import build_tiny_model, tiny_training_texts
 from poolbench.pooler.parses import ParseIndex, batch_parse_extras, cached_parse_table, load_nlp, parse_table
 from poolbench.pooler.pool import pool_tokens
 from poolbench.pooler.registry import get_strategy, load_strategy_module, unregister_strategy
 from poolbench.pooler.spec import TokenContext
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 TEXTS = ["Zoë's café isn't open, but Bob's is!  Unbelievably cheap.",
          "Paris hosted 12,500 runners in 2024. It rained."]

@@ -15,8 +15,10 @@ from poolbench.extractor.batching import (
     rows_per_forward,
     token_costs,
 )
-from poolbench.extractor.extract import ExtractionStats, extract_batches, prepare_batches
+from poolbench.extractor.capture import ExtractionStats
+from poolbench.extractor.extract import extract_batches
 from poolbench.extractor.loading import load_model
+from poolbench.extractor.padded_batches import prepare_batches
 from poolbench.pooler.concept_pooling import pool_concept_tables
 from poolbench.pooler.parses import ParseIndex, load_nlp, parse_table
 from poolbench.pooler.pooled_table import PooledTableView
@@ -69,6 +71,7 @@ def tiny(tiny_llama_dir: Path):
     return load_model(str(tiny_llama_dir), device="cpu")
 
 
+@pytest.mark.numerics  # bit for bit across row counts: no kernel contract, so checked on each kernel set
 def test_chunks_of_a_batch_hold_exactly_what_the_whole_batch_holds(tiny):
     texts = ["a short one", "the cat sat on the mat today", "seven words are in this line", "x y",
              "a longer passage with quite a few more words than the others here"]

@@ -7,9 +7,13 @@ import numpy as np
 import pytest
 import torch
 from tiny_models import random_llama
+from tolerances import assert_float32_close
 from transformers import LlamaForCausalLM
 
-from poolbench.extractor.extract import PaddedBatch, extract_batches
+from poolbench.extractor.extract import extract_batches
+from poolbench.extractor.padded_batches import PaddedBatch
+
+pytestmark = pytest.mark.numerics
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +38,16 @@ def test_batched_gradients_equal_per_row_gradients(llama, left: bool) -> None:
     for row in range(rows):
         alone = next(extract_batches(llama, llama.model.layers, [batch.select(slice(row, row + 1))], layers,
                                      needs={"gradient"}))
-        for name in ("gradient_norm", "gradient_x_input"):
-            np.testing.assert_allclose(whole.extras[name][:, row], alone.extras[name][:, 0], rtol=1e-5, atol=1e-7)
-            assert alone.extras[name][:, 0][:, mask[row]].max() > 0  # real tokens do get a gradient
+        # A batch of 4 and a batch of 1 take different kernel blockings, so the gradients agree to round-off, not
+        # bit for bit. The backward from the head crosses 3 layers, each summing over the hidden size (32), the MLP
+        # width (64) and the 9 positions: ~315 roundings. Their scale is the row's largest gradient norm ‖g‖ (the
+        # attention mixes positions' gradients), and for g·x the terms' size ‖g‖·‖x_t‖ (Cauchy–Schwarz) — not
+        # g·x itself, which cancels to ~0 at the last layer: the final RMSNorm is scale-invariant, so g ⟂ x.
+        # Measured on AVX-512, AVX2 and default kernels: at most 1.4 eps·scale, against 4·√315 ≈ 71 allowed.
+        terms = 3 * (32 + 64 + length)
+        g_max = float(alone.extras["gradient_norm"][:, 0].max())
+        x_norm = np.linalg.norm(alone.hidden[:, 0], axis=-1)
+        for name, scale in (("gradient_norm", g_max), ("gradient_x_input", g_max * x_norm)):
+            got, want = whole.extras[name][:, row], alone.extras[name][:, 0]
+            assert_float32_close(got, want, terms=terms, scale=scale, err_msg=f"{name} row {row}")
+            assert want[:, mask[row]].max() > 0  # real tokens do get a gradient

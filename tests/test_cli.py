@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from poolbench.corpus.embedded import generate_embedded_corpus
+from poolbench.corpus.corpus_versions import generate_embedded_corpus
 from poolbench.corpus.layout import write_corpus
 
 DRIVER = [sys.executable, "-c", "from poolbench.cli.app import main; main()"]

@@ -29,7 +29,7 @@ import sys  # noqa: E402
 
 import pytest  # noqa: E402
 
-from poolbench.corpus.embedded import generate_embedded_corpus  # noqa: E402
+from poolbench.corpus.corpus_versions import generate_embedded_corpus  # noqa: E402
 from poolbench.corpus.layout import MAX_TEXT_CHARS, write_corpus  # noqa: E402
 
 DRIVER = [sys.executable, "-c", "from poolbench.cli.app import main; main()"]

@@ -95,7 +95,7 @@ def test_progress_event_eta_and_display():
 
 def test_the_worker_reports_passages_and_tokens_after_every_batch(tiny_llama_dir, tmp_path, monkeypatch):
     """ExtractorWorker.progress() as the driver polls it, read after each batch: counts grow by the batch."""
-    from poolbench.corpus.embedded import generate_embedded_corpus
+    from poolbench.corpus.corpus_versions import generate_embedded_corpus
     from poolbench.pooler import worker as worker_module
 
     passages = generate_embedded_corpus("tiny")["hedging"][:10]

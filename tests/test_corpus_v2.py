@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from test_embedded_corpus import ALL_CONCEPTS, max_single_token_auroc
 
-import poolbench.corpus.embedded as ec
 from poolbench.corpus import sparse_signal as v2
 from poolbench.corpus.calibration import (
     CALIBRATION_CONCEPTS,
@@ -26,6 +25,7 @@ from poolbench.corpus.calibration import (
     Expectation,
     generate_calibration_corpus,
 )
+from poolbench.corpus.corpus_versions import DEFAULT_CORPUS_VERSION, generate_embedded_corpus
 from poolbench.corpus.layout import load_corpus, write_corpus
 from poolbench.corpus.passage import PLACEMENTS, Passage
 from poolbench.corpus.source import open_corpus
@@ -71,10 +71,10 @@ def outside(p: Passage) -> str:
 
 
 def test_v2_is_the_default_and_deterministic(tiny) -> None:
-    assert ec.DEFAULT_CORPUS_VERSION == 2
-    assert ec.generate_embedded_corpus("tiny") == tiny
+    assert DEFAULT_CORPUS_VERSION == 2
+    assert generate_embedded_corpus("tiny") == tiny
     assert v2.generate_corpus_v2("tiny", seed=1) != tiny
-    code = ("import hashlib, json; from poolbench.corpus.embedded import generate_embedded_corpus as g; "
+    code = ("import hashlib, json; from poolbench.corpus.corpus_versions import generate_embedded_corpus as g; "
             "c = {k: [p.to_record() for p in v] for k, v in g('tiny').items()}; "
             "print(hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest())")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": "7"},
@@ -211,7 +211,7 @@ def test_open_corpus_selects_the_version(tmp_path: Path, monkeypatch: pytest.Mon
     assert default.passages("hedging")[0].signal_spans is not None
     v1 = open_corpus("embedded-v1", "tiny", ["hedging"])
     assert v1.root.name == "embedded-v1-tiny-seed0"
-    assert v1.passages("hedging") == ec.generate_embedded_corpus("tiny", version=1)["hedging"]
+    assert v1.passages("hedging") == generate_embedded_corpus("tiny", version=1)["hedging"]
 
 
 def test_small_costs_about_one_draw_a_pair(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -332,5 +332,5 @@ def test_signal_only_keeps_just_the_signal_sentences(small) -> None:
     assert cut.text == " ".join(span_texts(p))
     assert span_texts(cut) == span_texts(p)
     assert (cut.id, cut.label, cut.matched_pair_id, cut.density) == (p.id, p.label, p.matched_pair_id, 2)
-    v1 = ec.generate_embedded_corpus("tiny", version=1)["toxicity"][0]
+    v1 = generate_embedded_corpus("tiny", version=1)["toxicity"][0]
     assert signal_only(v1) is v1

@@ -98,7 +98,8 @@ def test_kuberay_manifests_have_a_gpu_worker_group(name):
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert env_names(worker) == env_names(head)
     secrets = [e for e in head["env"] if "valueFrom" in e]
-    assert {e["name"] for e in secrets} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}  # never inline
+    # never inline
+    assert {e["name"] for e in secrets} == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "POOLBENCH_TOKEN"}
     if doc["kind"] == "RayJob":
         assert doc["spec"]["entrypoint"].startswith("poolbench-driver run --address auto")
 

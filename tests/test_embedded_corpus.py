@@ -18,6 +18,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
 
 import poolbench.corpus.embedded as ec
+from poolbench.corpus.corpus_versions import generate_embedded_corpus
 from poolbench.corpus.layout import load_corpus, write_corpus
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.validation import validate_corpus
@@ -50,12 +51,12 @@ WORD = re.compile(r"[a-z0-9']+")
 
 @pytest.fixture(scope="module")
 def small() -> dict[str, list[Passage]]:
-    return ec.generate_embedded_corpus("small", version=1)
+    return generate_embedded_corpus("small", version=1)
 
 
 @pytest.fixture(scope="module")
 def tiny() -> dict[str, list[Passage]]:
-    return ec.generate_embedded_corpus("tiny", version=1)
+    return generate_embedded_corpus("tiny", version=1)
 
 
 def digest(corpus: dict[str, list[Passage]]) -> str:
@@ -70,10 +71,10 @@ def test_all_concepts_and_documented() -> None:
 
 
 def test_deterministic_within_and_across_processes(tiny: dict[str, list[Passage]]) -> None:
-    assert ec.generate_embedded_corpus("tiny", version=1) == tiny
-    assert ec.generate_embedded_corpus("tiny", seed=1, version=1) != tiny
+    assert generate_embedded_corpus("tiny", version=1) == tiny
+    assert generate_embedded_corpus("tiny", seed=1, version=1) != tiny
     code = (
-        "import hashlib, json; from poolbench.corpus.embedded import generate_embedded_corpus as g; "
+        "import hashlib, json; from poolbench.corpus.corpus_versions import generate_embedded_corpus as g; "
         "c = {k: [p.to_record() for p in v] for k, v in g('tiny', version=1).items()}; "
         "print(hashlib.sha256(json.dumps(c, sort_keys=True).encode()).hexdigest())"
     )
@@ -111,11 +112,11 @@ def test_sizes_balance_ids_and_order(size: str, n_train: int, n_test: int, tiny,
 
 def test_unknown_size_and_concept() -> None:
     with pytest.raises(CorpusError, match="unknown corpus size 'huge'"):
-        ec.generate_embedded_corpus("huge", version=1)
+        generate_embedded_corpus("huge", version=1)
     with pytest.raises(CorpusError, match="unknown corpus size 'huge'"):
-        ec.generate_embedded_corpus("huge")
+        generate_embedded_corpus("huge")
     with pytest.raises(CorpusError, match="unknown corpus version 3"):
-        ec.generate_embedded_corpus("tiny", version=3)
+        generate_embedded_corpus("tiny", version=3)
     with pytest.raises(CorpusError, match="unknown concept 'joy'"):
         ec.generate_concept("joy")
 
@@ -182,7 +183,7 @@ def test_small_costs_about_one_draw_a_passage(monkeypatch: pytest.MonkeyPatch) -
         return real(counted_make, seen, what)
 
     monkeypatch.setattr(ec, "_unique", counted)
-    corpus = ec.generate_embedded_corpus("small", seed=3, version=1)
+    corpus = generate_embedded_corpus("small", seed=3, version=1)
     passages = sum(len(ps) for ps in corpus.values())
     assert passages / 2 <= slots[0] <= passages
     assert slots[0] <= draws[0] <= 1.05 * slots[0]
@@ -190,7 +191,7 @@ def test_small_costs_about_one_draw_a_passage(monkeypatch: pytest.MonkeyPatch) -
 
 @pytest.mark.slow
 def test_full_is_valid(tmp_path: Path) -> None:
-    corpus = ec.generate_embedded_corpus("full", version=1)
+    corpus = generate_embedded_corpus("full", version=1)
     assert all(len(ps) == 2000 for ps in corpus.values())
     write_corpus(tmp_path, corpus)
     assert validate_corpus(tmp_path) == []

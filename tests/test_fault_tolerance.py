@@ -16,8 +16,8 @@ from poolbench.config import RunConfig
 from poolbench.driver.pipeline import run_benchmark
 from poolbench.errors import StoreError
 from poolbench.records.events import ConceptPooled, RunEvent, RunPlanned
-from poolbench.store.artifact_store import SIDECAR_SUFFIX
 from poolbench.store.keys import layer_shard_key
+from poolbench.store.local import SIDECAR_SUFFIX
 from poolbench.store.url import open_store
 
 CONCEPTS = ("hedging", "toxicity", "contrast")
@@ -65,11 +65,12 @@ register_strategy(StrategySpec(id="X9_held_mean", code="X9", family="other", kin
 
 
 def comparable(outcome) -> dict:
-    """results.json without what differs between two runs of the same cells: date, timing, the store's path."""
+    """results.json without what differs between two runs of the same cells: date, timing, the store's path, and
+    the cluster section (which jobs ran where and which ran again)."""
     from poolbench.results.document import results_document
 
     document = results_document(outcome)
-    return {k: v for k, v in document.items() if k not in ("date", "timing", "config", "store")}
+    return {k: v for k, v in document.items() if k not in ("date", "timing", "config", "store", "cluster")}
 
 
 @pytest.mark.parametrize("group_tokens", [None, 10**6], ids=["one-concept-jobs", "one-group-job"])
@@ -114,8 +115,11 @@ def test_worker_killed_mid_task_is_restarted_and_the_run_matches_an_undisturbed_
     calls = [int(line) for line in (hook / "calls").read_text().split()]
     assert calls[:2] == [killed[0], killed[0]]  # one batch pooled, then killed inside the second
     restarted = set(calls[2:])
-    assert len(restarted) == 1 and killed[0] not in restarted  # a new process, the restarted actor, went on
+    assert len(restarted) == 1 and killed[0] not in restarted  # a new process, the replacement actor, went on
     assert sorted(pooled_events) == sorted(CONCEPTS)  # each concept pooled once: the killed task was retried
+    [retry] = stormy.cluster.retried  # the killed job, reported as run again on a replacement worker
+    assert retry.how == "died" and retry.attempt == 2 and retry.job.startswith("pool ") and retry.on == retry.node
+    assert calm.cluster.retried == () and stormy.cluster.lost_nodes == ()
     assert stormy.computed == calm.computed == {"pooled": len(CONCEPTS), "d1": len(CONCEPTS), "pooled_skipped": 0,
                                                 "d1_skipped": 0}
     assert stormy.records == calm.records

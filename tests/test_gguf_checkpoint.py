@@ -44,6 +44,7 @@ def _logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([ids])).logits[0]
 
 
+@pytest.mark.numerics
 def test_gguf_loads_with_the_logits_of_the_model_it_was_written_from(gguf_file, source, fresh_cache):
     model, tokenizer = source
     ids = tokenizer(TEXT, add_special_tokens=False)["input_ids"]

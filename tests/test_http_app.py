@@ -19,19 +19,14 @@ from s3_server import free_port
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from poolbench.corpus.passage import Passage
-from poolbench.http.app import (
-    ServiceConfigError,
-    ServiceSettings,
-    check_scorers,
-    scorers_of_run,
-    start_serve,
-    vectors_of_run,
-)
+from poolbench.http.app import start_serve
+from poolbench.http.service_errors import ServiceConfigError
+from poolbench.http.settings import ServiceSettings, check_scorers, scorers_of_run, vectors_of_run
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.prober.d1 import evaluate_d1
 from poolbench.scorer.artifacts import ensure_scorer, scorer_record
 from poolbench.scorer.finetune import ScorerConfig
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import serve_load  # bench/ holds scripts, not a package
@@ -358,14 +353,10 @@ def test_openapi_states_every_limit(service):
 def test_generate_requests_batched_together_answer_as_each_alone(layered_llama_dir, monkeypatch, greedy):
     """What a Serve batch of /generate requests runs: requests with different vectors, layers and alphas share one
     engine call (one generate_rows), and each gets exactly the texts it gets alone; a bad request fails alone."""
-    from poolbench.http.app import (
-        GenerateRequest,
-        ModelCache,
-        RequestError,
-        SteeringEngines,
-        VectorCache,
-        generate_many,
-    )
+    from poolbench.http.handlers import generate_many
+    from poolbench.http.model_caches import ModelCache, SteeringEngines, VectorCache
+    from poolbench.http.schemas import GenerateRequest
+    from poolbench.http.service_errors import RequestError
     from poolbench.steerer.transformers_backend import TransformersBackend
 
     settings = ServiceSettings(models=(str(layered_llama_dir),), device="cpu", max_new_tokens=8)

@@ -9,15 +9,10 @@ import sys
 import pytest
 from fastapi.testclient import TestClient
 
-from poolbench.http.app import (
-    ServiceConfigError,
-    ServiceSettings,
-    build_api,
-    check_exposure,
-    is_loopback_host,
-    start_serve,
-    with_token,
-)
+from poolbench.http.access import check_exposure, is_loopback_host, with_token
+from poolbench.http.app import build_api, start_serve
+from poolbench.http.service_errors import ServiceConfigError
+from poolbench.http.settings import ServiceSettings
 
 TOKEN = "0123456789abcdef0123"
 

@@ -9,7 +9,7 @@ from scipy.special import expit
 from poolbench.corpus.passage import Passage
 from poolbench.prober.auroc import ProbeError
 from poolbench.prober.lexical import lexical_baseline, lexical_record
-from poolbench.prober.probes import LOGISTIC_C
+from poolbench.prober.newton_logistic import LOGISTIC_C
 
 FILLER = ["the report was filed on tuesday", "a train left the station", "the committee met at noon",
           "rain fell over the harbour", "the library opens at nine", "a clerk sorted the letters"]

@@ -11,6 +11,7 @@ import huggingface_hub.constants
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tolerances import assert_float32_close
 from transformers import (
     BertConfig,
     BertModel,
@@ -76,6 +77,7 @@ def test_loads_tiny_llama(llama_dir: Path) -> None:
     assert enc["offset_mapping"][1][0] == (0, 0) and enc["offset_mapping"][1][-1][1] == len("The café")
 
 
+@pytest.mark.numerics
 def test_lm_head_reads_a_contiguous_input_and_keeps_its_logits(llama_dir: Path) -> None:
     """transformers hands the head a strided slice of the last positions; the loaded model's head sees it
     contiguous (torch's linear on the strided view copies the weight per row) and the logits do not change."""
@@ -84,11 +86,17 @@ def test_lm_head_reads_a_contiguous_input_and_keeps_its_logits(llama_dir: Path) 
     handle = loaded.model.lm_head.register_forward_hook(lambda _m, args, _out: seen.append(args[0].is_contiguous()))
     ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]])
     with torch.no_grad():
-        full = loaded.model(input_ids=ids).logits
+        whole = loaded.model(input_ids=ids, output_hidden_states=True)
+        full, normed = whole.logits, whole.hidden_states[-1]  # the head's input: the final-normed states
         last = loaded.model(input_ids=ids, logits_to_keep=2).logits
     handle.remove()
     assert seen == [True, True]
-    torch.testing.assert_close(last, full[:, -2:], rtol=0, atol=0)
+    # The same states through the head as 12 rows or 6: kernels block rows differently on other CPUs (27% of
+    # logits differ by <= 9e-8 under ATEN_CPU_CAPABILITY=default), so not bit for bit but to the round-off of a
+    # 32-term dot product, whose terms are at most ‖h‖·‖w‖ (Cauchy–Schwarz).
+    head = loaded.model.lm_head.weight
+    scale = float(normed.norm(dim=-1).max() * head.norm(dim=-1).max())
+    assert_float32_close(last.numpy(), full[:, -2:].numpy(), terms=head.shape[1], scale=scale)
     bare = torch.nn.Linear(4, 3)
     loading.contiguous_head_input(SimpleNamespace(get_output_embeddings=lambda: bare))  # type: ignore[arg-type]
     strided = torch.arange(24.0).reshape(2, 3, 4)[:, -1:, :]

@@ -27,8 +27,9 @@ from poolbench.pooler.registry import get_strategy, resolve_strategies
 from poolbench.pooler.worker import ExtractorWorker
 from poolbench.prober.concept_probe import gather_layer_d1, probe_layer_task, probe_pooled_table
 from poolbench.records.d1 import d1_records_from_table
-from poolbench.store.artifact_store import ArtifactStore, LocalStore
+from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import layer_shard_key
+from poolbench.store.local import LocalStore
 
 
 def constructed_table(values: np.ndarray, layers: list[int], strategies: list[str],

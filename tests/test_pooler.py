@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tolerances import assert_pooled_close as assert_pooled
 
 from poolbench.errors import StrategyError
 from poolbench.extractor.activations import ActivationBatch
@@ -15,6 +16,8 @@ from poolbench.pooler.spec import StrategySpec, TokenContext
 from poolbench.pooler.windows import window_spec
 
 PAD = 99.0
+
+pytestmark = pytest.mark.numerics
 
 
 def make_batch(passages: list[list[list[float]]], length: int, left: list[bool]) -> ActivationBatch:
@@ -67,7 +70,7 @@ EXPECTED = {
 def test_each_builtin_strategy_matches_hand_computed_vectors(strategy_id: str) -> None:
     pooled = pool_tokens(TINY, [get_strategy(strategy_id)])
     assert pooled.vectors.shape == (1, 1, 2, 2)
-    np.testing.assert_allclose(pooled.vectors[0, 0], EXPECTED[strategy_id], rtol=0, atol=1e-6)
+    assert_pooled(pooled.vectors[0, 0], EXPECTED[strategy_id], TINY)
     assert not pooled.fallback.any()
 
 
@@ -76,7 +79,7 @@ def test_all_strategies_in_one_call_match_one_at_a_time() -> None:
     assert pooled.strategy_ids == list(EXPECTED)
     assert pooled.vectors.dtype == np.float32
     for s, strategy_id in enumerate(pooled.strategy_ids):
-        np.testing.assert_allclose(pooled.vectors[0, s], EXPECTED[strategy_id], atol=1e-6)
+        assert_pooled(pooled.vectors[0, s], EXPECTED[strategy_id], TINY, strategy_id)
 
 
 @pytest.mark.parametrize(("code", "k", "expected"), [
@@ -91,14 +94,14 @@ def test_all_strategies_in_one_call_match_one_at_a_time() -> None:
 ])
 def test_window_sizes_by_hand(code: str, k: int, expected: list[list[float]]) -> None:
     pooled = pool_tokens(TINY, [window_spec(code, k=k)])
-    np.testing.assert_allclose(pooled.vectors[0, 0], expected, atol=1e-6)
+    assert_pooled(pooled.vectors[0, 0], expected, TINY)
 
 
 def test_w3_middle_of_odd_and_even_lengths_with_odd_k() -> None:
     batch = make_batch([[[v] for v in range(7)], [[v] for v in range(10, 16)]], length=8, left=[True, False])
     pooled = pool_tokens(batch, [window_spec("W3", k=3)])
     # 7 tokens: start (7-3)//2 = 2 -> 2,3,4; 6 tokens: start (6-3)//2 = 1 -> 11,12,13
-    np.testing.assert_allclose(pooled.vectors[0, 0, :, 0], [3.0, 12.0], atol=1e-6)
+    assert_pooled(pooled.vectors[0, 0, :, 0], [3.0, 12.0], batch)
 
 
 def test_w4_chunks_with_10_and_5_tokens() -> None:
@@ -107,9 +110,9 @@ def test_w4_chunks_with_10_and_5_tokens() -> None:
     pooled = pool_tokens(batch, [get_strategy("W4"), window_spec("W4", n_chunks=2)])
     # 10 tokens in 4 chunks: [0,1,2] [3,4,5] [6,7] [8,9] -> means 1, 4, 6.5, 8.5 -> 5.0
     # 5 tokens in 4 chunks: [10,20] [30] [40] [50] -> means 15, 30, 40, 50 -> 33.75
-    np.testing.assert_allclose(pooled.vectors[0, 0, :, 0], [5.0, 33.75], atol=1e-6)
+    assert_pooled(pooled.vectors[0, 0, :, 0], [5.0, 33.75], batch)
     # 2 chunks: [0..4] [5..9] -> 2, 7 -> 4.5; [10,20,30] [40,50] -> 20, 45 -> 32.5
-    np.testing.assert_allclose(pooled.vectors[0, 1, :, 0], [4.5, 32.5], atol=1e-6)
+    assert_pooled(pooled.vectors[0, 1, :, 0], [4.5, 32.5], batch)
 
 
 def test_p1_p2_with_left_padding_pick_first_and_last_real_tokens() -> None:
@@ -124,7 +127,7 @@ def test_left_and_right_padding_give_identical_vectors() -> None:
     left = make_batch(tokens, length=12, left=[True, True, True])
     right = make_batch(tokens, length=12, left=[False, False, False])
     specs = resolve_strategies(list(EXPECTED))
-    np.testing.assert_allclose(pool_tokens(left, specs).vectors, pool_tokens(right, specs).vectors, atol=1e-6)
+    assert_pooled(pool_tokens(left, specs).vectors, pool_tokens(right, specs).vectors, left)
 
 
 def random_batch(seed: int, n_layers: int = 3, batch: int = 7, length: int = 20, dim: int = 6,
@@ -150,7 +153,7 @@ def test_pool_tokens_equals_pool_naive_on_random_padded_batches(seed: int) -> No
     fast, naive = pool_tokens(batch, specs), pool_naive(batch, specs)
     assert fast.strategy_ids == naive.strategy_ids
     assert fast.layers == naive.layers and fast.passage_ids == naive.passage_ids
-    np.testing.assert_allclose(fast.vectors, naive.vectors, rtol=1e-5, atol=1e-5)
+    assert_pooled(fast.vectors, naive.vectors, batch)
     np.testing.assert_array_equal(fast.fallback, naive.fallback)
 
 
@@ -158,7 +161,7 @@ def test_norm_weights_are_per_layer() -> None:
     hidden = np.array([[[[3, 4], [0, 1]]], [[[3, 4], [0, 10]]]], dtype=np.float32)  # L=2, B=1, T=2
     pooled = pool_tokens(batch_from(hidden, np.ones((1, 2), bool)), [get_strategy("A4")])
     # layer 0: norms 5, 1 -> (5*[3,4] + [0,1]) / 6; layer 1: norms 5, 10 -> (5*[3,4] + 10*[0,10]) / 15
-    np.testing.assert_allclose(pooled.vectors[:, 0, 0], [[15 / 6, 21 / 6], [1.0, 8.0]], atol=1e-6)
+    assert_pooled(pooled.vectors[:, 0, 0], [[15 / 6, 21 / 6], [1.0, 8.0]], batch_from(hidden, np.ones((1, 2), bool)))
 
 
 def _custom(strategy_id: str, weights_fn) -> StrategySpec:
@@ -179,17 +182,17 @@ def test_spec_selecting_no_token_falls_back_to_mean_and_is_flagged() -> None:
     mean = np.array([[0.5, 3.5], [1 / 3, 2 / 3]])
     expected_fallback = [[True, True], [False, False], [False, True], [True, True]]
     np.testing.assert_array_equal(pooled.fallback, expected_fallback)
-    np.testing.assert_allclose(pooled.vectors[:, 0], [mean, 2 * mean], atol=1e-6)
-    np.testing.assert_allclose(pooled.vectors[:, 2], [[[3, 4], mean[1]], [[6, 8], 2 * mean[1]]], atol=1e-6)
-    np.testing.assert_allclose(pooled.vectors[:, 3], [mean, 2 * mean], atol=1e-6)
+    assert_pooled(pooled.vectors[:, 0], [mean, 2 * mean], batch)
+    assert_pooled(pooled.vectors[:, 2], [[[3, 4], mean[1]], [[6, 8], 2 * mean[1]]], batch)
+    assert_pooled(pooled.vectors[:, 3], [mean, 2 * mean], batch)
     naive = pool_naive(batch, specs)
-    np.testing.assert_allclose(pooled.vectors, naive.vectors, atol=1e-6)
+    assert_pooled(pooled.vectors, naive.vectors, batch)
     np.testing.assert_array_equal(pooled.fallback, naive.fallback)
 
 
 def test_weights_on_padding_are_ignored() -> None:
     everywhere = _custom("X4_everywhere", lambda ctx: np.ones(ctx.attention_mask.shape))
-    np.testing.assert_allclose(pool_tokens(TINY, [everywhere]).vectors[0, 0], EXPECTED["A1_mean"], atol=1e-6)
+    assert_pooled(pool_tokens(TINY, [everywhere]).vectors[0, 0], EXPECTED["A1_mean"], TINY)
 
 
 def test_token_context_rank_ignores_padding_side() -> None:
@@ -238,7 +241,7 @@ def test_masks_with_holes_still_match_pool_naive() -> None:
     batch.attention_mask[:, 0] = True
     specs = resolve_strategies(list(EXPECTED))
     fast, naive = pool_tokens(batch, specs), pool_naive(batch, specs)
-    np.testing.assert_allclose(fast.vectors, naive.vectors, rtol=1e-5, atol=1e-5)
+    assert_pooled(fast.vectors, naive.vectors, batch)
 
 
 # p0's first token [30, 40] has norm 50 against others' norms 2, 10, 5 (median 5): ratio 10, a sink.
@@ -269,8 +272,8 @@ SINK_EXPECTED = {  # mode -> strategy -> [p0, p1]
 def test_uniform_aggregation_with_and_without_the_sink_by_hand(mode: str, strategy_id: str) -> None:
     spec = get_strategy(strategy_id).with_sink_mode(mode)
     pooled = pool_tokens(SINK_BATCH, [spec])
-    np.testing.assert_allclose(pooled.vectors[0, 0], SINK_EXPECTED[mode][strategy_id], rtol=0, atol=1e-5)
-    np.testing.assert_allclose(pool_naive(SINK_BATCH, [spec]).vectors, pooled.vectors, atol=1e-5)
+    assert_pooled(pooled.vectors[0, 0], SINK_EXPECTED[mode][strategy_id], SINK_BATCH)
+    assert_pooled(pool_naive(SINK_BATCH, [spec]).vectors, pooled.vectors, SINK_BATCH)
     assert not pooled.fallback.any()
 
 
@@ -278,8 +281,7 @@ def test_default_of_a1_to_a4_is_auto_and_the_fingerprint_says_so() -> None:
     for strategy_id in SINK_EXPECTED["auto"]:
         spec = get_strategy(strategy_id)
         assert spec.sink_mode == "auto" and spec.fingerprint()["params"] == {"sink": "auto"}
-        np.testing.assert_allclose(pool_tokens(SINK_BATCH, [spec]).vectors[0, 0],
-                                   SINK_EXPECTED["auto"][strategy_id], atol=1e-5)
+        assert_pooled(pool_tokens(SINK_BATCH, [spec]).vectors[0, 0], SINK_EXPECTED["auto"][strategy_id], SINK_BATCH)
     assert get_strategy("P2_first").sink_mode == "keep" and get_strategy("W1").fingerprint()["params"] == {"k": 8}
     with pytest.raises(StrategyError, match="param 'sink' must be one of auto, skip, keep, got 'drop'"):
         get_strategy("A1").with_sink_mode("drop")
@@ -297,22 +299,22 @@ def test_sink_is_decided_per_layer_and_s1_drops_it_too() -> None:
     specs = [get_strategy("A1"), get_strategy("S1_attention")]
     pooled = pool_tokens(batch, specs)
     kept = pool_tokens(batch, [get_strategy("S1_attention").with_sink_mode("keep")])
-    np.testing.assert_allclose(pooled.vectors[:, 0, 0], [[-1 / 3, 10 / 3], [2 / 4, 14 / 4]], atol=1e-5)
+    assert_pooled(pooled.vectors[:, 0, 0], [[-1 / 3, 10 / 3], [2 / 4, 14 / 4]], batch)
     # S1 auto at layer 0: p0's sink left out, the rest weighted equally; layer 1 keeps it (0.7 on [3, 4])
-    np.testing.assert_allclose(pooled.vectors[:, 1, 0], [[-1 / 3, 10 / 3], [2.0, 3.8]], atol=1e-5)
-    np.testing.assert_allclose(kept.vectors[0, 0, 0], [20.9, 29.0], atol=1e-5)
+    assert_pooled(pooled.vectors[:, 1, 0], [[-1 / 3, 10 / 3], [2.0, 3.8]], batch)
+    assert_pooled(kept.vectors[0, 0, 0], [20.9, 29.0], batch)
     # p1 has no sink at either layer: 0.7*[0,-1] + 0.1*[4,3] + 0.2*[-3,0]
-    np.testing.assert_allclose(pooled.vectors[:, 1, 1], [[-0.2, -0.4]] * 2, atol=1e-5)
-    np.testing.assert_allclose(pool_naive(batch, specs).vectors, pooled.vectors, atol=1e-5)
+    assert_pooled(pooled.vectors[:, 1, 1], [[-0.2, -0.4]] * 2, batch)
+    assert_pooled(pool_naive(batch, specs).vectors, pooled.vectors, batch)
 
 
 def test_auto_needs_two_other_tokens_and_skip_keeps_a_lone_token() -> None:
     # p0: two tokens, the first 50x the second: too few others to call it a sink; p1: one token
     batch = make_batch([[[30, 40], [0, 1]], [[7, 7]]], length=2, left=[False, False])
     auto = pool_tokens(batch, [get_strategy("A1")])
-    np.testing.assert_allclose(auto.vectors[0, 0], [[15, 20.5], [7, 7]], atol=1e-6)
+    assert_pooled(auto.vectors[0, 0], [[15, 20.5], [7, 7]], batch)
     skip = pool_tokens(batch, [get_strategy("A1").with_sink_mode("skip")])
-    np.testing.assert_allclose(skip.vectors[0, 0], [[0, 1], [7, 7]], atol=1e-6)
+    assert_pooled(skip.vectors[0, 0], [[0, 1], [7, 7]], batch)
     assert not skip.fallback.any()
 
 
@@ -332,6 +334,7 @@ def test_uniform_causal_inflow_by_hand_on_either_padding_side() -> None:
     h4 = 1 + 1 / 2 + 1 / 3 + 1 / 4
     expected = [h4 / 4, (h4 - 1) / 4, (h4 - 1.5) / 4, (h4 - 1.5 - 1 / 3) / 4]  # 0.521, 0.271, 0.146, 0.0625
     out = uniform_causal_inflow(mask, "all")
+    assert out.dtype == np.float64  # sums of <= 4 fractions <= 1 in float64: round-off ~1e-15, far inside 1e-12
     np.testing.assert_allclose(out[0], [*expected, 0], atol=1e-12)
     np.testing.assert_allclose(out[1], [0, *expected], atol=1e-12)
     np.testing.assert_allclose(out.sum(axis=1), [1, 1], atol=1e-12)  # a distribution, as S1's inflow is
@@ -355,7 +358,7 @@ def test_s1_drops_an_attention_sink_whose_norm_has_collapsed(extra: float, dropp
     assert bool(attention_sink_rows(inflow, mask, "all")[0, 0]) is dropped
     pooled = pool_tokens(batch, [get_strategy("S1_attention")])
     weight_first = 0.0 if dropped else inflow[0, 0] / inflow.sum()
-    np.testing.assert_allclose(pooled.vectors[0, 0, 0], [1 - weight_first, weight_first], atol=1e-5)
+    assert_pooled(pooled.vectors[0, 0, 0], [1 - weight_first, weight_first], batch)
     assert not pool_tokens(batch, [get_strategy("A1")]).fallback.any()
-    np.testing.assert_allclose(pool_tokens(batch, [get_strategy("A1")]).vectors[0, 0, 0], [0.99, 0.01], atol=1e-6)
-    np.testing.assert_allclose(pool_naive(batch, [get_strategy("S1_attention")]).vectors, pooled.vectors, atol=1e-5)
+    assert_pooled(pool_tokens(batch, [get_strategy("A1")]).vectors[0, 0, 0], [0.99, 0.01], batch)
+    assert_pooled(pool_naive(batch, [get_strategy("S1_attention")]).vectors, pooled.vectors, batch)

@@ -13,6 +13,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from statsmodels.stats.contingency_tables import mcnemar
 
+from poolbench.prober.newton_logistic import LOGISTIC_C
 from poolbench.prober.power import (
     clustered_mcnemar_pvalues,
     compare_configurations,
@@ -24,7 +25,6 @@ from poolbench.prober.power import (
     recommended_train_size,
     simulate_power,
 )
-from poolbench.prober.probes import LOGISTIC_C
 
 
 def test_mcnemar_table_and_p_match_statsmodels():

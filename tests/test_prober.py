@@ -16,8 +16,8 @@ from sklearn.preprocessing import StandardScaler
 from poolbench.errors import PoolBenchError
 from poolbench.prober.auroc import auroc, auroc_batch, bootstrap_auroc_ci, group_bootstrap_weights
 from poolbench.prober.d1 import ProbeError, cv_auroc, cv_splits, evaluate_d1
-from poolbench.prober.newton_logistic import NewtonLogisticProbe
-from poolbench.prober.probes import LOGISTIC_C, DiffMeanProbe, make_probe
+from poolbench.prober.newton_logistic import LOGISTIC_C, NewtonLogisticProbe
+from poolbench.prober.probes import DiffMeanProbe, make_probe
 
 
 def paired_data(n_pairs: int, d: int, shift: float, seed: int, prefix: str = "p"):

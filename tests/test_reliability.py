@@ -19,9 +19,9 @@ from sklearn.preprocessing import StandardScaler
 from poolbench.prober.d1 import cv_auroc, cv_splits, evaluate_d1
 from poolbench.prober.fast_folds import stratified_group_splits
 from poolbench.prober.mdl import block_ends, online_codelength, platt_scaling
-from poolbench.prober.newton_logistic import NewtonLogisticProbe
+from poolbench.prober.newton_logistic import LOGISTIC_C, NewtonLogisticProbe
 from poolbench.prober.power import clustered_mcnemar_pvalues, compare_configurations
-from poolbench.prober.probes import LOGISTIC_C, make_logistic_probe
+from poolbench.prober.probes import make_logistic_probe
 from poolbench.prober.reliability import across_cells, cell_reliability
 from poolbench.prober.seed_spread import fold_auroc, seed_spread
 from poolbench.prober.selectivity import control_labels, control_na_reason, selectivity, unit_hash

@@ -18,18 +18,11 @@ from poolbench.errors import PoolBenchError
 from poolbench.prober.reliability import across_cells
 from poolbench.records.d1 import D1CellRecord
 from poolbench.results.leaderboard import build_leaderboard
-from poolbench.results.report import (
-    d2_summary,
-    d2_table,
-    d3_table,
-    group_letters,
-    load_runs,
-    mean_t_interval,
-    render_report,
-    tie_groups,
-    write_report,
-)
-from poolbench.store.artifact_store import LocalStore
+from poolbench.results.ranking import group_letters, mean_t_interval, tie_groups
+from poolbench.results.report import render_report, write_report
+from poolbench.results.report_runs import load_runs
+from poolbench.results.report_tables import d2_summary, d2_table, d3_table
+from poolbench.store.local import LocalStore
 
 CONCEPTS = ("hedging", "toxicity", "planning")
 STRATEGIES = ("A1_mean", "P1_last", "W2_last_k")

@@ -26,8 +26,8 @@ from poolbench.prober.auroc import ProbeError
 from poolbench.prober.concept_probe import gather_layer_d1, probe_layer_task, probe_pooled_table
 from poolbench.prober.d1 import cv_splits
 from poolbench.prober.supervised import HeadSelectionCell, evaluate_d1_supervised, n_heads_kept
-from poolbench.store.artifact_store import LocalStore
 from poolbench.store.keys import layer_shard_key
+from poolbench.store.local import LocalStore
 
 N_TRAIN, N_TEST, N_FOLDS = 200, 80, 5
 

@@ -17,7 +17,7 @@ from poolbench.scorer import artifacts as scorer_artifacts
 from poolbench.scorer.artifacts import check_validity, ensure_scorer, load_stored_scorer, scorer_key, scorer_record
 from poolbench.scorer.errors import ScorerError, WeakScorerError
 from poolbench.scorer.finetune import ScorerConfig
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 POS = ["wonderful", "excellent", "superb", "delightful"]
 NEG = ["dreadful", "awful", "terrible", "boring"]

@@ -12,7 +12,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.random_projection import GaussianRandomProjection
 
-from poolbench.prober.probes import LOGISTIC_C
+from poolbench.prober.newton_logistic import LOGISTIC_C
 from poolbench.prober.seed_spread import seed_spread
 from poolbench.prober.significance import friedman_nemenyi
 

@@ -26,7 +26,7 @@ from poolbench.steerer.prompts import load_prompts
 from poolbench.steerer.run import SteeringConfig, prompt_seeds, run_steering
 from poolbench.steerer.sampling import RowSeededSampler
 from poolbench.steerer.worker import SteeringWorker
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 WORDS = ("the cat sat on a mat and the dog ran to the park while birds sang in trees near the river "
          "idiot idiot idiot")

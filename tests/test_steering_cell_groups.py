@@ -5,6 +5,7 @@ grouping of cells per engine and call."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from poolbench.steerer.generation_rows import GenerationRow, call_layers, distin
 from poolbench.steerer.plan import SteeringCell, cell_groups, cells_per_call, rows_per_cell
 from poolbench.steerer.run import CellInputs, SteeringConfig, run_steering, run_steering_cells
 from poolbench.steerer.worker import SteeringWorker
-from poolbench.store.artifact_store import LocalStore
+from poolbench.store.local import LocalStore
 
 PROMPTS = ["the cat sat on", "a dog", "birds sang in the trees near the river", "near the park the"]
 TEXTS = ["the cat sat on a mat", "a dog ran to the park", "birds sang in trees", "the river ran near the park"]
@@ -244,7 +245,8 @@ def test_progress_names_the_calls_first_cell_and_how_many_cells_it_holds(worker,
     events: list = []
     monkeypatch.setattr(steering_stage, "poll_actors", lambda actors: seen[:1])
     steering_stage.poll_steering([], events.append)
-    assert events == [CellProgress("imdb_sentiment", "A1_mean", 1, 12, 24, seen[0]["seconds"], cells=2)]
+    assert events == [CellProgress("imdb_sentiment", "A1_mean", 1, 12, 24, seen[0]["seconds"], cells=2,
+                                   worker_pid=os.getpid())]  # the service ran in this process
 
 
 def test_the_actor_rebuilds_the_drivers_config_with_its_batching_settings(worker, tmp_path, monkeypatch):

@@ -15,8 +15,9 @@ from pydantic import BaseModel
 from s3_server import ACCESS_KEY, REGION, SECRET_KEY
 
 from poolbench.errors import PoolBenchError, StoreError
-from poolbench.store.artifact_store import SIDECAR_SUFFIX, ArtifactStore, LocalStore
+from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key, canonical_json, hash_directory, sha256_file
+from poolbench.store.local import SIDECAR_SUFFIX, LocalStore
 from poolbench.store.url import open_store
 
 KEY = "pooled/0123abcd"

@@ -68,7 +68,7 @@ def test_store_verify_command_reports_then_quarantines(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from poolbench.store.artifact_store import LocalStore
+    from poolbench.store.local import LocalStore
 
     store = LocalStore(tmp_path / "store")
     store.put_bytes("pooled/good", b"g" * 64)

@@ -104,7 +104,7 @@ def test_demo_outcomes_on_a_tiny_model(tiny_model: Path, tmp_path: Path, monkeyp
     a rerun reads both arms back from the store instead of fine-tuning again."""
     import dataclasses
 
-    from poolbench.store.artifact_store import LocalStore
+    from poolbench.store.local import LocalStore
     from poolbench.valence import run as valence_run
     from poolbench.valence.run import TINY_DEMO, run_demo
 
@@ -180,7 +180,7 @@ def test_cli_bias_same_checkpoint_is_zero_and_bad_lists_are_named(tiny_model: Pa
 def test_demo_outcomes_on_smollm2(tmp_path: Path):
     """The default demo (`bias --demo`, SmolLM2): what README reports. Chair is the top riser, but ΔVar does not
     grow (its CI covers 0, as the control's does) — the slides' ΔVar > 0 is not reproduced."""
-    from poolbench.store.artifact_store import LocalStore
+    from poolbench.store.local import LocalStore
     from poolbench.valence.bias import mover_rank
     from poolbench.valence.run import demo_settings, run_demo
 

@@ -206,6 +206,7 @@ def assert_each_row_got(backend: VLLMBackend, deltas) -> None:
     for i, delta in enumerate(deltas):
         seen = torch.stack(backend.llm.seen[i]).numpy()
         want = np.zeros(D, np.float32) if delta is None else delta
+        # the row's delta, cast once to float32 (<= eps32/2 relative, far inside rtol 1e-6); atol for zeros
         np.testing.assert_allclose(seen, np.broadcast_to(want, seen.shape), rtol=1e-6, atol=1e-6)
 
 
@@ -342,7 +343,8 @@ def test_missing_vllm_is_one_line_before_any_work(tmp_path, monkeypatch):
     from poolbench.cluster.launcher import cluster_up
     from poolbench.config import RunConfig
     from poolbench.driver.pipeline import run_benchmark
-    from poolbench.http.app import ServiceSettings, build_api
+    from poolbench.http.app import build_api
+    from poolbench.http.settings import ServiceSettings
     from poolbench.steerer.single_cell import steer_one_cell
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # find_spec("vllm") is None: not installed, here or not

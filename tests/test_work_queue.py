@@ -15,6 +15,7 @@ from ray.exceptions import RayActorError, TaskCancelledError
 
 from poolbench.driver.work_queue import ActorJob, TaskJob, WorkQueue, WorkQueueError
 from poolbench.errors import CorpusError
+from poolbench.records.events import JobRetried
 
 
 class Sleeper:
@@ -33,6 +34,16 @@ class Sleeper:
 
     def ping(self) -> str:
         return self.name
+
+    def die_once(self, job: str, marker: str) -> tuple[str, str]:
+        """The first call anywhere (no marker yet) kills its own process mid-job; later calls do the job."""
+        if not os.path.exists(marker):
+            Path(marker).touch()
+            os._exit(1)
+        return job, self.name
+
+    def die(self, job: str) -> None:
+        os._exit(1)
 
 
 # Ray workers cannot import this test module: ship its tiny actors and tasks by value.
@@ -54,6 +65,13 @@ def double(value: int) -> int:
 
 def broken(value: int) -> int:
     raise ValueError(f"cannot take {value}\nsecond line of detail")
+
+
+def die_once_task(value: int, marker: str) -> int:
+    if not os.path.exists(marker):
+        Path(marker).touch()
+        os._exit(1)
+    return 2 * value
 
 
 def sleeping(seconds: float) -> float:
@@ -197,3 +215,77 @@ def test_on_wait_runs_while_nothing_completes_and_never_without_a_wait(local_ray
         events.clear()
         assert list(queue.run([work("plain")])) == [("plain", ("plain", "a"))]
         assert events == [("wait", None, 1)]
+
+
+def test_a_job_whose_worker_died_runs_again_on_a_surviving_actor(local_ray, tmp_path):
+    """`a` dies inside j0 (its process exits): j0 goes back to the queue and runs on `b`, reported once; Ray starts
+    nothing in `a`'s place (max_restarts=0) and neither does the queue, since `b` survives."""
+    handles = actors("a", "b")
+    assert ray.get([h.ping.remote() for h in handles]) == ["a", "b"]
+    marker = str(tmp_path / "died")
+    retried: list[JobRetried] = []
+    jobs = [ActorJob("j0", lambda actor: actor.die_once.remote("j0", marker)), work("j1", tmp_path / "j1-gate")]
+    (tmp_path / "j1-gate").touch()
+    with WorkQueue(handles, on_retry=retried.append) as queue:
+        done = dict(queue.run(jobs))
+        assert len(queue.actors) == 1
+    assert done == {"j0": ("j0", "b"), "j1": ("j1", "b")}
+    [retry] = retried
+    assert (retry.job, retry.attempt, retry.how) == ("j0", 2, "died")
+    [node] = ray.nodes()
+    assert retry.node == retry.on == f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"  # the one node
+    assert "j0 failed: its worker died" in retry.cause
+
+
+def test_when_every_actor_is_lost_a_replacement_takes_the_job(local_ray, tmp_path):
+    handles = actors("first")
+    marker = str(tmp_path / "died")
+    spawn = lambda: actors("replacement")[0]  # noqa: E731
+    with WorkQueue(handles, spawn=spawn, needs={"CPU": 0.5}) as queue:
+        done = list(queue.run([ActorJob("j0", lambda actor: actor.die_once.remote("j0", marker)), work("j1")]))
+    assert done == [("j0", ("j0", "replacement")), ("j1", ("j1", "replacement"))]
+
+
+def test_a_job_that_kills_every_worker_stops_after_max_attempts_in_one_line(local_ray):
+    spawned: list = []
+
+    def spawn():
+        spawned.extend(actors(f"r{len(spawned)}"))
+        return spawned[-1]
+
+    with pytest.raises(WorkQueueError) as raised, WorkQueue(actors("a"), spawn=spawn, max_attempts=3) as queue:
+        list(queue.run([ActorJob("poison", lambda actor: actor.die.remote("poison"))]))
+    message = str(raised.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith("poison failed: its worker died") and "lost 3 times: giving up" in message
+    assert len(spawned) == 2  # attempts 2 and 3 ran on replacements; no fourth was started
+
+
+def test_no_node_left_that_holds_a_replacement_is_one_line(local_ray, tmp_path):
+    """The stage's actors need a GPU; the only node has none once its one actor is lost: the run stops, saying so,
+    instead of waiting forever for a replacement Ray cannot place."""
+    marker = str(tmp_path / "died")
+    with pytest.raises(WorkQueueError) as raised, WorkQueue(actors("a"), spawn=lambda: actors("never")[0],
+                                                            needs={"GPU": 1, "CPU": 1}) as queue:
+        list(queue.run([ActorJob("pool code_docs", lambda actor: actor.die_once.remote("x", marker))]))
+    message = str(raised.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith("no node with 1 GPU, 1 CPU is left in the Ray cluster") and "resume" in message
+
+
+def test_a_task_whose_worker_died_is_submitted_again(local_ray, tmp_path):
+    task = ray.remote(num_cpus=0, max_retries=0)(die_once_task)
+    marker = str(tmp_path / "died")
+    retried: list[JobRetried] = []
+    with WorkQueue(on_retry=retried.append) as queue:
+        assert list(queue.run([TaskJob("probe x", lambda: task.remote(21, marker))])) == [("probe x", 42)]
+    assert [(r.job, r.attempt, r.on) for r in retried] == [("probe x", 2, "")]
+
+
+def test_tasks_no_alive_node_can_run_stop_the_run_in_one_line(local_ray):
+    """A probe task waits for a resource no node has (a GPU here, a CPU once every CPU node is lost): one line,
+    not a wait without end."""
+    task = ray.remote(num_gpus=1)(double)
+    with pytest.raises(WorkQueueError) as raised, WorkQueue(task_needs={"GPU": 1}) as queue:
+        list(queue.run([TaskJob("probe x", lambda: task.remote(1))], on_wait=lambda: None, wait_s=0.2))
+    assert str(raised.value).startswith("no node with 1 GPU is left in the Ray cluster")

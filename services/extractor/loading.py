@@ -32,8 +32,9 @@ from transformers.models.auto.modeling_auto import (
     MODEL_FOR_MASKED_LM_MAPPING_NAMES,
 )
 
-from poolbench.defaults import EMBEDDED, TINY
+from poolbench.defaults import EMBEDDED, EMBEDDED_GEMMA, TINY
 from poolbench.errors import ModelLoadError
+from poolbench.extractor.embedded_gemma import embedded_gemma_gguf
 from poolbench.extractor.gguf_checkpoint import GGUF_SUFFIX, ensure_converted, find_gguf, is_converted
 from poolbench.store.keys import cached_sha256
 
@@ -175,14 +176,23 @@ def model_ready(model: str) -> bool:
         from poolbench.extractor.tiny_model import tiny_model_ready
 
         return tiny_model_ready()
-    gguf = embedded_gguf() if model == EMBEDDED else find_gguf(Path(model).expanduser())
+    gguf = named_gguf(model) or find_gguf(Path(model).expanduser())
     return gguf is None or is_converted(gguf)
+
+
+def named_gguf(model: str) -> Path | None:
+    """The GGUF behind a built-in name (`embedded`: SmolLM2, `embedded-gemma`: Gemma-3-270M); None otherwise."""
+    if model == EMBEDDED:
+        return embedded_gguf()
+    if model == EMBEDDED_GEMMA:
+        return embedded_gemma_gguf()
+    return None
 
 
 def local_model_dir(model: str) -> Path | None:
     """The local HF folder `model` loads from, trained or converted first where needed; None for a hub id."""
-    if model == EMBEDDED:
-        return ensure_converted(embedded_gguf())
+    if (named := named_gguf(model)) is not None:
+        return ensure_converted(named)
     if model == TINY:
         from poolbench.extractor.tiny_model import ensure_tiny_model
 
@@ -241,8 +251,7 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, model: str) -> PreTrai
 
 def check_model_reference(model: str, model_args: dict | None = None) -> None:
     """Fail fast, before any worker starts, on a path that does not exist or a hub id that cannot be reached."""
-    if model == EMBEDDED:
-        embedded_gguf()
+    if named_gguf(model) is not None:
         return
     if model == TINY or Path(model).expanduser().is_dir() or find_gguf(Path(model).expanduser()) is not None:
         return

@@ -255,7 +255,8 @@ def _train_into(
 def tiny_training_texts() -> list[str]:
     """What the tiny model learns English from: the embedded corpus's train split (never its test split),
     more unlabelled passages from the same concept generators, and everyday templated prose."""
-    from poolbench.corpus.embedded import generate_embedded_corpus, generate_lm_text
+    from poolbench.corpus.corpus_versions import generate_embedded_corpus
+    from poolbench.corpus.embedded import generate_lm_text
 
     corpus = generate_embedded_corpus(size="small", seed=0, version=1)
     train = [p.text for passages in corpus.values() for p in passages if p.split == "train"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from poolbench.corpus.passage import Passage
-from poolbench.extractor.extract import PaddedBatch, TokenizedPassages
+from poolbench.extractor.padded_batches import PaddedBatch, TokenizedPassages
 from poolbench.pooler.concept_context import ConceptContext
 from poolbench.pooler.parses import ParseIndex, load_nlp, parse_table, rows_parse_extras
 

@@ -17,14 +17,9 @@ import torch
 
 from poolbench.corpus.passage import Passage
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.extractor.extract import (
-    ExtractionStats,
-    PaddedBatch,
-    capture_chunks,
-    pad_batches,
-    tokenize_passages,
-)
+from poolbench.extractor.capture import ExtractionStats, capture_chunks
 from poolbench.extractor.loading import LoadedModel
+from poolbench.extractor.padded_batches import PaddedBatch, pad_batches, tokenize_passages
 from poolbench.pooler.chunk_extras import ChunkExtras, concept_text
 from poolbench.pooler.device_pool import DevicePooler, HostPooler, prepare_chunk_pooler
 from poolbench.pooler.iti import FRACTION_META, HEADS_META, ITIHeadTableBuilder

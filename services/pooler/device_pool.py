@@ -21,7 +21,8 @@ import torch
 
 from poolbench.errors import StrategyError
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.extractor.extract import HostCapture, LayerExtras, PaddedBatch
+from poolbench.extractor.layer_sinks import HostCapture, LayerExtras
+from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.aggregation import norm_weights
 from poolbench.pooler.iti import head_vectors
 from poolbench.pooler.pool import PooledBatch, check_pool_inputs, checked_weights, pool_tokens

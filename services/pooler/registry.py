@@ -16,6 +16,7 @@ from poolbench.pooler.spec import StrategySpec
 ENTRY_POINT_GROUP = "poolbench.strategies"
 
 _BY_ID: dict[str, StrategySpec] = {}
+_FROM_MODULE: dict[str, tuple[str, ...]] = {}  # user module name -> the strategy ids its import registered
 _BY_CODE: dict[str, StrategySpec] = {}  # non-reference spec per code, so "A1" resolves to "A1_mean"
 
 
@@ -80,6 +81,9 @@ def load_strategy_module(path: str | Path) -> list[StrategySpec]:
         raise StrategyError(f"{path}: strategy module must be an existing .py file")
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     module_name = f"poolbench_user_strategies.{path.stem}_{digest}"
+    registered = _FROM_MODULE.get(module_name)
+    if registered is not None and all(strategy_id in _BY_ID for strategy_id in registered):
+        return []  # loaded already and still registered (a run over several models loads plugins per model)
     before = set(_BY_ID)
     try:
         module_spec = importlib.util.spec_from_file_location(module_name, path)
@@ -94,7 +98,9 @@ def load_strategy_module(path: str | Path) -> list[StrategySpec]:
             unregister_strategy(strategy_id)
         message = str(exc).splitlines()[0] if str(exc) else ""
         raise StrategyError(f"{path}: cannot load strategy module: {type(exc).__name__}: {message}") from exc
-    return [spec for strategy_id, spec in _BY_ID.items() if strategy_id not in before]
+    added = [spec for strategy_id, spec in _BY_ID.items() if strategy_id not in before]
+    _FROM_MODULE[module_name] = tuple(spec.id for spec in added)
+    return added
 
 
 def load_entry_point_strategies() -> list[StrategySpec]:

@@ -21,8 +21,8 @@ from poolbench.corpus.passage import Passage
 from poolbench.errors import PoolBenchError
 from poolbench.extractor.activation_dump import activation_dump_table
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.extractor.extract import PaddedBatch
 from poolbench.extractor.loading import load_model
+from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, strategy_needs
 from poolbench.pooler.iti import head_table_key
 from poolbench.pooler.parse_task import concept_parses

@@ -15,7 +15,7 @@ from sklearn.linear_model import LogisticRegression
 
 from poolbench.corpus.passage import Passage
 from poolbench.prober.auroc import AUROC_CI_METHOD, ProbeError, auroc, auroc_ci
-from poolbench.prober.probes import LOGISTIC_C
+from poolbench.prober.newton_logistic import LOGISTIC_C
 from poolbench.records.lexical import LexicalBaselineRecord
 
 FEATURES = "TF-IDF of lowercased unigrams (scikit-learn defaults: l2 norm, smoothed idf), vocabulary from train"

@@ -15,8 +15,8 @@ from scipy.special import expit
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from poolbench.prober.auroc import ProbeError
-from poolbench.prober.probes import LOGISTIC_C
 
+LOGISTIC_C = 1.0  # inverse L2 strength of the one logistic probe (D1 and every reliability statistic)
 _ARMIJO = 1e-4
 
 

@@ -12,6 +12,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from poolbench.prober.auroc import ProbeError
+from poolbench.prober.newton_logistic import LOGISTIC_C, NewtonLogisticProbe
 
 PROBE_NAMES = ("logistic", "diffmean")
 
@@ -58,16 +59,11 @@ class DiffMeanProbe(ClassifierMixin, BaseEstimator):
         return self.classes_[(self.decision_function(X) > 0).astype(int)]
 
 
-LOGISTIC_C = 1.0  # inverse L2 strength of the one logistic probe (D1 and every reliability statistic)
-
-
 def make_logistic_probe(seed: int) -> BaseEstimator:
     """Standardise, then L2 logistic at LOGISTIC_C, solved to its optimum by Newton steps (seed-free: convex).
 
     lbfgs at tol 1e-4 stopped up to 0.003 AUROC short of the optimum that the reliability statistics reach.
     """
-    from poolbench.prober.newton_logistic import NewtonLogisticProbe  # imported here: it reads LOGISTIC_C
-
     return NewtonLogisticProbe(C=LOGISTIC_C)
 
 

@@ -6,10 +6,12 @@ Scorers and pooled tables travel as store keys, never as pickled models; the dri
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 
 import pyarrow as pa
 import ray
+from ray.actor import ActorHandle
 
 from poolbench.compute_thread import with_compute_thread
 from poolbench.pooler.pooled_table import read_pooled_layer
@@ -39,7 +41,7 @@ class SteeringService(SteeringWorker):
             return None
         first = self._cells[0]
         return {"concept": first.concept, "strategy": first.strategy, "layer": first.layer,
-                "cells": len(self._cells), **generating.snapshot()}
+                "cells": len(self._cells), "pid": os.getpid(), **generating.snapshot()}
 
     def run_cells(self, store_url: str, cells: Sequence[SteeringCell], pooled_keys: Mapping[str, str],
                   scorer_keys: Mapping[str, str], train_texts: Mapping[str, Sequence[str]], config: dict,
@@ -84,18 +86,30 @@ def actor_count(gpus: int, gpus_per_actor: int, n: int | None) -> int:
     return max(1, n or 1)
 
 
-def steering_actors(model: str, *, n: int | None = None, backend: str = "transformers",
-                    runtime_env: dict | None = None, gpus_per_actor: int = 1, **worker_args) -> list:
-    """One actor (one engine) per GPU on a GPU cluster, per `gpus_per_actor` GPUs under tensor parallelism; on
-    CPU, `n` actors (default one). The driver's work queue fans groups of cells across them."""
+def steering_spawner(model: str, *, n: int | None = None, backend: str = "transformers",
+                     runtime_env: dict | None = None, gpus_per_actor: int = 1,
+                     **worker_args) -> tuple[Callable[[], ActorHandle], dict, int]:
+    """What starts one steering actor, its Ray options, and how many the cluster holds: one engine per GPU (per
+    `gpus_per_actor` GPUs under tensor parallelism), else `n` CPU actors (default one), spread over the nodes.
+    Ray restarts none: the driver's work queue runs a lost actor's cells again on another one."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
     # A second actor thread answers progress() while run_cells runs; the queue still sends one group at a time.
     # torch runs on one thread of the actor's own (poolbench.compute_thread): Ray's threads would give libgomp
     # a team each and throttle them all.
     service = with_compute_thread(SteeringService, COMPUTE_METHODS)
-    remote_cls = ray.remote(max_restarts=1, max_task_retries=1, max_concurrency=2)(service)
+    remote_cls = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)(service)
     options: dict = {"num_gpus": gpus_per_actor, "num_cpus": 1} if gpus else {"num_cpus": 1}
     if runtime_env:
         options["runtime_env"] = runtime_env
-    return [remote_cls.options(**options).remote(model, backend=backend, **worker_args)
-            for _ in range(actor_count(gpus, gpus_per_actor, n))]
+
+    def spawn() -> ActorHandle:
+        return remote_cls.options(**options, scheduling_strategy="SPREAD").remote(  # type: ignore[attr-defined]
+            model, backend=backend, **worker_args)
+
+    return spawn, options, actor_count(gpus, gpus_per_actor, n)
+
+
+def steering_actors(model: str, **options) -> list[ActorHandle]:
+    """The steering actors the cluster holds (see steering_spawner), started now."""
+    spawn, _, count = steering_spawner(model, **options)
+    return [spawn() for _ in range(count)]

@@ -14,9 +14,10 @@ from rich.console import Console
 
 from poolbench.cli.calibrate import calibrate
 from poolbench.cli.cebench import bias, cebench, sae_train
+from poolbench.cli.command_order import RootGroup
 from poolbench.cli.findings import findings
 from poolbench.cli.listing import list_app
-from poolbench.cli.options import DEFAULT_RUN, RenamingGroup, out_folder
+from poolbench.cli.options import DEFAULT_RUN, out_folder
 from poolbench.cli.progress import LineProgress
 from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
@@ -32,6 +33,7 @@ from poolbench.records.events import (
     ConceptPooled,
     ConceptProbed,
     ConceptProgress,
+    JobRetried,
     ModelBuilding,
     RunEvent,
     RunPlanned,
@@ -42,9 +44,11 @@ from poolbench.records.events import (
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+    from poolbench.config import RunConfig
+
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes inside remote tracebacks Ray forwards
 
-app = typer.Typer(cls=RenamingGroup, add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+app = typer.Typer(cls=RootGroup, add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="PoolBench: which pooling strategy captures a concept, at which layer.")
 model_app = typer.Typer(no_args_is_help=True, help="Models: build the embedded default.")
 corpus_app = typer.Typer(no_args_is_help=True, help="Corpora: write the embedded corpus to a folder.")
@@ -94,7 +98,10 @@ def _parse_model_args(text: str | None) -> dict[str, str]:
 
 @app.command()
 def run(
-    model: Annotated[str, typer.Option(help="HF id or local path; 'embedded' is the built-in model")] = EMBEDDED,
+    model: Annotated[list[str] | None, typer.Option(
+        help="HF id or local path; 'embedded' is the built-in model, 'embedded-gemma' Gemma-3-270M; repeat "
+             "(--model a --model b) or comma list for one run over several models and the cross-model table")]
+    = None,
     model_args: Annotated[str | None, typer.Option(help="from_pretrained kwargs, k=v,k=v")] = None,
     corpus: Annotated[str, typer.Option(help="PoolBench-layout folder, or 'embedded'")] = EMBEDDED,
     corpus_size: Annotated[str, typer.Option(help="embedded corpus size: tiny, small, full")] = "small",
@@ -123,7 +130,8 @@ def run(
     folds: Annotated[int, typer.Option(help="cross-validation folds")] = 5,
     n_bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for CIs")] = 1000,
     address: Annotated[str | None, typer.Option(help="Ray address to join ('auto'); default: local Ray")] = None,
-    num_workers: Annotated[int | None, typer.Option(help="extractor workers (default: one per GPU, else 1)")] = None,
+    num_workers: Annotated[int | None, typer.Option(
+        help="extractor workers (default: one per GPU, else one per node with 2+ CPUs)")] = None,
     torch_threads: Annotated[int | None, typer.Option(help="torch threads per CPU worker")] = None,
     dump_activations: Annotated[bool, typer.Option(help="also store token activations (float16 Arrow)")] = False,
     reliability: Annotated[bool, typer.Option(help="seed spread, selectivity and MDL for every cell")] = True,
@@ -152,9 +160,10 @@ def run(
     from poolbench.cli.board import summary_line
     from poolbench.config import RunConfig
 
+    models = _split(model) or (EMBEDDED,)
     try:
         cfg = RunConfig(
-            model=model, model_args=_parse_model_args(model_args), dtype=dtype, device=device, corpus=corpus,
+            model=models[0], model_args=_parse_model_args(model_args), dtype=dtype, device=device, corpus=corpus,
             corpus_size=corpus_size, concepts=_split(concepts),
             layers=_layers(layers),
             strategies=_split(strategies), store=store, out=str(out), batch_size=batch_size,
@@ -170,6 +179,9 @@ def run(
     except ValueError as exc:
         raise PoolBenchError(f"--layers: {exc}") from None
 
+    if len(models) > 1:
+        _run_models(cfg, models, log_samples, tuple(str(p) for p in strategy_module or ()))
+        return
     with run_progress() as progress:
         results = evaluate_config(cfg, on_event=RunDisplay(progress).show, log_samples=log_samples,
                                   strategy_modules=tuple(str(p) for p in strategy_module or ()))
@@ -182,6 +194,27 @@ def run(
     console.print(summary_line(results.leaderboard, total_s=float((results.document.get("timing") or {}).get(
         "total_s", 0.0)), results_path=paths["results"]), soft_wrap=True, highlight=False)
     _print_answer(results.document, results.leaderboard)
+
+
+def _run_models(cfg: RunConfig, models: tuple[str, ...], log_samples: bool, strategy_modules: tuple[str, ...]
+                ) -> None:
+    """One run over several models: each model's summary as it finishes, then the cross-model table and answer."""
+    from poolbench.api import evaluate_models
+    from poolbench.cli.board import summary_line
+    from poolbench.cli.cross_model_board import cross_model_answer, cross_model_board
+
+    with run_progress() as progress:
+        results = evaluate_models(cfg, models, on_event=RunDisplay(progress).show, log_samples=log_samples,
+                                  strategy_modules=strategy_modules)
+    for name, result in results.per_model.items():
+        console.print(f"{name}: " + summary_line(result.leaderboard, total_s=float(
+            (result.document.get("timing") or {}).get("total_s", 0.0)), results_path=result.paths["results"]),
+            soft_wrap=True, highlight=False)
+    table = results.document["cross_model"]
+    console.print(cross_model_board(table))
+    console.print(f"wrote {results.paths['results']}, {results.paths['leaderboard']}, "
+                  f"{results.paths['cross_model_csv'].name} and one folder per model", soft_wrap=True, highlight=False)
+    console.print(cross_model_answer(table), soft_wrap=True, highlight=False, markup=False)
 
 
 def _print_answer(document: dict, leaderboard: dict) -> None:
@@ -240,6 +273,8 @@ class RunDisplay:
             case ScorerReady():
                 bar(self.tasks["scorer"], advance=1,
                     last=f"{event.concept} (held-out AUROC {event.heldout_auroc:.2f})")
+            case JobRetried():
+                self.progress.console.print(event.line, highlight=False, markup=False)
             case ArtifactQuarantined():
                 self.progress.console.print(f"warning: {event.key} is corrupt ({event.reason}): moved to "
                                             f"quarantine/{event.key}, recomputing", highlight=False)
@@ -262,7 +297,14 @@ def leaderboard(
     path = run_dir / "leaderboard.json"
     if not path.is_file():
         raise PoolBenchError(f"no leaderboard.json in {run_dir}")
-    _print_leaderboard(json.loads(path.read_text()))
+    board = json.loads(path.read_text())
+    if board.get("kind") == "cross_model":
+        from poolbench.cli.cross_model_board import cross_model_answer, cross_model_board
+
+        console.print(cross_model_board(board["cross_model"]))
+        console.print(cross_model_answer(board["cross_model"]), soft_wrap=True, highlight=False, markup=False)
+        return
+    _print_leaderboard(board)
 
 
 @app.command("validate-corpus")

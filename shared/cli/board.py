@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from poolbench.results.report import group_letters, mean_t_interval, tie_groups
+from poolbench.results.ranking import group_letters, mean_t_interval, tie_groups
 
 BEST_MARK = "*"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +16,14 @@ def findings(run_dir: Annotated[Path, typer.Option("--run", help="a finished run
     leaderboard, the lexical baseline and steering against prompting; no number typed by hand."""
     from rich.console import Console
 
+    from poolbench.results.cross_model_outputs import is_cross_model
     from poolbench.results.findings import write_findings
 
-    page, facts = write_findings(run_dir, out)
+    results = run_dir / "results.json"
+    if results.is_file() and is_cross_model(json.loads(results.read_text())):
+        from poolbench.results.cross_model_findings import write_cross_model_findings
+
+        page, facts = write_cross_model_findings(run_dir, out)
+    else:
+        page, facts = write_findings(run_dir, out)
     Console().print(f"wrote {page} and {facts} from {run_dir / 'results.json'}", highlight=False, soft_wrap=True)

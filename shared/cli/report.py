@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -27,8 +28,14 @@ def report(run: Annotated[Path, typer.Option(help="a run's --out folder, or a fo
     definitions."""
     from rich.console import Console
 
+    from poolbench.results.cross_model_outputs import is_cross_model
     from poolbench.results.report import write_report
 
     target = report_target(html, run)
-    figures = write_report(run, target, store)
+    if (run / "results.json").is_file() and is_cross_model(json.loads((run / "results.json").read_text())):
+        from poolbench.results.cross_model_report import write_cross_model_report
+
+        figures = write_cross_model_report(run, target, store)
+    else:
+        figures = write_report(run, target, store)
     Console().print(f"wrote {target} ({len(figures)} figures: {', '.join(f.fig_id for f in figures)})")

@@ -132,12 +132,16 @@ def serve_scorers(
     import time
 
     from poolbench.driver.local_ray import LOOPBACK_RUNTIME_ENV, init_local_ray
-    from poolbench.http.app import ServiceSettings, check_exposure, scorers_of_run, start_serve, with_token
+    from poolbench.http.access import check_exposure, with_token
+    from poolbench.http.app import start_serve
+    from poolbench.http.settings import ServiceSettings, scorers_of_run
     from poolbench.store.url import open_store
 
     check_exposure(host, with_token(ServiceSettings(models=()), token).token)  # before any scorer trains
     if run is not None:
-        settings = ServiceSettings(models=(), **scorers_of_run(run))
+        from poolbench.http.leaderboard_route import leaderboard_of_run
+
+        settings = ServiceSettings(models=(), **scorers_of_run(run), **leaderboard_of_run(run))
     else:
         from poolbench.corpus.source import open_corpus
         from poolbench.scorer.artifacts import ensure_scorers

@@ -40,7 +40,8 @@ def up(
     """Start our own Ray head, the HTTP app into it only, and an S3 server for an s3:// store."""
     import os
 
-    from poolbench.http.app import TOKEN_ENV, ServiceSettings, check_exposure, with_token
+    from poolbench.http.access import TOKEN_ENV, check_exposure, with_token
+    from poolbench.http.settings import ServiceSettings
 
     if serve:
         check_exposure(host, with_token(ServiceSettings(models=()), token).token)

@@ -176,10 +176,11 @@ def start_serve_app(info: dict, models: list[str], host: str, port: int, run: Pa
                     steering_backend: str = "transformers") -> str:
     """Deploy the one HTTP app (poolbench.http.app) into OUR head from a short-lived driver; Serve's controller is
     detached and lives with the cluster. With `run`, /score serves the scorers that run recorded and /generate
-    its stored steering vectors."""
-    from poolbench.http.app import ServiceSettings, scorers_of_run, vectors_of_run
+    its stored steering vectors, and /leaderboard its leaderboard (a cross-model run's table)."""
+    from poolbench.http.leaderboard_route import run_serving
+    from poolbench.http.settings import ServiceSettings
 
-    from_run = {**scorers_of_run(run), **vectors_of_run(run)} if run is not None else {}
+    from_run = {} if run is None else run_serving(run)
     settings = ServiceSettings(models=tuple(models), steering_backend=steering_backend, **from_run)
     done = _session("deploy", info, 240, settings=settings.model_dump(mode="json"), host=host, port=port)
     if done.returncode != 0:
@@ -216,9 +217,9 @@ def cluster_up(*, ray_port: int = 6379, serve_port: int = 8000, s3_port: int = 9
 
         require_vllm()  # the install hint here, before anything starts
     if run is not None:
-        from poolbench.http.app import scorers_of_run
+        from poolbench.http.leaderboard_route import run_serving
 
-        scorers_of_run(run)  # a bad run folder fails here, before anything starts
+        run_serving(run)  # a bad run folder fails here, before anything starts
     if (state / "cluster.json").exists():
         raise ClusterError(f"a cluster is already up ({state / 'cluster.json'}): run `make cluster-down` first")
     wanted = [("Ray head", ray_port)] + ([("Serve HTTP", serve_port)] if serve else [])

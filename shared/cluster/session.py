@@ -55,7 +55,8 @@ def connect(address: str, cluster_id: str) -> None:
 
 
 def deploy(args: dict) -> str:
-    from poolbench.http.app import ServiceSettings, start_serve
+    from poolbench.http.app import start_serve
+    from poolbench.http.settings import ServiceSettings
 
     connect(args["address"], args["cluster_id"])
     return start_serve(ServiceSettings(**args["settings"]), host=args["host"], port=args["port"])

@@ -32,7 +32,8 @@ separates the classes. `token_count` is the whitespace word count; `validate_cor
 against a real tokenizer.
 
 This is corpus v1 (`version=1`). The default is corpus v2 (`poolbench.corpus.sparse_signal`): long neutral
-passages with a few of these concepts' sentences planted at recorded places, every concept matched-pair.
+passages with a few of these concepts' sentences planted at recorded places, every concept matched-pair;
+`poolbench.corpus.corpus_versions` picks between them.
 """
 
 from __future__ import annotations
@@ -54,8 +55,6 @@ SIZES: dict[str, tuple[int, int]] = {"tiny": (24, 12), "small": (80, 40), "full"
 """Passages per class in (train, test)."""
 
 GENERATOR_VERSION = 1  # bump when generated text changes: it names the cached corpus folder
-CORPUS_VERSIONS = (1, 2)
-DEFAULT_CORPUS_VERSION = 2
 MIN_WORDS = 15
 MAX_FOCUS = 4
 _MAX_TRIES = 200
@@ -372,18 +371,6 @@ def generate_concept(concept: str, size: str = "small", seed: int = 0) -> list[P
             neg.append(_passage(concept, split, 0, i, n_text, domain, pair))
         out.extend(pos + neg)
     return out
-
-
-def generate_embedded_corpus(size: str = "small", seed: int = 0,
-                             version: int = DEFAULT_CORPUS_VERSION) -> dict[str, list[Passage]]:
-    """All 17 concepts of corpus `version`; byte-identical for the same (size, seed) on every run and machine."""
-    if version == 2:
-        from poolbench.corpus.sparse_signal import generate_corpus_v2  # v2 builds on this module's specs
-
-        return generate_corpus_v2(size, seed)
-    if version != 1:
-        raise CorpusError(f"unknown corpus version {version!r} (known: {', '.join(map(str, CORPUS_VERSIONS))})")
-    return {concept: generate_concept(concept, size, seed) for concept in CONCEPTS}
 
 
 _EVERYDAY = ConceptSpec(

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from poolbench.atomic_write import write_json_atomic
 from poolbench.corpus import sparse_signal
-from poolbench.corpus.embedded import DEFAULT_CORPUS_VERSION, GENERATOR_VERSION, generate_embedded_corpus
+from poolbench.corpus.corpus_versions import DEFAULT_CORPUS_VERSION, generate_embedded_corpus
+from poolbench.corpus.embedded import GENERATOR_VERSION
 from poolbench.corpus.layout import MANIFEST_FILE, Corpus, load_corpus, write_corpus
 from poolbench.corpus.passage import Passage
 from poolbench.defaults import EMBEDDED, cache_dir

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import ray
@@ -30,6 +30,7 @@ from poolbench.prober.concept_probe import D1_VERSION, gather_layer_d1, probe_la
 from poolbench.prober.flash import parse_fraction
 from poolbench.prober.reliability import RELIABILITY_VERSION
 from poolbench.records.breakdowns import BucketAurocRecord
+from poolbench.records.cluster import ClusterActivity
 from poolbench.records.d1 import D1CellRecord, d1_records_from_table
 from poolbench.records.events import (
     ArtifactQuarantined,
@@ -49,6 +50,8 @@ from poolbench.store.keys import artifact_key, layer_shard_key
 from poolbench.store.url import open_store
 
 from .breakdowns import d1_by_bucket, d1_by_tier, lexical_baselines, lexical_by_tier
+from .nodes import alive_nodes, resource_needs
+from .ray_messages import plain_ray_messages
 from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch, poll_actors
 
 FORWARDED_ENV = ("POOLBENCH_CACHE", "POOLBENCH_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
@@ -110,6 +113,7 @@ def connect_ray(address: str | None) -> None:
     """Join a cluster (`auto` or host:port), or start a private local Ray (never a stale or foreign head)."""
     if ray.is_initialized():
         return
+    plain_ray_messages()
     try:
         if address in (None, "local"):
             init_local_ray()
@@ -177,27 +181,40 @@ def default_layers(n_layers: int) -> list[int]:
 
 
 def plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:
-    """One worker per GPU on a GPU cluster; on CPU, workers share the cores (threads split between them)."""
+    """One worker per GPU on a GPU cluster; on CPU one per node with a core to spare for the probe tasks (one on a
+    single machine), their threads sharing the cluster's cores; --num-workers sets the count instead."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if gpus and cfg.device != "cpu":
         return max(1, min(gpus, n_jobs, cfg.num_workers or gpus)), {"num_gpus": 1, "num_cpus": 1}, None
     cpus = max(1, int(ray.cluster_resources().get("CPU", os.cpu_count() or 1)))
-    workers = max(1, min(cfg.num_workers or 1, n_jobs))
+    per_node = sum(1 for node in alive_nodes() if node.resources.get("CPU", 0) >= 2) or 1
+    workers = max(1, min(cfg.num_workers or per_node, n_jobs))
     threads = cfg.torch_threads or max(1, cpus // workers)
     return workers, {"num_cpus": 1}, threads
 
 
-def start_extractors(cfg: RunConfig, n: int, resources: dict, threads: int | None,
-                     strategy_modules: Sequence[str]) -> list[ActorHandle]:
-    """`n` extractor actors, each loading the model once (restarted and retried when a worker dies)."""
+def check_store_reach(store_url: str) -> None:
+    """A local-folder store on a cluster of several nodes: the other nodes' workers cannot see it (one line)."""
+    nodes = alive_nodes()
+    if len(nodes) > 1 and "://" not in store_url:
+        raise PoolBenchError(f"--store {store_url} is a folder on this machine and the Ray cluster has {len(nodes)} "
+                             "nodes whose workers cannot see it: use --store s3://BUCKET/PREFIX "
+                             "(POOLBENCH_S3_ENDPOINT and AWS_* credentials are passed on to every worker)")
+
+
+def extractor_spawner(cfg: RunConfig, resources: dict, threads: int | None,
+                      strategy_modules: Sequence[str]) -> Callable[[], ActorHandle]:
+    """Starts one extractor actor (loading the model once, on a node the SPREAD strategy picks so one node's loss
+    takes as few workers as possible); the work queue retries a job whose worker died, so Ray restarts nothing."""
     # A second actor thread answers progress() while pool_concept runs; the queue still sends one job at a time.
     # torch runs on one thread of the actor's own (poolbench.compute_thread): Ray's threads would give libgomp
     # a team each and throttle them all.
     pooling = with_compute_thread(ExtractorWorker, ("pool_concept", "pool_concepts"))
-    worker_cls = ray.remote(max_restarts=2, max_task_retries=2, max_concurrency=2)(pooling)
-    return [worker_cls.options(**resources, runtime_env=worker_runtime_env()).remote(  # type: ignore[attr-defined]
+    worker_cls = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)(pooling)
+    options = {**resources, "runtime_env": worker_runtime_env(), "scheduling_strategy": "SPREAD"}
+    return lambda: worker_cls.options(**options).remote(  # type: ignore[attr-defined]
         cfg.model, dtype=cfg.dtype, device=cfg.device, model_args=dict(cfg.model_args),
-        torch_threads=threads, strategy_modules=tuple(strategy_modules)) for _ in range(n)]
+        torch_threads=threads, strategy_modules=tuple(strategy_modules))
 
 
 def plan_cells(cfg: RunConfig, inputs: RunInputs, model: dict) -> RunPlan:
@@ -421,9 +438,12 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None,
     inputs = read_inputs(cfg)
     prepare_model(cfg, emit)
     connect_ray(cfg.address)
+    check_store_reach(inputs.store_url)
     n_workers, resources, threads = plan_workers(cfg, len(inputs.plans))
+    spawn = extractor_spawner(cfg, resources, threads, strategy_modules)
     # Leaving this block, however the run stops, kills the extractors: no model (or GPU) stays held.
-    with WorkQueue[ConceptJob](start_extractors(cfg, n_workers, resources, threads, strategy_modules)) as queue:
+    with WorkQueue[ConceptJob]([spawn() for _ in range(n_workers)], spawn=spawn, needs=resource_needs(resources),
+                               task_needs={"CPU": 1}, on_retry=emit) as queue:
         run = plan_cells(cfg, inputs, fetch(queue.actors[0].info.remote(), "extractor start"))
         emit(RunPlanned(
             model_id=run.model["model_id"], n_layers=run.model["n_layers"], hidden_size=run.model["hidden_size"],
@@ -431,6 +451,7 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None,
             strategies=tuple(s.id for s in run.specs),
             worker_pids=tuple(fetch(ref, "extractor start") for ref in [w.pid.remote() for w in queue.actors])))
         computed = execute(cfg, run, inputs, queue, emit)
+    cluster = ClusterActivity().merged("pool", queue.done_on, queue.lost_nodes, queue.retried)
     records = collect_records(inputs.store, run)
     lexical, buckets = breakdowns(cfg, inputs, run, records)
     passages = {p.concept: p.passages for p in run.plans}
@@ -447,6 +468,8 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None,
             steering_error = str(exc).splitlines()[0]
     if steering is not None:
         timing["steering_s"] = steering["timing"]["total_s"]
+        cluster = cluster.joined(steering.pop("cluster"))
     timing["total_s"] = time.perf_counter() - started
     return replace(outcome_of(cfg, inputs, run, records, computed, timing, steering), lexical=lexical,
-                   d1_buckets=buckets, d1_tiers=d1_tiers, lexical_tiers=lexical_tiers, steering_error=steering_error)
+                   d1_buckets=buckets, d1_tiers=d1_tiers, lexical_tiers=lexical_tiers, steering_error=steering_error,
+                   cluster=cluster)

@@ -6,10 +6,18 @@ from __future__ import annotations
 import time
 
 from poolbench.corpus.layout import Corpus
-from poolbench.records.events import CellProgress, CellSteered, EventSink, ScorerReady, SteeringPlanned
+from poolbench.records.cluster import ClusterActivity
+from poolbench.records.events import (
+    CellProgress,
+    CellSteered,
+    EventSink,
+    ScorerReady,
+    SteeringPlanned,
+    SteeringStarted,
+)
 from poolbench.scorer.artifacts import ensure_scorers, scorer_record
 from poolbench.scorer.finetune import ScorerConfig
-from poolbench.steerer.actor import steering_actors
+from poolbench.steerer.actor import steering_spawner
 from poolbench.steerer.d3 import neighbour_map
 from poolbench.steerer.plan import (
     SteeringCell,
@@ -21,7 +29,8 @@ from poolbench.steerer.plan import (
 )
 from poolbench.store.artifact_store import ArtifactStore
 
-from .work_queue import ActorJob, WorkQueue, poll_actors
+from .nodes import process_id, resource_needs
+from .work_queue import ActorJob, WorkQueue, fetch, poll_actors
 
 
 def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, pooled_keys: dict[str, str],
@@ -52,10 +61,14 @@ def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, po
             {c: [p.text for p in corpus.passages(c, "train")] for c in own}, config.to_message()))
 
     d2, d3 = [], []
-    actors = steering_actors(model, n=n_actors, backend=backend, runtime_env=runtime_env,
-                             gpus_per_actor=gpus_per_actor, **worker_args)
+    spawn, options, count = steering_spawner(model, n=n_actors, backend=backend, runtime_env=runtime_env,
+                                             gpus_per_actor=gpus_per_actor, **worker_args)
+    actors = [spawn() for _ in range(count)]
     groups = cell_groups(cells, engines=len(actors), per_call=cells_per_call(config))
-    with WorkQueue[tuple[SteeringCell, ...]](actors) as queue:
+    with WorkQueue[tuple[SteeringCell, ...]](actors, spawn=spawn, needs=resource_needs(options), on_retry=emit,
+                                             label=group_label) as queue:
+        pids = tuple(fetch(process_id(actor), "a steering engine's start") for actor in actors)
+        emit(SteeringStarted(worker_pids=pids, nodes=tuple(queue.nodes())))
         for group, results in queue.run([job(group) for group in groups],
                                         on_wait=lambda: poll_steering(queue.actors, emit)):
             for cell, result in zip(group, results, strict=True):
@@ -63,12 +76,21 @@ def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, po
                 d3.extend(result.d3)
                 emit(CellSteered(cell.concept, cell.strategy, cell.layer, result.d2.scp, result.d2.d2_delta))
     return {"scorers": [scorer_record(s) for s in scorers.values()], "d2": d2, "d3": d3,
+            "cluster": ClusterActivity().merged("steer", queue.done_on, queue.lost_nodes, queue.retried),
             "steering_config": config.to_record(), "subset": "full" if full else "default",
             "timing": {"scorers_s": scorer_seconds, "total_s": time.perf_counter() - started}}
+
+
+def group_label(group: tuple[SteeringCell, ...]) -> str:
+    """A steering job as a progress line names it: its first cell, and how many more it holds."""
+    first = group[0]
+    more = f" (+{len(group) - 1} cells)" if len(group) > 1 else ""
+    return f"steer {first.concept}/{first.strategy}/layer {first.layer}{more}"
 
 
 def poll_steering(actors, emit: EventSink) -> None:
     """Each busy steering actor's place inside its group's generation, as CellProgress events."""
     for state in poll_actors(actors):
         emit(CellProgress(state["concept"], state["strategy"], state["layer"], state["tokens_done"],
-                          state["tokens_total"], state["seconds"], cells=state.get("cells", 1)))
+                          state["tokens_total"], state["seconds"], cells=state.get("cells", 1),
+                          worker_pid=state.get("pid", 0)))

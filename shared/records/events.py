@@ -79,6 +79,7 @@ class CellProgress:
     tokens_total: int
     seconds: float
     cells: int = 1
+    worker_pid: int = 0  # the steering actor's process, so an operator (or a fault test) can find it
 
     @property
     def eta_s(self) -> float | None:
@@ -102,6 +103,14 @@ class SteeringPlanned:
 
     cells: int
     scorers: int
+
+
+@dataclass(frozen=True)
+class SteeringStarted:
+    """The steering engines are loaded: their processes and the nodes (`ip:port`) they run on, one per engine."""
+
+    worker_pids: tuple[int, ...]
+    nodes: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -132,9 +141,35 @@ class ArtifactQuarantined:
     reason: str
 
 
-RunEvent = (ArtifactQuarantined | ModelBuilding | RunPlanned | ConceptPooled | ConceptProgress | CellProgress
-            | ConceptProbed
-            | SteeringPlanned | ScorerReady | CellSteered)
+@dataclass(frozen=True)
+class JobRetried:
+    """A job whose worker (or the worker's whole node) was lost goes to another worker: what, where, why, try.
+
+    `how`: "lost" (the GCS declared the node dead), "unreachable" (its worker stopped answering before the GCS
+    decided: a node going down looks like this for its first seconds) or "died" (the process died, the node lives)."""
+
+    job: str
+    attempt: int
+    cause: str
+    node: str = ""
+    how: str = "died"
+    on: str = ""
+
+    @property
+    def line(self) -> str:
+        """One progress line: `node 127.0.0.1:4242 lost; retrying pool code_docs on 127.0.0.1:4343 (attempt 2)`."""
+        node = self.node or "an unknown node"
+        where = f"worker on {node} died" if self.how == "died" else f"node {node} {self.how}"
+        return f"{where}; retrying {self.job} on {self.on or 'a new worker'} (attempt {self.attempt})"
+
+    def to_dict(self) -> dict:
+        return {"job": self.job, "attempt": self.attempt, "cause": self.cause, "node": self.node, "how": self.how,
+                "on": self.on}
+
+
+RunEvent = (ArtifactQuarantined | JobRetried | ModelBuilding | RunPlanned | ConceptPooled | ConceptProgress
+            | CellProgress | ConceptProbed
+            | SteeringPlanned | SteeringStarted | ScorerReady | CellSteered)
 EventSink = Callable[[RunEvent], None]
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from poolbench.config import RunConfig
 from poolbench.records.breakdowns import BucketAurocRecord, LexicalTierRecord, TierAurocRecord
+from poolbench.records.cluster import ClusterActivity
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.steering import SteeringStage
@@ -31,3 +32,4 @@ class RunOutcome:
     d1_buckets: list[BucketAurocRecord] = field(default_factory=list)
     d1_tiers: list[TierAurocRecord] = field(default_factory=list)
     lexical_tiers: list[LexicalTierRecord] = field(default_factory=list)
+    cluster: ClusterActivity = field(default_factory=ClusterActivity)

@@ -68,6 +68,7 @@ def results_document(outcome: RunOutcome) -> dict:
         "artifacts": outcome.artifacts,
         "computed": outcome.computed,
         "timing": outcome.timing,
+        "cluster": outcome.cluster.to_dict(),
         "metrics": {
             "d1": "probe AUROC: cv_auroc = out-of-fold on train (5-fold, grouped by matched_pair_id); "
                   "test_auroc = fit on train, scored on the held-out split; ci = 95% pair-grouped bootstrap",

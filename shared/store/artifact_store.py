@@ -9,27 +9,25 @@ Layout (the same relative names on every backend; a LocalStore root and an S3 bu
     <key>.dir/MANIFEST.json        ... then the manifest (sha256 + size of every file), written LAST
 
 Keys are extension-less and dot-free (see ``poolbench.store.keys``), so a suffix always says what an
-object is. Every object carries the sha256 of its content (LocalStore: a ``<name>.poolbench-meta.json``
-sidecar written before the content; S3: object metadata) and every get verifies it.
+object is. Every object carries the sha256 of its content (LocalStore, in ``poolbench.store.local``: a
+``<name>.poolbench-meta.json`` sidecar written before the content; S3: object metadata) and every get verifies it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
 import tempfile
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import IO, Any
+from typing import Any
 
 import pyarrow as pa
 
-from poolbench.atomic_write import atomic_file
 from poolbench.errors import CorruptArtifactError, StoreError
 from poolbench.store.arrow_tables import ipc_bytes_to_table, table_to_ipc_bytes, with_provenance
 from poolbench.store.keys import iter_files, sha256_bytes, sha256_file, validate_key
@@ -42,7 +40,6 @@ BLOB_SUFFIXES = (SUFFIX_TABLE, SUFFIX_JSON, SUFFIX_BYTES)
 MANIFEST_NAME = "MANIFEST.json"
 QUARANTINE_PREFIX = "quarantine/"
 MANIFEST_FORMAT = "poolbench-dir/1"
-SIDECAR_SUFFIX = ".poolbench-meta.json"
 TMP_PREFIX = ".poolbench-tmp-"
 _KIND_NAMES = {SUFFIX_BYTES: "bytes", SUFFIX_JSON: "json", SUFFIX_TABLE: "table", SUFFIX_DIR: "directory"}
 _PREFIX_RE = re.compile(r"[A-Za-z0-9_/-]*")
@@ -382,132 +379,3 @@ class ArtifactStore(ABC):
         if obj.sha256 is None or sha256_bytes(obj.data) != obj.sha256:
             raise CorruptArtifactError(key, "sha256 mismatch", f"in its {MANIFEST_NAME}")
         return obj.data
-
-
-def _atomic_write(path: Path, fill: Callable[[IO[bytes]], None]) -> None:
-    with atomic_file(path, prefix=TMP_PREFIX) as fh:
-        fill(fh)
-
-
-class LocalStore(ArtifactStore):
-    """Artifacts in a local folder. Each object has a checksum sidecar written just before it; the object's
-    rename is the commit point, so a failed first write leaves nothing visible, and a failed rewrite puts
-    the old sidecar back. A hard crash inside a rewrite of different bytes reads as corrupt, never as
-    wrong data (keys are content-determined, so rewrites normally carry the same bytes anyway)."""
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        super().__init__()
-        self.root = Path(root).expanduser().absolute()
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create store folder {self.root}: {exc.strerror or exc}") from exc
-
-    def describe(self) -> str:
-        return f"local:{self.root}"
-
-    def _path(self, name: str) -> Path:
-        return self.root / name
-
-    @staticmethod
-    def _sidecar(path: Path) -> Path:
-        return path.with_name(path.name + SIDECAR_SUFFIX)
-
-    def _write(self, name: str, data: bytes, sha256: str, metadata: dict[str, str]) -> None:
-        path = self._path(name)
-        sidecar = self._sidecar(path)
-        info = json.dumps({"sha256": sha256, "metadata": metadata}, sort_keys=True).encode("utf-8")
-        try:
-            old_info = sidecar.read_bytes() if path.exists() else None
-        except OSError:
-            old_info = None
-        try:
-            _atomic_write(sidecar, lambda f: f.write(info))
-            try:
-                _atomic_write(path, lambda f: f.write(data))
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    if old_info is None:
-                        sidecar.unlink()
-                    else:
-                        _atomic_write(sidecar, lambda f: f.write(old_info))
-                raise
-        except OSError as exc:
-            raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
-
-    def _info(self, path: Path) -> tuple[str | None, dict[str, str]]:
-        try:
-            info = json.loads(self._sidecar(path).read_text("utf-8"))
-            return str(info["sha256"]), dict(info.get("metadata") or {})
-        except (OSError, ValueError, KeyError, TypeError):
-            return None, {}
-
-    def _read(self, name: str) -> StoredObject | None:
-        path = self._path(name)
-        try:
-            data = path.read_bytes()
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            return None
-        except OSError as exc:
-            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
-        sha, meta = self._info(path)
-        return StoredObject(data, sha, meta)
-
-    def _read_info(self, name: str) -> StoredObject | None:
-        path = self._path(name)
-        if not path.is_file():
-            return None
-        sha, meta = self._info(path)
-        return StoredObject(b"", sha, meta)
-
-    def _has(self, name: str) -> bool:
-        return self._path(name).is_file()
-
-    def _names(self, prefix: str) -> list[str]:
-        start = self.root / prefix.rpartition("/")[0]
-        names = []
-        for dirpath, dirnames, filenames in os.walk(start):
-            dirnames[:] = [d for d in dirnames if not d.startswith(TMP_PREFIX)]
-            rel_dir = Path(dirpath).relative_to(self.root)
-            for fname in filenames:
-                if fname.startswith(TMP_PREFIX) or fname.endswith(SIDECAR_SUFFIX):
-                    continue
-                name = (rel_dir / fname).as_posix()
-                if name.startswith(prefix):
-                    names.append(name)
-        return names
-
-    def _remove(self, name: str) -> None:
-        path = self._path(name)
-        try:
-            path.unlink(missing_ok=True)
-            self._sidecar(path).unlink(missing_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot delete {path}: {exc.strerror or exc}") from exc
-        parent = path.parent
-        while parent != self.root and f"{SUFFIX_DIR}/" in parent.relative_to(self.root).as_posix() + "/":
-            try:
-                parent.rmdir()
-            except OSError:
-                break
-            parent = parent.parent
-
-    def _write_file(self, name: str, src: Path, sha256: str) -> None:
-        path = self._path(name)
-        try:
-            with open(src, "rb") as fsrc:
-                _atomic_write(path, lambda f: shutil.copyfileobj(fsrc, f, 1 << 20))
-        except OSError as exc:
-            raise StoreError(f"cannot copy {src} to {path}: {exc.strerror or exc}") from exc
-
-    def _read_file(self, name: str, dest: Path) -> bool:
-        path = self._path(name)
-        try:
-            shutil.copyfile(path, dest)
-        except FileNotFoundError:
-            if path.exists():
-                raise StoreError(f"cannot write {dest}") from None
-            return False
-        except OSError as exc:
-            raise StoreError(f"cannot copy {path} to {dest}: {exc.strerror or exc}") from exc
-        return True

@@ -7,7 +7,8 @@ import re
 
 from poolbench.defaults import default_store_url
 from poolbench.errors import StoreError
-from poolbench.store.artifact_store import ArtifactStore, LocalStore
+from poolbench.store.artifact_store import ArtifactStore
+from poolbench.store.local import LocalStore
 from poolbench.store.s3 import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S, DEFAULT_RETRIES, S3Store
 
 

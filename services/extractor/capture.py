@@ -1,0 +1,308 @@
+"""The capture loop: one hooked forward per row chunk of each batch, within a token budget read from the
+model's shape, each layer handed to a sink as soon as it has run; out-of-memory chunks are halved and retried."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, field
+from functools import partial
+
+import numpy as np
+import torch
+from torch import nn
+
+from poolbench.errors import ExtractionError, PoolBenchError
+from poolbench.extractor.attention_capture import capture_attention
+from poolbench.extractor.batching import (
+    TokenCosts,
+    default_max_batch_tokens,
+    free_memory_bytes,
+    row_chunks,
+    rows_per_forward,
+    token_costs,
+)
+from poolbench.extractor.gradient_saliency import gradient_forward
+from poolbench.extractor.hook_points import capture_layer_outputs
+from poolbench.extractor.layer_sinks import LayerExtras, LayerSink, SinkT
+from poolbench.extractor.padded_batches import PaddedBatch, model_inputs
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ExtractionStats:
+    """Counters a bench reads: real tokens vs padded tokens, and where the time went."""
+
+    batches: int = 0
+    passages: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+    forward_seconds: float = 0.0
+    convert_seconds: float = 0.0
+    pool_seconds: float = 0.0  # inside the capture's sinks (launching device pooling), a pooler's to fill
+    transfer_seconds: float = 0.0  # waiting for pooled vectors (or token states) to reach the host
+    prepare_seconds: float = 0.0  # making chunks' sinks ready on the host (text extras, weights), either thread
+    prepared_ahead: int = 0  # chunks whose preparation ran on the background thread, beside an earlier forward
+    skipped: list[tuple[str, int]] = field(default_factory=list)  # (passage id, tokens) too big for the device
+    skipped_indices: list[int] = field(default_factory=list)  # the same passages' indices in the batches' plan
+
+
+def sync_device(model: nn.Module) -> None:
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def model_token_costs(model: nn.Module, layers: Sequence[int], needs: Collection[str],
+                      dtype_out: np.dtype | type = np.float32) -> TokenCosts:
+    """The budget's per-token bytes for this model's shape and dtype."""
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    hidden = int(getattr(text, "hidden_size", 0) or 0)
+    parameter = next(model.parameters())
+    return token_costs(
+        hidden_size=hidden, intermediate_size=int(getattr(text, "intermediate_size", 0) or 4 * hidden),
+        n_heads=int(getattr(text, "num_attention_heads", 1) or 1), vocab_size=int(getattr(text, "vocab_size", 0) or 0),
+        n_layers=int(getattr(text, "num_hidden_layers", 0) or max(layers) + 1), layers=layers,
+        itemsize=parameter.element_size(), out_itemsize=np.dtype(dtype_out).itemsize, needs=needs)
+
+
+def resolve_max_batch_tokens(model: nn.Module, layers: Sequence[int], max_batch_tokens: int | None,
+                             dtype_out: np.dtype | type = np.float32) -> int:
+    """The budget a run names, or the default from the model's device's free memory now."""
+    if max_batch_tokens is not None:
+        if max_batch_tokens < 1:
+            raise ExtractionError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        return int(max_batch_tokens)
+    plain = model_token_costs(model, layers, frozenset(), dtype_out).plain
+    return default_max_batch_tokens(free_memory_bytes(next(model.parameters()).device), plain)
+
+
+def capture_chunks(
+    model: nn.Module,
+    decoder_layers: Sequence[nn.Module],
+    batches: Iterable[PaddedBatch],
+    layers: Sequence[int],
+    *,
+    sink_for: Callable[[PaddedBatch], SinkT] | None = None,
+    prepare_for: Callable[[PaddedBatch], Callable[[], SinkT]] | None = None,
+    overlap: bool = False,
+    stats: ExtractionStats | None = None,
+    stop_early: bool = True,
+    needs: Collection[str] = frozenset(),
+    max_batch_tokens: int | None = None,
+    dtype_out: np.dtype | type = np.float32,
+) -> Iterator[tuple[PaddedBatch, SinkT]]:
+    """One forward per row chunk; each requested layer goes to the chunk's sink (made by `sink_for` before the
+    forward, so its host-side preparation is done and sent ahead) as soon as the layer has run, and the
+    (chunk, finished sink) pair comes out. A chunk that runs out of device memory is halved and retried (later
+    chunks of the run keep the smaller size); a single passage that does not fit alone is skipped and counted
+    in `stats.skipped` as (passage id, tokens). Any other CUDA error stops with one line naming the batch.
+
+    `prepare_for` (instead of `sink_for`) makes a sink in two steps: `prepare_for(chunk)` does the chunk's host
+    work and returns the function that makes its sink on this thread. With `overlap`, the next chunk's
+    prepare_for runs on a background thread while this chunk's forward runs (torch releases the GIL in its ops);
+    a preparation is used only for the very chunk it was made for, never for the halves of a chunk cut after it.
+    """
+    if (sink_for is None) == (prepare_for is None):
+        raise ExtractionError("capture_chunks needs exactly one of sink_for and prepare_for")
+    prepare = prepare_for if prepare_for is not None else partial(_unprepared, sink_for)
+    layers = tuple(int(layer) for layer in layers)
+    needs = frozenset(needs)
+    budget = resolve_max_batch_tokens(model, layers, max_batch_tokens, dtype_out)
+    costs = model_token_costs(model, layers, needs, dtype_out)
+    plan = _ChunkPlan(iter(batches), costs, budget)
+    with _Preparer(prepare, overlap, stats) as preparer:
+        while (entry := plan.next()) is not None:
+            batch_index, chunk = entry
+            sink = None
+            try:
+                make = preparer.take(chunk)
+                upcoming = plan.peek()
+                if upcoming is not None:
+                    preparer.ahead(upcoming)
+                sink = make()
+                _capture_chunk(model, decoder_layers, chunk, layers, sink, stats=stats, stop_early=stop_early,
+                               needs=needs)
+            except torch.OutOfMemoryError:
+                sink = None
+                _release(model)
+                n = len(chunk.indices)
+                if n > 1:
+                    plan.halve(batch_index, chunk)
+                    continue
+                tokens = int(chunk.attention_mask.sum())
+                logger.warning("passage %s (%d tokens) does not fit in device memory alone; skipped",
+                               chunk.passage_ids[0], tokens)
+                if stats is not None:
+                    stats.skipped.append((chunk.passage_ids[0], tokens))
+                    stats.skipped_indices.append(chunk.indices[0])
+                continue
+            except RuntimeError as exc:
+                if "CUDA" not in str(exc) or isinstance(exc, PoolBenchError):
+                    raise
+                raise ExtractionError(
+                    f"CUDA error in the capture (forward and pooling) of batch {batch_index} ({len(chunk.indices)} "
+                    f"passages from {chunk.passage_ids[0]!r}, {chunk.input_ids.shape[1]} tokens): "
+                    f"{str(exc).splitlines()[0]}") from exc
+            yield chunk, sink
+
+
+def _unprepared(sink_for: Callable[[PaddedBatch], SinkT], chunk: PaddedBatch) -> Callable[[], SinkT]:
+    """A sink_for as a prepare_for: nothing to do ahead, everything when the sink is made."""
+    return partial(sink_for, chunk)
+
+
+class _ChunkPlan:
+    """The row chunks of the batches in order, each batch cut at the budget when it comes up; after an
+    out-of-memory halving every later batch is cut at the smaller size, one already looked at (to prepare its
+    first chunk ahead) included."""
+
+    def __init__(self, batches: Iterator[PaddedBatch], costs: TokenCosts, budget: int) -> None:
+        self._batches = enumerate(batches)
+        self._costs, self._budget = costs, budget
+        self._halvings = 0
+        self._pending: list[tuple[int, PaddedBatch]] = []
+        self._looked: tuple[int, PaddedBatch, int, list[tuple[int, PaddedBatch]]] | None = None  # index, batch,
+        # the halvings it was cut at, its chunks
+
+    def _cut(self, index: int, batch: PaddedBatch) -> list[tuple[int, PaddedBatch]]:
+        rows = max(1, rows_per_forward(self._costs, self._budget, batch.input_ids.shape[1]) >> self._halvings)
+        return [(index, batch.select(chunk)) for chunk in row_chunks(len(batch.indices), rows)]
+
+    def _look(self) -> bool:
+        """Cut the next batch (once) without starting it; False at the end."""
+        if self._looked is None:
+            for index, batch in self._batches:
+                self._looked = (index, batch, self._halvings, self._cut(index, batch))
+                break
+        return self._looked is not None
+
+    def next(self) -> tuple[int, PaddedBatch] | None:
+        """The next chunk to capture, or None when every batch is done."""
+        while not self._pending:
+            if not self._look():
+                return None
+            assert self._looked is not None
+            index, batch, halvings, chunks = self._looked
+            self._looked = None
+            self._pending = chunks if halvings == self._halvings else self._cut(index, batch)
+        return self._pending.pop(0)
+
+    def peek(self) -> PaddedBatch | None:
+        """The chunk after the one `next` gave, as it stands now (a halving may still replace it)."""
+        if self._pending:
+            return self._pending[0][1]
+        if not self._look():
+            return None
+        assert self._looked is not None
+        chunks = self._looked[3]
+        return chunks[0][1] if chunks else None
+
+    def halve(self, index: int, chunk: PaddedBatch) -> None:
+        """Retry `chunk` as its two halves, first; this batch's other chunks keep their size, later ones shrink."""
+        self._halvings += 1
+        n = len(chunk.indices)
+        self._pending[:0] = [(index, chunk.select(slice(0, n // 2))), (index, chunk.select(slice(n // 2, n)))]
+
+
+class _Preparer:
+    """Runs chunks' preparations, the next one on a background thread while a forward runs when `overlap`;
+    a preparation made for one chunk object is only ever used for that object."""
+
+    def __init__(self, prepare: Callable[[PaddedBatch], Callable[[], SinkT]], overlap: bool,
+                 stats: ExtractionStats | None) -> None:
+        self._prepare = prepare
+        self._stats = stats
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="poolbench-prepare") if overlap else None
+        self._slot: tuple[PaddedBatch, Future] | None = None
+
+    def __enter__(self) -> _Preparer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _timed(self, chunk: PaddedBatch) -> tuple[Callable[[], object], float]:
+        start = time.perf_counter()
+        make = self._prepare(chunk)
+        return make, time.perf_counter() - start
+
+    def take(self, chunk: PaddedBatch) -> Callable[[], SinkT]:
+        """`chunk`'s preparation: the one made ahead for this very chunk, else made now."""
+        slot, self._slot = self._slot, None
+        if slot is not None and slot[0] is chunk:
+            make, seconds = slot[1].result()
+            if self._stats is not None:
+                self._stats.prepared_ahead += 1
+        else:
+            if slot is not None:
+                slot[1].cancel()
+            make, seconds = self._timed(chunk)
+        if self._stats is not None:
+            self._stats.prepare_seconds += seconds
+        return make  # type: ignore[return-value]
+
+    def ahead(self, chunk: PaddedBatch) -> None:
+        """Start preparing `chunk` in the background (with overlap), to be taken after the current forward."""
+        if self._pool is not None and (self._slot is None or self._slot[0] is not chunk):
+            if self._slot is not None:
+                self._slot[1].cancel()
+            self._slot = (chunk, self._pool.submit(self._timed, chunk))
+
+
+def _release(model: nn.Module) -> None:
+    """Give the cached blocks of a failed forward back before the halved retry."""
+    if next(model.parameters()).device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _capture_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch: PaddedBatch,
+                   layers: tuple[int, ...], sink: LayerSink, *, stats: ExtractionStats | None,
+                   stop_early: bool, needs: frozenset[str]) -> None:
+    """One forward (and, for S2, one backward) over one chunk; each layer goes to `sink` with its extras."""
+    start = time.perf_counter()
+    attention, gradient = "attention" in needs, "gradient" in needs
+    written: set[int] = set()
+    heads: dict[int, dict[str, torch.Tensor]] = {}
+
+    def write(layer: int, hidden: torch.Tensor, more: LayerExtras | None = None) -> None:
+        extras = {_ATTENTION_NAMES[name]: value for name, value in heads.get(layer, {}).items()}
+        sink(layer, hidden, {**extras, **(more or {})})
+        written.add(layer)
+
+    grad_mode = torch.enable_grad() if gradient else torch.inference_mode()
+    with grad_mode, ExitStack() as stack:
+        inputs = model_inputs(model, batch)
+        mask = inputs["attention_mask"].to(torch.bool)  # type: ignore[union-attr]
+        heads = stack.enter_context(
+            capture_attention(model, decoder_layers, layers, mask, head_outputs="labels" in needs)
+            if attention else nullcontext({}))
+        if gradient:
+            gradient_forward(model, decoder_layers, inputs, mask, layers, write)
+        else:
+            with capture_layer_outputs(decoder_layers, layers, stop_early=stop_early, sink=write):
+                model(**inputs)
+        missing = [layer for layer in layers if layer not in written]
+        if missing:
+            raise ExtractionError(f"layers {missing} never ran: decoder_layers are not this model's")
+    sync_device(model)
+    converted = time.perf_counter()
+    sink.finish()
+    done = time.perf_counter()
+    if stats is not None:
+        stats.batches += 1
+        stats.passages += len(batch.indices)
+        stats.tokens += int(batch.attention_mask.sum())
+        stats.padded_tokens += batch.attention_mask.size
+        stats.forward_seconds += converted - start
+        stats.convert_seconds += done - converted
+
+
+_ATTENTION_NAMES = {"inflow": "attention_head_inflow", "inflow_last": "attention_head_inflow_last",
+                    "head_output_last": "attention_head_output_last"}

@@ -1,0 +1,74 @@
+"""Timing baselines a bench holds the capture against: the plain forward, and S2's forward with one backward,
+on the same batches, so a hooked path can never look faster than the model it reads."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from poolbench.extractor.attention_capture import passage_log_likelihood
+from poolbench.extractor.batching import (
+    row_chunks,
+    rows_per_forward,
+)
+from poolbench.extractor.capture import (
+    ExtractionStats,
+    model_token_costs,
+    resolve_max_batch_tokens,
+    sync_device,
+)
+from poolbench.extractor.padded_batches import PaddedBatch, model_inputs
+
+
+def _count(stats: ExtractionStats, batch: PaddedBatch, seconds: float) -> None:
+    stats.batches += 1
+    stats.passages += len(batch.indices)
+    stats.tokens += int(batch.attention_mask.sum())
+    stats.padded_tokens += batch.attention_mask.size
+    stats.forward_seconds += seconds
+
+
+def forward_only(
+    model: nn.Module, batches: Iterable[PaddedBatch], *, stats: ExtractionStats | None = None
+) -> ExtractionStats:
+    """The timing baseline: the plain decoder forward (full depth, final norm, no LM head, no hooks) on the
+    same batches under inference_mode, so a hooked path can never look faster than the model it reads."""
+    stats = stats if stats is not None else ExtractionStats()
+    decoder = getattr(model, "base_model", model)
+    for batch in batches:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            decoder(**model_inputs(decoder, batch))
+        sync_device(model)
+        _count(stats, batch, time.perf_counter() - start)
+    return stats
+
+
+def forward_backward(
+    model: nn.Module, batches: Iterable[PaddedBatch], *, max_batch_tokens: int | None = None,
+    stats: ExtractionStats | None = None,
+) -> ExtractionStats:
+    """The S2 baseline: forward to the LM head and one backward of the log-likelihood to the input embeddings,
+    in the row chunks S2 itself would use at this budget (a whole batch's graph may not fit)."""
+    stats = stats if stats is not None else ExtractionStats()
+    layers = (0,)
+    budget = resolve_max_batch_tokens(model, layers, max_batch_tokens)
+    costs = model_token_costs(model, layers, frozenset({"gradient"}))
+    embed = model.get_input_embeddings()
+    for batch in batches:
+        for chunk in row_chunks(len(batch.indices), rows_per_forward(costs, budget, batch.input_ids.shape[1])):
+            part = batch.select(chunk)
+            start = time.perf_counter()
+            with torch.enable_grad():
+                inputs = model_inputs(model, part)
+                ids = inputs.pop("input_ids")
+                embeds = embed(ids).detach().requires_grad_(True)  # type: ignore[arg-type]
+                logits = model(inputs_embeds=embeds, **inputs).logits
+                score = passage_log_likelihood(logits, ids, inputs["attention_mask"].to(torch.bool))  # type: ignore
+                torch.autograd.grad(score, [embeds])
+            sync_device(model)
+            _count(stats, part, time.perf_counter() - start)
+    return stats

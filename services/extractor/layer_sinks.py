@@ -1,0 +1,74 @@
+"""Where a capture hands each layer's token states: the sink contract device pooling implements, and the
+reference sink that copies every layer to the host as an ActivationBatch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, TypeVar
+
+import numpy as np
+import torch
+
+from poolbench.extractor.activations import ActivationBatch
+from poolbench.extractor.padded_batches import PaddedBatch
+
+
+def _torch_dtype(dtype_out: np.dtype | type) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype=dtype_out)).dtype
+
+
+LayerExtras = Mapping[str, torch.Tensor]
+
+
+class LayerSink(Protocol):
+    """What a capture hands each requested layer to: its token states [B, T, d] on the model's device and that
+    layer's extras on the same device ("attention_head_inflow" / "attention_head_inflow_last" [B, H, T],
+    "attention_head_output_last" [B, H, Dh], "gradient_norm" / "gradient_x_input" [B, T]); `finish` runs once
+    after the forward (and backward), where device work may be waited for."""
+
+    def __call__(self, layer: int, hidden: torch.Tensor, extras: LayerExtras) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+SinkT = TypeVar("SinkT", bound=LayerSink)
+
+
+class HostCapture:
+    """Today's hand-off, kept as the reference: every layer's token states into one buffer, then to the host as
+    an ActivationBatch (numpy) for numpy pooling, activation dumps and other readers of token states."""
+
+    def __init__(self, batch: PaddedBatch, layers: Sequence[int], dtype_out: np.dtype | type = np.float32) -> None:
+        self.batch = batch
+        self.layers = tuple(layers)
+        self._dtype = _torch_dtype(dtype_out)
+        self._position = {layer: i for i, layer in enumerate(self.layers)}
+        self._buffer: torch.Tensor | None = None
+        self._extras: dict[int, LayerExtras] = {}
+        self.activations: ActivationBatch | None = None
+
+    def __call__(self, layer: int, hidden: torch.Tensor, extras: LayerExtras) -> None:
+        if self._buffer is None:
+            self._buffer = torch.empty((len(self.layers), *hidden.shape), dtype=self._dtype, device=hidden.device)
+        self._buffer[self._position[layer]].copy_(hidden)
+        self._extras[layer] = extras
+
+    def finish(self) -> None:
+        assert self._buffer is not None
+        b = self.batch
+        self.activations = ActivationBatch(
+            passage_ids=b.passage_ids, texts=b.texts, layers=self.layers, hidden=self._buffer.cpu().numpy(),
+            attention_mask=b.attention_mask, input_ids=b.input_ids, offsets=b.offsets, special_mask=b.special_mask,
+            extras=stack_layer_extras([self._extras[layer] for layer in self.layers]))
+        self._buffer = None
+
+
+def stack_layer_extras(per_layer: Sequence[LayerExtras]) -> dict[str, np.ndarray]:
+    """Per-layer device extras stacked to the [L, ...] numpy extras strategies read, plus S1's head means."""
+    if not per_layer or not per_layer[0]:
+        return {}
+    extras = {name: torch.stack([layer[name] for layer in per_layer]).cpu().numpy() for name in per_layer[0]}
+    if "attention_head_inflow" in extras:
+        extras["attention_inflow"] = extras["attention_head_inflow"].mean(axis=2)
+        extras["attention_inflow_last"] = extras["attention_head_inflow_last"].mean(axis=2)
+    return extras

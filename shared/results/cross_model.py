@@ -1,0 +1,166 @@
+"""The cross-model table: strategy × model mean D1 at each model's CV-chosen layer, ranks per model, mean rank,
+Kendall's W across models, and the answer in words ("best in every model", "best on average", ties as ties)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import rankdata
+
+from poolbench.errors import PoolBenchError
+from poolbench.prober.concordance import concordance
+from poolbench.results.ranking import group_letters, mean_t_interval, tie_groups
+
+CROSS_MODEL_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ModelBoard:
+    """One model's finished leaderboard, the name the run was given for it and its depth."""
+
+    name: str
+    model_id: str
+    n_layers: int
+    leaderboard: dict
+    folder: str = ""
+
+
+def relative_depth(layer: int, n_layers: int) -> float:
+    """layer / (n_layers − 1): 0 is the first block, 1 the last, so a 30- and an 18-layer model overlay."""
+    return 0.0 if n_layers <= 1 else layer / (n_layers - 1)
+
+
+def shared_cells(boards: Sequence[ModelBoard]) -> tuple[list[str], list[str]]:
+    """Strategies every model ranked and concepts every model's every such strategy has, in first-board order:
+    W compares like with like, so a strategy or concept missing from one model leaves the table."""
+    rows = [{r["strategy"]: r for r in b.leaderboard.get("strategies", [])} for b in boards]
+    strategies = [s for s in rows[0] if all(s in r for r in rows[1:])]
+    if len(strategies) < 2:
+        raise PoolBenchError(f"cross-model table: the models share {len(strategies)} ranked strategies; it needs 2")
+    first = rows[0][strategies[0]]["per_concept"]
+    concepts = [c for c in first if all(c in r[s]["per_concept"] for r in rows for s in strategies)]
+    if not concepts:
+        raise PoolBenchError("cross-model table: the models share no probed concept")
+    return strategies, concepts
+
+
+def _best(values: Mapping[str, float], higher: bool) -> list[str]:
+    """Every strategy at the extreme: a tie is named as a tie, never broken by name order."""
+    extreme = max(values.values()) if higher else min(values.values())
+    return sorted(s for s, v in values.items() if v == extreme)
+
+
+def tied_with_best(leaderboard: dict, best: str) -> list[str] | None:
+    """Strategies the model's own Nemenyi test cannot tell apart from `best` (sharing a tie-group letter over its
+    Friedman average ranks); None when the model's leaderboard has no Friedman test."""
+    friedman = leaderboard.get("friedman") or {}
+    ranks, cd = friedman.get("average_ranks"), friedman.get("critical_difference")
+    if not ranks or cd is None or best not in ranks:
+        return None
+    letters = group_letters(tie_groups(ranks, float(cd)))
+    return sorted(s for s in ranks if s != best and set(letters.get(s, "")) & set(letters.get(best, "")))
+
+
+def cross_model_table(boards: Sequence[ModelBoard], *, n_permutations: int = 9999, n_bootstrap: int = 1000,
+                      seed: int = 0) -> dict:
+    """The table every cross-model view reads: rows per strategy with each model's D1 (mean over the shared
+    concepts, t-interval over concepts), chosen layer and its relative depth, rank within the model; the
+    agreement statistic; and who is best where."""
+    if len(boards) < 2:
+        raise PoolBenchError(f"cross-model table: needs at least two models, got {len(boards)}")
+    strategies, concepts = shared_cells(boards)
+    by_model = [{r["strategy"]: r for r in b.leaderboard["strategies"]} for b in boards]
+    d1 = np.array([[[rows[s]["per_concept"][c]["auroc"] for c in concepts] for s in strategies]
+                   for rows in by_model], dtype=np.float64)  # [models, strategies, concepts]
+    means = d1.mean(axis=-1)
+    ranks = rankdata(-means, method="average", axis=-1)
+    mean_rank = ranks.mean(axis=0)
+    names = [b.name for b in boards]
+    rows = []
+    for j, strategy in enumerate(strategies):
+        per_model = {}
+        for i, board in enumerate(boards):
+            row = by_model[i][strategy]
+            mean, low, high = mean_t_interval(d1[i, j])
+            steering = (board.leaderboard.get("steering") or {}).get(strategy)
+            per_model[board.name] = {
+                "mean_d1": mean, "ci_low": low, "ci_high": high, "rank": float(ranks[i, j]),
+                "best_layer": int(row["best_layer"]), "n_layers": board.n_layers,
+                "relative_depth": relative_depth(int(row["best_layer"]), board.n_layers),
+                "layer_curve": {f"{relative_depth(int(L), board.n_layers):.4f}": float(v)
+                                for L, v in sorted(row["layer_curve"].items(), key=lambda kv: int(kv[0]))},
+                **({"mean_d2_delta": steering.get("mean_d2_delta"), "mean_scp": steering.get("mean_scp")}
+                   if steering else {}),
+            }
+        family = next((r[strategy].get("family") for r in by_model if r[strategy].get("family")), None)
+        rows.append({"strategy": strategy, **({"family": family} if family else {}),
+                     "mean_rank": float(mean_rank[j]), "mean_d1": float(means[:, j].mean()), "per_model": per_model})
+    rows.sort(key=lambda r: (r["mean_rank"], -r["mean_d1"], r["strategy"]))
+    best_per_model = {name: _best(dict(zip(strategies, means[i].tolist(), strict=True)), higher=True)
+                      for i, name in enumerate(names)}
+    in_every = sorted(set.intersection(*(set(v) for v in best_per_model.values())))
+    on_average = _best(dict(zip(strategies, mean_rank.tolist(), strict=True)), higher=False)
+    agreement = concordance(d1, n_permutations=n_permutations, n_bootstrap=n_bootstrap, seed=seed).to_dict()
+    tied = {b.name: tied_with_best(b.leaderboard, best_per_model[b.name][0]) for b in boards}
+    table = {
+        "version": CROSS_MODEL_VERSION,
+        "models": [{"name": b.name, "model_id": b.model_id, "n_layers": b.n_layers, "folder": b.folder}
+                   for b in boards],
+        "concepts": concepts, "strategies": [r["strategy"] for r in rows], "rows": rows,
+        "agreement": agreement,
+        "best": {"per_model": best_per_model, "in_every_model": in_every, "on_average": on_average,
+                 "on_average_mean_rank": float(mean_rank.min()),
+                 "tied_within_model": {k: v for k, v in tied.items() if v is not None}},
+        "d1": "held-out AUROC at each model's own CV-chosen layer per strategy, mean over the concepts every "
+              "model probed; rank 1 = highest mean D1 in that model, ties share the average rank",
+    }
+    table["answer"] = cross_model_sentences(table)
+    return table
+
+
+def _list(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def _interval(low: float | None, high: float | None) -> str:
+    return "no interval" if low is None or high is None else f"[{low:.2f}, {high:.2f}]"
+
+
+def cross_model_sentences(table: dict) -> list[str]:
+    """The cross-model answer in plain sentences: who is best in each model and in all, who is best on average,
+    and how much the rankings agree (W, its interval and p)."""
+    best = table["best"]
+    models = [m["name"] for m in table["models"]]
+    labels = {m["name"]: m["name"] if m["name"] == m["model_id"] else f"{m['name']} ({m['model_id']})"
+              for m in table["models"]}
+    rows = {r["strategy"]: r for r in table["rows"]}
+    lines = []
+    every = best["in_every_model"]
+    if len(every) == 1 and all(v == every for v in best["per_model"].values()):
+        lines.append(f"{every[0]} is the best strategy in every model ({_list([labels[m] for m in models])}).")
+    elif every:
+        lines.append(f"{_list(every)} {'is' if len(every) == 1 else 'are'} best in every model, tied: " + "; ".join(
+            f"on {labels[m]} {_list(best['per_model'][m])} tie" for m in models if len(best['per_model'][m]) > 1)
+            + ".")
+    else:
+        lines.append("No strategy is best in every model: " + "; ".join(
+            f"best on {labels[m]} is {_list(best['per_model'][m])}"
+            + (" (tied)" if len(best['per_model'][m]) > 1 else "")
+            + f" (D1 {rows[best['per_model'][m][0]]['per_model'][m]['mean_d1']:.3f})" for m in models) + ".")
+    within = best.get("tied_within_model") or {}
+    if any(within.values()):
+        counts = {m: len(within[m]) for m in models if m in within}
+        lines.append("Within each model its best is not told apart (Nemenyi, its own leaderboard) from: " + "; ".join(
+            f"on {labels[m]} {n} other strateg{'y' if n == 1 else 'ies'}" for m, n in counts.items()) + ".")
+    average = best["on_average"]
+    lines.append(f"Best on average over {len(models)} models: {_list(average)}"
+                 + (" (tied)" if len(average) > 1 else "") + f", mean rank {best['on_average_mean_rank']:.1f} of "
+                 f"{len(table['strategies'])}.")
+    a = table["agreement"]
+    strength = ("strong" if a["kendall_w"] >= 0.7 else "moderate" if a["kendall_w"] >= 0.4 else "weak")
+    lines.append(f"Rank agreement across models: Kendall's W = {a['kendall_w']:.2f}, 95% interval "
+                 f"{_interval(a['ci_low'], a['ci_high'])} over concepts, permutation p = {a['p_value']:.3g} "
+                 f"({strength}; {a['n_strategies']} strategies, {a['n_concepts']} concepts).")
+    return lines

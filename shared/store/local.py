@@ -1,0 +1,149 @@
+"""Local-folder backend of the artifact store: each object beside a checksum sidecar written just before it, every
+file renamed into place whole, so a failed write leaves nothing visible."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from poolbench.atomic_write import atomic_file
+from poolbench.errors import StoreError
+from poolbench.store.artifact_store import SUFFIX_DIR, TMP_PREFIX, ArtifactStore, StoredObject
+
+SIDECAR_SUFFIX = ".poolbench-meta.json"
+
+
+
+def _atomic_write(path: Path, fill: Callable[[IO[bytes]], None]) -> None:
+    with atomic_file(path, prefix=TMP_PREFIX) as fh:
+        fill(fh)
+
+
+
+class LocalStore(ArtifactStore):
+    """Artifacts in a local folder. Each object has a checksum sidecar written just before it; the object's
+    rename is the commit point, so a failed first write leaves nothing visible, and a failed rewrite puts
+    the old sidecar back. A hard crash inside a rewrite of different bytes reads as corrupt, never as
+    wrong data (keys are content-determined, so rewrites normally carry the same bytes anyway)."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        super().__init__()
+        self.root = Path(root).expanduser().absolute()
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot create store folder {self.root}: {exc.strerror or exc}") from exc
+
+    def describe(self) -> str:
+        return f"local:{self.root}"
+
+    def _path(self, name: str) -> Path:
+        return self.root / name
+
+    @staticmethod
+    def _sidecar(path: Path) -> Path:
+        return path.with_name(path.name + SIDECAR_SUFFIX)
+
+    def _write(self, name: str, data: bytes, sha256: str, metadata: dict[str, str]) -> None:
+        path = self._path(name)
+        sidecar = self._sidecar(path)
+        info = json.dumps({"sha256": sha256, "metadata": metadata}, sort_keys=True).encode("utf-8")
+        try:
+            old_info = sidecar.read_bytes() if path.exists() else None
+        except OSError:
+            old_info = None
+        try:
+            _atomic_write(sidecar, lambda f: f.write(info))
+            try:
+                _atomic_write(path, lambda f: f.write(data))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    if old_info is None:
+                        sidecar.unlink()
+                    else:
+                        _atomic_write(sidecar, lambda f: f.write(old_info))
+                raise
+        except OSError as exc:
+            raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
+
+    def _info(self, path: Path) -> tuple[str | None, dict[str, str]]:
+        try:
+            info = json.loads(self._sidecar(path).read_text("utf-8"))
+            return str(info["sha256"]), dict(info.get("metadata") or {})
+        except (OSError, ValueError, KeyError, TypeError):
+            return None, {}
+
+    def _read(self, name: str) -> StoredObject | None:
+        path = self._path(name)
+        try:
+            data = path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        sha, meta = self._info(path)
+        return StoredObject(data, sha, meta)
+
+    def _read_info(self, name: str) -> StoredObject | None:
+        path = self._path(name)
+        if not path.is_file():
+            return None
+        sha, meta = self._info(path)
+        return StoredObject(b"", sha, meta)
+
+    def _has(self, name: str) -> bool:
+        return self._path(name).is_file()
+
+    def _names(self, prefix: str) -> list[str]:
+        start = self.root / prefix.rpartition("/")[0]
+        names = []
+        for dirpath, dirnames, filenames in os.walk(start):
+            dirnames[:] = [d for d in dirnames if not d.startswith(TMP_PREFIX)]
+            rel_dir = Path(dirpath).relative_to(self.root)
+            for fname in filenames:
+                if fname.startswith(TMP_PREFIX) or fname.endswith(SIDECAR_SUFFIX):
+                    continue
+                name = (rel_dir / fname).as_posix()
+                if name.startswith(prefix):
+                    names.append(name)
+        return names
+
+    def _remove(self, name: str) -> None:
+        path = self._path(name)
+        try:
+            path.unlink(missing_ok=True)
+            self._sidecar(path).unlink(missing_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot delete {path}: {exc.strerror or exc}") from exc
+        parent = path.parent
+        while parent != self.root and f"{SUFFIX_DIR}/" in parent.relative_to(self.root).as_posix() + "/":
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+
+    def _write_file(self, name: str, src: Path, sha256: str) -> None:
+        path = self._path(name)
+        try:
+            with open(src, "rb") as fsrc:
+                _atomic_write(path, lambda f: shutil.copyfileobj(fsrc, f, 1 << 20))
+        except OSError as exc:
+            raise StoreError(f"cannot copy {src} to {path}: {exc.strerror or exc}") from exc
+
+    def _read_file(self, name: str, dest: Path) -> bool:
+        path = self._path(name)
+        try:
+            shutil.copyfile(path, dest)
+        except FileNotFoundError:
+            if path.exists():
+                raise StoreError(f"cannot write {dest}") from None
+            return False
+        except OSError as exc:
+            raise StoreError(f"cannot copy {path} to {dest}: {exc.strerror or exc}") from exc
+        return True

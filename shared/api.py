@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from poolbench.config import RunConfig
 from poolbench.defaults import DEFAULT_RUN_DIR, EMBEDDED
-from poolbench.errors import PoolBenchError
+from poolbench.errors import PoolBenchError, StageFailed
 from poolbench.records.base import RecordError
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.events import EventSink
@@ -88,6 +88,9 @@ def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None, strate
     paths = write_run_outputs(outcome, Path(cfg.out))
     document = json.loads(paths["results"].read_text())
     leaderboard = json.loads(paths["leaderboard"].read_text())
+    if document.get("errors"):
+        first = document["errors"][0]
+        raise StageFailed(f"{first['stage']} failed: {first['message']} (the D1 results are in {paths['results']})")
     if log_samples:
         from poolbench.results.samples import write_generations, write_samples
         from poolbench.store.url import open_store

@@ -29,5 +29,9 @@ class ModelLoadError(PoolBenchError):
     """A model id or path that cannot be loaded."""
 
 
+class StageFailed(PoolBenchError):
+    """A later stage of a run failed after the earlier ones' results were written (they stand; the run exits 1)."""
+
+
 class ExtractionError(PoolBenchError):
     """A tokenizer or model that extraction cannot work with."""

@@ -9,17 +9,27 @@ import sys
 
 PROFILE_ENV = "POOLBENCH_CPU_PROFILE"
 
-# Per profile: the environment that selects the kernels, and what torch and numpy report once they obey it.
-# ATEN_CPU_CAPABILITY picks torch's own kernels, MKL_ENABLE_INSTRUCTIONS and ONEDNN_MAX_CPU_ISA the BLAS and
-# oneDNN ones torch calls, NPY_DISABLE_CPU_FEATURES numpy's SIMD loops (its baseline, X86_V2, stays).
+# Per profile: the environment that selects torch's, MKL's and oneDNN's kernels, and what torch reports once it
+# obeys. numpy's SIMD loops are held by NPY_DISABLE_CPU_FEATURES, built per run from numpy's own dispatch list:
+# numpy 2.3 names each extension (AVX2, AVX512_SKX, ...), numpy 2.4 names x86-64 levels (X86_V3, X86_V4, ...).
 PROFILES: dict[str, dict[str, str]] = {
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
-             "NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL AVX512_SPR"},
-    "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41",
-                "NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL AVX512_SPR"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"},
 }
 TORCH_CAPABILITY = {"avx2": "AVX2", "default": "DEFAULT"}
-NUMPY_DISPATCH = {"avx2": {"X86_V3"}, "default": set()}  # the SIMD extensions numpy may still dispatch to
+_SSE4 = {"SSSE3", "SSE41", "POPCNT", "SSE42", "X86_V2"}
+NUMPY_DISPATCH = {  # the SIMD targets numpy may still dispatch to under each profile, in either naming
+    "avx2": _SSE4 | {"AVX", "F16C", "FMA3", "AVX2", "X86_V3"},
+    "default": _SSE4,
+}
+
+
+def numpy_disabled(profile: str) -> str:
+    """NPY_DISABLE_CPU_FEATURES for PROFILE: every target numpy was built to dispatch to beyond the profile's (a
+    target this CPU lacks is accepted and stays off)."""
+    from numpy._core._multiarray_umath import __cpu_dispatch__
+
+    return " ".join(target for target in __cpu_dispatch__ if target not in NUMPY_DISPATCH[profile])
 
 
 def profile_mismatches(profile: str) -> list[str]:
@@ -49,6 +59,9 @@ def main(argv: list[str]) -> int:
         print(f"usage: cpu_kernels.py {{{','.join(PROFILES)}}} -- CMD...", file=sys.stderr)
         return 2
     env = {**os.environ, **PROFILES[argv[0]], PROFILE_ENV: argv[0]}
+    disabled = numpy_disabled(argv[0])
+    if disabled:
+        env["NPY_DISABLE_CPU_FEATURES"] = disabled
     os.execvpe(argv[2], argv[2:], env)
 
 

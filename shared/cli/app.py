@@ -138,7 +138,7 @@ def run(
     steering: Annotated[bool, typer.Option(help="D2/D3 after D1 (default subset; --full for every cell)")] = True,
     full: Annotated[bool, typer.Option(help="steer every concept x strategy at its D1 layer, 50 prompts")] = False,
     allow_weak_scorer: Annotated[bool, typer.Option(help="keep scorers with held-out AUROC < 0.7")] = False,
-    backend: Annotated[str, typer.Option(help="steering backend: transformers or vllm (GPU, extra [gpu])")]
+    backend: Annotated[str, typer.Option(help="steering backend: transformers or vllm (GPU or CPU)")]
     = "transformers",
     tensor_parallel_size: Annotated[int, typer.Option(
         help="--backend vllm: GPUs per engine, for a model that does not fit one card (one steering actor each)")]

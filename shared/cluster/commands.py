@@ -31,7 +31,7 @@ def up(
     run: Annotated[Path | None, typer.Option(help="a run folder: /score serves the scorers it recorded")] = None,
     serve: Annotated[bool, typer.Option(help="deploy the HTTP app (--no-serve: Ray and S3 only)")] = True,
     steering_backend: Annotated[str, typer.Option(
-        help="/generate on transformers or vllm (a GPU per replica, extra [gpu])")] = "transformers",
+        help="/generate on transformers or vllm (GPU or CPU)")] = "transformers",
     state: State = STATE_DIR,
     token: Annotated[str | None, typer.Option(
         envvar="POOLBENCH_TOKEN", show_envvar=True,

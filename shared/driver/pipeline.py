@@ -44,6 +44,7 @@ from poolbench.records.events import (
 )
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.run import RunOutcome
+from poolbench.steerer.errors import EngineDied
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key, layer_shard_key
 from poolbench.store.url import open_store
@@ -459,10 +460,16 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None,
                           seed=cfg.seed)
     lexical_tiers = lexical_by_tier(passages, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
     timing = {"d1_s": time.perf_counter() - started}
-    steering = steer(cfg, inputs, run, records, threads, emit) if cfg.steering else None
+    steering, steering_error = None, ""
+    if cfg.steering:
+        try:
+            steering = steer(cfg, inputs, run, records, threads, emit)
+        except EngineDied as exc:  # the engine died twice: the run's D1 stands, its steering stage failed
+            steering_error = str(exc).splitlines()[0]
     if steering is not None:
         timing["steering_s"] = steering["timing"]["total_s"]
         cluster = cluster.joined(steering.pop("cluster"))
     timing["total_s"] = time.perf_counter() - started
     return replace(outcome_of(cfg, inputs, run, records, computed, timing, steering), lexical=lexical,
-                   d1_buckets=buckets, d1_tiers=d1_tiers, lexical_tiers=lexical_tiers, cluster=cluster)
+                   d1_buckets=buckets, d1_tiers=d1_tiers, lexical_tiers=lexical_tiers, steering_error=steering_error,
+                   cluster=cluster)

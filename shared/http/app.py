@@ -42,6 +42,7 @@ from poolbench.http.schemas import (
 from poolbench.http.service_errors import NotServed, RequestError, ServiceConfigError
 from poolbench.http.settings import ServiceSettings, check_scorers
 from poolbench.http.text_pooling import strategy_spec
+from poolbench.steerer.errors import EngineDied
 
 APP_NAME = "poolbench"
 DEFAULT_HOST = "127.0.0.1"
@@ -113,6 +114,10 @@ def build_api(settings: ServiceSettings) -> FastAPI:
     async def unavailable(_: Request, exc: ServiceConfigError):
         return JSONResponse(status_code=503, content={"detail": str(exc).splitlines()[0]})
 
+    @api.exception_handler(EngineDied)
+    async def engine_died(_: Request, exc: EngineDied):
+        return JSONResponse(status_code=503, content={"detail": str(exc).splitlines()[0]})
+
     @api.exception_handler(PoolBenchError)
     async def poolbench_error(_: Request, exc: PoolBenchError):
         return JSONResponse(status_code=422, content={"detail": str(exc).splitlines()[0]})
@@ -166,6 +171,7 @@ def build_api(settings: ServiceSettings) -> FastAPI:
 
 def serve_application(settings: ServiceSettings, *, num_cpus: float = 1.0):
     """The Serve application: one deployment whose ingress is the FastAPI app, built on each replica."""
+    import ray
     from ray import serve
 
     def build() -> FastAPI:
@@ -176,7 +182,8 @@ def serve_application(settings: ServiceSettings, *, num_cpus: float = 1.0):
 
     @serve.deployment(name="PoolBenchIngress", num_replicas=1, max_ongoing_requests=ongoing,
                       ray_actor_options={"num_cpus": num_cpus,
-                                         **({"num_gpus": 1} if settings.steering_backend == "vllm" else {})})
+                                         **({"num_gpus": 1} if settings.steering_backend == "vllm"
+                                            and ray.cluster_resources().get("GPU") else {})})
     @serve.ingress(build)
     class PoolBenchIngress:
         """Holds one replica's models and scorers; every route is the FastAPI handler."""

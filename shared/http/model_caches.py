@@ -146,6 +146,6 @@ class SteeringEngines:
         from poolbench.steerer.vllm_backend import VLLMBackend
 
         with self._lock:
-            if model not in self._engines:
+            if model not in self._engines or self._engines[model].dead:  # a dead engine: a new one
                 self._engines[model] = VLLMBackend(str(loaded.path), dtype=self.settings.dtype)
             return self._engines[model]

@@ -40,7 +40,7 @@ class ServiceSettings(BaseModel):
     max_length: int = Field(256, ge=8)
     device: str = "auto"
     dtype: str = "auto"
-    steering_backend: Literal["transformers", "vllm"] = "transformers"  # vllm: /generate on a vLLM engine (GPU)
+    steering_backend: Literal["transformers", "vllm"] = "transformers"  # vllm: /generate on a vLLM engine
     token: str | None = Field(None, min_length=16, repr=False, exclude=True)  # bearer token; None: no auth
 
     @model_validator(mode="after")

@@ -27,6 +27,7 @@ class RunOutcome:
     timing: dict[str, float] = field(default_factory=dict)
     store: str = ""
     steering: SteeringStage | None = None
+    steering_error: str = ""  # the one line that failed the steering stage (the D1 results stand)
     lexical: list[LexicalBaselineRecord] = field(default_factory=list)
     d1_buckets: list[BucketAurocRecord] = field(default_factory=list)
     d1_tiers: list[TierAurocRecord] = field(default_factory=list)

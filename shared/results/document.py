@@ -76,6 +76,7 @@ def results_document(outcome: RunOutcome) -> dict:
         "reliability": _across_cells(outcome.records),
         "cells": [r.to_dict() for r in outcome.records],
         **_steering_sections(outcome.steering),
+        **({"errors": [{"stage": "steering", "message": outcome.steering_error}]} if outcome.steering_error else {}),
         **_breakdown_sections(outcome),
     }
 

@@ -4,14 +4,11 @@ figures are drawn, every figure is on screen in headless Chromium, and the findi
 from __future__ import annotations
 
 import json
-import re
-import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
-from PIL import Image
-from test_report import CHROMIUM, FIGURE_PROBE, write_run
+from browser import CHROMIUM, assert_drawn, figures_on_screen
+from test_report import write_run
 
 from poolbench.errors import PoolBenchError
 from poolbench.results.cross_model_findings import write_cross_model_findings
@@ -61,28 +58,10 @@ def test_cross_model_page_and_findings(tmp_path: Path) -> None:
 def test_cross_model_page_renders_in_headless_chromium(tmp_path: Path) -> None:
     run = cross_run(tmp_path / "run")
     figures = write_cross_model_report(run, tmp_path / "report.html")
-    probe_page = tmp_path / "probe.html"
-    probe_page.write_text((tmp_path / "report.html").read_text().replace("</body>", FIGURE_PROBE + "</body>"))
-    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-            "--force-device-scale-factor=1", f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*base, "--window-size=1200,900", "--virtual-time-budget=5000", "--dump-dom",
-                          probe_page.as_uri()], capture_output=True, text=True, timeout=60, check=True).stdout
-    found = re.search(r'<pre id="figure-probe">(.*?)</pre>', dom, re.S)
-    assert found, "the page's load handler did not run"
-    probe = json.loads(found.group(1).replace("&quot;", '"'))
-    assert [f["id"] for f in probe["figures"]] == [f.fig_id for f in figures]
-    shot = tmp_path / "shot.png"
-    subprocess.run([*base, f"--window-size=1200,{probe['height']}", f"--screenshot={shot}", probe_page.as_uri()],
-                   capture_output=True, timeout=60, check=True)
-    pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
-    for fig in probe["figures"][:2]:  # the cross-model figures; test_report checks the per-model ones
-        assert fig["complete"] and fig["naturalWidth"] > 100 and fig["w"] > 100 and fig["h"] > 100, fig
-        x, y, w, h = (round(fig[k]) for k in ("x", "y", "w", "h"))
-        region = pixels[y:y + h, x:x + w]
-        non_white = (region < 240).any(axis=2).mean()
-        colours = len(np.unique(region.reshape(-1, 3) // 16, axis=0))
-        assert non_white > 0.02 and colours > 8, f"{fig['id']} is blank on screen ({non_white=:.3f}, {colours=})"
+    on_screen, pixels = figures_on_screen(tmp_path / "report.html", tmp_path)
+    assert [f["id"] for f in on_screen] == [f.fig_id for f in figures]
+    for fig in on_screen[:2]:  # the cross-model figures; test_report checks the per-model ones
+        assert_drawn(fig, pixels)
 
 
 def test_the_committed_cross_model_findings_page_is_generated_from_its_facts() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from s3_server import free_port
+from serve_health import wait_healthy
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from poolbench.corpus.passage import Passage
@@ -75,15 +75,7 @@ def service(tiny_llama_dir, scored_run, local_ray) -> Iterator[tuple[str, str]]:
                                max_new_tokens=8, device="cpu", **scorers_of_run(scored_run[0]),
                                **vectors_of_run(scored_run[0]))
     base = start_serve(settings, port=free_port(), num_cpus=0.5)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "Serve app did not come up in 60 s"
-        time.sleep(0.2)
+    wait_healthy(base, 60)
     try:
         yield base, str(tiny_llama_dir)
     finally:

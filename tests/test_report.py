@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import re
-import shutil
-import subprocess
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 import pytest
-from PIL import Image
+from browser import CHROMIUM, assert_drawn, figures_on_screen
 from record_samples import d2_record, d3_record, scorer_validity
 
 from poolbench.errors import PoolBenchError
@@ -29,17 +25,6 @@ STRATEGIES = ("A1_mean", "P1_last", "W2_last_k")
 # test AUROC per strategy and layer (same for every concept but a per-concept offset), cv = test - 0.01
 D1 = {"A1_mean": (0.80, 0.90), "P1_last": (0.70, 0.60), "W2_last_k": (0.75, 0.85)}
 OFFSET = {"hedging": 0.0, "toxicity": 0.05, "planning": -0.05}
-CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-FIGURE_PROBE = """<script>window.addEventListener('load', () => {
-  const figs = [...document.querySelectorAll('img[data-figure]')].map(img => {
-    const r = img.getBoundingClientRect();
-    return {id: img.dataset.figure, complete: img.complete, naturalWidth: img.naturalWidth,
-            naturalHeight: img.naturalHeight, x: r.left + scrollX, y: r.top + scrollY, w: r.width, h: r.height};
-  });
-  const pre = document.createElement('pre'); pre.id = 'figure-probe';
-  pre.textContent = JSON.stringify({height: document.documentElement.scrollHeight, figures: figs});
-  document.body.appendChild(pre);
-});</script>"""
 
 
 def synthetic_cells() -> list[dict]:
@@ -222,33 +207,10 @@ def test_report_of_a_folder_of_runs_and_bad_input(tmp_path):
 def test_report_renders_every_figure_in_headless_chromium(tmp_path):
     figures = write_report(write_run(tmp_path / "run", store=tmp_path / "store"), tmp_path / "report.html")
     assert [f.fig_id for f in figures] == ALL_FIGURES
-    page = (tmp_path / "report.html").read_text()
-    probe_page = tmp_path / "probe.html"
-    probe_page.write_text(page.replace("</body>", FIGURE_PROBE + "</body>"))
-    base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-            "--force-device-scale-factor=1", f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*base, "--window-size=1200,900", "--virtual-time-budget=5000", "--dump-dom",
-                          probe_page.as_uri()], capture_output=True, text=True, timeout=60, check=True).stdout
-    found = re.search(r'<pre id="figure-probe">(.*?)</pre>', dom, re.S)
-    assert found, "the page's load handler did not run"
-    probe = json.loads(found.group(1).replace("&quot;", '"'))
-    assert [f["id"] for f in probe["figures"]] == [f.fig_id for f in figures]
-
-    shot = tmp_path / "shot.png"
-    subprocess.run([*base, f"--window-size=1200,{probe['height']}", f"--screenshot={shot}", probe_page.as_uri()],
-                   capture_output=True, timeout=60, check=True)
-    pixels = np.asarray(Image.open(shot).convert("RGB")).astype(int)
-    assert pixels.shape[0] == probe["height"]
-    for fig in probe["figures"]:
-        assert fig["complete"] and fig["naturalWidth"] > 100 and fig["naturalHeight"] > 100, fig
-        assert fig["w"] > 100 and fig["h"] > 100, fig
-        x, y, w, h = (round(fig[k]) for k in ("x", "y", "w", "h"))
-        region = pixels[y:y + h, x:x + w]
-        assert region.shape[:2] == (h, w), f"{fig['id']} lies outside the screenshot"
-        non_white = (region < 240).any(axis=2).mean()
-        colours = len(np.unique(region.reshape(-1, 3) // 16, axis=0))
-        assert non_white > 0.02 and colours > 8, f"{fig['id']} is blank on screen ({non_white=:.3f}, {colours=})"
+    on_screen, pixels = figures_on_screen(tmp_path / "report.html", tmp_path)
+    assert [f["id"] for f in on_screen] == [f.fig_id for f in figures]
+    for fig in on_screen:
+        assert_drawn(fig, pixels)
 
 
 def test_report_shows_the_lexical_baseline_and_d1_by_density_and_placement(tmp_path):

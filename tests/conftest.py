@@ -117,10 +117,12 @@ def tiny_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def local_ray() -> None:
-    """One local Ray shared by the tests that ask for it (starting Ray costs seconds), started again when a test
-    left none (the loopback-cluster tests connect the driver to a cluster of their own); Ray stops at exit."""
+    """One local Ray shared by the tests that ask for it (starting Ray costs seconds), started again for a module
+    when an earlier one left none (the loopback-cluster tests connect the driver to a cluster of their own and shut
+    it down; no module mixes both); module-scoped so a module's Serve app or engine fixture can hold it. Ray stops
+    at exit."""
     import ray
 
     if not ray.is_initialized():

@@ -16,6 +16,7 @@ from s3_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
 from poolbench.config import RunConfig
 from poolbench.driver.pipeline import run_benchmark
 from poolbench.errors import PoolBenchError
+from poolbench.pooler.registry import unregister_strategy
 from poolbench.records.events import ConceptPooled, JobRetried, RunEvent, RunPlanned, SteeringStarted
 
 CONCEPTS = ("hedging", "toxicity", "contrast", "causation")
@@ -35,6 +36,27 @@ def s3_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         server.stop()
 
 
+# A1_mean that takes a second a batch: the tiny model pools a concept in 0.1 s, faster than a removed node's
+# processes stop, so without it the "lost" job would finish on the node being removed.
+SLOW_MEAN = """
+import time
+
+import numpy as np
+
+from poolbench.pooler.registry import register_strategy
+from poolbench.pooler.spec import StrategySpec
+
+
+def slow_mean(ctx):
+    time.sleep(1.0)
+    return np.ones(ctx.attention_mask.shape)
+
+
+register_strategy(StrategySpec(id="X8_slow_mean", code="X8", family="other", kind="weights", weights_fn=slow_mean,
+                               description="A1_mean that takes a second a batch."))
+"""
+
+
 def config(model: Path, store: str, **overrides) -> RunConfig:
     base = dict(model=str(model), corpus_size="tiny", concepts=CONCEPTS, strategies=("A1_mean", "P1_last"),
                 layers=(1,), store=store, n_bootstrap=100, torch_threads=1, reliability=False, steering=False,
@@ -42,13 +64,17 @@ def config(model: Path, store: str, **overrides) -> RunConfig:
     return RunConfig(**{**base, **overrides})
 
 
-def test_a_node_removed_mid_pool_costs_time_not_cells(tiny_llama_dir, cache, s3_env, monkeypatch):
+def test_a_node_removed_mid_pool_costs_time_not_cells(tiny_llama_dir, cache, s3_env, monkeypatch, tmp_path):
     """One extractor per CPU node (SPREAD); when the first concept is pooled the node of the other, busy, extractor
     is removed without grace: its job runs again on the surviving node and the cells equal an undisturbed run's."""
     with loopback_cluster({"num_cpus": 2}, {"num_cpus": 2}) as (cluster, workers):
         address = cluster.address
         calm_events: list[RunEvent] = []
-        calm = run_benchmark(config(tiny_llama_dir, f"s3://{s3_env}/calm", address=address), calm_events.append)
+        plugin = tmp_path / "slow_strategies.py"
+        plugin.write_text(SLOW_MEAN)
+        slow = {"strategies": ("A1_mean", "X8_slow_mean")}
+        calm = run_benchmark(config(tiny_llama_dir, f"s3://{s3_env}/calm", address=address, **slow),
+                             calm_events.append, strategy_modules=(str(plugin),))
         [planned] = [e for e in calm_events if isinstance(e, RunPlanned)]
         assert planned.workers == 2  # one per node with a core to spare: the head holds no CPU
         assert set(calm.cluster.jobs_by_node["pool"]) == {node_name(w) for w in workers}  # the work split
@@ -56,22 +82,28 @@ def test_a_node_removed_mid_pool_costs_time_not_cells(tiny_llama_dir, cache, s3_
 
         removed: list[str] = []
         retried: list[JobRetried] = []
+        by_name = {node_name(w): w for w in workers}
 
         def on_event(event: RunEvent) -> None:
             if isinstance(event, ConceptPooled) and not removed:
-                # Both extractors hold a job now (one just got the next concept): remove the second node.
-                victim = workers[1]
-                removed.append(node_name(victim))
-                cluster.remove_node(victim, allow_graceful=False)
+                # The queue hands a freed extractor its next job before it reports the concept (two of four are
+                # still waiting), so the node that pooled this concept holds a job now: it is lost with the node.
+                removed.append(event.node)
+                cluster.remove_node(by_name[event.node], allow_graceful=False)
             elif isinstance(event, JobRetried):
                 retried.append(event)
 
-        stormy = run_benchmark(config(tiny_llama_dir, f"s3://{s3_env}/stormy", address=address), on_event)
+        try:
+            stormy = run_benchmark(config(tiny_llama_dir, f"s3://{s3_env}/stormy", address=address, **slow), on_event,
+                                   strategy_modules=(str(plugin),))
+        finally:
+            unregister_strategy("X8_slow_mean")
     assert stormy.records == calm.records and {r.concept for r in stormy.records} == set(CONCEPTS)
     assert stormy.computed == calm.computed == {"pooled": len(CONCEPTS), "d1": len(CONCEPTS), "pooled_skipped": 0,
                                                 "d1_skipped": 0}
     pool_retries = [r for r in retried if r.job.startswith("pool ")]
-    assert pool_retries and all(r.node == removed[0] and r.on == node_name(workers[0]) for r in pool_retries)
+    [survivor] = set(by_name) - set(removed)
+    assert pool_retries and all(r.node == removed[0] and r.on == survivor for r in pool_retries)
     assert list(stormy.cluster.retried) == retried
     assert stormy.cluster.lost_nodes == (removed[0],)
     assert ray.is_initialized() is False

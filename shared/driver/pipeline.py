@@ -348,7 +348,8 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
                 if summary.get("skipped_passages"):  # left out: they did not fit the device even alone (logged)
                     computed["passages_too_big"] = (computed.get("passages_too_big", 0)
                                                     + len(summary["skipped_passages"]))
-                emit(ConceptPooled(summary["concept"], skipped=False, seconds=summary["seconds"]))
+                emit(ConceptPooled(summary["concept"], skipped=False, seconds=summary["seconds"],
+                                   node=queue.last_done_on))
         else:
             left = unprobed[key.concept]
             left.discard(int(result["layer"]))

@@ -122,6 +122,7 @@ class WorkQueue(Generic[K]):
         self.retried: list[JobRetried] = []
         self.lost_nodes: list[str] = []
         self.done_on: Counter[str] = Counter()  # actor jobs finished per node
+        self.last_done_on = ""  # the node of the actor whose job the queue yielded last ("" for a task)
         self._owned = list(actors)
         self._where = {id(actor): locate(actor) for actor in actors}
         self._names: dict[str, str] = {}
@@ -272,9 +273,11 @@ class WorkQueue(Generic[K]):
                 requeue(job, actor, lost)
                 dispatch()
                 continue
+            self.last_done_on = ""
             if actor is not None:
                 idle.append(actor)
-                self.done_on[self.node_of(actor) or "unknown"] += 1
+                self.last_done_on = self.node_of(actor) or "unknown"
+                self.done_on[self.last_done_on] += 1
             dispatch()
             yield job.key, result
             for extra in follow_up(job.key, result) if follow_up else ():

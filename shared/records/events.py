@@ -33,11 +33,12 @@ class RunPlanned:
 
 @dataclass(frozen=True)
 class ConceptPooled:
-    """A concept's PooledTable exists: pooled now (`seconds` of work) or found in the store (`skipped`)."""
+    """A concept's PooledTable exists: pooled now (`seconds` of work, on `node`) or found in the store (`skipped`)."""
 
     concept: str
     skipped: bool
     seconds: float = 0.0
+    node: str = ""  # `ip:port` of the node whose extractor pooled it ("" when found in the store)
 
 
 @dataclass(frozen=True)

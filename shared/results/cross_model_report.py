@@ -19,8 +19,8 @@ from matplotlib.lines import Line2D
 from poolbench.atomic_write import write_text_atomic
 from poolbench.errors import PoolBenchError
 from poolbench.results.cross_model_outputs import is_cross_model
-from poolbench.results.report import _STYLE, Figure, _figure_html, run_section
-from poolbench.results.report_figures import FAMILY_ORDER, _png, series_styles
+from poolbench.results.report import PAGE_STYLE, Figure, figure_html, run_section
+from poolbench.results.report_figures import FAMILY_ORDER, png_bytes, series_styles
 from poolbench.results.report_runs import load_runs
 
 MODEL_LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1)))
@@ -60,7 +60,7 @@ def cross_model_heatmap(table: dict) -> bytes:
     fig.colorbar(im, ax=ax, label="mean D1 (held-out AUROC)")
     a = table["agreement"]
     ax.set_title(f"Mean D1 per strategy and model (Kendall's W = {a['kendall_w']:.2f})")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def relative_depth_figure(table: dict) -> bytes:
@@ -94,7 +94,7 @@ def relative_depth_figure(table: dict) -> bytes:
                       marker=MODEL_MARKERS[k % len(MODEL_MARKERS)], label=model) for k, model in enumerate(models)]
     fig.legend(handles=handles, loc="upper center", ncol=len(models), title="line style = model")
     fig.tight_layout(rect=(0, 0, 1, 0.9))
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def _num(value: float | None) -> str:
@@ -132,8 +132,8 @@ def cross_model_section(table: dict) -> tuple[str, list[Figure]]:
                Figure("cross-depth", "Layer curves by relative depth, one line style per model",
                       relative_depth_figure(table))]
     parts = ["<section><h2>Across models</h2>", agreement_html(table), "<h3>Strategy × model</h3>", _how("heatmap"),
-             _figure_html(figures[0]), "<h3>Layer curves by relative depth</h3>", _how("depth"),
-             _figure_html(figures[1]), "<h3>The cross-model table</h3>", _how("table"), cross_model_table_html(table),
+             figure_html(figures[0]), "<h3>Layer curves by relative depth</h3>", _how("depth"),
+             figure_html(figures[1]), "<h3>The cross-model table</h3>", _how("table"), cross_model_table_html(table),
              "</section>"]
     return "".join(parts), figures
 
@@ -154,7 +154,7 @@ def write_cross_model_report(run_dir: Path, out: Path, store: str | None = None)
         sections.append(part)
         figures += run_figures
     page = ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>PoolBench report across models"
-            f"</title><style>{_STYLE}</style></head><body><h1>PoolBench report across models</h1>"
+            f"</title><style>{PAGE_STYLE}</style></head><body><h1>PoolBench report across models</h1>"
             f"{''.join(sections)}</body></html>")
     write_text_atomic(out, page)
     return figures

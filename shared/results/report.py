@@ -107,7 +107,7 @@ HOW_TO_READ = {
     "defs": "What each strategy pools, as the run's registry defined it.",
 }
 
-_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1500px;color:#222}
+PAGE_STYLE = """body{font-family:system-ui,sans-serif;margin:2em;max-width:1500px;color:#222}
 h3{margin-top:2em;border-bottom:1px solid #ddd}
 figure{margin:1em 0}img{display:block;max-width:100%;height:auto}figcaption{font-size:.9em;color:#555}
 table{border-collapse:collapse;font-size:.82em;margin:.5em 0}td,th{border:1px solid #ccc;padding:.2em .5em;
@@ -125,7 +125,7 @@ def _how(key: str) -> str:
     return f'<p class="how"><b>How to read this.</b> {HOW_TO_READ[key]}</p>'
 
 
-def _figure_html(fig: Figure) -> str:
+def figure_html(fig: Figure) -> str:
     data = base64.b64encode(fig.png).decode("ascii")
     return (f'<figure><img data-figure="{fig.fig_id}" alt="{html.escape(fig.caption)}" '
             f'src="data:image/png;base64,{data}"><figcaption>{html.escape(fig.caption)}</figcaption></figure>')
@@ -138,7 +138,7 @@ def run_section(run: Run, index: int) -> tuple[str, list[Figure]]:
     def figure(suffix: str, caption: str, png: bytes) -> None:
         fig = Figure(f"{tag}-{suffix}", f"{caption} — {run.name}", png)
         figures.append(fig)
-        parts.append(_figure_html(fig))
+        parts.append(figure_html(fig))
 
     def note(text: str) -> None:
         parts.append(f'<p class="note">{html.escape(text)}</p>')
@@ -218,7 +218,7 @@ def render_report(runs: list[Run]) -> tuple[str, list[Figure]]:
         sections.append(body)
         all_figures += figures
     page = ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>PoolBench report</title>"
-            f"<style>{_STYLE}</style></head><body><h1>PoolBench report</h1>{''.join(sections)}</body></html>")
+            f"<style>{PAGE_STYLE}</style></head><body><h1>PoolBench report</h1>{''.join(sections)}</body></html>")
     return page, all_figures
 
 

@@ -46,7 +46,7 @@ class SeriesStyle:
 UNSTYLED = SeriesStyle("#555555", "o")
 
 
-def _png(fig) -> bytes:
+def png_bytes(fig) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     plt.close(fig)
@@ -96,7 +96,7 @@ def heatmap_figure(run: Run) -> bytes:
                         color="white" if grid[i, j] < 0.8 else "black")
     fig.colorbar(im, ax=ax, label="D1 (test AUROC)")
     ax.set_title(f"D1 per concept and strategy — {run.name}")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def probed_layers(run: Run) -> list[int]:
@@ -161,7 +161,7 @@ def layer_curve_figure(run: Run) -> bytes:
         fig.suptitle("no interval band: fewer than 3 concepts (a t-interval over 2 is not informative)",
                      fontsize=9, color="#8a5a00")
     fig.tight_layout(h_pad=3.0)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def alpha_figure(run: Run, records: Sequence[D2Record]) -> bytes:
@@ -225,7 +225,7 @@ def alpha_figure(run: Run, records: Sequence[D2Record]) -> bytes:
     axes[0][0].set_ylabel("mean concept score (report half)")
     axes[1][0].set_ylabel("fluency ratio (perplexity / α = 0)")
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def cd_figure(friedman: dict, name: str) -> bytes:
@@ -259,7 +259,7 @@ def cd_figure(friedman: dict, name: str) -> bytes:
         ax.text(x_end, y, text, ha="right" if left else "left", va="center", fontsize=8, clip_on=False)
     ax.axis("off")
     ax.set_title(f"Critical difference (Nemenyi, α = {friedman.get('alpha', 0.05)}) — {name}", fontsize=10, pad=14)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def fallback_figure(run: Run) -> bytes | None:
@@ -289,7 +289,7 @@ def fallback_figure(run: Run) -> bytes | None:
                 ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, ec="firebrick", lw=2))
     fig.colorbar(im, ax=ax, label="fallback rate (share of passages)")
     ax.set_title(f"Fallback rate (%) per cell; red box: above {FALLBACK_FLAG_RATE:.0%} — {run.name}", fontsize=10)
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def scorer_figure(run: Run, records: list[ScorerValidity]) -> bytes:
@@ -311,7 +311,7 @@ def scorer_figure(run: Run, records: list[ScorerValidity]) -> bytes:
     ax.set_ylabel("held-out AUROC")
     ax.tick_params(axis="x", rotation=45)
     ax.set_title(f"Scorer (classifier B) validity — {run.name}")
-    return _png(fig)
+    return png_bytes(fig)
 
 
 def bucket_figure(run: Run) -> bytes:
@@ -341,4 +341,4 @@ def bucket_figure(run: Run) -> bytes:
     axes[0][0].set_ylabel("held-out AUROC (within concept)")
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     fig.tight_layout()
-    return _png(fig)
+    return png_bytes(fig)

@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import ValidationError
@@ -18,6 +19,9 @@ from poolbench.records.base import RecordError
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.events import EventSink
 from poolbench.records.steering import D2Record, D3Record
+
+if TYPE_CHECKING:
+    from poolbench.driver.extractor_fleet import ExtractorFleet
 
 
 @dataclass(frozen=True)
@@ -79,12 +83,13 @@ def load_results(path: str | Path) -> Results:
 
 
 def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None, strategy_modules: Sequence[str] = (),
-                    log_samples: bool = False) -> Results:
-    """Run the benchmark as `cfg` says, write results (timestamped and latest) into cfg.out, and return them."""
+                    log_samples: bool = False, fleet: ExtractorFleet | None = None) -> Results:
+    """Run the benchmark as `cfg` says, write results (timestamped and latest) into cfg.out, and return them;
+    `fleet` lends extractor workers kept from an earlier model of the same run."""
     from poolbench.driver.pipeline import run_benchmark
     from poolbench.results.document import write_run_outputs
 
-    outcome = run_benchmark(cfg, on_event, strategy_modules=tuple(strategy_modules))
+    outcome = run_benchmark(cfg, on_event, strategy_modules=tuple(strategy_modules), fleet=fleet)
     paths = write_run_outputs(outcome, Path(cfg.out))
     document = json.loads(paths["results"].read_text())
     leaderboard = json.loads(paths["leaderboard"].read_text())
@@ -119,9 +124,11 @@ class ModelsResults:
 def evaluate_models(cfg: RunConfig, models: Sequence[str], *, on_event: EventSink | None = None,
                     strategy_modules: Sequence[str] = (), log_samples: bool = False) -> ModelsResults:
     """`cfg` over each model in turn, into <out>/<model folder>/ (resumable model by model: the store skips what
-    is done), then the cross-model table into <out>; every model reference is checked before the first loads."""
+    is done), then the cross-model table into <out>; every model reference is checked before the first loads.
+    The extractor workers are started once and load each model in turn in place of the last."""
     import time
 
+    from poolbench.driver.extractor_fleet import ExtractorFleet
     from poolbench.extractor.loading import check_model_reference
     from poolbench.results.cross_model_outputs import model_folders, write_cross_model_outputs
 
@@ -131,11 +138,12 @@ def evaluate_models(cfg: RunConfig, models: Sequence[str], *, on_event: EventSin
     for name in models:
         check_model_reference(name, dict(cfg.model_args))
     started, timing, per_model = time.perf_counter(), {}, {}
-    for name in models:
-        model_cfg = cfg.model_copy(update={"model": name, "out": str(Path(cfg.out) / folders[name])})
-        per_model[name] = evaluate_config(model_cfg, on_event=on_event, strategy_modules=strategy_modules,
-                                          log_samples=log_samples)
-        timing[f"{name}_s"] = float((per_model[name].document.get("timing") or {}).get("total_s", 0.0))
+    with ExtractorFleet(strategy_modules) as fleet:
+        for name in models:
+            model_cfg = cfg.model_copy(update={"model": name, "out": str(Path(cfg.out) / folders[name])})
+            per_model[name] = evaluate_config(model_cfg, on_event=on_event, strategy_modules=strategy_modules,
+                                              log_samples=log_samples, fleet=fleet)
+            timing[f"{name}_s"] = float((per_model[name].document.get("timing") or {}).get("total_s", 0.0))
     timing["total_s"] = time.perf_counter() - started
     paths = write_cross_model_outputs(Path(cfg.out), folders, config=cfg.model_dump(mode="json") | {
         "model": list(models)}, timing=timing, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)

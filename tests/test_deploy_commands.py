@@ -14,7 +14,7 @@ import typer
 import yaml
 
 from poolbench.cli.app import app
-from poolbench.driver.pipeline import FORWARDED_ENV
+from poolbench.driver.extractor_fleet import FORWARDED_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -7,12 +7,15 @@ import json
 from pathlib import Path
 
 import pytest
+import ray
 from scipy.stats import spearmanr
 
 from poolbench.api import evaluate_config, evaluate_models
 from poolbench.cli.cross_model_board import cross_model_answer, cross_model_board
 from poolbench.config import RunConfig
+from poolbench.driver.extractor_fleet import ExtractorFleet
 from poolbench.errors import PoolBenchError
+from poolbench.records.events import RunPlanned
 
 CONCEPTS = ("hedging", "toxicity")
 STRATEGIES = ("A1_mean", "P1_last", "A2_max")
@@ -36,7 +39,11 @@ def test_two_models_one_run_folder_and_a_rerun_computes_nothing(tiny_llama_dir, 
                                                                  cache, tmp_path):
     models = (str(tiny_llama_dir), str(deeper_llama_dir))
     cfg = config(tmp_path / "run", tmp_path / "store")
-    results = evaluate_models(cfg, models)
+    events: list[object] = []
+    results = evaluate_models(cfg, models, on_event=events.append)
+    planned = [e for e in events if isinstance(e, RunPlanned)]
+    assert [e.n_layers for e in planned] == [2, 3]
+    assert planned[0].worker_pids == planned[1].worker_pids  # the second model ran on the first model's workers
 
     folders = {m["name"]: m["folder"] for m in results.document["models"]}
     assert folders == {models[0]: models[0].strip("/").replace("/", "_"),
@@ -93,3 +100,23 @@ def test_bad_model_lists_stop_before_any_model_loads(tiny_llama_dir, tmp_path):
     with pytest.raises(PoolBenchError, match="not found"):  # the second model is missing: the first never runs
         evaluate_models(cfg, (str(tiny_llama_dir), str(tmp_path / "no-such-model")))
     assert not (tmp_path / "run").exists()
+
+
+def test_a_fleet_loads_each_model_once_per_worker_and_never_per_concept(tiny_llama_dir, deeper_llama_dir, local_ray,
+                                                                       cache, tmp_path):
+    """Two models over two concepts pooled one concept a job: each worker's loads are one per model, in order, and a
+    model given again is not reloaded; the fleet's workers are gone once it closes."""
+    models = (str(tiny_llama_dir), str(deeper_llama_dir))
+    cfg = config(tmp_path / "run", tmp_path / "store").model_copy(update={"concept_group_tokens": 0})
+    with ExtractorFleet() as fleet:
+        pooled = []
+        for name in (*models, models[1]):
+            out = evaluate_config(cfg.model_copy(update={"model": name, "out": str(tmp_path / f"run{len(pooled)}")}),
+                                  fleet=fleet)
+            pooled.append(out.document["computed"]["pooled"])
+        assert pooled == [2, 2, 0]  # one job per concept, and the repeat finds them stored
+        workers = list(fleet.actors)
+        assert [ray.get(w.loads.remote()) for w in workers] == [list(models)] * len(workers)
+    assert fleet.actors == []
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(workers[0].pid.remote(), timeout=30)

@@ -6,6 +6,7 @@ Pooling happens in this process, so token activations never cross the object sto
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -51,7 +52,24 @@ class ExtractorWorker:
         for path in strategy_modules:
             load_strategy_module(path)
         self.loaded = load_model(model, dtype=dtype, device=device, model_args=model_args)
+        self.models_loaded = [model]
         self._progress: dict | None = None
+
+    def switch_model(self, model: str, *, dtype: str = "auto", device: str = "auto",
+                     model_args: dict | None = None) -> dict:
+        """Free the model held now, then load `model` in this same process: a run over several models keeps its
+        workers (imports, plugins, threads) and never holds two models at once; the new model's info()."""
+        del self.loaded
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        self.loaded = load_model(model, dtype=dtype, device=device, model_args=model_args)
+        self.models_loaded.append(model)
+        return self.info()
+
+    def loads(self) -> list[str]:
+        """Every model this worker has loaded, in order: one entry per model of the run, never one per concept."""
+        return list(self.models_loaded)
 
     def progress(self) -> dict | None:
         """Where the pooling job is now (its concepts, batches, passages, tokens, seconds), None when idle; the

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
+import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import ray
 from ray.actor import ActorHandle
 
-from poolbench.compute_thread import with_compute_thread
 from poolbench.config import RunConfig
 from poolbench.corpus.layout import Corpus
 from poolbench.corpus.passage import Passage
@@ -25,7 +24,7 @@ from poolbench.pooler.parse_task import parse_concept_task
 from poolbench.pooler.pooled_table import write_pooled_manifest
 from poolbench.pooler.registry import load_entry_point_strategies, load_strategy_module, resolve_strategies
 from poolbench.pooler.spec import StrategySpec
-from poolbench.pooler.worker import ExtractorWorker, PoolTask
+from poolbench.pooler.worker import PoolTask
 from poolbench.prober.concept_probe import D1_VERSION, gather_layer_d1, probe_layer_task
 from poolbench.prober.flash import parse_fraction
 from poolbench.prober.reliability import RELIABILITY_VERSION
@@ -50,12 +49,10 @@ from poolbench.store.keys import artifact_key, layer_shard_key
 from poolbench.store.url import open_store
 
 from .breakdowns import d1_by_bucket, d1_by_tier, lexical_baselines, lexical_by_tier
-from .nodes import alive_nodes, resource_needs
+from .extractor_fleet import ExtractorFleet, worker_runtime_env
+from .nodes import alive_nodes
 from .ray_messages import plain_ray_messages
 from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch, poll_actors
-
-FORWARDED_ENV = ("POOLBENCH_CACHE", "POOLBENCH_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                 "AWS_REGION", "HF_HOME", "HF_HUB_OFFLINE")
 
 
 @dataclass(frozen=True)
@@ -123,12 +120,6 @@ def connect_ray(address: str | None) -> None:
         raise PoolBenchError(f"Ray address '{address}' does not answer: {exc}".splitlines()[0]) from exc
 
 
-def worker_runtime_env() -> dict:
-    """The store's endpoint and credentials (and the cache) as the driver sees them now, for every worker."""
-    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
-    return {"env_vars": env} if env else {}
-
-
 def load_plugins(strategy_modules: Sequence[str]) -> None:
     """Installed strategy plugins and --strategy-module files register here, once, before anything resolves."""
     load_entry_point_strategies()
@@ -180,19 +171,6 @@ def default_layers(n_layers: int) -> list[int]:
     return sorted({round(i * (n_layers - 1) / (DEFAULT_LAYER_COUNT - 1)) for i in range(DEFAULT_LAYER_COUNT)})
 
 
-def plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:
-    """One worker per GPU on a GPU cluster; on CPU one per node with a core to spare for the probe tasks (one on a
-    single machine), their threads sharing the cluster's cores; --num-workers sets the count instead."""
-    gpus = int(ray.cluster_resources().get("GPU", 0))
-    if gpus and cfg.device != "cpu":
-        return max(1, min(gpus, n_jobs, cfg.num_workers or gpus)), {"num_gpus": 1, "num_cpus": 1}, None
-    cpus = max(1, int(ray.cluster_resources().get("CPU", os.cpu_count() or 1)))
-    per_node = sum(1 for node in alive_nodes() if node.resources.get("CPU", 0) >= 2) or 1
-    workers = max(1, min(cfg.num_workers or per_node, n_jobs))
-    threads = cfg.torch_threads or max(1, cpus // workers)
-    return workers, {"num_cpus": 1}, threads
-
-
 def check_store_reach(store_url: str) -> None:
     """A local-folder store on a cluster of several nodes: the other nodes' workers cannot see it (one line)."""
     nodes = alive_nodes()
@@ -200,21 +178,6 @@ def check_store_reach(store_url: str) -> None:
         raise PoolBenchError(f"--store {store_url} is a folder on this machine and the Ray cluster has {len(nodes)} "
                              "nodes whose workers cannot see it: use --store s3://BUCKET/PREFIX "
                              "(POOLBENCH_S3_ENDPOINT and AWS_* credentials are passed on to every worker)")
-
-
-def extractor_spawner(cfg: RunConfig, resources: dict, threads: int | None,
-                      strategy_modules: Sequence[str]) -> Callable[[], ActorHandle]:
-    """Starts one extractor actor (loading the model once, on a node the SPREAD strategy picks so one node's loss
-    takes as few workers as possible); the work queue retries a job whose worker died, so Ray restarts nothing."""
-    # A second actor thread answers progress() while pool_concept runs; the queue still sends one job at a time.
-    # torch runs on one thread of the actor's own (poolbench.compute_thread): Ray's threads would give libgomp
-    # a team each and throttle them all.
-    pooling = with_compute_thread(ExtractorWorker, ("pool_concept", "pool_concepts"))
-    worker_cls = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)(pooling)
-    options = {**resources, "runtime_env": worker_runtime_env(), "scheduling_strategy": "SPREAD"}
-    return lambda: worker_cls.options(**options).remote(  # type: ignore[attr-defined]
-        cfg.model, dtype=cfg.dtype, device=cfg.device, model_args=dict(cfg.model_args),
-        torch_threads=threads, strategy_modules=tuple(strategy_modules))
 
 
 def plan_cells(cfg: RunConfig, inputs: RunInputs, model: dict) -> RunPlan:
@@ -426,9 +389,10 @@ def outcome_of(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1
     )
 
 
-def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None,
-                  strategy_modules: tuple[str, ...] = ()) -> RunOutcome:
-    """Plan every concept's cells, compute only the missing artifacts, collect the D1 records, then steer."""
+def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_modules: tuple[str, ...] = (),
+                  fleet: ExtractorFleet | None = None) -> RunOutcome:
+    """Plan every concept's cells, compute only the missing artifacts, collect the D1 records, then steer; a
+    `fleet` (a run over several models) lends its workers, which load this model in place of the last."""
     emit = on_event or ignore_event
     started = time.perf_counter()
     load_plugins(strategy_modules)
@@ -440,18 +404,19 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None,
     prepare_model(cfg, emit)
     connect_ray(cfg.address)
     check_store_reach(inputs.store_url)
-    n_workers, resources, threads = plan_workers(cfg, len(inputs.plans))
-    spawn = extractor_spawner(cfg, resources, threads, strategy_modules)
-    # Leaving this block, however the run stops, kills the extractors: no model (or GPU) stays held.
-    with WorkQueue[ConceptJob]([spawn() for _ in range(n_workers)], spawn=spawn, needs=resource_needs(resources),
-                               task_needs={"CPU": 1}, on_retry=emit) as queue:
-        run = plan_cells(cfg, inputs, fetch(queue.actors[0].info.remote(), "extractor start"))
-        emit(RunPlanned(
-            model_id=run.model["model_id"], n_layers=run.model["n_layers"], hidden_size=run.model["hidden_size"],
-            concepts=tuple(p.concept for p in run.plans), layers=tuple(run.layers),
-            strategies=tuple(s.id for s in run.specs),
-            worker_pids=tuple(fetch(ref, "extractor start") for ref in [w.pid.remote() for w in queue.actors])))
-        computed = execute(cfg, run, inputs, queue, emit)
+    with contextlib.ExitStack() as stack:  # a fleet of the run's own is killed however the run stops
+        workers = fleet if fleet is not None else stack.enter_context(ExtractorFleet(strategy_modules))
+        with workers.queue(cfg, len(inputs.plans), emit) as queue:
+            run = plan_cells(cfg, inputs, fetch(queue.actors[0].info.remote(), "extractor start"))
+            emit(RunPlanned(
+                model_id=run.model["model_id"], n_layers=run.model["n_layers"],
+                hidden_size=run.model["hidden_size"], concepts=tuple(p.concept for p in run.plans),
+                layers=tuple(run.layers), strategies=tuple(s.id for s in run.specs),
+                worker_pids=tuple(fetch(ref, "extractor start") for ref in [w.pid.remote() for w in queue.actors])))
+            computed = execute(cfg, run, inputs, queue, emit)
+        if cfg.steering:
+            workers.release()  # steering's actors want the extractors' GPUs and cores
+    threads = workers.threads
     cluster = ClusterActivity().merged("pool", queue.done_on, queue.lost_nodes, queue.retried)
     records = collect_records(inputs.store, run)
     lexical, buckets = breakdowns(cfg, inputs, run, records)

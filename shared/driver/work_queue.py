@@ -109,13 +109,16 @@ class WorkQueue(Generic[K]):
 
     `spawn()` starts a replacement actor when every actor is lost (none is started while one survives: on a CPU
     cluster a second actor on the surviving node would take the cores the probe tasks wait for); `needs` is one
-    actor's resource request, so the queue can tell that no alive node could hold a replacement and stop."""
+    actor's resource request, so the queue can tell that no alive node could hold a replacement and stop;
+    `own_actors=False` leaves the actors alive (replacements included) when the queue closes, for an owner that
+    hands them to the next queue (the extractors of a run over several models)."""
 
     def __init__(self, actors: Sequence[ActorHandle] = (), *, spawn: Callable[[], ActorHandle] | None = None,
                  needs: Mapping[str, float] | None = None, on_retry: Callable[[JobRetried], None] | None = None,
                  label: Callable[[K], str] = str, max_attempts: int = MAX_ATTEMPTS,
-                 task_needs: Mapping[str, float] | None = None) -> None:
+                 task_needs: Mapping[str, float] | None = None, own_actors: bool = True) -> None:
         self.actors = list(actors)
+        self.own_actors = own_actors
         self.spawn, self.needs, self.label, self.max_attempts = spawn, dict(needs or {}), label, max_attempts
         self.task_needs = dict(task_needs or {})  # one task's resources: tasks no alive node can run stop the run
         self.on_retry = on_retry or (lambda _: None)
@@ -137,13 +140,14 @@ class WorkQueue(Generic[K]):
         self.close()
 
     def close(self) -> None:
-        """Cancel tasks still running and kill every actor: nothing keeps a model, GPU or CPU after the run."""
+        """Cancel tasks still running and kill every actor it owns: nothing keeps a model, GPU or CPU after the
+        run (lost actors were killed when they were lost)."""
         for ref, (job, actor) in self._running.items():
             if actor is None and job is not None:
                 with contextlib.suppress(Exception):  # a task that just finished cannot be cancelled
                     ray.cancel(ref, force=True)  # only force stops a task inside C code (a solver, a sleep)
         self._running.clear()
-        for actor in self._owned:
+        for actor in self._owned if self.own_actors else ():
             with contextlib.suppress(Exception):  # an actor that already died is fine
                 ray.kill(actor, no_restart=True)
 

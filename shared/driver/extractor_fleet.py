@@ -1,0 +1,126 @@
+"""The extractor actors of a run: started for its first model and, in a run over several models, kept for the next.
+
+Each worker loads a model once and pools every concept it is handed with it; the next model replaces it in the same
+processes (`ExtractorWorker.switch_model` frees the old one first), so models that do not fit together run one
+after another on the same workers and the run pays for Ray actors, imports and plugins once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+
+import ray
+from ray.actor import ActorHandle
+
+from poolbench.compute_thread import with_compute_thread
+from poolbench.config import RunConfig
+from poolbench.pooler.worker import ExtractorWorker
+from poolbench.records.events import EventSink
+
+from .nodes import alive_nodes, resource_needs
+from .work_queue import WorkerLost, WorkQueue, fetch
+
+FORWARDED_ENV = ("POOLBENCH_CACHE", "POOLBENCH_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                 "AWS_REGION", "HF_HOME", "HF_HUB_OFFLINE")
+
+
+def worker_runtime_env() -> dict:
+    """The store's endpoint and credentials (and the cache) as the driver sees them now, for every worker."""
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    return {"env_vars": env} if env else {}
+
+
+def plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:
+    """One worker per GPU on a GPU cluster; on CPU one per node with a core to spare for the probe tasks (one on a
+    single machine), their threads sharing the cluster's cores; --num-workers sets the count instead."""
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if gpus and cfg.device != "cpu":
+        return max(1, min(gpus, n_jobs, cfg.num_workers or gpus)), {"num_gpus": 1, "num_cpus": 1}, None
+    cpus = max(1, int(ray.cluster_resources().get("CPU", os.cpu_count() or 1)))
+    per_node = sum(1 for node in alive_nodes() if node.resources.get("CPU", 0) >= 2) or 1
+    workers = max(1, min(cfg.num_workers or per_node, n_jobs))
+    threads = cfg.torch_threads or max(1, cpus // workers)
+    return workers, {"num_cpus": 1}, threads
+
+
+def extractor_spawner(cfg: RunConfig, resources: dict, threads: int | None,
+                      strategy_modules: Sequence[str]) -> Callable[[], ActorHandle]:
+    """Starts one extractor actor (loading the model once, on a node the SPREAD strategy picks so one node's loss
+    takes as few workers as possible); the work queue retries a job whose worker died, so Ray restarts nothing."""
+    # A second actor thread answers progress() while pool_concept runs; the queue still sends one job at a time.
+    # torch runs on one thread of the actor's own (poolbench.compute_thread): Ray's threads would give libgomp
+    # a team each and throttle them all.
+    pooling = with_compute_thread(ExtractorWorker, ("pool_concept", "pool_concepts", "switch_model"))
+    worker_cls = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)(pooling)
+    options = {**resources, "runtime_env": worker_runtime_env(), "scheduling_strategy": "SPREAD"}
+    return lambda: worker_cls.options(**options).remote(  # type: ignore[attr-defined]
+        cfg.model, dtype=cfg.dtype, device=cfg.device, model_args=dict(cfg.model_args),
+        torch_threads=threads, strategy_modules=tuple(strategy_modules))
+
+
+class ExtractorFleet:
+    """Owns the extractor actors across the models of one run; leaving the `with` block kills them however the run
+    stops. The worker count and threads are planned for the first model and kept for the others."""
+
+    def __init__(self, strategy_modules: Sequence[str] = ()) -> None:
+        self.strategy_modules = tuple(strategy_modules)
+        self.actors: list[ActorHandle] = []
+        self.model: str | None = None
+        self._plan: tuple[int, dict, int | None] | None = None
+
+    @property
+    def threads(self) -> int | None:
+        """torch threads per worker as planned for the first model (None before it, or on a GPU)."""
+        return None if self._plan is None else self._plan[2]
+
+    def __enter__(self) -> ExtractorFleet:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+    def release(self) -> None:
+        """Kill every worker now (before steering, whose actors want the same GPUs and cores)."""
+        for actor in self.actors:
+            with contextlib.suppress(Exception):  # an actor that already died is fine
+                ray.kill(actor, no_restart=True)
+        self.actors, self.model = [], None
+
+    @contextlib.contextmanager
+    def queue(self, cfg: RunConfig, n_jobs: int, emit: EventSink) -> Iterator[WorkQueue]:
+        """A work queue over workers holding `cfg.model`: started for the first model, switched in place for the
+        next; the workers (a lost one's replacement included) stay with the fleet when the queue closes."""
+        if self._plan is None:
+            self._plan = plan_workers(cfg, n_jobs)
+        n_workers, resources, threads = self._plan
+        spawn = extractor_spawner(cfg, resources, threads, self.strategy_modules)
+        if self.actors and self.model != cfg.model:
+            self._switch(cfg)
+        if not self.actors:
+            self.actors = [spawn() for _ in range(n_workers)]
+        self.model = cfg.model
+        queue = WorkQueue(self.actors, spawn=spawn, needs=resource_needs(resources), task_needs={"CPU": 1},
+                          on_retry=emit, own_actors=False)
+        try:
+            with queue:
+                yield queue
+        finally:
+            self.actors = list(queue.actors)
+
+    def _switch(self, cfg: RunConfig) -> None:
+        """Every worker frees its model and loads `cfg.model`; a worker lost between models is dropped (the queue
+        starts a replacement if none is left)."""
+        refs = [actor.switch_model.remote(cfg.model, dtype=cfg.dtype, device=cfg.device,
+                                          model_args=dict(cfg.model_args)) for actor in self.actors]
+        kept = []
+        for actor, ref in zip(self.actors, refs, strict=True):
+            try:
+                fetch(ref, f"loading {cfg.model}")
+            except WorkerLost:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor, no_restart=True)
+                continue
+            kept.append(actor)
+        self.actors = kept

@@ -41,7 +41,8 @@ def test_same_winner_in_both_models_is_said_once_with_w_one() -> None:
                              "on_average": ["A"], "on_average_mean_rank": 1.0,
                              "tied_within_model": {}}
     assert table["answer"][0] == "A is the best strategy in every model (small (org/small) and gemma (org/gemma))."
-    assert "Kendall's W = 1.00" in table["answer"][2]
+    assert table["answer"][1] == "small (org/small)'s best, A, is also best on gemma (org/gemma)."
+    assert "Kendall's W = 1.00" in table["answer"][3]
 
 
 def test_different_winners_and_tied_average_are_said_as_such() -> None:
@@ -52,7 +53,9 @@ def test_different_winners_and_tied_average_are_said_as_such() -> None:
     assert table["best"]["in_every_model"] == []
     assert table["best"]["on_average"] == ["A", "B"]  # mean rank 1.5 each: a tie, not A by name order
     assert table["answer"][0].startswith("No strategy is best in every model: best on m1 (org/m1) is A")
-    assert "A and B (tied), mean rank 1.5 of 3" in table["answer"][1]
+    assert table["answer"][1] == ("m1 (org/m1)'s best, A, is not best on m2 (org/m2): rank 2 of 3, D1 0.800 "
+                                  "against B's 0.900; not measured (no Friedman test on that model).")
+    assert "A and B (tied), mean rank 1.5 of 3" in table["answer"][2]
     # ranks (1,2,3) and (2,1,3): W = (1 + rho)/2 with rho = 0.5 -> 0.75
     assert table["agreement"]["kendall_w"] == pytest.approx(0.75)
 
@@ -86,6 +89,28 @@ def test_ties_inside_a_model_come_from_its_own_nemenyi_groups() -> None:
     assert table["best"]["tied_within_model"] == {"m1": ["B"]}
     assert ("Within each model its best is not told apart (Nemenyi, its own leaderboard) from: on m1 (org/m1) 1 "
             "other strategy.") in table["answer"]
+
+
+def test_the_first_models_winner_is_placed_in_the_others_own_tie_groups() -> None:
+    """m1's best A is second on m2 and m3: tied with m2's best by m2's Nemenyi groups, below m3's best by m3's."""
+    a = board("m1", 4, {"A": [0.9, 0.9], "B": [0.8, 0.8], "C": [0.5, 0.5]}, dict.fromkeys("ABC", 1))
+    b = board("m2", 4, {"A": [0.8, 0.8], "B": [0.9, 0.9], "C": [0.5, 0.5]}, dict.fromkeys("ABC", 1))
+    c = board("m3", 4, {"A": [0.8, 0.8], "B": [0.9, 0.9], "C": [0.5, 0.5]}, dict.fromkeys("ABC", 1))
+    b.leaderboard["friedman"] = {"average_ranks": {"B": 1.0, "A": 1.5, "C": 3.0}, "critical_difference": 1.0}
+    c.leaderboard["friedman"] = {"average_ranks": {"B": 1.0, "A": 2.5, "C": 2.9}, "critical_difference": 1.0}
+    answer = cross_model_table([a, b, c], n_permutations=99, n_bootstrap=50)["answer"]
+    assert answer[1:3] == [
+        "m1 (org/m1)'s best, A, is not best on m2 (org/m2): rank 2 of 3, D1 0.800 against B's 0.900; not told apart "
+        "from it by that model's Nemenyi test.",
+        "m1 (org/m1)'s best, A, is not best on m3 (org/m3): rank 2 of 3, D1 0.800 against B's 0.900; below it by "
+        "that model's Nemenyi test."]
+
+
+def test_a_tied_first_winner_is_not_carried_over() -> None:
+    a = board("m1", 4, {"A": [0.9, 0.9], "B": [0.9, 0.9], "C": [0.5, 0.5]}, dict.fromkeys("ABC", 1))
+    b = board("m2", 4, {"A": [0.8, 0.8], "B": [0.9, 0.9], "C": [0.5, 0.5]}, dict.fromkeys("ABC", 1))
+    answer = cross_model_table([a, b], n_permutations=99, n_bootstrap=50)["answer"]
+    assert not any("'s best," in line for line in answer)  # two winners on m1: no single one to follow
 
 
 def test_d2_sits_beside_d1_for_a_model_that_steered() -> None:

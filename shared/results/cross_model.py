@@ -150,6 +150,7 @@ def cross_model_sentences(table: dict) -> list[str]:
             + (" (tied)" if len(best['per_model'][m]) > 1 else "")
             + f" (D1 {rows[best['per_model'][m][0]]['per_model'][m]['mean_d1']:.3f})" for m in models) + ".")
     within = best.get("tied_within_model") or {}
+    lines.extend(first_best_elsewhere(table, labels))
     if any(within.values()):
         counts = {m: len(within[m]) for m in models if m in within}
         lines.append("Within each model its best is not told apart (Nemenyi, its own leaderboard) from: " + "; ".join(
@@ -163,4 +164,32 @@ def cross_model_sentences(table: dict) -> list[str]:
     lines.append(f"Rank agreement across models: Kendall's W = {a['kendall_w']:.2f}, 95% interval "
                  f"{_interval(a['ci_low'], a['ci_high'])} over concepts, permutation p = {a['p_value']:.3g} "
                  f"({strength}; {a['n_strategies']} strategies, {a['n_concepts']} concepts).")
+    return lines
+
+
+def first_best_elsewhere(table: dict, labels: Mapping[str, str]) -> list[str]:
+    """Where the first model's best strategy stands in each other model: its rank and D1 against that model's best,
+    and whether that model's own Nemenyi test tells the two apart (the question "does the winner carry over")."""
+    best, models = table["best"], [m["name"] for m in table["models"]]
+    first, others = models[0], models[1:]
+    winner = best["per_model"][first][0] if len(best["per_model"][first]) == 1 else None
+    if winner is None:
+        return []
+    cells = {r["strategy"]: r["per_model"] for r in table["rows"]}
+    lines = []
+    for m in others:
+        if winner in best["per_model"][m]:
+            tie = f", tied with {_list([s for s in best['per_model'][m] if s != winner])}" \
+                if len(best["per_model"][m]) > 1 else ""
+            lines.append(f"{labels[first]}'s best, {winner}, is also best on {labels[m]}{tie}.")
+            continue
+        top = best["per_model"][m][0]
+        tied = (best.get("tied_within_model") or {}).get(m)
+        verdict = ("not measured (no Friedman test on that model)" if tied is None
+                   else "not told apart from it by that model's Nemenyi test" if winner in tied
+                   else "below it by that model's Nemenyi test")
+        lines.append(f"{labels[first]}'s best, {winner}, is not best on {labels[m]}: rank "
+                     f"{cells[winner][m]['rank']:g} of {len(table['strategies'])}, D1 "
+                     f"{cells[winner][m]['mean_d1']:.3f} against {top}'s {cells[top][m]['mean_d1']:.3f}; "
+                     f"{verdict}.")
     return lines

@@ -1,5 +1,15 @@
 """One exception family, so the CLI can turn any boundary error into one line and a non-zero exit."""
 
+import re
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+"""Colour codes inside the remote tracebacks Ray forwards: removed before a message is cut to its first line."""
+
+
+def without_colours(text: str) -> str:
+    """`text` with terminal colour codes removed."""
+    return ANSI.sub("", text)
+
 
 class PoolBenchError(Exception):
     """A user-facing error: its message is one line that names the file, field, id or option at fault."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -25,7 +24,7 @@ from poolbench.cli.steering import serve_scorers, steer, train_scorers
 from poolbench.cli.store import verify
 from poolbench.cluster.commands import cluster_app
 from poolbench.defaults import EMBEDDED
-from poolbench.errors import PoolBenchError
+from poolbench.errors import PoolBenchError, without_colours
 from poolbench.records.events import (
     ArtifactQuarantined,
     CellProgress,
@@ -46,7 +45,6 @@ if TYPE_CHECKING:
 
     from poolbench.config import RunConfig
 
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # colour codes inside remote tracebacks Ray forwards
 
 app = typer.Typer(cls=RootGroup, add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
                   help="PoolBench: which pooling strategy captures a concept, at which layer.")
@@ -422,7 +420,7 @@ def main() -> None:
 
 def fail(message: str) -> None:
     """One line on stderr, colour codes from remote tracebacks removed, and exit 1."""
-    text = ANSI.sub("", message).strip()
+    text = without_colours(message).strip()
     err_console.print(f"error: {text.splitlines()[0] if text else 'failed'}", highlight=False, markup=False,
                       soft_wrap=True)
     sys.exit(1)

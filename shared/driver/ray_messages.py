@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from .work_queue import ANSI
+from poolbench.errors import without_colours
 
 _IDS = re.compile(r"\b[0-9a-f]{16,}\b|\b\d+\b")
 
@@ -45,7 +45,7 @@ def plain_ray_messages(stream: TextIO | None = None) -> None:
             return original(data, *args, **kwargs)
         lines = []
         for message in data.get("lines", []):
-            first = next((line.strip() for line in ANSI.sub("", message).splitlines() if line.strip()), "")
+            first = next((line.strip() for line in without_colours(message).splitlines() if line.strip()), "")
             if first and message_kind(first) not in seen:
                 seen.add(message_kind(first))
                 lines.append(first)

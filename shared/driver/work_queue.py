@@ -26,7 +26,7 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
-from poolbench.errors import PoolBenchError
+from poolbench.errors import PoolBenchError, without_colours
 from poolbench.records.events import JobRetried
 
 from .nodes import alive_nodes, cluster_nodes, locate
@@ -67,19 +67,18 @@ Job = ActorJob[K] | TaskJob[K]
 FollowUp = Callable[[K, Any], Iterable[Job[K]]]
 
 
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _RAISED = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b.*?: .+")
 
 
 def _first_line(error: BaseException) -> str:
-    lines = ANSI.sub("", str(error)).strip().splitlines()
+    lines = without_colours(str(error)).strip().splitlines()
     return lines[0] if lines else type(error).__name__
 
 
 def worker_death_cause(error: BaseException) -> str:
     """The worker's own exception line ("OSError: config.json: ...") from a Ray actor-death message, which carries
     the remote traceback as text with colour codes; its first line when there is none."""
-    lines = [line.strip() for line in ANSI.sub("", str(error)).splitlines() if line.strip()]
+    lines = [line.strip() for line in without_colours(str(error)).splitlines() if line.strip()]
     raised = [line for line in lines if _RAISED.match(line)]
     if raised:
         return raised[-1]

@@ -120,6 +120,13 @@ def cross_model_table(boards: Sequence[ModelBoard], *, n_permutations: int = 999
     return table
 
 
+def model_cell_text(cell: Mapping, sep: str = " ") -> str:
+    """One (strategy, model) cell as both pages print it: mean D1 [interval], rank, layer (relative depth)."""
+    interval = "" if cell["ci_low"] is None else f" [{cell['ci_low']:.3f}, {cell['ci_high']:.3f}]"
+    return sep.join([f"{cell['mean_d1']:.3f}{interval}", f"#{cell['rank']:g}",
+                     f"L{cell['best_layer']} ({cell['relative_depth']:.2f})"])
+
+
 def _list(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 

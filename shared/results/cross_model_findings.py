@@ -9,6 +9,7 @@ from pathlib import Path
 
 from poolbench.atomic_write import write_json_atomic, write_text_atomic
 from poolbench.errors import PoolBenchError
+from poolbench.results.cross_model import model_cell_text
 from poolbench.results.findings import _n, _table, findings_facts, render_findings
 
 
@@ -48,15 +49,8 @@ def render_cross_model_findings(facts: dict) -> str:
              f"Mean held-out D1 over the {len(table['concepts'])} concepts every model probed, at each model's "
              "CV-chosen layer [95% t-interval over concepts]; #rank within the model (ties share the average rank); "
              "L = layer (relative depth layer/(n_layers − 1)).", ""]
-    rows = []
-    for row in table["rows"]:
-        cells = []
-        for m in models:
-            c = row["per_model"][m]
-            interval = "" if c["ci_low"] is None else f" [{_n(c['ci_low'])}, {_n(c['ci_high'])}]"
-            cells.append(f"{_n(c['mean_d1'])}{interval} #{c['rank']:g} L{c['best_layer']} "
-                         f"({c['relative_depth']:.2f})")
-        rows.append([_n(row["mean_rank"], ".1f"), row["strategy"], *cells])
+    rows = [[_n(row["mean_rank"], ".1f"), row["strategy"], *(model_cell_text(row["per_model"][m]) for m in models)]
+            for row in table["rows"]]
     lines += _table(["mean rank", "strategy", *models], rows)
     for name, model_facts in facts["per_model"].items():
         page = render_findings(model_facts).splitlines()

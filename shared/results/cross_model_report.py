@@ -18,6 +18,7 @@ from matplotlib.lines import Line2D
 
 from poolbench.atomic_write import write_text_atomic
 from poolbench.errors import PoolBenchError
+from poolbench.results.cross_model import model_cell_text
 from poolbench.results.cross_model_outputs import is_cross_model
 from poolbench.results.report import PAGE_STYLE, Figure, figure_html, run_section
 from poolbench.results.report_figures import FAMILY_ORDER, png_bytes, series_styles
@@ -97,21 +98,12 @@ def relative_depth_figure(table: dict) -> bytes:
     return png_bytes(fig)
 
 
-def _num(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.3f}"
-
-
 def cross_model_table_html(table: dict) -> str:
     models = [m["name"] for m in table["models"]]
     head = "".join(f"<th>{html.escape(m)}</th>" for m in models)
     body = []
     for row in table["rows"]:
-        cells = []
-        for model in models:
-            c = row["per_model"][model]
-            interval = "" if c["ci_low"] is None else f" [{_num(c['ci_low'])}, {_num(c['ci_high'])}]"
-            cells.append(f"<td>{c['mean_d1']:.3f}{interval} · #{c['rank']:g} · L{c['best_layer']} "
-                         f"({c['relative_depth']:.2f})</td>")
+        cells = [f"<td>{model_cell_text(row['per_model'][model], ' · ')}</td>" for model in models]
         body.append(f"<tr><td>{row['mean_rank']:.1f}</td><td>{html.escape(row['strategy'])}</td>{''.join(cells)}</tr>")
     return (f'<table class="cross-model"><thead><tr><th>mean rank</th><th>strategy</th>{head}</tr></thead>'
             f"<tbody>{''.join(body)}</tbody></table>")

@@ -58,12 +58,12 @@ $(VENV)/.installed-$(MODULES): $(VENV)/.deps
 run: install
 	$(BIN)/poolbench-driver run --out $(RUN_OUT) $(RUN_ARGS)
 
-# The default corpus (17 concepts) over both real models (SmolLM2-135M and Gemma-3-270M, Gemma's terms), then the
-# cross-model report and findings page. To fit an hour on 2 CPU cores: D1 only, the 11 strategies without the
-# gradient (S2), probe-fitted heads (S3) and spaCy (L1-L6), no per-cell reliability statistics (bench/README.md).
-# MODELS_ARGS=--no-steering runs all 19 strategies (not measured within an hour).
+# The default corpus (17 concepts) over both real models (SmolLM2-135M and Gemma-3-270M, Gemma's terms), all 19
+# strategies with their reliability statistics, then the cross-model report and findings page: 36 min on 2 idle CPU
+# cores (bench/README.md). D1 only: steering (D2) over 17 concepts and two models was not timed on CPU; MODELS_ARGS=
+# (empty) runs it as well.
 MODELS_OUT ?= runs/models
-MODELS_ARGS ?= --no-steering --no-reliability --strategies P1,P2,A1,A2,A3,A4,W1,W2,W3,W4,S1
+MODELS_ARGS ?= --no-steering
 run-models: install
 	$(BIN)/poolbench-driver run --model embedded --model embedded-gemma --out $(MODELS_OUT) $(MODELS_ARGS)
 	$(BIN)/poolbench-driver report --run $(MODELS_OUT)

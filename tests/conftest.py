@@ -122,11 +122,14 @@ def local_ray() -> None:
     """One local Ray shared by the tests that ask for it (starting Ray costs seconds), started again for a module
     when an earlier one left none (the loopback-cluster tests connect the driver to a cluster of their own and shut
     it down; no module mixes both); module-scoped so a module's Serve app or engine fixture can hold it. Ray stops
-    at exit."""
+    at exit. It is the driver's private Ray (poolbench.driver.local_ray): on 127.0.0.1, Serve's listener too, so no
+    test's traffic leaves loopback."""
     import ray
 
+    from poolbench.driver.local_ray import LOOPBACK_RUNTIME_ENV, init_local_ray
+
     if not ray.is_initialized():
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        init_local_ray(num_cpus=2, runtime_env=LOOPBACK_RUNTIME_ENV)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -120,3 +120,26 @@ def test_a_fleet_loads_each_model_once_per_worker_and_never_per_concept(tiny_lla
     assert fleet.actors == []
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(workers[0].pid.remote(), timeout=30)
+
+
+def test_steering_runs_per_model_and_its_d2_sits_in_the_cross_model_table(tiny_llama_dir, deeper_llama_dir,
+                                                                         local_ray, cache, tmp_path):
+    """With steering on, each model's extractors are stopped before its steering stage (its engine wants the same
+    cores) and started again for the next model; each model steers its own cells and the table carries its D2."""
+    models = (str(tiny_llama_dir), str(deeper_llama_dir))
+    cfg = config(tmp_path / "run", tmp_path / "store").model_copy(update={
+        "concepts": ("imdb_sentiment", "frustration"), "strategies": ("A1_mean", "P1_last"), "steering": True,
+        "allow_weak_scorer": True})
+    events: list[object] = []
+    results = evaluate_models(cfg, models, on_event=events.append)
+    planned = [e for e in events if isinstance(e, RunPlanned)]
+    assert len(planned) == 2 and not set(planned[0].worker_pids) & set(planned[1].worker_pids)
+    for name in models:
+        d2 = results.per_model[name].d2
+        assert sorted(r.concept for r in d2) == ["frustration", "frustration", "imdb_sentiment", "imdb_sentiment"]
+        assert all(r.status == "ok" for r in d2)
+    rows = {r["strategy"]: r for r in results.document["cross_model"]["rows"]}
+    for name in models:
+        steered = results.per_model[name].leaderboard["steering"]
+        for strategy, cell in steered.items():
+            assert rows[strategy]["per_model"][name]["mean_d2_delta"] == cell["mean_d2_delta"]

@@ -143,3 +143,27 @@ def test_steering_runs_per_model_and_its_d2_sits_in_the_cross_model_table(tiny_l
         steered = results.per_model[name].leaderboard["steering"]
         for strategy, cell in steered.items():
             assert rows[strategy]["per_model"][name]["mean_d2_delta"] == cell["mean_d2_delta"]
+
+
+def test_switching_a_worker_frees_the_model_it_held(tiny_llama_dir, deeper_llama_dir, tmp_path):
+    """After pooling with the first model, switch_model leaves nothing holding it (a GPU would otherwise hold two
+    models at once), and the worker pools with the second model's depth."""
+    import gc
+    import weakref
+
+    from negation_pairs import passages
+
+    from poolbench.pooler.worker import ExtractorWorker
+
+    worker = ExtractorWorker(str(tiny_llama_dir), torch_threads=1)
+    data = passages(4, "train") + passages(2, "test")
+    kwargs = {"store_url": str(tmp_path / "store"), "metadata": {"concept": "negation"}, "batch_size": 4,
+              "max_length": 32}
+    worker.pool_concept("negation", data, [0, 1], ["A1_mean", "S2_gradient"], key="pooled/a", **kwargs)
+    first = weakref.ref(worker.loaded.model)
+    info = worker.switch_model(str(deeper_llama_dir))
+    gc.collect()
+    assert first() is None
+    assert info["n_layers"] == 3 and worker.loads() == [str(tiny_llama_dir), str(deeper_llama_dir)]
+    summary = worker.pool_concept("negation", data, [2], ["A1_mean"], key="pooled/b", **kwargs)
+    assert summary["layers"] == [2] and summary["rows"] == len(data)

@@ -167,3 +167,20 @@ def test_switching_a_worker_frees_the_model_it_held(tiny_llama_dir, deeper_llama
     assert info["n_layers"] == 3 and worker.loads() == [str(tiny_llama_dir), str(deeper_llama_dir)]
     summary = worker.pool_concept("negation", data, [2], ["A1_mean"], key="pooled/b", **kwargs)
     assert summary["layers"] == [2] and summary["rows"] == len(data)
+
+
+def test_a_worker_lost_between_models_is_replaced_for_the_next(tiny_llama_dir, deeper_llama_dir, local_ray, cache,
+                                                               tmp_path):
+    """The fleet's only worker dies after the first model: the switch drops it and a new worker, loading only the
+    second model, pools that model's concepts."""
+    models = (str(tiny_llama_dir), str(deeper_llama_dir))
+    cfg = config(tmp_path / "run", tmp_path / "store").model_copy(update={"concepts": ("hedging",)})
+    with ExtractorFleet() as fleet:
+        evaluate_config(cfg.model_copy(update={"model": models[0], "out": str(tmp_path / "a")}), fleet=fleet)
+        [lost] = fleet.actors
+        ray.kill(lost, no_restart=True)
+        second = evaluate_config(cfg.model_copy(update={"model": models[1], "out": str(tmp_path / "b")}),
+                                 fleet=fleet)
+        assert second.document["computed"]["pooled"] == 1 and second.document["layers"] == [0, 1, 2]
+        [new] = fleet.actors
+        assert new is not lost and ray.get(new.loads.remote()) == [models[1]]

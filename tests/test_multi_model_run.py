@@ -117,6 +117,10 @@ def test_a_fleet_loads_each_model_once_per_worker_and_never_per_concept(tiny_lla
         assert pooled == [2, 2, 0]  # one job per concept, and the repeat finds them stored
         workers = list(fleet.actors)
         assert [ray.get(w.loads.remote()) for w in workers] == [list(models)] * len(workers)
+        # The same model asked for in another dtype is loaded again, not taken as already held.
+        evaluate_config(cfg.model_copy(update={"model": models[1], "dtype": "float32", "out": str(tmp_path / "f")}),
+                        fleet=fleet)
+        assert [ray.get(w.loads.remote()) for w in workers] == [[*models, models[1]]] * len(workers)
     assert fleet.actors == []
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(workers[0].pid.remote(), timeout=30)

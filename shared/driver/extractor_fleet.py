@@ -45,6 +45,11 @@ def plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:
     return workers, {"num_cpus": 1}, threads
 
 
+def model_load_args(cfg: RunConfig) -> dict:
+    """What a worker loads a model with: a fleet's workers are switched when any of it changes, not the name alone."""
+    return {"model": cfg.model, "dtype": cfg.dtype, "device": cfg.device, "model_args": dict(cfg.model_args)}
+
+
 def extractor_spawner(cfg: RunConfig, resources: dict, threads: int | None,
                       strategy_modules: Sequence[str]) -> Callable[[], ActorHandle]:
     """Starts one extractor actor (loading the model once, on a node the SPREAD strategy picks so one node's loss
@@ -56,8 +61,7 @@ def extractor_spawner(cfg: RunConfig, resources: dict, threads: int | None,
     worker_cls = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)(pooling)
     options = {**resources, "runtime_env": worker_runtime_env(), "scheduling_strategy": "SPREAD"}
     return lambda: worker_cls.options(**options).remote(  # type: ignore[attr-defined]
-        cfg.model, dtype=cfg.dtype, device=cfg.device, model_args=dict(cfg.model_args),
-        torch_threads=threads, strategy_modules=tuple(strategy_modules))
+        **model_load_args(cfg), torch_threads=threads, strategy_modules=tuple(strategy_modules))
 
 
 class ExtractorFleet:
@@ -67,7 +71,7 @@ class ExtractorFleet:
     def __init__(self, strategy_modules: Sequence[str] = ()) -> None:
         self.strategy_modules = tuple(strategy_modules)
         self.actors: list[ActorHandle] = []
-        self.model: str | None = None
+        self.held: dict | None = None  # model_load_args of the model the workers hold
         self._plan: tuple[int, dict, int | None] | None = None
 
     @property
@@ -86,7 +90,7 @@ class ExtractorFleet:
         for actor in self.actors:
             with contextlib.suppress(Exception):  # an actor that already died is fine
                 ray.kill(actor, no_restart=True)
-        self.actors, self.model = [], None
+        self.actors, self.held = [], None
 
     @contextlib.contextmanager
     def queue(self, cfg: RunConfig, n_jobs: int, emit: EventSink) -> Iterator[WorkQueue]:
@@ -96,11 +100,11 @@ class ExtractorFleet:
             self._plan = plan_workers(cfg, n_jobs)
         n_workers, resources, threads = self._plan
         spawn = extractor_spawner(cfg, resources, threads, self.strategy_modules)
-        if self.actors and self.model != cfg.model:
+        if self.actors and self.held != model_load_args(cfg):
             self._switch(cfg)
         if not self.actors:
             self.actors = [spawn() for _ in range(n_workers)]
-        self.model = cfg.model
+        self.held = model_load_args(cfg)
         queue = WorkQueue(self.actors, spawn=spawn, needs=resource_needs(resources), task_needs={"CPU": 1},
                           on_retry=emit, own_actors=False)
         try:
@@ -112,8 +116,7 @@ class ExtractorFleet:
     def _switch(self, cfg: RunConfig) -> None:
         """Every worker frees its model and loads `cfg.model`; a worker lost between models is dropped (the queue
         starts a replacement if none is left)."""
-        refs = [actor.switch_model.remote(cfg.model, dtype=cfg.dtype, device=cfg.device,
-                                          model_args=dict(cfg.model_args)) for actor in self.actors]
+        refs = [actor.switch_model.remote(**model_load_args(cfg)) for actor in self.actors]
         kept = []
         for actor, ref in zip(self.actors, refs, strict=True):
             try:

@@ -156,8 +156,8 @@ def cross_model_sentences(table: dict) -> list[str]:
             f"best on {labels[m]} is {_list(best['per_model'][m])}"
             + (" (tied)" if len(best['per_model'][m]) > 1 else "")
             + f" (D1 {rows[best['per_model'][m][0]]['per_model'][m]['mean_d1']:.3f})" for m in models) + ".")
-    within = best.get("tied_within_model") or {}
     lines.extend(first_best_elsewhere(table, labels))
+    within = best.get("tied_within_model") or {}
     if any(within.values()):
         counts = {m: len(within[m]) for m in models if m in within}
         lines.append("Within each model its best is not told apart (Nemenyi, its own leaderboard) from: " + "; ".join(
@@ -179,9 +179,9 @@ def first_best_elsewhere(table: dict, labels: Mapping[str, str]) -> list[str]:
     and whether that model's own Nemenyi test tells the two apart (the question "does the winner carry over")."""
     best, models = table["best"], [m["name"] for m in table["models"]]
     first, others = models[0], models[1:]
-    winner = best["per_model"][first][0] if len(best["per_model"][first]) == 1 else None
-    if winner is None:
+    if len(best["per_model"][first]) != 1:  # tied winners: no single strategy to follow
         return []
+    [winner] = best["per_model"][first]
     cells = {r["strategy"]: r["per_model"] for r in table["rows"]}
     lines = []
     for m in others:

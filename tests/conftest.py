@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cpu_kernels import PROFILE_ENV, profile_mismatches
+from cpu_kernels import PROFILE_ENV, REBLOCKED, profile_mismatches
 from s3_server import MotoServer, s3_store_on
 
 from poolbench.store.artifact_store import ArtifactStore
@@ -26,6 +26,10 @@ def pytest_configure(config: pytest.Config) -> None:
     """Before collection: in a run under another CPU's kernels (tests/cpu_kernels.py) stop unless torch and numpy
     did switch; point POOLBENCH_CACHE at a fresh temp dir for the session (removed at its end)."""
     profile = os.environ.get(PROFILE_ENV)
+    if profile in REBLOCKED:
+        from reblocked import install_reblocking
+
+        install_reblocking()
     if profile:
         wrong = profile_mismatches(profile)
         if wrong:
@@ -44,8 +48,10 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     import torch
     from cpu_kernels import numpy_dispatch
 
-    return (f"CPU profile {profile}: torch {torch.backends.cpu.get_cpu_capability()} kernels, numpy SIMD beyond "
-            f"baseline: {numpy_dispatch() or 'none'}")
+    return (f"CPU profile {profile}: torch {torch.backends.cpu.get_cpu_capability()} kernels on "
+            f"{torch.get_num_threads()} threads, numpy SIMD beyond baseline: {numpy_dispatch() or 'none'}"
+            + (" ; GEMMs blocked by row count, small default forwards (tests/reblocked.py)" if profile in REBLOCKED
+               else ""))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

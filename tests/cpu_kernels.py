@@ -1,6 +1,8 @@
 """Another CPU's kernels on this one: `python tests/cpu_kernels.py PROFILE -- CMD...` runs CMD with torch, MKL,
 oneDNN and numpy held to PROFILE's instruction set, so `make test` proves the numerics tests are not tuned to
-this CPU's. The conftest checks in that run that each library did switch, and stops the run if one did not."""
+this CPU's. The conftest checks in that run that each library did switch, and stops the run if one did not.
+The `chunked` profile keeps this CPU's kernels and changes what else may change a sum's order on another machine:
+one thread, forwards cut into small chunks, and GEMMs that block by row count (tests/reblocked.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +17,15 @@ PROFILE_ENV = "POOLBENCH_CPU_PROFILE"
 PROFILES: dict[str, dict[str, str]] = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
     "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"},
+    "chunked": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "POOLBENCH_TEST_MAX_BATCH_TOKENS": "24"},
 }
+REBLOCKED = {"chunked"}  # profiles that install tests/reblocked.py (the conftest does, before anything runs)
 TORCH_CAPABILITY = {"avx2": "AVX2", "default": "DEFAULT"}
 _SSE4 = {"SSSE3", "SSE41", "POPCNT", "SSE42", "X86_V2"}
-NUMPY_DISPATCH = {  # the SIMD targets numpy may still dispatch to under each profile, in either naming
+NUMPY_DISPATCH: dict[str, set[str] | None] = {  # the SIMD targets numpy may still dispatch to, in either naming
     "avx2": _SSE4 | {"AVX", "F16C", "FMA3", "AVX2", "X86_V3"},
     "default": _SSE4,
+    "chunked": None,  # all of this CPU's
 }
 
 
@@ -29,7 +34,8 @@ def numpy_disabled(profile: str) -> str:
     target this CPU lacks is accepted and stays off)."""
     from numpy._core._multiarray_umath import __cpu_dispatch__
 
-    return " ".join(target for target in __cpu_dispatch__ if target not in NUMPY_DISPATCH[profile])
+    allowed = NUMPY_DISPATCH[profile]
+    return "" if allowed is None else " ".join(target for target in __cpu_dispatch__ if target not in allowed)
 
 
 def profile_mismatches(profile: str) -> list[str]:
@@ -37,12 +43,16 @@ def profile_mismatches(profile: str) -> list[str]:
     import torch
 
     wrong = []
-    torch_has = torch.backends.cpu.get_cpu_capability()
-    if torch_has != TORCH_CAPABILITY[profile]:
-        wrong.append(f"torch runs {torch_has} kernels, not {TORCH_CAPABILITY[profile]}")
-    numpy_has = set(numpy_dispatch())
-    if not numpy_has <= NUMPY_DISPATCH[profile]:
-        wrong.append(f"numpy dispatches to {sorted(numpy_has)}, beyond {sorted(NUMPY_DISPATCH[profile])}")
+    torch_has, torch_wants = torch.backends.cpu.get_cpu_capability(), TORCH_CAPABILITY.get(profile)
+    if torch_wants is not None and torch_has != torch_wants:
+        wrong.append(f"torch runs {torch_has} kernels, not {torch_wants}")
+    numpy_has, numpy_allowed = set(numpy_dispatch()), NUMPY_DISPATCH[profile]
+    if numpy_allowed is not None and not numpy_has <= numpy_allowed:
+        wrong.append(f"numpy dispatches to {sorted(numpy_has)}, beyond {sorted(numpy_allowed)}")
+    if profile in REBLOCKED:
+        from reblocked import reblocking_mismatches
+
+        wrong.extend(reblocking_mismatches())
     return wrong
 
 

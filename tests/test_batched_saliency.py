@@ -34,7 +34,8 @@ def test_batched_gradients_equal_per_row_gradients(llama, left: bool) -> None:
     batch = PaddedBatch(list(range(rows)), [f"p{r}" for r in range(rows)], ["x"] * rows, ids, mask,
                         np.zeros((rows, length, 2), np.int32), np.zeros((rows, length), bool))
     layers = (1, 2)
-    whole = next(extract_batches(llama, llama.model.layers, [batch], layers, needs={"gradient"}))
+    whole = next(extract_batches(llama, llama.model.layers, [batch], layers, needs={"gradient"},
+                                 max_batch_tokens=rows * length))  # one forward of 4 rows, whatever the default
     for row in range(rows):
         alone = next(extract_batches(llama, llama.model.layers, [batch.select(slice(row, row + 1))], layers,
                                      needs={"gradient"}))

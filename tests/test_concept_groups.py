@@ -2,12 +2,9 @@
 for every registered strategy, with each row weighted by its own concept's parses and train-split statistics.
 
 Tolerance: a passage's forward in a group may pad it to another length, next to other rows, so its token states
-may differ from its forward alone by float32 rounding (reductions over more masked keys): not bit for bit. Every
-column but the vectors is compared exactly; each pooled vector within float32 round-off of the tiny Llama's forward
-relative to its norm (tests/tolerances.py: 2 layers, each summing over 32 hidden, 64 MLP and up to 64 positions:
-4·eps32·√320 ≈ 8.5e-6; measured at most 2.4e-7 on AVX-512), except S2_gradient_x_input within 1e-4 (measured
-3.2e-5): its weights |grad . h| are dot products that nearly cancel on some tokens, so their relative round-off has
-no a-priori bound; 1e-4 still catches a row pooled with another row's or concept's weights (off by O(1))."""
+may differ from its forward alone by float32 rounding (reductions over more masked keys): not bit for bit. The
+tables are compared as tests/pooled_bounds.py says (every column but the vectors exactly, each vector within the
+forward's round-off)."""
 
 from __future__ import annotations
 
@@ -17,7 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from negation_pairs import passages
-from tolerances import assert_float32_close, float32_atol
+from pooled_bounds import TINY_LLAMA_TERMS, assert_same_tables
+from tolerances import assert_float32_close
 
 from poolbench.corpus.passage import Passage
 from poolbench.driver.pool_groups import estimated_tokens, group_token_target, plan_groups
@@ -55,30 +53,6 @@ def members() -> list[ConceptPassages]:
             + hedging_passages(1, "test", ids_from="c")]
     return [ConceptPassages(c[0].concept, c, {"concept": c[0].concept, "corpus": f"hash-{c[0].concept}"})
             for c in (negation, hedging, tiny)]
-
-
-TINY_LLAMA_TERMS = 2 * (32 + 64 + 64)  # roundings along the tiny Llama's forward at max_length 64
-ROUND_OFF = float32_atol(1.0, TINY_LLAMA_TERMS)  # relative to the vector's norm
-LOOSER = {"S2_gradient_x_input": 1e-4}
-
-
-def assert_same_tables(group: pa.Table, alone: pa.Table, what: str) -> None:
-    """Same schema and metadata, same rows in the same order, every vector within its strategy's bound."""
-    assert group.schema.equals(alone.schema, check_metadata=True), what
-    for name in group.column_names:
-        if name not in ("vector", "pooled", "output"):
-            assert group.column(name).equals(alone.column(name)), f"{what}: column {name}"
-    bound = np.array([LOOSER.get(s, ROUND_OFF) for s in group.column("strategy").to_pylist()])
-    for name in ("vector", "pooled", "output"):
-        if name in group.column_names:
-            a, b = (t.column(name).combine_chunks() for t in (group, alone))
-            width = a.type.list_size
-            x = a.values.to_numpy(zero_copy_only=False).reshape(-1, width)
-            y = b.values.to_numpy(zero_copy_only=False).reshape(-1, width)
-            relative = np.linalg.norm(x - y, axis=1) / np.maximum(np.linalg.norm(y, axis=1), 1e-30)
-            worst = int(np.argmax(relative / bound))
-            assert relative[worst] <= bound[worst], (f"{what}: {name} of {group.column('strategy')[worst]} off by "
-                                                     f"{relative[worst]:.2e} of its norm")
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -56,3 +56,22 @@ def test_a_cancelling_sum_is_judged_by_its_terms_not_its_result() -> None:
     assert_float32_close(one, other, terms=terms.size, scale=scale)
     with pytest.raises(AssertionError):
         assert_float32_close(one, other, terms=terms.size)  # scale defaulted to the ~0 results: too tight
+
+
+def test_records_close_takes_round_off_in_floats_and_nothing_else() -> None:
+    """A perplexity exp(-mean log p) of 640 float32 log-probabilities summed in two orders stays within
+    2·float32_atol(16, 640) of itself (the bound test_steering_cell_groups derives); a 1e-3 slip, another string,
+    another int or a missing key does not."""
+    from tolerances import assert_records_close
+
+    logp = -np.random.default_rng(0).uniform(0, 13, size=640).astype(np.float32)
+    forward = float(np.exp(-np.float32(sum(logp.tolist(), start=np.float32(0))) / 640))
+    backward = float(np.exp(-np.float32(sum(logp[::-1].tolist(), start=np.float32(0))) / 640))
+    rel = 2 * float32_atol(16.0, 640)
+    record = {"concept": "x", "n": 3, "ok": True, "none": None, "per_alpha": [{"perplexity": forward}],
+              "nan": float("nan")}
+    assert_records_close({**record, "per_alpha": [{"perplexity": backward}]}, record, rel=rel)
+    for wrong in ({**record, "per_alpha": [{"perplexity": forward * (1 + 1e-3)}]}, {**record, "concept": "y"},
+                  {**record, "n": 4}, {**record, "n": 3.0}, {k: v for k, v in record.items() if k != "ok"}):
+        with pytest.raises(AssertionError):
+            assert_records_close(wrong, record, rel=rel, err_msg="d2")

@@ -66,3 +66,28 @@ def assert_pooled_close(actual: ArrayLike, expected: ArrayLike, batch: Any, err_
     the bound above over its real token values; padding (often ±99 in tests) is no operand."""
     hidden, mask = np.asarray(batch.hidden), np.asarray(batch.attention_mask)
     assert_weighted_mean_close(actual, expected, hidden[:, mask], hidden.shape[2], err_msg=err_msg)
+
+
+def assert_records_close(actual: Any, expected: Any, *, rel: float, err_msg: str = "") -> None:
+    """Two records (nested dicts and lists from to_dict()) made by computations that round in other orders: every
+    key, string, int, bool and None equal exactly; every float within `rel` of the larger magnitude of the two (the
+    caller derives `rel` from the chain that made the floats, e.g. 2·float32_atol(log-scale, terms) for a ratio of
+    perplexities, exponentials of mean token log-probabilities)."""
+    if isinstance(actual, dict) and isinstance(expected, dict):
+        if actual.keys() != expected.keys():
+            raise AssertionError(f"{err_msg}: keys differ, {sorted(actual)} vs {sorted(expected)}")
+        for key in actual:
+            assert_records_close(actual[key], expected[key], rel=rel, err_msg=f"{err_msg}.{key}")
+    elif isinstance(actual, list) and isinstance(expected, list):
+        if len(actual) != len(expected):
+            raise AssertionError(f"{err_msg}: lengths differ, {len(actual)} vs {len(expected)}")
+        for i, (a, b) in enumerate(zip(actual, expected, strict=True)):
+            assert_records_close(a, b, rel=rel, err_msg=f"{err_msg}[{i}]")
+    elif isinstance(actual, float) and isinstance(expected, float):
+        if math.isnan(actual) and math.isnan(expected):
+            return
+        if not abs(actual - expected) <= rel * max(abs(actual), abs(expected)) and actual != expected:
+            raise AssertionError(f"{err_msg}: {actual!r} vs {expected!r} differ by more than {rel:.3g} of their "
+                                 f"size")
+    elif type(actual) is not type(expected) or actual != expected:
+        raise AssertionError(f"{err_msg}: {actual!r} vs {expected!r}")

@@ -115,6 +115,7 @@ def _without_seconds(result) -> dict:
     return out
 
 
+@pytest.mark.numerics  # rows generated beside other cells' rows: bounded, and run on each kernel set
 def test_a_group_of_cells_gives_what_each_cell_gives_alone(worker, inputs, tmp_path):
     config = _config(tmp_path)
     cells = [_cell(inputs, "imdb_sentiment", 0), _cell(inputs, "imdb_sentiment", 1), _cell(inputs, "frustration", 1)]

@@ -1,0 +1,100 @@
+"""Every exact-equality site in the tests (tests/exact_equality.py finds them) and why exact is right there (issue 41,
+docs/reproducibility.md). Exact equality stays only where no rounding can differ: integers, ids, masks and strings;
+values exact in binary; copies, casts and stored round trips; or the same computation again (same kernels, inputs,
+batch shapes and threads). Two DIFFERENT computations of floats (another batch shape, chunking, budget, kernel set
+or thread count) are compared within tests/tolerances.py's bound instead, never here."""
+
+from __future__ import annotations
+
+INTS = "integers, ids, indices, masks, bools or strings: nothing is rounded"
+EXACT = "hand-computed values exact in binary (small integers, halves, powers of two) from exact arithmetic"
+COPY = "a copy, a cast or a stored round trip (Arrow, JSON, safetensors, dequantisation): no arithmetic to reorder"
+SAME = ("the same computation twice: same kernels, same inputs, same batch shapes and threads, in one process or "
+        "one config, so deterministic kernels give the same bits")
+
+# file::function -> (number of sites, reason, what is compared)
+SITES: dict[str, tuple[int, str, str]] = {
+    "pooled_bounds.py::assert_same_tables": (2, INTS, "schemas and every non-vector column (ids, layers, fallbacks)"),
+    "test_alignment_parses.py::test_parses_are_cached_by_corpus_hash_and_reused": (1, INTS, "a cached parse table"),
+    "test_batch_budget.py::test_chunks_of_a_batch_hold_what_the_whole_batch_holds_up_to_round_off": (
+        1, INTS, "attention masks of the chunks and the whole batch"),
+    "test_device_pool.py::assert_same": (2, INTS + "; head outputs gathered at the last token (a copy)",
+                                         "fallback flags, the last token's head outputs"),
+    "test_extractor.py::test_hooks_removed_after_exit_and_on_error": (1, SAME, "logits before and after hooks"),
+    "test_extractor.py::test_add_hooks_edits_the_residual_stream": (1, SAME, "logits with no-op hooks and none"),
+    "test_extractor.py::test_tuple_returning_blocks": (5, EXACT, "a toy block's outputs (3, 10, 1)"),
+    "test_extractor.py::test_extracted_hidden_matches_unbatched_forward": (1, INTS, "input ids"),
+    "test_flash.py::test_flash_subset_keeps_pairs_and_balance": (2, INTS, "row indices"),
+    "test_gguf_checkpoint.py::test_converted_folder_is_a_plain_hf_folder": (1, COPY, "tensors copied from GGUF"),
+    "test_gguf_checkpoint.py::test_q8_0_weights_are_the_dequantised_values": (1, COPY, "Q8_0 dequantised weights"),
+    "test_job_retried.py::test_cluster_activity_gathers_both_stages": (1, INTS, "job counts and node names"),
+    "test_pipeline.py::test_a_run_killed_between_layer_shards_recomputes_only_the_missing_ones": (
+        1, SAME + "; a layer's states do not depend on which later layers are captured",
+        "D1 records of a resumed run and the first"),
+    "test_pipeline.py::test_a_corrupt_artifact_is_quarantined_and_recomputed_not_fatal": (
+        1, SAME, "D1 records after one shard is recomputed"),
+    "test_pool_strategies.py::test_linguistic_strategies_agree_with_pool_naive_and_batch_order": (
+        1, INTS, "fallback flags"),
+    "test_pool_strategies.py::test_tiny_llama_has_no_sink_so_auto_pools_exactly_as_keep": (
+        1, SAME + "; auto's weights are keep's where no sink is found", "pooled matrices, auto vs keep"),
+    "test_pooled_shards.py::test_float16_round_trip_is_float32_rounded_to_half": (2, COPY, "float16 casts"),
+    "test_pooled_shards.py::test_bfloat16_round_trip_keeps_the_top_half_of_float32_rounded_to_even": (
+        1, COPY, "bfloat16 casts"),
+    "test_pooled_shards.py::test_probing_layer_by_layer_equals_probing_the_whole_concept": (
+        2, SAME + "; D1 is computed per cell", "D1 records of one table probed whole and layer by layer"),
+    "test_pooled_shards.py::test_worker_shards_by_layer_a_d1_task_reads_one_and_resume_fills_only_the_gap": (
+        4, SAME + "; then a stored round trip or a float16 cast", "D1 records, a stored shard, float16 vectors"),
+    "test_pooled_table.py::test_round_trip_places_every_vector": (3, EXACT, "small-integer vectors, labels, flags"),
+    "test_pooled_table.py::test_head_table_keeps_each_head_at_its_own_width_and_reorders_to_the_pooled_rows": (
+        2, EXACT, "small-integer head vectors"),
+    "test_pooler.py::test_pool_tokens_equals_pool_naive_on_random_padded_batches": (1, INTS, "fallback flags"),
+    "test_pooler.py::test_spec_selecting_no_token_falls_back_to_mean_and_is_flagged": (2, INTS, "fallback flags"),
+    "test_pooler.py::test_token_context_rank_ignores_padding_side": (2, INTS, "token ranks and lengths"),
+    "test_pooler.py::test_pooled_vectors_do_not_alias_the_hidden_states": (1, COPY, "the hidden states, untouched"),
+    "test_pooler.py::test_auto_pools_bit_for_bit_as_keep_where_there_is_no_sink": (
+        1, SAME + "; auto's weights are keep's where no sink is found", "pooled vectors, auto vs keep"),
+    "test_prober.py::test_diffmean_probe_by_hand": (4, EXACT, "a DiffMean direction and projections"),
+    "test_prober.py::test_no_pair_straddles_folds": (1, INTS, "validation indices"),
+    "test_prober.py::test_cv_is_deterministic_and_keeps_out_of_fold_scores": (1, SAME, "CV scores, run twice"),
+    "test_prober.py::test_bootstrap_resamples_pairs_together": (4, INTS, "bootstrap counts (integer weights)"),
+    "test_prober.py::test_perfect_separation_gives_one_and_a_flagged_ci_below_one": (
+        2, INTS + "; fold AUROCs of perfect separation are exactly 1", "fold AUROCs, predictions"),
+    "test_records.py::test_d1_record_round_trip_through_dict_and_the_stored_arrow_table": (2, COPY, "D1 records"),
+    "test_records.py::test_steering_records_round_trip_key_for_key": (1, COPY, "steering records"),
+    "test_reproducibility_contract.py::test_a_run_with_another_budget_and_threads_reuses_the_stored_tables": (
+        1, COPY + "; the second run reads the first run's stored D1", "D1 records of two runs sharing a store"),
+    "test_reliability.py::test_fast_folds_equal_sklearn_stratified_group_kfold": (3, INTS, "fold indices"),
+    "test_reliability.py::test_control_labels_hand_computed": (1, INTS, "control labels"),
+    "test_request_local_hooks.py::test_another_threads_early_stopping_capture_neither_stops_nor_records_this_forward": (
+        1, SAME, "logits with another thread's capture open"),
+    "test_request_local_hooks.py::test_another_threads_steering_hook_leaves_this_forward_alone": (
+        1, SAME, "hidden states with another thread's hook open"),
+    "test_sae.py::test_round_trip": (1, COPY, "SAE weights saved and loaded"),
+    "test_sae.py::test_train_sae_is_deterministic_and_learns_a_sparse_dictionary": (
+        1, SAME + " (deterministic_cpu fixes seed and threads)", "SAE weights trained twice"),
+    "test_sampling.py::test_a_rows_noise_ignores_its_batch_and_follows_seed_and_step": (
+        2, "elementwise noise from integer keys: each entry is its own computation, with no reduction across the "
+           "batch", "a row's Gumbel noise alone and in a batch"),
+    "test_scorer.py::test_scorer_trains_on_train_split_only_and_is_valid": (1, COPY, "a scorer record via JSON"),
+    "test_slot_table.py::test_table_has_the_zero_row_first_and_equal_deltas_share_a_slot": (
+        1, COPY, "deltas placed in a table"),
+    "test_slot_table.py::test_layer_tables_keep_each_slot_at_its_own_layer": (2, COPY, "deltas placed in tables"),
+    "test_slot_table.py::test_tokens_take_their_requests_slot_in_batch_order": (2, INTS, "slot indices"),
+    "test_slot_table.py::test_each_token_adds_its_own_requests_delta_only": (
+        1, "an unsteered token adds the zero row: x + 0 is x exactly", "unsteered tokens' states"),
+    "test_steerer.py::test_hook_removed_and_output_unchanged_afterwards": (1, SAME, "logits before and after"),
+    "test_steerer.py::test_planted_direction_steers_with_positive_scp_and_ci_excluding_zero": (
+        3, COPY, "a steering record via JSON and the store"),
+    "test_steerer.py::test_zero_vector_cell_is_null_not_nan": (1, COPY, "a stored record read back"),
+    "test_steerer.py::test_stored_artifact_written_before_records_reads_back": (1, COPY, "an old record read back"),
+    "test_steering_cell_groups.py::test_a_group_of_cells_gives_what_each_cell_gives_alone": (
+        1, INTS + "; texts (a token flip needs a near-tie of two logits), alphas and the stub scorer's word "
+           "shares (exact fractions of small integers)", "generations tables"),
+    "test_store.py::test_dir_round_trip": (1, COPY, "file bytes"),
+    "test_tiny_model.py::test_two_builds_give_identical_bytes": (
+        3, SAME + " (deterministic_cpu fixes seed and threads)", "two builds' files and tensors"),
+    "test_tiny_model.py::test_build_restores_global_torch_state": (1, SAME, "the global RNG's next draw"),
+    "test_valence_bias.py::test_demo_outcomes_on_a_tiny_model": (
+        1, SAME + "; the second run reads the first's stored model", "valence after fine-tuning, cached"),
+    "test_vllm_payloads.py::generate": (1, SAME, "tensor-parallel ranks' hidden states (same inputs and weights)"),
+}

@@ -14,6 +14,7 @@ from pathlib import Path
 from poolbench.atomic_write import write_json_atomic, write_text_atomic
 from poolbench.errors import PoolBenchError
 from poolbench.results.answer import build_answer
+from poolbench.results.near_ties import near_tie_sentence
 from poolbench.results.ranking import CI_LEVEL
 from poolbench.results.tidy import wide_rows
 
@@ -51,6 +52,8 @@ def findings_facts(results: dict, leaderboard: dict, *, source: str, sha256: str
         "tiers": [{"tier": tier, "rows": section.get("rows") or [], "lexical": section.get("lexical") or {}}
                   for tier, section in (leaderboard.get("by_tier") or {}).items()],
         "lexical": lexical,
+        "near_ties": [{"strategy": r["strategy"], "layer": r["best_layer"], **r["layer_near_tie"]}
+                      for r in leaderboard.get("strategies") or [] if r.get("layer_near_tie")],
     }
 
 
@@ -102,6 +105,9 @@ def render_findings(facts: dict) -> str:
               "tie-group letter are not told apart by Nemenyi.", "",
               *_table(["rank", "strategy", "family", "layer", "mean D1 [95% CI]", "tie group", "win rate",
                        "worst concept"], board)]
+    if facts.get("near_ties"):
+        lines += ["", "Near-tied layer choices (docs/reproducibility.md):", "",
+                  *[f"- {near_tie_sentence(t['strategy'], t['layer'], t)}" for t in facts["near_ties"]]]
     for tier in facts.get("tiers") or []:
         rows = [[r["strategy"], _n(r.get("layer"), "d"), _iv({"value": r["auroc"], "low": r.get("ci_low"),
                                                              "high": r.get("ci_high")}),

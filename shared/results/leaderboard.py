@@ -10,6 +10,7 @@ import numpy as np
 from poolbench.prober.reliability import cv_best_layer
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.lexical import LexicalBaselineRecord
+from poolbench.results.near_ties import cv_auroc_step, layer_near_tie
 
 PRIMARY_PROBE = "logistic"
 FALLBACK_FLAG_RATE = 0.5
@@ -54,6 +55,10 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str = PRIMARY_PROBE,
             for c in concepts
         }
         flagged = sorted(c for c, v in per_concept.items() if v["fallback_rate"] > FALLBACK_FLAG_RATE)
+        curve = {int(L): float(np.mean([layers[L][c].cv_auroc for c in concepts])) for L in sorted(layers)}
+        steps = {c: cv_auroc_step(chosen[c].n_train or 0, chosen[c].n_folds or 0) for c in concepts
+                 if (chosen[c].n_train or 0) >= 2 and (chosen[c].n_folds or 0) >= 1}
+        near_tie = layer_near_tie(curve, int(best_layer), steps) if len(steps) == len(concepts) else None
         info = (strategy_info or {}).get(strategy, {})
         rows.append({
             "strategy": strategy,
@@ -61,8 +66,8 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str = PRIMARY_PROBE,
             "mean_d1": float(np.mean([v["auroc"] for v in per_concept.values()])),
             "mean_cv_auroc": float(np.mean([v["cv_auroc"] for v in per_concept.values()])),
             "best_layer": int(best_layer),
-            "layer_curve": {int(L): float(np.mean([layers[L][c].cv_auroc for c in concepts]))
-                            for L in sorted(layers)},
+            "layer_curve": curve,
+            "layer_near_tie": near_tie.to_dict() if near_tie is not None else None,
             "fallback_flagged_concepts": flagged,
             "per_concept": per_concept,
         })

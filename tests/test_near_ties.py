@@ -66,3 +66,12 @@ def test_the_leaderboard_and_findings_name_a_near_tied_layer_and_only_that() -> 
             "order can close: a near-tie") in page
     assert "Near-tied" not in render_findings({**facts, "near_ties": []})
     assert "Near-tied" not in render_findings(committed)  # facts from before near-ties render as they did
+
+
+def test_the_report_marks_a_near_tied_layer_beside_it() -> None:
+    from poolbench.results.near_ties import layer_text
+
+    assert layer_text({"best_layer": 14, "layer_near_tie": {"runner_up": 7, "margin": 0.01,
+                                                            "pairs_could_close": 0.0125}}) == "14 (near-tie: 7)"
+    assert layer_text({"best_layer": 14, "layer_near_tie": None}) == "14"
+    assert layer_text({"best_layer": 3}) == "3"  # leaderboards from before near-ties

@@ -53,3 +53,9 @@ def near_tie_sentence(strategy: str, layer: int, tie: Mapping[str, float]) -> st
     return (f"{strategy}: layer {layer} is chosen over layer {int(tie['runner_up'])} by {tie['margin']:.4f} mean CV "
             f"AUROC, within the {tie['pairs_could_close']:.4f} that {NEAR_TIE_PAIRS} pairs' order can close: a near-"
             f"tie, which another CPU's round-off may resolve the other way.")
+
+
+def layer_text(row: Mapping) -> str:
+    """A leaderboard row's chosen layer as a table shows it: "14", or "14 (near-tie: 7)" when layer_near_tie is set."""
+    tie = row.get("layer_near_tie")
+    return f"{row['best_layer']}" + (f" (near-tie: {int(tie['runner_up'])})" if tie else "")

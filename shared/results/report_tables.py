@@ -12,6 +12,7 @@ import numpy as np
 from poolbench.records.scorer import ScorerValidity
 from poolbench.records.steering import D2Record, D3Record
 from poolbench.results.leaderboard import FALLBACK_FLAG_RATE, PRIMARY_PROBE
+from poolbench.results.near_ties import layer_text
 from poolbench.results.ranking import group_letters, mean_t_interval, tie_groups
 from poolbench.results.report_runs import Run, friedman_of, primary_cells
 
@@ -57,7 +58,7 @@ def leaderboard_table(run: Run) -> str:
         chosen = [c for c in chosen if c is not None]
         mean, low, high = mean_t_interval([v["auroc"] for v in r["per_concept"].values()])
         rows.append([str(r["rank"]), r["strategy"], r.get("family", "—"), _ci(mean, low, high),
-                     _num(r["mean_cv_auroc"]), str(r["best_layer"]), _num(r.get("win_rate")),
+                     _num(r["mean_cv_auroc"]), layer_text(r), _num(r.get("win_rate")),
                      _num(r.get("average_rank"), 2), letters.get(r["strategy"], "—"),
                      _num(_mean_of([c.seed_std for c in chosen]), 4), _num(_mean_of([c.selectivity for c in chosen])),
                      _num(_mean_of([c.mdl_compression for c in chosen]), 2),

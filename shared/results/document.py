@@ -12,6 +12,7 @@ from poolbench.records.d1 import D1CellRecord
 from poolbench.records.run import RunOutcome
 from poolbench.records.steering import SteeringStage
 from poolbench.results.leaderboard import build_leaderboard
+from poolbench.results.metric_text import metric_descriptions
 from poolbench.results.tidy import LONG_COLUMNS, WIDE_COLUMNS, long_rows, to_csv, wide_rows
 from poolbench.results.tiers import tier_section
 
@@ -69,10 +70,7 @@ def results_document(outcome: RunOutcome) -> dict:
         "computed": outcome.computed,
         "timing": outcome.timing,
         "cluster": outcome.cluster.to_dict(),
-        "metrics": {
-            "d1": "probe AUROC: cv_auroc = out-of-fold on train (5-fold, grouped by matched_pair_id); "
-                  "test_auroc = fit on train, scored on the held-out split; ci = 95% pair-grouped bootstrap",
-        },
+        "metrics": metric_descriptions(outcome.records, outcome.lexical, outcome.config.n_folds),
         "reliability": _across_cells(outcome.records),
         "cells": [r.to_dict() for r in outcome.records],
         **_steering_sections(outcome.steering),

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from poolbench.results.ranking import MIN_CONCEPTS_FOR_INTERVAL, mean_t_interval
+from poolbench.results.tier_estimand import estimand_sentence
 
 # A lexical AUROC that prints as 1.000 is at the ceiling: the words alone separate the concept.
 LEXICAL_CEILING = 0.9995
@@ -231,6 +232,8 @@ def build_answer(results: dict, leaderboard: dict) -> RunAnswer:
         interval += f": fewer than {MIN_CONCEPTS_FOR_INTERVAL} concepts"
     sentences = [f"Best on {model}: {best.strategy} at layer {best.layer}, mean D1 {interval} over "
                  f"{_plural(best.n_concepts, 'concept')} ({len(rows)} strategies run)."]
+    if estimand := estimand_sentence(leaderboard.get("estimand") or {}):
+        sentences.append(estimand)
     if ranking is None:
         verdict = "untested"
         sentences.append(f"Which strategies it beats is not tested: {missing}.")

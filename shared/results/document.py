@@ -14,6 +14,7 @@ from poolbench.records.steering import SteeringStage
 from poolbench.results.leaderboard import build_leaderboard
 from poolbench.results.metric_text import metric_descriptions
 from poolbench.results.tidy import LONG_COLUMNS, WIDE_COLUMNS, long_rows, to_csv, wide_rows
+from poolbench.results.tier_estimand import tier_mixed_ranking
 from poolbench.results.tiers import tier_section
 
 RESULTS_SCHEMA_VERSION = 1
@@ -50,7 +51,14 @@ def _breakdown_sections(outcome: RunOutcome) -> dict:
         out["d1_by_tier"] = [r.to_dict() for r in outcome.d1_tiers]
     if outcome.lexical_tiers:
         out["lexical_by_tier"] = [r.to_dict() for r in outcome.lexical_tiers]
+    if outcome.d1_tiers:
+        out["estimand"] = _estimand(outcome)
     return out
+
+
+def _estimand(outcome: RunOutcome) -> dict:
+    """The declared tier estimand and the ranking on it (tier_estimand.py), for results.json and the leaderboard."""
+    return tier_mixed_ranking(outcome.d1_tiers, pair_counts=outcome.corpus.get("tier_pairs"))
 
 
 def results_document(outcome: RunOutcome) -> dict:
@@ -109,6 +117,7 @@ def write_run_outputs(outcome: RunOutcome, out_dir: Path, stamp: str | None = No
                   "date": results["date"], "friedman": reliability.get("friedman"),
                   **({"by_tier": tier_section(outcome.d1_tiers, outcome.lexical_tiers)}
                      if outcome.d1_tiers or outcome.lexical_tiers else {}),
+                  **({"estimand": _estimand(outcome)} if outcome.d1_tiers else {}),
                   **_leaderboard_steering(outcome.steering)})
     paths = {"results_stamped": out_dir / f"results_{stamp}.json",
              "leaderboard_stamped": out_dir / f"leaderboard_{stamp}.json",

@@ -38,6 +38,8 @@ def pytest_configure(config: pytest.Config) -> None:
     root = tempfile.mkdtemp(prefix="poolbench-test-cache-")
     os.environ[_SESSION_CACHE_ENV] = root
     os.environ["POOLBENCH_CACHE"] = root
+    # D2's fluency guard reads the steered (test) model itself unless a test names a reference: no second model
+    os.environ.setdefault("POOLBENCH_FLUENCY_REFERENCE", "self")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

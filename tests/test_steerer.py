@@ -161,9 +161,10 @@ def test_planted_direction_steers_with_positive_scp_and_ci_excluding_zero(worker
     table = _planted_table(worker, passages, direction, layer)
     scorers = {"toxicity": WordScorer("toxicity", TARGET.strip()),
                "frustration": WordScorer("frustration", "dog")}
-    # A random tiny model finds "idiot idiot ..." improbable, so the fluency guard is opened wide here.
+    # A random tiny model finds "idiot idiot ..." improbable, and it is a repetition: the fluency guard (perplexity
+    # and distinct-2) is opened wide here.
     config = SteeringConfig(alphas=(0.0, 0.5, 1.0, 2.0), n_prompts=None, prompts_file=str(_prompts_file(tmp_path)),
-                            settings=SETTINGS, n_bootstrap=500, fluency_guard=1e6)
+                            settings=SETTINGS, n_bootstrap=500, fluency_guard=1e6, min_distinct=0.0)
     store = LocalStore(tmp_path / "store")
     result = run_steering(store, worker, "toxicity", "A1_mean", layer, table, scorers, config,
                           train_texts=[p.text for p in passages if p.split == "train"], neighbour_tables={})
@@ -193,7 +194,7 @@ def test_planted_direction_steers_with_positive_scp_and_ci_excluding_zero(worker
     assert list(stored["d2"])[-2:] == ["seconds", "generations_key"] and "selected_because" not in stored["d2"]
     assert [k for k in stored["d2"] if k.startswith("prompted_")] == [
         "prompted_instruction", "prompted_score", "prompted_delta", "prompted_delta_ci_low",
-        "prompted_delta_ci_high", "prompted_fluency_ratio", "prompted_relevance",
+        "prompted_delta_ci_high", "prompted_fluency_ratio", "prompted_relevance", "prompted_distinct_2",
         "prompted_passes_fluency_guard"]
     assert list(stored["d3"][1]) == [
         "concept", "strategy", "layer", "model_id", "backend", "neighbour", "relation", "alpha_star", "delta_a",

@@ -82,7 +82,7 @@ def _config(tmp_path: Path) -> SteeringConfig:
 
 
 class Counting:
-    """The worker, with every generate_rows and nll call recorded."""
+    """The worker, with every generate_rows and reference_nll call recorded."""
 
     def __init__(self, worker: SteeringWorker) -> None:
         self.worker = worker
@@ -96,9 +96,9 @@ class Counting:
         self.generate_calls.append({"prompts": list(prompts), **kwargs})
         return self.worker.generate_rows(prompts, **kwargs)
 
-    def nll(self, generations):
-        self.nll_calls.append(len(generations))
-        return self.worker.nll(generations)
+    def reference_nll(self, texts, option="auto"):
+        self.nll_calls.append(len(texts))
+        return self.worker.reference_nll(texts, option)
 
 
 # Rows generated in one call with other cells' rows: the same tokens (a flip needs two logits within round-off of

@@ -149,16 +149,22 @@ def bootstrap_auroc_ci(
 AUROC_CI_METHOD = "pair_clustered_delong_logit"
 
 
-def clustered_auroc_variance(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> tuple[float, float]:
-    """(AUROC, its variance) with matched pairs as clusters: Obuchowski's (1997) clustered DeLong estimator.
+def clustered_auroc_covariance(scores: np.ndarray, labels: np.ndarray,
+                               groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(AUROCs [k], covariance [k, k]) of k score rows on one set of passages, matched pairs as clusters:
+    Obuchowski's (1997) clustered DeLong estimator, for one AUROC or for two paired ones.
 
     Each passage's placement (share of the other class it out-ranks) is summed per cluster, so the two twins of
-    a pair, which share their content, enter the variance as one unit rather than two independent draws.
+    a pair, which share their content, enter the (co)variance as one unit rather than two independent draws:
+    with u_g = (sum of positive placements - m_g A)/m + (sum of negative placements - n_g A)/n per cluster g of K,
+    Cov = K/(K-1) * sum_g u_g u_g^T.
     """
-    scores, pos = _check_scores_labels(scores, labels)
+    scores = np.atleast_2d(np.asarray(scores, dtype=np.float64))
+    rows = [_check_scores_labels(row, labels)[0] for row in scores]
+    pos = _check_scores_labels(rows[0], labels)[1]
     groups = np.asarray(groups)
-    if groups.shape != scores.shape:
-        raise ProbeError(f"AUROC CI: groups shape {groups.shape} differs from scores shape {scores.shape}")
+    if groups.shape != pos.shape:
+        raise ProbeError(f"AUROC CI: groups shape {groups.shape} differs from scores shape {pos.shape}")
     m, n = int(pos.sum()), int((~pos).sum())
     if m == 0 or n == 0:
         raise ProbeError("AUROC CI: labels hold one class only; AUROC needs both")
@@ -167,15 +173,25 @@ def clustered_auroc_variance(scores: np.ndarray, labels: np.ndarray, groups: np.
     k = int(cluster.max()) + 1
     if k < 2:
         raise ProbeError("AUROC CI: needs >= 2 pair groups for a clustered variance")
-    every = rankdata(scores)
-    v10 = (every[pos] - rankdata(scores[pos])) / n  # per positive: share of negatives below (ties half)
-    v01 = 1.0 - (every[~pos] - rankdata(scores[~pos])) / m  # per negative: share of positives above
-    value = float(v10.mean())
-    r10 = np.bincount(cluster[pos], v10, k) - np.bincount(cluster[pos], minlength=k) * value
-    r01 = np.bincount(cluster[~pos], v01, k) - np.bincount(cluster[~pos], minlength=k) * value
-    scale = k / (k - 1)
-    var = scale * (np.sum(r10**2) / m**2 + np.sum(r01**2) / n**2 + 2.0 * np.sum(r10 * r01) / (m * n))
-    return value, float(max(var, 0.0))
+    values, components = [], []
+    for row in rows:
+        every = rankdata(row)
+        v10 = (every[pos] - rankdata(row[pos])) / n  # per positive: share of negatives below (ties half)
+        v01 = 1.0 - (every[~pos] - rankdata(row[~pos])) / m  # per negative: share of positives above
+        value = float(v10.mean())
+        r10 = np.bincount(cluster[pos], v10, k) - np.bincount(cluster[pos], minlength=k) * value
+        r01 = np.bincount(cluster[~pos], v01, k) - np.bincount(cluster[~pos], minlength=k) * value
+        values.append(value)
+        components.append(r10 / m + r01 / n)
+    u = np.vstack(components)  # [n_rows, K]
+    return np.asarray(values), k / (k - 1) * (u @ u.T)
+
+
+def clustered_auroc_variance(scores: np.ndarray, labels: np.ndarray, groups: np.ndarray) -> tuple[float, float]:
+    """(AUROC, its variance) with matched pairs as clusters (clustered_auroc_covariance of one score row)."""
+    scores, _ = _check_scores_labels(scores, labels)
+    values, cov = clustered_auroc_covariance(scores[None, :], labels, groups)
+    return float(values[0]), float(max(cov[0, 0], 0.0))
 
 
 def wilson_interval(p: float, n: float, level: float = 0.95) -> tuple[float, float]:

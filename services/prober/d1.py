@@ -1,7 +1,7 @@
 """Metric D1: how linearly decodable a concept is from one pooled representation.
 
 Per probe: pair-grouped cross-validated AUROC on the train split, train->test AUROC on the held-out
-split, and a pair-level bootstrap CI of the test AUROC. Arrays in, a dataclass out; no I/O.
+split, and a pair-clustered DeLong CI of the test AUROC (auroc_ci). Arrays in, a dataclass out; no I/O.
 """
 
 from __future__ import annotations

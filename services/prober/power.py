@@ -168,7 +168,7 @@ def compare_configurations(pred_a: np.ndarray, pred_b: np.ndarray, scores_a: np.
                            seed=seed)
     boot = paired_bootstrap_auroc(scores_a[0], scores_b[0], y, groups, n_bootstrap=n_bootstrap, seed=seed,
                                   level=1.0 - alpha)
-    delong = delong_test(scores_a[0], scores_b[0], y, level=1.0 - alpha)
+    delong = delong_test(scores_a[0], scores_b[0], y, groups, level=1.0 - alpha)
     acc_a, acc_b = float(np.mean(pred_a == y)), float(np.mean(pred_b == y))
     return {
         "n_test": int(y.size), "n_seeds": int(pred_a.shape[0]), "alpha": alpha,
@@ -177,7 +177,8 @@ def compare_configurations(pred_a: np.ndarray, pred_b: np.ndarray, scores_a: np.
         "mcnemar_pairs_p_value": clustered_mcnemar_test(pred_a[0], pred_b[0], y, groups),
         "auroc_a": boot.auroc_a, "auroc_b": boot.auroc_b, "auroc_difference": boot.difference,
         "paired_bootstrap": {"ci_low": boot.ci_low, "ci_high": boot.ci_high, "p_value": boot.p_value},
-        "delong": {"ci_low": delong.ci_low, "ci_high": delong.ci_high, "p_value": delong.p_value},
+        "delong": {"ci_low": delong.ci_low, "ci_high": delong.ci_high, "p_value": delong.p_value,
+                   "method": delong.method},
         "power_test": "clustered McNemar (matched pairs resampled and tested as units)",
         "power": [{"n": n, "power": p} for n, p in power],
         "recommended_test_size": recommended_size(power),

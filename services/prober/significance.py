@@ -1,5 +1,5 @@
 """Is a difference between strategies real? Friedman + Nemenyi over many cells; paired bootstrap and
-DeLong's test between two strategies' scores on the same test passages of one cell."""
+DeLong's test, matched pairs as clusters, between two strategies' scores on the same test passages of one cell."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import friedmanchisquare, norm, rankdata, studentized_range
 
-from poolbench.prober.auroc import ProbeError, _check_scores_labels, auroc_batch, group_bootstrap_weights
+from poolbench.prober.auroc import (
+    ProbeError,
+    _check_scores_labels,
+    auroc_batch,
+    clustered_auroc_covariance,
+    group_bootstrap_weights,
+)
+
+PAIRED_DELONG_METHOD = "pair_clustered_delong"
 
 
 def nemenyi_critical_difference(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
@@ -73,7 +81,8 @@ def _midranks(x: np.ndarray) -> np.ndarray:
 
 
 def delong_covariance(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(AUROCs [k], covariance [k, k]) of k score vectors on one set of passages: fast DeLong (Sun & Xu 2014).
+    """(AUROCs [k], covariance [k, k]) of k score vectors on one set of passages, passages independent: fast DeLong
+    (Sun & Xu 2014). The unclustered reference the tests hold delong_test's clustered covariance against.
 
     Midranks within positives, within negatives and over all give the structural components in O(n log n).
     """
@@ -91,15 +100,21 @@ def delong_covariance(scores: np.ndarray, labels: np.ndarray) -> tuple[np.ndarra
     return aucs, cov
 
 
-def delong_test(scores_a: np.ndarray, scores_b: np.ndarray, labels: np.ndarray,
+def delong_test(scores_a: np.ndarray, scores_b: np.ndarray, labels: np.ndarray, groups: np.ndarray,
                 level: float = 0.95) -> PairedAUROC:
-    """DeLong's paired test of AUROC(a) = AUROC(b) (passages treated as independent), normal CI and p."""
+    """DeLong's paired test of AUROC(a) = AUROC(b) with matched pairs as clusters, normal CI and p.
+
+    Var(A_a - A_b) = Var_a + Var_b - 2 Cov_ab from clustered_auroc_covariance (Obuchowski 1997), the estimator
+    D1's own CIs use: twins share their content, so treating them as independent passages understates the variance
+    whenever a strategy's advantage differs from pair to pair (tests/test_significance.py). Singleton groups give
+    DeLong's unclustered test (up to the K/(K-1) factor).
+    """
     a, pos = _check_scores_labels(scores_a, labels)
     b, _ = _check_scores_labels(scores_b, labels)
-    aucs, cov = delong_covariance(np.vstack([a, b]), pos)
+    aucs, cov = clustered_auroc_covariance(np.vstack([a, b]), pos, groups)
     diff = float(aucs[0] - aucs[1])
     var = float(cov[0, 0] + cov[1, 1] - 2.0 * cov[0, 1])
     se = math.sqrt(max(var, 0.0))
     z = norm.ppf(0.5 + level / 2.0)
     p = (1.0 if diff == 0.0 else 0.0) if se == 0.0 else float(2.0 * norm.sf(abs(diff) / se))
-    return PairedAUROC(float(aucs[0]), float(aucs[1]), diff, diff - z * se, diff + z * se, p, "delong")
+    return PairedAUROC(float(aucs[0]), float(aucs[1]), diff, diff - z * se, diff + z * se, p, PAIRED_DELONG_METHOD)

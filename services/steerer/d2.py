@@ -1,7 +1,10 @@
-"""D2 arithmetic on arrays: SCP with a prompt-bootstrap CI, fluency ratio, the AxBench-style alpha* split.
+"""D2 arithmetic on arrays: SCP with a prompt-bootstrap CI, the fluency guard (fluency.py), the AxBench-style
+alpha* split.
 
 Layout: every per-generation array is [A, N], one row per alpha (ascending, alphas[0] == 0) and one
 column per prompt; a prompt keeps its column (and its sampling seed) across alphas, so comparisons pair.
+`nll_sum`/`n_tokens` are each continuation's NLL under the reference model, unconditioned on its prompt, and
+`distinct` its distinct-2 (fluency.py); None leaves repetition unchecked (arrays built by hand).
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ import numpy as np
 from scipy.stats import rankdata
 
 from .errors import SteeringError
+from .fluency import DEFAULT_FLUENCY_GUARD, DEFAULT_MIN_DISTINCT, passes_guard
 
-DEFAULT_FLUENCY_GUARD = 2.0
-D2_VERSION = 3  # 3: alpha* among alpha > 0 with its outcome and stability; both halves' rows; prompted guard
+# 4: the guard reads reference-model perplexity unconditioned on the prompt and distinct-2, for steering and prompting
+# 3: alpha* among alpha > 0 with its outcome and stability; both halves' rows; prompted guard
+D2_VERSION = 4
 N_HALVINGS = 200  # resampled selection/report halvings behind alpha*'s stability
 
 
@@ -89,10 +94,14 @@ def harmonic_mean(values: Sequence[float]) -> float:
     return 0.0 if np.any(v <= 0) else float(v.size / np.sum(1.0 / v))
 
 
+def _mean_or_none(values: np.ndarray | None, row: int, idx: np.ndarray) -> float | None:
+    return None if values is None else float(np.mean(np.asarray(values)[row, idx]))
+
+
 def alpha_table(alphas: Sequence[float], scores: np.ndarray, nll_sum: np.ndarray, n_tokens: np.ndarray,
-                relevance: np.ndarray, idx: np.ndarray) -> list[dict]:
-    """Per alpha on the prompts `idx`: mean concept score, perplexity and its ratio to alpha = 0,
-    mean relevance, each mapped to [0, 1] (fluency as min(1, ppl_0 / ppl)), and their harmonic mean."""
+                relevance: np.ndarray, idx: np.ndarray, distinct: np.ndarray | None = None) -> list[dict]:
+    """Per alpha on the prompts `idx`: mean concept score, reference perplexity and its ratio to alpha = 0, mean
+    distinct-2, mean relevance, each mapped to [0, 1] (fluency as min(1, ppl_0 / ppl)), and their harmonic mean."""
     a, s = _check(alphas, scores)
     ppl0 = perplexity(nll_sum[0, idx], n_tokens[0, idx])
     rows = []
@@ -103,18 +112,19 @@ def alpha_table(alphas: Sequence[float], scores: np.ndarray, nll_sum: np.ndarray
         rel = float(np.mean(relevance[i, idx]))
         fluency01 = 0.0 if ratio is None else min(1.0, 1.0 / ratio)
         rows.append({"alpha": float(alpha), "score": score, "perplexity": ppl, "fluency_ratio": ratio,
-                     "relevance": rel, "fluency01": fluency01,
+                     "distinct_2": _mean_or_none(distinct, i, idx), "relevance": rel, "fluency01": fluency01,
                      "hm": harmonic_mean([score, fluency01, max(rel, 0.0)])})
     return rows
 
 
-def choose_alpha(table: list[dict], guard: float = DEFAULT_FLUENCY_GUARD) -> tuple[int, str]:
-    """(index of alpha*, outcome): the best harmonic mean among alphas > 0 whose fluency ratio <= guard, ties to
+def choose_alpha(table: list[dict], guard: float = DEFAULT_FLUENCY_GUARD,
+                 min_distinct: float = DEFAULT_MIN_DISTINCT) -> tuple[int, str]:
+    """(index of alpha*, outcome): the best harmonic mean among alphas > 0 that pass the guard, ties to
     the smaller alpha. alpha = 0 is never a candidate (it would make Delta = 0 a structural result): outcome
     'no_alpha_helps' when alpha*'s harmonic mean does not beat alpha = 0's, 'no_alpha_fluent' (index 0) when no
     alpha > 0 passes the guard, else 'chosen'."""
     ok = [i for i, r in enumerate(table)
-          if i > 0 and r["fluency_ratio"] is not None and r["fluency_ratio"] <= guard]
+          if i > 0 and passes_guard(r["fluency_ratio"], r.get("distinct_2"), guard=guard, min_distinct=min_distinct)]
     if not ok:
         return 0, "no_alpha_fluent"
     best = max(ok, key=lambda i: (table[i]["hm"], -i))
@@ -123,14 +133,16 @@ def choose_alpha(table: list[dict], guard: float = DEFAULT_FLUENCY_GUARD) -> tup
 
 def alpha_star_stability(alphas: Sequence[float], scores: np.ndarray, nll_sum: np.ndarray, n_tokens: np.ndarray,
                          relevance: np.ndarray, chosen: str, *, guard: float = DEFAULT_FLUENCY_GUARD,
-                         n_halvings: int = N_HALVINGS, seed: int = 0) -> dict:
+                         n_halvings: int = N_HALVINGS, seed: int = 0, distinct: np.ndarray | None = None,
+                         min_distinct: float = DEFAULT_MIN_DISTINCT) -> dict:
     """alpha* over `n_halvings` other random selection halves (seeds seed+1, ...): how often each alpha is chosen
     ("none": no fluent alpha), and the share agreeing with the reported choice `chosen` (a key of those counts)."""
     a, s = _check(alphas, scores)
     counts: dict[str, int] = {}
     for k in range(1, n_halvings + 1):
         select, _ = split_prompts(s.shape[1], seed + k)
-        index, outcome = choose_alpha(alpha_table(a, s, nll_sum, n_tokens, relevance, select), guard)
+        index, outcome = choose_alpha(alpha_table(a, s, nll_sum, n_tokens, relevance, select, distinct), guard,
+                                      min_distinct)
         key = _alpha_key(a, index, outcome)
         counts[key] = counts.get(key, 0) + 1
     return {"alpha_star_counts": dict(sorted(counts.items())), "n_halvings": n_halvings,
@@ -159,16 +171,16 @@ def paired_delta(values: np.ndarray, baseline: np.ndarray, *, n_bootstrap: int =
 
 def d2_summary(alphas: Sequence[float], scores: np.ndarray, nll_sum: np.ndarray, n_tokens: np.ndarray,
                relevance: np.ndarray, *, guard: float = DEFAULT_FLUENCY_GUARD, n_bootstrap: int = 1000,
-               seed: int = 0) -> dict:
+               seed: int = 0, distinct: np.ndarray | None = None, min_distinct: float = DEFAULT_MIN_DISTINCT) -> dict:
     """SCP over all prompts; alpha* (> 0) chosen on one half with its outcome and its stability over resampled
     halvings, Delta(alpha*) with its CI on the other half; both halves' per-alpha rows."""
     a, s = _check(alphas, scores)
     select, report = split_prompts(s.shape[1], seed)
-    select_table = alpha_table(a, s, nll_sum, n_tokens, relevance, select)
-    chosen, outcome = choose_alpha(select_table, guard)
-    report_table = alpha_table(a, s, nll_sum, n_tokens, relevance, report)
+    select_table = alpha_table(a, s, nll_sum, n_tokens, relevance, select, distinct)
+    chosen, outcome = choose_alpha(select_table, guard, min_distinct)
+    report_table = alpha_table(a, s, nll_sum, n_tokens, relevance, report, distinct)
     stability = alpha_star_stability(a, s, nll_sum, n_tokens, relevance, _alpha_key(a, chosen, outcome),
-                                     guard=guard, seed=seed)
+                                     guard=guard, seed=seed, distinct=distinct, min_distinct=min_distinct)
     delta = paired_delta(s[chosen, report], s[0, report], n_bootstrap=n_bootstrap, seed=seed)
     star = report_table[chosen]
     return {
@@ -177,7 +189,10 @@ def d2_summary(alphas: Sequence[float], scores: np.ndarray, nll_sum: np.ndarray,
         **stability,
         "d2_delta": delta["delta"], "d2_delta_ci_low": delta["ci_low"], "d2_delta_ci_high": delta["ci_high"],
         "score_at_alpha_star": star["score"], "score_at_zero": report_table[0]["score"],
-        "fluency_ratio": star["fluency_ratio"], "fluency_guard": guard,
+        "fluency_ratio": star["fluency_ratio"], "fluency_guard": guard, "distinct_2": star["distinct_2"],
+        "min_distinct_2": min_distinct if distinct is not None else None,
+        "passes_fluency_guard": passes_guard(star["fluency_ratio"], star["distinct_2"], guard=guard,
+                                             min_distinct=min_distinct),
         "relevance": star["relevance"], "perplexity_at_zero": report_table[0]["perplexity"],
         "select_prompts": select.tolist(), "report_prompts": report.tolist(),
         "per_alpha": report_table, "per_alpha_select": select_table,
@@ -186,14 +201,18 @@ def d2_summary(alphas: Sequence[float], scores: np.ndarray, nll_sum: np.ndarray,
 
 def prompted_summary(scores_p: np.ndarray, nll_p: np.ndarray, ntok_p: np.ndarray, relevance_p: np.ndarray,
                      scores0: np.ndarray, nll0: np.ndarray, ntok0: np.ndarray, report: np.ndarray, *,
-                     n_bootstrap: int = 1000, seed: int = 0, guard: float = DEFAULT_FLUENCY_GUARD) -> dict:
+                     n_bootstrap: int = 1000, seed: int = 0, guard: float = DEFAULT_FLUENCY_GUARD,
+                     distinct_p: np.ndarray | None = None, min_distinct: float = DEFAULT_MIN_DISTINCT) -> dict:
     """The prompted baseline (instruction prefix, unsteered) on the report half, beside alpha*, held to the
-    fluency guard steering must pass (`prompted_passes_fluency_guard`; None when its perplexity is undefined)."""
+    fluency guard steering must pass (`prompted_passes_fluency_guard`; None when its perplexity is undefined):
+    its continuations' reference perplexity against the unsteered ones' and their distinct-2."""
     ppl_p = perplexity(nll_p[report], ntok_p[report])
     ppl_0 = perplexity(nll0[report], ntok0[report])
     delta = paired_delta(scores_p[report], scores0[report], n_bootstrap=n_bootstrap, seed=seed)
     ratio = ppl_p / ppl_0 if ppl_p is not None and ppl_0 is not None else None
+    distinct = None if distinct_p is None else float(np.mean(np.asarray(distinct_p)[report]))
     return {"prompted_score": float(np.mean(scores_p[report])), "prompted_delta": delta["delta"],
             "prompted_delta_ci_low": delta["ci_low"], "prompted_delta_ci_high": delta["ci_high"],
             "prompted_fluency_ratio": ratio, "prompted_relevance": float(np.mean(relevance_p[report])),
-            "prompted_passes_fluency_guard": None if ratio is None else bool(ratio <= guard)}
+            "prompted_distinct_2": distinct,
+            "prompted_passes_fluency_guard": passes_guard(ratio, distinct, guard=guard, min_distinct=min_distinct)}

@@ -1,4 +1,5 @@
-"""Model-side measurements D2 needs: the residual-stream scale, perplexity of generations, relevance."""
+"""Model-side measurements D2 needs: the residual-stream scale, perplexity of generations (given their prompt, or
+alone under the fluency guard's reference model), relevance."""
 
 from __future__ import annotations
 
@@ -92,6 +93,26 @@ def continuation_nll(loaded: LoadedModel, generations: Sequence[Generation], *, 
         n_tok[start:stop] = valid.sum(dim=1).numpy()
         start = stop
     return nll, n_tok
+
+
+LOGIT_BUDGET = 2**26  # logits held at once (256 MB in float32): Gemma's 262k-token vocabulary at 256 tokens a chunk
+
+
+def reference_nll(loaded: LoadedModel, texts: Sequence[str], *, token_budget: int | None = None,
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(summed NLL, token count) of each text alone under `loaded`, the fluency guard's reference model: the text
+    is re-tokenised by the reference's tokenizer and read after its BOS (EOS where it has none), no prompt. Every
+    position is scored, so chunks hold at most LOGIT_BUDGET / vocabulary tokens unless `token_budget` says."""
+    tok = loaded.tokenizer
+    if token_budget is None:
+        token_budget = max(64, min(4096, LOGIT_BUDGET // max(len(tok), 1)))
+    start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    if start is None:
+        raise ValueError(f"reference model '{loaded.model_id}' has neither a BOS nor an EOS token to start a text")
+    ids = tok(list(texts), add_special_tokens=False)["input_ids"] if texts else []
+    return continuation_nll(loaded, [Generation("", t, (int(start),), tuple(i)) for t, i in zip(texts, ids,
+                                                                                              strict=True)],
+                            token_budget=token_budget)
 
 
 class SentenceEmbedder:

@@ -3,7 +3,8 @@ through one generate call; run_steering is its one-cell case.
 
 Three steps: each cell is prepared (its stored result read back, its null record stored, or its rows built: alpha
 grid x prompts and the prompted baseline); the rows of every cell still to run go through ONE `generate_rows`, each
-distinct row once (generation_rows.py), and one perplexity pass over the distinct continuations; then each cell is
+distinct row once (generation_rows.py), and one pass of the fluency guard's reference model over the distinct
+continuations (fluency.py); then each cell is
 finished (scores, relevance, D2, D3) and stored on its own. No Ray here: the pipeline calls it in-process or through
 `SteeringService` (actor.py). Generations and the record are stored under a key of everything that determines them
 (never how cells were grouped), so a rerun reads them back; a cell's generations go in first and its record last,
@@ -27,9 +28,10 @@ from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key
 
 from .backend import Generation, GenerationSettings
-from .d2 import D2_VERSION, DEFAULT_FLUENCY_GUARD, d2_summary, paired_delta, prompted_summary
+from .d2 import D2_VERSION, d2_summary, paired_delta, prompted_summary
 from .d3 import D3_VERSION, d3_rep_flags, disentanglement, neighbours
 from .errors import SteeringError
+from .fluency import AUTO, DEFAULT_FLUENCY_GUARD, DEFAULT_MIN_DISTINCT, FLUENCY_MEASURE, distinct_rows
 from .generation_rows import GenerationRow, distinct_by, generate_groups, group_slices
 from .prompts import concept_instruction, load_prompts
 from .vector import DEFAULT_ALPHAS, SteeringVector, cosine, diffmean_vector, validate_alphas
@@ -47,6 +49,8 @@ class SteeringConfig:
     prompts_file: str | None = None
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     fluency_guard: float = DEFAULT_FLUENCY_GUARD
+    min_distinct: float = DEFAULT_MIN_DISTINCT
+    reference_model: str = AUTO  # the model that judges fluency (fluency.reference_model_for)
     n_bootstrap: int = 1000
     seed: int = 0
     prompted_baseline: bool = True
@@ -134,6 +138,7 @@ class PreparedCell:
     nbrs: dict[str, str]
     scorer_concepts: list[str]
     instruction: str
+    reference: str  # the fluency guard's reference model, resolved
     rows: list[GenerationRow]
     seconds: float  # the cell's own time so far; its share of the shared generation is added when it finishes
 
@@ -180,12 +185,14 @@ def prepare_cell(store: ArtifactStore, worker: SteeringWorker, cell: CellInputs,
             "backend": info["backend"]}
     scorer = scorers[concept]
     scorer_concepts = [concept] + [c for c in nbrs.values() if c in scorers and c != concept]
+    reference = worker.reference_name(config.reference_model)
     key = artifact_key(
         "steering", model=info["weights_hash"], dtype=info["dtype"], concept=concept, strategy=strategy,
         layer=layer, vector=_vector_digest(vector), raw_norm=round(vector.raw_norm, 6),
         prompts=_digest(prompts), train_texts=_digest(list(cell.train_texts)), config=config.to_record(),
         scorers={c: scorers[c].info.get("key", c) for c in scorer_concepts},
-        backend=info["backend"], prompt_format=prompt_format, version=[STEERING_VERSION, D2_VERSION, D3_VERSION])
+        backend=info["backend"], prompt_format=prompt_format, reference=reference,
+        version=[STEERING_VERSION, D2_VERSION, D3_VERSION])
     if store.exists(key):
         return SteeringResult.from_dict(store.get_json(key))
 
@@ -212,34 +219,25 @@ def prepare_cell(store: ArtifactStore, worker: SteeringWorker, cell: CellInputs,
     instruction = concept_instruction(concept)
     deltas = [None if a == 0 else vector.delta(a) for a in alphas]
     prompted = [f"{instruction} {p}" for p in prompts] if config.prompted_baseline else []
-    return PreparedCell(cell, key, vector, prompts, seeds, base, d2, nbrs, scorer_concepts, instruction,
+    return PreparedCell(cell, key, vector, prompts, seeds, base, d2, nbrs, scorer_concepts, instruction, reference,
                         cell_rows(prompts, seeds, deltas, layer, prompted), time.perf_counter() - started)
 
 
-def continuation_nlls(worker: SteeringWorker, groups: Sequence[Sequence[Generation]],
-                      ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """(summed NLL, tokens) per generation of each group, from one perplexity pass over the distinct (prompt ids,
-    continuation ids) of all groups: every cell's alpha = 0 rows are the same continuations."""
-    distinct, index = distinct_by([g for group in groups for g in group], lambda g: (g.prompt_ids, g.token_ids))
-    nll, n_tok = worker.nll(distinct) if distinct else (np.zeros(0), np.zeros(0, np.int64))
+def reference_nlls(worker: SteeringWorker, groups: Sequence[Sequence[Generation]], option: str = AUTO,
+                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(summed NLL, tokens) per generation of each group under the fluency guard's reference model, each text
+    alone (no prompt), from one pass over the distinct texts of all groups: steered and prompted continuations
+    are judged alike, and every cell's alpha = 0 rows are the same texts."""
+    distinct, index = distinct_by([g.text for group in groups for g in group], lambda text: text)
+    nll, n_tok = worker.reference_nll(distinct, option) if distinct else (np.zeros(0), np.zeros(0, np.int64))
     picked = np.asarray(index, dtype=np.int64)
     return [(nll[picked[part]], n_tok[picked[part]]) for part in group_slices(groups)]
-
-
-def _nll_inputs(prepared: PreparedCell, gens: Sequence[Generation], n_alphas: int) -> list[Generation]:
-    """The steered continuations and, for the prompted baseline, its continuations given the neutral prompt
-    (perplexity of the prompted continuation is measured as for steering)."""
-    n = len(prepared.prompts)
-    steered, pgens = gens[:n_alphas * n], gens[n_alphas * n:]
-    as_neutral = [Generation(g0.prompt, gp.text, g0.prompt_ids, gp.token_ids)
-                  for g0, gp in zip(steered[:n], pgens, strict=True)]
-    return list(steered) + as_neutral
 
 
 def finish_cell(store: ArtifactStore, worker: SteeringWorker, prepared: PreparedCell, gens: Sequence[Generation],
                 all_nll: np.ndarray, all_tok: np.ndarray, scorers: Mapping[str, ScorerModel], config: SteeringConfig,
                 *, shared_seconds: float = 0.0) -> SteeringResult:
-    """Scores, relevance, D2 and D3 of a cell from its generations and their perplexities; stored (generations
+    """Scores, relevance, D2 and D3 of a cell from its generations and their reference perplexities; stored (generations
     table first, record last). `shared_seconds` is the cell's share of the group's generation time."""
     started = time.perf_counter()
     cell, vector, prompts, seeds, d2 = prepared.cell, prepared.vector, prepared.prompts, prepared.seeds, prepared.d2
@@ -254,10 +252,13 @@ def finish_cell(store: ArtifactStore, worker: SteeringWorker, prepared: Prepared
     scores = {c: scorers[c].score(texts).reshape(n_a, n) for c in prepared.scorer_concepts}
     nll, n_tok = all_nll[:n_a * n].reshape(n_a, n), all_tok[:n_a * n].reshape(n_a, n)
     relevance = worker.relevance([g.prompt for row in gens_by_alpha for g in row], texts).reshape(n_a, n)
+    distinct = distinct_rows(texts).reshape(n_a, n)
     summary = d2_summary(alphas, scores[concept], nll, n_tok, relevance, guard=config.fluency_guard,
-                         n_bootstrap=config.n_bootstrap, seed=config.seed)
+                         n_bootstrap=config.n_bootstrap, seed=config.seed, distinct=distinct,
+                         min_distinct=config.min_distinct)
     report = np.asarray(summary["report_prompts"])
-    d2.update(status="ok", null_reason=None, **summary)
+    d2.update(status="ok", null_reason=None, **summary, reference_model=prepared.reference,
+              fluency_measure=FLUENCY_MEASURE)
     tables = [_generations_table(alphas, gens_by_alpha, seeds, scores, "steered")]
 
     if config.prompted_baseline:
@@ -267,7 +268,8 @@ def finish_cell(store: ArtifactStore, worker: SteeringWorker, prepared: Prepared
         d2.update(prompted_instruction=prepared.instruction,
                   **prompted_summary(p_scores, p_nll, p_tok, p_rel, scores[concept][0], nll[0], n_tok[0],
                                      report, n_bootstrap=config.n_bootstrap, seed=config.seed,
-                                     guard=config.fluency_guard))
+                                     guard=config.fluency_guard, distinct_p=distinct_rows([g.text for g in pgens]),
+                                     min_distinct=config.min_distinct))
         tables.append(_generations_table([0.0], [pgens], seeds, {concept: p_scores}, "prompted"))
 
     star = summary["alpha_star_index"]
@@ -322,8 +324,7 @@ def run_steering_cells(store: ArtifactStore, worker: SteeringWorker, cells: Sequ
         started = time.perf_counter()
         prompt_format = worker.prompt_format(config.prompt_format)
         gens = generate_groups(worker, [c.rows for c in todo], config.settings, prompt_format)
-        n_alphas = len(alphas)
-        nlls = continuation_nlls(worker, [_nll_inputs(c, g, n_alphas) for c, g in zip(todo, gens, strict=True)])
+        nlls = reference_nlls(worker, gens, config.reference_model)
         shared = time.perf_counter() - started
         total = sum(len(c.rows) for c in todo)
         finished = iter([finish_cell(store, worker, c, g, nll, n_tok, scorers, config,

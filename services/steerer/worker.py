@@ -15,7 +15,8 @@ from poolbench.extractor.loading import LoadedModel, load_model
 
 from .backend import Generation, GenerationSettings, SteeringBackend
 from .errors import SteeringError
-from .measures import SentenceEmbedder, continuation_nll, mean_residual_norm
+from .fluency import AUTO, SELF, reference_model_for
+from .measures import SentenceEmbedder, continuation_nll, mean_residual_norm, reference_nll
 from .prompts import resolve_prompt_format
 
 BACKENDS = ("transformers", "vllm")
@@ -42,6 +43,7 @@ class SteeringWorker:
 
             self.backend = TransformersBackend(self.loaded)
         self._embedder: SentenceEmbedder | None = None
+        self._references: dict[str, LoadedModel] = {}
 
     def info(self) -> dict:
         m = self.loaded
@@ -71,6 +73,19 @@ class SteeringWorker:
 
     def nll(self, generations: Sequence[Generation]) -> tuple[np.ndarray, np.ndarray]:
         return continuation_nll(self.loaded, generations)
+
+    def reference_name(self, option: str = AUTO) -> str:
+        """The fluency guard's reference model for this worker's model (fluency.reference_model_for)."""
+        return reference_model_for(self.loaded.model_id, option)
+
+    def reference_nll(self, texts: Sequence[str], option: str = AUTO) -> tuple[np.ndarray, np.ndarray]:
+        """Each text's NLL alone under the reference model, loaded once on this worker's device (float32)."""
+        name = self.reference_name(option)
+        if name == SELF:
+            return reference_nll(self.loaded, texts)
+        if name not in self._references:
+            self._references[name] = load_model(name, dtype="float32", device=str(self.loaded.device))
+        return reference_nll(self._references[name], texts)
 
     def relevance(self, prompts: Sequence[str], continuations: Sequence[str]) -> np.ndarray:
         if self._embedder is None:

@@ -43,6 +43,7 @@ from poolbench.records.events import (
 )
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.run import RunOutcome
+from poolbench.results.tier_estimand import tier_pair_counts
 from poolbench.steerer.errors import EngineDied
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key, layer_shard_key
@@ -377,7 +378,8 @@ def outcome_of(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1
         config=cfg, model=run.model,
         corpus={"source": cfg.corpus, "root": str(corpus.root), "size": cfg.corpus_size, "hash": corpus.hash,
                 "concept_hashes": {p.concept: p.corpus_hash for p in run.plans},
-                "passages": {p.concept: len(p.passages) for p in run.plans}},
+                "passages": {p.concept: len(p.passages) for p in run.plans},
+                "tier_pairs": tier_pair_counts({p.concept: p.passages for p in run.plans})},
         layers=run.layers, strategies=[s.fingerprint() | {"family": s.family, "description": s.description,
                                                            "supervision": s.supervision, "needs": sorted(s.needs),
                                                            "variant_of": s.variant_of,

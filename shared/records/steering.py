@@ -18,8 +18,9 @@ class AlphaRow(Record):
 
     alpha: Number
     score: Number
-    perplexity: Number | None
+    perplexity: Number | None  # under the reference model, unconditioned on the prompt (D2 v4; before: after it)
     fluency_ratio: Number | None
+    distinct_2: Number | None = None  # mean distinct-2 of the continuations (absent before D2 v4)
     relevance: Number
     fluency01: Number
     hm: Number
@@ -69,6 +70,11 @@ class D2Record(Record):
     score_at_zero: Number | None = None
     fluency_ratio: Number | None = None
     fluency_guard: Number | None = None
+    distinct_2: Number | None = None  # at alpha*, on the report half (absent before D2 v4)
+    min_distinct_2: Number | None = None  # the guard's distinct-2 floor
+    passes_fluency_guard: bool | None = None  # alpha*'s continuations on the report half pass the guard
+    reference_model: str | None = None  # the model that judged fluency (absent before D2 v4: the steered model)
+    fluency_measure: str | None = None
     relevance: Number | None = None
     perplexity_at_zero: Number | None = None
     select_prompts: list[int] | None = None
@@ -82,6 +88,7 @@ class D2Record(Record):
     prompted_delta_ci_high: Number | None = None
     prompted_fluency_ratio: Number | None = None
     prompted_relevance: Number | None = None
+    prompted_distinct_2: Number | None = None
     prompted_passes_fluency_guard: bool | None = None  # the guard steering's alpha must pass, applied to prompting
     seconds: Number | None = None
     generations_key: str | None = None

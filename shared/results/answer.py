@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from poolbench.results.ranking import MIN_CONCEPTS_FOR_INTERVAL, mean_t_interval
+from poolbench.results.tier_estimand import estimand_sentence
 
 # A lexical AUROC that prints as 1.000 is at the ceiling: the words alone separate the concept.
 LEXICAL_CEILING = 0.9995
@@ -67,6 +68,7 @@ class SteeringCell:
     prompted: Interval | None  # the instruction prefix, unsteered, on the same scorer
     prompted_fluent: bool | None  # the prompted text passes the fluency guard steering must pass
     null_reason: str | None = None
+    steering_fluent: bool | None = None  # the steered text at alpha* passes that same guard (D2 v4 records)
 
 
 @dataclass(frozen=True)
@@ -160,11 +162,13 @@ def _steering(results: dict) -> tuple[SteeringCell, ...]:
     cells = []
     for r in sorted(d2, key=lambda r: (r["concept"], r["strategy"], r["layer"])):
         guard, ratio = r.get("fluency_guard"), r.get("prompted_fluency_ratio")
-        fluent = None if guard is None or ratio is None else float(ratio) <= float(guard)
+        fluent = r.get("prompted_passes_fluency_guard")  # D2 v4: reference perplexity and distinct-2, as steering
+        if fluent is None and "reference_model" not in r:  # older runs recorded the perplexity ratio alone
+            fluent = None if guard is None or ratio is None else float(ratio) <= float(guard)
         cells.append(SteeringCell(
             r["concept"], r["strategy"], int(r["layer"]), r.get("alpha_star"),
             _ci(r, "d2_delta") if r.get("status") == "ok" else None, _ci(r, "prompted_delta"), fluent,
-            r.get("null_reason") or r.get("vector_null_reason")))
+            r.get("null_reason") or r.get("vector_null_reason"), r.get("passes_fluency_guard")))
     return tuple(cells)
 
 
@@ -228,6 +232,8 @@ def build_answer(results: dict, leaderboard: dict) -> RunAnswer:
         interval += f": fewer than {MIN_CONCEPTS_FOR_INTERVAL} concepts"
     sentences = [f"Best on {model}: {best.strategy} at layer {best.layer}, mean D1 {interval} over "
                  f"{_plural(best.n_concepts, 'concept')} ({len(rows)} strategies run)."]
+    if estimand := estimand_sentence(leaderboard.get("estimand") or {}):
+        sentences.append(estimand)
     if ranking is None:
         verdict = "untested"
         sentences.append(f"Which strategies it beats is not tested: {missing}.")
@@ -283,9 +289,10 @@ def answer_html(answer: RunAnswer) -> str:
         "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in (
             c.concept, c.strategy, str(c.layer), _f(c.alpha_star),
             "null" if c.delta is None else _interval_text(c.delta, signed=True),
-            _interval_text(c.prompted, signed=True),
+            _interval_text(c.prompted, signed=True), {True: "yes", False: "no", None: "—"}[c.steering_fluent],
             {True: "yes", False: "no", None: "—"}[c.prompted_fluent])) + "</tr>" for c in answer.steering)
     table = ("" if not rows else '<table class="answer"><thead><tr><th>concept</th><th>strategy</th><th>layer</th>'
-             "<th>α*</th><th>steering Δ(α*) [95% CI]</th><th>prompted Δ [95% CI]</th><th>prompted fluent</th>"
+             "<th>α*</th><th>steering Δ(α*) [95% CI]</th><th>prompted Δ [95% CI]</th><th>steered fluent</th>"
+             "<th>prompted fluent</th>"
              f"</tr></thead><tbody>{rows}</tbody></table>")
     return f'<div class="answer" data-verdict="{answer.verdict}"><h3>Answer</h3>{sentences}{table}</div>'

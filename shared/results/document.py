@@ -12,7 +12,9 @@ from poolbench.records.d1 import D1CellRecord
 from poolbench.records.run import RunOutcome
 from poolbench.records.steering import SteeringStage
 from poolbench.results.leaderboard import build_leaderboard
+from poolbench.results.metric_text import metric_descriptions
 from poolbench.results.tidy import LONG_COLUMNS, WIDE_COLUMNS, long_rows, to_csv, wide_rows
+from poolbench.results.tier_estimand import tier_mixed_ranking
 from poolbench.results.tiers import tier_section
 
 RESULTS_SCHEMA_VERSION = 1
@@ -49,7 +51,14 @@ def _breakdown_sections(outcome: RunOutcome) -> dict:
         out["d1_by_tier"] = [r.to_dict() for r in outcome.d1_tiers]
     if outcome.lexical_tiers:
         out["lexical_by_tier"] = [r.to_dict() for r in outcome.lexical_tiers]
+    if outcome.d1_tiers:
+        out["estimand"] = _estimand(outcome)
     return out
+
+
+def _estimand(outcome: RunOutcome) -> dict:
+    """The declared tier estimand and the ranking on it (tier_estimand.py), for results.json and the leaderboard."""
+    return tier_mixed_ranking(outcome.d1_tiers, pair_counts=outcome.corpus.get("tier_pairs"))
 
 
 def results_document(outcome: RunOutcome) -> dict:
@@ -69,10 +78,7 @@ def results_document(outcome: RunOutcome) -> dict:
         "computed": outcome.computed,
         "timing": outcome.timing,
         "cluster": outcome.cluster.to_dict(),
-        "metrics": {
-            "d1": "probe AUROC: cv_auroc = out-of-fold on train (5-fold, grouped by matched_pair_id); "
-                  "test_auroc = fit on train, scored on the held-out split; ci = 95% pair-grouped bootstrap",
-        },
+        "metrics": metric_descriptions(outcome.records, outcome.lexical, outcome.config.n_folds),
         "reliability": _across_cells(outcome.records),
         "cells": [r.to_dict() for r in outcome.records],
         **_steering_sections(outcome.steering),
@@ -111,6 +117,7 @@ def write_run_outputs(outcome: RunOutcome, out_dir: Path, stamp: str | None = No
                   "date": results["date"], "friedman": reliability.get("friedman"),
                   **({"by_tier": tier_section(outcome.d1_tiers, outcome.lexical_tiers)}
                      if outcome.d1_tiers or outcome.lexical_tiers else {}),
+                  **({"estimand": _estimand(outcome)} if outcome.d1_tiers else {}),
                   **_leaderboard_steering(outcome.steering)})
     paths = {"results_stamped": out_dir / f"results_{stamp}.json",
              "leaderboard_stamped": out_dir / f"leaderboard_{stamp}.json",

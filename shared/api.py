@@ -97,13 +97,17 @@ def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None, strate
         first = document["errors"][0]
         raise StageFailed(f"{first['stage']} failed: {first['message']} (the D1 results are in {paths['results']})")
     if log_samples:
+        from poolbench.results.passage_table import read_run_scores
         from poolbench.results.samples import write_generations, write_samples
         from poolbench.store.url import open_store
 
         stamp = paths["results_stamped"].stem.removeprefix("results_")
         store = open_store(cfg.resolved_store())
+        scores = read_run_scores(Path(cfg.out))
+        if scores is None:
+            raise PoolBenchError(f"--log-samples: no per-passage score table in {cfg.out}")
         paths["samples"] = Path(cfg.out) / f"samples_{stamp}.jsonl"
-        write_samples(document, leaderboard, store, paths["samples"])
+        write_samples(leaderboard, scores, paths["samples"])
         if document.get("d2"):
             paths["generations"] = Path(cfg.out) / f"generations_{stamp}.jsonl"
             write_generations(document, store, paths["generations"])

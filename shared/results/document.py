@@ -12,6 +12,7 @@ from poolbench.records.d1 import D1CellRecord
 from poolbench.records.run import RunOutcome
 from poolbench.records.steering import SteeringStage
 from poolbench.results.leaderboard import build_leaderboard
+from poolbench.results.passage_table import write_run_scores
 from poolbench.results.tidy import LONG_COLUMNS, WIDE_COLUMNS, long_rows, to_csv, wide_rows
 from poolbench.results.tiers import tier_section
 
@@ -121,4 +122,6 @@ def write_run_outputs(outcome: RunOutcome, out_dir: Path, stamp: str | None = No
         write_json_atomic(paths[name], document)
     write_text_atomic(paths["leaderboard_long"], to_csv(long_rows(results, leaderboard), LONG_COLUMNS))
     write_text_atomic(paths["leaderboard_wide"], to_csv(wide_rows(leaderboard), WIDE_COLUMNS))
+    if outcome.passage_scores is not None:
+        paths["passage_scores"] = write_run_scores(outcome.passage_scores, out_dir)
     return paths

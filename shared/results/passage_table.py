@@ -10,7 +10,7 @@ import pyarrow as pa
 from poolbench.atomic_write import atomic_file
 from poolbench.errors import PoolBenchError
 from poolbench.prober.passage_scores import PASSAGE_SCORES_SCHEMA
-from poolbench.store.arrow_tables import ipc_bytes_to_table, table_to_ipc_bytes
+from poolbench.store.arrow_tables import ipc_bytes_to_table
 
 RUN_SCORES_FILE = "passage_scores.arrow"
 
@@ -18,8 +18,11 @@ RUN_SCORES_FILE = "passage_scores.arrow"
 def write_run_scores(table: pa.Table, run_dir: Path) -> Path:
     """Write the table atomically into the run folder and return its path."""
     path = run_dir / RUN_SCORES_FILE
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as writer:
+        writer.write_table(table)  # zstd: the repeated strings shrink; the float scores do not
     with atomic_file(path) as fh:
-        fh.write(table_to_ipc_bytes(table))
+        fh.write(sink.getvalue().to_pybytes())
     return path
 
 

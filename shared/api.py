@@ -38,8 +38,10 @@ class Results:
 
     @property
     def best(self) -> dict:
-        """The leaderboard's top row: strategy, best_layer, mean_d1, per_concept."""
-        return min(self.leaderboard["strategies"], key=lambda r: r["rank"])
+        """The row of the best strategy, chosen on training CV (the highest mean CV AUROC; ties to the first
+        name), never on the held-out test: strategy, best_layer, mean_d1, mean_cv_auroc, per_concept."""
+        return min(self.leaderboard["strategies"], key=lambda r: (-r.get("mean_cv_auroc", r["mean_d1"]),
+                                                                   r["strategy"]))
 
     def mean_d1(self) -> dict[str, float]:
         """Each strategy's mean held-out D1 at its CV-chosen layer, in leaderboard order."""

@@ -206,14 +206,15 @@ def _run_models(cfg: RunConfig, models: tuple[str, ...], log_samples: bool, stra
     from poolbench.api import evaluate_models
     from poolbench.cli.board import summary_line
     from poolbench.cli.cross_model_board import cross_model_answer, cross_model_board
+    from poolbench.results.answer import read_answer
 
     with run_progress() as progress:
         results = evaluate_models(cfg, models, on_event=RunDisplay(progress).show, log_samples=log_samples,
                                   strategy_modules=strategy_modules)
     for name, result in results.per_model.items():
         console.print(f"{name}: " + summary_line(result.leaderboard, total_s=float(
-            (result.document.get("timing") or {}).get("total_s", 0.0)), results_path=result.paths["results"]),
-            soft_wrap=True, highlight=False)
+            (result.document.get("timing") or {}).get("total_s", 0.0)), results_path=result.paths["results"],
+            answer=read_answer(result.paths["answer"])), soft_wrap=True, highlight=False)
     table = results.document["cross_model"]
     console.print(cross_model_board(table))
     console.print(f"wrote {results.paths['results']}, {results.paths['leaderboard']}, "

@@ -240,3 +240,29 @@ def test_paired_bootstrap_over_matched_pairs_on_these_concepts(tmp_path):
     pairs = answer.verdicts.comparisons[0].pairs
     assert pairs is not None and pairs.difference == pytest.approx(0.09375, abs=1e-15)
     assert any(s.startswith("On these concepts (a paired bootstrap over matched pairs") for s in answer.sentences)
+
+
+def test_findings_report_and_printed_leaderboard_render_answer_json(tmp_path):
+    """The run folder's answer.json is the one source: edit it, and the findings page, the report and the printed
+    leaderboard show the edit (nothing recomputes the answer from the documents)."""
+    from rich.console import Console
+
+    from poolbench.cli.board import leaderboard_table
+    from poolbench.results.findings import write_findings
+    from poolbench.results.report import render_report
+    from poolbench.results.report_runs import load_runs
+
+    n = 17
+    paths = write_run_outputs(run_of({"A": base(n), "B": base(n) - 0.05 + np.resize([0.01, -0.01], n)},
+                                     {"A": 0.01}), tmp_path / "run", stamp="s")
+    doc = json.loads(paths["answer"].read_text())
+    doc["sentences"][0] = "The edited first sentence."
+    doc["verdicts"]["comparisons"][0]["verdict"] = EQUIVALENT
+    paths["answer"].write_text(json.dumps(doc))
+    page = write_findings(tmp_path / "run", tmp_path / "docs")[0].read_text()
+    assert "- The edited first sentence." in page and f"| B | 2 | {EQUIVALENT} |" in page
+    html, _ = render_report(load_runs(tmp_path / "run"))
+    assert "<p>The edited first sentence.</p>" in html and f"<td>B</td><td>2</td><td>{EQUIVALENT}</td>" in html
+    console = Console(record=True, width=250, force_terminal=False)
+    console.print(leaderboard_table(json.loads(paths["leaderboard"].read_text()), read_answer(paths["answer"])))
+    assert EQUIVALENT in next(line for line in console.export_text().splitlines() if " B " in line)

@@ -38,8 +38,10 @@ class Results:
 
     @property
     def best(self) -> dict:
-        """The leaderboard's top row: strategy, best_layer, mean_d1, per_concept."""
-        return min(self.leaderboard["strategies"], key=lambda r: r["rank"])
+        """The row of the best strategy, chosen on training CV (the highest mean CV AUROC; ties to the first
+        name), never on the held-out test: strategy, best_layer, mean_d1, mean_cv_auroc, per_concept."""
+        return min(self.leaderboard["strategies"], key=lambda r: (-r.get("mean_cv_auroc", r["mean_d1"]),
+                                                                   r["strategy"]))
 
     def mean_d1(self) -> dict[str, float]:
         """Each strategy's mean held-out D1 at its CV-chosen layer, in leaderboard order."""
@@ -97,13 +99,17 @@ def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None, strate
         first = document["errors"][0]
         raise StageFailed(f"{first['stage']} failed: {first['message']} (the D1 results are in {paths['results']})")
     if log_samples:
+        from poolbench.results.passage_table import read_run_scores
         from poolbench.results.samples import write_generations, write_samples
         from poolbench.store.url import open_store
 
         stamp = paths["results_stamped"].stem.removeprefix("results_")
         store = open_store(cfg.resolved_store())
+        scores = read_run_scores(Path(cfg.out))
+        if scores is None:
+            raise PoolBenchError(f"--log-samples: no per-passage score table in {cfg.out}")
         paths["samples"] = Path(cfg.out) / f"samples_{stamp}.jsonl"
-        write_samples(document, leaderboard, store, paths["samples"])
+        write_samples(leaderboard, scores, paths["samples"])
         if document.get("d2"):
             paths["generations"] = Path(cfg.out) / f"generations_{stamp}.jsonl"
             write_generations(document, store, paths["generations"])

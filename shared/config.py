@@ -36,6 +36,7 @@ class RunConfig(BaseModel):
     seed: int = 0
     n_folds: int = Field(5, ge=2)
     n_bootstrap: int = Field(1000, ge=0)
+    rope: float = Field(0.01, gt=0.0, lt=0.5)  # the answer's region of practical equivalence (AUROC)
     address: str | None = None
     num_workers: int | None = Field(None, ge=1)
     torch_threads: int | None = Field(None, ge=1)

@@ -34,8 +34,9 @@ def test_the_readme_api_example_runs_and_its_samples_reproduce_d1(tiny_llama_dir
     printed = capsys.readouterr().out.splitlines()
     assert printed[-1] == "(2, 32)"  # two texts, the test model's width
     results = namespace["results"]
-    assert sorted(results.paths) == ["leaderboard", "leaderboard_long", "leaderboard_stamped", "leaderboard_wide",
-                                     "results", "results_stamped", "samples"]
+    assert sorted(results.paths) == ["answer", "answer_stamped", "leaderboard", "leaderboard_long",
+                                     "leaderboard_stamped", "leaderboard_wide", "passage_scores", "results",
+                                     "results_stamped", "samples"]
     assert all(p.parent == out and p.is_file() for p in results.paths.values())
     # 2 concepts x 2 layers x 2 strategies x 2 probes
     assert len(results.cells) == 16 and printed[1] == f"16 D1 cells; {sorted(results.paths)}"

@@ -1,4 +1,4 @@
-"""The end of a run as a person reads it: the printed leaderboard's intervals and tie groups, the summary line,
+"""The end of a run as a person reads it: the printed leaderboard's intervals and verdicts, the summary line,
 in-concept progress, timestamped result files, load_results, and a light `import poolbench`."""
 
 from __future__ import annotations
@@ -23,20 +23,21 @@ CONCEPTS = ("c1", "c2", "c3")
 D1 = {"A": (0.6, 0.7, 0.8), "B": (0.5, 0.7, 0.8), "C": (0.5, 0.5, 0.5)}
 
 
-def board(ranks: dict[str, float] | None, cd: float | None = None) -> dict:
+def board() -> dict:
     rows = []
     for rank, (strategy, values) in enumerate(D1.items(), start=1):
-        rows.append({"strategy": strategy, "rank": rank, "mean_d1": sum(values) / 3, "mean_cv_auroc": 0.75,
+        rows.append({"strategy": strategy, "rank": rank, "mean_d1": sum(values) / 3,
+                     "mean_cv_auroc": 0.8 if strategy == "B" else 0.75,
                      "best_layer": 2, "fallback_flagged_concepts": [],
-                     "per_concept": {c: {"auroc": v, "ci_low": v - 0.1, "ci_high": min(1.0, v + 0.1)}
+                     "per_concept": {c: {"auroc": v, "ci_low": v - 0.1, "ci_high": min(1.0, v + 0.1),
+                                         "cv_auroc": 0.8 if strategy == "B" else 0.75}
                                      for c, v in zip(CONCEPTS, values, strict=True)}})
-    friedman = {"average_ranks": ranks, "critical_difference": cd, "alpha": 0.05} if ranks else None
-    return {"probe": "logistic", "strategies": rows, "friedman": friedman}
+    return {"probe": "logistic", "strategies": rows}
 
 
-def rendered(leaderboard: dict) -> str:
+def rendered(leaderboard: dict, answer=None) -> str:
     console = Console(record=True, width=250, force_terminal=False)
-    console.print(leaderboard_table(leaderboard))
+    console.print(leaderboard_table(leaderboard, answer))
     return console.export_text()
 
 
@@ -44,31 +45,39 @@ def row_of(text: str, strategy: str) -> str:
     return next(line for line in text.splitlines() if f" {strategy} " in line)
 
 
-def test_printed_leaderboard_shows_the_interval_and_nemenyi_tie_groups():
-    # Ranks A 1.0, B 1.5, C 3.0 with CD 1.2: A and B are within the CD (group a), C is 2.0 from A (group b).
-    text = rendered(board({"A": 1.0, "B": 1.5, "C": 3.0}, 1.2))
+def test_printed_leaderboard_shows_the_interval_and_each_verdict_from_the_answer():
+    from poolbench.results.answer import build_answer
+
+    leaderboard = board()
+    text = rendered(leaderboard, build_answer({"model": {"model_id": "m"}}, leaderboard))
     assert "0.700 [0.452, 0.948]" in row_of(text, "A")
-    assert "c1 0.600 [0.500, 0.700]" in row_of(text, "A")  # the worst concept with its pair-bootstrap CI
-    assert "a *" in row_of(text, "B")  # tied with the best
+    assert "c1 0.600 [0.500, 0.700]" in row_of(text, "A")  # the worst concept with its CI
+    assert "chosen best" in row_of(text, "B")  # B has the higher mean CV AUROC, A the higher held-out mean
+    assert "not separated" in row_of(text, "A") and "not separated" in row_of(text, "C")  # three concepts: never
     c_row = row_of(text, "C")
-    assert " b " in c_row and "*" not in c_row  # C separates from the best: no tie mark
     assert "0.500 [0.500, 0.500]" in c_row  # no spread over concepts: a zero-width interval
-    assert "Nemenyi critical difference (CD 1.20 ranks" in " ".join(text.split())  # the caption wraps
+    caption = " ".join(text.split())
+    assert "Wilcoxon signed-rank over concepts with Holm's step-down (α = 0.05)" in caption and "tie" not in caption
 
 
-def test_printed_leaderboard_ties_everything_when_the_cd_is_wide_and_says_when_there_is_no_test():
-    wide = rendered(board({"A": 1.0, "B": 1.5, "C": 3.0}, 2.5))
-    assert all("a *" in row_of(wide, s) for s in ("B", "C"))
-    none = rendered(board(None))
-    assert "no tie groups (no Friedman test" in " ".join(none.split())
-    assert " * " not in row_of(none, "B")
+def test_printed_leaderboard_without_an_answer_says_there_are_no_verdicts():
+    none = rendered(board())
+    assert "no verdicts (no answer)" in " ".join(none.split())
+    assert "chosen best" not in none and "not separated" not in none
 
 
 def test_summary_line_by_hand():
-    line = summary_line(board({"A": 1.0, "B": 1.5, "C": 3.0}, 1.2), total_s=42.4, results_path=Path("o/results.json"))
-    assert line == ("best: A at layer 2, D1 0.700 [0.452, 0.948], tied with 1 other; 3 strategies x 3 concepts "
-                    "in 42 s; results in o/results.json")
-    assert "in 26.4 min" in summary_line(board(None), total_s=1584.0, results_path=Path("r.json"))
+    from poolbench.results.answer import build_answer
+
+    leaderboard = board()
+    answer = build_answer({"model": {"model_id": "m"}}, leaderboard)
+    line = summary_line(leaderboard, total_s=42.4, results_path=Path("o/results.json"), answer=answer)
+    # B (mean 2/3, sd 0.152753 over 3 concepts): half-width 4.302653 * 0.152753 / sqrt(3) = 0.379457, the
+    # upper end clipped to the AUROC's 1.
+    assert line == ("best (chosen on CV): B at layer 2, D1 0.667 [0.287, 1.000], one of "
+                    f"{len(answer.verdicts.confidence_set)} in the confidence set for the best; 3 strategies x 3 "
+                    "concepts in 42 s; results in o/results.json")
+    assert "in 26.4 min" in summary_line(board(), total_s=1584.0, results_path=Path("r.json"))
 
 
 def test_progress_event_eta_and_display():
@@ -138,7 +147,8 @@ def test_each_run_keeps_timestamped_files_and_results_json_is_the_latest(tmp_pat
     first = write_run_outputs(outcome(seed=1), tmp_path, stamp="2025-06-01T14-03-09.000001")
     second = write_run_outputs(outcome(seed=2), tmp_path, stamp="2025-06-01T15-00-00.000002")
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["leaderboard.json", "leaderboard_2025-06-01T14-03-09.000001.json",
+    assert names == ["answer.json", "answer_2025-06-01T14-03-09.000001.json", "answer_2025-06-01T15-00-00.000002.json",
+                     "leaderboard.json", "leaderboard_2025-06-01T14-03-09.000001.json",
                      "leaderboard_2025-06-01T15-00-00.000002.json", "leaderboard_long.csv", "leaderboard_wide.csv",
                      "results.json",
                      "results_2025-06-01T14-03-09.000001.json", "results_2025-06-01T15-00-00.000002.json"]

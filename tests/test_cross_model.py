@@ -1,11 +1,15 @@
-"""The cross-model table from hand-built leaderboards: means, ranks, relative depth, ties said as ties."""
+"""The cross-model table from hand-built leaderboards: means, ranks, relative depth, equal means said as such, and
+each model's own verdicts (its answer.json) within it."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from poolbench.errors import PoolBenchError
-from poolbench.results.cross_model import ModelBoard, cross_model_table, relative_depth, tied_with_best
+from poolbench.records.verdicts import EQUIVALENT, NOT_SEPARATED, WORSE
+from poolbench.results.cross_model import ModelBoard, cross_model_table, not_separated_from_best, relative_depth
 
 
 def board(name: str, n_layers: int, d1: dict[str, list[float]], layers: dict[str, int]) -> ModelBoard:
@@ -39,7 +43,7 @@ def test_same_winner_in_both_models_is_said_once_with_w_one() -> None:
     assert table["agreement"]["kendall_w"] == pytest.approx(1.0)
     assert table["best"] == {"per_model": {"small": ["A"], "gemma": ["A"]}, "in_every_model": ["A"],
                              "on_average": ["A"], "on_average_mean_rank": 1.0,
-                             "tied_within_model": {}}
+                             "chosen_on_cv": {}, "not_separated_within_model": {}}
     assert table["answer"][0] == "A is the best strategy in every model (small (org/small) and gemma (org/gemma))."
     assert table["answer"][1] == "small (org/small)'s best, A, is also best on gemma (org/gemma)."
     assert "Kendall's W = 1.00" in table["answer"][3]
@@ -54,8 +58,8 @@ def test_different_winners_and_tied_average_are_said_as_such() -> None:
     assert table["best"]["on_average"] == ["A", "B"]  # mean rank 1.5 each: a tie, not A by name order
     assert table["answer"][0].startswith("No strategy is best in every model: best on m1 (org/m1) is A")
     assert table["answer"][1] == ("m1 (org/m1)'s best, A, is not best on m2 (org/m2): rank 2 of 3, D1 0.800 "
-                                  "against B's 0.900; not measured (no Friedman test on that model).")
-    assert "A and B (tied), mean rank 1.5 of 3" in table["answer"][2]
+                                  "against B's 0.900; no verdict (that model's folder holds no answer).")
+    assert "A and B (equal mean ranks), mean rank 1.5 of 3" in table["answer"][2]
     # ranks (1,2,3) and (2,1,3): W = (1 + rho)/2 with rho = 0.5 -> 0.75
     assert table["agreement"]["kendall_w"] == pytest.approx(0.75)
 
@@ -65,7 +69,7 @@ def test_tie_inside_one_model_is_named() -> None:
     b = board("m2", 4, {"A": [0.9, 0.9], "B": [0.8, 0.8], "C": [0.5, 0.5]}, dict.fromkeys("ABC", 1))
     table = cross_model_table([a, b], n_permutations=99, n_bootstrap=50)
     assert table["best"]["in_every_model"] == ["A"]
-    assert table["answer"][0] == "A is best in every model, tied: on m1 (org/m1) A and B tie."
+    assert table["answer"][0] == "A is best in every model, with equal means: on m1 (org/m1) A and B."
     assert table["rows"][0]["per_model"]["m1"]["rank"] == 1.5
 
 
@@ -79,31 +83,30 @@ def test_only_shared_strategies_and_concepts_enter_and_one_model_is_refused() ->
         cross_model_table([a])
 
 
-def test_ties_inside_a_model_come_from_its_own_nemenyi_groups() -> None:
+def test_within_a_model_the_verdicts_come_from_its_own_answer() -> None:
     a = board("m1", 4, {"A": [0.9, 0.9], "B": [0.8, 0.8], "C": [0.5, 0.5]}, dict.fromkeys("ABC", 1))
     b = board("m2", 4, {"A": [0.9, 0.9], "B": [0.8, 0.8], "C": [0.5, 0.5]}, dict.fromkeys("ABC", 1))
-    # groups within CD 1.0 over average ranks A 1.0, B 1.5, C 3.0: {A, B} and {C}
-    a.leaderboard["friedman"] = {"average_ranks": {"A": 1.0, "B": 1.5, "C": 3.0}, "critical_difference": 1.0}
-    assert tied_with_best(a.leaderboard, "A") == ["B"] and tied_with_best(b.leaderboard, "A") is None
+    a = replace(a, chosen="A", verdicts={"B": NOT_SEPARATED, "C": WORSE})
+    assert not_separated_from_best(a) == ["B"] and not_separated_from_best(b) is None
     table = cross_model_table([a, b], n_permutations=99, n_bootstrap=50)
-    assert table["best"]["tied_within_model"] == {"m1": ["B"]}
-    assert ("Within each model its best is not told apart (Nemenyi, its own leaderboard) from: on m1 (org/m1) 1 "
-            "other strategy.") in table["answer"]
+    assert table["best"]["not_separated_within_model"] == {"m1": ["B"]}
+    assert ("Within each model, its best chosen on CV is not separated (Wilcoxon-Holm or the ROPE, its own answer) "
+            "from: on m1 (org/m1) 1 other strategy (best A).") in table["answer"]
 
 
-def test_the_first_models_winner_is_placed_in_the_others_own_tie_groups() -> None:
-    """m1's best A is second on m2 and m3: tied with m2's best by m2's Nemenyi groups, below m3's best by m3's."""
+def test_the_first_models_winner_is_placed_by_the_others_own_verdicts() -> None:
+    """m1's best A is second on m2 and m3: not separated from m2's CV-chosen best by m2's answer, worse than m3's."""
     a = board("m1", 4, {"A": [0.9, 0.9], "B": [0.8, 0.8], "C": [0.5, 0.5]}, dict.fromkeys("ABC", 1))
     b = board("m2", 4, {"A": [0.8, 0.8], "B": [0.9, 0.9], "C": [0.5, 0.5]}, dict.fromkeys("ABC", 1))
     c = board("m3", 4, {"A": [0.8, 0.8], "B": [0.9, 0.9], "C": [0.5, 0.5]}, dict.fromkeys("ABC", 1))
-    b.leaderboard["friedman"] = {"average_ranks": {"B": 1.0, "A": 1.5, "C": 3.0}, "critical_difference": 1.0}
-    c.leaderboard["friedman"] = {"average_ranks": {"B": 1.0, "A": 2.5, "C": 2.9}, "critical_difference": 1.0}
+    b = replace(b, chosen="B", verdicts={"A": EQUIVALENT, "C": WORSE})
+    c = replace(c, chosen="B", verdicts={"A": WORSE, "C": WORSE})
     answer = cross_model_table([a, b, c], n_permutations=99, n_bootstrap=50)["answer"]
     assert answer[1:3] == [
-        "m1 (org/m1)'s best, A, is not best on m2 (org/m2): rank 2 of 3, D1 0.800 against B's 0.900; not told apart "
-        "from it by that model's Nemenyi test.",
-        "m1 (org/m1)'s best, A, is not best on m3 (org/m3): rank 2 of 3, D1 0.800 against B's 0.900; below it by "
-        "that model's Nemenyi test."]
+        "m1 (org/m1)'s best, A, is not best on m2 (org/m2): rank 2 of 3, D1 0.800 against B's 0.900; not separated "
+        "from that model's CV-chosen best, B, in its answer.",
+        "m1 (org/m1)'s best, A, is not best on m3 (org/m3): rank 2 of 3, D1 0.800 against B's 0.900; worse than "
+        "that model's CV-chosen best, B, in its answer."]
 
 
 def test_a_tied_first_winner_is_not_carried_over() -> None:

@@ -45,8 +45,7 @@ def numbers_in(facts: object) -> set[str]:
 
 
 def run_folder(tmp_path: Path) -> Path:
-    results, board = documents({"A": 1.0, "B": 1.5, "C": 3.0}, 1.2, 0.02,
-                               d2=[d2("c1", "A"), d2("c3", "A", delta=(0.2, 0.1, 0.3), prompted=(0.0, -0.05, 0.05))])
+    results, board = documents(d2=[d2("c1", "A"), d2("c3", "A", delta=(0.2, 0.1, 0.3), prompted=(0.0, -0.05, 0.05))])
     results.update({"date": "2026-01-02T03:04:05Z", "git_hash": "0123456789abcdef", "seed": 7, "layers": [1, 2],
                     "corpus": {"source": "embedded", "size": "tiny", "hash": "feedfacecafebeef"},
                     "config": {"n_bootstrap": 200}, "timing": {"total_s": 93.0, "pool_s": 61.5}})
@@ -75,12 +74,17 @@ def test_findings_from_constructed_results(tmp_path):
     assert facts["leaderboard"][0]["low"] == pytest.approx(0.875 - 0.102714, abs=1e-6)
     assert [r["best_d1"] for r in facts["lexical"]] == [0.9, 0.8, 0.85, 0.95]  # A's D1 beside the words
     assert "- wall time (minutes): total 1.6, pool 1.0" in page
-    assert "| 1 | A | f | 2 | 0.875 [0.772, 0.978] | a | — | c2 0.800 |" in page
+    assert "| 1 | A | f | 2 | 0.875 [0.772, 0.978] | 0.895 | chosen best | — | c2 0.800 |" in page
+    # B against A over four concepts: W = 0 of three non-zero differences, Holm p 0.25 (test_answer by hand)
+    assert "| B | 2 | not separated | Wilcoxon signed-rank, Holm; Bayesian signed-rank test, ROPE | +0.037 | 4 | " \
+           "0.250 |" in page
+    assert [c["strategy"] for c in facts["answer"]["comparisons"]] == ["B", "C"] and facts["answer"]["best"] == "A"
     assert "| c3 | 0.750 [0.650, 1.000] | 0.850 |" in page
     assert "| A | 2 | 0.600 [0.450, 0.750] |" in page and "lexical baseline's mean is 0.550, its max 0.620" in page
     assert "| c3 | A | 2 | 0.100 | +0.200 [+0.100, +0.300] | +0.000 [-0.050, +0.050] | yes |" in page
-    assert ("- 1 strategy is statistically tied with the best; the lexical baseline scores 1.000 on 3 of 4 "
-            "concepts, so this corpus cannot separate them.") in page
+    assert ("- No strategy but A reaches rank 1, yet not every other is separated from it; the lexical baseline "
+            "scores 1.000 on 3 of 4 concepts, so this corpus cannot separate them.") in page
+    assert "tied" not in page
     unexplained = numbers_on(page) - numbers_in(facts)
     assert not unexplained, f"numbers on the page that the facts do not hold: {sorted(unexplained)}"
 

@@ -98,10 +98,12 @@ def test_report_sections_and_numbers(tmp_path):
     # over concepts is the layer's value (offsets +0, +0.05, -0.05 cancel), its t-interval mean ± t(0.975, 2) *
     # 0.05 / sqrt(3) = ± 0.1242, clipped at 1. A1 beats both others in all three concepts (the blocks), W2 beats
     # P1 in all: win rates 1, 0.5, 0 and average ranks 1, 2, 3. CD (k = 3, 3 blocks) = 2.343 * sqrt(12 / 18) = 1.913,
-    # so A1-W2 and W2-P1 tie (tie groups a, ab, b) and A1-P1 do not. W2 falls back on 60% of passages everywhere.
-    for row in ("1 A1_mean — 0.900·[0.776,·1.000] 0.890 1 1.000 1.00 a — — — —",
-                "2 W2_last_k — 0.850·[0.726,·0.974] 0.840 1 0.500 2.00 ab — — — hedging,·planning,·toxicity",
-                "3 P1_last — 0.700·[0.576,·0.824] 0.690 0 0.000 3.00 b — — — —"):
+    # the figure's bars join A1-W2 and W2-P1. The verdicts: A1 is chosen on CV (0.89); over three concepts
+    # Wilcoxon's smallest two-sided p is 2/8 = 0.25, so nothing is separated from it, and the differences (0.05,
+    # 0.2) lie beyond the ±0.01 ROPE. W2 falls back on 60% of passages everywhere.
+    for row in ("1 A1_mean — 0.900·[0.776,·1.000] 0.890 1 1.000 1.00 chosen·best — — — —",
+                "2 W2_last_k — 0.850·[0.726,·0.974] 0.840 1 0.500 2.00 not·separated — — — hedging,·planning,·toxicity",
+                "3 P1_last — 0.700·[0.576,·0.824] 0.690 0 0.000 3.00 not·separated — — — —"):
         expected = "".join(f"<td>{v.replace('·', ' ')}</td>" for v in row.split())
         assert f"<tr>{expected}</tr>" in page
     assert "<b>p = 0.0498</b>" in page  # Friedman on ranks 1, 2, 3 in all 3 concepts: chi2 = 6, p = exp(-3)

@@ -13,14 +13,22 @@ from poolbench.pooler.iti import ITIHeadView, head_table_key, needs_head_table
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.prober.d1 import evaluate_d1
 from poolbench.prober.flash import flash_subset, parse_fraction
+from poolbench.prober.passage_scores import (
+    HELDOUT,
+    OUT_OF_FOLD,
+    cell_scores_table,
+    concat_scores,
+    passage_scores_key,
+)
 from poolbench.prober.reliability import cell_reliability
 from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell
 from poolbench.records.d1 import D1CellRecord, d1_records_from_table, d1_records_table
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import layer_shard_key
 
-D1_VERSION = 5  # 2: per-cell reliability statistics, supervised (S3) cells; 3: Newton logistic probe;
-# 4: one D1 artifact per (concept, layer), gathered into the concept's; 5: pair-clustered DeLong CI, type control
+D1_VERSION = 6  # 2: per-cell reliability statistics, supervised (S3) cells; 3: Newton logistic probe;
+# 4: one D1 artifact per (concept, layer), gathered into the concept's; 5: pair-clustered DeLong CI, type control;
+# 6: every cell's per-passage held-out and out-of-fold scores stored beside its records
 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
@@ -30,7 +38,18 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
 
     `heads` is the ITIHeadTable that pooling made beside `table`; supervised (S3) cells need it. `types` maps a
     passage id to its lexical type (domain), the control task's unit; without it selectivity is n/a."""
+    return probe_pooled_cells(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
+                              reliability=reliability, flash=flash, heads=heads, types=types)[0]
+
+
+def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
+                       n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None,
+                       heads: pa.Table | None = None, types: dict[str, str] | None = None,
+                       tiers: dict[str, str | None] | None = None) -> tuple[list[D1CellRecord], pa.Table]:
+    """probe_pooled_table's records and, beside them, every cell's per-passage scores of the very fits the
+    records report (held-out and out-of-fold, S3's fold-chosen heads included), `tiers` naming each passage's."""
     view = PooledTableView(table)
+    scores = []
     head_view = ITIHeadView(heads) if heads is not None else None
     metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     records = []
@@ -57,7 +76,12 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
                 supervised, cell.y, cell.groups, train_rows,
                 np.flatnonzero(cell.split == "test"), n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
         fallback_count = int(cell.fallback.sum())
+        test_rows = np.flatnonzero(cell.split == "test")
         for probe_name, probe in result.probes.items():
+            for kind, rows, values, folds in ((HELDOUT, test_rows, probe.test_scores, None),
+                                              (OUT_OF_FOLD, train_rows, probe.oof_scores, probe.oof_folds)):
+                scores.append(cell_scores_table(concept, layer, strategy, probe_name, kind, cell.passage_ids[rows],
+                                                cell.groups[rows], cell.y[rows], values, folds=folds, tiers=tiers))
             records.append(D1CellRecord(
                 concept=concept, layer=layer, strategy=strategy,
                 **probe.to_record(),
@@ -68,31 +92,42 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
                 # per fold, so they are not defined there (None, not a number computed on other features).
                 **{key: (value if probe_name == "logistic" else None) for key, value in stats.items()},
             ))
-    return records
+    return records, concat_scores(scores)
 
 
 def probe_layer_task(store_url: str, pooled_key: str, d1_key: str, concept: str, layer: int, n_folds: int,
                      seed: int, n_bootstrap: int, reliability: bool = True, flash: str | None = None,
-                     types: dict[str, str] | None = None) -> dict:
+                     types: dict[str, str] | None = None, tiers: dict[str, str | None] | None = None) -> dict:
     """Read one layer's PooledTable shard (and its ITIHeadTable shard for S3), write that layer's D1 records
-    under `layer_shard_key(d1_key, layer)`; a task holds one layer's vectors, never the concept's. Safe to retry."""
+    under `layer_shard_key(d1_key, layer)` and its per-passage scores beside them (scores first: a stored record
+    shard means its scores are stored); a task holds one layer's vectors, never the concept's. Safe to retry."""
     from poolbench.store.url import open_store
 
-    store = open_store(store_url)
+    return probe_layer(open_store(store_url), pooled_key, d1_key, concept, layer, n_folds, seed, n_bootstrap,
+                       reliability, flash, types, tiers)
+
+
+def probe_layer(store: ArtifactStore, pooled_key: str, d1_key: str, concept: str, layer: int, n_folds: int,
+                seed: int, n_bootstrap: int, reliability: bool = True, flash: str | None = None,
+                types: dict[str, str] | None = None, tiers: dict[str, str | None] | None = None) -> dict:
+    """probe_layer_task's work on an open store (either backend)."""
     shard_key = layer_shard_key(pooled_key, layer)
     table = store.get_table(shard_key)
     heads = store.get_table(head_table_key(shard_key)) if needs_head_table(table) else None
-    records = probe_pooled_table(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
-                                 reliability=reliability, flash=flash, heads=heads, types=types)
+    records, scores = probe_pooled_cells(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
+                                         reliability=reliability, flash=flash, heads=heads, types=types, tiers=tiers)
     key = layer_shard_key(d1_key, layer)
+    store.put_table(passage_scores_key(key), scores)
     store.put_table(key, d1_records_table(records))
     return {"concept": concept, "layer": layer, "key": key, "cells": len(records)}
 
 
 def gather_layer_d1(store: ArtifactStore, d1_key: str, layers: list[int]) -> int:
     """Write the concept's D1 artifact from its layers' D1 artifacts, in layer order (the order one whole-concept
-    probe gives); returns the number of records."""
-    records = [record for layer in sorted(layers)
-               for record in d1_records_from_table(store.get_table(layer_shard_key(d1_key, layer)))]
+    probe gives), its per-passage score table first; returns the number of records."""
+    shards = [layer_shard_key(d1_key, layer) for layer in sorted(layers)]
+    store.put_table(passage_scores_key(d1_key),
+                    concat_scores([store.get_table(passage_scores_key(shard)) for shard in shards]))
+    records = [record for shard in shards for record in d1_records_from_table(store.get_table(shard))]
     store.put_table(d1_key, d1_records_table(records))
     return len(records)

@@ -38,6 +38,7 @@ class CVResult:
     auroc: float
     fold_aurocs: np.ndarray  # [n_folds]
     oof_scores: np.ndarray  # [n_train], each scored by the model that did not see its fold
+    oof_folds: np.ndarray | None = None  # [n_train] the fold that scored each passage
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class ProbeResult:
     test_pred: np.ndarray = field(repr=False)  # [n_test] 0/1 predictions of the all-train fit
     ci_method: str = AUROC_CI_METHOD
     ci_degenerate: bool = False  # perfect separation: the CI rests on the worst-case variance bound
+    oof_folds: np.ndarray | None = field(default=None, repr=False)  # [n_train] the fold that scored each passage
 
     def to_record(self) -> dict:
         """The scalar summary as a flat JSON-able dict (per-passage arrays travel separately)."""
@@ -145,13 +147,15 @@ def _cross_validate(
     template = make_probe(probe, seed)
     fold_aurocs = np.empty(len(splits))
     oof = np.empty(y.size)
+    folds = np.full(y.size, -1, dtype=np.int64)
     for k, (fit_idx, val_idx) in enumerate(splits):
         if np.unique(y[val_idx]).size < 2 or np.unique(y[fit_idx]).size < 2:
             raise ProbeError(f"CV fold {k} holds one class only; the pair groups are too lopsided")
         model = clone(template).fit(X[fit_idx], y[fit_idx])
         oof[val_idx] = _scores(model, X[val_idx])
+        folds[val_idx] = k
         fold_aurocs[k] = auroc(oof[val_idx], y[val_idx])
-    return CVResult(auroc=float(fold_aurocs.mean()), fold_aurocs=fold_aurocs, oof_scores=oof)
+    return CVResult(auroc=float(fold_aurocs.mean()), fold_aurocs=fold_aurocs, oof_scores=oof, oof_folds=folds)
 
 
 def cv_auroc(
@@ -235,4 +239,5 @@ def _evaluate_probe(
         test_pred=np.asarray(model.predict(X_test), dtype=np.int64),
         ci_method=ci.method,
         ci_degenerate=ci.degenerate,
+        oof_folds=cv.oof_folds,
     )

@@ -104,10 +104,12 @@ def evaluate_d1_supervised(cell: SupervisedCell, y: np.ndarray, groups: np.ndarr
         for name in probes:
             template = make_probe(name, seed)
             oof = np.empty(train.size)
+            oof_folds = np.full(train.size, -1, dtype=np.int64)
             fold_aurocs = np.empty(len(folds))
             for k, (fit, val, X) in enumerate(folds):
                 model = clone(template).fit(X[train[fit]], y[train[fit]])
                 oof[val] = model.decision_function(X[train[val]])
+                oof_folds[val] = k
                 fold_aurocs[k] = auroc(oof[val], y[train[val]])
             model = clone(template).fit(X_all[train], y[train])
             test_scores = np.asarray(model.decision_function(X_all[test]), dtype=np.float64)
@@ -118,7 +120,7 @@ def evaluate_d1_supervised(cell: SupervisedCell, y: np.ndarray, groups: np.ndarr
                 n_test=int(test.size), n_folds=len(folds), n_bootstrap=n_bootstrap, ci_level=ci_level,
                 oof_scores=oof, test_scores=test_scores,
                 test_pred=np.asarray(model.predict(X_all[test]), dtype=np.int64),
-                ci_method=ci.method, ci_degenerate=ci.degenerate,
+                ci_method=ci.method, ci_degenerate=ci.degenerate, oof_folds=oof_folds,
             )
     return D1Result(probes=results, seed=seed)
 

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress
 
     from poolbench.config import RunConfig
+    from poolbench.results.answer import RunAnswer
 
 
 app = typer.Typer(cls=RootGroup, add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -149,6 +150,8 @@ def run(
     store_dtype: Annotated[str, typer.Option(
         help="pooled vectors in the store: float32, float16 or bfloat16 (half the size; probed as float32)")]
     = "float32",
+    rope: Annotated[float, typer.Option(
+        help="region of practical equivalence (AUROC) of the answer's Bayesian signed-rank test")] = 0.01,
 ) -> None:
     """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json
     (and results_<UTC date-time>.json, leaderboard_<...>.json beside them, kept per run)."""
@@ -170,7 +173,7 @@ def run(
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
             allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash, store_dtype=store_dtype,
-            tensor_parallel_size=tensor_parallel_size)
+            tensor_parallel_size=tensor_parallel_size, rope=rope)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise PoolBenchError(f"--{'-'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
@@ -183,15 +186,18 @@ def run(
     with run_progress() as progress:
         results = evaluate_config(cfg, on_event=RunDisplay(progress).show, log_samples=log_samples,
                                   strategy_modules=tuple(str(p) for p in strategy_module or ()))
-    _print_leaderboard(results.leaderboard)
+    from poolbench.results.answer import read_answer
+
     paths = results.paths
+    answer = read_answer(paths["answer"])
+    _print_leaderboard(results.leaderboard, answer)
     computed = ", ".join(f"{k} {v}" for k, v in (results.document.get("computed") or {}).items())
     samples = f", {paths['samples'].name}" if "samples" in paths else ""
     console.print(f"computed: {computed}; wrote {paths['results_stamped'].name}, {paths['leaderboard_stamped'].name}"
                   f"{samples} (latest: results.json, leaderboard.json)", soft_wrap=True, highlight=False)
     console.print(summary_line(results.leaderboard, total_s=float((results.document.get("timing") or {}).get(
-        "total_s", 0.0)), results_path=paths["results"]), soft_wrap=True, highlight=False)
-    _print_answer(results.document, results.leaderboard)
+        "total_s", 0.0)), results_path=paths["results"], answer=answer), soft_wrap=True, highlight=False)
+    _print_answer(answer)
 
 
 def _run_models(cfg: RunConfig, models: tuple[str, ...], log_samples: bool, strategy_modules: tuple[str, ...]
@@ -200,14 +206,15 @@ def _run_models(cfg: RunConfig, models: tuple[str, ...], log_samples: bool, stra
     from poolbench.api import evaluate_models
     from poolbench.cli.board import summary_line
     from poolbench.cli.cross_model_board import cross_model_answer, cross_model_board
+    from poolbench.results.answer import read_answer
 
     with run_progress() as progress:
         results = evaluate_models(cfg, models, on_event=RunDisplay(progress).show, log_samples=log_samples,
                                   strategy_modules=strategy_modules)
     for name, result in results.per_model.items():
         console.print(f"{name}: " + summary_line(result.leaderboard, total_s=float(
-            (result.document.get("timing") or {}).get("total_s", 0.0)), results_path=result.paths["results"]),
-            soft_wrap=True, highlight=False)
+            (result.document.get("timing") or {}).get("total_s", 0.0)), results_path=result.paths["results"],
+            answer=read_answer(result.paths["answer"])), soft_wrap=True, highlight=False)
     table = results.document["cross_model"]
     console.print(cross_model_board(table))
     console.print(f"wrote {results.paths['results']}, {results.paths['leaderboard']}, "
@@ -215,11 +222,11 @@ def _run_models(cfg: RunConfig, models: tuple[str, ...], log_samples: bool, stra
     console.print(cross_model_answer(table), soft_wrap=True, highlight=False, markup=False)
 
 
-def _print_answer(document: dict, leaderboard: dict) -> None:
-    """The run's answer, last: what a person repeats (poolbench.results.answer)."""
-    from poolbench.results.answer import answer_text, build_answer
+def _print_answer(answer: RunAnswer) -> None:
+    """The run's answer, last: what a person repeats, rendered from the answer.json the run wrote."""
+    from poolbench.results.answer import answer_text
 
-    console.print(answer_text(build_answer(document, leaderboard)), soft_wrap=True, highlight=False, markup=False)
+    console.print(answer_text(answer), soft_wrap=True, highlight=False, markup=False)
 
 
 def run_progress() -> Progress | LineProgress:
@@ -281,10 +288,10 @@ class RunDisplay:
                 bar(self.tasks["steer"], advance=1, last=f"{event.concept}/{event.strategy} ({scp})")
 
 
-def _print_leaderboard(leaderboard: dict) -> None:
+def _print_leaderboard(leaderboard: dict, answer: RunAnswer | None = None) -> None:
     from poolbench.cli.board import leaderboard_table
 
-    console.print(leaderboard_table(leaderboard))
+    console.print(leaderboard_table(leaderboard, answer))
 
 
 @app.command()
@@ -302,7 +309,9 @@ def leaderboard(
         console.print(cross_model_board(board["cross_model"]))
         console.print(cross_model_answer(board["cross_model"]), soft_wrap=True, highlight=False, markup=False)
         return
-    _print_leaderboard(board)
+    from poolbench.results.answer import ANSWER_FILE, read_answer
+
+    _print_leaderboard(board, read_answer(run_dir / ANSWER_FILE) if (run_dir / ANSWER_FILE).is_file() else None)
 
 
 @app.command("validate-corpus")

@@ -1,78 +1,78 @@
-"""The leaderboard a run prints, and its one-line summary: a reader sees intervals and ties, not just an order."""
+"""The leaderboard a run prints, and its one-line summary: a reader sees intervals and each strategy's verdict
+against the best chosen on CV (from the run's answer), not just an order."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from poolbench.results.ranking import group_letters, mean_t_interval, tie_groups
+from poolbench.results.ranking import mean_t_interval
 
-BEST_MARK = "*"
+if TYPE_CHECKING:
+    from poolbench.results.answer import RunAnswer
+
+CHOSEN = "chosen best"
 
 
 def _interval(mean: float, low: float | None, high: float | None) -> str:
     return f"{mean:.3f}" if low is None or high is None else f"{mean:.3f} [{low:.3f}, {high:.3f}]"
 
 
-def tie_letters(leaderboard: dict) -> tuple[dict[str, str], float | None]:
-    """Compact letters from the Nemenyi critical difference over the Friedman average ranks that results.json
-    already holds (strategies sharing a letter are not separable), and the CD; empty without a Friedman test."""
-    friedman = leaderboard.get("friedman") or {}
-    ranks, cd = friedman.get("average_ranks"), friedman.get("critical_difference")
-    if not ranks or cd is None:
-        return {}, None
-    return group_letters(tie_groups(ranks, float(cd))), float(cd)
+def verdict_of(answer: RunAnswer | None) -> dict[str, str]:
+    """Strategy -> its verdict against the CV-chosen best, as the run's answer holds it; empty without verdicts."""
+    if answer is None or answer.verdicts is None:
+        return {}
+    return {c.strategy: c.verdict for c in answer.verdicts.comparisons} | {answer.verdicts.best.strategy: CHOSEN}
 
 
-def leaderboard_caption(leaderboard: dict, cd: float | None) -> str:
-    """What the intervals and the tie letters are, printed under the table."""
+def leaderboard_caption(answer: RunAnswer | None) -> str:
+    """What the intervals and the verdicts are, printed under the table."""
     ci = "mean D1: held-out AUROC averaged over concepts, 95% Student-t interval over the concepts"
-    if cd is None:
-        return f"{ci}; no tie groups (no Friedman test: it needs at least two strategies and concepts)."
-    alpha = (leaderboard.get("friedman") or {}).get("alpha", 0.05)
-    return (f"{ci}; tie group: strategies sharing a letter have Friedman average ranks within the Nemenyi "
-            f"critical difference (CD {cd:.2f} ranks, α = {alpha}) and are not told apart; {BEST_MARK} = tied "
-            "with the best; worst concept: its held-out AUROC with the pair-bootstrap 95% CI.")
+    if answer is None or answer.verdicts is None:
+        return f"{ci}; no verdicts ({'no answer' if answer is None else answer.verdicts_missing})."
+    v = answer.verdicts
+    return (f"{ci}; the best is chosen on mean CV AUROC; verdict: against it, Wilcoxon signed-rank over concepts "
+            f"with Holm's step-down (α = {v.alpha}) or the Bayesian signed-rank test with a ±{v.rope:g} ROPE; worst "
+            "concept: its held-out AUROC with its 95% CI.")
 
 
-def leaderboard_table(leaderboard: dict) -> Table:
-    """Per strategy: mean D1 with its CI, chosen layer, tie letters, worst concept with its bootstrap CI."""
-    letters, cd = tie_letters(leaderboard)
+def leaderboard_table(leaderboard: dict, answer: RunAnswer | None = None) -> Table:
+    """Per strategy: mean D1 with its CI, mean CV, chosen layer, verdict, worst concept with its CI."""
+    verdicts = verdict_of(answer)
     rows = sorted(leaderboard["strategies"], key=lambda r: r["rank"])
-    best = set(letters.get(rows[0]["strategy"], "")) if rows else set()
     table = Table(title=f"D1 leaderboard ({leaderboard['probe']} probe, held-out AUROC at the CV-chosen layer)",
-                  caption=leaderboard_caption(leaderboard, cd), caption_justify="left")
-    for column in ("rank", "strategy", "mean D1 [95% CI]", "mean CV", "layer", "tie group", "worst concept [95% CI]",
+                  caption=leaderboard_caption(answer), caption_justify="left")
+    for column in ("rank", "strategy", "mean D1 [95% CI]", "mean CV", "layer", "verdict", "worst concept [95% CI]",
                    ">50% fallback"):
         table.add_column(column, justify="right" if column in ("rank", "mean CV", "layer") else "left")
     for row in rows:
         strategy = row["strategy"]
-        tied = row is not rows[0] and bool(best & set(letters.get(strategy, "")))
         worst_name, worst = min(row["per_concept"].items(), key=lambda kv: kv[1]["auroc"])
         table.add_row(
             str(row["rank"]), strategy, _interval(*mean_t_interval([v["auroc"] for v in row["per_concept"].values()])),
-            f"{row['mean_cv_auroc']:.3f}", str(row["best_layer"]),
-            (letters.get(strategy, "-") + (f" {BEST_MARK}" if tied else "")) if letters else "-",
+            f"{row['mean_cv_auroc']:.3f}", str(row["best_layer"]), verdicts.get(strategy, "-"),
             f"{worst_name} {_interval(worst['auroc'], worst.get('ci_low'), worst.get('ci_high'))}",
             ", ".join(row["fallback_flagged_concepts"]) or "-")
     return table
 
 
-def summary_line(leaderboard: dict, *, total_s: float, results_path: Path) -> str:
-    """One sentence a person reads last: the best strategy, its layer and D1, how much was run, how long, where."""
+def summary_line(leaderboard: dict, *, total_s: float, results_path: Path, answer: RunAnswer | None = None) -> str:
+    """One sentence a person reads last: the best strategy (chosen on CV), its layer and held-out D1, the size of
+    the confidence set for the best, how much was run, how long, where."""
     rows = sorted(leaderboard["strategies"], key=lambda r: r["rank"])
     if not rows:
         return f"no D1 cells; {_duration(total_s)}; results in {results_path}"
-    top = rows[0]
+    chosen = answer.best.strategy if answer is not None and answer.best is not None else min(
+        rows, key=lambda r: (-r.get("mean_cv_auroc", r["mean_d1"]), r["strategy"]))["strategy"]
+    top = next(r for r in rows if r["strategy"] == chosen)
     n_concepts = len(top["per_concept"])
     mean, low, high = mean_t_interval([v["auroc"] for v in top["per_concept"].values()])
-    letters, _ = tie_letters(leaderboard)
-    best = set(letters.get(top["strategy"], ""))
-    tied = [r["strategy"] for r in rows[1:] if best & set(letters.get(r["strategy"], ""))]
-    ties = f", tied with {len(tied)} other{'s' if len(tied) != 1 else ''}" if letters else ""
-    return (f"best: {top['strategy']} at layer {top['best_layer']}, D1 {_interval(mean, low, high)}{ties}; "
-            f"{len(rows)} strategies x {n_concepts} concept{'s' if n_concepts != 1 else ''} in "
+    in_set = "" if answer is None or answer.verdicts is None else (
+        f", one of {len(answer.verdicts.confidence_set)} in the confidence set for the best")
+    return (f"best (chosen on CV): {top['strategy']} at layer {top['best_layer']}, D1 {_interval(mean, low, high)}"
+            f"{in_set}; {len(rows)} strategies x {n_concepts} concept{'s' if n_concepts != 1 else ''} in "
             f"{_duration(total_s)}; results in {results_path}")
 
 

@@ -23,7 +23,7 @@ def report(run: Annotated[Path, typer.Option(help="a run's --out folder, or a fo
            store: Annotated[str | None, typer.Option(
                help="where the runs' generations are (default: the store each run recorded); gives the D2 "
                     "per-alpha intervals")] = None) -> None:
-    """Write a self-contained HTML report: run summary, leaderboard with CIs and tie groups, CD diagram, D1 heatmap,
+    """Write a self-contained HTML report: run summary, leaderboard with CIs and verdicts, CD diagram, D1 heatmap,
     layer curves, fallback cells, per-concept D1, D2/D3 tables and alpha curves, scorer validity, strategy
     definitions."""
     from rich.console import Console

@@ -27,6 +27,7 @@ from poolbench.pooler.spec import StrategySpec
 from poolbench.pooler.worker import PoolTask
 from poolbench.prober.concept_probe import D1_VERSION, gather_layer_d1, probe_layer_task
 from poolbench.prober.flash import parse_fraction
+from poolbench.prober.passage_scores import concat_scores, passage_scores_key
 from poolbench.prober.reliability import RELIABILITY_VERSION
 from poolbench.records.breakdowns import BucketAurocRecord
 from poolbench.records.cluster import ClusterActivity
@@ -245,7 +246,8 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
         return TaskJob(ConceptJob("probe", plan.concept, layer), lambda: probe_task.options(
             num_cpus=1, runtime_env=runtime_env).remote(
             store_url, plan.pooled_key, plan.d1_key, plan.concept, layer, cfg.n_folds, cfg.seed, cfg.n_bootstrap,
-            cfg.reliability, cfg.flash, {p.id: p.domain for p in plan.passages}))
+            cfg.reliability, cfg.flash, {p.id: p.domain for p in plan.passages},
+            tiers={p.id: p.tier for p in plan.passages}))
 
     def gather(plan: ConceptPlan) -> None:
         gather_layer_d1(store, plan.d1_key, run.layers)
@@ -386,7 +388,8 @@ def outcome_of(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1
                                                            "reference_variant": s.reference_variant}
                                        for s in run.specs],
         records=records,
-        artifacts={p.concept: {"pooled": p.pooled_key, "d1": p.d1_key} for p in run.plans},
+        artifacts={p.concept: {"pooled": p.pooled_key, "d1": p.d1_key,
+                               "passage_scores": passage_scores_key(p.d1_key)} for p in run.plans},
         computed=computed, timing=timing, store=inputs.store.describe(), steering=steering,
     )
 
@@ -421,6 +424,7 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
     threads = workers.threads
     cluster = ClusterActivity().merged("pool", queue.done_on, queue.lost_nodes, queue.retried)
     records = collect_records(inputs.store, run)
+    scores = concat_scores([inputs.store.get_table(passage_scores_key(p.d1_key)) for p in run.plans])
     lexical, buckets = breakdowns(cfg, inputs, run, records)
     passages = {p.concept: p.passages for p in run.plans}
     d1_tiers = d1_by_tier(inputs.store, {p.concept: p.pooled_key for p in run.plans}, passages, records,
@@ -440,4 +444,4 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
     timing["total_s"] = time.perf_counter() - started
     return replace(outcome_of(cfg, inputs, run, records, computed, timing, steering), lexical=lexical,
                    d1_buckets=buckets, d1_tiers=d1_tiers, lexical_tiers=lexical_tiers, steering_error=steering_error,
-                   cluster=cluster)
+                   cluster=cluster, passage_scores=scores)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pyarrow as pa
+
 from poolbench.config import RunConfig
 from poolbench.records.breakdowns import BucketAurocRecord, LexicalTierRecord, TierAurocRecord
 from poolbench.records.cluster import ClusterActivity
@@ -33,3 +35,4 @@ class RunOutcome:
     d1_tiers: list[TierAurocRecord] = field(default_factory=list)
     lexical_tiers: list[LexicalTierRecord] = field(default_factory=list)
     cluster: ClusterActivity = field(default_factory=ClusterActivity)
+    passage_scores: pa.Table | None = None  # every D1 cell's per-passage scores (poolbench.prober.passage_scores)

@@ -1,16 +1,32 @@
-"""The run's answer in a few sentences a person can repeat: the best strategy with its interval, whom it beats and
-ties (Nemenyi), the lexical baseline beside it, steering against prompting, and a plain word when the data cannot
-tell strategies apart. Built from results.json and leaderboard.json alone (a pure function), rendered for a
-terminal and for the report."""
+"""The run's answer in a few sentences a person can repeat: the best strategy, chosen on training CV before the
+held-out test is looked at, and whether the test confirms it; one verdict per other strategy against it, with the
+test behind it (poolbench.prober.verdicts); the confidence set for the best and how many concepts would separate
+it; the lexical baseline beside it; steering against prompting. Built from results.json, leaderboard.json and the
+per-passage score table once, written to answer.json, and rendered from answer.json for the terminal, the report
+and the findings page."""
 
 from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
+import pyarrow as pa
+from pydantic import TypeAdapter, ValidationError
+
+from poolbench.atomic_write import write_text_atomic
+from poolbench.errors import PoolBenchError
+from poolbench.prober.auroc import ProbeError
+from poolbench.prober.passage_scores import held_out_cells
+from poolbench.prober.verdicts import DEFAULT_ROPE, compare_strategies
+from poolbench.records.verdicts import WORSE, StrategyVerdicts
+from poolbench.results.answer_verdicts import choice_sentence, comparison_line, verdict_sentences
 from poolbench.results.ranking import MIN_CONCEPTS_FOR_INTERVAL, mean_t_interval
 from poolbench.results.tier_estimand import estimand_sentence
+
+ANSWER_FILE = "answer.json"
+ANSWER_VERSION = 1
 
 # A lexical AUROC that prints as 1.000 is at the ceiling: the words alone separate the concept.
 LEXICAL_CEILING = 0.9995
@@ -34,18 +50,6 @@ class BestStrategy:
     layer: int
     d1: Interval  # mean held-out AUROC over concepts, t-interval over concepts
     n_concepts: int
-
-
-@dataclass(frozen=True)
-class Ranking:
-    """Nemenyi over the Friedman average ranks results.json holds: `beats` are separated from the best, `ties`
-    are within the critical difference (everyone ties when Friedman does not reject)."""
-
-    beats: tuple[str, ...]
-    ties: tuple[str, ...]
-    p_value: float | None
-    critical_difference: float
-    alpha: float
 
 
 @dataclass(frozen=True)
@@ -87,17 +91,30 @@ class TierAnswer:
 
 
 @dataclass(frozen=True)
+class AnswerSection:
+    """A part of the answer another stage adds (the D1-steerability correlation, a validation): a key, a title,
+    its sentences as printed, and its numbers by name, so a reader of answer.json needs no parsing of prose."""
+
+    key: str
+    title: str
+    sentences: tuple[str, ...]
+    values: dict[str, float | int | str | bool | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class RunAnswer:
     model: str
     best: BestStrategy | None
     n_strategies: int
-    ranking: Ranking | None
-    ranking_missing: str | None  # why there is no Nemenyi comparison
+    verdicts: StrategyVerdicts | None  # the CV-chosen best and every other strategy's verdict against it
+    verdicts_missing: str | None  # why there are no verdicts
     lexical: LexicalBeside | None
     steering: tuple[SteeringCell, ...]
     tiers: tuple[TierAnswer, ...]
-    verdict: str  # "separated", "tied", "untested" or "empty"
+    verdict: str  # "separated" (every other strategy worse), "set", "untested" or "empty"
     sentences: tuple[str, ...]
+    sections: tuple[AnswerSection, ...] = ()
+    version: int = ANSWER_VERSION
 
 
 def _f(value: float | None, signed: bool = False) -> str:
@@ -121,21 +138,6 @@ def _names(names: Sequence[str], limit: int = 8) -> str:
 
 def _plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else many or word + 's'}"
-
-
-def _ranking(friedman: dict | None, best: str, strategies: Sequence[str]) -> tuple[Ranking | None, str | None]:
-    if not friedman or not friedman.get("average_ranks") or friedman.get("critical_difference") is None:
-        return None, "no Friedman/Nemenyi test in this run (it needs at least three strategies and two concepts)"
-    ranks = friedman["average_ranks"]
-    if best not in ranks:
-        return None, f"the Friedman test did not rank {best}"
-    cd, alpha, p = float(friedman["critical_difference"]), float(friedman.get("alpha", 0.05)), friedman.get("p_value")
-    others = [s for s in strategies if s != best and s in ranks]
-    if p is not None and float(p) >= alpha:  # no difference detected at all: Nemenyi separates nothing
-        return Ranking((), tuple(others), float(p), cd, alpha), None
-    beats = tuple(s for s in others if ranks[s] - ranks[best] > cd)
-    ties = tuple(s for s in others if s not in beats)
-    return Ranking(beats, ties, None if p is None else float(p), cd, alpha), None
 
 
 def _lexical(results: dict, best_row: dict) -> LexicalBeside | None:
@@ -211,42 +213,59 @@ def _steering_sentence(cells: Sequence[SteeringCell]) -> str:
     return sentence + "."
 
 
-def build_answer(results: dict, leaderboard: dict) -> RunAnswer:
-    """The answer for one run, from its two documents; every number in it is read or computed from them."""
+def _verdicts(results: dict, leaderboard: dict, rows: list[dict], passage_scores: pa.Table | None
+              ) -> tuple[StrategyVerdicts | None, str | None]:
+    if len(rows) < 2:
+        return None, "one strategy, nothing to compare it with"
+    config = results.get("config") or {}
+    test = {r["strategy"]: {c: v["auroc"] for c, v in r["per_concept"].items()} for r in rows}
+    cv = {r["strategy"]: {c: v.get("cv_auroc", v["auroc"]) for c, v in r["per_concept"].items()} for r in rows}
+    layers = {r["strategy"]: int(r["best_layer"]) for r in rows}
+    held_out = None if passage_scores is None else held_out_cells(passage_scores, layers,
+                                                                  str(leaderboard.get("probe", "logistic")))
+    try:
+        return compare_strategies(test, cv, layers, held_out=held_out, rope=float(config.get("rope") or DEFAULT_ROPE),
+                                  n_bootstrap=int(config.get("n_bootstrap") or 1000) or 1000,
+                                  seed=int(config.get("seed") or 0)), None
+    except ProbeError as exc:
+        return None, str(exc).removeprefix("compare_strategies: ")
+
+
+def build_answer(results: dict, leaderboard: dict, passage_scores: pa.Table | None = None,
+                 sections: Sequence[AnswerSection] = ()) -> RunAnswer:
+    """The answer for one run, from its two documents and its per-passage score table (without it, no paired
+    bootstrap over matched pairs); every number in it is read or computed from them, never refitted."""
     model = str((results.get("model") or {}).get("model_id") or "?")
     rows = sorted(leaderboard.get("strategies") or [], key=lambda r: r["rank"])
     steering = _steering(results)
     if not rows:
         return RunAnswer(model, None, 0, None, "no D1 cells", None, steering, (), "empty",
-                         (f"{model}: no D1 cells, so no strategy to recommend.",))
-    top = rows[0]
+                         (f"{model}: no D1 cells, so no strategy to recommend.",), tuple(sections))
+    verdicts, missing = _verdicts(results, leaderboard, rows, passage_scores)
+    chosen = verdicts.best.strategy if verdicts is not None else min(
+        rows, key=lambda r: (-r.get("mean_cv_auroc", r["mean_d1"]), r["strategy"]))["strategy"]
+    top = next(r for r in rows if r["strategy"] == chosen)
     mean, low, high = mean_t_interval([v["auroc"] for v in top["per_concept"].values()])
     best = BestStrategy(top["strategy"], int(top["best_layer"]), Interval(mean, low, high), len(top["per_concept"]))
-    friedman = (results.get("reliability") or {}).get("friedman") or leaderboard.get("friedman")
-    ranking, missing = _ranking(friedman, best.strategy, [r["strategy"] for r in rows])
     lexical = _lexical(results, top)
     tiers = _tiers(leaderboard)
 
     interval = _interval_text(best.d1)
     if best.d1.low is None:
         interval += f": fewer than {MIN_CONCEPTS_FOR_INTERVAL} concepts"
-    sentences = [f"Best on {model}: {best.strategy} at layer {best.layer}, mean D1 {interval} over "
-                 f"{_plural(best.n_concepts, 'concept')} ({len(rows)} strategies run)."]
+    cv_mean = top.get("mean_cv_auroc")
+    sentences = [f"Best on {model}, chosen on the training CV alone: {best.strategy} at layer {best.layer}"
+                 + ("" if cv_mean is None else f", mean CV AUROC {cv_mean:.3f}")
+                 + f"; held-out mean D1 {interval} over {_plural(best.n_concepts, 'concept')} "
+                 f"({len(rows)} strategies run)."]
     if estimand := estimand_sentence(leaderboard.get("estimand") or {}):
         sentences.append(estimand)
-    if ranking is None:
+    if verdicts is None:
         verdict = "untested"
-        sentences.append(f"Which strategies it beats is not tested: {missing}.")
+        sentences.append(f"Which strategies it is ahead of is not tested: {missing}.")
     else:
-        test = (f"Nemenyi, CD {ranking.critical_difference:.2f} ranks"
-                + ("" if ranking.p_value is None else f", Friedman p = {ranking.p_value:.3g}"))
-        if ranking.beats:
-            sentences.append(f"It beats {_plural(len(ranking.beats), 'strategy', 'strategies')} "
-                             f"({test}): {_names(ranking.beats)}.")
-        if ranking.ties:
-            sentences.append(f"It ties {len(ranking.ties)}: {_names(ranking.ties)}"
-                             + ("." if ranking.beats else f" ({test})."))
-        verdict = "tied" if ranking.ties else "separated"
+        sentences += [choice_sentence(verdicts), *verdict_sentences(verdicts)]
+        verdict = "separated" if all(c.verdict == WORSE for c in verdicts.comparisons) else "set"
     if lexical is not None:
         sentences.append(f"Lexical baseline (bag of words, no model): mean {_interval_text(lexical.mean)}; "
                          f"1.000 on {lexical.n_ceiling} of {lexical.n_concepts} concepts, at or above "
@@ -254,23 +273,61 @@ def build_answer(results: dict, leaderboard: dict) -> RunAnswer:
     sentences += [_tier_sentence(t) for t in tiers]
     if steering:
         sentences.append(_steering_sentence(steering))
-    if verdict == "tied" and ranking is not None:
-        n = len(ranking.ties)
-        head = (f"{n} {'strategy is' if n == 1 else 'strategies are'} statistically tied with the best"
-                if ranking.beats else f"The data cannot tell any of the {len(rows)} strategies apart")
+    if verdict == "set" and verdicts is not None:
+        n = len(verdicts.confidence_set)
+        head = (f"The answer is a set, not a winner: {_plural(n, 'strategy', 'strategies')} in the confidence set "
+                f"for the best" if n > 1 else f"No strategy but {best.strategy} reaches rank 1, yet not every other "
+                "is separated from it")
         if lexical is not None and 2 * lexical.n_ceiling >= lexical.n_concepts:
             sentences.append(f"{head}; the lexical baseline scores 1.000 on {lexical.n_ceiling} of "
                              f"{lexical.n_concepts} concepts, so this corpus cannot separate them.")
         else:
-            sentences.append(f"{head}: this run cannot separate them.")
+            sentences.append(f"{head}.")
     elif verdict == "separated":
-        sentences.append(f"{best.strategy} is ahead of every other strategy at Nemenyi's critical difference.")
-    return RunAnswer(model, best, len(rows), ranking, missing, lexical, steering, tiers, verdict, tuple(sentences))
+        sentences.append(f"{best.strategy} is ahead of every other strategy (Wilcoxon signed-rank, Holm).")
+    return RunAnswer(model, best, len(rows), verdicts, missing, lexical, steering, tiers, verdict, tuple(sentences),
+                     tuple(sections))
+
+
+_ADAPTER = TypeAdapter(RunAnswer)
+
+
+def answer_json(answer: RunAnswer) -> str:
+    return _ADAPTER.dump_json(answer, indent=2).decode()
+
+
+def write_answer(answer: RunAnswer, path: Path) -> None:
+    """answer.json, atomically: the one source the printed answer, the report and the findings render."""
+    write_text_atomic(path, answer_json(answer) + "\n")
+
+
+def read_answer(path: Path) -> RunAnswer:
+    """A stored answer.json as its typed record; a malformed one stops in one line naming the file."""
+    try:
+        return _ADAPTER.validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValidationError, ValueError) as exc:
+        first = exc.errors()[0] if isinstance(exc, ValidationError) else None
+        where = "" if first is None else f" at {'.'.join(str(x) for x in first['loc'])}: {first['msg']}"
+        raise PoolBenchError(f"{path}: not a PoolBench answer{where or f' ({exc})'}") from None
+
+
+def run_answer(run_dir: Path, results: dict, leaderboard: dict) -> RunAnswer:
+    """The run folder's answer.json, or, for a run written before answers were stored, one built from its two
+    documents (and its per-passage scores when the folder has them)."""
+    path = run_dir / ANSWER_FILE
+    if path.is_file():
+        return read_answer(path)
+    from poolbench.results.passage_table import read_run_scores
+
+    return build_answer(results, leaderboard, read_run_scores(run_dir))
 
 
 def answer_text(answer: RunAnswer) -> str:
-    """Plain lines for a terminal or a CI log: the sentences, then one line per steering cell."""
+    """Plain lines for a terminal or a CI log: the sentences, one line per verdict, one per steering cell, then
+    each added section."""
     lines = ["Answer", *answer.sentences]
+    if answer.verdicts is not None:
+        lines += [comparison_line(c) for c in answer.verdicts.comparisons]
     for c in answer.steering:
         if c.delta is None:
             lines.append(f"  {c.concept} / {c.strategy} L{c.layer}: null steering vector ({c.null_reason or '?'})")
@@ -279,6 +336,8 @@ def answer_text(answer: RunAnswer) -> str:
             "" if c.prompted_fluent is not False else " (fails the fluency guard)")
         lines.append(f"  {c.concept} / {c.strategy} L{c.layer}: α* {_f(c.alpha_star)}, "
                      f"Δ(α*) {_interval_text(c.delta, signed=True)}{prompted}")
+    for section in answer.sections:
+        lines += [section.title, *section.sentences]
     return "\n".join(lines)
 
 
@@ -295,4 +354,15 @@ def answer_html(answer: RunAnswer) -> str:
              "<th>α*</th><th>steering Δ(α*) [95% CI]</th><th>prompted Δ [95% CI]</th><th>steered fluent</th>"
              "<th>prompted fluent</th>"
              f"</tr></thead><tbody>{rows}</tbody></table>")
-    return f'<div class="answer" data-verdict="{answer.verdict}"><h3>Answer</h3>{sentences}{table}</div>'
+    verdicts = "" if answer.verdicts is None else (
+        '<table class="verdicts"><thead><tr><th>strategy</th><th>layer</th><th>verdict</th><th>test</th>'
+        "<th>best − it</th><th>n</th><th>Wilcoxon p</th><th>Holm p</th><th>P(ROPE)</th><th>rank interval</th>"
+        "</tr></thead><tbody>" + "".join(
+            "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in (
+                c.strategy, str(c.layer), c.verdict, c.test, f"{c.mean_difference:+.3f}", str(c.n_concepts),
+                _f(c.wilcoxon_p), _f(c.holm_p), f"{c.p_rope:.3f}", f"[{c.rank_low}, {c.rank_high}]")) + "</tr>"
+            for c in answer.verdicts.comparisons) + "</tbody></table>")
+    extra = "".join(f"<h4>{html.escape(x.title)}</h4>" + "".join(f"<p>{html.escape(t)}</p>" for t in x.sentences)
+                    for x in answer.sections)
+    return (f'<div class="answer" data-verdict="{answer.verdict}"><h3>Answer</h3>{sentences}{verdicts}{table}'
+            f"{extra}</div>")

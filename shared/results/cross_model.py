@@ -1,5 +1,6 @@
 """The cross-model table: strategy × model mean D1 at each model's CV-chosen layer, ranks per model, mean rank,
-Kendall's W across models, and the answer in words ("best in every model", "best on average", ties as ties)."""
+Kendall's W across models, and the answer in words ("best in every model", "best on average", equal means said as
+such; within a model, what its own answer's verdicts separate)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from scipy.stats import rankdata
 
 from poolbench.errors import PoolBenchError
 from poolbench.prober.concordance import concordance
-from poolbench.results.ranking import group_letters, mean_t_interval, tie_groups
+from poolbench.records.verdicts import WORSE
+from poolbench.results.ranking import mean_t_interval
 
 CROSS_MODEL_VERSION = 1
 
@@ -25,6 +27,8 @@ class ModelBoard:
     n_layers: int
     leaderboard: dict
     folder: str = ""
+    chosen: str | None = None  # the model's best chosen on CV (its answer.json); None without an answer
+    verdicts: Mapping[str, str] | None = None  # each other strategy's verdict against `chosen`, from its answer
 
 
 def relative_depth(layer: int, n_layers: int) -> float:
@@ -52,15 +56,12 @@ def _best(values: Mapping[str, float], higher: bool) -> list[str]:
     return sorted(s for s, v in values.items() if v == extreme)
 
 
-def tied_with_best(leaderboard: dict, best: str) -> list[str] | None:
-    """Strategies the model's own Nemenyi test cannot tell apart from `best` (sharing a tie-group letter over its
-    Friedman average ranks); None when the model's leaderboard has no Friedman test."""
-    friedman = leaderboard.get("friedman") or {}
-    ranks, cd = friedman.get("average_ranks"), friedman.get("critical_difference")
-    if not ranks or cd is None or best not in ranks:
+def not_separated_from_best(board: ModelBoard) -> list[str] | None:
+    """Strategies the model's own answer does not find worse than its CV-chosen best (not separated, practically
+    equivalent, or ahead of it); None when the model's folder holds no answer with verdicts."""
+    if board.chosen is None or board.verdicts is None:
         return None
-    letters = group_letters(tie_groups(ranks, float(cd)))
-    return sorted(s for s in ranks if s != best and set(letters.get(s, "")) & set(letters.get(best, "")))
+    return sorted(s for s, verdict in board.verdicts.items() if verdict != WORSE)
 
 
 def cross_model_table(boards: Sequence[ModelBoard], *, n_permutations: int = 9999, n_bootstrap: int = 1000,
@@ -103,7 +104,7 @@ def cross_model_table(boards: Sequence[ModelBoard], *, n_permutations: int = 999
     in_every = sorted(set.intersection(*(set(v) for v in best_per_model.values())))
     on_average = _best(dict(zip(strategies, mean_rank.tolist(), strict=True)), higher=False)
     agreement = concordance(d1, n_permutations=n_permutations, n_bootstrap=n_bootstrap, seed=seed).to_dict()
-    tied = {b.name: tied_with_best(b.leaderboard, best_per_model[b.name][0]) for b in boards}
+    within = {b.name: not_separated_from_best(b) for b in boards}
     table = {
         "version": CROSS_MODEL_VERSION,
         "models": [{"name": b.name, "model_id": b.model_id, "n_layers": b.n_layers, "folder": b.folder}
@@ -112,9 +113,10 @@ def cross_model_table(boards: Sequence[ModelBoard], *, n_permutations: int = 999
         "agreement": agreement,
         "best": {"per_model": best_per_model, "in_every_model": in_every, "on_average": on_average,
                  "on_average_mean_rank": float(mean_rank.min()),
-                 "tied_within_model": {k: v for k, v in tied.items() if v is not None}},
+                 "chosen_on_cv": {b.name: b.chosen for b in boards if b.chosen is not None},
+                 "not_separated_within_model": {k: v for k, v in within.items() if v is not None}},
         "d1": "held-out AUROC at each model's own CV-chosen layer per strategy, mean over the concepts every "
-              "model probed; rank 1 = highest mean D1 in that model, ties share the average rank",
+              "model probed; rank 1 = highest mean D1 in that model, equal means share the average rank",
     }
     table["answer"] = cross_model_sentences(table)
     return table
@@ -148,24 +150,27 @@ def cross_model_sentences(table: dict) -> list[str]:
     if len(every) == 1 and all(v == every for v in best["per_model"].values()):
         lines.append(f"{every[0]} is the best strategy in every model ({_list([labels[m] for m in models])}).")
     elif every:
-        lines.append(f"{_list(every)} {'is' if len(every) == 1 else 'are'} best in every model, tied: " + "; ".join(
-            f"on {labels[m]} {_list(best['per_model'][m])} tie" for m in models if len(best['per_model'][m]) > 1)
-            + ".")
+        lines.append(f"{_list(every)} {'is' if len(every) == 1 else 'are'} best in every model, with equal means: "
+                     + "; ".join(f"on {labels[m]} {_list(best['per_model'][m])}" for m in models
+                                 if len(best['per_model'][m]) > 1) + ".")
     else:
         lines.append("No strategy is best in every model: " + "; ".join(
             f"best on {labels[m]} is {_list(best['per_model'][m])}"
-            + (" (tied)" if len(best['per_model'][m]) > 1 else "")
+            + (" (equal means)" if len(best['per_model'][m]) > 1 else "")
             + f" (D1 {rows[best['per_model'][m][0]]['per_model'][m]['mean_d1']:.3f})" for m in models) + ".")
     lines.extend(first_best_elsewhere(table, labels))
-    within = best.get("tied_within_model") or {}
+    within = best.get("not_separated_within_model") or {}
     if any(within.values()):
+        chosen = best.get("chosen_on_cv") or {}
         counts = {m: len(within[m]) for m in models if m in within}
-        lines.append("Within each model its best is not told apart (Nemenyi, its own leaderboard) from: " + "; ".join(
-            f"on {labels[m]} {n} other strateg{'y' if n == 1 else 'ies'}" for m, n in counts.items()) + ".")
+        lines.append("Within each model, its best chosen on CV is not separated (Wilcoxon-Holm or the ROPE, its own "
+                     "answer) from: " + "; ".join(
+                         f"on {labels[m]} {n} other strateg{'y' if n == 1 else 'ies'} (best {chosen.get(m, '?')})"
+                         for m, n in counts.items()) + ".")
     average = best["on_average"]
     lines.append(f"Best on average over {len(models)} models: {_list(average)}"
-                 + (" (tied)" if len(average) > 1 else "") + f", mean rank {best['on_average_mean_rank']:.1f} of "
-                 f"{len(table['strategies'])}.")
+                 + (" (equal mean ranks)" if len(average) > 1 else "")
+                 + f", mean rank {best['on_average_mean_rank']:.1f} of {len(table['strategies'])}.")
     a = table["agreement"]
     strength = ("strong" if a["kendall_w"] >= 0.7 else "moderate" if a["kendall_w"] >= 0.4 else "weak")
     lines.append(f"Rank agreement across models: Kendall's W = {a['kendall_w']:.2f}, 95% interval "
@@ -176,25 +181,27 @@ def cross_model_sentences(table: dict) -> list[str]:
 
 def first_best_elsewhere(table: dict, labels: Mapping[str, str]) -> list[str]:
     """Where the first model's best strategy stands in each other model: its rank and D1 against that model's best,
-    and whether that model's own Nemenyi test tells the two apart (the question "does the winner carry over")."""
+    and its verdict in that model's own answer (the question "does the winner carry over")."""
     best, models = table["best"], [m["name"] for m in table["models"]]
     first, others = models[0], models[1:]
-    if len(best["per_model"][first]) != 1:  # tied winners: no single strategy to follow
+    if len(best["per_model"][first]) != 1:  # winners with equal means: no single strategy to follow
         return []
     [winner] = best["per_model"][first]
     cells = {r["strategy"]: r["per_model"] for r in table["rows"]}
     lines = []
     for m in others:
         if winner in best["per_model"][m]:
-            tie = f", tied with {_list([s for s in best['per_model'][m] if s != winner])}" \
+            tie = f", with the same mean as {_list([s for s in best['per_model'][m] if s != winner])}" \
                 if len(best["per_model"][m]) > 1 else ""
             lines.append(f"{labels[first]}'s best, {winner}, is also best on {labels[m]}{tie}.")
             continue
         top = best["per_model"][m][0]
-        tied = (best.get("tied_within_model") or {}).get(m)
-        verdict = ("not measured (no Friedman test on that model)" if tied is None
-                   else "not told apart from it by that model's Nemenyi test" if winner in tied
-                   else "below it by that model's Nemenyi test")
+        within = (best.get("not_separated_within_model") or {}).get(m)
+        chosen = (best.get("chosen_on_cv") or {}).get(m)
+        verdict = ("no verdict (that model's folder holds no answer)" if within is None or chosen is None
+                   else "it is that model's best chosen on CV" if winner == chosen
+                   else f"not separated from that model's CV-chosen best, {chosen}, in its answer" if winner in within
+                   else f"worse than that model's CV-chosen best, {chosen}, in its answer")
         lines.append(f"{labels[first]}'s best, {winner}, is not best on {labels[m]}: rank "
                      f"{cells[winner][m]['rank']:g} of {len(table['strategies'])}, D1 "
                      f"{cells[winner][m]['mean_d1']:.3f} against {top}'s {cells[top][m]['mean_d1']:.3f}; "

@@ -12,6 +12,7 @@ from poolbench.atomic_write import write_json_atomic, write_text_atomic
 from poolbench.defaults import EMBEDDED, EMBEDDED_GEMMA
 from poolbench.errors import PoolBenchError
 from poolbench.provenance import git_hash, package_versions, utc_now
+from poolbench.results.answer import ANSWER_FILE, read_answer
 from poolbench.results.cross_model import ModelBoard, cross_model_table
 from poolbench.results.document import RESULTS_SCHEMA_VERSION, run_stamp
 from poolbench.results.tidy import to_csv
@@ -61,7 +62,11 @@ def read_boards(run_dir: Path, folders: dict[str, str]) -> list[ModelBoard]:
         if "n_layers" not in model:
             raise PoolBenchError(f"{board_path}: no model.n_layers (needed for relative depth)")
         model_id = BUILT_IN_MODELS.get(str(model.get("model_id", name)), str(model.get("model_id", name)))
-        boards.append(ModelBoard(name, model_id, int(model["n_layers"]), leaderboard, folder))
+        answer_path = run_dir / folder / ANSWER_FILE
+        verdicts = read_answer(answer_path).verdicts if answer_path.is_file() else None
+        boards.append(ModelBoard(name, model_id, int(model["n_layers"]), leaderboard, folder,
+                                 None if verdicts is None else verdicts.best.strategy,
+                                 None if verdicts is None else {c.strategy: c.verdict for c in verdicts.comparisons}))
     return boards
 
 

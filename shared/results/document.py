@@ -11,8 +11,10 @@ from poolbench.provenance import git_hash, package_versions, utc_now
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.run import RunOutcome
 from poolbench.records.steering import SteeringStage
+from poolbench.results.answer import ANSWER_FILE, build_answer, write_answer
 from poolbench.results.leaderboard import build_leaderboard
 from poolbench.results.metric_text import metric_descriptions
+from poolbench.results.passage_table import write_run_scores
 from poolbench.results.tidy import LONG_COLUMNS, WIDE_COLUMNS, long_rows, to_csv, wide_rows
 from poolbench.results.tier_estimand import tier_mixed_ranking
 from poolbench.results.tiers import tier_section
@@ -127,5 +129,11 @@ def write_run_outputs(outcome: RunOutcome, out_dir: Path, stamp: str | None = No
         write_json_atomic(paths[f"{name}_stamped"], document)
         write_json_atomic(paths[name], document)
     write_text_atomic(paths["leaderboard_long"], to_csv(long_rows(results, leaderboard), LONG_COLUMNS))
-    write_text_atomic(paths["leaderboard_wide"], to_csv(wide_rows(leaderboard), WIDE_COLUMNS))
+    if outcome.passage_scores is not None:
+        paths["passage_scores"] = write_run_scores(outcome.passage_scores, out_dir)
+    answer = build_answer(results, leaderboard, outcome.passage_scores)
+    paths["answer_stamped"], paths["answer"] = out_dir / f"answer_{stamp}.json", out_dir / ANSWER_FILE
+    for path in (paths["answer_stamped"], paths["answer"]):
+        write_answer(answer, path)
+    write_text_atomic(paths["leaderboard_wide"], to_csv(wide_rows(leaderboard, answer.verdicts), WIDE_COLUMNS))
     return paths

@@ -13,21 +13,23 @@ from pathlib import Path
 
 from poolbench.atomic_write import write_json_atomic, write_text_atomic
 from poolbench.errors import PoolBenchError
-from poolbench.results.answer import build_answer
+from poolbench.results.answer import RunAnswer, build_answer, run_answer
 from poolbench.results.near_ties import near_tie_sentence
 from poolbench.results.ranking import CI_LEVEL
 from poolbench.results.tidy import wide_rows
 
-FACTS_VERSION = 1
+FACTS_VERSION = 2  # 2: the answer's verdicts against the CV-chosen best; no Nemenyi tie groups
 
 
-def findings_facts(results: dict, leaderboard: dict, *, source: str, sha256: str) -> dict:
-    """Every value docs/findings.md shows, read or computed from the run's two documents."""
-    answer = build_answer(results, leaderboard)
+def findings_facts(results: dict, leaderboard: dict, *, source: str, sha256: str,
+                   answer: RunAnswer | None = None) -> dict:
+    """Every value docs/findings.md shows, read from the run's answer (answer.json) and its two documents."""
+    answer = answer or build_answer(results, leaderboard)
     probe = leaderboard.get("probe", "logistic")
     first = {c["concept"]: c for c in results.get("cells") or [] if c.get("probe") == probe}
     corpus, model, config = results.get("corpus") or {}, results.get("model") or {}, results.get("config") or {}
-    best_row = min(leaderboard.get("strategies") or [{}], key=lambda r: r.get("rank", 0))
+    best_name = None if answer.best is None else answer.best.strategy
+    best_row = next((r for r in leaderboard.get("strategies") or [] if r["strategy"] == best_name), {})
     lexical = [{"concept": r["concept"], "auroc": r["test_auroc"], "low": r.get("ci_low"), "high": r.get("ci_high"),
                 "best_d1": (best_row.get("per_concept") or {}).get(r["concept"], {}).get("auroc")}
                for r in sorted(results.get("lexical_baseline") or [], key=lambda r: r["concept"])]
@@ -47,8 +49,12 @@ def findings_facts(results: dict, leaderboard: dict, *, source: str, sha256: str
                 "ci_percent": round(100 * CI_LEVEL),
                 "minutes": timing},
         "answer": {"verdict": answer.verdict, "sentences": list(answer.sentences),
-                   "steering": [asdict(c) for c in answer.steering]},
-        "leaderboard": wide_rows(leaderboard),
+                   "steering": [asdict(c) for c in answer.steering],
+                   "best": best_name,
+                   "comparisons": [] if answer.verdicts is None else [
+                       {k: v for k, v in asdict(c).items() if k != "pairs"} for c in answer.verdicts.comparisons],
+                   "sections": [asdict(x) for x in answer.sections]},
+        "leaderboard": wide_rows(leaderboard, answer.verdicts),
         "tiers": [{"tier": tier, "rows": section.get("rows") or [], "lexical": section.get("lexical") or {}}
                   for tier, section in (leaderboard.get("by_tier") or {}).items()],
         "lexical": lexical,
@@ -97,17 +103,33 @@ def render_findings(facts: dict) -> str:
               "- wall time (minutes): " + (", ".join(f"{k.replace('_', ' ')} {_n(v, '.1f')}"
                                                    for k, v in run["minutes"].items()) or "—"), ""]
     board = [[_n(r["rank"], "d"), r["strategy"], r.get("family") or "—", _n(r["layer"], "d"),
-              _iv({"value": r["mean_d1"], "low": r["low"], "high": r["high"]}), r.get("tie_group") or "—",
-              _n(r.get("win_rate")), f"{r['worst_concept']} {_n(r['worst_d1'])}"] for r in facts["leaderboard"]]
+              _iv({"value": r["mean_d1"], "low": r["low"], "high": r["high"]}), _n(r.get("mean_cv_auroc")),
+              r.get("verdict") or "—", _n(r.get("win_rate")), f"{r['worst_concept']} {_n(r['worst_d1'])}"]
+             for r in facts["leaderboard"]]
     lines += ["## Leaderboard", "",
               f"Held-out D1 (test AUROC) at each strategy's CV-chosen layer, mean over concepts with a "
-              f"{run['ci_percent']}% t-interval over concepts (none below three concepts); strategies sharing a "
-              "tie-group letter are not told apart by Nemenyi.", "",
-              *_table(["rank", "strategy", "family", "layer", "mean D1 [95% CI]", "tie group", "win rate",
+              f"{run['ci_percent']}% t-interval over concepts (none below three concepts), in held-out order; the "
+              "best is chosen on the mean CV AUROC, and each verdict is against it (see the Answer).", "",
+              *_table(["rank", "strategy", "family", "layer", "mean D1 [95% CI]", "mean CV", "verdict", "win rate",
                        "worst concept"], board)]
     if facts.get("near_ties"):
         lines += ["", "Near-tied layer choices (docs/reproducibility.md):", "",
                   *[f"- {near_tie_sentence(t['strategy'], t['layer'], t)}" for t in facts["near_ties"]]]
+    comparisons = facts["answer"].get("comparisons") or []
+    if comparisons:
+        rows = [[c["strategy"], _n(c["layer"], "d"), c["verdict"], c["test"], _n(c["mean_difference"], "+.3f"),
+                 _n(c["n_concepts"], "d"), _n(c["holm_p"]), _n(c["p_rope"]),
+                 f"[{c['rank_low']}, {c['rank_high']}]", _n(c.get("concepts_to_separate"), "d")]
+                for c in comparisons]
+        lines += ["## Verdicts against the best", "",
+                  f"Each strategy against {facts['answer'].get('best') or 'the best'} over concepts: Wilcoxon "
+                  "signed-rank p with Holm's step-down, the Bayesian signed-rank posterior on the region of "
+                  "practical equivalence, the bootstrap rank interval, and the concepts a paired t-test would need "
+                  "at the observed spread.", "",
+                  *_table(["strategy", "layer", "verdict", "test", "best − it", "concepts", "Holm p", "P(ROPE)",
+                           "rank interval", "concepts to separate"], rows)]
+    for section in facts["answer"].get("sections") or []:
+        lines += [f"## {section['title']}", "", *(f"- {t}" for t in section["sentences"]), ""]
     for tier in facts.get("tiers") or []:
         rows = [[r["strategy"], _n(r.get("layer"), "d"), _iv({"value": r["auroc"], "low": r.get("ci_low"),
                                                              "high": r.get("ci_high")}),
@@ -122,7 +144,7 @@ def render_findings(facts: dict) -> str:
     if facts["lexical"]:
         rows = [[r["concept"], _iv({"value": r["auroc"], "low": r["low"], "high": r["high"]}), _n(r["best_d1"])]
                 for r in facts["lexical"]]
-        best = facts["leaderboard"][0]["strategy"] if facts["leaderboard"] else "best"
+        best = facts["answer"].get("best") or (facts["leaderboard"][0]["strategy"] if facts["leaderboard"] else "best")
         lines += ["## Lexical baseline", "",
                   "A TF-IDF bag of words under the same logistic probe, per concept, beside the best strategy's D1.",
                   "", *_table(["concept", "lexical AUROC [95% CI]", f"{best} D1"], rows)]
@@ -149,7 +171,8 @@ def write_findings(run_dir: Path, out_dir: Path) -> tuple[Path, Path]:
         results, leaderboard = json.loads(raw), json.loads(board_path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise PoolBenchError(f"{run_dir}: results.json or leaderboard.json is not valid JSON ({exc})") from None
-    facts = findings_facts(results, leaderboard, source=str(results_path), sha256=hashlib.sha256(raw).hexdigest())
+    facts = findings_facts(results, leaderboard, source=str(results_path), sha256=hashlib.sha256(raw).hexdigest(),
+                           answer=run_answer(run_dir, results, leaderboard))
     page = render_findings(facts)
     facts_path, page_path = out_dir / "findings.json", out_dir / "findings.md"
     write_json_atomic(facts_path, facts)

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from poolbench.prober.reliability import cv_best_layer
+from poolbench.prober.verdicts import choose_on_cv
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.results.near_ties import cv_auroc_step, layer_near_tie
@@ -15,6 +16,10 @@ from poolbench.results.near_ties import cv_auroc_step, layer_near_tie
 PRIMARY_PROBE = "logistic"
 FALLBACK_FLAG_RATE = 0.5
 
+BEST_SELECTION = (
+    "the best strategy is the one with the highest mean out-of-fold AUROC over concepts at its CV-chosen layer "
+    "(training data only); rows are in held-out order, and the answer says whether the test confirms the choice"
+)
 LAYER_SELECTION = (
     "per strategy, the layer with the highest mean out-of-fold (train-split, pair-grouped CV) AUROC over "
     "concepts; D1 is the held-out test AUROC at that layer, so the test split never chooses the layer"
@@ -80,7 +85,10 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str = PRIMARY_PROBE,
             row["average_rank"] = average_ranks.get(row["strategy"])
     baseline = {"lexical_baseline": {c: {"auroc": r.test_auroc, "ci_low": r.ci_low, "ci_high": r.ci_high}
                                      for c, r in lexical_by.items()}} if lexical_by else {}
-    return {"probe": probe, "layer_selection": LAYER_SELECTION, "strategies": rows, **baseline, **(sections or {})}
+    chosen = {"best_on_cv": choose_on_cv({r["strategy"]: r["mean_cv_auroc"] for r in rows}),
+              "best_selection": BEST_SELECTION} if rows else {}
+    return {"probe": probe, "layer_selection": LAYER_SELECTION, **chosen, "strategies": rows, **baseline,
+            **(sections or {})}
 
 
 def leaderboard_rows(leaderboard: dict, concepts: Sequence[str] | None = None) -> list[list[str]]:

@@ -1,5 +1,6 @@
-"""Intervals over concepts and Nemenyi tie groups: the light statistics the printed leaderboard, the run's answer
-and the report share (numpy and scipy only, so the CLI can import them without matplotlib)."""
+"""Intervals over concepts and Nemenyi's critical-difference groups (drawn in the CD figure, never a verdict): the
+light statistics the printed leaderboard, the run's answer and the report share (numpy and scipy only, so the CLI
+can import them without matplotlib)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def tie_groups(average_ranks: Mapping[str, float], cd: float) -> list[list[str]]
 
 
 def group_letters(groups: Sequence[Sequence[str]]) -> dict[str, str]:
-    """Compact letter display: strategies sharing a letter are statistically tied."""
+    """Compact letter display: strategies sharing a letter lie within one Nemenyi critical difference."""
     letters: dict[str, str] = defaultdict(str)
     for n, group in enumerate(groups):
         letter = string.ascii_lowercase[n % 26] + (str(n // 26) if n >= 26 else "")

@@ -56,9 +56,9 @@ HOW_TO_READ = {
                    "training CV, never on the test split), averaged over concepts; its 95% CI is a t-interval "
                    "over concepts. <b>rank</b> orders that mean. <b>avg rank</b> is the Friedman average rank over "
                    "the concepts, each strategy at its chosen layer (the blocks the Friedman line names). "
-                   "Strategies that share a "
-                   "<b>tie group</b> letter have average ranks within the critical difference: the Nemenyi test "
-                   "cannot tell them apart. Seed σ (spread of CV AUROC over fold shuffles), selectivity (CV AUROC "
+                   "<b>verdict</b> is the strategy's against the best chosen on mean CV AUROC (the Answer above "
+                   "names each test: Wilcoxon signed-rank with Holm's step-down, the Bayesian signed-rank test "
+                   "with a ROPE). Seed σ (spread of CV AUROC over fold shuffles), selectivity (CV AUROC "
                    "above a control task of random pair labels) and MDL (compression of the labels; above 1 means "
                    "learnable from few examples) are means over concepts at the chosen layer.",
     "cd": "Average ranks on the axis (1 is best). Each black bar joins strategies whose ranks differ by less "
@@ -143,7 +143,8 @@ def run_section(run: Run, index: int) -> tuple[str, list[Figure]]:
     def note(text: str) -> None:
         parts.append(f'<p class="note">{html.escape(text)}</p>')
 
-    parts += [f"<section><h2>{html.escape(run.name)}</h2>", answer_html(build_answer(run.results, run.leaderboard)),
+    answer = run.answer or build_answer(run.results, run.leaderboard)
+    parts += [f"<section><h2>{html.escape(run.name)}</h2>", answer_html(answer),
               "<h3>Run summary</h3>", _how("summary"),
               run_summary(run), "<h3>Leaderboard</h3>", _how("leaderboard"), friedman_html(run),
               leaderboard_table(run)]

@@ -18,6 +18,7 @@ from poolbench.records.d1 import D1CellRecord
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.scorer import ScorerValidity
 from poolbench.records.steering import D2Record, D3Record
+from poolbench.results.answer import RunAnswer, run_answer
 from poolbench.results.leaderboard import PRIMARY_PROBE, build_leaderboard
 from poolbench.results.ranking import CI_LEVEL
 from poolbench.steerer.d2 import paired_delta
@@ -40,6 +41,7 @@ class Run:
     alpha_ci_note: str | None = None  # why per-alpha intervals are missing, when they are
     lexical: list[LexicalBaselineRecord] = field(default_factory=list)
     buckets: list[BucketAurocRecord] = field(default_factory=list)
+    answer: RunAnswer | None = None  # the run's answer.json (built from its documents for older runs)
 
 
 def load_runs(path: Path, store: str | None = None) -> list[Run]:
@@ -68,7 +70,7 @@ def load_runs(path: Path, store: str | None = None) -> list[Run]:
         board = json.loads(board_path.read_text()) if board_path.is_file() else build_leaderboard(cells)
         alpha_ci, note = alpha_intervals(results, d2, store)
         runs.append(Run((results.get("model") or {}).get("model_id") or folder.name, results, board, cells, d2, d3,
-                        scorers, alpha_ci, note, lexical, buckets))
+                        scorers, alpha_ci, note, lexical, buckets, run_answer(folder, results, board)))
     return runs
 
 

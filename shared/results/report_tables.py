@@ -13,7 +13,7 @@ from poolbench.records.scorer import ScorerValidity
 from poolbench.records.steering import D2Record, D3Record
 from poolbench.results.leaderboard import FALLBACK_FLAG_RATE, PRIMARY_PROBE
 from poolbench.results.near_ties import layer_text
-from poolbench.results.ranking import group_letters, mean_t_interval, tie_groups
+from poolbench.results.ranking import mean_t_interval
 from poolbench.results.report_runs import Run, friedman_of, primary_cells
 
 
@@ -46,12 +46,12 @@ def _mean_of(values: Sequence[float | int | None]) -> float | None:
 
 
 def leaderboard_table(run: Run) -> str:
-    """Per strategy: mean D1 with its CI over concepts, tie group letters, win rate, average rank and the
-    reliability columns (means over concepts at the chosen layer)."""
+    """Per strategy: mean D1 with its CI over concepts, win rate, average rank, its verdict against the CV-chosen
+    best (from the run's answer) and the reliability columns (means over concepts at the chosen layer)."""
     cells = primary_cells(run)
-    friedman = friedman_of(run)
-    letters = group_letters(tie_groups(friedman["average_ranks"], float(friedman["critical_difference"]))) \
-        if friedman else {}
+    verdicts = None if run.answer is None else run.answer.verdicts
+    letters = {} if verdicts is None else {c.strategy: c.verdict for c in verdicts.comparisons} | {
+        verdicts.best.strategy: "chosen best"}
     rows = []
     for r in sorted(run.leaderboard["strategies"], key=lambda r: r["rank"]):
         chosen = [cells.get((r["strategy"], int(r["best_layer"]), c)) for c in r["per_concept"]]
@@ -64,7 +64,7 @@ def leaderboard_table(run: Run) -> str:
                      _num(_mean_of([c.mdl_compression for c in chosen]), 2),
                      ", ".join(r.get("fallback_flagged_concepts") or []) or "—"])
     columns = ("rank", "strategy", "family", "mean D1 [95% CI]", "mean CV", "layer", "win rate", "avg rank",
-               "tie group", "seed σ", "selectivity", "MDL", ">50% fallback")
+               "verdict", "seed σ", "selectivity", "MDL", ">50% fallback")
     return _table(columns, rows, "leaderboard")
 
 

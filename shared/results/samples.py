@@ -1,6 +1,7 @@
 """`--log-samples` (lm-evaluation-harness style): per-passage held-out scores of the cells the leaderboard reports,
-so a reader can audit a D1 number passage by passage (recomputed from the stored pooled vectors, after the run),
-and every D2 generation with its scores (read back from the run's stored generation tables)."""
+so a reader can audit a D1 number passage by passage (read from the per-passage score table the D1 cells stored:
+the very fits the numbers come from, supervised S3 cells included; nothing is refitted), and every D2 generation
+with its scores (read back from the run's stored generation tables)."""
 
 from __future__ import annotations
 
@@ -8,51 +9,37 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-from threadpoolctl import threadpool_limits
+import pyarrow as pa
 
 from poolbench.atomic_write import write_text_atomic
-from poolbench.pooler.pooled_table import PooledTableView, read_pooled_table
-from poolbench.prober.flash import flash_subset, parse_fraction
-from poolbench.prober.probes import make_probe
+from poolbench.prober.passage_scores import held_out_cells
 from poolbench.store.artifact_store import ArtifactStore
 
 SAMPLES_PROBE = "logistic"
 
 
-def sample_rows(results: dict, leaderboard: dict, store: ArtifactStore) -> Iterator[dict]:
-    """One row per held-out passage of each strategy at its leaderboard layer and concept: the logistic probe
-    fitted on train exactly as D1 fits it, its score (the AUROC's input) and its 0/1 prediction. Supervised (S3)
-    cells choose heads inside each fold and are not replayed here."""
-    config = results.get("config") or {}
-    seed, flash, n_folds = int(config.get("seed", 0)), config.get("flash"), int(config.get("n_folds", 5))
-    views: dict[str, PooledTableView] = {}
+def sample_rows(leaderboard: dict, scores: pa.Table) -> Iterator[dict]:
+    """One row per held-out passage of each strategy at its leaderboard layer and concept: the leaderboard
+    probe's score (the AUROC's input) and its 0/1 prediction (score > 0), as the D1 cell stored them."""
+    probe = str(leaderboard.get("probe") or SAMPLES_PROBE)
+    layers = {row["strategy"]: int(row["best_layer"]) for row in leaderboard["strategies"]}
+    cells = held_out_cells(scores, layers, probe)
     for row in leaderboard["strategies"]:
-        if row.get("supervision") == "labels":
-            continue
-        strategy, layer = row["strategy"], int(row["best_layer"])
+        strategy = row["strategy"]
         for concept in row["per_concept"]:
-            if concept not in views:
-                views[concept] = PooledTableView(read_pooled_table(store, results["artifacts"][concept]["pooled"]))
-            cell = views[concept].matrix(layer, strategy)
-            train_rows = np.flatnonzero(cell.split == "train")
-            if flash is not None:
-                kept = flash_subset(cell.y[train_rows], cell.groups[train_rows], parse_fraction(flash), seed=seed,
-                                    concept=concept, min_per_class=n_folds)
-                train_rows = train_rows[kept]
-            train, test = cell.take(train_rows), cell.subset("test")
-            with threadpool_limits(limits=1, user_api="blas"):  # as D1 fits it, to the last digit
-                probe = make_probe(SAMPLES_PROBE, seed).fit(train.X, train.y)
-                scores = probe.decision_function(test.X)
-            for passage_id, group, label, score in zip(test.passage_ids, test.groups, test.y, scores, strict=True):
-                yield {"concept": concept, "strategy": strategy, "layer": layer, "probe": SAMPLES_PROBE,
+            cell = cells.get((concept, strategy))
+            if cell is None:
+                continue
+            for passage_id, group, label, score in zip(cell.passage_ids, cell.pair_ids, cell.labels, cell.scores,
+                                                       strict=True):
+                yield {"concept": concept, "strategy": strategy, "layer": layers[strategy], "probe": probe,
                        "passage_id": str(passage_id), "group": str(group), "label": int(label),
                        "score": float(score), "prediction": int(score > 0)}
 
 
-def write_samples(results: dict, leaderboard: dict, store: ArtifactStore, path: Path) -> int:
+def write_samples(leaderboard: dict, scores: pa.Table, path: Path) -> int:
     """Write the sample rows as JSONL (atomically) and return how many there are."""
-    lines = [json.dumps(row) for row in sample_rows(results, leaderboard, store)]
+    lines = [json.dumps(row) for row in sample_rows(leaderboard, scores)]
     write_text_atomic(path, "".join(f"{line}\n" for line in lines))
     return len(lines)
 

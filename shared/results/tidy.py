@@ -7,11 +7,13 @@ import csv
 import io
 from collections.abc import Sequence
 
-from poolbench.results.ranking import group_letters, mean_t_interval, tie_groups
+from poolbench.records.verdicts import StrategyVerdicts
+from poolbench.results.ranking import mean_t_interval
 
 LONG_COLUMNS = ("strategy", "layer", "concept", "metric", "value", "low", "high")
-WIDE_COLUMNS = ("rank", "strategy", "family", "layer", "mean_d1", "low", "high", "tie_group", "tied_with_best",
-                "win_rate", "average_rank", "worst_concept", "worst_d1")
+WIDE_COLUMNS = ("rank", "strategy", "family", "layer", "mean_d1", "low", "high", "mean_cv_auroc", "verdict",
+                "in_confidence_set", "win_rate", "average_rank", "worst_concept", "worst_d1")
+CHOSEN = "chosen best"  # the verdict column of the strategy chosen on CV
 # Per D1 cell of the leaderboard's probe: the metric and, where the cell has one, its interval's keys.
 CELL_METRICS = (("test_auroc", "ci_low", "ci_high"), ("cv_auroc", None, None), ("seed_std", None, None),
                 ("selectivity", None, None), ("mdl_compression", None, None), ("fallback_rate", None, None))
@@ -45,23 +47,22 @@ def long_rows(results: dict, leaderboard: dict) -> list[dict]:
     return rows
 
 
-def wide_rows(leaderboard: dict) -> list[dict]:
-    """One row per strategy at its CV-chosen layer: mean D1 with its interval, Nemenyi tie group and the worst
-    concept."""
-    friedman = leaderboard.get("friedman") or {}
-    ranks, cd = friedman.get("average_ranks"), friedman.get("critical_difference")
-    letters = group_letters(tie_groups(ranks, float(cd))) if ranks and cd is not None else {}
-    ordered = sorted(leaderboard.get("strategies") or [], key=lambda r: r["rank"])
-    best_letters = set(letters.get(ordered[0]["strategy"], "")) if ordered else set()
+def wide_rows(leaderboard: dict, verdicts: StrategyVerdicts | None = None) -> list[dict]:
+    """One row per strategy at its CV-chosen layer: mean D1 with its interval, mean CV AUROC, its verdict against
+    the CV-chosen best (from the answer's verdicts, when given) and the worst concept."""
+    by = {} if verdicts is None else {c.strategy: c for c in verdicts.comparisons}
+    best = None if verdicts is None else verdicts.best.strategy
+    in_set = set() if verdicts is None else set(verdicts.confidence_set)
     rows = []
-    for r in ordered:
+    for r in sorted(leaderboard.get("strategies") or [], key=lambda r: r["rank"]):
         mean, low, high = mean_t_interval([v["auroc"] for v in r["per_concept"].values()])
         worst, worst_v = min(r["per_concept"].items(), key=lambda kv: kv[1]["auroc"])
-        rows.append({"rank": r["rank"], "strategy": r["strategy"], "family": r.get("family"),
+        s = r["strategy"]
+        rows.append({"rank": r["rank"], "strategy": s, "family": r.get("family"),
                      "layer": r["best_layer"], "mean_d1": mean, "low": low, "high": high,
-                     "tie_group": letters.get(r["strategy"]),
-                     "tied_with_best": (bool(best_letters & set(letters.get(r["strategy"], "")))
-                                        if letters and r is not ordered[0] else None),
+                     "mean_cv_auroc": r.get("mean_cv_auroc"),
+                     "verdict": CHOSEN if s == best else by[s].verdict if s in by else None,
+                     "in_confidence_set": (s in in_set) if verdicts is not None else None,
                      "win_rate": r.get("win_rate"), "average_rank": r.get("average_rank"),
                      "worst_concept": worst, "worst_d1": worst_v["auroc"]})
     return rows

@@ -1,0 +1,203 @@
+"""Which strategies does the data separate from the best? The best is chosen on training CV only; every other
+strategy then gets one verdict against it from tests that generalise over concepts: Wilcoxon's signed-rank test
+with Holm's step-down (scipy, statsmodels) and the Bayesian signed-rank test with a region of practical equivalence
+(baycomp; Benavoli et al., JMLR 2017). Beside them: a paired bootstrap over matched pairs (on these concepts only)
+and a confidence set for the best from bootstrap rank intervals over concepts. Arrays in, records out; no I/O."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from baycomp import SignedRankTest
+from scipy.stats import nct, norm, rankdata, wilcoxon
+from scipy.stats import t as t_dist
+from statsmodels.stats.multitest import multipletests
+
+from poolbench.prober.auroc import ProbeError, auroc_batch, group_bootstrap_weights
+from poolbench.prober.passage_scores import HeldOutCell
+from poolbench.records.verdicts import (
+    BETTER,
+    CONFIRMED,
+    CONTRADICTED,
+    EQUIVALENT,
+    NOT_CONTRADICTED,
+    NOT_SEPARATED,
+    WORSE,
+    BestChoice,
+    Comparison,
+    PairsBootstrap,
+    StrategyVerdicts,
+)
+
+DEFAULT_ROPE = 0.01  # AUROC: a difference under one point in a hundred is no practical difference
+ALPHA = 0.05
+EQUIVALENCE_POSTERIOR = 0.95
+TARGET_POWER = 0.8
+POSTERIOR_SAMPLES = 20_000
+MAX_CONCEPTS = 100_000  # beyond this the answer says "more than" (the power equation has no useful solution)
+
+
+def choose_on_cv(cv_means: Mapping[str, float]) -> str:
+    """The best strategy by mean out-of-fold AUROC (training data only); ties go to the first name."""
+    if not cv_means:
+        raise ProbeError("choose_on_cv: no strategies")
+    return min(cv_means, key=lambda s: (-cv_means[s], s))
+
+
+def wilcoxon_p(differences: np.ndarray) -> tuple[float | None, float | None]:
+    """(statistic, two-sided p) of Wilcoxon's signed-rank test; (None, 1.0) where every difference is 0."""
+    d = np.asarray(differences, dtype=np.float64)
+    if d.size == 0 or not np.any(d != 0.0):
+        return None, 1.0
+    result = wilcoxon(d, zero_method="wilcox", alternative="two-sided")
+    return float(result.statistic), float(result.pvalue)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def bayesian_signed_rank(best: np.ndarray, other: np.ndarray, rope: float, *, nsamples: int = POSTERIOR_SAMPLES,
+                         seed: int = 0) -> tuple[float, float, float]:
+    """(P(best better), P(equivalent within ±rope), P(other better)) from baycomp's Bayesian signed-rank test:
+    the share of posterior samples in which each region holds the most mass."""
+    p_other, p_rope, p_best = SignedRankTest.probs(np.asarray(other, dtype=np.float64),
+                                                   np.asarray(best, dtype=np.float64), rope=rope,
+                                                   nsamples=nsamples, random_state=seed)
+    return float(p_best), float(p_rope), float(p_other)
+
+
+def concepts_to_separate(differences: np.ndarray, alpha: float, power: float = TARGET_POWER) -> int | None:
+    """The fewest concepts with which a two-sided paired t-test at `alpha` reaches `power` against the observed
+    mean difference, taking the observed spread across concepts as the truth (the power of the
+    noncentral t, bisected over whole counts); None where the mean difference is 0 (no number would do)."""
+    d = np.asarray(differences, dtype=np.float64)
+    mean = float(abs(d.mean()))
+    if d.size < 2 or mean == 0.0:
+        return None
+    sd = float(d.std(ddof=1))
+    if sd == 0.0:
+        return 2
+    effect = mean / sd
+    guess = ((norm.ppf(1 - alpha / 2) + norm.ppf(power)) / effect) ** 2  # the normal approximation, a lower bound
+    def enough(n: int) -> bool:  # scipy's noncentral t (statsmodels' TTestPower returns NaN at large noncentrality)
+        crit, nc = float(t_dist.ppf(1 - alpha / 2, n - 1)), effect * math.sqrt(n)
+        return float(nct.sf(crit, n - 1, nc) + nct.cdf(-crit, n - 1, nc)) >= power
+
+    low, high = 2, int(min(MAX_CONCEPTS, 2 * guess + 50))
+    if not enough(high):
+        return MAX_CONCEPTS
+    while low < high:  # the power rises with n: bisect for the first count that reaches it
+        mid = (low + high) // 2
+        low, high = (low, mid) if enough(mid) else (mid + 1, high)
+    return low
+
+
+def rank_intervals(scores: np.ndarray, *, n_bootstrap: int = 1000, seed: int = 0, level: float = 0.95
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) rank of each strategy [k] (1 = best) over bootstrap resamples of concepts (rows of scores
+    [n, k]): percentile interval of the rank of its mean; ties share the better rank."""
+    scores = np.asarray(scores, dtype=np.float64)
+    n = scores.shape[0]
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, n, size=(n_bootstrap, n))
+    means = scores[draws].mean(axis=1)  # [B, k]
+    ranks = rankdata(-means, axis=1, method="min")
+    tail = (1.0 - level) / 2.0
+    low = np.floor(np.quantile(ranks, tail, axis=0, method="lower")).astype(int)
+    high = np.ceil(np.quantile(ranks, 1.0 - tail, axis=0, method="higher")).astype(int)
+    return low, high
+
+
+def pairs_bootstrap(best: Sequence[HeldOutCell], other: Sequence[HeldOutCell], *, n_bootstrap: int = 1000,
+                    seed: int = 0, level: float = 0.95) -> PairsBootstrap:
+    """Mean over concepts of AUROC(best) - AUROC(other) on the same held-out passages, both scored under the same
+    resamples of matched pairs in every concept; p is twice the smaller tail share at 0 (at least 1/B)."""
+    if len(best) != len(other) or not best:
+        raise ProbeError(f"pairs bootstrap: {len(best)} concepts for the best but {len(other)} for the other")
+    diffs = np.zeros(n_bootstrap)
+    point, n_pairs = 0.0, 0
+    for k, (a, b) in enumerate(zip(best, other, strict=True)):
+        if not np.array_equal(a.passage_ids, b.passage_ids):
+            raise ProbeError("pairs bootstrap: the two strategies were not scored on the same held-out passages")
+        pos = a.labels.astype(bool)
+        weights = group_bootstrap_weights(a.pair_ids, pos, n_bootstrap, seed + k)
+        ones = np.ones((1, pos.size))
+        point += float(auroc_batch(a.scores, pos, ones)[0] - auroc_batch(b.scores, pos, ones)[0])
+        diffs += auroc_batch(a.scores, pos, weights) - auroc_batch(b.scores, pos, weights)
+        n_pairs += int(np.unique(a.pair_ids).size)
+    diffs /= len(best)
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(diffs, [tail, 1.0 - tail])
+    p = min(1.0, 2.0 * max(min(float(np.mean(diffs <= 0)), float(np.mean(diffs >= 0))), 1.0 / n_bootstrap))
+    return PairsBootstrap(point / len(best), float(low), float(high), p, n_pairs, n_bootstrap)
+
+
+def _verdict(p_rope: float, holm_p: float | None, mean_difference: float, alpha: float,
+             equivalence_posterior: float) -> tuple[str, str]:
+    if p_rope >= equivalence_posterior:
+        return EQUIVALENT, "Bayesian signed-rank test, ROPE"
+    if holm_p is not None and holm_p < alpha:
+        return (WORSE if mean_difference > 0 else BETTER), "Wilcoxon signed-rank, Holm"
+    return NOT_SEPARATED, "Wilcoxon signed-rank, Holm; Bayesian signed-rank test, ROPE"
+
+
+def compare_strategies(test: Mapping[str, Mapping[str, float]], cv: Mapping[str, Mapping[str, float]],
+                       layers: Mapping[str, int], *, held_out: Mapping[tuple[str, str], HeldOutCell] | None = None,
+                       rope: float = DEFAULT_ROPE, alpha: float = ALPHA,
+                       equivalence_posterior: float = EQUIVALENCE_POSTERIOR, power: float = TARGET_POWER,
+                       n_bootstrap: int = 1000, seed: int = 0, level: float = 0.95,
+                       posterior_samples: int = POSTERIOR_SAMPLES) -> StrategyVerdicts:
+    """The CV-chosen best and every other strategy's verdict against it.
+
+    `test` and `cv` map strategy -> concept -> held-out / out-of-fold AUROC at the strategy's CV-chosen layer
+    (`layers`); only concepts every strategy was scored on count. `held_out` (per-passage scores, keyed
+    (concept, strategy)) adds the paired bootstrap over matched pairs."""
+    strategies = sorted(test)
+    if len(strategies) < 2:
+        raise ProbeError(f"compare_strategies: needs at least two strategies, got {len(strategies)}")
+    concepts = sorted(set.intersection(*(set(test[s]) for s in strategies)))
+    if len(concepts) < 2:
+        raise ProbeError(f"compare_strategies: needs at least two concepts every strategy was scored on, got "
+                         f"{len(concepts)}")
+    matrix = np.array([[float(test[s][c]) for s in strategies] for c in concepts])  # [n, k]
+    cv_means = {s: float(np.mean([cv[s][c] for c in concepts])) for s in strategies}
+    best = choose_on_cv(cv_means)
+    b = strategies.index(best)
+    test_means = matrix.mean(axis=0)
+    low, high = rank_intervals(matrix, n_bootstrap=n_bootstrap, seed=seed, level=level)
+    others = [s for s in strategies if s != best]
+    diffs = {s: matrix[:, b] - matrix[:, strategies.index(s)] for s in others}
+    tests = {s: wilcoxon_p(diffs[s]) for s in others}
+    raw = [tests[s][1] or 1.0 for s in others]
+    holm = multipletests(raw, alpha=alpha, method="holm")[1]
+    strictest = alpha / len(others)  # Holm's first step: what a new comparison would have to clear
+    comparisons = []
+    for s, holm_p in zip(others, holm, strict=True):
+        j = strategies.index(s)
+        mean_d = float(diffs[s].mean())
+        p_best, p_rope, p_other = bayesian_signed_rank(matrix[:, b], matrix[:, j], rope,
+                                                       nsamples=posterior_samples, seed=seed)
+        verdict, words = _verdict(p_rope, float(holm_p), mean_d, alpha, equivalence_posterior)
+        pairs = None
+        if held_out is not None and all((c, x) in held_out for c in concepts for x in (best, s)):
+            pairs = pairs_bootstrap([held_out[(c, best)] for c in concepts], [held_out[(c, s)] for c in concepts],
+                                    n_bootstrap=n_bootstrap, seed=seed, level=level)
+        comparisons.append(Comparison(
+            strategy=s, layer=int(layers[s]), verdict=verdict, test=words, n_concepts=len(concepts),
+            mean_difference=mean_d, sd_difference=float(diffs[s].std(ddof=1)),
+            wilcoxon_statistic=tests[s][0], wilcoxon_p=tests[s][1], holm_p=float(holm_p),
+            p_best_better=p_best, p_rope=p_rope, p_other_better=p_other,
+            concepts_to_separate=concepts_to_separate(diffs[s], strictest, power),
+            rank_low=int(low[j]), rank_high=int(high[j]), in_confidence_set=bool(low[j] == 1), pairs=pairs))
+    comparisons.sort(key=lambda c: (c.mean_difference, c.strategy))
+    top = strategies[int(np.argmax(test_means))]
+    by = {c.strategy: c for c in comparisons}
+    confirmation = (CONFIRMED if top == best or test_means[strategies.index(top)] <= test_means[b]
+                    else CONTRADICTED if by[top].verdict == BETTER else NOT_CONTRADICTED)
+    choice = BestChoice(best, int(layers[best]), cv_means[best], float(test_means[b]), top,
+                        float(test_means[strategies.index(top)]), confirmation, len(concepts))
+    confidence_set = tuple(s for s in strategies if low[strategies.index(s)] == 1)
+    needed = [c.concepts_to_separate for c in comparisons if c.verdict == NOT_SEPARATED]
+    return StrategyVerdicts(
+        best=choice, comparisons=tuple(comparisons), confidence_set=confidence_set, rope=rope, alpha=alpha,
+        equivalence_posterior=equivalence_posterior, power=power, n_bootstrap=n_bootstrap, level=level,
+        concepts_needed=None if not needed or any(n is None for n in needed) else max(n for n in needed if n))

@@ -33,3 +33,4 @@ class RunOutcome:
     d1_tiers: list[TierAurocRecord] = field(default_factory=list)
     lexical_tiers: list[LexicalTierRecord] = field(default_factory=list)
     cluster: ClusterActivity = field(default_factory=ClusterActivity)
+    steerability: dict | None = None  # driver.steerability_stage: first-order steerability and Spearman with D1

@@ -49,6 +49,8 @@ def _breakdown_sections(outcome: RunOutcome) -> dict:
         out["d1_by_tier"] = [r.to_dict() for r in outcome.d1_tiers]
     if outcome.lexical_tiers:
         out["lexical_by_tier"] = [r.to_dict() for r in outcome.lexical_tiers]
+    if outcome.steerability is not None:
+        out["steerability"] = outcome.steerability
     return out
 
 

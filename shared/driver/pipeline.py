@@ -427,7 +427,7 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
                           seed=cfg.seed)
     lexical_tiers = lexical_by_tier(passages, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
     steerability = steerability_section(inputs.store, {p.concept: p.pooled_key for p in run.plans}, records,
-                                        seed=cfg.seed)
+                                        seed=cfg.seed, weights_hash=run.model.get("weights_hash"))
     timing = {"d1_s": time.perf_counter() - started}
     steering, steering_error = None, ""
     if cfg.steering:

@@ -12,6 +12,7 @@ from poolbench.results.leaderboard import build_leaderboard
 from poolbench.steerer.cell_steerability import SteerabilityCell, cell_steerability
 from poolbench.steerer.steerability_rank import steerability_agreement
 from poolbench.store.artifact_store import ArtifactStore
+from poolbench.store.keys import artifact_key
 
 DEFINITION = ("first-order steerability S = r_L * (mean over test positives of u . G - the same over negatives), "
               "u the train DiffMean direction, r_L alpha's unit (the layer's residual norm on the train split), "
@@ -19,10 +20,16 @@ DEFINITION = ("first-order steerability S = r_L * (mean over test positives of u
               "(attribution patching, Nanda 2023; Kramar et al. 2024)")
 
 
+def validation_key(weights_hash: str) -> str:
+    """Where `make run-steerability` leaves its verdict for a model's weights, for every later run's answer."""
+    return artifact_key("steerability_validation", weights=weights_hash)
+
+
 def steerability_section(store: ArtifactStore, pooled_keys: Mapping[str, str], records: Sequence[D1CellRecord],
-                         *, seed: int = 0) -> dict | None:
+                         *, seed: int = 0, weights_hash: str | None = None) -> dict | None:
     """results.json's "steerability": every (concept, strategy) cell at the strategy's chosen layer, and
-    Spearman(D1, S) per concept and overall; None when no shard has gradient sums (a run without S2)."""
+    Spearman(D1, S) per concept and overall, with the model's validation verdict where `make run-steerability`
+    stored one; None when no shard has gradient sums (a run without S2)."""
     rows = build_leaderboard(records)["strategies"]
     cells: list[SteerabilityCell] = []
     any_gradients = False
@@ -44,5 +51,8 @@ def steerability_section(store: ArtifactStore, pooled_keys: Mapping[str, str], r
     for cell in cells:
         steer.setdefault(cell.concept, {})[cell.strategy] = cell.steerability
     agreement = steerability_agreement(d1, steer, seed=seed)
+    key = validation_key(weights_hash) if weights_hash else None
+    validation = store.get_json(key) if key is not None and store.exists(key) else None
     return {"definition": DEFINITION, "cells": [c.to_record() for c in cells], "agreement": agreement.to_record(),
-            "sentence": agreement.sentence()}
+            "sentence": agreement.sentence(),
+            "validation": None if not isinstance(validation, dict) else validation.get("verdict")}

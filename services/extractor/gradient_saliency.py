@@ -17,7 +17,8 @@ def gradient_forward(model: nn.Module, decoder_layers: Sequence[nn.Module], inpu
                      layers: tuple[int, ...], write: Callable[[int, torch.Tensor, LayerExtras], None]) -> None:
     """S2: forward to the LM head with the shallowest requested layer as a grad leaf (the backward stops
     there), and ONE backward of the sum of every row's log-likelihood: rows are independent, so each row's
-    share of the gradient is its own gradient."""
+    share of the gradient is its own gradient. Beside S2's token weights each layer hands "gradient_sum" [B, d],
+    the gradient summed over the row's real tokens (first-order steerability, pooler.gradient_sums)."""
     with gradient_layer_outputs(decoder_layers, layers) as captured:
         output = model(**inputs)
     logits = getattr(output, "logits", None)
@@ -32,4 +33,5 @@ def gradient_forward(model: nn.Module, decoder_layers: Sequence[nn.Module], inpu
         for layer, hidden, grad in zip(layers, tensors, grads, strict=True):
             write(layer, hidden.detach(), {
                 "gradient_norm": torch.linalg.vector_norm(grad.float(), dim=-1),
-                "gradient_x_input": (grad.float() * hidden.float()).sum(-1).abs()})
+                "gradient_x_input": (grad.float() * hidden.float()).sum(-1).abs(),
+                "gradient_sum": (grad.float() * mask[:, :, None]).sum(dim=1)})

@@ -22,6 +22,7 @@ from poolbench.extractor.loading import LoadedModel
 from poolbench.extractor.padded_batches import PaddedBatch, pad_batches, tokenize_passages
 from poolbench.pooler.chunk_extras import ChunkExtras, concept_text
 from poolbench.pooler.device_pool import DevicePooler, HostPooler, prepare_chunk_pooler
+from poolbench.pooler.gradient_sums import GradientTableBuilder, GradientTee
 from poolbench.pooler.iti import FRACTION_META, HEADS_META, ITIHeadTableBuilder
 from poolbench.pooler.parses import ParseIndex
 from poolbench.pooler.pooled_table import PooledTableBuilder
@@ -40,6 +41,7 @@ class PooledConcept:
     layers: dict[int, pa.Table]
     layer_heads: dict[int, pa.Table] | None  # None when no requested strategy is supervised
     skipped: tuple[tuple[str, int], ...] = ()  # (passage id, tokens) that did not fit the device alone
+    layer_gradients: dict[int, pa.Table] | None = None  # gradient_sums tables, where S2's backward ran
 
     @property
     def pooled(self) -> pa.Table:
@@ -164,20 +166,26 @@ def pool_concept_group(
     device = None if keep_activations or not device_pooling else next(loaded.model.parameters()).device
     overlap = overlap_by_default(device) if overlap is None else overlap
     supervised = [spec for spec in specs if spec.supervision == "labels"]
+    gradients = [GradientTableBuilder(loaded.hidden_size) for _ in members] if "gradient" in needs else None
 
-    def prepare(chunk: PaddedBatch) -> Callable[[], DevicePooler | HostPooler]:
+    def prepare(chunk: PaddedBatch) -> Callable[[], DevicePooler | HostPooler | GradientTee]:
         """The CPU side of a chunk: its rows' text extras and static weights, ready to send."""
-        return prepare_chunk_pooler(specs, chunk, layers, extras(chunk), device)
+        make = prepare_chunk_pooler(specs, chunk, layers, extras(chunk), device)
+        return make if gradients is None else lambda: GradientTee(make(), chunk)
 
-    for chunk, pooler in capture_chunks(loaded.model, loaded.decoder_layers, batches, layers, prepare_for=prepare,
-                                        overlap=overlap, needs=needs, max_batch_tokens=max_batch_tokens,
-                                        stats=stats):
+    for chunk, sink in capture_chunks(loaded.model, loaded.decoder_layers, batches, layers, prepare_for=prepare,
+                                      overlap=overlap, needs=needs, max_batch_tokens=max_batch_tokens,
+                                      stats=stats):
+        pooler = sink.inner if isinstance(sink, GradientTee) else sink
+        assert isinstance(pooler, (DevicePooler, HostPooler))
         if on_batch is not None:
             on_batch(chunk, pooler.activations)
         pooled = pooler.pooled
         assert pooled is not None
         for i, rows in _rows_by_owner(extras.owners(chunk)):
             ids = pooled.passage_ids if rows is None else [pooled.passage_ids[r] for r in rows]
+            if gradients is not None and isinstance(sink, GradientTee):
+                gradients[i].add(sink, rows)
             builders[i].add(_take(pooled.vectors, rows, 2), pooled.layers, pooled.strategy_ids, ids,
                             _take(pooled.fallback, rows, 1))
             for spec in supervised:
@@ -200,7 +208,8 @@ def pool_concept_group(
             if dict(spec.params).get("remove_first_pc") is True:
                 tables = {layer: _remove_first_pc(table, spec.id) for layer, table in tables.items()}
         out.append(PooledConcept(tables, {layer: heads[i][layer].table(head_metadata[i]) for layer in tables}
-                                 if supervised else None, tuple(skipped[i])))
+                                 if supervised else None, tuple(skipped[i]),
+                                 gradients[i].layer_tables() if gradients is not None else None))
     return out
 
 

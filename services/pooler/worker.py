@@ -25,6 +25,7 @@ from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.loading import load_model
 from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, strategy_needs
+from poolbench.pooler.gradient_sums import gradient_table_key
 from poolbench.pooler.iti import head_table_key
 from poolbench.pooler.parse_task import concept_parses
 from poolbench.pooler.parses import ParseIndex
@@ -117,8 +118,10 @@ class ExtractorWorker:
         work: list[tuple[PoolTask, list[int]]] = []
         for task in tasks:
             redo = task.dump_key is not None and not store.exists(task.dump_key)
+            gradients = "gradient" in strategy_needs(specs)  # a shard stored before its gradient sums is redone
             missing = list(task.layers) if redo else \
-                [layer for layer in task.layers if not store.exists(layer_shard_key(task.key, layer))]
+                [layer for layer in task.layers if not store.exists(layer_shard_key(task.key, layer))
+                 or (gradients and not store.exists(gradient_table_key(layer_shard_key(task.key, layer))))]
             work.append((task, missing))
         pooling = [(task, missing) for task, missing in work if missing]
         dumps = [task for task, _ in pooling if task.dump_key is not None]
@@ -147,6 +150,8 @@ class ExtractorWorker:
             shard_key = layer_shard_key(task.key, layer)
             if done is not None and done.heads is not None:
                 store.put_table(head_table_key(shard_key), done.heads[layer])
+            if done is not None and done.gradients is not None and layer in done.gradients:
+                store.put_table(gradient_table_key(shard_key), done.gradients[layer])
             store.put_table(shard_key, table)
         if shards or not store.exists(task.key):
             write_pooled_manifest(store, task.key, all_layers, store_dtype)
@@ -196,7 +201,8 @@ class ExtractorWorker:
         seconds = time.perf_counter() - start
         share = tokens / max(int(tokens.sum()), 1)
         return {task.key: _Pooled(pooled.layers, pooled.layer_heads, pooled.skipped, int(tokens[i]),
-                                  seconds * float(share[i]), pa.concat_tables(dumped) if task.dump_key else None)
+                                  seconds * float(share[i]), pa.concat_tables(dumped) if task.dump_key else None,
+                                  pooled.layer_gradients)
                 for i, ((task, _), pooled) in enumerate(zip(work, results, strict=True))}
 
     @staticmethod
@@ -231,3 +237,4 @@ class _Pooled:
     tokens: int
     seconds: float
     dump: pa.Table | None
+    gradients: dict[int, pa.Table] | None = None

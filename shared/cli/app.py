@@ -20,6 +20,7 @@ from poolbench.cli.options import DEFAULT_RUN, out_folder
 from poolbench.cli.progress import LineProgress
 from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
+from poolbench.cli.steerability import validate_steerability
 from poolbench.cli.steering import serve_scorers, steer, train_scorers
 from poolbench.cli.store import verify
 from poolbench.cluster.commands import cluster_app
@@ -65,6 +66,7 @@ app.command("findings")(findings)
 app.command("steer")(steer)
 app.command("train-scorers")(train_scorers)
 app.command("serve-scorers")(serve_scorers)
+app.command("validate-steerability")(validate_steerability)
 store_app = typer.Typer(no_args_is_help=True, help="Check the artifact store.")
 app.add_typer(store_app, name="store")
 app.add_typer(list_app, name="list")

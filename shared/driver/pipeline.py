@@ -54,6 +54,7 @@ from .breakdowns import d1_by_bucket, d1_by_tier, lexical_baselines, lexical_by_
 from .extractor_fleet import ExtractorFleet, worker_runtime_env
 from .nodes import alive_nodes
 from .ray_messages import plain_ray_messages
+from .steerability_stage import steerability_section
 from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch, poll_actors
 
 
@@ -431,6 +432,8 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
                           {s.id for s in run.specs if s.supervision != "none"}, n_bootstrap=cfg.n_bootstrap,
                           seed=cfg.seed)
     lexical_tiers = lexical_by_tier(passages, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
+    steerability = steerability_section(inputs.store, {p.concept: p.pooled_key for p in run.plans}, records,
+                                        seed=cfg.seed, weights_hash=run.model.get("weights_hash"))
     timing = {"d1_s": time.perf_counter() - started}
     steering, steering_error = None, ""
     if cfg.steering:
@@ -444,4 +447,4 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
     timing["total_s"] = time.perf_counter() - started
     return replace(outcome_of(cfg, inputs, run, records, computed, timing, steering), lexical=lexical,
                    d1_buckets=buckets, d1_tiers=d1_tiers, lexical_tiers=lexical_tiers, steering_error=steering_error,
-                   cluster=cluster, passage_scores=scores)
+                   cluster=cluster, passage_scores=scores, steerability=steerability)

@@ -36,3 +36,4 @@ class RunOutcome:
     lexical_tiers: list[LexicalTierRecord] = field(default_factory=list)
     cluster: ClusterActivity = field(default_factory=ClusterActivity)
     passage_scores: pa.Table | None = None  # every D1 cell's per-passage scores (poolbench.prober.passage_scores)
+    steerability: dict | None = None  # driver.steerability_stage: first-order steerability and Spearman with D1

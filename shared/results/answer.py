@@ -23,6 +23,7 @@ from poolbench.prober.verdicts import DEFAULT_ROPE, compare_strategies
 from poolbench.records.verdicts import WORSE, StrategyVerdicts
 from poolbench.results.answer_verdicts import choice_sentence, comparison_line, verdict_sentences
 from poolbench.results.ranking import MIN_CONCEPTS_FOR_INTERVAL, mean_t_interval
+from poolbench.results.steerability_answer import SteerabilityAnswer, steerability_answer
 from poolbench.results.tier_estimand import estimand_sentence
 
 ANSWER_FILE = "answer.json"
@@ -115,6 +116,7 @@ class RunAnswer:
     sentences: tuple[str, ...]
     sections: tuple[AnswerSection, ...] = ()
     version: int = ANSWER_VERSION
+    steerability: SteerabilityAnswer | None = None  # Spearman(D1, first-order steerability), its validation
 
 
 def _f(value: float | None, signed: bool = False) -> str:
@@ -273,6 +275,9 @@ def build_answer(results: dict, leaderboard: dict, passage_scores: pa.Table | No
     sentences += [_tier_sentence(t) for t in tiers]
     if steering:
         sentences.append(_steering_sentence(steering))
+    steerable = steerability_answer(results)
+    if steerable is not None:
+        sentences.append(steerable.sentence)
     if verdict == "set" and verdicts is not None:
         n = len(verdicts.confidence_set)
         head = (f"The answer is a set, not a winner: {_plural(n, 'strategy', 'strategies')} in the confidence set "
@@ -286,7 +291,7 @@ def build_answer(results: dict, leaderboard: dict, passage_scores: pa.Table | No
     elif verdict == "separated":
         sentences.append(f"{best.strategy} is ahead of every other strategy (Wilcoxon signed-rank, Holm).")
     return RunAnswer(model, best, len(rows), verdicts, missing, lexical, steering, tiers, verdict, tuple(sentences),
-                     tuple(sections))
+                     tuple(sections), steerability=steerable)
 
 
 _ADAPTER = TypeAdapter(RunAnswer)

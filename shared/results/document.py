@@ -55,6 +55,8 @@ def _breakdown_sections(outcome: RunOutcome) -> dict:
         out["lexical_by_tier"] = [r.to_dict() for r in outcome.lexical_tiers]
     if outcome.d1_tiers:
         out["estimand"] = _estimand(outcome)
+    if outcome.steerability is not None:
+        out["steerability"] = outcome.steerability
     return out
 
 

@@ -52,7 +52,7 @@ def test_leaderboard_is_built_finished_with_comparisons_and_sections():
     """Win rate, average rank and the run's sections come in as inputs; nothing edits the result afterwards."""
     lb = build_leaderboard(CELLS, win_rate={"A1_mean": 1.0}, average_ranks={"A1_mean": 1.0, "P1_last": 2.0},
                            sections={"model": {"model_id": "tiny"}, "friedman": None})
-    assert list(lb) == ["probe", "layer_selection", "strategies", "model", "friedman"]
+    assert list(lb) == ["probe", "protocol", "layer_selection", "strategies", "model", "friedman"]
     a1, p1 = lb["strategies"]
     assert list(a1)[-3:] == ["rank", "win_rate", "average_rank"]
     assert (a1["win_rate"], a1["average_rank"], p1["win_rate"], p1["average_rank"]) == (1.0, 1.0, None, 2.0)

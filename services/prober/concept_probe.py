@@ -9,10 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from poolbench.pooler.iti import ITIHeadView, head_table_key, needs_head_table
+from poolbench.pooler.iti import HEADS_META, ITIHeadView, head_table_key, needs_head_table
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.prober.d1 import evaluate_d1
 from poolbench.prober.flash import flash_subset, parse_fraction
+from poolbench.prober.pb_protocol import PB_CI_METHOD, PB_PROTOCOL, pb_d1
 from poolbench.prober.reliability import cell_reliability
 from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell
 from poolbench.records.d1 import D1CellRecord, d1_records_from_table, d1_records_table
@@ -25,11 +26,15 @@ D1_VERSION = 5  # 2: per-cell reliability statistics, supervised (S3) cells; 3: 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
                        n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None,
-                       heads: pa.Table | None = None, types: dict[str, str] | None = None) -> list[D1CellRecord]:
+                       heads: pa.Table | None = None, types: dict[str, str] | None = None,
+                       protocol: str | None = None) -> list[D1CellRecord]:
     """One record per (layer, strategy, probe): CV AUROC on train, held-out AUROC with its CI, fallbacks.
 
     `heads` is the ITIHeadTable that pooling made beside `table`; supervised (S3) cells need it. `types` maps a
-    passage id to its lexical type (domain), the control task's unit; without it selectivity is n/a."""
+    passage id to its lexical type (domain), the control task's unit; without it selectivity is n/a.
+    `protocol="pb"`: the reference leaderboard's D1 instead (pb_protocol.pb_d1, diffmean only)."""
+    if protocol == PB_PROTOCOL:
+        return pb_records(table, concept)
     view = PooledTableView(table)
     head_view = ITIHeadView(heads) if heads is not None else None
     metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
@@ -71,9 +76,32 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
     return records
 
 
+def pb_records(table: pa.Table, concept: str) -> list[D1CellRecord]:
+    """The PB protocol's D1 of every unsupervised cell: one diffmean record each, from the train split only. A
+    supervised (S3) cell's features are fitted per fold of PoolBench's own protocol, so it has none here."""
+    view = PooledTableView(table)
+    supervised = {k.decode().removesuffix(HEADS_META) for k in (table.schema.metadata or {})
+                  if k.decode().endswith(HEADS_META)}
+    records = []
+    for layer, strategy in view.cells:
+        if strategy in supervised:
+            continue
+        cell = view.matrix(layer, strategy)
+        train = cell.take(np.flatnonzero(cell.split == "train"))
+        result = pb_d1(train.X, train.y)
+        fallback_count = int(train.fallback.sum())
+        records.append(D1CellRecord(
+            concept=concept, layer=layer, strategy=strategy, probe="diffmean", cv_auroc=result.auroc,
+            test_auroc=result.auroc, ci_low=result.ci_low, ci_high=result.ci_high, ci_level=0.95,
+            ci_method=PB_CI_METHOD, n_train=int(train.y.size), n_test=0, n_folds=result.n_folds,
+            n_bootstrap=result.n_bootstrap, fallback_count=fallback_count,
+            fallback_rate=fallback_count / max(len(train.fallback), 1), protocol=PB_PROTOCOL))
+    return records
+
+
 def probe_layer_task(store_url: str, pooled_key: str, d1_key: str, concept: str, layer: int, n_folds: int,
                      seed: int, n_bootstrap: int, reliability: bool = True, flash: str | None = None,
-                     types: dict[str, str] | None = None) -> dict:
+                     types: dict[str, str] | None = None, protocol: str | None = None) -> dict:
     """Read one layer's PooledTable shard (and its ITIHeadTable shard for S3), write that layer's D1 records
     under `layer_shard_key(d1_key, layer)`; a task holds one layer's vectors, never the concept's. Safe to retry."""
     from poolbench.store.url import open_store
@@ -81,9 +109,9 @@ def probe_layer_task(store_url: str, pooled_key: str, d1_key: str, concept: str,
     store = open_store(store_url)
     shard_key = layer_shard_key(pooled_key, layer)
     table = store.get_table(shard_key)
-    heads = store.get_table(head_table_key(shard_key)) if needs_head_table(table) else None
+    heads = store.get_table(head_table_key(shard_key)) if needs_head_table(table) and protocol is None else None
     records = probe_pooled_table(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
-                                 reliability=reliability, flash=flash, heads=heads, types=types)
+                                 reliability=reliability, flash=flash, heads=heads, types=types, protocol=protocol)
     key = layer_shard_key(d1_key, layer)
     store.put_table(key, d1_records_table(records))
     return {"concept": concept, "layer": layer, "key": key, "cells": len(records)}

@@ -228,6 +228,9 @@ def build_answer(results: dict, leaderboard: dict) -> RunAnswer:
         interval += f": fewer than {MIN_CONCEPTS_FOR_INTERVAL} concepts"
     sentences = [f"Best on {model}: {best.strategy} at layer {best.layer}, mean D1 {interval} over "
                  f"{_plural(best.n_concepts, 'concept')} ({len(rows)} strategies run)."]
+    if leaderboard.get("protocol") == "pb":
+        sentences.append("D1 is the official leaderboard's protocol (pb): the out-of-fold DiffMean AUROC of the "
+                         "train split; there is no held-out test, so this answer is cross-validated only.")
     if ranking is None:
         verdict = "untested"
         sentences.append(f"Which strategies it beats is not tested: {missing}.")

@@ -11,7 +11,7 @@ from poolbench.provenance import git_hash, package_versions, utc_now
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.run import RunOutcome
 from poolbench.records.steering import SteeringStage
-from poolbench.results.leaderboard import build_leaderboard
+from poolbench.results.leaderboard import build_leaderboard, cells_protocol
 from poolbench.results.tidy import LONG_COLUMNS, WIDE_COLUMNS, long_rows, to_csv, wide_rows
 from poolbench.results.tiers import tier_section
 
@@ -26,7 +26,8 @@ def _across_cells(records: list[D1CellRecord]) -> dict:
     """Win rate and significance compare strategies: with one strategy there is nothing to compare."""
     if len({r.strategy for r in records}) < 2:
         return {"skipped": "win rate and significance need at least two strategies", "win_rate": {}}
-    return across_cells([r.to_dict() for r in records])
+    pb = cells_protocol(records) == "pb"  # the pb protocol has the diffmean probe only
+    return across_cells([r.to_dict() for r in records], **({"probe": "diffmean"} if pb else {}))
 
 
 def _steering_sections(steering: SteeringStage | None) -> dict:

@@ -83,7 +83,8 @@ def pool_naive(batch: ActivationBatch, specs: Sequence[StrategySpec]) -> PooledB
     fallback = np.zeros((len(specs), batch_size), dtype=bool)
     ctx = TokenContext.from_batch(batch)
     for s, spec in enumerate(specs):
-        own_rule = spec.code in _RULES and not spec.reference_variant and spec.variant_of is None
+        own_rule = spec.code in _RULES and (spec.kind == "reduction" or (not spec.reference_variant
+                                                                          and spec.variant_of is None))
         custom = None if own_rule else np.asarray(spec.weights_fn(ctx), dtype=np.float64)
         for b in range(batch_size):
             real = np.flatnonzero(batch.attention_mask[b])

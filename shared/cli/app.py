@@ -20,6 +20,7 @@ from poolbench.cli.options import DEFAULT_RUN, out_folder
 from poolbench.cli.progress import LineProgress
 from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
+from poolbench.cli.reproduce import reproduce
 from poolbench.cli.steering import serve_scorers, steer, train_scorers
 from poolbench.cli.store import verify
 from poolbench.cluster.commands import cluster_app
@@ -69,6 +70,7 @@ app.add_typer(store_app, name="store")
 app.add_typer(list_app, name="list")
 store_app.command("verify")(verify)
 app.command("calibrate")(calibrate)
+app.command("reproduce")(reproduce)
 app.add_typer(cluster_app, name="cluster")
 # Wide enough for the leaderboard when output is piped (rich falls back to 80 columns there).
 console = Console() if Console().is_terminal else Console(width=140)

@@ -1,17 +1,22 @@
 """The reference-code variants against values worked out by hand from the reference's rules
 (2023mc21517-arch/poolbench, poolbench/pooling_strategies.py at commit 2ec219d): the length rules on constructed
 states (T = 6, 7, 11, where its W4 makes more than five chunks), A4_norm's mean of unit vectors, and the token
-rules through real tokenizers (the embedded byte-level BPE, a WordPiece and a SentencePiece-style one built with
-`tokenizers`) on a passage with a quote, digits, a comma, a newline and a word split into many tokens."""
+rules through real tokenizers (the default model's byte-level BPE shipped in poolbench/data, no BOS; the tiny
+model's, with <s>; a WordPiece and a SentencePiece-style one built with `tokenizers`) on a passage with a quote,
+digits, a comma, a newline and a word split into many tokens."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
 import torch
 from test_alignment_parses import sentencepiece_like, tiny, wordpiece
 from tolerances import assert_weighted_mean_close
+from transformers import PreTrainedTokenizerFast
 
+from poolbench.corpus.token_count import default_tokenizer
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.padded_batches import PaddedBatch, prepare_batches
 from poolbench.pooler.device_pool import DevicePooler
@@ -87,23 +92,35 @@ TEXT = 'She said "indemnify" 12,500 times.\nThe dogs ran.'
 WORDS = [(0, 3, "nsubj", -1), (4, 8, "ROOT", -1), (9, 10, "punct", -1), (10, 19, "dobj", -1), (19, 20, "punct", -1),
          (21, 27, "nummod", 0), (28, 33, "npadvmod", -1), (33, 34, "punct", -1), (35, 38, "det", -1),
          (39, 43, "nsubj", -1), (44, 47, "ROOT", -1), (47, 48, "punct", -1)]
-TOKENIZERS = {"embedded_bpe": tiny, "wordpiece": wordpiece, "sentencepiece": sentencepiece_like}
-# Each tokenizer's tokens of TEXT, by position (index 0 is <s> or [CLS]), worked out from its token strings:
+
+
+def smollm2_bpe() -> PreTrainedTokenizerFast:
+    """The default (embedded) model's tokenizer: byte-level BPE, no BOS, offsets keeping the leading space."""
+    return PreTrainedTokenizerFast(tokenizer_object=copy.deepcopy(default_tokenizer()), pad_token="<|endoftext|>")
+
+
+TOKENIZERS = {"default_bpe": smollm2_bpe, "embedded_bpe": tiny, "wordpiece": wordpiece,
+              "sentencepiece": sentencepiece_like}
+# Each tokenizer's tokens of TEXT, by position (index 0 is <s> or [CLS] where there is one), and their rules' picks:
+# default_bpe:  She Ġsaid Ġ" ind em n ify " Ġ 1 2 , 5 0 0 Ġtimes . Ċ The Ġdogs Ġran .   (Ġsaid spans (3, 8))
 # embedded_bpe: <s> She Ġsaid Ġ" ind e m n ify " Ġ12 , 50 0 Ġtimes . Ċ The Ġdo gs Ġran .
 # wordpiece:    [CLS] s ##he s ##a ##i ##d [UNK] [UNK] [UNK] 1 ##2 , 5 ##0 ##0 [UNK] . the [UNK] ra ##n . [SEP]
 # sentencepiece: <s> ▁ <unk> he ▁ s a i d ▁ <unk> in d e <unk> n i f y <unk> ▁ 1 2 , 5 0 0 ▁ t i <unk> e s .
 #                <unk> he ▁ d o <unk> s ▁r a n .
 ROOTS = {  # L4: the first token, then word-initial strings (Ġ / ▁; WordPiece: every token but ##-pieces)
+    "default_bpe": [0, 1, 2, 8, 15, 19, 20],  # the lone "Ġ" before the digits counts, "The" after "Ċ" does not
     "embedded_bpe": [0, 2, 3, 10, 14, 18, 20],  # "She", "ind…" after the quote, "The" after the newline: not Ġ
     "wordpiece": [0, 1, 3, 7, 8, 9, 10, 12, 13, 16, 17, 18, 19, 20, 22, 23],
     "sentencepiece": [0, 1, 4, 9, 20, 27, 36, 41],
 }
 SVO = {  # L5: She, said, indemnify, dogs, ran -> the token starting at each word, else the nearest before it
+    "default_bpe": [0, 1, 3, 19, 20],  # "said" starts at 4, inside "Ġsaid" (3, 8): the nearest start before it
     "embedded_bpe": [1, 2, 4, 18, 20],  # "Ġ"" starts at 9, "ind" at 10: indemnify is "ind" alone (of 5 tokens)
     "wordpiece": [1, 3, 8, 19, 20],
     "sentencepiece": [1, 5, 11, 37, 41],  # "She" starts on "▁" (0, 1), the first of two tokens at 0; "ran" on "▁r"
 }
-ENTITY = {"embedded_bpe": [10], "wordpiece": [10], "sentencepiece": [21]}  # "12,500": the token at its "1"
+# L3: "12,500", the token at its "1"
+ENTITY = {"default_bpe": [9], "embedded_bpe": [10], "wordpiece": [10], "sentencepiece": [21]}
 
 
 def token_batch(family: str) -> tuple[ActivationBatch, list[str]]:

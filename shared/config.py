@@ -49,6 +49,9 @@ class RunConfig(BaseModel):
     tensor_parallel_size: int = Field(1, ge=1)  # GPUs per vLLM engine (one steering actor each)
     flash: str | None = None
     store_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # pooled vectors in the store
+    # D1's protocol: PoolBench's (pair-grouped CV, held-out test) or "pb", the reference leaderboard's (train-split
+    # 5-fold OOF DiffMean AUROC, seed 42, no held-out test: poolbench.prober.pb_protocol)
+    protocol: Literal["poolbench", "pb"] = "poolbench"
 
     @field_validator("concepts", "strategies")
     @classmethod

@@ -19,6 +19,7 @@ from poolbench.extractor.padded_batches import prepare_batches
 from poolbench.extractor.tiny_model import build_tiny_model, tiny_training_texts
 from poolbench.pooler.parses import ParseIndex, batch_parse_extras, cached_parse_table, load_nlp, parse_table
 from poolbench.pooler.pool import pool_tokens
+from poolbench.pooler.reference_tokens import token_root_extra
 from poolbench.pooler.registry import get_strategy, load_strategy_module, unregister_strategy
 from poolbench.pooler.spec import TokenContext
 from poolbench.store.local import LocalStore
@@ -106,7 +107,8 @@ def batch_for(tokenizer, side: str) -> ActivationBatch:
 @pytest.mark.parametrize("family", list(TOKENIZERS))
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_every_word_maps_to_the_tokens_that_spell_it(family: str, side: str) -> None:
-    batch = batch_for(TOKENIZERS[family](), side)
+    tokenizer = TOKENIZERS[family]()
+    batch = batch_for(tokenizer, side)
     index = regex_parses(TEXTS)
     extras = batch_parse_extras(index, batch.passage_ids, batch.texts, batch.offsets, batch.attention_mask)
     starts, ends = extras["parse_start"], extras["parse_end"]
@@ -123,7 +125,7 @@ def test_every_word_maps_to_the_tokens_that_spell_it(family: str, side: str) -> 
             s, e = batch.offsets[b, t]
             if batch.texts[b][s:e].strip():
                 assert ((pair_b == b) & (pair_t == t)).any(), f"{family}: token {t} {batch.texts[b][s:e]!r}"
-    batch.extras.update(extras)
+    batch.extras.update(extras, token_root=token_root_extra(tokenizer, batch.input_ids, batch.attention_mask))
     roots = pool_tokens(batch, [get_strategy("L4_subword_root")])
     assert not roots.fallback.any()
 
@@ -131,8 +133,7 @@ def test_every_word_maps_to_the_tokens_that_spell_it(family: str, side: str) -> 
 def test_wordpiece_subword_root_is_the_stem_piece() -> None:
     tokenizer = wordpiece()
     batch = batch_for(tokenizer, "right")
-    batch.extras.update(batch_parse_extras(regex_parses(TEXTS), batch.passage_ids, batch.texts, batch.offsets,
-                                           batch.attention_mask))
+    batch.extras["token_root"] = token_root_extra(tokenizer, batch.input_ids, batch.attention_mask)
     weights = get_strategy("L4_subword_root").weights_fn(TokenContext.from_batch(batch))
     pieces = tokenizer.convert_ids_to_tokens(batch.input_ids[0])
     chosen = [pieces[t] for t in np.flatnonzero(weights[0])]

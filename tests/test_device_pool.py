@@ -39,7 +39,8 @@ LAYER_NAMES = ("attention_head_inflow", "attention_head_inflow_last", "attention
 def every_strategy(parse: bool) -> list[StrategySpec]:
     """Every registered strategy (variants included) that this batch can serve, plus other window sizes and the
     other sink modes of the sink-aware ones."""
-    specs = [s for s in list_strategies(include_reference=True) if ("parse" in s.needs) == parse]
+    specs = [s for s in list_strategies(include_reference=True) if ("parse" in s.needs) == parse
+             and "tokens" not in s.needs]  # L4_subword_root reads a tokenizer: tests/test_reference_variants.py
     if not parse:
         specs += [window_spec("W1", k=3), window_spec("W3", k=5), window_spec("W4", n_chunks=3)]
         specs += [s.with_sink_mode(mode) for s in specs if s.sink_mode == "auto" for mode in ("skip", "keep")]

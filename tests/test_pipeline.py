@@ -6,8 +6,11 @@ import json
 from pathlib import Path
 
 import jsonschema
+import numpy as np
 import pytest
 from s3_server import ACCESS_KEY, REGION, SECRET_KEY
+from sklearn.metrics import roc_auc_score
+from sklearn.model_selection import StratifiedKFold
 
 from poolbench.config import RunConfig
 from poolbench.driver.pipeline import run_benchmark
@@ -177,7 +180,9 @@ def test_dump_activations_and_export_submission(tiny_llama_dir, local_ray, cache
 
     out = tmp_path / "run"
     write_run_outputs(outcome, out)
-    export_submission(strategy="A1_mean", model_key="llama3_8b", run_dir=out, source="community", out=None)
+    export_submission(strategy="A1_mean", model_key="llama3_8b", run_dir=out, source="community", out=None,
+                      allow_other_protocol=True)  # this run's D1 is PoolBench's protocol: labelled, and a sidecar
+    assert json.loads((out / "submission_A1_mean.protocol.json").read_text())["protocol"] == "poolbench"
     submission = json.loads((out / "submission_A1_mean.json").read_text())
     jsonschema.validate(submission, json.loads((Path(__file__).parent / "data" / "submission_schema.json").read_text()))
     assert submission["family"] == "uniform_aggregation"
@@ -227,3 +232,57 @@ def test_concepts_sharing_a_pooling_job_with_parses_ahead_give_the_run_of_the_wo
     for events in (serial_events, ahead_events):
         assert sorted(e.concept for e in events if isinstance(e, ConceptPooled)) == list(CONCEPTS)
         assert sorted(e.concept for e in events if isinstance(e, ConceptProbed)) == list(CONCEPTS)
+
+
+def reference_oof_d1(pos: np.ndarray, neg: np.ndarray) -> tuple[float, float, float]:
+    """The official leaderboard's D1 as its evaluation code (2023mc21517-arch/poolbench, poolbench/evaluation/
+    probe.py, compute_train_test_auroc_for_strategy, protocol "5fold_oof"; the repository the issue names at commit
+    2ec219d) computes it, step by step as read there: float32 rows, each / (norm + 1e-9); positives stacked over
+    negatives; StratifiedKFold(5, shuffle=True, random_state=42); per fold the unit difference of class means;
+    out-of-fold scores x . d; one roc_auc_score; 1,000 resamples from default_rng(42).integers(0, n, (1000, n)),
+    one-class resamples skipped; the 2.5th and 97.5th percentiles."""
+    pos = pos.astype(np.float32) / (np.linalg.norm(pos.astype(np.float32), axis=1, keepdims=True) + 1e-9)
+    neg = neg.astype(np.float32) / (np.linalg.norm(neg.astype(np.float32), axis=1, keepdims=True) + 1e-9)
+    X, y = np.vstack([pos, neg]), np.array([1] * len(pos) + [0] * len(neg), dtype=np.int32)
+    oof = np.empty(len(y), dtype=np.float32)
+    for fit, held in StratifiedKFold(n_splits=5, shuffle=True, random_state=42).split(X, y):
+        d = X[fit][y[fit] == 1].mean(axis=0) - X[fit][y[fit] == 0].mean(axis=0)
+        oof[held] = X[held] @ (d / (np.linalg.norm(d) + 1e-9))
+    draws = np.random.default_rng(42).integers(0, len(y), size=(1000, len(y)))
+    boot = [roc_auc_score(y[r], oof[r]) for r in draws if len(np.unique(y[r])) == 2]
+    return float(roc_auc_score(y, oof)), float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
+
+
+@pytest.mark.numerics
+def test_protocol_pb_run_gives_the_reference_d1_and_exports_unlabelled(tiny_llama_dir, local_ray, cache, tmp_path):
+    from poolbench.cli.app import export_submission
+
+    cfg = config(tiny_llama_dir, str(tmp_path / "store"), concepts=("hedging",),
+                 strategies=("A1_mean",), layers=(1,), protocol="pb", n_bootstrap=1000)  # one fixed layer
+    outcome = run_benchmark(cfg)
+    assert outcome.records and all(r.protocol == "pb" and r.probe == "diffmean" and r.n_test == 0
+                                   for r in outcome.records)
+    pooled = read_pooled_table(open_store(cfg.resolved_store()), outcome.artifacts["hedging"]["pooled"])
+    rows = pooled.to_pydict()
+    for record in outcome.records:
+        cell = [(v, label) for v, label, layer, strategy, split in zip(
+            rows["vector"], rows["label"], rows["layer"], rows["strategy"], rows["split"], strict=True)
+            if layer == record.layer and strategy == record.strategy and split == "train"]
+        pos = np.array([v for v, label in cell if label == 1])
+        neg = np.array([v for v, label in cell if label == 0])
+        auroc, low, high = reference_oof_d1(pos, neg)
+        # AUROCs are counts of score pairs over n_pos * n_neg: the same float32 scores give the same counts, and
+        # the two bootstrap paths sum the same counts in another order (a few ulps of a value <= 1)
+        assert record.cv_auroc == record.test_auroc == pytest.approx(auroc, abs=1e-12)
+        assert (record.ci_low, record.ci_high) == (pytest.approx(low, abs=1e-12), pytest.approx(high, abs=1e-12))
+        assert record.n_train == len(pos) + len(neg)
+    out = tmp_path / "run"
+    write_run_outputs(outcome, out)
+    board = json.loads((out / "leaderboard.json").read_text())
+    assert board["protocol"] == "pb" and {r["protocol"] for r in board["strategies"]} == {"pb"}
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["protocol"] == "pb" and {c["protocol"] for c in results["cells"]} == {"pb"}
+    export_submission(strategy="A1_mean", model_key="llama3_8b", run_dir=out, source="community", out=None,
+                      allow_other_protocol=False)
+    assert not (out / "submission_A1_mean.protocol.json").exists()
+    assert not json.loads((out / "submission_A1_mean.json").read_text())["description"].startswith("[D1")

@@ -107,8 +107,9 @@ EXPECTED_T = {
     "L4_clause": [(2.5 + 6) / 2, (2.5 + 6.5) / 2],  # one clause per sentence | "If it rains" + "we stay ."
     "L5_keyword": [None, (3 + 4) / 2],  # p1 words are not in the fitted vocabulary | top-1 word "rains"
     "L6_sentence": [(2.5 + 6) / 2, 36 / 8],  # sentence means (tokens 1-4, 5-7) | one sentence: tokens 1-8
-    "L4_subword_root": [(1 + 2 + 4 + 5 + 6 + 7) / 6, (1 + 2 + 3 + 5 + 6 + 7 + 8) / 7],
-    "L5_svo": [(1 + 2 + 3 + 5 + 6) / 5, (2 + 6 + 7) / 3],  # nsubj + ROOT words
+    # the reference's rule: one token per nsubj/ROOT word, the one starting at the word ("ran" -> "r" only)
+    "L5_svo": [(1 + 2 + 5 + 6) / 4, (2 + 6 + 7) / 3],
+    "L3_named_entity": [(1 + 5) / 2, None],
 }
 A1_T = [28 / 8, 36 / 9]
 
@@ -176,6 +177,7 @@ def test_reference_window_variants_by_hand() -> None:
         "W2_ref_last8": [28 / 8, 36 / 8],
         "W3_ref_last16": [28 / 8, 36 / 9],
         # 8 = 4 chunks of 2; 9 = 4 chunks of 2 + a fifth chunk {8}: (0.5 + 2.5 + 4.5 + 6.5 + 8) / 5
+        # (T = 6, 7, 11, where the reference makes more than five chunks: tests/test_reference_variants.py)
         "W4_ref_remainder": [3.5, 22 / 5],
         "P3_first_content": [1, 1],
     }
@@ -216,16 +218,18 @@ def test_a3_random_is_a_seeded_half_fixed_per_passage_id() -> None:
 def test_sif_weights_and_first_component_removal() -> None:
     batch = make_batch(order=(0,))
     batch.input_ids[0] = [1, 5, 6, 5, 7, 7, 7, 7]
-    context = ConceptContext.fit("x", None, [], train_token_ids=[[5, 5, 5, 6]])  # p(5)=.75, p(6)=.25, p(7)=0
-    batch.extras["unigram_probability"] = context.unigram_probability(batch.input_ids)
-    w = {5: SIF_A / (SIF_A + 0.75), 6: SIF_A / (SIF_A + 0.25), 7: 1.0}
-    weights = np.array([0, w[5], w[6], w[5], w[7], w[7], w[7], w[7]])  # the special token weighs 0
+    context = ConceptContext.fit("x", None, [], train_token_ids=[[5, 5, 5, 6]])  # p(5)=.75, p(6)=.25
+    batch.extras["unigram_probability"] = context.unigram_probability(batch.input_ids, SIF_A)
+    w = {5: SIF_A / (SIF_A + 0.75), 6: SIF_A / (SIF_A + 0.25), 7: 0.5, 1: 0.5}  # unseen ids: p = a
+    weights = np.array([w[1], w[5], w[6], w[5], w[7], w[7], w[7], w[7]])  # the special token is weighed too
     pooled = pool_tokens(batch, [get_strategy("S2_sif")])
     assert_pooled_close(pooled.vectors[0, 0, 0, 0], (weights * np.arange(8)).sum() / weights.sum(), batch)
-    X = np.array([[3.0, 0.0], [1.0, 0.0], [0.0, 1.0]], dtype=np.float32)
-    # train rows 0,1 span the x axis: removing it leaves only the y components
+    X = np.array([[1.0, 0.0], [3.0, 0.0], [2.0, 1.0]], dtype=np.float32)
+    # centred on (2, 1/3) the rows are (-1, -1/3), (1, -1/3), (0, 2/3): x variance 2, y variance 2/3, no
+    # covariance, so the first principal axis is x and removing it leaves the y components (the uncentred
+    # first singular vector, of [[14, 2], [2, 1]], is not the x axis: it would leave x in every row)
     # a projection of 2-d rows onto a fitted unit vector: a few roundings of the largest entry, 3
-    assert_float32_close(remove_first_component(X, np.array([True, True, False])), [[0, 0], [0, 0], [0, 1]],
+    assert_float32_close(remove_first_component(X, np.ones(3, dtype=bool)), [[0, 0], [0, 0], [0, 1]],
                          terms=2 + 2, scale=3.0)
 
 

@@ -196,7 +196,8 @@ def test_every_strategy_through_pool_concept_reports_fallbacks_per_cell(tiny) ->
     l3 = [r for r in records if r.strategy == "L3_entity"]
     n_fallback = sum(no_entity.values())
     assert l3 and all(r.fallback_count == n_fallback and r.fallback_rate == n_fallback / len(data) for r in l3)
-    sif = view.matrix(1, "S2_sif_pc1")
-    train = sif.split == "train"
-    u = np.linalg.svd(view.matrix(1, "S2_sif").X[train].astype(np.float64), full_matrices=False)[2][0]
-    np.testing.assert_allclose(sif.X @ u, 0, atol=1e-3)  # the train split's first component is gone
+    sif, plain = view.matrix(1, "S2_sif_pc1"), view.matrix(1, "S2_sif")
+    for split in ("train", "test"):  # each split's centred first component is gone from that split's vectors
+        rows = plain.X[plain.split == split].astype(np.float64)
+        u = np.linalg.svd(rows - rows.mean(axis=0), full_matrices=False)[2][0]
+        np.testing.assert_allclose(sif.X[sif.split == split] @ u, 0, atol=1e-3)

@@ -17,6 +17,8 @@ from poolbench.corpus.passage import Passage
 from poolbench.extractor.padded_batches import PaddedBatch, TokenizedPassages
 from poolbench.pooler.concept_context import ConceptContext
 from poolbench.pooler.parses import ParseIndex, load_nlp, parse_table, rows_parse_extras
+from poolbench.pooler.reference_tokens import token_root_extra
+from poolbench.pooler.saliency import SIF_A
 
 
 @dataclass(frozen=True)
@@ -31,15 +33,15 @@ class ConceptText:
 def concept_text(concept: str, passages: Sequence[Passage], tokens: TokenizedPassages, rows: Sequence[int],
                  needs: Collection[str], parses: ParseIndex | None = None) -> ConceptText:
     """Parse the concept when a strategy needs parses and none were given, and fit its statistics on its train
-    split: TF-IDF over parsed words, unigram counts over its non-special model tokens (`rows` of `tokens`)."""
+    split: TF-IDF over parsed words, unigram counts over all its model tokens (`rows` of `tokens`), special tokens
+    included as the reference counts them."""
     if "parse" in needs and parses is None:
         parses = ParseIndex.from_table(parse_table(load_nlp(), [p.text for p in passages],
                                                    [p.id for p in passages]))
     if "corpus" not in needs:
         return ConceptText(parses, None)
     train = [p.split == "train" for p in passages]
-    token_ids = [[t for t, special in zip(tokens.input_ids[row], tokens.special[row], strict=True) if not special]
-                 for row, is_train in zip(rows, train, strict=True) if is_train]
+    token_ids = [list(tokens.input_ids[row]) for row, is_train in zip(rows, train, strict=True) if is_train]
     context = ConceptContext.fit(concept, parses, [p.id for p in passages if p.split == "train"], token_ids)
     if parses is not None:
         context.cache_keywords(parses, [p.id for p in passages])
@@ -49,11 +51,13 @@ def concept_text(concept: str, passages: Sequence[Passage], tokens: TokenizedPas
 class ChunkExtras:
     """Builds a chunk's host extras; `owner[i]` is the concept (index into `texts`) of planned passage i."""
 
-    def __init__(self, texts: Sequence[ConceptText], owner: np.ndarray, needs: Collection[str]) -> None:
+    def __init__(self, texts: Sequence[ConceptText], owner: np.ndarray, needs: Collection[str],
+                 tokenizer=None) -> None:
         self._texts = list(texts)
         self._owner = np.asarray(owner)
         self._parse = "parse" in needs
         self._corpus = "corpus" in needs
+        self._tokenizer = tokenizer if "tokens" in needs else None
 
     def owners(self, chunk: PaddedBatch) -> np.ndarray:
         """[B] the concept of each row."""
@@ -63,6 +67,8 @@ class ChunkExtras:
         """Parse index tensors and unigram probabilities of the chunk's rows, each from its own concept."""
         extras: dict[str, np.ndarray] = {}
         owners = self.owners(chunk)
+        if self._tokenizer is not None:
+            extras["token_root"] = token_root_extra(self._tokenizer, chunk.input_ids, chunk.attention_mask)
         if self._parse:
             words, flags = [], []
             for owner, passage_id in zip(owners, chunk.passage_ids, strict=True):
@@ -78,13 +84,13 @@ class ChunkExtras:
             if len(present) == 1:
                 context = self._texts[present[0]].context
                 assert context is not None
-                extras["unigram_probability"] = context.unigram_probability(chunk.input_ids)
+                extras["unigram_probability"] = context.unigram_probability(chunk.input_ids, SIF_A)
             else:
                 probability = np.zeros(chunk.input_ids.shape, dtype=np.float64)
                 for owner in present:
                     context = self._texts[owner].context
                     assert context is not None
                     rows = owners == owner
-                    probability[rows] = context.unigram_probability(chunk.input_ids[rows])
+                    probability[rows] = context.unigram_probability(chunk.input_ids[rows], SIF_A)
                 extras["unigram_probability"] = probability
         return extras

@@ -2,7 +2,9 @@
 
 - L2's trigger set (dependency relations and lemmas) from the trigger table in poolbench/data;
 - L5's TF-IDF (scikit-learn, IDF fitted on the train split's words, lower-cased, alphabetic, no stop words);
-- S2_sif's unigram probabilities of model token ids over the train split's non-special tokens.
+- S2_sif's unigram probabilities of model token ids over the train split's tokens (special tokens included, as the
+  reference counts them; the reference counts every concept of its run, this counts the concept's own: see
+  docs/reference-variants.md).
 Test passages never shape any of these, so no held-out text leaks into a train-fitted statistic.
 """
 
@@ -65,7 +67,7 @@ class ConceptContext:
     @classmethod
     def fit(cls, concept: str, parses: ParseIndex | None, train_ids: Sequence[str],
             train_token_ids: Sequence[Sequence[int]] = (), top_k: int = DEFAULT_TOP_K) -> ConceptContext:
-        """Fit on the train split: TF-IDF over its parsed words, unigram counts over its model tokens."""
+        """Fit on the train split: TF-IDF over its parsed words, unigram counts over all its model tokens."""
         vectorizer = None
         if parses is not None and train_ids:
             docs = []
@@ -119,9 +121,13 @@ class ConceptContext:
             flags["keyword"] = keyword_candidates(words) & np.isin(words["lower"].astype(str), list(keep))
         return flags
 
-    def unigram_probability(self, input_ids: np.ndarray) -> np.ndarray:
-        """p(token id) over the train split's non-special tokens; unseen ids get 0."""
+    def unigram_probability(self, input_ids: np.ndarray, unseen: float = 0.0) -> np.ndarray:
+        """p(token id) over the train split's tokens; ids never seen there get `unseen`."""
         if self.token_total == 0:
             raise StrategyError(f"concept {self.concept!r}: S2_sif needs unigram counts from the train split")
-        lookup = np.vectorize(lambda i: self.token_counts.get(int(i), 0), otypes=[np.float64])
-        return lookup(input_ids) / self.token_total if input_ids.size else np.zeros(input_ids.shape)
+        if not input_ids.size:
+            return np.zeros(input_ids.shape)
+        total = self.token_total
+        lookup = np.vectorize(lambda i: self.token_counts[int(i)] / total if int(i) in self.token_counts else unseen,
+                              otypes=[np.float64])
+        return lookup(input_ids)

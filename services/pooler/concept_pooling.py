@@ -156,7 +156,7 @@ def pool_concept_group(
     starts = np.concatenate([[0], np.cumsum([len(member.passages) for member in members])]).astype(int)
     texts = [concept_text(member.concept, member.passages, tokens, range(starts[i], starts[i + 1]), needs,
                           member.parses) for i, member in enumerate(members)]
-    extras = ChunkExtras(texts, owner, needs)
+    extras = ChunkExtras(texts, owner, needs, loaded.tokenizer)
     builders = [PooledTableBuilder(member.passages, loaded.hidden_size) for member in members]
     heads = [{int(layer): ITIHeadTableBuilder(loaded.hidden_size) for layer in layers} for _ in members]
     metadata = [dict(member.metadata) for member in members]
@@ -226,15 +226,17 @@ def _take(values: np.ndarray, rows: np.ndarray | None, axis: int) -> np.ndarray:
 
 
 def _remove_first_pc(table: pa.Table, strategy_id: str) -> pa.Table:
-    """SIF's common-component removal per layer, the component fitted on the strategy's train rows only."""
+    """SIF's common-component removal per layer and per split, each split's component fitted on its own rows (the
+    reference pools its train and test partitions apart and fits PCA(1) on each)."""
     vector = table.column("vector").combine_chunks()
     dim = vector.type.list_size
     X = vector.values.to_numpy(zero_copy_only=False).reshape(-1, dim).copy()
     strategy = table.column("strategy").to_numpy(zero_copy_only=False)
     layer = table.column("layer").to_numpy(zero_copy_only=False)
-    train = table.column("split").to_numpy(zero_copy_only=False) == "train"
+    split = table.column("split").to_numpy(zero_copy_only=False)
     for value in np.unique(layer):
-        rows = np.flatnonzero((strategy == strategy_id) & (layer == value))
-        X[rows] = remove_first_component(X[rows], train[rows])
+        for part in np.unique(split):
+            rows = np.flatnonzero((strategy == strategy_id) & (layer == value) & (split == part))
+            X[rows] = remove_first_component(X[rows], np.ones(len(rows), dtype=bool))
     column = pa.FixedSizeListArray.from_arrays(pa.array(X.reshape(-1), pa.float32()), dim)
     return table.set_column(table.schema.get_field_index("vector"), table.schema.field("vector"), column)

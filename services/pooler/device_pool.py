@@ -26,6 +26,7 @@ from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.aggregation import norm_weights
 from poolbench.pooler.iti import head_vectors
 from poolbench.pooler.pool import PooledBatch, check_pool_inputs, checked_weights, pool_tokens
+from poolbench.pooler.reference import NORM_EPS, inverse_norm_weights
 from poolbench.pooler.saliency import (
     attention_inflow_weights,
     attention_last_query_weights,
@@ -38,6 +39,7 @@ from poolbench.pooler.spec import HiddenOnDevice, StrategySpec, TokenContext
 # weight rules whose values exist only on the device, per layer: rule -> what the device path reads instead
 LAYER_WEIGHTS = {
     norm_weights: "token_norms",
+    inverse_norm_weights: "inverse_token_norms",
     attention_inflow_weights: "attention_inflow",
     attention_last_query_weights: "attention_inflow_last",
     gradient_norm_weights: "gradient_norm",
@@ -160,9 +162,10 @@ class DevicePooler:
         self._lengths = weights.lengths.to(**send)
         self._static = weights.static.to(**send) if weights.static is not None else None
         self._uniform = {q: values.to(**send) for q, values in weights.uniform.items()}
-        self._norms_needed = any(s == "token_norms" for s in self._sources) or any(
+        self._norms_needed = any(s in ("token_norms", "inverse_token_norms") for s in self._sources) or any(
             spec.sink_mode != "keep" for spec in self.specs)
         self._position = {layer: i for i, layer in enumerate(self.layers)}
+        self._by_count = [spec.divide_by == "token_count" for spec in self.specs]
         batch = int(weights.mask.shape[0])
         self._fallback = torch.zeros((len(self.specs), batch), dtype=torch.bool, device=self.device)
         self._bad = torch.zeros(len(self.specs), dtype=torch.bool, device=self.device)
@@ -198,6 +201,9 @@ class DevicePooler:
         if source == "token_norms":
             assert norms is not None
             return norms
+        if source == "inverse_token_norms":
+            assert norms is not None
+            return 1.0 / (norms + NORM_EPS)
         if source in ("attention_inflow", "attention_inflow_last"):
             name = "attention_head_inflow" if source == "attention_inflow" else "attention_head_inflow_last"
             if name not in extras:
@@ -264,9 +270,14 @@ class DevicePooler:
             rows.append(s)
         if weighted:
             w = torch.stack(weighted)  # [Sw, B, T]
-            empty = w.sum(dim=-1) <= 0
+            totals = w.sum(dim=-1)
+            empty = totals <= 0
             w = torch.where(empty[:, :, None], self._maskf, w)
             w = w / w.sum(dim=-1, keepdim=True)
+            by_count = [self._by_count[s] for s in rows]
+            if any(by_count):  # divide_by="token_count": the weighted sum over the real-token count
+                count = torch.tensor(by_count, device=h.device)[:, None] & ~empty
+                w = w * torch.where(count, totals / self._lengths.clamp(min=1), 1.0)[:, :, None]
             index = torch.tensor(rows, device=h.device)
             self._fallback[index] |= empty
             pooled[index] = torch.matmul(w.transpose(0, 1), h).transpose(0, 1)  # [B,Sw,T]@[B,T,d] -> [Sw,B,d]

@@ -1,4 +1,4 @@
-"""Structural-linguistic strategies (L1-L6 and the reference's L4/L5 variants) over spaCy parses.
+"""Structural-linguistic strategies (L1-L6) over spaCy parses (the reference's L3/L4/L5 are in reference_tokens).
 
 Words come from `parse_*` extras (see parses.py); a model token takes part when its character span overlaps a
 selected word. L4 and L6 are means of group means (clauses, sentences), the rest are plain means over the
@@ -49,10 +49,6 @@ def keyword_weights(ctx: TokenContext) -> np.ndarray:
     return _select(ctx, _parse(ctx, "keyword")["parse_keyword"])
 
 
-def svo_weights(ctx: TokenContext) -> np.ndarray:
-    return _select(ctx, np.isin(_parse(ctx, "dep")["parse_dep"].astype(str), sorted(SVO_DEPS)))
-
-
 def clause_ids(dep: np.ndarray, pos: np.ndarray, head: np.ndarray) -> np.ndarray:
     """Each word's clause: the nearest ancestor (itself included) that heads a clause. Clause heads are
     sentence roots, words attached by a clause-introducing relation, and verbs conjoined to a verb."""
@@ -79,24 +75,9 @@ def sentence_weights(ctx: TokenContext) -> np.ndarray:
     return group_mean_weights(ctx.extras, _parse(ctx, "sent")["parse_sent"], ctx.attention_mask.shape)
 
 
-def subword_root_weights(ctx: TokenContext) -> np.ndarray:
-    """The first model token of each word (WordPiece's stem before ##-pieces, BPE's word-initial piece)."""
-    extras = _parse(ctx, "start")
-    b, t, w = extras["parse_pair_b"], extras["parse_pair_t"], extras["parse_pair_w"]
-    mask = np.zeros(ctx.attention_mask.shape, dtype=bool)
-    if len(w) == 0:
-        return mask
-    order = np.lexsort((t, w))  # by word, then token
-    first = np.concatenate([[True], w[order][1:] != w[order][:-1]])
-    mask[b[order][first], t[order][first]] = True
-    return mask
-
-
-def _spec(strategy_id: str, fn, description: str, needs: frozenset[str] = frozenset({"parse"}),
-          reference: bool = False) -> StrategySpec:
+def _spec(strategy_id: str, fn, description: str, needs: frozenset[str] = frozenset({"parse"})) -> StrategySpec:
     return StrategySpec(id=strategy_id, code=strategy_id.split("_", 1)[0], family="structural_linguistic",
-                        kind="weights", weights_fn=fn, description=description, needs=needs,
-                        reference_variant=reference)
+                        kind="weights", weights_fn=fn, description=description, needs=needs)
 
 
 SPECS = (
@@ -114,9 +95,4 @@ SPECS = (
           "Mean of tokens overlapping the passage's top-10 TF-IDF words (IDF fitted on the concept's train "
           "split; alphabetic, non-stop words).", needs=frozenset({"parse", "corpus"})),
     _spec("L6_sentence", sentence_weights, "Mean of spaCy sentence means."),
-    _spec("L4_subword_root", subword_root_weights,
-          "Reference variant: mean of the first model token of every spaCy word.", reference=True),
-    _spec("L5_svo", svo_weights,
-          "Reference variant: mean of tokens of words with dependency nsubj, nsubjpass, obj, dobj or ROOT.",
-          reference=True),
 )

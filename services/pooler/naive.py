@@ -1,7 +1,8 @@
 """pool_naive: a deliberately plain reference for pool_tokens, written from each strategy's definition.
 
 Built-in codes are re-implemented here on a passage's real-token slice (no weights, no rank tricks), so
-agreement with pool_tokens checks the weight rules as well as the contraction; other codes use weights_fn.
+agreement with pool_tokens checks the weight rules as well as the contraction; other codes, and the variants
+sharing a card code (reference and named variants), use weights_fn.
 """
 
 from __future__ import annotations
@@ -82,7 +83,9 @@ def pool_naive(batch: ActivationBatch, specs: Sequence[StrategySpec]) -> PooledB
     fallback = np.zeros((len(specs), batch_size), dtype=bool)
     ctx = TokenContext.from_batch(batch)
     for s, spec in enumerate(specs):
-        custom = None if spec.code in _RULES else np.asarray(spec.weights_fn(ctx), dtype=np.float64)
+        own_rule = spec.code in _RULES and (spec.kind == "reduction" or (not spec.reference_variant
+                                                                          and spec.variant_of is None))
+        custom = None if own_rule else np.asarray(spec.weights_fn(ctx), dtype=np.float64)
         for b in range(batch_size):
             real = np.flatnonzero(batch.attention_mask[b])
             for layer in range(n_layers):
@@ -96,7 +99,8 @@ def pool_naive(batch: ActivationBatch, specs: Sequence[StrategySpec]) -> PooledB
                 else:
                     weights = (custom if custom.ndim == 2 else custom[layer])[b, real][start:]
                     total = weights.sum()
-                    vector = None if total == 0 else (weights[:, None] * tokens[start:]).sum(axis=0) / total
+                    divisor = total if spec.divide_by == "weight_sum" else len(weights)
+                    vector = None if total == 0 else (weights[:, None] * tokens[start:]).sum(axis=0) / divisor
                 if vector is None:
                     fallback[s, b] = True
                     vector = tokens.mean(axis=0)

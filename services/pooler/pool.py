@@ -48,15 +48,16 @@ def pool_tokens(batch: ActivationBatch, specs: Sequence[StrategySpec]) -> Pooled
 
     if weighted:
         index = [s for s, _ in weighted]
+        by_count = np.array([specs[s].divide_by == "token_count" for s in index])
         if all(w.ndim == 2 for _, w in weighted):
             weights = np.stack([w for _, w in weighted])  # [S, B, T], shared by every layer
-            fallback[index] = normalise_weights(weights, mask)
+            fallback[index] = normalise_weights(weights, mask, by_count)
             w = torch.from_numpy(weights).transpose(0, 1)  # [B, S, T], broadcast over L by matmul
         else:  # some weights differ per layer: give every spec a layer axis and still contract once
             weights = np.empty((n_layers, len(weighted), *mask.shape), dtype=np.float32)  # [L, S, B, T]
             for i, (_, w) in enumerate(weighted):
                 weights[:, i] = w
-            fallback[index] = normalise_weights(weights, mask).any(axis=0)
+            fallback[index] = normalise_weights(weights, mask, by_count).any(axis=0)
             w = torch.from_numpy(weights).transpose(1, 2)  # [L, B, S, T]
         _put(out, index, torch.matmul(w, hidden).transpose(1, 2))  # [L,B,S,d] -> [L,S,B,d]
     if reductions:
@@ -99,16 +100,25 @@ def checked_weights(spec: StrategySpec, ctx: TokenContext, n_layers: int) -> np.
     return weights
 
 
-def normalise_weights(weights: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def normalise_weights(weights: np.ndarray, mask: np.ndarray, by_count: np.ndarray | None = None) -> np.ndarray:
     """Scale [..., B, T] weights in place to sum 1 per passage; all-zero rows become A1 mean weights.
-    Returns the [..., B] fallback flags."""
+    `by_count` ([S] bool over the spec axis, -3) marks specs divided by the real-token count instead
+    (divide_by="token_count"): their weights then sum to their total over the count. Returns the [..., B]
+    fallback flags."""
     totals = weights.sum(axis=-1)
     empty = totals <= 0
+    if by_count is not None and by_count.any():
+        count = np.maximum(mask.sum(axis=-1), 1)
+        scale = np.where(by_count[:, None] & ~empty, totals / count, 1.0)
+    else:
+        scale = None
     if empty.any():
         mask_b = np.broadcast_to(mask, weights.shape)
         weights[empty] = mask_b[empty]
         totals[empty] = weights[empty].sum(axis=-1)
     weights /= totals[..., None]
+    if scale is not None:
+        weights *= scale[..., None]
     return empty
 
 

@@ -10,7 +10,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from poolbench.errors import StrategyError
-from poolbench.pooler import aggregation, iti, linguistic, position, reference, saliency, windows
+from poolbench.pooler import aggregation, iti, linguistic, position, reference, reference_tokens, saliency, windows
 from poolbench.pooler.spec import StrategySpec
 
 ENTRY_POINT_GROUP = "poolbench.strategies"
@@ -118,6 +118,6 @@ def load_entry_point_strategies() -> list[StrategySpec]:
     return [spec for strategy_id, spec in _BY_ID.items() if strategy_id not in before]
 
 
-for _family in (position, aggregation, windows, saliency, iti, linguistic, reference):
+for _family in (position, aggregation, windows, saliency, iti, linguistic, reference, reference_tokens):
     for _spec in _family.SPECS:
         register_strategy(_spec)

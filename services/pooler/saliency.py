@@ -14,8 +14,9 @@ S2_gradient: weight = ||d s / d h_t|| at the probed layer, s = sum over the pass
   likelihood and are refused with a one-line error.
 S2_gradient_x_input: weight = |<h_t, d s / d h_t>| (input x gradient, absolute so weights are >= 0).
 S2_sif / S2_sif_pc1 (reference variants): weight a / (a + p(token)), a = 1e-3, p the unigram frequency of
-  the model token over the concept's train split; special tokens weigh 0. _pc1 then removes the first
-  principal component (uncentred, fitted on the train split's pooled vectors) per layer.
+  the model token over the concept's train split, special tokens included; an id never seen there gets p = a
+  (weight 1/2), as the reference. _pc1 then removes, per layer and per split, the first principal component
+  of that split's pooled vectors (centred, as sklearn's PCA(1)) from each of them: v - (v . u) u.
 """
 
 from __future__ import annotations
@@ -52,16 +53,16 @@ def gradient_x_input_weights(ctx: TokenContext) -> np.ndarray:
 
 
 def sif_weights(ctx: TokenContext) -> np.ndarray:
-    p = _extra(ctx, "unigram_probability", "corpus")
-    return np.where(ctx.special_mask, 0.0, SIF_A / (SIF_A + p))
+    return SIF_A / (SIF_A + _extra(ctx, "unigram_probability", "corpus"))
 
 
 def remove_first_component(vectors: np.ndarray, fit_rows: np.ndarray) -> np.ndarray:
-    """v - u u^T v with u the first right singular vector of the (uncentred) fit rows, as SIF does."""
+    """v - u u^T v with u the first principal axis of the fit rows (centred, as sklearn's PCA; the vectors
+    themselves are projected uncentred, as the reference does)."""
     fit = np.asarray(vectors[fit_rows], dtype=np.float64)
     if len(fit) == 0:
         return vectors
-    _, _, vt = np.linalg.svd(fit, full_matrices=False)
+    _, _, vt = np.linalg.svd(fit - fit.mean(axis=0), full_matrices=False)
     u = vt[0]
     return (vectors - np.outer(vectors @ u, u)).astype(vectors.dtype)
 
@@ -95,17 +96,17 @@ SPECS = (
     ),
     StrategySpec(
         id="S2_sif", code="S2", family="saliency_weighted", kind="weights", weights_fn=sif_weights,
-        needs=frozenset({"corpus"}), reference_variant=True,
+        needs=frozenset({"corpus"}), reference_variant=True, version=2,
         params=(("a", SIF_A), ("remove_first_pc", False)),
         description="Reference variant: SIF weights a/(a+p(token)), a=1e-3, p the token's unigram frequency "
                     "over the concept's train split.",
     ),
     StrategySpec(
         id="S2_sif_pc1", code="S2", family="saliency_weighted", kind="weights", weights_fn=sif_weights,
-        needs=frozenset({"corpus"}), reference_variant=True,
+        needs=frozenset({"corpus"}), reference_variant=True, version=2,
         params=(("a", SIF_A), ("remove_first_pc", True)),
-        description="Reference variant: SIF weights, then the first principal component of the train split's "
-                    "pooled vectors removed per layer.",
+        description="Reference variant: SIF weights, then the first principal component (centred) of each "
+                    "split's pooled vectors removed from them, per layer.",
     ),
 )
 

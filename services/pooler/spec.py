@@ -23,8 +23,10 @@ KINDS = frozenset({"weights", "reduction"})
 REDUCTIONS = frozenset({"max", "min"})
 # attention: per-head attention inflow at the probed layers; parse: spaCy words aligned to tokens;
 # gradient: d(log-likelihood)/d(hidden) at the probed layers; corpus: statistics of the concept's train split
-# (TF-IDF, unigram frequencies, trigger table); labels: supervised, finished per D1 fold by the prober.
-NEEDS = frozenset({"attention", "parse", "gradient", "labels", "corpus"})
+# (TF-IDF, unigram frequencies, trigger table); labels: supervised, finished per D1 fold by the prober;
+# tokens: the tokenizer's own token strings (extras["token_root"], the reference's word-initial rule).
+NEEDS = frozenset({"attention", "parse", "gradient", "labels", "corpus", "tokens"})
+DIVISORS = frozenset({"weight_sum", "token_count"})
 SUPERVISIONS = frozenset({"none", "labels"})
 
 _ID_RE = re.compile(r"^(?P<code>[A-Z]{1,2}[0-9]{1,2})_[a-z0-9]+(?:_[a-z0-9]+)*$")
@@ -128,6 +130,9 @@ class StrategySpec:
     # weights that are attention inflow averaged over "all" real queries or the "last" one: the sink rule
     # then also compares the first token's inflow with its uniform causal share (poolbench.pooler.sink)
     attention_queries: Literal["all", "last"] | None = None
+    # what the weighted sum is divided by: the weights' sum (a weighted mean, every strategy but one) or the
+    # passage's real-token count (the reference's A4_norm, a plain mean of rescaled tokens h_t / |h_t|)
+    divide_by: Literal["weight_sum", "token_count"] = "weight_sum"
 
     def __post_init__(self) -> None:
         problem = self._problem()
@@ -168,6 +173,8 @@ class StrategySpec:
             return f"variant_of must be the id of a strategy with code {self.code!r}, got {self.variant_of!r}"
         if isinstance(self.version, bool) or not isinstance(self.version, int) or self.version < 1:
             return "version must be a positive int"
+        if self.divide_by not in DIVISORS:
+            return f"divide_by must be 'weight_sum' or 'token_count', got {self.divide_by!r}"
         if dict(self.params).get("sink", "keep") not in SINK_MODES:
             return f"param 'sink' must be one of {', '.join(SINK_MODES)}, got {dict(self.params)['sink']!r}"
         return None

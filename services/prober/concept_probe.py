@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from poolbench.pooler.iti import ITIHeadView, head_table_key, needs_head_table
+from poolbench.pooler.iti import HEADS_META, ITIHeadView, head_table_key, needs_head_table
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.prober.d1 import evaluate_d1
 from poolbench.prober.flash import flash_subset, parse_fraction
@@ -20,6 +20,7 @@ from poolbench.prober.passage_scores import (
     concat_scores,
     passage_scores_key,
 )
+from poolbench.prober.pb_protocol import PB_CI_METHOD, PB_PROTOCOL, pb_d1
 from poolbench.prober.reliability import cell_reliability
 from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell
 from poolbench.records.d1 import D1CellRecord, d1_records_from_table, d1_records_table
@@ -33,21 +34,27 @@ D1_VERSION = 6  # 2: per-cell reliability statistics, supervised (S3) cells; 3: 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
                        n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None,
-                       heads: pa.Table | None = None, types: dict[str, str] | None = None) -> list[D1CellRecord]:
+                       heads: pa.Table | None = None, types: dict[str, str] | None = None,
+                       protocol: str | None = None) -> list[D1CellRecord]:
     """One record per (layer, strategy, probe): CV AUROC on train, held-out AUROC with its CI, fallbacks.
 
     `heads` is the ITIHeadTable that pooling made beside `table`; supervised (S3) cells need it. `types` maps a
-    passage id to its lexical type (domain), the control task's unit; without it selectivity is n/a."""
+    passage id to its lexical type (domain), the control task's unit; without it selectivity is n/a.
+    `protocol="pb"`: the reference leaderboard's D1 instead (pb_protocol.pb_d1, diffmean only)."""
     return probe_pooled_cells(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
-                              reliability=reliability, flash=flash, heads=heads, types=types)[0]
+                              reliability=reliability, flash=flash, heads=heads, types=types, protocol=protocol)[0]
 
 
 def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
                        n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None,
                        heads: pa.Table | None = None, types: dict[str, str] | None = None,
-                       tiers: dict[str, str | None] | None = None) -> tuple[list[D1CellRecord], pa.Table]:
+                       tiers: dict[str, str | None] | None = None,
+                       protocol: str | None = None) -> tuple[list[D1CellRecord], pa.Table]:
     """probe_pooled_table's records and, beside them, every cell's per-passage scores of the very fits the
-    records report (held-out and out-of-fold, S3's fold-chosen heads included), `tiers` naming each passage's."""
+    records report (held-out and out-of-fold, S3's fold-chosen heads included), `tiers` naming each passage's.
+    The PB protocol keeps no per-passage scores (its records are CV-only and stand apart from the paired tests)."""
+    if protocol == PB_PROTOCOL:
+        return pb_records(table, concept), concat_scores([])
     view = PooledTableView(table)
     scores = []
     head_view = ITIHeadView(heads) if heads is not None else None
@@ -95,27 +102,53 @@ def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
     return records, concat_scores(scores)
 
 
+def pb_records(table: pa.Table, concept: str) -> list[D1CellRecord]:
+    """The PB protocol's D1 of every unsupervised cell: one diffmean record each, from the train split only. A
+    supervised (S3) cell's features are fitted per fold of PoolBench's own protocol, so it has none here."""
+    view = PooledTableView(table)
+    supervised = {k.decode().removesuffix(HEADS_META) for k in (table.schema.metadata or {})
+                  if k.decode().endswith(HEADS_META)}
+    records = []
+    for layer, strategy in view.cells:
+        if strategy in supervised:
+            continue
+        cell = view.matrix(layer, strategy)
+        train = cell.take(np.flatnonzero(cell.split == "train"))
+        result = pb_d1(train.X, train.y)
+        fallback_count = int(train.fallback.sum())
+        records.append(D1CellRecord(
+            concept=concept, layer=layer, strategy=strategy, probe="diffmean", cv_auroc=result.auroc,
+            test_auroc=result.auroc, ci_low=result.ci_low, ci_high=result.ci_high, ci_level=0.95,
+            ci_method=PB_CI_METHOD, n_train=int(train.y.size), n_test=0, n_folds=result.n_folds,
+            n_bootstrap=result.n_bootstrap, fallback_count=fallback_count,
+            fallback_rate=fallback_count / max(len(train.fallback), 1), protocol=PB_PROTOCOL))
+    return records
+
+
 def probe_layer_task(store_url: str, pooled_key: str, d1_key: str, concept: str, layer: int, n_folds: int,
                      seed: int, n_bootstrap: int, reliability: bool = True, flash: str | None = None,
-                     types: dict[str, str] | None = None, tiers: dict[str, str | None] | None = None) -> dict:
+                     types: dict[str, str] | None = None, tiers: dict[str, str | None] | None = None,
+                     protocol: str | None = None) -> dict:
     """Read one layer's PooledTable shard (and its ITIHeadTable shard for S3), write that layer's D1 records
     under `layer_shard_key(d1_key, layer)` and its per-passage scores beside them (scores first: a stored record
     shard means its scores are stored); a task holds one layer's vectors, never the concept's. Safe to retry."""
     from poolbench.store.url import open_store
 
     return probe_layer(open_store(store_url), pooled_key, d1_key, concept, layer, n_folds, seed, n_bootstrap,
-                       reliability, flash, types, tiers)
+                       reliability, flash, types, tiers, protocol)
 
 
 def probe_layer(store: ArtifactStore, pooled_key: str, d1_key: str, concept: str, layer: int, n_folds: int,
                 seed: int, n_bootstrap: int, reliability: bool = True, flash: str | None = None,
-                types: dict[str, str] | None = None, tiers: dict[str, str | None] | None = None) -> dict:
+                types: dict[str, str] | None = None, tiers: dict[str, str | None] | None = None,
+                protocol: str | None = None) -> dict:
     """probe_layer_task's work on an open store (either backend)."""
     shard_key = layer_shard_key(pooled_key, layer)
     table = store.get_table(shard_key)
-    heads = store.get_table(head_table_key(shard_key)) if needs_head_table(table) else None
+    heads = store.get_table(head_table_key(shard_key)) if needs_head_table(table) and protocol is None else None
     records, scores = probe_pooled_cells(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
-                                         reliability=reliability, flash=flash, heads=heads, types=types, tiers=tiers)
+                                         reliability=reliability, flash=flash, heads=heads, types=types, tiers=tiers,
+                                         protocol=protocol)
     key = layer_shard_key(d1_key, layer)
     store.put_table(passage_scores_key(key), scores)
     store.put_table(key, d1_records_table(records))

@@ -20,6 +20,7 @@ from poolbench.cli.options import DEFAULT_RUN, out_folder
 from poolbench.cli.progress import LineProgress
 from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
+from poolbench.cli.reproduce import reproduce
 from poolbench.cli.steerability import validate_steerability
 from poolbench.cli.steering import serve_scorers, steer, train_scorers
 from poolbench.cli.store import verify
@@ -72,6 +73,7 @@ app.add_typer(store_app, name="store")
 app.add_typer(list_app, name="list")
 store_app.command("verify")(verify)
 app.command("calibrate")(calibrate)
+app.command("reproduce")(reproduce)
 app.add_typer(cluster_app, name="cluster")
 # Wide enough for the leaderboard when output is piped (rich falls back to 80 columns there).
 console = Console() if Console().is_terminal else Console(width=140)
@@ -154,6 +156,9 @@ def run(
     = "float32",
     rope: Annotated[float, typer.Option(
         help="region of practical equivalence (AUROC) of the answer's Bayesian signed-rank test")] = 0.01,
+    protocol: Annotated[str, typer.Option(
+        help="D1 protocol: poolbench (pair-grouped CV + held-out test) or pb, the official leaderboard's "
+             "(train split, 5-fold OOF DiffMean AUROC, seed 42; CV-only)")] = "poolbench",
 ) -> None:
     """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json
     (and results_<UTC date-time>.json, leaderboard_<...>.json beside them, kept per run)."""
@@ -175,7 +180,7 @@ def run(
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
             allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash, store_dtype=store_dtype,
-            tensor_parallel_size=tensor_parallel_size, rope=rope)
+            tensor_parallel_size=tensor_parallel_size, rope=rope, protocol=protocol)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise PoolBenchError(f"--{'-'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
@@ -385,10 +390,18 @@ def export_submission(
     source: Annotated[str, typer.Option(help="community, or published (implements a paper)")] = "community",
     out: Annotated[Path | None, typer.Option(help="folder for submission_<strategy>.json; default the run folder")]
     = None,
+    allow_other_protocol: Annotated[bool, typer.Option(
+        help="write a D1 not computed under --protocol pb, labelled so in its description and a sidecar file")]
+    = False,
 ) -> None:
     """Write one strategy's results in the PoolBench community-submission format."""
     from poolbench.results.document import write_json_atomic
-    from poolbench.results.submission import build_submission
+    from poolbench.results.submission import (
+        LEADERBOARD_PROTOCOL,
+        build_submission,
+        check_protocol,
+        protocol_sidecar,
+    )
 
     lb_path, res_path = run_dir / "leaderboard.json", run_dir / "results.json"
     for path in (lb_path, res_path):
@@ -397,10 +410,17 @@ def export_submission(
     info = {s["id"]: s for s in json.loads(res_path.read_text())["strategies"]}
     if strategy not in info:
         raise PoolBenchError(f"strategy '{strategy}' was not run in {run_dir} (ran: {', '.join(info)})")
-    submission = build_submission(json.loads(lb_path.read_text()), strategy, model_key, source, info[strategy])
-    target = (out_folder(out) if out is not None else run_dir) / f"submission_{strategy}.json"
+    leaderboard = json.loads(lb_path.read_text())
+    protocol = check_protocol(leaderboard, str(lb_path), allow_other_protocol)
+    submission = build_submission(leaderboard, strategy, model_key, source, info[strategy])
+    folder = out_folder(out) if out is not None else run_dir
+    target = folder / f"submission_{strategy}.json"
     write_json_atomic(target, submission.model_dump(mode="json"))
     console.print(f"wrote {target}")
+    if protocol != LEADERBOARD_PROTOCOL:
+        sidecar = folder / f"submission_{strategy}.protocol.json"
+        write_json_atomic(sidecar, protocol_sidecar(leaderboard, strategy, model_key))
+        console.print(f"wrote {sidecar}: D1 is protocol '{protocol}', not the leaderboard's '{LEADERBOARD_PROTOCOL}'")
 
 
 def _layers(values: list[str] | None) -> tuple[int, ...] | Literal["all"] | None:

@@ -8,7 +8,7 @@ import click
 from poolbench.cli.options import RenamingGroup
 
 COMMAND_ORDER: tuple[str, ...] = (
-    "run", "leaderboard", "report", "findings", "export-submission",
+    "run", "leaderboard", "report", "findings", "export-submission", "reproduce",
     "list", "validate-corpus", "corpus", "model",
     "steer", "train-scorers", "serve-scorers", "validate-steerability",
     "calibrate", "power", "flash-check", "cebench", "sae", "bias",

@@ -205,7 +205,8 @@ def plan_cells(cfg: RunConfig, inputs: RunInputs, model: dict) -> RunPlan:
             version=POOL_VERSION)
         d1_key = artifact_key("d1", pooled=pooled_key, n_folds=cfg.n_folds, seed=cfg.seed,
                               n_bootstrap=cfg.n_bootstrap, version=D1_VERSION,
-                              reliability=RELIABILITY_VERSION if cfg.reliability else None, flash=cfg.flash)
+                              reliability=RELIABILITY_VERSION if cfg.reliability else None, flash=cfg.flash,
+                              **({"protocol": cfg.protocol} if cfg.protocol != "poolbench" else {}))
         dump_key = artifact_key("activations", pooled=pooled_key) if cfg.dump_activations else None
         plans.append(replace(plan, pooled_key=pooled_key, d1_key=d1_key, dump_key=dump_key))
     return RunPlan(model, layers, specs, plans)
@@ -248,7 +249,8 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
             num_cpus=1, runtime_env=runtime_env).remote(
             store_url, plan.pooled_key, plan.d1_key, plan.concept, layer, cfg.n_folds, cfg.seed, cfg.n_bootstrap,
             cfg.reliability, cfg.flash, {p.id: p.domain for p in plan.passages},
-            tiers={p.id: p.tier for p in plan.passages}))
+            tiers={p.id: p.tier for p in plan.passages},
+            protocol=None if cfg.protocol == "poolbench" else cfg.protocol))
 
     def gather(plan: ConceptPlan) -> None:
         gather_layer_d1(store, plan.d1_key, run.layers)

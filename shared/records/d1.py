@@ -46,6 +46,9 @@ class D1CellRecord(Record):
     mdl_block_ends: list[int] | None = None
     mdl_block_bits: list[Number] | None = None
     mdl_na_reason: str | None = None  # why mdl_compression is None (too few blocks for a prequential code)
+    # the D1 protocol: absent = PoolBench's (pair-grouped CV, held-out test); "pb" = the reference leaderboard's
+    # (train split only, 5-fold OOF DiffMean AUROC, no held-out test: test_auroc then holds that OOF AUROC too)
+    protocol: str | None = None
 
 
 def d1_records_table(records: list[D1CellRecord]) -> pa.Table:

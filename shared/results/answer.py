@@ -256,10 +256,16 @@ def build_answer(results: dict, leaderboard: dict, passage_scores: pa.Table | No
     if best.d1.low is None:
         interval += f": fewer than {MIN_CONCEPTS_FOR_INTERVAL} concepts"
     cv_mean = top.get("mean_cv_auroc")
-    sentences = [f"Best on {model}, chosen on the training CV alone: {best.strategy} at layer {best.layer}"
-                 + ("" if cv_mean is None else f", mean CV AUROC {cv_mean:.3f}")
-                 + f"; held-out mean D1 {interval} over {_plural(best.n_concepts, 'concept')} "
-                 f"({len(rows)} strategies run)."]
+    if leaderboard.get("protocol") == "pb":
+        sentences = [f"Best on {model}: {best.strategy} at layer {best.layer}, mean D1 {interval} over "
+                     f"{_plural(best.n_concepts, 'concept')} ({len(rows)} strategies run).",
+                     "D1 is the official leaderboard's protocol (pb): the out-of-fold DiffMean AUROC of the "
+                     "train split; there is no held-out test, so this answer is cross-validated only."]
+    else:
+        sentences = [f"Best on {model}, chosen on the training CV alone: {best.strategy} at layer {best.layer}"
+                     + ("" if cv_mean is None else f", mean CV AUROC {cv_mean:.3f}")
+                     + f"; held-out mean D1 {interval} over {_plural(best.n_concepts, 'concept')} "
+                     f"({len(rows)} strategies run)."]
     if estimand := estimand_sentence(leaderboard.get("estimand") or {}):
         sentences.append(estimand)
     if verdicts is None:

@@ -12,7 +12,7 @@ from poolbench.records.d1 import D1CellRecord
 from poolbench.records.run import RunOutcome
 from poolbench.records.steering import SteeringStage
 from poolbench.results.answer import ANSWER_FILE, build_answer, write_answer
-from poolbench.results.leaderboard import build_leaderboard
+from poolbench.results.leaderboard import build_leaderboard, cells_protocol
 from poolbench.results.metric_text import metric_descriptions
 from poolbench.results.passage_table import write_run_scores
 from poolbench.results.tidy import LONG_COLUMNS, WIDE_COLUMNS, long_rows, to_csv, wide_rows
@@ -30,7 +30,8 @@ def _across_cells(records: list[D1CellRecord]) -> dict:
     """Win rate and significance compare strategies: with one strategy there is nothing to compare."""
     if len({r.strategy for r in records}) < 2:
         return {"skipped": "win rate and significance need at least two strategies", "win_rate": {}}
-    return across_cells([r.to_dict() for r in records])
+    pb = cells_protocol(records) == "pb"  # the pb protocol has the diffmean probe only
+    return across_cells([r.to_dict() for r in records], **({"probe": "diffmean"} if pb else {}))
 
 
 def _steering_sections(steering: SteeringStage | None) -> dict:

@@ -24,9 +24,21 @@ LAYER_SELECTION = (
     "per strategy, the layer with the highest mean out-of-fold (train-split, pair-grouped CV) AUROC over "
     "concepts; D1 is the held-out test AUROC at that layer, so the test split never chooses the layer"
 )
+PB_LAYER_SELECTION = (
+    "protocol pb (the official leaderboard's): D1 is the out-of-fold DiffMean AUROC of the train split "
+    "(StratifiedKFold(5, shuffle, seed 42), rows L2-normalised); no held-out test, so every number is "
+    "cross-validated only; with several layers run, the layer is the one with the highest mean of that AUROC"
+)
+DEFAULT_PROTOCOL = "poolbench"
 
 
-def build_leaderboard(cells: Iterable[D1CellRecord], probe: str = PRIMARY_PROBE,
+def cells_protocol(cells: Iterable[D1CellRecord]) -> str:
+    """The protocol of a run's D1 cells ("poolbench" or "pb"); one run never mixes them."""
+    found = {cell.protocol or DEFAULT_PROTOCOL for cell in cells}
+    return found.pop() if len(found) == 1 else DEFAULT_PROTOCOL
+
+
+def build_leaderboard(cells: Iterable[D1CellRecord], probe: str | None = None,
                       strategy_info: Mapping[str, dict] | None = None, *,
                       win_rate: Mapping[str, float | None] | None = None,
                       average_ranks: Mapping[str, float] | None = None,
@@ -36,7 +48,11 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str = PRIMARY_PROBE,
 
     Given them, each row also gets its win rate and Friedman average rank, each concept its lexical baseline's
     AUROC (`lexical_auroc`, beside D1), and `sections` (provenance, steering) follow the rows: the finished
-    leaderboard, never edited afterwards."""
+    leaderboard, never edited afterwards. `probe` defaults to the logistic probe, and to diffmean for cells of
+    protocol pb (the only probe that protocol has); the board records the protocol of its numbers."""
+    cells = list(cells)
+    protocol = cells_protocol(cells)
+    probe = probe or ("diffmean" if protocol == "pb" else PRIMARY_PROBE)
     lexical_by = {r.concept: r for r in lexical or ()}
     by_strategy: dict[str, dict[int, dict[str, D1CellRecord]]] = defaultdict(lambda: defaultdict(dict))
     for cell in cells:
@@ -75,6 +91,7 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str = PRIMARY_PROBE,
             "layer_near_tie": near_tie.to_dict() if near_tie is not None else None,
             "fallback_flagged_concepts": flagged,
             "per_concept": per_concept,
+            "protocol": protocol,
         })
     rows.sort(key=lambda r: (-r["mean_d1"], r["strategy"]))
     for rank, row in enumerate(rows, start=1):
@@ -87,8 +104,9 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str = PRIMARY_PROBE,
                                      for c, r in lexical_by.items()}} if lexical_by else {}
     chosen = {"best_on_cv": choose_on_cv({r["strategy"]: r["mean_cv_auroc"] for r in rows}),
               "best_selection": BEST_SELECTION} if rows else {}
-    return {"probe": probe, "layer_selection": LAYER_SELECTION, **chosen, "strategies": rows, **baseline,
-            **(sections or {})}
+    return {"probe": probe, "protocol": protocol,
+            "layer_selection": PB_LAYER_SELECTION if protocol == "pb" else LAYER_SELECTION, **chosen,
+            "strategies": rows, **baseline, **(sections or {})}
 
 
 def leaderboard_rows(leaderboard: dict, concepts: Sequence[str] | None = None) -> list[list[str]]:

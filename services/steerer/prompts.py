@@ -46,11 +46,16 @@ def concept_instruction(concept: str) -> str:
 
 
 PROMPT_FORMATS = ("auto", "chat", "plain")
+# Internal, not a user's option: text the caller already formatted (an OpenAI chat request's messages through the
+# chat template, a decoded token-id prompt), read as it is with no special tokens added.
+RENDERED = "rendered"
 
 
 def resolve_prompt_format(tokenizer: PreTrainedTokenizerBase, option: str = "auto") -> str:
     """'chat' or 'plain': instruct models (a tokenizer with a chat template) answer a user turn, base models
     continue text; 'auto' decides from the tokenizer, 'chat'/'plain' override it."""
+    if option == RENDERED:
+        return option
     if option not in PROMPT_FORMATS:
         raise SteeringError(f"prompt format '{option}' is not one of {', '.join(PROMPT_FORMATS)}")
     has_template = bool(getattr(tokenizer, "chat_template", None))
@@ -63,7 +68,7 @@ def resolve_prompt_format(tokenizer: PreTrainedTokenizerBase, option: str = "aut
 
 def format_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str, prompt_format: str) -> str:
     """The text the model reads: the prompt as one user turn plus the generation prompt, or the prompt."""
-    if prompt_format == "plain":
+    if prompt_format in ("plain", RENDERED):
         return prompt
     return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                          add_generation_prompt=True)

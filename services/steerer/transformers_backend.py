@@ -17,12 +17,12 @@ shared is mutated, so a steered call never touches another.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from poolbench.extractor.hook_points import add_hooks
 from poolbench.extractor.loading import LoadedModel
@@ -98,7 +98,36 @@ class GenerationProgress:
                 "tokens_total": self.tokens_total, "seconds": time.perf_counter() - self.started}
 
 
+class TokenTap(LogitsProcessor):
+    """Hands each row's tokens to `on_token(row, token)` as they are drawn (a token shows in `input_ids` at the next
+    step; the last one after the call, `finish`); a row's EOS and what follows it are not handed on."""
+
+    def __init__(self, rows: Sequence[int], width: int, on_token: Callable[[int, int], None], eos: int | None):
+        self.rows, self.width, self.on_token, self.eos = list(rows), width, on_token, eos
+        self.done: set[int] = set()
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[1] > self.width:
+            self.emit(input_ids[:, -1].tolist())
+        return scores
+
+    def emit(self, tokens: list[int]) -> None:
+        for row, token in zip(self.rows, tokens, strict=True):
+            if row in self.done:
+                continue
+            if self.eos is not None and token == self.eos:
+                self.done.add(row)
+                continue
+            self.on_token(row, int(token))
+
+    def finish(self, generated: torch.Tensor) -> None:
+        if generated.shape[1] > self.width:
+            self.emit(generated[:, -1].tolist())
+
+
 class TransformersBackend:
+    streams_tokens = True  # generate_rows takes on_token (the HTTP app's server-sent events)
+
     def __init__(self, loaded: LoadedModel) -> None:
         if loaded.kind != "causal":
             raise SteeringError(f"model '{loaded.model_id}' is an encoder; steering needs a causal LM")
@@ -113,8 +142,10 @@ class TransformersBackend:
 
     def generate_rows(self, prompts: Sequence[str], *, layer: int | Sequence[int],
                       deltas: Sequence[np.ndarray | None], seeds: Sequence[int], settings: GenerationSettings,
-                      prompt_format: str = "auto") -> list[Generation]:
-        """Every row with its own delta, seed and (where `layer` is a sequence) layer, in shared chunks."""
+                      prompt_format: str = "auto", on_token: Callable[[int, int], None] | None = None,
+                      ) -> list[Generation]:
+        """Every row with its own delta, seed and (where `layer` is a sequence) layer, in shared chunks;
+        `on_token(row, token)` sees each row's tokens as they are drawn."""
         m = self.loaded
         prompt_format = resolve_prompt_format(m.tokenizer, prompt_format)
         layers = row_layers(layer, len(prompts))
@@ -138,7 +169,8 @@ class TransformersBackend:
             for rows in prompt_group_chunks(ids, settings.max_new_tokens, settings.batch_size,
                                             settings.token_budget):
                 gens = self._generate_batch([prompts[i] for i in rows], [ids[i] for i in rows], on_device,
-                                            [slots[i] for i in rows], [seeds[i] for i in rows], settings)
+                                            [slots[i] for i in rows], [seeds[i] for i in rows], settings,
+                                            None if on_token is None else (rows, on_token))
                 for i, g in zip(rows, gens, strict=True):
                     out[i] = g
                 self.progress.rows_done += len(rows)
@@ -149,11 +181,16 @@ class TransformersBackend:
 
     @torch.no_grad()
     def _generate_batch(self, prompts: list[str], ids: list[list[int]], tables: dict[int, torch.Tensor],
-                        slots: list[int], seeds: list[int], settings: GenerationSettings) -> list[Generation]:
+                        slots: list[int], seeds: list[int], settings: GenerationSettings,
+                        tap: tuple[list[int], Callable[[int, int], None]] | None = None) -> list[Generation]:
         m = self.loaded
         tok = m.tokenizer
         enc = tok.pad({"input_ids": ids}, return_tensors="pt", padding=True, padding_side="left").to(m.device)
         processors = LogitsProcessorList()
+        width = enc["input_ids"].shape[1]
+        token_tap = None if tap is None else TokenTap(tap[0], width, tap[1], tok.eos_token_id)
+        if token_tap is not None:
+            processors.append(token_tap)
         progress = self.progress
         if progress is not None:
             rows_in_batch = len(prompts)
@@ -170,7 +207,8 @@ class TransformersBackend:
                 min_new_tokens=settings.min_tokens, do_sample=False, num_beams=1,
                 logits_processor=processors, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                 temperature=None, top_p=None, top_k=None)
-        width = enc["input_ids"].shape[1]
+        if token_tap is not None:
+            token_tap.finish(generated)
         results = []
         for row, prompt in enumerate(prompts):
             new = generated[row, width:].tolist()

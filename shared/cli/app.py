@@ -12,8 +12,10 @@ import typer
 from rich.console import Console
 
 from poolbench.cli.calibrate import calibrate
+from poolbench.cli.capability import capability
 from poolbench.cli.cebench import bias, cebench, sae_train
 from poolbench.cli.command_order import RootGroup
+from poolbench.cli.export import export_vector
 from poolbench.cli.findings import findings
 from poolbench.cli.listing import list_app
 from poolbench.cli.options import DEFAULT_RUN, out_folder
@@ -68,6 +70,8 @@ app.command("steer")(steer)
 app.command("train-scorers")(train_scorers)
 app.command("serve-scorers")(serve_scorers)
 app.command("validate-steerability")(validate_steerability)
+app.command("export-vector")(export_vector)
+app.command("capability")(capability)
 store_app = typer.Typer(no_args_is_help=True, help="Check the artifact store.")
 app.add_typer(store_app, name="store")
 app.add_typer(list_app, name="list")

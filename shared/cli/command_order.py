@@ -10,7 +10,7 @@ from poolbench.cli.options import RenamingGroup
 COMMAND_ORDER: tuple[str, ...] = (
     "run", "leaderboard", "report", "findings", "export-submission", "reproduce",
     "list", "validate-corpus", "corpus", "model",
-    "steer", "train-scorers", "serve-scorers", "validate-steerability",
+    "steer", "train-scorers", "serve-scorers", "validate-steerability", "export-vector", "capability",
     "calibrate", "power", "flash-check", "cebench", "sae", "bias",
     "store", "cluster",
 )

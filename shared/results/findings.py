@@ -14,7 +14,7 @@ from pathlib import Path
 from poolbench.atomic_write import write_json_atomic, write_text_atomic
 from poolbench.errors import PoolBenchError
 from poolbench.results.answer import build_answer
-from poolbench.results.near_ties import near_tie_sentence
+from poolbench.results.near_ties import near_tie_sentence, nemenyi_near_ties, verdict_sentence
 from poolbench.results.ranking import CI_LEVEL
 from poolbench.results.tidy import wide_rows
 
@@ -54,6 +54,9 @@ def findings_facts(results: dict, leaderboard: dict, *, source: str, sha256: str
         "lexical": lexical,
         "near_ties": [{"strategy": r["strategy"], "layer": r["best_layer"], **r["layer_near_tie"]}
                       for r in leaderboard.get("strategies") or [] if r.get("layer_near_tie")],
+        "verdict_near_ties": nemenyi_near_ties(
+            (results.get("reliability") or {}).get("friedman") or leaderboard.get("friedman"),
+            str(best_row.get("strategy"))),
     }
 
 
@@ -108,6 +111,10 @@ def render_findings(facts: dict) -> str:
     if facts.get("near_ties"):
         lines += ["", "Near-tied layer choices (docs/reproducibility.md):", "",
                   *[f"- {near_tie_sentence(t['strategy'], t['layer'], t)}" for t in facts["near_ties"]]]
+    if facts.get("verdict_near_ties") and facts["leaderboard"]:
+        best = facts["leaderboard"][0]["strategy"]
+        lines += ["", "Nemenyi verdicts at the critical difference (docs/reproducibility.md):", "",
+                  *[f"- {verdict_sentence(best, t)}" for t in facts["verdict_near_ties"]]]
     for tier in facts.get("tiers") or []:
         rows = [[r["strategy"], _n(r.get("layer"), "d"), _iv({"value": r["auroc"], "low": r.get("ci_low"),
                                                              "high": r.get("ci_high")}),

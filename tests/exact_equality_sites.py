@@ -61,8 +61,6 @@ SITES: dict[str, tuple[int, str, str]] = {
         2, INTS + "; fold AUROCs of perfect separation are exactly 1", "fold AUROCs, predictions"),
     "test_records.py::test_d1_record_round_trip_through_dict_and_the_stored_arrow_table": (2, COPY, "D1 records"),
     "test_records.py::test_steering_records_round_trip_key_for_key": (1, COPY, "steering records"),
-    "test_reproducibility_contract.py::test_a_run_with_another_budget_and_threads_reuses_the_stored_tables": (
-        1, COPY + "; the second run reads the first run's stored D1", "D1 records of two runs sharing a store"),
     "test_reliability.py::test_fast_folds_equal_sklearn_stratified_group_kfold": (3, INTS, "fold indices"),
     "test_reliability.py::test_control_labels_hand_computed": (1, INTS, "control labels"),
     "test_request_local_hooks.py::test_another_threads_early_stopping_capture_neither_stops_nor_records_this_forward": (

@@ -75,3 +75,22 @@ def test_the_report_marks_a_near_tied_layer_beside_it() -> None:
                                                             "pairs_could_close": 0.0125}}) == "14 (near-tie: 7)"
     assert layer_text({"best_layer": 14, "layer_near_tie": None}) == "14"
     assert layer_text({"best_layer": 3}) == "3"  # leaderboards from before near-ties
+
+
+def test_a_nemenyi_verdict_within_two_rank_swaps_of_the_critical_difference_is_named() -> None:
+    """17 concepts: one swap moves a mean rank by 1/17, two by 0.118. Against CD 6.79, gaps 6.80 (beaten) and 6.70
+    (not separated) are near-ties; 2.0 and 7.0 (0.21 past the CD: the should-fail side) are not."""
+    from poolbench.results.near_ties import nemenyi_near_ties
+
+    friedman = {"average_ranks": {"A": 1.0, "B": 7.8, "C": 7.7, "D": 3.0, "E": 8.0}, "critical_difference": 6.79,
+                "n_units": 17}
+    ties = nemenyi_near_ties(friedman, "A")
+    assert [(t["strategy"], t["beaten"]) for t in ties] == [("B", True), ("C", False)]
+    assert ties[0]["rank_gap"] == pytest.approx(6.8) and ties[0]["swaps_could_close"] == pytest.approx(2 / 17)
+    assert nemenyi_near_ties(None, "A") == [] and nemenyi_near_ties(friedman, "Z") == []
+    committed = json.loads((Path(__file__).parents[1] / "docs" / "findings.json").read_text())
+    best = committed["leaderboard"][0]["strategy"]
+    page = render_findings({**committed, "verdict_near_ties": nemenyi_near_ties(
+        {**friedman, "average_ranks": {best: 1.0, "B": 7.8}}, best)})
+    assert (f"- {best} beats B by a mean-rank gap of 6.80 against the critical difference 6.79, within the 0.12 "
+            "that 2 rank swaps in one concept can move: a near-tie") in page

@@ -134,6 +134,12 @@ def test_changing_a_determinant_gives_new_artifacts(tiny_llama_dir, local_ray, c
     assert reseeded.artifacts["hedging"]["pooled"] == first.artifacts["hedging"]["pooled"]
     assert reseeded.artifacts["hedging"]["d1"] != first.artifacts["hedging"]["d1"]
     assert reseeded.computed == {"pooled": 0, "d1": 1, "pooled_skipped": 1, "d1_skipped": 0}
+    # Neither the batch budget nor the threads are determinants: such a run reads the stored tables, bit for bit
+    # (docs/reproducibility.md), where computing them afresh would agree only to round-off.
+    rebudgeted = run_benchmark(config(tiny_llama_dir, str(tmp_path / "store"), concepts=("hedging",),
+                                      max_batch_tokens=16, torch_threads=2))
+    assert rebudgeted.computed == {"pooled": 0, "d1": 0, "pooled_skipped": 1, "d1_skipped": 1}
+    assert rebudgeted.artifacts == first.artifacts
     flash = run_benchmark(config(tiny_llama_dir, str(tmp_path / "store"), concepts=("hedging",), flash="1/2"))
     assert flash.computed == {"pooled": 0, "d1": 1, "pooled_skipped": 1, "d1_skipped": 0}
     assert {c.n_train for c in flash.records} == {24} and {c.n_test for c in flash.records} == {24}

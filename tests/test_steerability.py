@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from tolerances import assert_float32_close
 
 from poolbench.steerer.errors import SteeringError
 from poolbench.steerer.steerability import (
@@ -13,7 +14,6 @@ from poolbench.steerer.steerability import (
     residual_norm_from_sums,
 )
 from poolbench.steerer.steerability_rank import concept_agreement, steerability_agreement
-from tolerances import assert_float32_close
 
 # Two positives, two negatives in 3 dimensions; u = e0.
 G = np.array([[2.0, 1.0, 0.0], [4.0, -1.0, 5.0], [1.0, 3.0, 0.0], [-1.0, 0.0, 2.0]])

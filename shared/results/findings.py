@@ -14,7 +14,7 @@ from pathlib import Path
 from poolbench.atomic_write import write_json_atomic, write_text_atomic
 from poolbench.errors import PoolBenchError
 from poolbench.results.answer import RunAnswer, build_answer, run_answer
-from poolbench.results.near_ties import near_tie_sentence
+from poolbench.results.near_ties import near_tie_sentence, nemenyi_near_ties, verdict_sentence
 from poolbench.results.ranking import CI_LEVEL
 from poolbench.results.tidy import wide_rows
 
@@ -60,6 +60,9 @@ def findings_facts(results: dict, leaderboard: dict, *, source: str, sha256: str
         "lexical": lexical,
         "near_ties": [{"strategy": r["strategy"], "layer": r["best_layer"], **r["layer_near_tie"]}
                       for r in leaderboard.get("strategies") or [] if r.get("layer_near_tie")],
+        "verdict_near_ties": nemenyi_near_ties(
+            (results.get("reliability") or {}).get("friedman") or leaderboard.get("friedman"),
+            str(best_row.get("strategy"))),
     }
 
 
@@ -130,6 +133,10 @@ def render_findings(facts: dict) -> str:
                            "rank interval", "concepts to separate"], rows)]
     for section in facts["answer"].get("sections") or []:
         lines += [f"## {section['title']}", "", *(f"- {t}" for t in section["sentences"]), ""]
+    if facts.get("verdict_near_ties") and facts["leaderboard"]:
+        best = facts["leaderboard"][0]["strategy"]
+        lines += ["", "Nemenyi verdicts at the critical difference (docs/reproducibility.md):", "",
+                  *[f"- {verdict_sentence(best, t)}" for t in facts["verdict_near_ties"]]]
     for tier in facts.get("tiers") or []:
         rows = [[r["strategy"], _n(r.get("layer"), "d"), _iv({"value": r["auroc"], "low": r.get("ci_low"),
                                                              "high": r.get("ci_high")}),

@@ -173,10 +173,40 @@ def canonical_record(record: Mapping) -> str:
     return json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-def _read_concept(root: Path, concept: str) -> tuple[list[Passage], str]:
-    """Parse one concept's four files strictly; returns its passages and content hash."""
+Rows = Iterator[tuple[str, object | None, str | None]]
+"""(where, parsed record, read error) per record of one file: `where` names it in an error (`path:line`)."""
+
+
+def concept_from_rows(concept: str, files: Sequence[tuple[str, Rows]]) -> tuple[list[Passage], str]:
+    """One concept's passages and content hash from its four files' rows, in FILE_STEMS order, strictly: the first
+    unreadable or schema-invalid record is a one-line CorpusError naming where it is. JSONL folders and the
+    `datasets`-read sources (corpus.hf_source) share it, so the same records give the same passages and hash."""
     digest = hashlib.sha256(f"concept:{concept}\n".encode())
     passages: list[Passage] = []
+    for stem, rows in files:
+        digest.update(f"file:{stem}\n".encode())
+        for where, record, error in rows:
+            if error is not None:
+                raise CorpusError(f"{where}: {error}")
+            problems = schema_problems(record)
+            if problems:
+                name, message = problems[0]
+                raise CorpusError(f"{where}: field {name or '<record>'}: {message}")
+            assert isinstance(record, dict)
+            kept = [*FIELD_TYPES, *(k for k in OPTIONAL_FIELD_TYPES if record.get(k) is not None)]
+            digest.update(canonical_record({k: record[k] for k in kept}).encode() + b"\n")
+            passages.append(passage_from_record(record, concept))
+    return passages, digest.hexdigest()
+
+
+def _jsonl_rows(path: Path) -> Rows:
+    for line_no, record, error in iter_jsonl(path):
+        yield f"{path}:{line_no}", record, error
+
+
+def _read_concept(root: Path, concept: str) -> tuple[list[Passage], str]:
+    """Parse one concept's four files strictly; returns its passages and content hash."""
+    files = []
     for stem in FILE_STEMS:
         path = root / concept / f"{stem}.jsonl"
         problem = link_problem(path)
@@ -184,19 +214,8 @@ def _read_concept(root: Path, concept: str) -> tuple[list[Passage], str]:
             raise CorpusError(f"{path}: {problem}")
         if not path.is_file():
             raise CorpusError(f"{path}: missing file")
-        digest.update(f"file:{stem}\n".encode())
-        for line_no, record, error in iter_jsonl(path):
-            if error is not None:
-                raise CorpusError(f"{path}:{line_no}: {error}")
-            problems = schema_problems(record)
-            if problems:
-                name, message = problems[0]
-                raise CorpusError(f"{path}:{line_no}: field {name or '<record>'}: {message}")
-            assert isinstance(record, dict)
-            kept = [*FIELD_TYPES, *(k for k in OPTIONAL_FIELD_TYPES if record.get(k) is not None)]
-            digest.update(canonical_record({k: record[k] for k in kept}).encode() + b"\n")
-            passages.append(passage_from_record(record, concept))
-    return passages, digest.hexdigest()
+        files.append((stem, _jsonl_rows(path)))
+    return concept_from_rows(concept, files)
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,14 @@ def write_embedded_corpus(root: Path, size: str, seed: int, version: int = DEFAU
 
 
 def open_corpus(source: str, size: str = "small", concepts: Sequence[str] | None = None) -> Corpus:
-    """A corpus folder, or the embedded corpus (`embedded`, `embedded-v1`, `embedded-v2`) built into the cache."""
+    """A corpus folder (JSONL, or parquet through `datasets`), `hf://owner/name[@revision]` (corpus.hf_source), or the
+    embedded corpus (`embedded`, `embedded-v1`, `embedded-v2`) built into the cache."""
+    from poolbench.corpus.hf_source import HF_PREFIX, hf_snapshot, is_parquet_corpus, load_datasets_corpus
+
+    if source.startswith(HF_PREFIX):
+        return load_datasets_corpus(hf_snapshot(source), concepts, name=source)
+    if is_parquet_corpus(Path(source)):
+        return load_datasets_corpus(Path(source), concepts)
     if source == EMBEDDED:
         root = embedded_corpus_dir(size)
     elif source in EMBEDDED_VERSIONS:

@@ -5,6 +5,7 @@ difference of the task's metric gets a paired bootstrap interval (documents resa
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -56,6 +57,12 @@ def paired_difference(steered: np.ndarray, unsteered: np.ndarray, *, n_bootstrap
     return float(diff.mean()), float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
+def defines_task(task_dir: Path, task: str) -> bool:
+    """Whether a YAML in `task_dir` names `task` (then lm-eval's thousands of built-in tasks need no indexing)."""
+    line = re.compile(rf"^task:\s*['\"]?{re.escape(task)}['\"]?\s*$", re.MULTILINE)
+    return any(line.search(p.read_text(errors="replace")) for p in Path(task_dir).glob("*.y*ml"))
+
+
 def lm_eval_scores(base_url: str, model: str, tokenizer: str, task: str, task_dir: Path, metric: str, *,
                    steering: dict | None, token: str | None = None, limit: int | None = None) -> dict[int, float]:
     """The task's per-document `metric` from lm-evaluation-harness's local-completions model against
@@ -68,7 +75,8 @@ def lm_eval_scores(base_url: str, model: str, tokenizer: str, task: str, task_di
         header["X-PoolBench-Steering"] = json.dumps(steering)
     try:
         out = simple_evaluate(
-            model="local-completions", tasks=[task], task_manager=TaskManager(include_path=str(task_dir)),
+            model="local-completions", tasks=[task],
+            task_manager=TaskManager(include_path=str(task_dir), include_defaults=not defines_task(task_dir, task)),
             model_args={"model": model, "base_url": f"{base_url}/v1/completions", "tokenizer": tokenizer,
                         "tokenizer_backend": "huggingface", "tokenized_requests": True, "num_concurrent": 1,
                         "max_retries": 1, "header": header},

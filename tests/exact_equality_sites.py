@@ -95,4 +95,8 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_valence_bias.py::test_demo_outcomes_on_a_tiny_model": (
         1, SAME + "; the second run reads the first's stored model", "valence after fine-tuning, cached"),
     "test_vllm_payloads.py::generate": (1, SAME, "tensor-parallel ranks' hidden states (same inputs and weights)"),
+    "test_passage_scores.py::test_the_stored_scores_reproduce_every_cell_in_either_store": (
+        1, COPY, "the gathered per-passage table against its one layer shard (a concatenation of one table)"),
+    "test_passage_scores.py::test_samples_are_read_from_the_table_and_a_broken_table_is_named": (
+        1, INTS, "passage ids of the samples and of the stored scores"),
 }

@@ -3,7 +3,8 @@
 # Where the public base cannot be pulled, a Debian bookworm base is built with debootstrap and imported as
 # localhost/poolbench-base:bookworm (podman's store keeps it; the root filesystem is cached under build/containers).
 # With podman, torch comes from a local wheel folder when one holds it (TORCH_WHEELS, default: pip's find-links),
-# the host's CA bundle is mounted for pip, and pip's cache lives in build/containers/pip-cache between builds.
+# and the host's CA bundle is mounted for pip. Between builds, podman's layer store is the cache (the base, torch and
+# the dependencies are layers of their own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FLAVOR=${FLAVOR:-cpu}
@@ -48,8 +49,7 @@ fi
 args=(--build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "TORCH_SPEC=$TORCH_SPEC" -f "deploy/Dockerfile.$FLAVOR" -t "$IMAGE")
 [ -n "${TORCH_INDEX_URL:-}" ] && args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL")
 if [ "$ENGINE" = podman ]; then
-    mkdir -p "$CACHE/pip-cache"
-    args+=(--network host -v "$PWD/$CACHE/pip-cache:/var/cache/pip" --build-arg PIP_CACHE=/var/cache/pip)
+    args+=(--network host)
     host_ca=/etc/ssl/certs/ca-certificates.crt
     [ -f "$host_ca" ] && args+=(-v "$host_ca:/etc/ssl/host-ca.crt:ro" --build-arg PIP_CERT=/etc/ssl/host-ca.crt)
     wheels=${TORCH_WHEELS:-$(pip config get global.find-links 2>/dev/null || true)}

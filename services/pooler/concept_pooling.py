@@ -22,7 +22,8 @@ from poolbench.extractor.loading import LoadedModel
 from poolbench.extractor.padded_batches import PaddedBatch, pad_batches, tokenize_passages
 from poolbench.pooler.chunk_extras import ChunkExtras, concept_text
 from poolbench.pooler.device_pool import DevicePooler, HostPooler, prepare_chunk_pooler
-from poolbench.pooler.iti import FRACTION_META, HEADS_META, ITIHeadTableBuilder
+from poolbench.pooler.iti import FRACTION_META, HEADS_META, ITIHeadTableBuilder, selects_heads
+from poolbench.pooler.learned import LearnedStates, TokenKeeper, is_learned
 from poolbench.pooler.parses import ParseIndex
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.pooler.saliency import check_encoder_support, remove_first_component
@@ -40,6 +41,7 @@ class PooledConcept:
     layers: dict[int, pa.Table]
     layer_heads: dict[int, pa.Table] | None  # None when no requested strategy is supervised
     skipped: tuple[tuple[str, int], ...] = ()  # (passage id, tokens) that did not fit the device alone
+    layer_learned: dict[int, pa.Table] | None = None  # LearnedFoldTable per layer, with a learned aggregator
 
     @property
     def pooled(self) -> pa.Table:
@@ -163,17 +165,22 @@ def pool_concept_group(
     skipped_before = len(stats.skipped)
     device = None if keep_activations or not device_pooling else next(loaded.model.parameters()).device
     overlap = overlap_by_default(device) if overlap is None else overlap
-    supervised = [spec for spec in specs if spec.supervision == "labels"]
+    supervised = [spec for spec in specs if selects_heads(spec)]
+    learned = [spec for spec in specs if is_learned(spec)]
+    kept_states = LearnedStates(layers) if learned else None
 
     def prepare(chunk: PaddedBatch) -> Callable[[], DevicePooler | HostPooler]:
         """The CPU side of a chunk: its rows' text extras and static weights, ready to send."""
-        return prepare_chunk_pooler(specs, chunk, layers, extras(chunk), device)
+        make = prepare_chunk_pooler(specs, chunk, layers, extras(chunk), device)
+        return make if not learned else lambda: TokenKeeper(make(), chunk, layers)  # type: ignore[return-value]
 
     for chunk, pooler in capture_chunks(loaded.model, loaded.decoder_layers, batches, layers, prepare_for=prepare,
                                         overlap=overlap, needs=needs, max_batch_tokens=max_batch_tokens,
                                         stats=stats):
         if on_batch is not None:
             on_batch(chunk, pooler.activations)
+        if kept_states is not None:
+            kept_states.add(chunk, pooler)  # type: ignore[arg-type]
         pooled = pooler.pooled
         assert pooled is not None
         for i, rows in _rows_by_owner(extras.owners(chunk)):
@@ -199,8 +206,12 @@ def pool_concept_group(
         for spec in specs:
             if dict(spec.params).get("remove_first_pc") is True:
                 tables = {layer: _remove_first_pc(table, spec.id) for layer, table in tables.items()}
+        learned_tables = None
+        if kept_states is not None:
+            tables, learned_tables = kept_states.fit_member(members[i].passages, int(starts[i]), tables, learned,
+                                                            loaded.hidden_size)
         out.append(PooledConcept(tables, {layer: heads[i][layer].table(head_metadata[i]) for layer in tables}
-                                 if supervised else None, tuple(skipped[i])))
+                                 if supervised else None, tuple(skipped[i]), learned_tables))
     return out
 
 

@@ -17,14 +17,15 @@ from poolbench.pooler.sink import SINK_MODES
 
 FAMILIES = frozenset({
     "position_anchored", "uniform_aggregation", "window", "saliency_weighted",
-    "structural_linguistic", "oracle", "other",
+    "structural_linguistic", "oracle", "learned_aggregation", "other",
 })
 KINDS = frozenset({"weights", "reduction"})
 REDUCTIONS = frozenset({"max", "min"})
 # attention: per-head attention inflow at the probed layers; parse: spaCy words aligned to tokens;
 # gradient: d(log-likelihood)/d(hidden) at the probed layers; corpus: statistics of the concept's train split
-# (TF-IDF, unigram frequencies, trigger table); labels: supervised, finished per D1 fold by the prober.
-NEEDS = frozenset({"attention", "parse", "gradient", "labels", "corpus"})
+# (TF-IDF, unigram frequencies, trigger table); labels: supervised, finished per D1 fold by the prober;
+# tokens: every real token's states kept for the concept's forwards (learned aggregators fit on them).
+NEEDS = frozenset({"attention", "parse", "gradient", "labels", "corpus", "tokens"})
 SUPERVISIONS = frozenset({"none", "labels"})
 
 _ID_RE = re.compile(r"^(?P<code>[A-Z]{1,2}[0-9]{1,2})_[a-z0-9]+(?:_[a-z0-9]+)*$")
@@ -125,6 +126,7 @@ class StrategySpec:
     reference_variant: bool = False
     version: int = 1
     variant_of: str | None = None  # a non-card variant of this card strategy id: runs only when named
+    opt_in: bool = False  # listed with the card's, but runs only when named (not in a default run)
     # weights that are attention inflow averaged over "all" real queries or the "last" one: the sink rule
     # then also compares the first token's inflow with its uniform causal share (poolbench.pooler.sink)
     attention_queries: Literal["all", "last"] | None = None

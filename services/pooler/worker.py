@@ -26,6 +26,7 @@ from poolbench.extractor.loading import load_model
 from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, strategy_needs
 from poolbench.pooler.iti import head_table_key
+from poolbench.pooler.learned import learned_table_key
 from poolbench.pooler.parse_task import concept_parses
 from poolbench.pooler.parses import ParseIndex
 from poolbench.pooler.pooled_table import StoreDtype, encode_vectors, write_pooled_manifest
@@ -147,6 +148,8 @@ class ExtractorWorker:
             shard_key = layer_shard_key(task.key, layer)
             if done is not None and done.heads is not None:
                 store.put_table(head_table_key(shard_key), done.heads[layer])
+            if done is not None and done.learned is not None:
+                store.put_table(learned_table_key(shard_key), done.learned[layer])
             store.put_table(shard_key, table)
         if shards or not store.exists(task.key):
             write_pooled_manifest(store, task.key, all_layers, store_dtype)
@@ -196,7 +199,8 @@ class ExtractorWorker:
         seconds = time.perf_counter() - start
         share = tokens / max(int(tokens.sum()), 1)
         return {task.key: _Pooled(pooled.layers, pooled.layer_heads, pooled.skipped, int(tokens[i]),
-                                  seconds * float(share[i]), pa.concat_tables(dumped) if task.dump_key else None)
+                                  seconds * float(share[i]), pa.concat_tables(dumped) if task.dump_key else None,
+                                  pooled.layer_learned)
                 for i, ((task, _), pooled) in enumerate(zip(work, results, strict=True))}
 
     @staticmethod
@@ -231,3 +235,4 @@ class _Pooled:
     tokens: int
     seconds: float
     dump: pa.Table | None
+    learned: dict[int, pa.Table] | None = None  # LearnedFoldTable per layer (learned aggregators)

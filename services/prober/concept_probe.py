@@ -10,9 +10,11 @@ import numpy as np
 import pyarrow as pa
 
 from poolbench.pooler.iti import ITIHeadView, head_table_key, needs_head_table
+from poolbench.pooler.learned import LearnedFoldView, learned_table_key, needs_learned_table
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.prober.d1 import evaluate_d1
 from poolbench.prober.flash import flash_subset, parse_fraction
+from poolbench.prober.learned_cell import learned_fold_cell
 from poolbench.prober.reliability import cell_reliability
 from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell
 from poolbench.records.d1 import D1CellRecord, d1_records_from_table, d1_records_table
@@ -25,18 +27,21 @@ D1_VERSION = 5  # 2: per-cell reliability statistics, supervised (S3) cells; 3: 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
                        n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None,
-                       heads: pa.Table | None = None, types: dict[str, str] | None = None) -> list[D1CellRecord]:
+                       heads: pa.Table | None = None, types: dict[str, str] | None = None,
+                       learned: pa.Table | None = None) -> list[D1CellRecord]:
     """One record per (layer, strategy, probe): CV AUROC on train, held-out AUROC with its CI, fallbacks.
 
     `heads` is the ITIHeadTable that pooling made beside `table`; supervised (S3) cells need it. `types` maps a
     passage id to its lexical type (domain), the control task's unit; without it selectivity is n/a."""
     view = PooledTableView(table)
     head_view = ITIHeadView(heads) if heads is not None else None
+    learned_view = LearnedFoldView(learned) if learned is not None else None
     metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     records = []
     for layer, strategy in view.cells:
         cell = view.matrix(layer, strategy)
-        supervised = head_selection_cell(cell, metadata, head_view, layer, strategy, seed)
+        supervised = (head_selection_cell(cell, metadata, head_view, layer, strategy, seed)
+                      or learned_fold_cell(cell, metadata, learned_view, layer, strategy))
         stats: dict = {}
         train_rows = np.flatnonzero(cell.split == "train")
         if flash is not None:  # a stratified, pair-preserving fraction of train; test stays whole
@@ -63,7 +68,7 @@ def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
                 **probe.to_record(),
                 fallback_count=fallback_count,
                 fallback_rate=fallback_count / len(cell.fallback),
-                heads_selected=supervised.chosen[-1] if supervised is not None else None,
+                heads_selected=getattr(supervised, "chosen", [None])[-1] if supervised is not None else None,
                 # Seeds, selectivity and MDL describe the logistic probe; a supervised cell's features change
                 # per fold, so they are not defined there (None, not a number computed on other features).
                 **{key: (value if probe_name == "logistic" else None) for key, value in stats.items()},
@@ -82,8 +87,9 @@ def probe_layer_task(store_url: str, pooled_key: str, d1_key: str, concept: str,
     shard_key = layer_shard_key(pooled_key, layer)
     table = store.get_table(shard_key)
     heads = store.get_table(head_table_key(shard_key)) if needs_head_table(table) else None
+    learned = store.get_table(learned_table_key(shard_key)) if needs_learned_table(table) else None
     records = probe_pooled_table(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
-                                 reliability=reliability, flash=flash, heads=heads, types=types)
+                                 reliability=reliability, flash=flash, heads=heads, types=types, learned=learned)
     key = layer_shard_key(d1_key, layer)
     store.put_table(key, d1_records_table(records))
     return {"concept": concept, "layer": layer, "key": key, "cells": len(records)}

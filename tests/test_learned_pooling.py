@@ -53,3 +53,23 @@ def test_a_worker_pools_fits_and_stores_a_learned_strategy_and_d1_probes_it_per_
     assert la3.n_train == 30 and la3.n_test == 16 and len(la3.cv_fold_aurocs) == 5
     assert la3.test_auroc > 0.75  # "if ... not" against "... sun": a max over tokens finds the cue
     assert la3.heads_selected is None and la3.mdl_online_bits is None
+
+
+def test_a_run_with_a_learned_strategy_gives_ordinary_d1_cells_and_leaderboard_rows(tiny_llama_dir, local_ray,
+                                                                                     cache, tmp_path) -> None:
+    import json
+
+    from poolbench.config import RunConfig
+    from poolbench.driver.pipeline import run_benchmark
+    from poolbench.results.document import write_run_outputs
+
+    cfg = RunConfig(model=str(tiny_llama_dir), corpus="embedded-v1", corpus_size="tiny", concepts=("hedging",),
+                    strategies=("A1_mean", "LA3_multimax"), store=str(tmp_path / "store"), n_bootstrap=200,
+                    torch_threads=1, steering=False)
+    outcome = run_benchmark(cfg, lambda event: None)
+    la3 = [r for r in outcome.records if r.strategy == "LA3_multimax"]
+    assert len(la3) == 2 * len(outcome.layers)  # two probes per layer, like every strategy
+    assert all(len(r.cv_fold_aurocs) == 5 and 0.0 <= r.ci_low <= r.test_auroc <= r.ci_high <= 1.0 for r in la3)
+    paths = write_run_outputs(outcome, tmp_path / "out")
+    rows = {row["strategy"]: row for row in json.loads(paths["leaderboard"].read_text())["strategies"]}
+    assert rows["LA3_multimax"]["supervision"] == "labels" and "hedging" in rows["LA3_multimax"]["per_concept"]

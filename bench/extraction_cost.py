@@ -5,7 +5,8 @@ stage (interleaved, best of --repeats) so no ratio compares two different moment
 - raw: the fastest plain forward, the decoder without its LM head, no hooks, inference_mode, full depth;
 - forward_backward: forward to the LM head and one backward of the log-likelihood to the input embeddings;
 - hidden: the strategies that read hidden states alone (plain and linguistic, parses cached);
-- attention: hidden + S1/S3; gradient: hidden + S2; all: the 19 strategies of the card.
+- attention: hidden + S1/S3; gradient: hidden + S2; all: the 19 strategies of the card;
+- learned (opt-in, --stages ...,learned): the four learned aggregators LA1-LA4, their nested-CV fits included.
 Every path is the run's own pool_concept (extract, pool, S3 head rows) at the run's token budget.
 CPU-time ratios (process_time) sit beside wall-clock ones: on a shared machine they move less.
 Peak memory: the process's peak RSS on CPU, torch.cuda.max_memory_allocated on GPU. Texts: the embedded
@@ -64,6 +65,7 @@ from poolbench.pooler.spec import StrategySpec
 from poolbench.store.local import LocalStore
 
 STAGES = ("raw", "forward_backward", "hidden", "attention", "gradient", "all")
+OPT_IN_STAGES = ("learned",)
 TARGETS = {"hidden_over_raw": 1.15, "attention_over_raw": 1.4, "all_over_forward_backward": 1.2,
            "all_peak_rss_gb": 3.0}
 TARGETS.update({f"{key}_cpu": value for key, value in list(TARGETS.items()) if "over" in key})
@@ -114,7 +116,10 @@ def open_model(args: argparse.Namespace, device: str | None = None) -> LoadedMod
 
 
 def stage_specs(stage: str) -> list[StrategySpec]:
-    """The card's strategies a stage pools; raw and forward_backward pool nothing."""
+    """The card's strategies a stage pools (learned: the learned aggregators); raw and forward_backward pool
+    nothing."""
+    if stage == "learned":
+        return resolve_strategies(["LA1", "LA2", "LA3", "LA4"])
     card = resolve_strategies(None)
     keep = {"hidden": HIDDEN_NEEDS, "attention": HIDDEN_NEEDS | {"attention", "labels"},
             "gradient": HIDDEN_NEEDS | {"gradient"}, "all": None}

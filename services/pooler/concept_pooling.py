@@ -23,7 +23,8 @@ from poolbench.extractor.padded_batches import PaddedBatch, pad_batches, tokeniz
 from poolbench.pooler.chunk_extras import ChunkExtras, concept_text
 from poolbench.pooler.device_pool import DevicePooler, HostPooler, prepare_chunk_pooler
 from poolbench.pooler.gradient_sums import GradientTableBuilder, GradientTee
-from poolbench.pooler.iti import FRACTION_META, HEADS_META, ITIHeadTableBuilder
+from poolbench.pooler.iti import FRACTION_META, HEADS_META, ITIHeadTableBuilder, selects_heads
+from poolbench.pooler.learned import LearnedStates, TokenKeeper, is_learned
 from poolbench.pooler.parses import ParseIndex
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.pooler.saliency import check_encoder_support, remove_first_component
@@ -42,6 +43,7 @@ class PooledConcept:
     layer_heads: dict[int, pa.Table] | None  # None when no requested strategy is supervised
     skipped: tuple[tuple[str, int], ...] = ()  # (passage id, tokens) that did not fit the device alone
     layer_gradients: dict[int, pa.Table] | None = None  # gradient_sums tables, where S2's backward ran
+    layer_learned: dict[int, pa.Table] | None = None  # LearnedFoldTable per layer, with a learned aggregator
 
     @property
     def pooled(self) -> pa.Table:
@@ -165,27 +167,40 @@ def pool_concept_group(
     skipped_before = len(stats.skipped)
     device = None if keep_activations or not device_pooling else next(loaded.model.parameters()).device
     overlap = overlap_by_default(device) if overlap is None else overlap
-    supervised = [spec for spec in specs if spec.supervision == "labels"]
+    supervised = [spec for spec in specs if selects_heads(spec)]
+    learned = [spec for spec in specs if is_learned(spec)]
+    kept_states = LearnedStates(layers) if learned else None
     gradients = [GradientTableBuilder(loaded.hidden_size) for _ in members] if "gradient" in needs else None
 
-    def prepare(chunk: PaddedBatch) -> Callable[[], DevicePooler | HostPooler | GradientTee]:
-        """The CPU side of a chunk: its rows' text extras and static weights, ready to send."""
+    def prepare(chunk: PaddedBatch) -> Callable[[], DevicePooler | HostPooler | GradientTee | TokenKeeper]:
+        """The CPU side of a chunk: its rows' text extras and static weights, ready to send; S2's gradient sums
+        and the learned aggregators' kept token states are sinks around the pooling sink."""
         make = prepare_chunk_pooler(specs, chunk, layers, extras(chunk), device)
-        return make if gradients is None else lambda: GradientTee(make(), chunk)
+
+        def wrapped() -> DevicePooler | HostPooler | GradientTee | TokenKeeper:
+            sink = make() if gradients is None else GradientTee(make(), chunk)
+            return sink if not learned else TokenKeeper(sink, chunk, layers)
+
+        return wrapped
 
     for chunk, sink in capture_chunks(loaded.model, loaded.decoder_layers, batches, layers, prepare_for=prepare,
                                       overlap=overlap, needs=needs, max_batch_tokens=max_batch_tokens,
                                       stats=stats):
-        pooler = sink.inner if isinstance(sink, GradientTee) else sink
+        keeper = sink if isinstance(sink, TokenKeeper) else None
+        outer = keeper.sink if keeper is not None else sink
+        tee = outer if isinstance(outer, GradientTee) else None
+        pooler = tee.inner if tee is not None else outer
         assert isinstance(pooler, (DevicePooler, HostPooler))
         if on_batch is not None:
             on_batch(chunk, pooler.activations)
+        if kept_states is not None and keeper is not None:
+            kept_states.add(chunk, keeper)
         pooled = pooler.pooled
         assert pooled is not None
         for i, rows in _rows_by_owner(extras.owners(chunk)):
             ids = pooled.passage_ids if rows is None else [pooled.passage_ids[r] for r in rows]
-            if gradients is not None and isinstance(sink, GradientTee):
-                gradients[i].add(sink, rows)
+            if gradients is not None and tee is not None:
+                gradients[i].add(tee, rows)
             builders[i].add(_take(pooled.vectors, rows, 2), pooled.layers, pooled.strategy_ids, ids,
                             _take(pooled.fallback, rows, 1))
             for spec in supervised:
@@ -207,9 +222,13 @@ def pool_concept_group(
         for spec in specs:
             if dict(spec.params).get("remove_first_pc") is True:
                 tables = {layer: _remove_first_pc(table, spec.id) for layer, table in tables.items()}
+        learned_tables = None
+        if kept_states is not None:
+            tables, learned_tables = kept_states.fit_member(members[i].passages, int(starts[i]), tables, learned,
+                                                            loaded.hidden_size)
         out.append(PooledConcept(tables, {layer: heads[i][layer].table(head_metadata[i]) for layer in tables}
                                  if supervised else None, tuple(skipped[i]),
-                                 gradients[i].layer_tables() if gradients is not None else None))
+                                 gradients[i].layer_tables() if gradients is not None else None, learned_tables))
     return out
 
 

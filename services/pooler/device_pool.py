@@ -24,7 +24,7 @@ from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.layer_sinks import HostCapture, LayerExtras
 from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.aggregation import norm_weights
-from poolbench.pooler.iti import head_vectors
+from poolbench.pooler.iti import head_vectors, selects_heads
 from poolbench.pooler.pool import PooledBatch, check_pool_inputs, checked_weights, pool_tokens
 from poolbench.pooler.reference import NORM_EPS, inverse_norm_weights
 from poolbench.pooler.saliency import (
@@ -152,7 +152,7 @@ class DevicePooler:
         if weights is None:
             weights = host_weights(self.specs, chunk, self.layers, host_extras)
         self._sources = list(weights.sources)
-        self._supervised = any(spec.supervision == "labels" for spec in self.specs)
+        self._supervised = any(selects_heads(spec) for spec in self.specs)
         send = {"device": self.device, "non_blocking": True}
         self._mask = weights.mask.to(**send)
         self._maskf = self._mask.float()
@@ -345,7 +345,7 @@ class HostPooler:
         self.activations = batch
         moved = time.perf_counter()
         self.pooled = pool_tokens(batch, self.specs)
-        if any(spec.supervision == "labels" for spec in self.specs):
+        if any(selects_heads(spec) for spec in self.specs):
             self.heads = head_vectors(batch)
         self.transfer_seconds += moved - start
         self.pool_seconds += time.perf_counter() - moved

@@ -60,6 +60,11 @@ def iti_head_schema(hidden_size: int, head_dim: int) -> pa.Schema:
     )
 
 
+def selects_heads(spec: StrategySpec) -> bool:
+    """True for a supervised strategy of S3's kind (per-head pooled vectors from attention), not a learned one."""
+    return spec.supervision == "labels" and "attention" in spec.needs
+
+
 def needs_head_table(pooled: pa.Table) -> bool:
     """True when the PooledTable holds a supervised strategy whose per-head vectors live in an ITIHeadTable."""
     return any(key.decode().endswith(HEADS_META) for key in (pooled.schema.metadata or {}))

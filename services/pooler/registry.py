@@ -10,7 +10,17 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from poolbench.errors import StrategyError
-from poolbench.pooler import aggregation, iti, linguistic, position, reference, reference_tokens, saliency, windows
+from poolbench.pooler import (
+    aggregation,
+    iti,
+    learned,
+    linguistic,
+    position,
+    reference,
+    reference_tokens,
+    saliency,
+    windows,
+)
 from poolbench.pooler.spec import StrategySpec
 
 ENTRY_POINT_GROUP = "poolbench.strategies"
@@ -56,9 +66,11 @@ def get_strategy(name: str) -> StrategySpec:
     return spec
 
 
-def list_strategies(include_reference: bool = False) -> list[StrategySpec]:
-    """Registered specs in registration order: the card strategies, plus every variant on request."""
-    return [spec for spec in _BY_ID.values() if include_reference or _claims_code(spec)]
+def list_strategies(include_reference: bool = False, include_opt_in: bool = False) -> list[StrategySpec]:
+    """Registered specs in registration order: the card strategies, plus every variant on request; opt-in
+    strategies (the learned aggregators, which train) only when asked for."""
+    return [spec for spec in _BY_ID.values() if (include_reference or _claims_code(spec))
+            and (include_opt_in or not spec.opt_in)]
 
 
 def resolve_strategies(names: Sequence[str] | None) -> list[StrategySpec]:
@@ -118,6 +130,6 @@ def load_entry_point_strategies() -> list[StrategySpec]:
     return [spec for strategy_id, spec in _BY_ID.items() if strategy_id not in before]
 
 
-for _family in (position, aggregation, windows, saliency, iti, linguistic, reference, reference_tokens):
+for _family in (position, aggregation, windows, saliency, iti, linguistic, reference, reference_tokens, learned):
     for _spec in _family.SPECS:
         register_strategy(_spec)

@@ -17,14 +17,15 @@ from poolbench.pooler.sink import SINK_MODES
 
 FAMILIES = frozenset({
     "position_anchored", "uniform_aggregation", "window", "saliency_weighted",
-    "structural_linguistic", "oracle", "other",
+    "structural_linguistic", "oracle", "learned_aggregation", "other",
 })
 KINDS = frozenset({"weights", "reduction"})
 REDUCTIONS = frozenset({"max", "min"})
 # attention: per-head attention inflow at the probed layers; parse: spaCy words aligned to tokens;
 # gradient: d(log-likelihood)/d(hidden) at the probed layers; corpus: statistics of the concept's train split
 # (TF-IDF, unigram frequencies, trigger table); labels: supervised, finished per D1 fold by the prober;
-# tokens: the tokenizer's own token strings (extras["token_root"], the reference's word-initial rule).
+# tokens: the tokenizer's own token strings (extras["token_root"], the reference's word-initial rule), and every
+# real token's states kept for the concept's forwards (learned aggregators fit on them).
 NEEDS = frozenset({"attention", "parse", "gradient", "labels", "corpus", "tokens"})
 DIVISORS = frozenset({"weight_sum", "token_count"})
 SUPERVISIONS = frozenset({"none", "labels"})
@@ -127,6 +128,7 @@ class StrategySpec:
     reference_variant: bool = False
     version: int = 1
     variant_of: str | None = None  # a non-card variant of this card strategy id: runs only when named
+    opt_in: bool = False  # listed with the card's, but runs only when named (not in a default run)
     # weights that are attention inflow averaged over "all" real queries or the "last" one: the sink rule
     # then also compares the first token's inflow with its uniform causal share (poolbench.pooler.sink)
     attention_queries: Literal["all", "last"] | None = None

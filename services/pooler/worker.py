@@ -27,6 +27,7 @@ from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, strategy_needs
 from poolbench.pooler.gradient_sums import gradient_table_key
 from poolbench.pooler.iti import head_table_key
+from poolbench.pooler.learned import learned_table_key
 from poolbench.pooler.parse_task import concept_parses
 from poolbench.pooler.parses import ParseIndex
 from poolbench.pooler.pooled_table import StoreDtype, encode_vectors, write_pooled_manifest
@@ -152,6 +153,8 @@ class ExtractorWorker:
                 store.put_table(head_table_key(shard_key), done.heads[layer])
             if done is not None and done.gradients is not None and layer in done.gradients:
                 store.put_table(gradient_table_key(shard_key), done.gradients[layer])
+            if done is not None and done.learned is not None:
+                store.put_table(learned_table_key(shard_key), done.learned[layer])
             store.put_table(shard_key, table)
         if shards or not store.exists(task.key):
             write_pooled_manifest(store, task.key, all_layers, store_dtype)
@@ -202,7 +205,7 @@ class ExtractorWorker:
         share = tokens / max(int(tokens.sum()), 1)
         return {task.key: _Pooled(pooled.layers, pooled.layer_heads, pooled.skipped, int(tokens[i]),
                                   seconds * float(share[i]), pa.concat_tables(dumped) if task.dump_key else None,
-                                  pooled.layer_gradients)
+                                  pooled.layer_gradients, pooled.layer_learned)
                 for i, ((task, _), pooled) in enumerate(zip(work, results, strict=True))}
 
     @staticmethod
@@ -238,3 +241,4 @@ class _Pooled:
     seconds: float
     dump: pa.Table | None
     gradients: dict[int, pa.Table] | None = None
+    learned: dict[int, pa.Table] | None = None  # LearnedFoldTable per layer (learned aggregators)

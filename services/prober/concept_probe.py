@@ -10,9 +10,11 @@ import numpy as np
 import pyarrow as pa
 
 from poolbench.pooler.iti import HEADS_META, ITIHeadView, head_table_key, needs_head_table
+from poolbench.pooler.learned import FITS_META, LearnedFoldView, learned_table_key, needs_learned_table
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.prober.d1 import evaluate_d1
 from poolbench.prober.flash import flash_subset, parse_fraction
+from poolbench.prober.learned_cell import learned_fold_cell
 from poolbench.prober.passage_scores import (
     HELDOUT,
     OUT_OF_FOLD,
@@ -35,21 +37,23 @@ D1_VERSION = 6  # 2: per-cell reliability statistics, supervised (S3) cells; 3: 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
                        n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None,
                        heads: pa.Table | None = None, types: dict[str, str] | None = None,
-                       protocol: str | None = None) -> list[D1CellRecord]:
+                       protocol: str | None = None, learned: pa.Table | None = None) -> list[D1CellRecord]:
     """One record per (layer, strategy, probe): CV AUROC on train, held-out AUROC with its CI, fallbacks.
 
     `heads` is the ITIHeadTable that pooling made beside `table`; supervised (S3) cells need it. `types` maps a
     passage id to its lexical type (domain), the control task's unit; without it selectivity is n/a.
     `protocol="pb"`: the reference leaderboard's D1 instead (pb_protocol.pb_d1, diffmean only)."""
     return probe_pooled_cells(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
-                              reliability=reliability, flash=flash, heads=heads, types=types, protocol=protocol)[0]
+                              reliability=reliability, flash=flash, heads=heads, types=types, protocol=protocol,
+                              learned=learned)[0]
 
 
 def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
                        n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None,
                        heads: pa.Table | None = None, types: dict[str, str] | None = None,
                        tiers: dict[str, str | None] | None = None,
-                       protocol: str | None = None) -> tuple[list[D1CellRecord], pa.Table]:
+                       protocol: str | None = None,
+                       learned: pa.Table | None = None) -> tuple[list[D1CellRecord], pa.Table]:
     """probe_pooled_table's records and, beside them, every cell's per-passage scores of the very fits the
     records report (held-out and out-of-fold, S3's fold-chosen heads included), `tiers` naming each passage's.
     The PB protocol keeps no per-passage scores (its records are CV-only and stand apart from the paired tests)."""
@@ -58,11 +62,13 @@ def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
     view = PooledTableView(table)
     scores = []
     head_view = ITIHeadView(heads) if heads is not None else None
+    learned_view = LearnedFoldView(learned) if learned is not None else None
     metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     records = []
     for layer, strategy in view.cells:
         cell = view.matrix(layer, strategy)
-        supervised = head_selection_cell(cell, metadata, head_view, layer, strategy, seed)
+        supervised = (head_selection_cell(cell, metadata, head_view, layer, strategy, seed)
+                      or learned_fold_cell(cell, metadata, learned_view, layer, strategy))
         stats: dict = {}
         train_rows = np.flatnonzero(cell.split == "train")
         if flash is not None:  # a stratified, pair-preserving fraction of train; test stays whole
@@ -94,7 +100,7 @@ def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
                 **probe.to_record(),
                 fallback_count=fallback_count,
                 fallback_rate=fallback_count / len(cell.fallback),
-                heads_selected=supervised.chosen[-1] if supervised is not None else None,
+                heads_selected=getattr(supervised, "chosen", [None])[-1] if supervised is not None else None,
                 # Seeds, selectivity and MDL describe the logistic probe; a supervised cell's features change
                 # per fold, so they are not defined there (None, not a number computed on other features).
                 **{key: (value if probe_name == "logistic" else None) for key, value in stats.items()},
@@ -104,10 +110,11 @@ def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
 
 def pb_records(table: pa.Table, concept: str) -> list[D1CellRecord]:
     """The PB protocol's D1 of every unsupervised cell: one diffmean record each, from the train split only. A
-    supervised (S3) cell's features are fitted per fold of PoolBench's own protocol, so it has none here."""
+    supervised cell's features (S3's heads, a learned aggregator's fits) are fitted per fold of PoolBench's own
+    protocol, so it has none here."""
     view = PooledTableView(table)
-    supervised = {k.decode().removesuffix(HEADS_META) for k in (table.schema.metadata or {})
-                  if k.decode().endswith(HEADS_META)}
+    supervised = {k.decode().removesuffix(suffix) for k in (table.schema.metadata or {})
+                  for suffix in (HEADS_META, FITS_META) if k.decode().endswith(suffix)}
     records = []
     for layer, strategy in view.cells:
         if strategy in supervised:
@@ -146,9 +153,11 @@ def probe_layer(store: ArtifactStore, pooled_key: str, d1_key: str, concept: str
     shard_key = layer_shard_key(pooled_key, layer)
     table = store.get_table(shard_key)
     heads = store.get_table(head_table_key(shard_key)) if needs_head_table(table) and protocol is None else None
+    learned = (store.get_table(learned_table_key(shard_key)) if needs_learned_table(table) and protocol is None
+               else None)
     records, scores = probe_pooled_cells(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
                                          reliability=reliability, flash=flash, heads=heads, types=types, tiers=tiers,
-                                         protocol=protocol)
+                                         protocol=protocol, learned=learned)
     key = layer_shard_key(d1_key, layer)
     store.put_table(passage_scores_key(key), scores)
     store.put_table(key, d1_records_table(records))

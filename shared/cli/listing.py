@@ -51,8 +51,9 @@ def strategies(
     for path in strategy_module or ():
         load_strategy_module(path)
     rows = [[s.id, s.code, s.family, s.supervision, ", ".join(sorted(s.needs)) or "-",
-             "reference variant" if s.reference_variant else (f"variant of {s.variant_of}" if s.variant_of else "card"),
-             s.description] for s in list_strategies(include_reference=all_)]
+             "reference variant" if s.reference_variant else (f"variant of {s.variant_of}" if s.variant_of else
+                                                              "contender, named only" if s.opt_in else "card"),
+             s.description] for s in list_strategies(include_reference=all_, include_opt_in=True)]
     _print("Pooling strategies (--strategies takes ids or codes)",
            ("id", "code", "family", "supervision", "needs", "kind", "what it pools"), rows)
 

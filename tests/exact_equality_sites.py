@@ -99,4 +99,9 @@ SITES: dict[str, tuple[int, str, str]] = {
         1, COPY, "the gathered per-passage table against its one layer shard (a concatenation of one table)"),
     "test_passage_scores.py::test_samples_are_read_from_the_table_and_a_broken_table_is_named": (
         1, INTS, "passage ids of the samples and of the stored scores"),
+    "test_learned_aggregators.py::"
+    "test_a_learned_cell_hands_out_the_fit_of_the_folds_own_passages_and_refuses_any_other": (
+        2, COPY, "the stored per-fit vectors a learned cell hands out (a lookup, no arithmetic)"),
+    "test_learned_pooling.py::test_a_worker_pools_fits_and_stores_a_learned_strategy_and_d1_probes_it_per_fold": (
+        1, COPY, "the PooledTable row and the stored whole-train fit's vectors (one array written twice)"),
 }

@@ -37,7 +37,7 @@ def learned_table_key(pooled_key: str) -> str:
 
 
 def is_learned(spec: StrategySpec) -> bool:
-    return "tokens" in spec.needs
+    return "token_states" in spec.needs
 
 
 def needs_learned_table(pooled: pa.Table) -> bool:
@@ -67,7 +67,7 @@ def settings_of(spec: StrategySpec) -> TrainSettings:
 def _spec(code: str, name: str, kind: str, grid: str, description: str) -> StrategySpec:
     return StrategySpec(
         id=f"{code}_{name}", code=code, family="learned_aggregation", kind="weights", weights_fn=_mean_placeholder,
-        needs=frozenset({"labels", "tokens"}), supervision="labels", opt_in=True, description=description,
+        needs=frozenset({"labels", "token_states"}), supervision="labels", opt_in=True, description=description,
         params=(("aggregator", kind), ("folds", 5), ("fold_seed", 0), ("grid", grid), ("l2", 1e-3),
                 ("max_steps", 100)),
     )

@@ -24,9 +24,9 @@ REDUCTIONS = frozenset({"max", "min"})
 # attention: per-head attention inflow at the probed layers; parse: spaCy words aligned to tokens;
 # gradient: d(log-likelihood)/d(hidden) at the probed layers; corpus: statistics of the concept's train split
 # (TF-IDF, unigram frequencies, trigger table); labels: supervised, finished per D1 fold by the prober;
-# tokens: the tokenizer's own token strings (extras["token_root"], the reference's word-initial rule), and every
-# real token's states kept for the concept's forwards (learned aggregators fit on them).
-NEEDS = frozenset({"attention", "parse", "gradient", "labels", "corpus", "tokens"})
+# tokens: the tokenizer's own token strings (extras["token_root"], the reference's word-initial rule).
+# token_states: every real token's states kept for the concept's forwards (learned aggregators fit on them).
+NEEDS = frozenset({"attention", "parse", "gradient", "labels", "corpus", "tokens", "token_states"})
 DIVISORS = frozenset({"weight_sum", "token_count"})
 SUPERVISIONS = frozenset({"none", "labels"})
 

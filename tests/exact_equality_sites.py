@@ -99,4 +99,10 @@ SITES: dict[str, tuple[int, str, str]] = {
         1, COPY, "the gathered per-passage table against its one layer shard (a concatenation of one table)"),
     "test_passage_scores.py::test_samples_are_read_from_the_table_and_a_broken_table_is_named": (
         1, INTS, "passage ids of the samples and of the stored scores"),
+    "test_trackers.py::test_mlflow_run_holds_config_leaderboard_answer_and_figures": (
+        1, COPY, "the figures' PNG bytes MLflow stored against the ones the adapter handed it"),
+    "test_trackers.py::test_wandb_offline_run_holds_config_leaderboard_answer_and_figures": (
+        1, COPY, "the figures' PNG bytes in the W&B offline run against the ones the adapter handed it"),
+    "test_trackers.py::test_a_tiny_run_logs_itself_to_both_trackers": (
+        1, COPY, "answer.json in the W&B offline run against the run folder's"),
 }

@@ -4,6 +4,7 @@ and to W&B offline (read back from the offline run's own folder: its .wandb reco
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -13,7 +14,15 @@ import pytest
 from test_report import write_run
 
 from poolbench.errors import PoolBenchError
-from poolbench.results.trackers import log_mlflow, log_trackers, log_wandb, parse_wandb_args, tracked_run
+from poolbench.results.trackers import (
+    Trackers,
+    log_mlflow,
+    log_trackers,
+    log_wandb,
+    parse_wandb_args,
+    tracked_run,
+    tracker_options,
+)
 
 CONFIG = {"seed": 7, "layers": [0, 1], "corpus_size": "tiny"}
 # leaderboard_wide's first columns for test_report's synthetic run: A1_mean's test AUROC is 0.90 at layer 1 for
@@ -120,22 +129,56 @@ def test_bad_wandb_args_name_the_key(text, says):
         parse_wandb_args(text)
 
 
-def test_bad_wandb_args_stop_the_cli_in_one_line_before_any_work(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", "from poolbench.cli.app import main; main()", "run",
-                           "--wandb-args", "project=p,colour=red", "--out", str(tmp_path / "r")],
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1 and not (tmp_path / "r").exists()
-    assert proc.stderr.strip().splitlines() == [
-        "error: --wandb-args: unknown key 'colour' (one of project, entity, name, group, job_type, mode, dir, "
-        "notes, tags, id)"]
+DRIVER = [sys.executable, "-c", "from poolbench.cli.app import main; main()"]
+
+
+def test_bad_tracker_options_stop_the_cli_in_one_line_before_any_work(tmp_path):
+    for option, value, line in [
+        ("--wandb-args", "project=p,colour=red", "error: --wandb-args: unknown key 'colour' (one of project, entity, "
+                                                 "name, group, job_type, mode, dir, notes, tags, id)"),
+        ("--mlflow-uri", "nosuch://x", "error: --mlflow-uri nosuch://x: "),
+    ]:
+        proc = subprocess.run([*DRIVER, "run", option, value, "--out", str(tmp_path / "r")], capture_output=True,
+                              text=True, timeout=120, env={**os.environ, "MLFLOW_ALLOW_FILE_STORE": "true"})
+        assert proc.returncode == 1 and not (tmp_path / "r").exists()
+        (said,) = proc.stderr.strip().splitlines()
+        assert said.startswith(line) and (option == "--wandb-args") == (said == line)
+
+
+@pytest.mark.slow
+def test_a_tiny_run_logs_itself_to_both_trackers(tmp_path, monkeypatch):
+    """The driver's hook: `run` on the tiny model, one concept, no steering, with both options (slow: 25 s to
+    5 min here, Ray and the model start in a fresh process; the tests above cover what is logged)."""
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    proc = subprocess.run(
+        [*DRIVER, "run", "--model", "tiny", "--corpus-size", "tiny", "--concepts", "hedging", "--layers", "1",
+         "--strategies", "A1_mean,P1_last", "--no-steering", "--no-reliability", "--n-bootstrap", "100",
+         "--folds", "3", "--torch-threads", "1", "--store", str(tmp_path / "store"), "--out", str(tmp_path / "run"),
+         "--wandb-args", f"project=pb,mode=offline,dir={tmp_path / 'wb'}", "--mlflow-uri", (tmp_path / "ml").as_uri()],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "WANDB_SILENT": "true"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=(tmp_path / "ml").as_uri())
+    (experiment,) = [e for e in client.search_experiments() if e.name == "poolbench"]
+    (logged,) = client.search_runs([experiment.experiment_id])
+    board = json.loads((tmp_path / "run" / "leaderboard.json").read_text())
+    assert logged.data.params["model"] == "tiny" and logged.data.params["n_folds"] == "3"
+    assert sorted(a.path for a in client.list_artifacts(logged.info.run_id)) == [
+        "answer.json", "config.json", "figures", "leaderboard.json"]
+    (wb,) = (tmp_path / "wb" / "wandb").glob("offline-run-*")
+    assert (wb / "files" / "answer.json").read_bytes() == (tmp_path / "run" / "answer.json").read_bytes()
+    assert f"logged to MLflow {(tmp_path / 'ml').as_uri()}: run {logged.info.run_id}" in proc.stdout
+    assert board  # the run's own leaderboard is there beside what the trackers hold
 
 
 def test_without_the_options_neither_tracker_is_imported(run_dir):
     code = ("import sys; from pathlib import Path; import poolbench.cli.app, poolbench.api; "
-            "from poolbench.results.trackers import log_trackers; "
-            f"assert log_trackers(Path({str(run_dir)!r}), None, None) == []; "
+            "from poolbench.results.trackers import log_trackers, tracker_options; "
+            f"assert log_trackers(Path({str(run_dir)!r}), tracker_options(None, None)) == []; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'mlflow')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
-    assert log_trackers(run_dir, None, "") == []
+    assert tracker_options(None, "") == Trackers() and log_trackers(run_dir, Trackers()) == []

@@ -175,9 +175,9 @@ def run(
     from poolbench.api import evaluate_config
     from poolbench.cli.board import summary_line
     from poolbench.config import RunConfig
-    from poolbench.results.trackers import log_trackers, parse_wandb_args
+    from poolbench.results.trackers import log_trackers, tracker_options
 
-    trackers = (None if wandb_args is None else parse_wandb_args(wandb_args), mlflow_uri)
+    trackers = tracker_options(wandb_args, mlflow_uri)
     models = _split(model) or (EMBEDDED,)
     try:
         cfg = RunConfig(
@@ -199,7 +199,7 @@ def run(
 
     if len(models) > 1:
         for folder in _run_models(cfg, models, log_samples, tuple(str(p) for p in strategy_module or ())):
-            _print_lines(log_trackers(folder, *trackers, store=store))
+            _print_lines(log_trackers(folder, trackers, store=store))
         return
     with run_progress() as progress:
         results = evaluate_config(cfg, on_event=RunDisplay(progress).show, log_samples=log_samples,
@@ -215,7 +215,7 @@ def run(
                   f"{samples} (latest: results.json, leaderboard.json)", soft_wrap=True, highlight=False)
     console.print(summary_line(results.leaderboard, total_s=float((results.document.get("timing") or {}).get(
         "total_s", 0.0)), results_path=paths["results"], answer=answer), soft_wrap=True, highlight=False)
-    _print_lines(log_trackers(paths["results"].parent, *trackers, store=store))
+    _print_lines(log_trackers(paths["results"].parent, trackers, store=store))
     _print_answer(answer)
 
 

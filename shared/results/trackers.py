@@ -81,7 +81,8 @@ def tracked_run(run_dir: Path, store: str | None = None) -> TrackedRun:
 
 def log_wandb(run: TrackedRun, args: dict[str, str | list[str]]) -> Path:
     """One W&B run: config, `leaderboard` table, answer.json saved with the run, one image per figure; returns the
-    run's local folder (offline: wandb/offline-run-*/, which `wandb sync` uploads later)."""
+    run's local folder (offline: wandb/offline-run-*/, which `wandb sync` uploads later). Ends this process's wandb
+    service: for the CLI, which logs once at its end."""
     import wandb
 
     settings = wandb.Settings(silent=True, console="off", x_disable_stats=True)
@@ -100,6 +101,9 @@ def log_wandb(run: TrackedRun, args: dict[str, str | list[str]]) -> Path:
         return Path(wb.dir).parent
     finally:
         wb.finish()
+        # finish() returns before wandb's service has written the run's records (the offline .wandb file holds only
+        # its header then): ending the service flushes them, so the folder is whole when this returns.
+        wandb.teardown()
 
 
 def log_mlflow(run: TrackedRun, uri: str) -> str:
@@ -129,14 +133,52 @@ def log_mlflow(run: TrackedRun, uri: str) -> str:
     return run_id
 
 
-def log_trackers(run_dir: Path, wandb_args: dict[str, str | list[str]] | None, mlflow_uri: str | None,
-                 store: str | None = None) -> list[str]:
-    """The driver's hook once a run folder is written: log it where the options say; one line per tracker."""
-    if wandb_args is None and not mlflow_uri:
+@dataclass(frozen=True)
+class Trackers:
+    """Where `run` logs: wandb.init's arguments (None: not to W&B) and an MLflow tracking URI (None: not there)."""
+
+    wandb: dict[str, str | list[str]] | None = None
+    mlflow_uri: str | None = None
+
+
+def tracker_options(wandb_args: str | None, mlflow_uri: str | None) -> Trackers:
+    """The CLI's two options, checked before any work: a bad key, a missing extra or an MLflow URI that names no
+    store it can open (mlflow 3 refuses a file store unless MLFLOW_ALLOW_FILE_STORE=true) stops in one line."""
+    from importlib.util import find_spec
+
+    trackers = Trackers(None if wandb_args is None else parse_wandb_args(wandb_args), mlflow_uri or None)
+    for option, module, used in (("--wandb-args", "wandb", trackers.wandb), ("--mlflow-uri", "mlflow", mlflow_uri)):
+        if used is not None and find_spec(module) is None:
+            raise PoolBenchError(f"{option} needs {module}: pip install 'poolbench[{module}]'")
+    if trackers.mlflow_uri:
+        from mlflow import MlflowClient
+
+        try:
+            MlflowClient(tracking_uri=trackers.mlflow_uri)
+        except Exception as exc:  # mlflow raises its own and its stores' errors
+            raise PoolBenchError(f"--mlflow-uri {trackers.mlflow_uri}: {_first_line(exc)}") from None
+    return trackers
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def log_trackers(run_dir: Path, trackers: Trackers, store: str | None = None) -> list[str]:
+    """The driver's hook once a run folder is written: log it where the options say; one line per tracker. A
+    tracker's failure stops in one line naming it (the run folder is complete by then)."""
+    if trackers.wandb is None and not trackers.mlflow_uri:
         return []
     run, lines = tracked_run(run_dir, store), []
-    if wandb_args is not None:
-        lines.append(f"logged to W&B: {log_wandb(run, wandb_args)}")
-    if mlflow_uri:
-        lines.append(f"logged to MLflow {mlflow_uri}: run {log_mlflow(run, mlflow_uri)}")
+    if trackers.wandb is not None:
+        try:
+            lines.append(f"logged to W&B: {log_wandb(run, trackers.wandb)}")
+        except Exception as exc:  # wandb's errors are its own
+            raise PoolBenchError(f"--wandb-args: {_first_line(exc)} (the run is in {run_dir})") from None
+    if trackers.mlflow_uri:
+        try:
+            lines.append(f"logged to MLflow {trackers.mlflow_uri}: run {log_mlflow(run, trackers.mlflow_uri)}")
+        except Exception as exc:
+            raise PoolBenchError(f"--mlflow-uri {trackers.mlflow_uri}: {_first_line(exc)} (the run is in "
+                                 f"{run_dir})") from None
     return lines

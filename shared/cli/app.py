@@ -163,6 +163,10 @@ def run(
     protocol: Annotated[str, typer.Option(
         help="D1 protocol: poolbench (pair-grouped CV + held-out test) or pb, the official leaderboard's "
              "(train split, 5-fold OOF DiffMean AUROC, seed 42; CV-only)")] = "poolbench",
+    wandb_args: Annotated[str | None, typer.Option(
+        help="log the run to W&B: wandb.init's k=v,k=v, e.g. project=p,mode=offline (extra [wandb])")] = None,
+    mlflow_uri: Annotated[str | None, typer.Option(help="log the run to this MLflow tracking URI (extra [mlflow])")]
+    = None,
 ) -> None:
     """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json
     (and results_<UTC date-time>.json, leaderboard_<...>.json beside them, kept per run)."""
@@ -171,7 +175,9 @@ def run(
     from poolbench.api import evaluate_config
     from poolbench.cli.board import summary_line
     from poolbench.config import RunConfig
+    from poolbench.results.trackers import log_trackers, tracker_options
 
+    trackers = tracker_options(wandb_args, mlflow_uri)
     models = _split(model) or (EMBEDDED,)
     try:
         cfg = RunConfig(
@@ -192,7 +198,8 @@ def run(
         raise PoolBenchError(f"--layers: {exc}") from None
 
     if len(models) > 1:
-        _run_models(cfg, models, log_samples, tuple(str(p) for p in strategy_module or ()))
+        for folder in _run_models(cfg, models, log_samples, tuple(str(p) for p in strategy_module or ())):
+            _print_lines(log_trackers(folder, trackers, store=store))
         return
     with run_progress() as progress:
         results = evaluate_config(cfg, on_event=RunDisplay(progress).show, log_samples=log_samples,
@@ -208,11 +215,17 @@ def run(
                   f"{samples} (latest: results.json, leaderboard.json)", soft_wrap=True, highlight=False)
     console.print(summary_line(results.leaderboard, total_s=float((results.document.get("timing") or {}).get(
         "total_s", 0.0)), results_path=paths["results"], answer=answer), soft_wrap=True, highlight=False)
+    _print_lines(log_trackers(paths["results"].parent, trackers, store=store))
     _print_answer(answer)
 
 
+def _print_lines(lines: list[str]) -> None:
+    for line in lines:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
 def _run_models(cfg: RunConfig, models: tuple[str, ...], log_samples: bool, strategy_modules: tuple[str, ...]
-                ) -> None:
+                ) -> list[Path]:
     """One run over several models: each model's summary as it finishes, then the cross-model table and answer."""
     from poolbench.api import evaluate_models
     from poolbench.cli.board import summary_line
@@ -231,6 +244,7 @@ def _run_models(cfg: RunConfig, models: tuple[str, ...], log_samples: bool, stra
     console.print(f"wrote {results.paths['results']}, {results.paths['leaderboard']}, "
                   f"{results.paths['cross_model_csv'].name} and one folder per model", soft_wrap=True, highlight=False)
     console.print(cross_model_answer(table), soft_wrap=True, highlight=False, markup=False)
+    return [result.paths["results"].parent for result in results.per_model.values()]
 
 
 def _print_answer(answer: RunAnswer) -> None:

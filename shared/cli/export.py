@@ -23,7 +23,8 @@ def export_vector(
                                                       "({layer: tensor}), or pt")] = "gguf",
     unit: Annotated[str, typer.Option(help="residual: alpha = 1 is D2's alpha (residual-norm scaled); raw: the "
                                            "DiffMean at its own length")] = "residual",
-    out: Annotated[Path | None, typer.Option(help="file or folder to write; default the run folder")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="folder to write <concept>-<strategy>-L<layer>.<format> into; default the run folder")] = None,
 ) -> None:
     """Write one (concept, strategy, layer) steering vector at alpha = 1 with its provenance, for other tools."""
     from poolbench.results.vector_export import ExportError, exported_vector
@@ -35,5 +36,7 @@ def export_vector(
         raise ExportError(f"--unit: '{unit}' is not residual or raw")
     vec = exported_vector(run_dir, concept, strategy, layer, unit="residual" if unit == "residual" else "raw")
     check_expressible(vec, fmt)
-    target = write_vector(vec, fmt, out if out is not None else run_dir)
+    folder = out if out is not None else run_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    target = write_vector(vec, fmt, folder)
     console.print(f"wrote {target} ({vec.hook_point}, |v| = {vec.metadata['vector_norm']:.4g}, unit {unit})")

@@ -34,8 +34,13 @@ def kuberay_cluster_spec(doc: dict) -> dict:
 @pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.cuda"])
 def test_dockerfiles_install_the_package_and_expose_the_ports(name):
     text = dockerfile(name)
-    assert re.search(r"^FROM \S+", text, re.M)
-    assert "pip install --no-cache-dir -e ." in text
+    # The base and the torch source are build arguments (an offline build mounts a wheel folder), the package is
+    # installed as a wheel (no editable link into a build folder), and the image runs as a non-root user.
+    assert re.search(r"^ARG BASE_IMAGE=\S+\nFROM \$\{BASE_IMAGE\}$", text, re.M)
+    assert re.search(r"^ARG TORCH_INDEX_URL=https://download\.pytorch\.org/whl/\S+$", text, re.M)
+    assert re.search(r"^ARG TORCH_FIND_LINKS=$", text, re.M)
+    assert "pip install --no-cache-dir --no-deps ." in text
+    assert re.search(r"^USER poolbench$", text, re.M)
     for folder in ("shared", "services"):
         assert f"COPY {folder} ./{folder}" in text
     exposed = {int(p) for line in re.findall(r"^EXPOSE (.+)$", text, re.M) for p in line.split()}
@@ -45,21 +50,25 @@ def test_dockerfiles_install_the_package_and_expose_the_ports(name):
 
 def test_cuda_image_uses_a_cuda_base_and_cuda_torch():
     text = dockerfile("Dockerfile.cuda")
-    assert re.search(r"^FROM nvidia/cuda:\S+", text, re.M)
-    assert "download.pytorch.org/whl/cu" in text
+    assert re.search(r"^ARG BASE_IMAGE=docker\.io/nvidia/cuda:\S+$", text, re.M)
+    assert re.search(r"^ARG TORCH_INDEX_URL=https://download\.pytorch\.org/whl/cu\d+$", text, re.M)
 
 
 def test_compose_services_images_ports_and_env():
     compose = load("docker-compose.yml")
     services = compose["services"]
-    assert {"ray-head", "ray-worker", "minio", "minio-bucket", "driver"} <= set(services)
+    assert {"ray-head", "ray-worker", "minio", "minio-bucket", "driver", "http"} <= set(services)
     head, worker, driver, minio = (services[k] for k in ("ray-head", "ray-worker", "driver", "minio"))
-    assert head["image"] == worker["image"] == driver["image"] == "poolbench/poolbench:cpu"
+    http = services["http"]
+    assert head["image"] == worker["image"] == driver["image"] == http["image"] == "poolbench/poolbench:cpu"
     assert head["build"]["dockerfile"] == "deploy/Dockerfile.cpu"
-    assert f"{RAY_PORT}:{RAY_PORT}" in head["ports"] and f"{SERVE_PORT}:{SERVE_PORT}" in head["ports"]
+    # The head publishes Ray's ports; the HTTP service, its own head with the Serve app, publishes Serve's.
+    assert f"{RAY_PORT}:{RAY_PORT}" in head["ports"] and f"{SERVE_PORT}:{SERVE_PORT}" in http["ports"]
     assert f"--address=ray-head:{RAY_PORT}" in worker["command"]
     assert worker["deploy"]["replicas"] >= 1  # scaled with --scale ray-worker=N
-    assert f"ray-head:{RAY_PORT}" in driver["command"]
+    # A Ray driver must run on a Ray node: the driver container joins the head first, then runs on `auto`.
+    assert f"--address=ray-head:{RAY_PORT}" in " ".join(driver["entrypoint"])
+    assert driver["command"][:4] == ["poolbench-driver", "run", "--address", "auto"]
     # MinIO: a healthcheck on its port, a bucket made once it is healthy, credentials that match the clients.
     assert f"{MINIO_PORT}:{MINIO_PORT}" in minio["ports"]
     assert str(MINIO_PORT) in " ".join(minio["healthcheck"]["test"])

@@ -31,6 +31,7 @@ from poolbench.pooler.concept_pooling import strategy_needs
 from poolbench.pooler.iti import head_vectors
 from poolbench.pooler.parses import ParseIndex, batch_parse_extras, cached_parse_table, ids_digest, load_nlp
 from poolbench.pooler.pool import pool_tokens
+from poolbench.pooler.reference_tokens import token_root_extra
 from poolbench.pooler.registry import list_strategies
 from poolbench.store.local import LocalStore
 
@@ -82,6 +83,9 @@ def measure(args: argparse.Namespace) -> dict:
             batch.extras.update(batch_parse_extras(parses, batch.passage_ids, batch.texts, batch.offsets,
                                                    batch.attention_mask, context.word_flags))
             batch.extras["unigram_probability"] = context.unigram_probability(batch.input_ids)
+            if "tokens" in needs:  # the reference variants' word-initial token rule reads the token strings
+                batch.extras["token_root"] = token_root_extra(loaded.tokenizer, batch.input_ids,
+                                                              batch.attention_mask)
             pool_tokens(batch, specs)
             for spec in specs:
                 if spec.supervision == "labels":

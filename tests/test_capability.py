@@ -10,15 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from planted_run import PLANTED, store_planted_table
 from tiny_models import save_tiny_llama
 
-from poolbench.corpus.passage import Passage
-from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.results.capability import CapabilityError, paired_difference
-from poolbench.store.local import LocalStore
 
-D = 32
-PLANTED = np.array([3.0, -4.0] + [0.0] * (D - 2), np.float32)
 # Single-letter choices: near-equal likelihoods on the random tiny model, so steering can reorder them.
 DOCS = [{"question": q, "choices": ["a", "e", "o", "s"], "label": y} for q, y in [
     ("the cat sat on the", 0), ("birds sang in the", 1), ("water boils at one hundred", 2), ("the door is", 3),
@@ -51,13 +47,7 @@ def run_and_task(tmp_path_factory) -> tuple[Path, Path, Path]:
     residual norm 6 and alpha* 4) and a task folder: a YAML over a local JSONL file, nothing from the hub."""
     root = tmp_path_factory.mktemp("capability")
     model = save_tiny_llama(root / "llama", weight_std=0.2)
-    passages = [Passage(f"{s}-{i}-{y}", f"text {i}", y, "d", 4, f"{s}-{i}", s, "praise")
-                for i in range(6) for s in ["train" if i < 4 else "test"] for y in (1, 0)]
-    vecs = np.zeros((len(passages), D), np.float32)
-    vecs[[p.label == 1 for p in passages]] = PLANTED
-    builder = PooledTableBuilder(passages, D)
-    builder.add(vecs[None, None], [1], ["A1_mean"], [p.id for p in passages], np.zeros(len(passages), bool))
-    LocalStore(root / "store").put_table("pooled/praise", builder.table())
+    store_planted_table(root / "store")
     (root / "run").mkdir()
     (root / "run" / "results.json").write_text(json.dumps({
         "config": {"store": str(root / "store"), "model": str(model)},

@@ -11,17 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from planted_run import PLANTED, D, store_planted_table
 from tolerances import assert_float32_close
 from typer.testing import CliRunner
 
-from poolbench.corpus.passage import Passage
-from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.results.vector_export import ExportError, exported_vector
 from poolbench.results.vector_formats import write_vector
-from poolbench.store.local import LocalStore
 
-D = 32
-PLANTED = np.array([3.0, -4.0] + [0.0] * (D - 2), np.float32)  # the train DiffMean; unit direction (0.6, -0.8, 0...)
 RESIDUAL_NORM = 6.0
 EXPECTED = np.array([3.6, -4.8] + [0.0] * (D - 2))  # RESIDUAL_NORM x (0.6, -0.8, 0, ...), by hand
 PROMPTS = ["the cat sat on", "birds sang in the trees near the river"]
@@ -33,14 +29,7 @@ def run(tmp_path_factory, layered_llama_dir) -> Path:
     provenance, the pooled table's key (A1_mean at layers 0 and 1, planted so the train DiffMean is PLANTED) and a
     D2 cell (steered at layer 1: residual norm, alpha*, fluency guard)."""
     root = tmp_path_factory.mktemp("run")
-    passages = [Passage(f"{split}-{i}-{label}", f"text {i} {label}", label, "d", 4, f"{split}-{i}", split, "praise")
-                for i in range(6) for split in ["train" if i < 4 else "test"] for label in (1, 0)]
-    vecs = np.zeros((len(passages), D), np.float32)
-    vecs[[p.label == 1 for p in passages]] = PLANTED
-    builder = PooledTableBuilder(passages, D)
-    builder.add(np.stack([vecs[None], vecs[None]]), [0, 1], ["A1_mean"], [p.id for p in passages],
-                np.zeros(len(passages), bool))
-    LocalStore(root / "store").put_table("pooled/praise", builder.table())
+    store_planted_table(root / "store", layers=(0, 1))
     out = root / "out"
     out.mkdir()
     (out / "results.json").write_text(json.dumps({

@@ -15,20 +15,16 @@ import numpy as np
 import openai
 import pytest
 import torch
+from planted_run import PLANTED, D, store_planted_table
 from s3_server import free_port
 from serve_health import wait_healthy
 from tiny_models import CHAT_TEMPLATE, save_tiny_llama
 from tolerances import assert_float32_close
 
-from poolbench.corpus.passage import Passage
 from poolbench.extractor.loading import load_model
-from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.steerer.backend import GenerationSettings
 from poolbench.steerer.transformers_backend import TransformersBackend
-from poolbench.store.local import LocalStore
 
-D = 32
-PLANTED = np.array([3.0, -4.0] + [0.0] * (D - 2), np.float32)
 RESIDUAL_NORM = 6.0
 STORED = (RESIDUAL_NORM * PLANTED / np.linalg.norm(PLANTED)).astype(np.float32)  # the alpha = 1 delta, by hand
 TOKEN = "openai-test-token-0123456789"
@@ -52,13 +48,7 @@ def run(tmp_path_factory) -> Path:
     """A run folder as /v1 reads it: the store, the pooled table (train DiffMean = PLANTED at layer 1) and a D2 cell
     at layer 1 with its residual norm."""
     root = tmp_path_factory.mktemp("run")
-    passages = [Passage(f"{s}-{i}-{y}", f"text {i}", y, "d", 4, f"{s}-{i}", s, "praise")
-                for i in range(6) for s in ["train" if i < 4 else "test"] for y in (1, 0)]
-    vecs = np.zeros((len(passages), D), np.float32)
-    vecs[[p.label == 1 for p in passages]] = PLANTED
-    builder = PooledTableBuilder(passages, D)
-    builder.add(vecs[None, None], [1], ["A1_mean"], [p.id for p in passages], np.zeros(len(passages), bool))
-    LocalStore(root / "store").put_table("pooled/praise", builder.table())
+    store_planted_table(root / "store")
     (root / "out").mkdir()
     (root / "out" / "results.json").write_text(json.dumps({
         "config": {"store": str(root / "store")}, "artifacts": {"praise": {"pooled": "pooled/praise"}},

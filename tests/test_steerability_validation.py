@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from word_scorer import WordScorer
 
 from poolbench.steerer.steerability_check import ValidationCell, steerability_verdict
 
@@ -54,17 +55,6 @@ def test_without_d2_it_is_not_validated_as_a_stand_in():
     v = steerability_verdict(cells(1.0, None), 0.1)
     assert v.d2 is None and v.tracks_d2 is None and not v.stands_in
     assert "D2 did not run" in v.sentence()
-
-
-class WordScorer:
-    """A stand-in classifier B: the share of continuation words containing a letter."""
-
-    def __init__(self, concept: str, letter: str) -> None:
-        self.letter = letter
-        self.info = {"concept": concept, "key": f"stub-{concept}", "heldout_auroc": 1.0}
-
-    def score(self, texts):
-        return np.array([sum(self.letter in w for w in t.split()) / max(1, len(t.split())) for t in texts])
 
 
 @pytest.mark.slow  # 80-115 s on the loaded 2-core machine: pooling, exact scoring and D2 on 12 cells

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from tolerances import assert_records_close, float32_atol
+from word_scorer import WordScorer
 
 from poolbench.corpus.passage import Passage
 from poolbench.extractor.loading import load_model
@@ -25,17 +26,6 @@ from poolbench.store.local import LocalStore
 PROMPTS = ["the cat sat on", "a dog", "birds sang in the trees near the river", "near the park the"]
 TEXTS = ["the cat sat on a mat", "a dog ran to the park", "birds sang in trees", "the river ran near the park"]
 CONCEPTS = ("imdb_sentiment", "frustration")  # each the other's D3 neighbour
-
-
-class WordScorer:
-    """A stand-in classifier B: the share of continuation words that contain the letter `letter`."""
-
-    def __init__(self, concept: str, letter: str) -> None:
-        self.letter = letter
-        self.info = {"concept": concept, "key": f"stub-{concept}", "heldout_auroc": 1.0}
-
-    def score(self, texts):
-        return np.array([sum(self.letter in w for w in t.split()) / max(1, len(t.split())) for t in texts])
 
 
 @pytest.fixture(scope="module")

@@ -69,7 +69,7 @@ def test_list_strategies_and_concepts_piped_are_one_line_per_name():
     assert len(lines) == 23  # the card strategies and the 4 learned contenders; variants only with --all
     assert lines[0].split("\t")[:6] == ["P1_last", "P1", "position_anchored", "none", "-", "card"]
     assert "S3_iti_probe\tS3\tsaliency_weighted\tlabels\tattention, labels\tcard\t" in strategies.output
-    assert ("LA3_multimax\tLA3\tlearned_aggregation\tlabels\tlabels, tokens\tcontender, named only\tMultiMax"
+    assert ("LA3_multimax\tLA3\tlearned_aggregation\tlabels\tlabels, token_states\tcontender, named only\tMultiMax"
             in strategies.output)
     everything = CliRunner().invoke(app, ["list", "strategies", "--all"]).output.splitlines()
     assert any(line.startswith("W4_ref_remainder\tW4\twindow\tnone\t-\treference variant\t") for line in everything)

@@ -45,6 +45,8 @@ class WorkerLost(WorkQueueError):
 LOST_TASK_ERRORS = (WorkerCrashedError, NodeDiedError, ObjectLostError, LocalRayletDiedError)
 MAX_ATTEMPTS = 3
 """A job runs at most this often: a node lost under it twice is bad luck, three times a job that kills workers."""
+LOCATE_WAIT_S = 5.0
+"""How long a lost actor's location may take to arrive (only on the loss path: a live queue never waits on it)."""
 
 
 @dataclass(frozen=True)
@@ -150,13 +152,15 @@ class WorkQueue(Generic[K]):
             with contextlib.suppress(Exception):  # an actor that already died is fine
                 ray.kill(actor, no_restart=True)
 
-    def node_of(self, actor: ActorHandle) -> str:
-        """The `ip:port` of the node the actor started on, "" while it is still starting (or never did)."""
+    def node_of(self, actor: ActorHandle, wait: float = 0.0) -> str:
+        """The `ip:port` of the node the actor started on, "" while it is still starting (or never did). `wait`:
+        seconds to let its location's reply arrive (a lost actor that ran jobs started; its reply may still be on
+        the way when its death is seen first, and the retry must name the node)."""
         ref = self._where.get(id(actor))
         if ref is None:
             return ""
         try:
-            node_id = ray.get(ref, timeout=0)
+            node_id = ray.get(ref, timeout=wait)
         except (ray.exceptions.RayError, TimeoutError):  # still starting, or it never started
             return ""
         if node_id not in self._names:
@@ -231,7 +235,7 @@ class WorkQueue(Generic[K]):
             attempts[id(job)] = attempts.get(id(job), 1) + 1
             if attempts[id(job)] > self.max_attempts:
                 raise WorkQueueError(f"{lost} (its workers were lost {self.max_attempts} times: giving up)") from lost
-            node = self.node_of(actor) if actor is not None else ""
+            node = self.node_of(actor, wait=LOCATE_WAIT_S) if actor is not None else ""
             if node:
                 self._suspects.add(node)
             how = "unreachable" if isinstance(lost.__cause__, ActorUnavailableError) else "died"

@@ -4,9 +4,13 @@ pure functions, no engine, no vLLM needed."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
 from poolbench.steerer import vllm_engine
 from poolbench.steerer.vllm_engine import (
@@ -15,6 +19,7 @@ from poolbench.steerer.vllm_engine import (
     death_cause,
     engine_args,
     exit_cause,
+    exit_code,
     kv_cache_bytes,
     last_exception,
     output_to,
@@ -55,6 +60,41 @@ def test_a_killed_engine_names_the_signal_even_when_its_workers_complained():
     assert death_cause(DEAD_LOG, -9, 1100) == "the engine core process (pid 1100) was killed by SIGKILL"
     assert death_cause("", 3, 7) == "the engine core process (pid 7) exited with code 3"
     assert exit_cause(None, None) == "the engine core process stopped answering"
+
+
+class ReapedElsewhere:
+    """A process another thread has reaped: its join returns at once and its exit code shows up a little later
+    (what vLLM's monitor thread, joining the same engine core, leaves us with)."""
+
+    def __init__(self, code: int | None, reads_before: int):
+        self.code, self.reads_before = code, reads_before
+
+    def join(self, timeout=None):
+        pass
+
+    @property
+    def exitcode(self):
+        self.reads_before -= 1
+        return self.code if self.reads_before < 0 else None
+
+
+def test_an_exit_code_stored_by_another_thread_is_waited_for():
+    assert exit_code(ReapedElsewhere(-9, reads_before=3), interval=0.001) == -9
+    # A process that never exits gives None once the wait is over, not a made-up code.
+    assert exit_code(ReapedElsewhere(None, reads_before=0), timeout=0.05, interval=0.01) is None
+
+
+def test_two_threads_joining_one_killed_process_both_read_sigkill():
+    process = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+    process.start()
+    codes: list[int | None] = []
+    threads = [threading.Thread(target=lambda: codes.append(exit_code(process))) for _ in range(2)]
+    os.kill(process.pid, signal.SIGKILL)
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert codes == [-signal.SIGKILL, -signal.SIGKILL]
 
 
 def test_cpu_engine_args_never_split_a_prompt_and_take_float32(tmp_path):

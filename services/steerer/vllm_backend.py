@@ -75,6 +75,7 @@ from .vllm_engine import (
     death_cause,
     engine_args,
     engine_watch,
+    exit_code,
     last_exception,
     new_log,
     output_to,
@@ -356,14 +357,13 @@ class VLLMBackend:
         if type(error).__name__ != "EngineDeadError" and not getattr(resources, "engine_dead", False):
             return None
         process = self.engine_process()
-        if process is not None:
-            process.join(timeout=10)  # its exit code says whether a signal killed it
+        code = exit_code(process) if process is not None else None  # says whether a signal killed it
         text = ""
         if self.log is not None:
             with self.log.open(errors="replace") as f:
                 f.seek(self.log_offset)
                 text = f.read()
-        return death_cause(text, getattr(process, "exitcode", None), getattr(process, "pid", None))
+        return death_cause(text, code, getattr(process, "pid", None))
 
     def restart_engine(self) -> None:
         """Shut the dead engine down and start a new one with the same settings (hooks are installed anew)."""

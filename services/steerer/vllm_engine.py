@@ -25,6 +25,7 @@ import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, MutableMapping
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -149,6 +150,19 @@ def exit_cause(exitcode: int | None, pid: int | None) -> str:
             return f"{who} was killed by {signal.Signals(-exitcode).name}"
         return f"{who} was killed by signal {-exitcode}"
     return f"{who} exited with code {exitcode}"
+
+
+def exit_code(process, timeout: float = 10.0, interval: float = 0.05) -> int | None:
+    """The exit code of a process that has gone, None if it has not within `timeout` s.
+
+    One `join` is not enough: vLLM's own shutdown joins the same process from its monitor thread, and when that
+    thread's `waitpid` reaps the child, ours gets ECHILD and reads None until that thread has stored the code; so
+    the code is read again until it is there."""
+    deadline = time.monotonic() + timeout
+    process.join(timeout=timeout)
+    while process.exitcode is None and time.monotonic() < deadline:
+        time.sleep(interval)
+    return process.exitcode
 
 
 def death_cause(log_text: str, exitcode: int | None, pid: int | None) -> str:

@@ -145,12 +145,13 @@ def compare_strategies(test: Mapping[str, Mapping[str, float]], cv: Mapping[str,
                        rope: float = DEFAULT_ROPE, alpha: float = ALPHA,
                        equivalence_posterior: float = EQUIVALENCE_POSTERIOR, power: float = TARGET_POWER,
                        n_bootstrap: int = 1000, seed: int = 0, level: float = 0.95,
-                       posterior_samples: int = POSTERIOR_SAMPLES) -> StrategyVerdicts:
+                       posterior_samples: int = POSTERIOR_SAMPLES, measure: str = "test_auroc") -> StrategyVerdicts:
     """The CV-chosen best and every other strategy's verdict against it.
 
     `test` and `cv` map strategy -> concept -> held-out / out-of-fold AUROC at the strategy's CV-chosen layer
     (`layers`); only concepts every strategy was scored on count. `held_out` (per-passage scores, keyed
-    (concept, strategy)) adds the paired bootstrap over matched pairs."""
+    (concept, strategy)) adds the paired bootstrap over matched pairs. `measure` names what `test` holds (the held-out
+    AUROC, or the declared tier estimand D1_mix), recorded with the verdicts."""
     strategies = sorted(test)
     if len(strategies) < 2:
         raise ProbeError(f"compare_strategies: needs at least two strategies, got {len(strategies)}")
@@ -200,4 +201,5 @@ def compare_strategies(test: Mapping[str, Mapping[str, float]], cv: Mapping[str,
     return StrategyVerdicts(
         best=choice, comparisons=tuple(comparisons), confidence_set=confidence_set, rope=rope, alpha=alpha,
         equivalence_posterior=equivalence_posterior, power=power, n_bootstrap=n_bootstrap, level=level,
-        concepts_needed=None if not needed or any(n is None for n in needed) else max(n for n in needed if n))
+        concepts_needed=None if not needed or any(n is None for n in needed) else max(n for n in needed if n),
+        measure=measure)

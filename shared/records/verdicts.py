@@ -88,3 +88,4 @@ class StrategyVerdicts:
     n_bootstrap: int
     level: float
     concepts_needed: int | None  # concepts that would separate every not-separated strategy (max over them)
+    measure: str = "test_auroc"  # the per-concept held-out value compared: "test_auroc" or "tier_mixed_d1"

@@ -32,15 +32,16 @@ def _names(items: Sequence[str]) -> str:
 def choice_sentence(v: StrategyVerdicts) -> str:
     """Does the held-out test confirm the best chosen on CV?"""
     b = v.best
+    mean = "held-out mean D1_mix" if v.measure == "tier_mixed_d1" else "held-out mean"
     if b.confirmation == CONFIRMED:
-        return (f"The held-out test confirms the choice: no strategy has a higher held-out mean than {b.strategy} "
+        return (f"The held-out test confirms the choice: no strategy has a higher {mean} than {b.strategy} "
                 f"({b.test_mean:.3f}).")
     top = next(c for c in v.comparisons if c.strategy == b.test_top)
     if b.confirmation == CONTRADICTED:
         return (f"The held-out test contradicts the choice: {b.test_top} is ahead of {b.strategy} "
                 f"({b.test_top_mean:.3f} against {b.test_mean:.3f}; Wilcoxon signed-rank, Holm p = "
                 f"{_p(top.holm_p)}, n = {top.n_concepts} concepts).")
-    return (f"The held-out test does not confirm it: {b.test_top} has the higher held-out mean ({b.test_top_mean:.3f} "
+    return (f"The held-out test does not confirm it: {b.test_top} has the higher {mean} ({b.test_top_mean:.3f} "
             f"against {b.test_mean:.3f}), a difference the tests do not separate (Wilcoxon-Holm p = "
             f"{_p(top.holm_p)}, n = {top.n_concepts}).")
 
@@ -52,7 +53,8 @@ def verdict_sentences(v: StrategyVerdicts) -> list[str]:
     n = v.best.n_concepts
     out = []
     if by[WORSE]:
-        out.append(f"Worse than the best ({len(by[WORSE])}; Wilcoxon signed-rank over {n} concepts, Holm's "
+        on = " on held-out D1_mix" if v.measure == "tier_mixed_d1" else ""
+        out.append(f"Worse than the best ({len(by[WORSE])}; Wilcoxon signed-rank{on} over {n} concepts, Holm's "
                    f"step-down, α = {v.alpha}): "
                    + _names([f"{c.strategy} (Holm p {_p(c.holm_p)})" for c in by[WORSE]]) + ".")
     if by[EQUIVALENT]:
@@ -81,8 +83,9 @@ def verdict_sentences(v: StrategyVerdicts) -> list[str]:
     pairs = [c for c in v.comparisons if c.pairs is not None]
     if pairs:
         above = sum(1 for c in pairs if c.pairs is not None and c.pairs.low > 0)
+        blend = " (overall, the tiers' blend)" if v.measure == "tier_mixed_d1" else ""
         out.append(f"On these concepts (a paired bootstrap over matched pairs, which says nothing of other "
-                   f"concepts) the best's mean held-out AUROC lies above {above} of {len(pairs)} others at "
+                   f"concepts) the best's mean held-out AUROC{blend} lies above {above} of {len(pairs)} others at "
                    f"{round(100 * v.level)}%.")
     return out
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from poolbench.atomic_write import write_json_atomic, write_text_atomic
 from poolbench.errors import PoolBenchError
 from poolbench.results.answer import RunAnswer, build_answer, run_answer
+from poolbench.results.leaderboard import ranked_on_text
 from poolbench.results.near_ties import near_tie_sentence, nemenyi_near_ties, verdict_sentence
 from poolbench.results.ranking import CI_LEVEL
 from poolbench.results.tidy import wide_rows
@@ -55,6 +56,8 @@ def findings_facts(results: dict, leaderboard: dict, *, source: str, sha256: str
                        {k: v for k, v in asdict(c).items() if k != "pairs"} for c in answer.verdicts.comparisons],
                    "sections": [asdict(x) for x in answer.sections]},
         "leaderboard": wide_rows(leaderboard, answer.verdicts),
+        "ranked_on": ranked_on_text(leaderboard),
+        "steering_guard": steering_guard(results),
         "tiers": [{"tier": tier, "rows": section.get("rows") or [], "lexical": section.get("lexical") or {}}
                   for tier, section in (leaderboard.get("by_tier") or {}).items()],
         "lexical": lexical,
@@ -64,6 +67,36 @@ def findings_facts(results: dict, leaderboard: dict, *, source: str, sha256: str
             (results.get("reliability") or {}).get("friedman") or leaderboard.get("friedman"),
             str(best_row.get("strategy"))),
     }
+
+
+def steering_guard(results: dict) -> dict | None:
+    """The fluency guard the run's D2 cells ran under, read from their records (None without steering): the
+    reference models that judged, the perplexity-ratio bound, the distinct-2 floor, the measure's name."""
+    d2 = [r for r in results.get("d2") or (results.get("steering") or {}).get("d2") or [] if r.get("status") == "ok"]
+    if not d2:
+        return None
+
+    def values(key: str) -> list:
+        return sorted({r[key] for r in d2 if r.get(key) is not None}, key=str)
+
+    return {"reference_models": values("reference_model"), "fluency_guard": values("fluency_guard"),
+            "min_distinct_2": values("min_distinct_2"), "fluency_measure": values("fluency_measure")}
+
+
+def _guard_caption(guard: dict | None) -> str:
+    """What "fluent" meant in the run, from the facts: the same guard for steering (at α*) and prompting."""
+    if not guard:
+        return ""
+    bound = " or ".join(f"{g:g}" for g in guard["fluency_guard"]) or "—"
+    if not guard["reference_models"]:  # runs before D2 v4: the steered model, after the prompt
+        return (f" Fluent: the continuations' perplexity under the steered model, after the prompt, at most {bound}× "
+                "that of the α = 0 continuations (the guard of runs before D2 v4).")
+    floor = " or ".join(f"{g:g}" for g in guard["min_distinct_2"]) or "—"
+    return (f" Fluent, the same guard for both columns (steered: at α*; prompted: the instruction's continuations), "
+            f"on the held-out half of the prompts: perplexity under the reference model "
+            f"{', '.join(guard['reference_models'])}, reading each continuation alone without its prompt, at most "
+            f"{bound}× that of the α = 0 continuations of the same prompts, and mean distinct-2 (the share of "
+            f"distinct word bigrams) at least {floor}.")
 
 
 def _n(value: object, fmt: str = ".3f") -> str:
@@ -105,16 +138,20 @@ def render_findings(facts: dict) -> str:
               f"seed {_n(run.get('seed'), 'd')}",
               "- wall time (minutes): " + (", ".join(f"{k.replace('_', ' ')} {_n(v, '.1f')}"
                                                    for k, v in run["minutes"].items()) or "—"), ""]
+    mix = any(r.get("d1_mix") is not None for r in facts["leaderboard"])
     board = [[_n(r["rank"], "d"), r["strategy"], r.get("family") or "—", _n(r["layer"], "d"),
+              *([_iv({"value": r.get("d1_mix"), "low": r.get("d1_mix_low"), "high": r.get("d1_mix_high")})]
+                if mix else []),
               _iv({"value": r["mean_d1"], "low": r["low"], "high": r["high"]}), _n(r.get("mean_cv_auroc")),
               r.get("verdict") or "—", _n(r.get("win_rate")), f"{r['worst_concept']} {_n(r['worst_d1'])}"]
              for r in facts["leaderboard"]]
     lines += ["## Leaderboard", "",
               f"Held-out D1 (test AUROC) at each strategy's CV-chosen layer, mean over concepts with a "
-              f"{run['ci_percent']}% t-interval over concepts (none below three concepts), in held-out order; the "
-              "best is chosen on the mean CV AUROC, and each verdict is against it (see the Answer).", "",
-              *_table(["rank", "strategy", "family", "layer", "mean D1 [95% CI]", "mean CV", "verdict", "win rate",
-                       "worst concept"], board)]
+              f"{run['ci_percent']}% t-interval over concepts (none below three concepts); "
+              f"{facts.get('ranked_on') or 'ranked on mean held-out D1 (test AUROC)'}. The best is chosen on the "
+              "mean CV AUROC, and each verdict is against it (see the Answer).", "",
+              *_table(["rank", "strategy", "family", "layer", *(["D1_mix [95% CI]"] if mix else []),
+                       "mean D1 [95% CI]", "mean CV", "verdict", "win rate", "worst concept"], board)]
     if facts.get("near_ties"):
         lines += ["", "Near-tied layer choices (docs/reproducibility.md):", "",
                   *[f"- {near_tie_sentence(t['strategy'], t['layer'], t)}" for t in facts["near_ties"]]]
@@ -158,12 +195,12 @@ def render_findings(facts: dict) -> str:
     if facts["answer"]["steering"]:
         rows = [[c["concept"], c["strategy"], _n(c["layer"], "d"), _n(c["alpha_star"]),
                  "null" if c["delta"] is None else _iv(c["delta"], fmt="+.3f"), _iv(c["prompted"], fmt="+.3f"),
-                 _n(c["prompted_fluent"])] for c in facts["answer"]["steering"]]
+                 _n(c.get("steering_fluent")), _n(c["prompted_fluent"])] for c in facts["answer"]["steering"]]
         lines += ["## Steering against prompting", "",
                   "Δ(α*): concept-score gain over α = 0 on the held-out half of the prompts; prompted: an "
-                  "instruction prefix, unsteered, on the same scorer.", "",
-                  *_table(["concept", "strategy", "layer", "α*", "Δ(α*) [95% CI]", "prompted Δ [95% CI]",
-                           "prompted passes fluency guard"], rows)]
+                  "instruction prefix, unsteered, on the same scorer." + _guard_caption(facts.get("steering_guard")),
+                  "", *_table(["concept", "strategy", "layer", "α*", "Δ(α*) [95% CI]", "prompted Δ [95% CI]",
+                               "steered fluent", "prompted fluent"], rows)]
     return "\n".join(lines).rstrip() + "\n"
 
 

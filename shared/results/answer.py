@@ -21,7 +21,7 @@ from poolbench.prober.auroc import ProbeError
 from poolbench.prober.passage_scores import held_out_cells
 from poolbench.prober.verdicts import DEFAULT_ROPE, compare_strategies
 from poolbench.records.verdicts import WORSE, StrategyVerdicts
-from poolbench.results.answer_verdicts import choice_sentence, comparison_line, verdict_sentences
+from poolbench.results.answer_verdicts import choice_sentence, comparison_line, near_tie_text, verdict_sentences
 from poolbench.results.leaderboard import RANKED_ON_BLEND, RANKED_ON_MIX
 from poolbench.results.ranking import MIN_CONCEPTS_FOR_INTERVAL, mean_t_interval
 from poolbench.results.steerability_answer import SteerabilityAnswer, steerability_answer
@@ -383,10 +383,11 @@ def answer_html(answer: RunAnswer) -> str:
     verdicts = "" if answer.verdicts is None else (
         '<table class="verdicts"><thead><tr><th>strategy</th><th>layer</th><th>verdict</th><th>test</th>'
         "<th>best − it</th><th>n</th><th>Wilcoxon p</th><th>Holm p</th><th>P(ROPE)</th><th>rank interval</th>"
-        "</tr></thead><tbody>" + "".join(
+        "<th>near-tie</th></tr></thead><tbody>" + "".join(
             "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in (
                 c.strategy, str(c.layer), c.verdict, c.test, f"{c.mean_difference:+.3f}", str(c.n_concepts),
-                _f(c.wilcoxon_p), _f(c.holm_p), f"{c.p_rope:.3f}", f"[{c.rank_low}, {c.rank_high}]")) + "</tr>"
+                _f(c.wilcoxon_p), _f(c.holm_p), f"{c.p_rope:.3f}", f"[{c.rank_low}, {c.rank_high}]",
+                near_tie_text(c).removeprefix("near-tie: ") or "—")) + "</tr>"
             for c in answer.verdicts.comparisons) + "</tbody></table>")
     extra = "".join(f"<h4>{html.escape(x.title)}</h4>" + "".join(f"<p>{html.escape(t)}</p>" for t in x.sentences)
                     for x in answer.sections)

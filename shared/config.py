@@ -37,6 +37,9 @@ class RunConfig(BaseModel):
     n_folds: int = Field(5, ge=2)
     n_bootstrap: int = Field(1000, ge=0)
     rope: float = Field(0.01, gt=0.0, lt=0.5)  # the answer's region of practical equivalence (AUROC)
+    # The model that judges D2's fluency (poolbench.steerer.fluency): "auto" (the other embedded model), "self" (the
+    # steered model), or any model reference --model takes
+    reference_model: str = Field("auto", min_length=1)
     address: str | None = None
     num_workers: int | None = Field(None, ge=1)
     torch_threads: int | None = Field(None, ge=1)

@@ -81,7 +81,8 @@ def test_findings_from_constructed_results(tmp_path):
     assert [c["strategy"] for c in facts["answer"]["comparisons"]] == ["B", "C"] and facts["answer"]["best"] == "A"
     assert "| c3 | 0.750 [0.650, 1.000] | 0.850 |" in page
     assert "| A | 2 | 0.600 [0.450, 0.750] |" in page and "lexical baseline's mean is 0.550, its max 0.620" in page
-    assert "| c3 | A | 2 | 0.100 | +0.200 [+0.100, +0.300] | +0.000 [-0.050, +0.050] | yes |" in page
+    # steered fluent: "—", the record predates D2 v4 (no passes_fluency_guard); prompted fluent from its ratio
+    assert "| c3 | A | 2 | 0.100 | +0.200 [+0.100, +0.300] | +0.000 [-0.050, +0.050] | — | yes |" in page
     assert ("- No strategy but A reaches rank 1, yet not every other is separated from it; the lexical baseline "
             "scores 1.000 on 3 of 4 concepts, so this corpus cannot separate them.") in page
     assert "tied" not in page

@@ -52,8 +52,9 @@ def test_leaderboard_is_built_finished_with_comparisons_and_sections():
     """Win rate, average rank and the run's sections come in as inputs; nothing edits the result afterwards."""
     lb = build_leaderboard(CELLS, win_rate={"A1_mean": 1.0}, average_ranks={"A1_mean": 1.0, "P1_last": 2.0},
                            sections={"model": {"model_id": "tiny"}, "friedman": None})
-    assert list(lb) == ["probe", "protocol", "layer_selection", "best_on_cv", "best_selection", "strategies", "model",
-                        "friedman"]
+    assert list(lb) == ["probe", "protocol", "layer_selection", "best_on_cv", "best_selection", "ranked_on",
+                        "ranking", "strategies", "model", "friedman"]
+    assert lb["ranked_on"] == "test_auroc"  # no tier estimand given: ranked on the held-out AUROC
     assert lb["best_on_cv"] == "A1_mean" and "training data only" in lb["best_selection"]
     a1, p1 = lb["strategies"]
     assert list(a1)[-3:] == ["rank", "win_rate", "average_rank"]

@@ -77,20 +77,114 @@ def test_the_report_marks_a_near_tied_layer_beside_it() -> None:
     assert layer_text({"best_layer": 3}) == "3"  # leaderboards from before near-ties
 
 
-def test_a_nemenyi_verdict_within_two_rank_swaps_of_the_critical_difference_is_named() -> None:
-    """17 concepts: one swap moves a mean rank by 1/17, two by 0.118. Against CD 6.79, gaps 6.80 (beaten) and 6.70
-    (not separated) are near-ties; 2.0 and 7.0 (0.21 past the CD: the should-fail side) are not."""
-    from poolbench.results.near_ties import nemenyi_near_ties
+def _differences_run(tmp_path: Path, differences: list[float]):
+    """A finished run of two strategies: A ahead of B by the given held-out AUROC per concept (CV likewise), B's
+    concepts of varied difficulty; written and read back through answer.json."""
+    from poolbench.config import RunConfig
+    from poolbench.records.d1 import D1CellRecord
+    from poolbench.records.run import RunOutcome
+    from poolbench.results.answer import read_answer
+    from poolbench.results.document import write_run_outputs
 
-    friedman = {"average_ranks": {"A": 1.0, "B": 7.8, "C": 7.7, "D": 3.0, "E": 8.0}, "critical_difference": 6.79,
-                "n_units": 17}
-    ties = nemenyi_near_ties(friedman, "A")
-    assert [(t["strategy"], t["beaten"]) for t in ties] == [("B", True), ("C", False)]
-    assert ties[0]["rank_gap"] == pytest.approx(6.8) and ties[0]["swaps_could_close"] == pytest.approx(2 / 17)
-    assert nemenyi_near_ties(None, "A") == [] and nemenyi_near_ties(friedman, "Z") == []
+    b = [0.70 + 0.01 * i for i in range(len(differences))]
+    values = {"A": [x + d for x, d in zip(b, differences, strict=True)], "B": b}
+    records = [D1CellRecord(concept=f"c{i}", layer=2, strategy=s, probe="logistic", cv_auroc=v, test_auroc=v,
+                            ci_low=v - 0.05, ci_high=min(1.0, v + 0.05))
+               for s, vs in values.items() for i, v in enumerate(vs)]
+    outcome = RunOutcome(config=RunConfig(steering=False, n_bootstrap=100), model={"model_id": "m"},
+                         corpus={"hash": "h"}, layers=[2], strategies=[{"id": s, "family": "f"} for s in values],
+                         records=records, artifacts={})
+    paths = write_run_outputs(outcome, tmp_path, stamp="s")
+    return paths, read_answer(paths["answer"])
+
+
+def test_one_rank_swap_by_hand() -> None:
+    from poolbench.prober.verdicts import one_rank_swap, wilcoxon_p
+
+    up, down = one_rank_swap(np.array([0.05, -0.06, 0.07]))  # W+ = 1 + 3 = 4
+    assert up.tolist() == [0.06, -0.05, 0.07] and down.tolist() == [-0.05, -0.06, 0.07]  # W+ 5 and 3
+    # all six ahead: exact p = 2 / 2^6 = 0.03125; the smallest crossing 0 leaves W- = 1: p = 2 x 2 / 64 = 0.0625
+    (swapped,) = one_rank_swap(np.array([0.05, 0.06, 0.07, 0.08, 0.09, 0.10]))
+    assert swapped.tolist() == [-0.05, 0.06, 0.07, 0.08, 0.09, 0.10]
+    assert wilcoxon_p(swapped)[1] == pytest.approx(4 / 64)
+
+
+def test_rope_posterior_within_three_monte_carlo_errors_is_a_near_tie() -> None:
+    from poolbench.prober.verdicts import rope_near_tie
+
+    se = (0.95 * 0.05 / 20_000) ** 0.5  # 0.00154: three of them reach 0.00462 either side of 0.95
+    assert rope_near_tie(0.952, 0.95, 20_000) == (pytest.approx(0.95 - 3 * se), pytest.approx(
+        "3 Monte Carlo standard errors of 20000 posterior samples"))
+    assert rope_near_tie(0.9456, 0.95, 20_000) is not None and rope_near_tie(0.9453, 0.95, 20_000) is None
+    assert rope_near_tie(0.955, 0.95, 20_000) is None and rope_near_tie(0.5, 0.95, 20_000) is None
+
+
+def test_a_verdict_one_rank_swap_from_holms_alpha_is_named_a_near_tie(tmp_path: Path) -> None:
+    """Six concepts all ahead by 0.05-0.10 (well outside the ROPE): Holm p = 0.031 < 0.05, 'worse than the best';
+    one swap of signed ranks gives 0.0625, so the verdict is a near-tie, named in answer.json, the printed answer
+    and the findings page. Ten such concepts (the should-fail side): p = 2/1024, one swap 4/1024, no near-tie."""
+    from poolbench.results.answer import answer_text
+    from poolbench.results.findings import findings_facts
+
+    paths, answer = _differences_run(tmp_path / "six", [0.05, 0.06, 0.07, 0.08, 0.09, 0.10])
+    assert answer.verdicts is not None
+    (b,) = answer.verdicts.comparisons
+    assert b.verdict == "worse than the best" and b.holm_p == pytest.approx(2 / 64)
+    assert b.near_tie is not None and b.near_tie.boundary == "Wilcoxon-Holm p at α"
+    assert (b.near_tie.value, b.near_tie.threshold, b.near_tie.other_side) == pytest.approx((2 / 64, 0.05, 4 / 64))
+    assert b.near_tie.other_verdict == "not separated"
+    assert json.loads(paths["answer"].read_text())["verdicts"]["comparisons"][0]["near_tie"]["other_verdict"] == \
+        "not separated"
+    near = ("near-tie: Wilcoxon-Holm p at α, 0.031 against 0.05, within one swap of two neighbouring signed ranks "
+            "of 0.062, where it would read 'not separated'")
+    text = answer_text(answer)
+    assert "B L2: worse than the best (Wilcoxon signed-rank, Holm)" in text and near in text
+    assert any(s.startswith("At a test's boundary (near-ties") and "B 'worse than the best'" in s
+               for s in answer.sentences)
+    results, board = (json.loads(paths[k].read_text()) for k in ("results", "leaderboard"))
+    page = render_findings(findings_facts(results, board, source="r", sha256="0" * 64, answer=answer))
+    assert "| near-tie |" in page and "Wilcoxon-Holm p at α (0.031 vs 0.05): else 'not separated' |" in page
+
+    _, clear = _differences_run(tmp_path / "ten", [0.05, 0.055, 0.06, 0.065, 0.07, 0.075, 0.08, 0.085, 0.09, 0.1])
+    assert clear.verdicts is not None
+    (b,) = clear.verdicts.comparisons
+    assert b.verdict == "worse than the best" and b.near_tie is None
+    assert "near-tie" not in answer_text(clear) and not any("boundary" in s for s in clear.sentences)
+
+
+def test_findings_carry_no_nemenyi_verdicts() -> None:
+    """Nemenyi stays only the critical-difference figure: facts that still hold Nemenyi verdict near-ties (as
+    FACTS_VERSION 2 wrote them) render no such section, and near_ties no longer computes them."""
+    from poolbench.results import near_ties
+
     committed = json.loads((Path(__file__).parents[1] / "docs" / "findings.json").read_text())
-    best = committed["leaderboard"][0]["strategy"]
-    page = render_findings({**committed, "verdict_near_ties": nemenyi_near_ties(
-        {**friedman, "average_ranks": {best: 1.0, "B": 7.8}}, best)})
-    assert (f"- {best} beats B by a mean-rank gap of 6.80 against the critical difference 6.79, within the 0.12 "
-            "that 2 rank swaps in one concept can move: a near-tie") in page
+    old = {"strategy": "B", "beaten": True, "rank_gap": 6.8, "critical_difference": 6.79, "swaps_could_close": 0.12}
+    page = render_findings({**committed, "verdict_near_ties": [old]})
+    assert "Nemenyi verdicts" not in page and "critical difference 6.79" not in page
+    assert not hasattr(near_ties, "nemenyi_near_ties")
+    # the committed page's answer (facts version 1) still words Nemenyi's groups: the page says so
+    assert "predate the answer's verdicts: the 'beats' and 'ties' below are Nemenyi's" in page
+    assert "predate" not in render_findings({**committed, "version": 3})
+
+
+def test_the_cross_model_page_names_a_near_tied_layer_choice() -> None:
+    from poolbench.results.cross_model import model_cell_text
+    from poolbench.results.cross_model_findings import render_cross_model_findings
+
+    tie = {"runner_up": 7, "margin": 0.01, "pairs_could_close": 0.0125}
+    cell = {"mean_d1": 0.7, "ci_low": None, "ci_high": None, "rank": 2.0, "best_layer": 14, "relative_depth": 0.54}
+    assert model_cell_text({**cell, "layer_near_tie": tie}) == "0.700 #2 L14 (0.54) (near-tie: L7)"
+    assert model_cell_text(cell) == "0.700 #2 L14 (0.54)"  # tables from before near-ties
+    committed = json.loads((Path(__file__).parents[1] / "docs" / "across-models-run" / "findings.json").read_text())
+    table = committed["cross_model"]
+    name = table["models"][1]["name"]
+    row = table["rows"][0]
+    marked = {**table, "rows": [{**row, "per_model": {**row["per_model"], name: {**row["per_model"][name],
+                                                                                  "layer_near_tie": tie}}},
+                                *table["rows"][1:]]}
+    page = render_cross_model_findings({**committed, "cross_model": marked})
+    layer = row["per_model"][name]["best_layer"]
+    assert (f"- {name}: {row['strategy']}: layer {layer} is chosen over layer 7 by 0.0100 mean CV AUROC, within the "
+            "0.0125 that 2 pairs' order can close: a near-tie") in page
+    assert "(near-tie: L7)" in page
+    assert "Near-tied layer choices" not in render_cross_model_findings(committed).split("## ")[2]

@@ -262,3 +262,40 @@ def test_the_actor_rebuilds_the_drivers_config_with_its_batching_settings(worker
                       {c: "pooled/x" for c in CONCEPTS}, {}, {c: ["x"] for c in CONCEPTS}, config.to_message())
     assert got == [config]
     assert SteeringConfig.from_message(config.to_record()).settings.batch_size == GenerationSettings().batch_size
+
+
+@pytest.mark.numerics  # the prompted rows leave the call: bounded, and run on each kernel set
+def test_without_the_prompted_baseline_cells_run_and_keep_their_steered_rows(worker, inputs, tmp_path):
+    """prompted_baseline=False: each cell generates its alpha grid x prompts alone (2 cells of two concepts: the 4
+    alpha = 0 rows once + 2 x 2 x 4 steered = 20 rows), stores no prompted rows or keys, and its steered rows and
+    record are those of the same cell run with the baseline, less the prompted part."""
+    config = replace(_config(tmp_path), prompted_baseline=False)
+    assert rows_per_cell(config) == 3 * 4
+    cells = [_cell(inputs, "imdb_sentiment", 0), _cell(inputs, "frustration", 1)]
+    counting = Counting(worker)
+    store = LocalStore(tmp_path / "off")
+    without = run_steering_cells(store, counting, cells, inputs["scorers"], config)
+    (call,) = counting.generate_calls
+    assert len(call["prompts"]) == 4 + 2 * 2 * 4 and counting.nll_calls == [20]
+    with_store = LocalStore(tmp_path / "on")
+    with_baseline = run_steering_cells(with_store, worker, cells, inputs["scorers"], replace(config,
+                                                                                              prompted_baseline=True))
+    for off, on, cell in zip(without, with_baseline, cells, strict=True):
+        assert off.d2.status == "ok" and off.d2.prompted_delta is None and off.d2.prompted_instruction is None
+        assert not [k for k in off.to_dict()["d2"] if k.startswith("prompted_")]
+        table = store.get_table(off.d2.generations_key)
+        assert table.column("kind").to_pylist() == ["steered"] * 12
+        assert table.column("alpha").to_pylist() == [0.0] * 4 + [0.5] * 4 + [2.0] * 4
+        assert table.column("prompt").to_pylist() == PROMPTS * 3
+        texts = table.column("text").to_pylist()
+        # each row's score is its own text's (the scorer applied here, not read from the record)
+        assert table.column(f"score_{cell.concept}").to_pylist() == \
+            inputs["scorers"][cell.concept].score(texts).tolist()
+        on_table = with_store.get_table(on.d2.generations_key)
+        steered = [row for row in on_table.to_pylist() if row["kind"] == "steered"]
+        assert [row["text"] for row in steered] == texts
+        on_d2 = {k: v for k, v in _without_seconds(on)["d2"].items()
+                 if not k.startswith("prompted_") and k != "generations_key"}
+        off_d2 = {k: v for k, v in _without_seconds(off)["d2"].items() if k != "generations_key"}
+        assert_records_close(off_d2, on_d2, rel=D2_REL, err_msg="d2 without the prompted rows")
+        assert off.key != on.key  # the option enters the key: neither run reads the other's record

@@ -96,5 +96,68 @@ def test_results_leaderboard_and_answer_declare_the_estimand(tmp_path):
     sentence = estimand_sentence(leaderboard["estimand"])
     assert sentence is not None and sentence.startswith(
         "Ranked on the declared estimand (within-tier D1 mixed standard 0.5, hard 0.5; the overall D1 blends them "
-        "at the test split's 67% hard pairs): best B at layer 2, 0.800 [")
+        "at the test split's 67% hard pairs): first B at layer 2, 0.800 [")
     assert sentence in build_answer(results, leaderboard).sentences
+
+
+def _outcome_ranked_both_ways() -> RunOutcome:
+    """A run whose blend and estimand disagree: A's overall held-out AUROC (0.90, the blend of a split mostly of
+    standard pairs) and its CV (0.85) are above B's (0.80, 0.80), while B's D1_mix (0.80) is above A's (0.725)."""
+    values = {"A": (0.85, 0.90), "B": (0.80, 0.80)}
+    records = [D1CellRecord(concept=c, layer=2, strategy=s, probe="logistic", cv_auroc=cv + k / 100,
+                            test_auroc=test + k / 100, ci_low=0.6, ci_high=0.95, n_train=24, n_folds=3)
+               for s, (cv, test) in values.items() for k, c in enumerate(CONCEPTS)]
+    counts = tier_pair_counts({"c1": _passages()})
+    return RunOutcome(config=RunConfig(steering=False), model={"model_id": "m"},
+                      corpus={"hash": "h", "tier_pairs": counts}, layers=[2],
+                      strategies=[{"id": s, "family": "f"} for s in values], records=records, artifacts={},
+                      d1_tiers=_tier_records())
+
+
+def test_the_leaderboard_and_the_answer_rank_on_the_estimand_with_the_blend_shown(tmp_path):
+    from rich.console import Console
+
+    from poolbench.cli.board import leaderboard_table
+    from poolbench.results.answer import read_answer
+    from poolbench.results.findings import findings_facts, render_findings
+    from poolbench.results.leaderboard import build_leaderboard
+
+    outcome = _outcome_ranked_both_ways()
+    # should-fail: on the blend alone A is first
+    blend = build_leaderboard(outcome.records)
+    assert [r["strategy"] for r in blend["strategies"]] == ["A", "B"] and blend["ranked_on"] == "test_auroc"
+    paths = write_run_outputs(outcome, tmp_path, stamp="s")
+    results, board = (json.loads(paths[k].read_text()) for k in ("results", "leaderboard"))
+    assert board["ranked_on"] == "tier_mixed_d1" and "D1_mix" in board["ranking"]
+    rows = board["strategies"]
+    assert [(r["rank"], r["strategy"]) for r in rows] == [(1, "B"), (2, "A")]
+    assert [r["d1_mix"] for r in rows] == pytest.approx([0.80, 0.725])  # by hand, test_mixed_d1_by_hand
+    assert [r["mean_d1"] for r in rows] == pytest.approx([0.81, 0.91])  # the blend, still shown
+    assert rows[0]["per_concept"]["c2"]["d1_mix"] == pytest.approx(0.835)
+    assert rows[0]["d1_mix_concepts"] == 3
+    _, low, high = mean_t_interval([0.80, 0.835, 0.765])
+    assert (rows[0]["d1_mix_ci_low"], rows[0]["d1_mix_ci_high"]) == pytest.approx((low, high))
+
+    answer = read_answer(paths["answer"])
+    assert answer.ranked_on == "tier_mixed_d1"
+    assert answer.best is not None and answer.best.strategy == "A"  # chosen on CV, as ever
+    assert answer.best.d1_mix is not None and answer.best.d1_mix.value == pytest.approx(0.725)
+    assert answer.best.d1.value == pytest.approx(0.91)
+    v = answer.verdicts
+    assert v is not None and v.measure == "tier_mixed_d1"
+    (other,) = v.comparisons
+    assert other.mean_difference == pytest.approx(0.725 - 0.80)  # best minus B, on D1_mix, not 0.91 - 0.81
+    assert v.best.test_top == "B" and v.best.test_mean == pytest.approx(0.725)
+    assert any(s.startswith("Held-out on the declared estimand, D1_mix 0.725 [") for s in answer.sentences)
+    assert any("held-out mean D1_mix" in s for s in answer.sentences)
+
+    console = Console(record=True, width=200)
+    console.print(leaderboard_table(board, answer))
+    printed = " ".join(console.export_text().split())
+    assert "ranked on D1_mix, the declared tier estimand" in printed and "D1_mix [95% CI]" in printed
+    assert "mean D1, the overall held-out AUROC, blends the tiers" in printed
+    page = render_findings(findings_facts(results, board, source="r", sha256="0" * 64, answer=answer))
+    assert "ranked on the declared estimand D1_mix (within-tier held-out AUROCs mixed standard 0.5, hard 0.5)" in page
+    assert "| 1 | B | f | 2 | 0.800 [" in page
+    wide = (tmp_path / "leaderboard_wide.csv").read_text().splitlines()
+    assert wide[0].split(",")[7:10] == ["d1_mix", "d1_mix_low", "d1_mix_high"] and wide[1].split(",")[1] == "B"

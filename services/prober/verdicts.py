@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 
 import numpy as np
 from baycomp import SignedRankTest
@@ -27,6 +28,7 @@ from poolbench.records.verdicts import (
     WORSE,
     BestChoice,
     Comparison,
+    NearTie,
     PairsBootstrap,
     StrategyVerdicts,
 )
@@ -36,6 +38,7 @@ ALPHA = 0.05
 EQUIVALENCE_POSTERIOR = 0.95
 TARGET_POWER = 0.8
 POSTERIOR_SAMPLES = 20_000
+MC_ERRORS = 3  # a posterior share within this many Monte Carlo standard errors of its threshold is a near-tie
 MAX_CONCEPTS = 100_000  # beyond this the answer says "more than" (the power equation has no useful solution)
 
 
@@ -53,6 +56,68 @@ def wilcoxon_p(differences: np.ndarray) -> tuple[float | None, float | None]:
         return None, 1.0
     result = wilcoxon(d, zero_method="wilcox", alternative="two-sided")
     return float(result.statistic), float(result.pvalue)  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def one_rank_swap(differences: np.ndarray) -> list[np.ndarray]:
+    """The differences with Wilcoxon's W+ one higher and one lower, where one swap can do it: two neighbours in
+    |d| of opposite sign trade magnitudes, or the smallest crosses 0. Two differences trade places by round-off only
+    when they are that close, so a verdict that changes here is a near-tie."""
+    d = np.asarray(differences, dtype=np.float64)
+    nz = [int(i) for i in np.argsort(np.abs(d), kind="stable") if d[i] != 0.0]
+    out = []
+    for sign in (1.0, -1.0):  # W+ up: a positive below a negative; W+ down: a negative below a positive
+        if nz and np.sign(d[nz[0]]) == -sign:
+            moved = d.copy()
+            moved[nz[0]] = -moved[nz[0]]
+            out.append(moved)
+            continue
+        for lo, hi in pairwise(nz):
+            if np.sign(d[lo]) == sign and np.sign(d[hi]) == -sign and abs(d[lo]) != abs(d[hi]):
+                moved = d.copy()
+                moved[lo], moved[hi] = sign * abs(d[hi]), -sign * abs(d[lo])
+                out.append(moved)
+                break
+    return out
+
+
+def rope_near_tie(p_rope: float, threshold: float, nsamples: int) -> tuple[float, str] | None:
+    """(the share across the threshold, the tolerance in words) when P(ROPE) lies within MC_ERRORS Monte Carlo
+    standard errors of `threshold` (a share of `nsamples` posterior samples at the threshold's rate), else None."""
+    se = math.sqrt(threshold * (1.0 - threshold) / nsamples)
+    if abs(p_rope - threshold) > MC_ERRORS * se:
+        return None
+    other = threshold - MC_ERRORS * se if p_rope >= threshold else threshold + MC_ERRORS * se
+    return other, f"{MC_ERRORS} Monte Carlo standard errors of {nsamples} posterior samples"
+
+
+def holm_near_tie(diffs: Mapping[str, np.ndarray], strategy: str, raw: Sequence[float], others: Sequence[str],
+                  alpha: float) -> float | None:
+    """The strategy's Holm p after one rank swap in its differences when that crosses `alpha`, else None."""
+    i = list(others).index(strategy)
+    now = multipletests(list(raw), alpha=alpha, method="holm")[1][i] < alpha
+    for moved in one_rank_swap(diffs[strategy]):
+        p = list(raw)
+        p[i] = wilcoxon_p(moved)[1] or 1.0
+        holm = float(multipletests(p, alpha=alpha, method="holm")[1][i])
+        if (holm < alpha) != now:
+            return holm
+    return None
+
+
+def _near_tie(verdict: str, mean_d: float, p_rope: float, holm_p: float, swapped_holm: float | None, *,
+              alpha: float, equivalence_posterior: float, nsamples: int) -> NearTie | None:
+    """The boundary the verdict sits at, if any: the ROPE posterior's first (it decides first), then Holm's p."""
+    rope = rope_near_tie(p_rope, equivalence_posterior, nsamples)
+    if rope is not None:
+        other_verdict = (_verdict(0.0, holm_p, mean_d, alpha, equivalence_posterior)[0] if verdict == EQUIVALENT
+                         else EQUIVALENT)
+        return NearTie("P(ROPE) at the equivalence posterior", p_rope, equivalence_posterior, rope[0], rope[1],
+                       other_verdict)
+    if verdict != EQUIVALENT and swapped_holm is not None:
+        other_verdict = NOT_SEPARATED if verdict != NOT_SEPARATED else (WORSE if mean_d > 0 else BETTER)
+        return NearTie("Wilcoxon-Holm p at α", holm_p, alpha, swapped_holm,
+                       "one swap of two neighbouring signed ranks", other_verdict)
+    return None
 
 
 def bayesian_signed_rank(best: np.ndarray, other: np.ndarray, rope: float, *, nsamples: int = POSTERIOR_SAMPLES,
@@ -145,12 +210,13 @@ def compare_strategies(test: Mapping[str, Mapping[str, float]], cv: Mapping[str,
                        rope: float = DEFAULT_ROPE, alpha: float = ALPHA,
                        equivalence_posterior: float = EQUIVALENCE_POSTERIOR, power: float = TARGET_POWER,
                        n_bootstrap: int = 1000, seed: int = 0, level: float = 0.95,
-                       posterior_samples: int = POSTERIOR_SAMPLES) -> StrategyVerdicts:
+                       posterior_samples: int = POSTERIOR_SAMPLES, measure: str = "test_auroc") -> StrategyVerdicts:
     """The CV-chosen best and every other strategy's verdict against it.
 
     `test` and `cv` map strategy -> concept -> held-out / out-of-fold AUROC at the strategy's CV-chosen layer
     (`layers`); only concepts every strategy was scored on count. `held_out` (per-passage scores, keyed
-    (concept, strategy)) adds the paired bootstrap over matched pairs."""
+    (concept, strategy)) adds the paired bootstrap over matched pairs. `measure` names what `test` holds (the held-out
+    AUROC, or the declared tier estimand D1_mix), recorded with the verdicts."""
     strategies = sorted(test)
     if len(strategies) < 2:
         raise ProbeError(f"compare_strategies: needs at least two strategies, got {len(strategies)}")
@@ -177,6 +243,8 @@ def compare_strategies(test: Mapping[str, Mapping[str, float]], cv: Mapping[str,
         p_best, p_rope, p_other = bayesian_signed_rank(matrix[:, b], matrix[:, j], rope,
                                                        nsamples=posterior_samples, seed=seed)
         verdict, words = _verdict(p_rope, float(holm_p), mean_d, alpha, equivalence_posterior)
+        near = _near_tie(verdict, mean_d, p_rope, float(holm_p), holm_near_tie(diffs, s, raw, others, alpha),
+                         alpha=alpha, equivalence_posterior=equivalence_posterior, nsamples=posterior_samples)
         pairs = None
         if held_out is not None and all((c, x) in held_out for c in concepts for x in (best, s)):
             pairs = pairs_bootstrap([held_out[(c, best)] for c in concepts], [held_out[(c, s)] for c in concepts],
@@ -187,7 +255,8 @@ def compare_strategies(test: Mapping[str, Mapping[str, float]], cv: Mapping[str,
             wilcoxon_statistic=tests[s][0], wilcoxon_p=tests[s][1], holm_p=float(holm_p),
             p_best_better=p_best, p_rope=p_rope, p_other_better=p_other,
             concepts_to_separate=concepts_to_separate(diffs[s], strictest, power),
-            rank_low=int(low[j]), rank_high=int(high[j]), in_confidence_set=bool(low[j] == 1), pairs=pairs))
+            rank_low=int(low[j]), rank_high=int(high[j]), in_confidence_set=bool(low[j] == 1), pairs=pairs,
+            near_tie=near))
     comparisons.sort(key=lambda c: (c.mean_difference, c.strategy))
     top = strategies[int(np.argmax(test_means))]
     by = {c.strategy: c for c in comparisons}
@@ -200,4 +269,5 @@ def compare_strategies(test: Mapping[str, Mapping[str, float]], cv: Mapping[str,
     return StrategyVerdicts(
         best=choice, comparisons=tuple(comparisons), confidence_set=confidence_set, rope=rope, alpha=alpha,
         equivalence_posterior=equivalence_posterior, power=power, n_bootstrap=n_bootstrap, level=level,
-        concepts_needed=None if not needed or any(n is None for n in needed) else max(n for n in needed if n))
+        concepts_needed=None if not needed or any(n is None for n in needed) else max(n for n in needed if n),
+        measure=measure)

@@ -17,6 +17,7 @@ from poolbench.records.steering import D2Record, D3Record
 from .backend import GenerationSettings
 from .d3 import neighbour_map
 from .errors import SteeringError
+from .fluency import AUTO
 from .prompts import load_prompts
 from .run import SteeringConfig
 from .vector import validate_alphas
@@ -29,10 +30,11 @@ DEFAULT_RUN_CONFIG = SteeringConfig(n_prompts=20, settings=GenerationSettings(ma
 FULL_N_PROMPTS = 50
 
 
-def steering_config(full: bool, seed: int = 0) -> SteeringConfig:
+def steering_config(full: bool, seed: int = 0, reference_model: str = AUTO) -> SteeringConfig:
     """The default subset's settings, or the full subset's (the same but FULL_N_PROMPTS prompts), with the run's
-    seed for prompt seeds, the prompt halves and every bootstrap."""
-    return replace(DEFAULT_RUN_CONFIG, n_prompts=FULL_N_PROMPTS if full else DEFAULT_RUN_CONFIG.n_prompts, seed=seed)
+    seed for prompt seeds, the prompt halves and every bootstrap, and the fluency guard's reference model."""
+    return replace(DEFAULT_RUN_CONFIG, n_prompts=FULL_N_PROMPTS if full else DEFAULT_RUN_CONFIG.n_prompts, seed=seed,
+                   reference_model=reference_model)
 
 
 @dataclass(frozen=True)

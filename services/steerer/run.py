@@ -165,9 +165,12 @@ def _check_cell(cell: CellInputs, scorers: Mapping[str, ScorerModel]) -> Steerin
 def cell_rows(prompts: Sequence[str], seeds: Sequence[int], deltas: Sequence[np.ndarray | None], layer: int,
               prompted: Sequence[str]) -> list[GenerationRow]:
     """The alpha grid x prompts (alpha-major, a delta per alpha), then the prompted prompts, unsteered, each row
-    with its prompt's seed, so a prompt's alphas and its prompted row are paired draws."""
+    with its prompt's seed, so a prompt's alphas and its prompted row are paired draws. `prompted` is one prompt per
+    prompt, or empty when the run has no prompted baseline (then the rows are the alpha grid alone)."""
+    if prompted and len(prompted) != len(prompts):
+        raise SteeringError(f"the prompted baseline has {len(prompted)} prompts for {len(prompts)} steered ones")
     rows = [GenerationRow(p, d, s, layer) for d in deltas for p, s in zip(prompts, seeds, strict=True)]
-    return rows + [GenerationRow(p, None, s, layer) for p, s in zip(prompted, seeds, strict=True)]
+    return rows + [GenerationRow(p, None, s, layer) for p, s in zip(prompted, seeds[:len(prompted)], strict=True)]
 
 
 def prepare_cell(store: ArtifactStore, worker: SteeringWorker, cell: CellInputs, vector: SteeringVector,

@@ -18,6 +18,7 @@ from poolbench.store.url import open_store
 
 from .backend import GenerationSettings
 from .d3 import neighbours
+from .fluency import AUTO
 from .prompts import load_prompts
 from .run import SteeringConfig, run_steering
 from .vector import validate_alphas
@@ -28,7 +29,8 @@ def steer_one_cell(concept: str, strategy: str, layer: int, *, model: str, corpu
                    store_url: str, alphas: Sequence[float] | None = None, n_prompts: int | None = None,
                    prompts_file: str | None = None, settings: GenerationSettings | None = None,
                    fluency_guard: float = 2.0, seed: int = 0, backend: str = "transformers",
-                   allow_weak_scorer: bool = False, prompt_format: str = "auto") -> SteeringResult:
+                   allow_weak_scorer: bool = False, prompt_format: str = "auto",
+                   reference_model: str = AUTO) -> SteeringResult:
     """Steer one cell and score it with its own and its neighbours' scorers (its D2 and D3 records).
 
     Every input is checked (alphas, strategy, concept, prompts) before a model loads or a scorer trains.
@@ -46,7 +48,7 @@ def steer_one_cell(concept: str, strategy: str, layer: int, *, model: str, corpu
     concepts = [concept] + [c for c in nbrs.values() if c in source.concepts]
     config = SteeringConfig(alphas=grid, n_prompts=n_prompts, prompts_file=prompts_file,
                             settings=settings or GenerationSettings(), fluency_guard=fluency_guard, seed=seed,
-                            prompt_format=prompt_format)
+                            prompt_format=prompt_format, reference_model=reference_model)
     load_prompts(config.prompts_file, config.n_prompts)
     store = open_store(store_url)
     scorers = ensure_scorers(store, source, concepts, allow_weak=allow_weak_scorer)

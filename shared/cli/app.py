@@ -158,6 +158,9 @@ def run(
     store_dtype: Annotated[str, typer.Option(
         help="pooled vectors in the store: float32, float16 or bfloat16 (half the size; probed as float32)")]
     = "float32",
+    reference_model: Annotated[str, typer.Option(
+        help="the model that judges D2's fluency guard: auto (the other embedded model), self (the steered model) "
+             "or a model reference as --model takes")] = "auto",
     rope: Annotated[float, typer.Option(
         help="region of practical equivalence (AUROC) of the answer's Bayesian signed-rank test")] = 0.01,
     protocol: Annotated[str, typer.Option(
@@ -190,10 +193,10 @@ def run(
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
             allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash, store_dtype=store_dtype,
-            tensor_parallel_size=tensor_parallel_size, rope=rope, protocol=protocol)
+            tensor_parallel_size=tensor_parallel_size, rope=rope, protocol=protocol, reference_model=reference_model)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise PoolBenchError(f"--{'-'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+        raise PoolBenchError(f"--{'-'.join(str(p).replace('_', '-') for p in first['loc'])}: {first['msg']}") from None
     except ValueError as exc:
         raise PoolBenchError(f"--layers: {exc}") from None
 

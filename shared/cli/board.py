@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+from poolbench.results.leaderboard import RANKED_ON_MIX, ranked_on_text
 from poolbench.results.ranking import mean_t_interval
 
 if TYPE_CHECKING:
@@ -27,9 +28,10 @@ def verdict_of(answer: RunAnswer | None) -> dict[str, str]:
     return {c.strategy: c.verdict for c in answer.verdicts.comparisons} | {answer.verdicts.best.strategy: CHOSEN}
 
 
-def leaderboard_caption(answer: RunAnswer | None) -> str:
-    """What the intervals and the verdicts are, printed under the table."""
-    ci = "mean D1: held-out AUROC averaged over concepts, 95% Student-t interval over the concepts"
+def leaderboard_caption(answer: RunAnswer | None, leaderboard: dict | None = None) -> str:
+    """What the order, the intervals and the verdicts are, printed under the table."""
+    ci = (f"{ranked_on_text(leaderboard or {})}; mean D1: held-out AUROC averaged over concepts; intervals: 95% "
+          "Student-t over the concepts")
     if answer is None or answer.verdicts is None:
         return f"{ci}; no verdicts ({'no answer' if answer is None else answer.verdicts_missing})."
     v = answer.verdicts
@@ -39,19 +41,24 @@ def leaderboard_caption(answer: RunAnswer | None) -> str:
 
 
 def leaderboard_table(leaderboard: dict, answer: RunAnswer | None = None) -> Table:
-    """Per strategy: mean D1 with its CI, mean CV, chosen layer, verdict, worst concept with its CI."""
+    """Per strategy: D1_mix with its CI where the run is ranked on it, mean D1 with its CI, mean CV, chosen layer,
+    verdict, worst concept with its CI."""
     verdicts = verdict_of(answer)
     rows = sorted(leaderboard["strategies"], key=lambda r: r["rank"])
-    table = Table(title=f"D1 leaderboard ({leaderboard['probe']} probe, held-out AUROC at the CV-chosen layer)",
-                  caption=leaderboard_caption(answer), caption_justify="left")
-    for column in ("rank", "strategy", "mean D1 [95% CI]", "mean CV", "layer", "verdict", "worst concept [95% CI]",
-                   ">50% fallback"):
+    mix = leaderboard.get("ranked_on") == RANKED_ON_MIX
+    on = "D1_mix, the declared tier estimand" if mix else "held-out AUROC"
+    table = Table(title=f"D1 leaderboard ({leaderboard['probe']} probe, ranked on {on} at the CV-chosen layer)",
+                  caption=leaderboard_caption(answer, leaderboard), caption_justify="left")
+    for column in ("rank", "strategy", *(["D1_mix [95% CI]"] if mix else []), "mean D1 [95% CI]", "mean CV", "layer",
+                   "verdict", "worst concept [95% CI]", ">50% fallback"):
         table.add_column(column, justify="right" if column in ("rank", "mean CV", "layer") else "left")
     for row in rows:
         strategy = row["strategy"]
         worst_name, worst = min(row["per_concept"].items(), key=lambda kv: kv[1]["auroc"])
         table.add_row(
-            str(row["rank"]), strategy, _interval(*mean_t_interval([v["auroc"] for v in row["per_concept"].values()])),
+            str(row["rank"]), strategy,
+            *([_interval(row["d1_mix"], row.get("d1_mix_ci_low"), row.get("d1_mix_ci_high"))] if mix else []),
+            _interval(*mean_t_interval([v["auroc"] for v in row["per_concept"].values()])),
             f"{row['mean_cv_auroc']:.3f}", str(row["best_layer"]), verdicts.get(strategy, "-"),
             f"{worst_name} {_interval(worst['auroc'], worst.get('ci_low'), worst.get('ci_high'))}",
             ", ".join(row["fallback_flagged_concepts"]) or "-")

@@ -80,6 +80,9 @@ def steer(
     store: Annotated[str | None, typer.Option(help="artifact store: a folder or s3://bucket/prefix")] = None,
     allow_weak_scorer: Annotated[bool, typer.Option(help="keep scorers with held-out AUROC < 0.7")] = False,
     fluency_guard: Annotated[float, typer.Option(help="max perplexity ratio to alpha = 0 for alpha*")] = 2.0,
+    reference_model: Annotated[str, typer.Option(
+        help="the model that judges fluency: auto (the other embedded model), self (the steered model) or a model "
+             "reference as --model takes")] = "auto",
     seed: Annotated[int, typer.Option(help="seed for prompt seeds, halves and bootstrap")] = 0,
     prompt_format: Annotated[str, typer.Option(help="auto (chat template if the tokenizer has one), chat, plain")]
         = "auto",
@@ -94,7 +97,7 @@ def steer(
         alphas=_alphas(alphas), n_prompts=n_prompts, prompts_file=str(prompts) if prompts else None,
         settings=GenerationSettings(max_new_tokens=max_new_tokens, temperature=temperature, greedy=greedy),
         fluency_guard=fluency_guard, seed=seed, backend=backend, allow_weak_scorer=allow_weak_scorer,
-        prompt_format=prompt_format)
+        prompt_format=prompt_format, reference_model=reference_model)
     d2 = result.d2
     table = Table("alpha", "score", "fluency ratio", "relevance", title=f"{concept} · {d2.strategy} · layer {layer}")
     for row in d2.per_alpha or []:

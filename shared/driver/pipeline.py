@@ -158,6 +158,13 @@ def prepare_model(cfg: RunConfig, emit: EventSink) -> None:
     """Check the model reference; convert (GGUF, the embedded SmolLM2) or train (tiny) it once, here, so the
     workers load a plain local folder."""
     check_model_reference(cfg.model, dict(cfg.model_args))
+    from poolbench.steerer.fluency import AUTO, SELF
+
+    if cfg.steering and cfg.reference_model not in (AUTO, SELF):
+        try:
+            check_model_reference(cfg.reference_model)
+        except PoolBenchError as exc:
+            raise PoolBenchError(f"--reference-model: {exc}") from None
     if not model_ready(cfg.model):
         emit(ModelBuilding(cfg.model))
     local_model_dir(cfg.model)
@@ -371,7 +378,7 @@ def steer(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellR
                      **({"vllm_args": {"dtype": cfg.dtype, "tensor_parallel_size": cfg.tensor_parallel_size}}
                         if cfg.backend == "vllm" else {})},
         gpus_per_actor=cfg.tensor_parallel_size if cfg.backend == "vllm" else 1,
-        emit=emit, seed=cfg.seed)
+        emit=emit, seed=cfg.seed, reference_model=cfg.reference_model)
 
 
 def outcome_of(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellRecord],

@@ -19,6 +19,7 @@ from poolbench.scorer.artifacts import ensure_scorers, scorer_record
 from poolbench.scorer.finetune import ScorerConfig
 from poolbench.steerer.actor import steering_spawner
 from poolbench.steerer.d3 import neighbour_map
+from poolbench.steerer.fluency import AUTO
 from poolbench.steerer.plan import (
     SteeringCell,
     cell_groups,
@@ -36,10 +37,10 @@ from .work_queue import ActorJob, WorkQueue, fetch, poll_actors
 def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, pooled_keys: dict[str, str],
                         leaderboard: dict, *, model: str, backend: str, worker_args: dict, runtime_env: dict,
                         full: bool, allow_weak_scorer: bool, emit: EventSink, seed: int = 0,
-                        gpus_per_actor: int = 1, n_actors: int | None = None) -> dict:
+                        gpus_per_actor: int = 1, n_actors: int | None = None, reference_model: str = AUTO) -> dict:
     """Choose cells from the D1 leaderboard, make sure every needed scorer exists, then run the cells on actors."""
     started = time.perf_counter()
-    config = steering_config(full, seed)
+    config = steering_config(full, seed, reference_model)
     concepts = [c for c in corpus.concepts if c in pooled_keys]
     cells = choose_cells(leaderboard, concepts, full=full)
     needed = scorer_concepts(cells, concepts)

@@ -31,6 +31,19 @@ class PairsBootstrap:
 
 
 @dataclass(frozen=True)
+class NearTie:
+    """A verdict at its test's boundary: the deciding value lies within `within` of the threshold, and on the other
+    side the verdict would read `other_verdict`. Named so, never flipped silently from one machine to the next."""
+
+    boundary: str  # which value meets which threshold, in words
+    value: float
+    threshold: float
+    other_side: float  # the value the tolerance reaches, across the threshold
+    within: str  # the tolerance, in words
+    other_verdict: str
+
+
+@dataclass(frozen=True)
 class Comparison:
     """One strategy against the CV-chosen best on the concepts both were scored on.
 
@@ -57,6 +70,7 @@ class Comparison:
     rank_high: int
     in_confidence_set: bool
     pairs: PairsBootstrap | None = None
+    near_tie: NearTie | None = None  # the verdict sits within its test's tolerance of the threshold
 
 
 @dataclass(frozen=True)
@@ -88,3 +102,4 @@ class StrategyVerdicts:
     n_bootstrap: int
     level: float
     concepts_needed: int | None  # concepts that would separate every not-separated strategy (max over them)
+    measure: str = "test_auroc"  # the per-concept held-out value compared: "test_auroc" or "tier_mixed_d1"

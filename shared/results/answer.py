@@ -21,7 +21,8 @@ from poolbench.prober.auroc import ProbeError
 from poolbench.prober.passage_scores import held_out_cells
 from poolbench.prober.verdicts import DEFAULT_ROPE, compare_strategies
 from poolbench.records.verdicts import WORSE, StrategyVerdicts
-from poolbench.results.answer_verdicts import choice_sentence, comparison_line, verdict_sentences
+from poolbench.results.answer_verdicts import choice_sentence, comparison_line, near_tie_text, verdict_sentences
+from poolbench.results.leaderboard import RANKED_ON_BLEND, RANKED_ON_MIX
 from poolbench.results.ranking import MIN_CONCEPTS_FOR_INTERVAL, mean_t_interval
 from poolbench.results.steerability_answer import SteerabilityAnswer, steerability_answer
 from poolbench.results.tier_estimand import estimand_sentence
@@ -49,8 +50,9 @@ class Interval:
 class BestStrategy:
     strategy: str
     layer: int
-    d1: Interval  # mean held-out AUROC over concepts, t-interval over concepts
+    d1: Interval  # mean held-out AUROC over concepts, t-interval over concepts (with tiers: their blend)
     n_concepts: int
+    d1_mix: Interval | None = None  # the declared tier estimand's mean over concepts, when the run is ranked on it
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class RunAnswer:
     sections: tuple[AnswerSection, ...] = ()
     version: int = ANSWER_VERSION
     steerability: SteerabilityAnswer | None = None  # Spearman(D1, first-order steerability), its validation
+    ranked_on: str = RANKED_ON_BLEND  # what the ordering and the verdicts compare: the estimand or the blend
 
 
 def _f(value: float | None, signed: bool = False) -> str:
@@ -220,7 +223,9 @@ def _verdicts(results: dict, leaderboard: dict, rows: list[dict], passage_scores
     if len(rows) < 2:
         return None, "one strategy, nothing to compare it with"
     config = results.get("config") or {}
-    test = {r["strategy"]: {c: v["auroc"] for c, v in r["per_concept"].items()} for r in rows}
+    measure = "d1_mix" if leaderboard.get("ranked_on") == RANKED_ON_MIX else "auroc"
+    test = {r["strategy"]: {c: v[measure] for c, v in r["per_concept"].items() if v.get(measure) is not None}
+            for r in rows}
     cv = {r["strategy"]: {c: v.get("cv_auroc", v["auroc"]) for c, v in r["per_concept"].items()} for r in rows}
     layers = {r["strategy"]: int(r["best_layer"]) for r in rows}
     held_out = None if passage_scores is None else held_out_cells(passage_scores, layers,
@@ -228,7 +233,8 @@ def _verdicts(results: dict, leaderboard: dict, rows: list[dict], passage_scores
     try:
         return compare_strategies(test, cv, layers, held_out=held_out, rope=float(config.get("rope") or DEFAULT_ROPE),
                                   n_bootstrap=int(config.get("n_bootstrap") or 1000) or 1000,
-                                  seed=int(config.get("seed") or 0)), None
+                                  seed=int(config.get("seed") or 0),
+                                  measure=RANKED_ON_MIX if measure == "d1_mix" else RANKED_ON_BLEND), None
     except ProbeError as exc:
         return None, str(exc).removeprefix("compare_strategies: ")
 
@@ -248,7 +254,11 @@ def build_answer(results: dict, leaderboard: dict, passage_scores: pa.Table | No
         rows, key=lambda r: (-r.get("mean_cv_auroc", r["mean_d1"]), r["strategy"]))["strategy"]
     top = next(r for r in rows if r["strategy"] == chosen)
     mean, low, high = mean_t_interval([v["auroc"] for v in top["per_concept"].values()])
-    best = BestStrategy(top["strategy"], int(top["best_layer"]), Interval(mean, low, high), len(top["per_concept"]))
+    ranked_on = RANKED_ON_MIX if leaderboard.get("ranked_on") == RANKED_ON_MIX else RANKED_ON_BLEND
+    mix = None if ranked_on == RANKED_ON_BLEND else Interval(float(top["d1_mix"]), top.get("d1_mix_ci_low"),
+                                                             top.get("d1_mix_ci_high"))
+    best = BestStrategy(top["strategy"], int(top["best_layer"]), Interval(mean, low, high), len(top["per_concept"]),
+                        mix)
     lexical = _lexical(results, top)
     tiers = _tiers(leaderboard)
 
@@ -266,6 +276,11 @@ def build_answer(results: dict, leaderboard: dict, passage_scores: pa.Table | No
                      + ("" if cv_mean is None else f", mean CV AUROC {cv_mean:.3f}")
                      + f"; held-out mean D1 {interval} over {_plural(best.n_concepts, 'concept')} "
                      f"({len(rows)} strategies run)."]
+    if best.d1_mix is not None:
+        sentences.append(f"Held-out on the declared estimand, D1_mix {_interval_text(best.d1_mix)} over "
+                         f"{_plural(int(top['d1_mix_concepts']), 'concept')}: the leaderboard's order and the "
+                         "verdicts below compare D1_mix; mean D1 above is the overall held-out AUROC, which blends "
+                         "the tiers at the test split's own mix.")
     if estimand := estimand_sentence(leaderboard.get("estimand") or {}):
         sentences.append(estimand)
     if verdicts is None:
@@ -297,7 +312,7 @@ def build_answer(results: dict, leaderboard: dict, passage_scores: pa.Table | No
     elif verdict == "separated":
         sentences.append(f"{best.strategy} is ahead of every other strategy (Wilcoxon signed-rank, Holm).")
     return RunAnswer(model, best, len(rows), verdicts, missing, lexical, steering, tiers, verdict, tuple(sentences),
-                     tuple(sections), steerability=steerable)
+                     tuple(sections), steerability=steerable, ranked_on=ranked_on)
 
 
 _ADAPTER = TypeAdapter(RunAnswer)
@@ -368,10 +383,11 @@ def answer_html(answer: RunAnswer) -> str:
     verdicts = "" if answer.verdicts is None else (
         '<table class="verdicts"><thead><tr><th>strategy</th><th>layer</th><th>verdict</th><th>test</th>'
         "<th>best − it</th><th>n</th><th>Wilcoxon p</th><th>Holm p</th><th>P(ROPE)</th><th>rank interval</th>"
-        "</tr></thead><tbody>" + "".join(
+        "<th>near-tie</th></tr></thead><tbody>" + "".join(
             "<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in (
                 c.strategy, str(c.layer), c.verdict, c.test, f"{c.mean_difference:+.3f}", str(c.n_concepts),
-                _f(c.wilcoxon_p), _f(c.holm_p), f"{c.p_rope:.3f}", f"[{c.rank_low}, {c.rank_high}]")) + "</tr>"
+                _f(c.wilcoxon_p), _f(c.holm_p), f"{c.p_rope:.3f}", f"[{c.rank_low}, {c.rank_high}]",
+                near_tie_text(c).removeprefix("near-tie: ") or "—")) + "</tr>"
             for c in answer.verdicts.comparisons) + "</tbody></table>")
     extra = "".join(f"<h4>{html.escape(x.title)}</h4>" + "".join(f"<p>{html.escape(t)}</p>" for t in x.sentences)
                     for x in answer.sections)

@@ -29,18 +29,37 @@ def _names(items: Sequence[str]) -> str:
     return shown + (f" and {len(items) - MAX_NAMED} more" if len(items) > MAX_NAMED else "")
 
 
+def near_tie_text(c: Comparison) -> str:
+    """A verdict at its test's boundary, in words: what is near what, and what it would read across."""
+    t = c.near_tie
+    if t is None:
+        return ""
+    return (f"near-tie: {t.boundary}, {_p(t.value)} against {t.threshold:g}, within {t.within} of "
+            f"{_p(t.other_side)}, where it would read '{t.other_verdict}'")
+
+
+def near_tie_sentence(v: StrategyVerdicts) -> str | None:
+    """One sentence naming every verdict at its test's boundary, or None."""
+    near = [c for c in v.comparisons if c.near_tie is not None]
+    if not near:
+        return None
+    return ("At a test's boundary (near-ties, which another CPU's round-off or another posterior draw may resolve "
+            "the other way): " + "; ".join(f"{c.strategy} '{c.verdict}' ({near_tie_text(c)})" for c in near) + ".")
+
+
 def choice_sentence(v: StrategyVerdicts) -> str:
     """Does the held-out test confirm the best chosen on CV?"""
     b = v.best
+    mean = "held-out mean D1_mix" if v.measure == "tier_mixed_d1" else "held-out mean"
     if b.confirmation == CONFIRMED:
-        return (f"The held-out test confirms the choice: no strategy has a higher held-out mean than {b.strategy} "
+        return (f"The held-out test confirms the choice: no strategy has a higher {mean} than {b.strategy} "
                 f"({b.test_mean:.3f}).")
     top = next(c for c in v.comparisons if c.strategy == b.test_top)
     if b.confirmation == CONTRADICTED:
         return (f"The held-out test contradicts the choice: {b.test_top} is ahead of {b.strategy} "
                 f"({b.test_top_mean:.3f} against {b.test_mean:.3f}; Wilcoxon signed-rank, Holm p = "
                 f"{_p(top.holm_p)}, n = {top.n_concepts} concepts).")
-    return (f"The held-out test does not confirm it: {b.test_top} has the higher held-out mean ({b.test_top_mean:.3f} "
+    return (f"The held-out test does not confirm it: {b.test_top} has the higher {mean} ({b.test_top_mean:.3f} "
             f"against {b.test_mean:.3f}), a difference the tests do not separate (Wilcoxon-Holm p = "
             f"{_p(top.holm_p)}, n = {top.n_concepts}).")
 
@@ -52,7 +71,8 @@ def verdict_sentences(v: StrategyVerdicts) -> list[str]:
     n = v.best.n_concepts
     out = []
     if by[WORSE]:
-        out.append(f"Worse than the best ({len(by[WORSE])}; Wilcoxon signed-rank over {n} concepts, Holm's "
+        on = " on held-out D1_mix" if v.measure == "tier_mixed_d1" else ""
+        out.append(f"Worse than the best ({len(by[WORSE])}; Wilcoxon signed-rank{on} over {n} concepts, Holm's "
                    f"step-down, α = {v.alpha}): "
                    + _names([f"{c.strategy} (Holm p {_p(c.holm_p)})" for c in by[WORSE]]) + ".")
     if by[EQUIVALENT]:
@@ -78,11 +98,14 @@ def verdict_sentences(v: StrategyVerdicts) -> list[str]:
             out.append(f"Separating them would take about {v.concepts_needed} concepts (a paired t-test with "
                        f"power {v.power:g} at Holm's strictest α, taking the observed spread of the per-concept "
                        f"differences as the truth); this run has {n}.")
+    if near := near_tie_sentence(v):
+        out.append(near)
     pairs = [c for c in v.comparisons if c.pairs is not None]
     if pairs:
         above = sum(1 for c in pairs if c.pairs is not None and c.pairs.low > 0)
+        blend = " (overall, the tiers' blend)" if v.measure == "tier_mixed_d1" else ""
         out.append(f"On these concepts (a paired bootstrap over matched pairs, which says nothing of other "
-                   f"concepts) the best's mean held-out AUROC lies above {above} of {len(pairs)} others at "
+                   f"concepts) the best's mean held-out AUROC{blend} lies above {above} of {len(pairs)} others at "
                    f"{round(100 * v.level)}%.")
     return out
 
@@ -93,8 +116,9 @@ def comparison_line(c: Comparison) -> str:
                                         f"[{c.pairs.low:+.3f}, {c.pairs.high:+.3f}] over {c.pairs.n_pairs} pairs")
     need = "" if c.concepts_to_separate is None else f"; ~{c.concepts_to_separate} concepts to separate"
     w = "n/a" if c.wilcoxon_statistic is None else f"{c.wilcoxon_statistic:g}"
+    near = "" if c.near_tie is None else f"; {near_tie_text(c)}"
     return (f"  {c.strategy} L{c.layer}: {c.verdict} ({c.test}) — best minus it {c.mean_difference:+.3f} over "
             f"{c.n_concepts} concepts; Wilcoxon W {w}"
             f", p {_p(c.wilcoxon_p)}, Holm p {_p(c.holm_p)}; P(best better / ROPE / it better) "
             f"{c.p_best_better:.3f} / {c.p_rope:.3f} / {c.p_other_better:.3f}; rank [{c.rank_low}, {c.rank_high}]"
-            f"{need}{pairs}")
+            f"{need}{pairs}{near}")

@@ -90,6 +90,7 @@ def cross_model_table(boards: Sequence[ModelBoard], *, n_permutations: int = 999
                 "mean_d1": mean, "ci_low": low, "ci_high": high, "rank": float(ranks[i, j]),
                 "best_layer": int(row["best_layer"]), "n_layers": board.n_layers,
                 "relative_depth": relative_depth(int(row["best_layer"]), board.n_layers),
+                "layer_near_tie": row.get("layer_near_tie"),
                 "layer_curve": {f"{relative_depth(int(L), board.n_layers):.4f}": float(v)
                                 for L, v in sorted(row["layer_curve"].items(), key=lambda kv: int(kv[0]))},
                 **({"mean_d2_delta": steering.get("mean_d2_delta"), "mean_scp": steering.get("mean_scp")}
@@ -123,10 +124,13 @@ def cross_model_table(boards: Sequence[ModelBoard], *, n_permutations: int = 999
 
 
 def model_cell_text(cell: Mapping, sep: str = " ") -> str:
-    """One (strategy, model) cell as both pages print it: mean D1 [interval], rank, layer (relative depth)."""
+    """One (strategy, model) cell as both pages print it: mean D1 [interval], rank, layer (relative depth), and
+    the runner-up layer where the layer choice is a near-tie (near_ties.layer_near_tie)."""
     interval = "" if cell["ci_low"] is None else f" [{cell['ci_low']:.3f}, {cell['ci_high']:.3f}]"
+    tie = cell.get("layer_near_tie")
+    near = "" if not tie else f" (near-tie: L{int(tie['runner_up'])})"
     return sep.join([f"{cell['mean_d1']:.3f}{interval}", f"#{cell['rank']:g}",
-                     f"L{cell['best_layer']} ({cell['relative_depth']:.2f})"])
+                     f"L{cell['best_layer']} ({cell['relative_depth']:.2f}){near}"])
 
 
 def _list(names: Sequence[str]) -> str:

@@ -11,6 +11,7 @@ from poolbench.atomic_write import write_json_atomic, write_text_atomic
 from poolbench.errors import PoolBenchError
 from poolbench.results.cross_model import model_cell_text
 from poolbench.results.findings import _n, _table, findings_facts, render_findings
+from poolbench.results.near_ties import near_tie_sentence
 
 
 def cross_model_facts(results: dict, run_dir: Path, *, source: str, sha256: str) -> dict:
@@ -52,6 +53,10 @@ def render_cross_model_findings(facts: dict) -> str:
     rows = [[_n(row["mean_rank"], ".1f"), row["strategy"], *(model_cell_text(row["per_model"][m]) for m in models)]
             for row in table["rows"]]
     lines += _table(["mean rank", "strategy", *models], rows)
+    near = [near_tie_sentence(f"{name}: {row['strategy']}", cell["best_layer"], cell["layer_near_tie"])
+            for row in table["rows"] for name, cell in row["per_model"].items() if cell.get("layer_near_tie")]
+    if near:
+        lines += ["Near-tied layer choices (docs/reproducibility.md):", "", *(f"- {s}" for s in near), ""]
     for name, model_facts in facts["per_model"].items():
         page = render_findings(model_facts).splitlines()
         lines += [f"## {name}", "", *(("#" + line) if line.startswith("#") else line for line in page[1:])]

@@ -123,7 +123,8 @@ def write_run_outputs(outcome: RunOutcome, out_dir: Path, stamp: str | None = No
                   **({"by_tier": tier_section(outcome.d1_tiers, outcome.lexical_tiers)}
                      if outcome.d1_tiers or outcome.lexical_tiers else {}),
                   **({"estimand": _estimand(outcome)} if outcome.d1_tiers else {}),
-                  **_leaderboard_steering(outcome.steering)})
+                  **_leaderboard_steering(outcome.steering)},
+        estimand=_estimand(outcome) if outcome.d1_tiers else None)
     paths = {"results_stamped": out_dir / f"results_{stamp}.json",
              "leaderboard_stamped": out_dir / f"leaderboard_{stamp}.json",
              "results": out_dir / "results.json", "leaderboard": out_dir / "leaderboard.json",

@@ -30,6 +30,16 @@ PB_LAYER_SELECTION = (
     "cross-validated only; with several layers run, the layer is the one with the highest mean of that AUROC"
 )
 DEFAULT_PROTOCOL = "poolbench"
+# What the rows are ranked on (`ranked_on`): the declared tier estimand where the run has it for every strategy
+# (docs/tiers.md), else the held-out AUROC over the test split as it is, whatever its tiers' blend.
+RANKED_ON_MIX = "tier_mixed_d1"
+RANKED_ON_BLEND = "test_auroc"
+RANKING = {
+    RANKED_ON_MIX: "mean over concepts of D1_mix (within-tier held-out AUROCs at the declared mix) at each "
+                   "strategy's CV-chosen layer; mean_d1, the overall held-out AUROC that blends the tiers at the "
+                   "test split's own mix, is shown beside it",
+    RANKED_ON_BLEND: "mean over concepts of the held-out AUROC at each strategy's CV-chosen layer",
+}
 
 
 def cells_protocol(cells: Iterable[D1CellRecord]) -> str:
@@ -43,7 +53,8 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str | None = None,
                       win_rate: Mapping[str, float | None] | None = None,
                       average_ranks: Mapping[str, float] | None = None,
                       sections: Mapping[str, object] | None = None,
-                      lexical: Sequence[LexicalBaselineRecord] | None = None) -> dict:
+                      lexical: Sequence[LexicalBaselineRecord] | None = None,
+                      estimand: Mapping | None = None) -> dict:
     """Rank strategies by mean held-out D1 over concepts at each strategy's CV-selected layer.
 
     Given them, each row also gets its win rate and Friedman average rank, each concept its lexical baseline's
@@ -93,7 +104,9 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str | None = None,
             "per_concept": per_concept,
             "protocol": protocol,
         })
-    rows.sort(key=lambda r: (-r["mean_d1"], r["strategy"]))
+    ranked_on = _attach_estimand(rows, estimand)
+    key = "d1_mix" if ranked_on == RANKED_ON_MIX else "mean_d1"
+    rows.sort(key=lambda r: (-r[key], r["strategy"]))
     for rank, row in enumerate(rows, start=1):
         row["rank"] = rank
         if win_rate is not None:
@@ -106,7 +119,33 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str | None = None,
               "best_selection": BEST_SELECTION} if rows else {}
     return {"probe": probe, "protocol": protocol,
             "layer_selection": PB_LAYER_SELECTION if protocol == "pb" else LAYER_SELECTION, **chosen,
+            "ranked_on": ranked_on, "ranking": RANKING[ranked_on],
             "strategies": rows, **baseline, **(sections or {})}
+
+
+def _attach_estimand(rows: list[dict], estimand: Mapping | None) -> str:
+    """Put each row's D1_mix (mean, interval, per concept) on it and say what the rows rank on: the estimand when
+    it covers every strategy at its CV-chosen layer, else the blend."""
+    by = {(r["strategy"], int(r["layer"])): r for r in (estimand or {}).get("rows") or []}
+    if not rows or any((row["strategy"], int(row["best_layer"])) not in by for row in rows):
+        return RANKED_ON_BLEND
+    for row in rows:
+        mix = by[(row["strategy"], int(row["best_layer"]))]
+        row.update(d1_mix=float(mix["d1_mix"]), d1_mix_ci_low=mix["ci_low"], d1_mix_ci_high=mix["ci_high"],
+                   d1_mix_concepts=int(mix["n_concepts"]))
+        for concept, value in mix["per_concept"].items():
+            if concept in row["per_concept"]:
+                row["per_concept"][concept]["d1_mix"] = float(value)
+    return RANKED_ON_MIX
+
+
+def ranked_on_text(leaderboard: Mapping) -> str:
+    """What a leaderboard's order is, in words for a caption: the declared estimand or the held-out blend."""
+    if leaderboard.get("ranked_on") == RANKED_ON_MIX:
+        mix = ", ".join(f"{t} {w:g}" for t, w in ((leaderboard.get("estimand") or {}).get("mix") or {}).items())
+        return (f"ranked on the declared estimand D1_mix (within-tier held-out AUROCs mixed {mix}); mean D1, the "
+                "overall held-out AUROC, blends the tiers at the test split's own mix")
+    return "ranked on mean held-out D1 (test AUROC)"
 
 
 def leaderboard_rows(leaderboard: dict, concepts: Sequence[str] | None = None) -> list[list[str]]:

@@ -59,31 +59,3 @@ def layer_text(row: Mapping) -> str:
     """A leaderboard row's chosen layer as a table shows it: "14", or "14 (near-tie: 7)" when layer_near_tie is set."""
     tie = row.get("layer_near_tie")
     return f"{row['best_layer']}" + (f" (near-tie: {int(tie['runner_up'])})" if tie else "")
-
-
-def nemenyi_near_ties(friedman: Mapping | None, best: str) -> list[dict]:
-    """Nemenyi verdicts on `best` ("beats": mean-rank gap > CD) whose gap is within NEAR_TIE_PAIRS rank swaps of
-    the critical difference: one swap of two neighbours in one concept's ranking (two D1s within a pair's step)
-    moves a strategy's mean rank by 1/n_units, so such a verdict may flip on another CPU."""
-    if not friedman or not friedman.get("average_ranks") or friedman.get("critical_difference") is None:
-        return []
-    ranks, cd, units = friedman["average_ranks"], float(friedman["critical_difference"]), friedman.get("n_units")
-    if best not in ranks or not units:
-        return []
-    could_close = NEAR_TIE_PAIRS / int(units)
-    out = []
-    for strategy in sorted(s for s in ranks if s != best):
-        gap = float(ranks[strategy] - ranks[best])
-        if abs(gap - cd) <= could_close:
-            out.append({"strategy": strategy, "beaten": gap > cd, "rank_gap": gap, "critical_difference": cd,
-                        "swaps_could_close": could_close})
-    return out
-
-
-def verdict_sentence(best: str, tie: Mapping) -> str:
-    """One line naming a Nemenyi verdict at its boundary."""
-    verdict = "beats" if tie["beaten"] else "is not separated from"
-    return (f"{best} {verdict} {tie['strategy']} by a mean-rank gap of {tie['rank_gap']:.2f} against the critical "
-            f"difference {tie['critical_difference']:.2f}, within the {tie['swaps_could_close']:.2f} that "
-            f"{NEAR_TIE_PAIRS} rank swaps in one concept can move: a near-tie, which may go the other way on another "
-            f"CPU.")

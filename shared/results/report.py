@@ -14,6 +14,7 @@ from pathlib import Path
 
 from poolbench.atomic_write import write_text_atomic
 from poolbench.results.answer import answer_html, build_answer
+from poolbench.results.leaderboard import ranked_on_text
 from poolbench.results.report_figures import (
     alpha_figure,
     bucket_figure,
@@ -52,9 +53,11 @@ class Figure:
 HOW_TO_READ = {
     "summary": "What ran: the model, the layers probed, how many passages every D1 cell saw, how the statistics "
                "were drawn and how long it took.",
-    "leaderboard": "Strategies in order of mean D1: the held-out test AUROC at each strategy's layer (chosen on "
-                   "training CV, never on the test split), averaged over concepts; its 95% CI is a t-interval "
-                   "over concepts. <b>rank</b> orders that mean. <b>avg rank</b> is the Friedman average rank over "
+    "leaderboard": "Strategies in the order the line above names: D1_mix, the declared tier estimand "
+                   "(docs/tiers.md), where the run has both tiers, else mean D1. Mean D1 is the held-out test AUROC "
+                   "at each strategy's layer (chosen on training CV, never on the test split), averaged over "
+                   "concepts; its 95% CI is a t-interval over concepts. <b>rank</b> orders the ranked value. "
+                   "<b>avg rank</b> is the Friedman average rank over "
                    "the concepts, each strategy at its chosen layer (the blocks the Friedman line names). "
                    "<b>verdict</b> is the strategy's against the best chosen on mean CV AUROC (the Answer above "
                    "names each test: Wilcoxon signed-rank with Holm's step-down, the Bayesian signed-rank test "
@@ -146,7 +149,9 @@ def run_section(run: Run, index: int) -> tuple[str, list[Figure]]:
     answer = run.answer or build_answer(run.results, run.leaderboard)
     parts += [f"<section><h2>{html.escape(run.name)}</h2>", answer_html(answer),
               "<h3>Run summary</h3>", _how("summary"),
-              run_summary(run), "<h3>Leaderboard</h3>", _how("leaderboard"), friedman_html(run),
+              run_summary(run), "<h3>Leaderboard</h3>",
+              f'<p class="ranked-on">{html.escape(ranked_on_text(run.leaderboard).capitalize())}.</p>',
+              _how("leaderboard"), friedman_html(run),
               leaderboard_table(run)]
     friedman = friedman_of(run)
     if friedman:

@@ -11,7 +11,7 @@ import numpy as np
 
 from poolbench.records.scorer import ScorerValidity
 from poolbench.records.steering import D2Record, D3Record
-from poolbench.results.leaderboard import FALLBACK_FLAG_RATE, PRIMARY_PROBE
+from poolbench.results.leaderboard import FALLBACK_FLAG_RATE, PRIMARY_PROBE, RANKED_ON_MIX
 from poolbench.results.near_ties import layer_text
 from poolbench.results.ranking import mean_t_interval
 from poolbench.results.report_runs import Run, friedman_of, primary_cells
@@ -52,19 +52,21 @@ def leaderboard_table(run: Run) -> str:
     verdicts = None if run.answer is None else run.answer.verdicts
     letters = {} if verdicts is None else {c.strategy: c.verdict for c in verdicts.comparisons} | {
         verdicts.best.strategy: "chosen best"}
+    on_mix = run.leaderboard.get("ranked_on") == RANKED_ON_MIX
     rows = []
     for r in sorted(run.leaderboard["strategies"], key=lambda r: r["rank"]):
         chosen = [cells.get((r["strategy"], int(r["best_layer"]), c)) for c in r["per_concept"]]
         chosen = [c for c in chosen if c is not None]
         mean, low, high = mean_t_interval([v["auroc"] for v in r["per_concept"].values()])
-        rows.append([str(r["rank"]), r["strategy"], r.get("family", "—"), _ci(mean, low, high),
+        mix = [_ci(r["d1_mix"], r.get("d1_mix_ci_low"), r.get("d1_mix_ci_high"))] if on_mix else []
+        rows.append([str(r["rank"]), r["strategy"], r.get("family", "—"), *mix, _ci(mean, low, high),
                      _num(r["mean_cv_auroc"]), layer_text(r), _num(r.get("win_rate")),
                      _num(r.get("average_rank"), 2), letters.get(r["strategy"], "—"),
                      _num(_mean_of([c.seed_std for c in chosen]), 4), _num(_mean_of([c.selectivity for c in chosen])),
                      _num(_mean_of([c.mdl_compression for c in chosen]), 2),
                      ", ".join(r.get("fallback_flagged_concepts") or []) or "—"])
-    columns = ("rank", "strategy", "family", "mean D1 [95% CI]", "mean CV", "layer", "win rate", "avg rank",
-               "verdict", "seed σ", "selectivity", "MDL", ">50% fallback")
+    columns = ("rank", "strategy", "family", *(["D1_mix [95% CI]"] if on_mix else []), "mean D1 [95% CI]", "mean CV",
+               "layer", "win rate", "avg rank", "verdict", "seed σ", "selectivity", "MDL", ">50% fallback")
     return _table(columns, rows, "leaderboard")
 
 

@@ -11,7 +11,8 @@ from poolbench.records.verdicts import StrategyVerdicts
 from poolbench.results.ranking import mean_t_interval
 
 LONG_COLUMNS = ("strategy", "layer", "concept", "metric", "value", "low", "high")
-WIDE_COLUMNS = ("rank", "strategy", "family", "layer", "mean_d1", "low", "high", "mean_cv_auroc", "verdict",
+WIDE_COLUMNS = ("rank", "strategy", "family", "layer", "mean_d1", "low", "high", "d1_mix", "d1_mix_low",
+                "d1_mix_high", "mean_cv_auroc", "verdict",
                 "in_confidence_set", "win_rate", "average_rank", "worst_concept", "worst_d1")
 CHOSEN = "chosen best"  # the verdict column of the strategy chosen on CV
 # Per D1 cell of the leaderboard's probe: the metric and, where the cell has one, its interval's keys.
@@ -48,7 +49,8 @@ def long_rows(results: dict, leaderboard: dict) -> list[dict]:
 
 
 def wide_rows(leaderboard: dict, verdicts: StrategyVerdicts | None = None) -> list[dict]:
-    """One row per strategy at its CV-chosen layer: mean D1 with its interval, mean CV AUROC, its verdict against
+    """One row per strategy at its CV-chosen layer, in the leaderboard's order: mean D1 with its interval, D1_mix
+    with its interval where the run is ranked on the tier estimand, mean CV AUROC, its verdict against
     the CV-chosen best (from the answer's verdicts, when given) and the worst concept."""
     by = {} if verdicts is None else {c.strategy: c for c in verdicts.comparisons}
     best = None if verdicts is None else verdicts.best.strategy
@@ -60,6 +62,8 @@ def wide_rows(leaderboard: dict, verdicts: StrategyVerdicts | None = None) -> li
         s = r["strategy"]
         rows.append({"rank": r["rank"], "strategy": s, "family": r.get("family"),
                      "layer": r["best_layer"], "mean_d1": mean, "low": low, "high": high,
+                     "d1_mix": r.get("d1_mix"), "d1_mix_low": r.get("d1_mix_ci_low"),
+                     "d1_mix_high": r.get("d1_mix_ci_high"),
                      "mean_cv_auroc": r.get("mean_cv_auroc"),
                      "verdict": CHOSEN if s == best else by[s].verdict if s in by else None,
                      "in_confidence_set": (s in in_set) if verdicts is not None else None,

@@ -76,7 +76,8 @@ def tier_mixed_ranking(tiers: Sequence[TierAurocRecord], mix: Mapping[str, float
 
 
 def estimand_sentence(section: Mapping) -> str | None:
-    """One sentence for the answer: the declared estimand, its best strategy and the split's own mix."""
+    """One sentence for the answer: the declared estimand, the strategy first on it (the held-out order; the best
+    is chosen on CV) and the split's own mix."""
     rows = section.get("rows") or []
     if not rows:
         return None
@@ -85,5 +86,5 @@ def estimand_sentence(section: Mapping) -> str | None:
     share = (section.get("split_hard_share") or {}).get("test")
     blend = "" if share is None else f"; the overall D1 blends them at the test split's {share:.0%} hard pairs"
     interval = "" if top["ci_low"] is None else f" [{top['ci_low']:.3f}, {top['ci_high']:.3f}]"
-    return (f"Ranked on the declared estimand (within-tier D1 mixed {mix}{blend}): best {top['strategy']} at "
+    return (f"Ranked on the declared estimand (within-tier D1 mixed {mix}{blend}): first {top['strategy']} at "
             f"layer {top['layer']}, {top['d1_mix']:.3f}{interval} over {top['n_concepts']} concepts.")

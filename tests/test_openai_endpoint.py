@@ -1,16 +1,19 @@
 """The OpenAI-compatible routes of the one Serve app, called with the real `openai` client on loopback: models,
 completions and chat completions equal to PoolBench's own transformers backend at the same delta, streaming whose
 first events arrive while the rows are still generated, usage, echo + logprobs with max_tokens 0, steering by a
-run's stored vector or a raw one, concurrent requests with different vectors unmixed, OpenAI-shaped errors."""
+run's stored vector or a raw one, concurrent requests with different vectors unmixed, OpenAI-shaped errors (the
+client's exception class, message and param) for every failure, overload (429) included."""
 
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -29,6 +32,7 @@ RESIDUAL_NORM = 6.0
 STORED = (RESIDUAL_NORM * PLANTED / np.linalg.norm(PLANTED)).astype(np.float32)  # the alpha = 1 delta, by hand
 TOKEN = "openai-test-token-0123456789"
 PROMPTS = ["the cat sat on", "birds sang in the trees near the river"]
+WORKING, QUEUED, MAX_BODY = 16, 4, 100_000  # admission (12 concurrent requests fit) and the body limit of the app
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +68,7 @@ def client(model_dir, run, local_ray) -> Iterator[openai.OpenAI]:
     from poolbench.http.settings import ServiceSettings, vectors_of_run
 
     settings = ServiceSettings(models=(str(model_dir),), max_new_tokens=64, device="cpu", token=TOKEN,
-                               **vectors_of_run(run))
+                               max_working=WORKING, max_queued=QUEUED, max_body_bytes=MAX_BODY, **vectors_of_run(run))
     base = start_serve(settings, port=free_port(), num_cpus=0.5)
     wait_healthy(base, 60)
     try:
@@ -178,20 +182,104 @@ def test_concurrent_requests_with_different_vectors_never_mix(client, model_dir)
     assert len({alone[(k, PROMPTS[0])] for k in range(3)}) == 3  # each vector steers elsewhere
 
 
-def test_errors_have_openai_s_shape_and_status(client, model_dir):
-    with pytest.raises(openai.NotFoundError) as nf:
-        client.completions.create(model="nope", prompt="x")
-    assert nf.value.body["type"] == "not_found_error" and "'nope' is not served" in nf.value.body["message"]
-    with pytest.raises(openai.BadRequestError) as bad:
-        client.completions.create(model=str(model_dir), prompt="x", n=2)
-    assert "n: 2, only 1 is supported" in bad.value.body["message"]
-    with pytest.raises(openai.BadRequestError) as layer:
-        client.completions.create(model=str(model_dir), prompt="x", extra_body={"steering": {
-            "vector": STORED.tolist(), "layer": 9, "alpha": 1}})
-    assert layer.value.body["message"].startswith("layer: 9 out of range")
-    with pytest.raises(openai.BadRequestError, match="max_tokens: 65, at most 64"):
-        client.completions.create(model=str(model_dir), prompt="x", max_tokens=65, stream=True)
-    with pytest.raises(openai.AuthenticationError) as auth:
-        openai.OpenAI(base_url=str(client.base_url), api_key="wrong-token-wrong-token", max_retries=0
-                      ).models.list()
-    assert auth.value.body["type"] == "authentication_error"
+def test_errors_have_openai_s_shape_status_and_param(client, model_dir):
+    """Each failure reaches the openai client as its own exception class, with OpenAI's body naming the field."""
+    model = str(model_dir)
+
+    def fails(kind: type[openai.APIStatusError], call) -> dict:
+        with pytest.raises(kind) as caught:
+            call()
+        assert type(caught.value) is kind and set(caught.value.body) == {"message", "type", "param", "code"}
+        return caught.value.body
+
+    body = fails(openai.NotFoundError, lambda: client.completions.create(model="nope", prompt="x"))
+    assert body == {"message": f"model: 'nope' is not served here (served: {model})", "type": "not_found_error",
+                    "param": "model", "code": "model_not_found"}
+    body = fails(openai.BadRequestError, lambda: client.completions.create(model=model, prompt="x", temperature=5))
+    assert body == {"message": "temperature: Input should be less than or equal to 2", "param": "temperature",
+                    "type": "invalid_request_error", "code": None}
+    body = fails(openai.BadRequestError, lambda: client.completions.create(model=model, prompt="x", n=2))
+    assert (body["message"], body["param"]) == ("n: 2, only 1 is supported", "n")
+    body = fails(openai.BadRequestError, lambda: client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "x"}],
+        extra_body={"steering": {"concept": "praise", "alpha": "strong"}}))
+    assert body["param"] == "steering.alpha" and body["message"].startswith("steering.alpha: Input should be")
+    body = fails(openai.BadRequestError, lambda: client.completions.create(model=model, prompt="x", extra_body={
+        "steering": {"vector": STORED.tolist(), "layer": 9, "alpha": 1}}))
+    assert body["message"].startswith("layer: 9 out of range") and body["param"] == "steering.layer"
+    body = fails(openai.BadRequestError, lambda: client.completions.create(model=model, prompt="x", max_tokens=65,
+                                                                          stream=True))
+    assert (body["message"], body["param"]) == ("max_tokens: 65, at most 64", "max_tokens")
+    for field, steering, message in [
+            ("concept", {"concept": "nope"}, "steering.concept: no stored vectors for 'nope' (run concepts: praise)"),
+            ("strategy", {"concept": "praise", "strategy": "Z9_nope"}, "steering.strategy: "),
+            ("strategy", {"concept": "praise", "strategy": "P1_last"},
+             "steering.strategy: concept 'praise': no pooled cell (layer 1, strategy 'P1_last')"),
+            ("run", {"concept": "praise", "run": "/no/such/run"},
+             "steering.run: '/no/such/run' is not the run this service serves vectors of")]:
+        body = fails(openai.NotFoundError, lambda s=steering: client.completions.create(
+            model=model, prompt="x", extra_body={"steering": {**s, "alpha": 1}}))
+        assert body["message"].startswith(message) and body["param"] == f"steering.{field}"
+        assert body["type"] == "not_found_error"
+    body = fails(openai.NotFoundError, lambda: client.embeddings.create(model=model, input="x"))  # no such route
+    assert body == {"message": "Not Found", "type": "not_found_error", "param": None, "code": "unknown_url"}
+    body = fails(openai.APIStatusError, lambda: client.completions.create(model=model, prompt="x" * MAX_BODY))
+    assert body["type"] == "invalid_request_error" and body["code"] == "request_too_large"
+    assert body["message"].startswith("request body is ") and body["message"].endswith(f"at most {MAX_BODY}")
+    body = fails(openai.AuthenticationError, lambda: openai.OpenAI(
+        base_url=str(client.base_url), api_key="wrong-token-wrong-token", max_retries=0).models.list())
+    assert body == {"message": "missing or wrong bearer token", "type": "authentication_error", "param": None,
+                    "code": "invalid_api_key"}
+
+
+def test_a_body_that_is_no_json_is_a_bad_request_and_poolbench_s_routes_keep_their_shape(client, model_dir):
+    """The openai client always sends JSON: a broken body is posted raw and read by the client's own mapping
+    from a response to its exception; /generate answers the same body in PoolBench's {"detail"} shape."""
+    auth = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+    base = str(client.base_url).removesuffix("/v1/")
+    reply = httpx.post(f"{base}/v1/completions", content=b'{"model": "x", "prompt": ', headers=auth)
+    error = client._make_status_error_from_response(reply)
+    assert type(error) is openai.BadRequestError and error.param is None and error.type == "invalid_request_error"
+    assert error.body["message"] == "body: not valid JSON at character 25 (Expecting value)"
+    own = httpx.post(f"{base}/generate", content=b'{"model": "x", "prompts": ', headers=auth)
+    assert own.status_code == 422 and own.json()["detail"] == "body: not valid JSON at character 26 (Expecting value)"
+    own = httpx.post(f"{base}/generate", json={"model": "nope", "prompts": ["x"], "layer": 1}, headers=auth)
+    assert own.status_code == 404 and set(own.json()) == {"detail"}
+
+
+def test_a_full_service_answers_429_rate_limit_error_then_serves_again(client, model_dir):
+    """Requests whose bodies have not arrived hold every working and queued slot; the next /v1/ call is a
+    RateLimitError with Retry-After (the openai client's own backoff reads it), and once they go the service
+    answers again."""
+    host, port = client.base_url.host, client.base_url.port
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{").encode()
+    stalled = [socket.create_connection((host, port)) for _ in range(WORKING + QUEUED)]
+    try:
+        for sock in stalled:
+            sock.sendall(head)
+        deadline = time.monotonic() + 60
+        while True:  # a probe that came before the last stalled one queues behind them: it times out, and waits on
+            try:
+                client.with_options(timeout=3).completions.create(model=str(model_dir), prompt="x", max_tokens=1)
+            except openai.RateLimitError as exc:
+                refused = exc
+                break
+            except openai.APITimeoutError:
+                pass
+            assert time.monotonic() < deadline, "the stalled requests never filled the service"
+            time.sleep(0.2)
+    finally:
+        for sock in stalled:
+            sock.close()
+    assert refused.body["type"] == "requests" and refused.body["code"] == "rate_limit_exceeded"
+    assert refused.body["message"].startswith(f"busy: {WORKING} requests working and {QUEUED} queued")
+    assert int(refused.response.headers["retry-after"]) >= 1
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            assert client.completions.create(model=str(model_dir), prompt="x", max_tokens=1).choices
+            break
+        except openai.RateLimitError:
+            assert time.monotonic() < deadline, "the service stayed full after the stalled requests went"
+            time.sleep(0.2)

@@ -11,6 +11,7 @@ import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -104,10 +105,16 @@ def test_models_and_completions_steered_by_a_stored_vector_equal_the_backend(cli
 
 
 @pytest.mark.numerics
-def test_echo_logprobs_with_no_new_tokens_score_the_prompt_as_the_model_does(client, model_dir, reference):
-    got = client.completions.create(model=str(model_dir), prompt=PROMPTS[1], max_tokens=0, echo=True, logprobs=2,
-                                    temperature=0, extra_body={"steering": {"vector": (2 * STORED).tolist(),
-                                                                            "layer": 1, "alpha": 0.75}})
+def test_echo_logprobs_with_no_new_tokens_score_the_prompt_as_the_model_does(model_dir, reference):
+    """Against the ingress app under uvicorn (no Ray): `make test` reruns this under each CPU kernel set, and a Serve
+    app per rerun would cost more than the comparison; the routes are the same code."""
+    from poolbench.http.settings import ServiceSettings
+
+    with served_by_uvicorn(ServiceSettings(models=(str(model_dir),), max_new_tokens=64, device="cpu")) as base:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=120)
+        got = client.completions.create(model=str(model_dir), prompt=PROMPTS[1], max_tokens=0, echo=True,
+                                        logprobs=2, temperature=0, extra_body={"steering": {
+                                            "vector": (2 * STORED).tolist(), "layer": 1, "alpha": 0.75}})
     lp = got.choices[0].logprobs
     m = reference.loaded
     ids = m.tokenizer(PROMPTS[1])["input_ids"]
@@ -247,21 +254,17 @@ def test_a_body_that_is_no_json_is_a_bad_request_and_poolbench_s_routes_keep_the
     assert own.status_code == 404 and set(own.json()) == {"detail"}
 
 
-@pytest.fixture
-def one_slot_app(model_dir) -> Iterator[str]:
-    """The ingress app Serve runs (build_api), one working slot and no queue, under uvicorn on loopback: a request
-    whose body has not arrived holds its slot there for sure (Serve's proxy may hold such a request before the
-    replica sees it, so through Serve the test could not know when the service is full)."""
+@contextmanager
+def served_by_uvicorn(settings) -> Iterator[str]:
+    """The ingress app Serve runs (build_api) under uvicorn on loopback, without Ray: its base URL."""
     import threading
 
     import uvicorn
 
     from poolbench.http.app import build_api
-    from poolbench.http.settings import ServiceSettings
 
-    app = build_api(ServiceSettings(models=(str(model_dir),), max_new_tokens=8, device="cpu", max_working=1,
-                                    max_queued=0))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(build_api(settings), host="127.0.0.1", port=free_port(),
+                                           log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     while not server.started:
@@ -271,6 +274,18 @@ def one_slot_app(model_dir) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+@pytest.fixture
+def one_slot_app(model_dir) -> Iterator[str]:
+    """One working slot and no queue: a request whose body has not arrived holds its slot there for sure (Serve's
+    proxy may hold such a request before the replica sees it, so through Serve the test could not know when the
+    service is full)."""
+    from poolbench.http.settings import ServiceSettings
+
+    with served_by_uvicorn(ServiceSettings(models=(str(model_dir),), max_new_tokens=8, device="cpu", max_working=1,
+                                           max_queued=0)) as base:
+        yield base
 
 
 def test_a_full_service_answers_429_rate_limit_error_then_serves_again(one_slot_app, model_dir):

@@ -43,6 +43,19 @@ def test_a_missing_task_folder_stops_the_run_in_one_line_before_any_work(tmp_pat
     assert not out.exists()  # nothing started, nothing written
 
 
+def test_the_python_api_checks_the_task_before_any_work(tmp_path):
+    import poolbench
+
+    tasks = task_folder(tmp_path / "tasks")
+    with pytest.raises(CapabilityError, match=r"^--capability-task: needs the steering stage"):
+        poolbench.evaluate(model="tiny", out=tmp_path / "run", steering=False, capability_task="tiny_choice",
+                           capability_task_dir=tasks)
+    with pytest.raises(CapabilityError, match=r"is not a folder$"):
+        poolbench.evaluate(model="tiny", out=tmp_path / "run", capability_task="tiny_choice",
+                           capability_task_dir=tmp_path / "none")
+    assert not (tmp_path / "run").exists()
+
+
 def test_the_task_check_names_what_is_missing(tmp_path):
     tasks = task_folder(tmp_path / "tasks")
     check_capability_task("tiny_choice", tasks, steering=True)  # complete: passes

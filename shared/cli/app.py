@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from poolbench.cli.calibrate import calibrate
-from poolbench.cli.capability import capability, run_capability_stage
+from poolbench.cli.capability import capability
 from poolbench.cli.cebench import bias, cebench, sae_train
 from poolbench.cli.command_order import RootGroup
 from poolbench.cli.export import export_vector
@@ -187,6 +187,8 @@ def run(
         from poolbench.results.capability_run import check_capability_task
 
         check_capability_task(capability_task, capability_task_dir, steering=steering)
+    from poolbench.http.capability_service import run_capability_stage
+
     models = _split(model) or (EMBEDDED,)
     try:
         cfg = RunConfig(

@@ -50,19 +50,3 @@ def capability(
     console.print(f"{record_sentence(record.to_dict())} Wrote {run_dir / 'capability.json'}", soft_wrap=True,
                   highlight=False, markup=False)
 
-
-def run_capability_stage(run_dir: Path, task: str, task_dir: Path, *, stamped: tuple[Path, ...] = (),
-                         n_bootstrap: int = 2000, seed: int = 0) -> list[str]:
-    """`run --capability-task`: every steered cell of the finished run folder at its alpha* and at 0, recorded in
-    the run's documents and answer; the lines to print."""
-    from poolbench.http.capability_service import measure_run_capability
-    from poolbench.results.capability_run import record_capability, record_sentence, steered_cells
-    from poolbench.results.vector_export import read_run
-
-    doc = read_run(run_dir)
-    cells = steered_cells(doc)
-    if not cells:
-        return [f"capability: no steered cell with an alpha* > 0 in {run_dir}; nothing to score on {task}"]
-    records = measure_run_capability(run_dir, doc, cells, task, task_dir, n_bootstrap=n_bootstrap, seed=seed)
-    record_capability(run_dir, records, stamped)
-    return [f"capability: {record_sentence(r.to_dict())}" for r in records]

@@ -168,11 +168,26 @@ def run_config(**options: object) -> RunConfig:
 
 
 def evaluate(model: str = EMBEDDED, *, out: str | Path = DEFAULT_RUN_DIR, log_samples: bool = False,
-             on_event: EventSink | None = None, strategy_modules: Sequence[str] = (), **options: object) -> Results:
+             on_event: EventSink | None = None, strategy_modules: Sequence[str] = (),
+             capability_task: str | None = None, capability_task_dir: str | Path = "tasks",
+             **options: object) -> Results:
     """`poolbench-driver run` from Python: the same options by RunConfig's names (concepts, strategies, layers,
-    corpus_size, limit, steering, ...), the same files in `out`, the results as typed records."""
+    corpus_size, limit, steering, ...), the same files in `out`, the results as typed records; `capability_task`
+    as `run --capability-task` (its records in the results document's `capability`)."""
     cfg = run_config(model=model, out=str(out), **options)
-    return evaluate_config(cfg, on_event=on_event, strategy_modules=strategy_modules, log_samples=log_samples)
+    if capability_task is not None:
+        from poolbench.results.capability_run import check_capability_task
+
+        check_capability_task(capability_task, Path(capability_task_dir), steering=cfg.steering)
+    results = evaluate_config(cfg, on_event=on_event, strategy_modules=strategy_modules, log_samples=log_samples)
+    if capability_task is None:
+        return results
+    from poolbench.http.capability_service import run_capability_stage
+
+    paths = results.paths
+    run_capability_stage(Path(cfg.out), capability_task, Path(capability_task_dir), n_bootstrap=cfg.n_bootstrap,
+                         seed=cfg.seed, stamped=(paths["results_stamped"], paths["answer_stamped"]))
+    return results_of(json.loads(paths["results"].read_text()), results.leaderboard, paths)
 
 
 def pool(texts: Sequence[str], *, model: str = EMBEDDED, strategies: Sequence[str] = ("A1_mean",),

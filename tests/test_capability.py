@@ -62,9 +62,10 @@ def run_and_task(tmp_path_factory) -> tuple[Path, Path, Path]:
     return root / "run", model, root / "task"
 
 
-def hand_accuracy(model_dir: Path, delta: np.ndarray | None) -> np.ndarray:
+def hand_accuracy(model_dir: Path, delta: np.ndarray | None, layer: int = 1) -> np.ndarray:
     """Each doc's acc as lm-eval defines it, computed here: the choice whose ' choice' tokens (context tokens, then
-    the rest of context + ' ' + choice, no special tokens) have the highest summed log-probability."""
+    the rest of context + ' ' + choice, no special tokens) have the highest summed log-probability, with `delta`
+    added to block `layer`'s output."""
     from poolbench.extractor.loading import load_model
 
     m = load_model(str(model_dir), device="cpu")
@@ -72,7 +73,7 @@ def hand_accuracy(model_dir: Path, delta: np.ndarray | None) -> np.ndarray:
     hook = None
     if delta is not None:
         added = torch.as_tensor(delta, dtype=torch.float32)
-        hook = m.decoder_layers[1].register_forward_hook(
+        hook = m.decoder_layers[layer].register_forward_hook(
             lambda _m, _i, out: (out[0] + added, *out[1:]) if isinstance(out, tuple) else out + added)
     try:
         acc = []
@@ -113,3 +114,4 @@ def test_capability_command_runs_lm_eval_offline_through_the_endpoint_at_alpha_s
     assert record["score_steered"] == pytest.approx(steered.mean())
     assert record["difference"] == pytest.approx(steered.mean() - zero.mean())
     assert record["ci_low"] <= record["difference"] <= record["ci_high"]
+    assert json.loads((run / "results.json").read_text())["capability"] == [record]  # where findings reads it

@@ -6,6 +6,7 @@ import asyncio
 import json
 
 from poolbench.http.admission import Admission
+from poolbench.http.openai_errors import busy_refusal
 
 
 class Gate:
@@ -70,3 +71,22 @@ def test_retry_after_follows_the_measured_service_time():
     app = Admission(Gate(), workers=2, queue=8)
     app.service_s, app.working, app.waiting = 3.0, 2, 8
     assert app.retry_after_s() == 15  # 10 requests ahead, 2 at a time, 3 s each
+
+
+def test_a_full_queue_is_openai_s_429_on_v1_and_poolbench_s_503_elsewhere():
+    async def scenario() -> None:
+        inner = Gate()
+        app = Admission(inner, workers=1, queue=0, refusal=busy_refusal)
+        first = asyncio.create_task(call(app, "/generate"))
+        await asyncio.sleep(0)
+        status, headers, body = await call(app, "/v1/completions")
+        assert status == 429 and headers["retry-after"] == "1"
+        assert json.loads(body) == {"error": {"message": "busy: 1 requests working and 0 queued (at most 0); retry "
+                                              "after 1 s", "type": "requests", "param": None,
+                                              "code": "rate_limit_exceeded"}}
+        status, _, body = await call(app, "/generate")
+        assert status == 503 and set(json.loads(body)) == {"detail"}
+        inner.gates["/generate"].set()
+        assert (await first)[0] == 200
+
+    asyncio.run(scenario())

@@ -170,6 +170,11 @@ def run(
         help="log the run to W&B: wandb.init's k=v,k=v, e.g. project=p,mode=offline (extra [wandb])")] = None,
     mlflow_uri: Annotated[str | None, typer.Option(help="log the run to this MLflow tracking URI (extra [mlflow])")]
     = None,
+    capability_task: Annotated[str | None, typer.Option(
+        help="after steering, score this lm-eval task (a YAML in --capability-task-dir) at each steered cell's "
+             "alpha* and at 0: what steering costs")] = None,
+    capability_task_dir: Annotated[Path, typer.Option(help="folder of task YAMLs and their local data")]
+    = Path("tasks"),
 ) -> None:
     """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json
     (and results_<UTC date-time>.json, leaderboard_<...>.json beside them, kept per run)."""
@@ -181,6 +186,12 @@ def run(
     from poolbench.results.trackers import log_trackers, tracker_options
 
     trackers = tracker_options(wandb_args, mlflow_uri)
+    if capability_task is not None:
+        from poolbench.results.capability_run import check_capability_task
+
+        check_capability_task(capability_task, capability_task_dir, steering=steering)
+    from poolbench.http.capability_service import run_capability_stage
+
     models = _split(model) or (EMBEDDED,)
     try:
         cfg = RunConfig(
@@ -202,6 +213,9 @@ def run(
 
     if len(models) > 1:
         for folder in _run_models(cfg, models, log_samples, tuple(str(p) for p in strategy_module or ())):
+            if capability_task is not None:
+                _print_lines(run_capability_stage(folder, capability_task, capability_task_dir, seed=seed,
+                                                  n_bootstrap=n_bootstrap))
             _print_lines(log_trackers(folder, trackers, store=store))
         return
     with run_progress() as progress:
@@ -210,6 +224,10 @@ def run(
     from poolbench.results.answer import read_answer
 
     paths = results.paths
+    if capability_task is not None:
+        _print_lines(run_capability_stage(paths["results"].parent, capability_task, capability_task_dir, seed=seed,
+                                          n_bootstrap=n_bootstrap,
+                                          stamped=(paths["results_stamped"], paths["answer_stamped"])))
     answer = read_answer(paths["answer"])
     _print_leaderboard(results.leaderboard, answer)
     computed = ", ".join(f"{k} {v}" for k, v in (results.document.get("computed") or {}).items())

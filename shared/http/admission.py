@@ -15,16 +15,25 @@ from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+Refusal = Callable[[str, str], tuple[int, dict]]
+"""(path, one-line message) -> (status, JSON body) of a refused request."""
+
+
+def plain_refusal(path: str, message: str) -> tuple[int, dict]:
+    return 503, {"detail": message}
+
 
 class Admission:
-    """Pure ASGI middleware: `workers` requests run, up to `queue` wait (FIFO), beyond that 503 + Retry-After."""
+    """Pure ASGI middleware: `workers` requests run, up to `queue` wait (FIFO), beyond that 503 + Retry-After
+    (`refusal` picks the status and body per path: OpenAI's 429 on /v1/)."""
 
     def __init__(self, app: ASGIApp, *, workers: int, queue: int, open_paths: tuple[str, ...] = ("/healthz",),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, refusal: Refusal = plain_refusal) -> None:
         self.app = app
         self.workers, self.queue = workers, queue
         self.open_paths = open_paths
         self.clock = clock
+        self.refusal = refusal
         self.waiting = 0
         self.working = 0
         self.service_s = 0.5  # running mean of a request's service time, for Retry-After
@@ -41,7 +50,7 @@ class Admission:
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.workers)
         if self.working >= self.workers and self.waiting >= self.queue:
-            await self._refuse(send)
+            await self._refuse(scope["path"], send)
             return
         self.waiting += 1
         try:
@@ -57,11 +66,12 @@ class Admission:
             self._slots.release()
             self.service_s = 0.9 * self.service_s + 0.1 * (self.clock() - started)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, path: str, send: Send) -> None:
         retry = self.retry_after_s()
-        body = json.dumps({"detail": f"busy: {self.working} requests working and {self.waiting} queued (at most "
-                                     f"{self.queue}); retry after {retry} s"}).encode()
-        await send({"type": "http.response.start", "status": 503,
+        status, content = self.refusal(path, f"busy: {self.working} requests working and {self.waiting} queued "
+                                             f"(at most {self.queue}); retry after {retry} s")
+        body = json.dumps(content).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"retry-after", str(retry).encode()),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})

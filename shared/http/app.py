@@ -15,8 +15,10 @@ import asyncio
 import os
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from poolbench.compute_thread import ComputeThread
 from poolbench.errors import PoolBenchError
@@ -27,6 +29,7 @@ from poolbench.http.body_limit import BodyLimit
 from poolbench.http.handlers import check_sizes, generate_many, pool_many, probe_one, score_many
 from poolbench.http.leaderboard_route import add_leaderboard_route
 from poolbench.http.model_caches import ModelCache, ScorerCache, SteeringEngines, VectorCache
+from poolbench.http.openai_errors import busy_refusal, is_openai_path, openai_error, param_of, too_large_refusal
 from poolbench.http.openai_routes import add_openai_routes
 from poolbench.http.openapi_limits import limits_description, merge_keywords, schema_limits
 from poolbench.http.schemas import (
@@ -52,29 +55,41 @@ OPEN_PATHS = ("/healthz",)  # answered without the bearer token: liveness checks
 
 
 def _one_line_validation(errors: list[dict]) -> str:
-    """The first few pydantic errors as 'loc: message' in one line."""
+    """The first few pydantic errors as 'loc: message' in one line (a body that is no JSON says where it breaks)."""
     parts = []
     for err in errors[:3]:
+        if err.get("type") == "json_invalid":
+            at = err.get("loc", ("body", "?"))[-1]
+            parts.append(f"body: not valid JSON at character {at} ({(err.get('ctx') or {}).get('error', 'invalid')})")
+            continue
         loc = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}" if loc else msg)
+        parts.append(f"{loc}: {msg}" if loc and not msg.startswith(f"{loc}:") else msg)
     more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
     return "; ".join(parts) + more
 
 
-_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                 422: "invalid_request_error", 503: "service_unavailable"}
+def _validation_param(errors: list[dict]) -> str | None:
+    """The field the first validation error names (OpenAI's `param`), None for a body that is no JSON."""
+    if not errors or errors[0].get("type") == "json_invalid":
+        return None
+    loc = ".".join(str(p) for p in errors[0].get("loc", ()) if p != "body")
+    return loc or param_of(str(errors[0].get("msg", "")).removeprefix("Value error, "))
 
 
 def error_response(request: Request, status: int, message: str, headers: dict | None = None,
-                   extra: dict | None = None) -> JSONResponse:
-    """{"detail": message} (PoolBench's routes), or OpenAI's {"error": {...}} on /v1/ paths, where a request the
-    service cannot serve as asked is a 400 as OpenAI's clients expect."""
-    if request.url.path.startswith("/v1/"):
-        status = 400 if status == 422 else status
-        return JSONResponse(status_code=status, headers=headers, content={"error": {
-            "message": message, "type": _OPENAI_TYPES.get(status, "server_error"), "param": None, "code": None}})
+                   extra: dict | None = None, *, param: str | None = None, code: str | None = None) -> JSONResponse:
+    """{"detail": message} (PoolBench's routes), or OpenAI's {"error": {...}} on /v1/ paths (openai_errors), where
+    a request the service cannot serve as asked is a 400 as OpenAI's clients expect."""
+    if is_openai_path(request.url.path):
+        status, content = openai_error(status, message, param=param, code=code)
+        return JSONResponse(status_code=status, headers=headers, content=content)
     return JSONResponse(status_code=status, headers=headers, content={"detail": message, **(extra or {})})
+
+
+def _service_error(request: Request, status: int, exc: PoolBenchError) -> JSONResponse:
+    return error_response(request, status, str(exc).splitlines()[0], param=getattr(exc, "param", None),
+                          code=getattr(exc, "code", None))
 
 
 _ERRORS = {404: {"description": "model or scorer not served here"},
@@ -85,8 +100,9 @@ _ERRORS = {404: {"description": "model or scorer not served here"},
 def build_api(settings: ServiceSettings) -> FastAPI:
     """The FastAPI app (usable without Ray: tests and `uvicorn` can mount it directly)."""
     api = FastAPI(title="PoolBench", version="1", description=limits_description(settings))
-    api.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    api.add_middleware(Admission, workers=settings.max_working, queue=settings.max_queued, open_paths=OPEN_PATHS)
+    api.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, refusal=too_large_refusal)
+    api.add_middleware(Admission, workers=settings.max_working, queue=settings.max_queued, open_paths=OPEN_PATHS,
+                       refusal=busy_refusal)
     if settings.token is not None:
         token = settings.token
 
@@ -94,7 +110,8 @@ def build_api(settings: ServiceSettings) -> FastAPI:
         async def require_token(request: Request, call_next):  # added last: runs before the body is read
             if request.url.path in OPEN_PATHS or bearer_ok(request.headers.get("authorization"), token):
                 return await call_next(request)
-            return error_response(request, 401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+            return error_response(request, 401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"},
+                                  code="invalid_api_key")
     models = ModelCache(settings)
     engines = SteeringEngines(settings)
     # Every model call of this app on one thread (poolbench.compute_thread): request threads would each give
@@ -117,16 +134,25 @@ def build_api(settings: ServiceSettings) -> FastAPI:
     @api.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError):
         errors = exc.errors()
-        return error_response(request, 422, _one_line_validation(errors), extra={
+        return error_response(request, 422, _one_line_validation(errors), param=_validation_param(errors), extra={
             "errors": [{"loc": list(e.get("loc", ())), "msg": e.get("msg")} for e in errors]})
+
+    @api.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        """Starlette's own errors (no such route, wrong method, a body over the limit while streaming): OpenAI's
+        shape on /v1/, FastAPI's {"detail"} elsewhere."""
+        if not is_openai_path(request.url.path):
+            return await http_exception_handler(request, exc)
+        code = {404: "unknown_url", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
+        return error_response(request, exc.status_code, str(exc.detail), dict(exc.headers or {}), code=code)
 
     @api.exception_handler(NotServed)
     async def not_served(request: Request, exc: NotServed):
-        return error_response(request, 404, str(exc))
+        return _service_error(request, 404, exc)
 
     @api.exception_handler(ServiceConfigError)
     async def unavailable(request: Request, exc: ServiceConfigError):
-        return error_response(request, 503, str(exc).splitlines()[0])
+        return _service_error(request, 503, exc)
 
     @api.exception_handler(EngineDied)
     async def engine_died(request: Request, exc: EngineDied):
@@ -134,7 +160,7 @@ def build_api(settings: ServiceSettings) -> FastAPI:
 
     @api.exception_handler(PoolBenchError)
     async def poolbench_error(request: Request, exc: PoolBenchError):
-        return error_response(request, 422, str(exc).splitlines()[0])
+        return _service_error(request, 422, exc)
 
     add_leaderboard_route(api, settings.leaderboard)
 

@@ -8,9 +8,14 @@ app, answering 413 as soon as they pass the limit (the app has then read at most
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+def plain_refusal(path: str, message: str) -> tuple[int, dict]:
+    return 413, {"detail": message}
 
 
 class BodyTooLarge(HTTPException):
@@ -22,11 +27,14 @@ class BodyTooLarge(HTTPException):
 
 
 class BodyLimit:
-    """Answer 413 (one-line JSON detail) for any HTTP request whose body passes `max_bytes`."""
+    """Answer 413 (one-line JSON detail; `refusal` picks the body per path) for any HTTP request whose body passes
+    `max_bytes`."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int,
+                 refusal: Callable[[str, str], tuple[int, dict]] = plain_refusal) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.refusal = refusal
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -34,7 +42,8 @@ class BodyLimit:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
-            await _refuse(send, f"request body is {declared} bytes, at most {self.max_bytes}")
+            await _refuse(send, *self.refusal(scope["path"], f"request body is {declared} bytes, at most "
+                                                             f"{self.max_bytes}"))
             return
         received = 0
         started = False
@@ -59,7 +68,7 @@ class BodyLimit:
         except BodyTooLarge as exc:
             if started:
                 raise
-            await _refuse(send, exc.detail)
+            await _refuse(send, *self.refusal(scope["path"], exc.detail))
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -69,9 +78,9 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _refuse(send: Send, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": 413,
+async def _refuse(send: Send, status: int, content: dict) -> None:
+    body = json.dumps(content).encode()
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})

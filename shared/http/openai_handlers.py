@@ -17,8 +17,9 @@ from poolbench.http.handlers import request_rows
 from poolbench.http.model_caches import ModelCache, SteeringEngines, VectorCache
 from poolbench.http.openai_schemas import Steering
 from poolbench.http.schemas import GenerateRequest, StoredVector
-from poolbench.http.service_errors import NotServed, RequestError
+from poolbench.http.service_errors import NotServed, RequestError, ServiceError
 from poolbench.http.settings import ServiceSettings, vectors_of_run
+from poolbench.http.text_pooling import strategy_spec
 
 
 @dataclass
@@ -77,26 +78,49 @@ def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
 
 def steering_delta(steering: Steering | None, loaded, vectors: VectorCache, settings: ServiceSettings,
                    ) -> tuple[int, np.ndarray | None]:
-    """(layer, delta) of a request's steering field, checked as /generate checks its vector; (0, None) unsteered."""
+    """(layer, delta) of a request's steering field, checked as /generate checks its vector; (0, None) unsteered.
+    A run, concept or strategy this service has no vector for is a 404 naming the field (`param`), as an unknown
+    model is; a vector it cannot add as asked is a 400 naming it."""
     if steering is None or steering.alpha == 0:
         return 0, None
     if steering.run is not None:
         theirs = vectors_of_run(Path(steering.run)) if (Path(steering.run) / "results.json").is_file() else {}
         if not theirs or theirs.get("pooled_keys") != settings.pooled_keys:
-            raise NotServed(f"steering.run: '{steering.run}' is not the run this service serves vectors of")
+            raise NotServed(f"steering.run: '{steering.run}' is not the run this service serves vectors of",
+                            param="steering.run")
+    if steering.concept is not None:
+        if steering.concept not in settings.pooled_keys:
+            raise NotServed(f"steering.concept: no stored vectors for '{steering.concept}' (run concepts: "
+                            f"{', '.join(sorted(settings.pooled_keys)) or 'none'})", param="steering.concept")
+        try:
+            strategy_spec(steering.strategy)
+        except PoolBenchError as exc:
+            raise NotServed(f"steering.strategy: {str(exc).splitlines()[0]}", param="steering.strategy") from exc
     layer = steering.layer
     if layer is None:
         layers = sorted({int(k.rsplit("/", 1)[1]) for k in settings.residual_norms
                          if k.rsplit("/", 1)[0] == steering.concept})
         if len(layers) != 1:
             raise RequestError(f"steering.layer: the run steered '{steering.concept}' at "
-                               f"{'layers ' + ', '.join(map(str, layers)) if layers else 'no layer'}; name one")
+                               f"{'layers ' + ', '.join(map(str, layers)) if layers else 'no layer'}; name one",
+                               param="steering.layer")
         layer = layers[0]
     stored = None if steering.concept is None else StoredVector(concept=steering.concept, strategy=steering.strategy,
                                                                  unit=steering.unit)
     req = GenerateRequest(model=loaded.model_id, prompts=["-"], layer=layer, vector=steering.vector, stored=stored,
                           alpha=steering.alpha, max_new_tokens=1)
-    return layer, request_rows(req, loaded, vectors)[0].delta
+    try:
+        return layer, request_rows(req, loaded, vectors)[0].delta
+    except ServiceError as exc:
+        if exc.param is None:  # /generate's messages name its own fields: here they are the steering field's
+            field = str(exc).split(":", 1)[0]
+            exc.param = (f"steering.{field}" if field in ("layer", "vector")
+                         else "steering.layer" if "no pooled cell" in str(exc) else "steering")
+        raise
+    except PoolBenchError as exc:
+        if "no pooled cell" not in str(exc):
+            raise
+        raise NotServed(f"steering.strategy: {str(exc).splitlines()[0]}", param="steering.strategy") from exc
 
 
 def score_tokens(loaded, ids: list[int], layer: int, delta: np.ndarray | None, k: int) -> ScoredTokens:

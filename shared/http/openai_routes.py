@@ -3,7 +3,7 @@
 
 They sit behind the same middleware as /generate (bearer token, admission control, body limit) and run on the same
 compute thread in batches (openai_handlers.completions_many): concurrent requests with different vectors share an
-engine call, each row with its own delta. Errors on /v1/ paths have OpenAI's shape (app.error_body)."""
+engine call, each row with its own delta. Errors on /v1/ paths have OpenAI's shape (openai_errors)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from poolbench.compute_thread import ComputeThread
 from poolbench.errors import PoolBenchError
 from poolbench.http.batching import answer_or_raise, batched
 from poolbench.http.model_caches import ModelCache, SteeringEngines, VectorCache
+from poolbench.http.openai_errors import openai_error
 from poolbench.http.openai_handlers import CompletionJob, JobResult, RowResult, completions_many, cut_at_stop
 from poolbench.http.openai_schemas import (
     AssistantMessage,
@@ -92,7 +93,7 @@ def request_steering(body: Steering | None, request: Request) -> Steering | None
         return Steering.model_validate_json(raw)
     except ValueError as exc:
         raise RequestError(f"{STEERING_HEADER}: {str(exc).splitlines()[0]}; expected the steering field's JSON",
-                           ) from exc
+                           param="steering") from exc
 
 
 def _sse(obj: dict) -> str:
@@ -106,7 +107,8 @@ def add_openai_routes(api: FastAPI, settings: ServiceSettings, compute: ComputeT
 
     def served(model: str) -> None:
         if model not in settings.models:
-            raise NotServed(f"model: '{model}' is not served here (served: {', '.join(settings.models) or 'none'})")
+            raise NotServed(f"model: '{model}' is not served here (served: {', '.join(settings.models) or 'none'})",
+                            param="model", code="model_not_found")
 
     @api.get("/v1/models")
     def list_models() -> ModelList:
@@ -141,9 +143,9 @@ def add_openai_routes(api: FastAPI, settings: ServiceSettings, compute: ComputeT
                 item = await queue.get()
             try:
                 result = answer_or_raise(task.result())
-            except PoolBenchError as exc:
-                yield _sse({"error": {"message": str(exc).splitlines()[0], "type": "server_error", "param": None,
-                                      "code": None}})
+            except PoolBenchError as exc:  # after the 200 went out: the error is the stream's last event
+                yield _sse(openai_error(500, str(exc).splitlines()[0], param=getattr(exc, "param", None),
+                                        code=getattr(exc, "code", None))[1])
                 return
             for row, r in enumerate(result.rows):
                 rest = r.text[len(sent.get(row, "")):] if r.text.startswith(sent.get(row, "")) else ""

@@ -117,6 +117,12 @@ def run(
         help="layer indices (comma list) or 'all'; default: every layer of a model with <= 6, else 6 evenly spaced")]
     = None,
     strategies: Annotated[list[str] | None, typer.Option(help="strategy ids (comma list); default all")] = None,
+    sites: Annotated[list[str] | None, typer.Option(
+        help="activation sites (comma list): residual (block output), attn, mlp (sub-block outputs); default residual")]
+    = None,
+    context_lengths: Annotated[list[str] | None, typer.Option(
+        help="also read each test passage inside k x its length of neutral text (comma list, 1 included, e.g. 1,4); "
+             "probes train at length 1")] = None,
     strategy_module: Annotated[list[Path] | None, typer.Option(help="a .py file registering strategies")] = None,
     store: Annotated[str | None, typer.Option(help="artifact store: a folder or s3://bucket/prefix")] = None,
     out: Annotated[Path, typer.Option(help="run folder: results.json, leaderboard.json go here")] = DEFAULT_RUN,
@@ -190,10 +196,12 @@ def run(
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
             allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash, store_dtype=store_dtype,
-            tensor_parallel_size=tensor_parallel_size, rope=rope, protocol=protocol)
+            tensor_parallel_size=tensor_parallel_size, rope=rope, protocol=protocol,
+            **({"sites": _split(sites)} if sites else {}),
+            **({"context_lengths": _lengths(context_lengths)} if context_lengths else {}))
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise PoolBenchError(f"--{'-'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
+        raise PoolBenchError(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
     except ValueError as exc:
         raise PoolBenchError(f"--layers: {exc}") from None
 
@@ -439,6 +447,14 @@ def export_submission(
         sidecar = folder / f"submission_{strategy}.protocol.json"
         write_json_atomic(sidecar, protocol_sidecar(leaderboard, strategy, model_key))
         console.print(f"wrote {sidecar}: D1 is protocol '{protocol}', not the leaderboard's '{LEADERBOARD_PROTOCOL}'")
+
+
+def _lengths(values: list[str]) -> tuple[int, ...]:
+    items = _split(values) or ()
+    try:
+        return tuple(int(v) for v in items)
+    except ValueError:
+        raise PoolBenchError(f"--context-lengths: {','.join(items)} is not a comma list of whole numbers") from None
 
 
 def _layers(values: list[str] | None) -> tuple[int, ...] | Literal["all"] | None:

@@ -15,6 +15,7 @@ from poolbench.cli.calibrate import calibrate
 from poolbench.cli.capability import capability
 from poolbench.cli.cebench import bias, cebench, sae_train
 from poolbench.cli.command_order import RootGroup
+from poolbench.cli.contenders import contenders, learning_curve
 from poolbench.cli.export import export_vector
 from poolbench.cli.findings import findings
 from poolbench.cli.listing import list_app
@@ -78,6 +79,8 @@ app.add_typer(list_app, name="list")
 store_app.command("verify")(verify)
 app.command("calibrate")(calibrate)
 app.command("reproduce")(reproduce)
+app.command("learning-curve")(learning_curve)
+app.command("contenders")(contenders)
 app.add_typer(cluster_app, name="cluster")
 # Wide enough for the leaderboard when output is piped (rich falls back to 80 columns there).
 console = Console() if Console().is_terminal else Console(width=140)

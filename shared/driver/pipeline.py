@@ -152,7 +152,7 @@ def read_inputs(cfg: RunConfig) -> RunInputs:
     corpus = open_corpus(cfg.corpus, cfg.corpus_size, cfg.concepts)
     check_corpus(corpus)
     store_url = cfg.resolved_store()
-    plans = [ConceptPlan(c, limit_passages(corpus.passages(c), cfg.limit), corpus.concept_hash(c))
+    plans = [ConceptPlan(c, limit_passages(corpus.passages(c), cfg.limit, cfg.train_limit), corpus.concept_hash(c))
              for c in corpus.concepts]
     return RunInputs(specs, corpus, store_url, open_store(store_url), plans)
 

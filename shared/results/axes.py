@@ -37,12 +37,12 @@ def results_section(sites: Sequence[str], lengths: Sequence[int], records: Seque
                      **({"steering": STEERING_NOTE} if any(s != RESIDUAL for s in sites) else {})}}
 
 
-def _interval(values: Sequence[float]) -> dict:
+def mean_interval(values: Sequence[float]) -> dict:
     mean, low, high = mean_t_interval(values)
     return {"mean": mean, "low": low, "high": high, "n": len(values)}
 
 
-def _difference_interval(values: Sequence[float]) -> dict:
+def change_interval(values: Sequence[float]) -> dict:
     """Mean per-concept change with a Student-t interval over concepts (not clipped: a change may be negative)."""
     v = np.asarray(values, dtype=float)
     mean = float(v.mean())
@@ -68,13 +68,13 @@ def site_section(main: Sequence[D1CellRecord], others: Sequence[D1CellRecord], *
         board = build_leaderboard(records)
         rows = board["strategies"]
         table[site] = {r["strategy"]: {"layer": r["best_layer"], "mean_cv_auroc": r["mean_cv_auroc"],
-                                       "d1": _interval([v["auroc"] for v in r["per_concept"].values()])}
+                                       "d1": mean_interval([v["auroc"] for v in r["per_concept"].values()])}
                        for r in rows}
         if rows:
             row = next(r for r in rows if r["strategy"] == board["best_on_cv"])
             best[site] = {"strategy": row["strategy"], "layer": row["best_layer"],
                           "mean_cv_auroc": row["mean_cv_auroc"], "per_concept": row["per_concept"],
-                          "d1": _interval([v["auroc"] for v in row["per_concept"].values()])}
+                          "d1": mean_interval([v["auroc"] for v in row["per_concept"].values()])}
     verdicts, missing = None, None
     try:
         verdicts = compare_strategies(
@@ -116,14 +116,14 @@ def length_section(main: Sequence[D1CellRecord], others: Sequence[D1CellRecord],
     for row in board["strategies"]:
         strategy, layer = row["strategy"], int(row["best_layer"])
         base = cells[(1, strategy, layer)]
-        entry: dict = {"layer": layer, "d1": {"1": _interval(list(base.values()))}, "change": {}, "reading": {}}
+        entry: dict = {"layer": layer, "d1": {"1": mean_interval(list(base.values()))}, "change": {}, "reading": {}}
         for k in lengths:
             at = cells.get((k, strategy, layer), {})
             concepts = sorted(set(base) & set(at))
             if not concepts:
                 continue
-            change = _difference_interval([at[c] - base[c] for c in concepts])
-            entry["d1"][str(k)] = _interval([at[c] for c in concepts])
+            change = change_interval([at[c] - base[c] for c in concepts])
+            entry["d1"][str(k)] = mean_interval([at[c] for c in concepts])
             entry["change"][str(k)] = change
             entry["reading"][str(k)] = ("n/a" if change["low"] is None else "loses" if change["high"] < 0
                                         else "keeps" if change["low"] > -rope else "undecided")
@@ -137,7 +137,7 @@ def _p(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2g}" if value < 0.01 else f"{value:.3f}"
 
 
-def _iv(d: dict, signed: bool = False) -> str:
+def interval_text(d: dict, signed: bool = False) -> str:
     fmt = "+.3f" if signed else ".3f"
     text = format(d["mean"], fmt)
     return text + ("" if d["low"] is None else f" [{format(d['low'], fmt)}, {format(d['high'], fmt)}]")
@@ -147,16 +147,17 @@ def site_sentences(section: dict) -> list[str]:
     """The answer's words on the sites: the best site chosen on CV, its held-out D1, each other site's verdict."""
     best, v = section["best_by_site"], section.get("verdicts")
     if v is None:
-        named = ", ".join(f"{s}: {b['strategy']} L{b['layer']} D1 {_iv(b['d1'])}" for s, b in best.items())
+        named = ", ".join(f"{s}: {b['strategy']} L{b['layer']} D1 {interval_text(b['d1'])}" for s, b in best.items())
         return [f"Activation sites ({named}); not compared: {section.get('verdicts_missing')}.", STEERING_NOTE]
     site = v["best"]["strategy"]
     b = best[site]
     out = [f"Best activation site, chosen on the training CV: {site} ({b['strategy']} at layer {b['layer']}, mean CV "
-           f"AUROC {b['mean_cv_auroc']:.3f}; held-out mean D1 {_iv(b['d1'])} over {b['d1']['n']} concepts); the "
-           f"held-out test {'confirms it' if v['best']['confirmation'] == 'confirmed' else 'does not confirm it'}."]
+           f"AUROC {b['mean_cv_auroc']:.3f}; held-out mean D1 {interval_text(b['d1'])} over {b['d1']['n']} "
+           f"concepts); the held-out test "
+           f"{'confirms it' if v['best']['confirmation'] == 'confirmed' else 'does not confirm it'}."]
     for c in v["comparisons"]:
         o = best[c["strategy"]]
-        out.append(f"Site {c['strategy']} ({o['strategy']} L{o['layer']}, D1 {_iv(o['d1'])}): {c['verdict']} "
+        out.append(f"Site {c['strategy']} ({o['strategy']} L{o['layer']}, D1 {interval_text(o['d1'])}): {c['verdict']} "
                    f"({c['test']}; best minus it {c['mean_difference']:+.3f}, Holm p {_p(c['holm_p'])}, "
                    f"P(ROPE) {c['p_rope']:.3f}).")
     return [*out, STEERING_NOTE]
@@ -171,7 +172,7 @@ def length_sentences(section: dict) -> list[str]:
     for k in section["lengths"][1:]:
         words = []
         for reading in ("loses", "keeps", "undecided", "n/a"):
-            named = [f"{s} {_iv(e['change'][str(k)], signed=True)}" for s, e in rows.items()
+            named = [f"{s} {interval_text(e['change'][str(k)], signed=True)}" for s, e in rows.items()
                      if e["reading"].get(str(k)) == reading]
             if named:
                 words.append(f"{reading}: " + ", ".join(named))
@@ -205,16 +206,16 @@ def axes_html(leaderboard: dict) -> str:
         names = sites["sites"]
         strategies = sorted({s for table in sites["by_site"].values() for s in table})
         rows = "".join("<tr><td>" + html.escape(s) + "</td>" + "".join(
-            f"<td>{_iv(sites['by_site'][n][s]['d1'])} (L{sites['by_site'][n][s]['layer']})</td>"
+            f"<td>{interval_text(sites['by_site'][n][s]['d1'])} (L{sites['by_site'][n][s]['layer']})</td>"
             if s in sites["by_site"][n] else "<td>—</td>" for n in names) + "</tr>" for s in strategies)
         parts.append('<table class="sites"><thead><tr><th>strategy</th>' + "".join(
             f"<th>{html.escape(n)}</th>" for n in names) + f"</tr></thead><tbody>{rows}</tbody></table>")
     if lengths := leaderboard.get("context_lengths"):
         ks = [str(k) for k in lengths["lengths"]]
         rows = "".join("<tr><td>" + html.escape(s) + f"</td><td>{e['layer']}</td>" + "".join(
-            f"<td>{_iv(e['d1'][k])}</td>" if k in e["d1"] else "<td>—</td>" for k in ks) + "".join(
-            f"<td>{_iv(e['change'][k], signed=True)} {e['reading'][k]}</td>" if k in e["change"] else "<td>—</td>"
-            for k in ks[1:]) + "</tr>" for s, e in lengths["by_strategy"].items())
+            f"<td>{interval_text(e['d1'][k])}</td>" if k in e["d1"] else "<td>—</td>" for k in ks) + "".join(
+            f"<td>{interval_text(e['change'][k], signed=True)} {e['reading'][k]}</td>" if k in e["change"]
+            else "<td>—</td>" for k in ks[1:]) + "</tr>" for s, e in lengths["by_strategy"].items())
         parts.append('<table class="lengths"><thead><tr><th>strategy</th><th>layer</th>' + "".join(
             f"<th>D1 at {k}x</th>" for k in ks) + "".join(f"<th>change at {k}x</th>" for k in ks[1:])
             + f"</tr></thead><tbody>{rows}</tbody></table>")

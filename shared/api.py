@@ -223,3 +223,25 @@ def pool(texts: Sequence[str], *, model: str = EMBEDDED, strategies: Sequence[st
         rows = np.argsort([order[str(pid)] for pid in cell.passage_ids])
         out.setdefault(layer, {})[strategy] = np.asarray(cell.X[rows], dtype=np.float32)
     return out
+
+
+def evaluate_learning_curve(cfg: RunConfig, sizes: Sequence[int | None], *, on_event: EventSink | None = None,
+                            strategy_modules: Sequence[str] = ()) -> tuple[dict, Path]:
+    """`cfg` at each training size (at most N train passages per class, None: the whole train split; the test split
+    always whole) into <out>/n<N>/ (or <out>/all/), then the curve into <out>/learning_curve.json; the extractor
+    workers are started once for every size."""
+    from poolbench.atomic_write import write_json_atomic
+    from poolbench.driver.extractor_fleet import ExtractorFleet
+    from poolbench.results.learning_curve import CURVE_FILE, learning_curve
+
+    points = []
+    with ExtractorFleet(strategy_modules) as fleet:
+        for size in sizes:
+            sub = cfg.model_copy(update={"train_limit": size,
+                                         "out": str(Path(cfg.out) / (f"n{size}" if size is not None else "all"))})
+            results = evaluate_config(sub, on_event=on_event, strategy_modules=strategy_modules, fleet=fleet)
+            points.append((size, results.document, results.leaderboard))
+    curve = learning_curve(points, rope=cfg.rope, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
+    path = Path(cfg.out) / CURVE_FILE
+    write_json_atomic(path, curve)
+    return curve, path

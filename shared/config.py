@@ -33,6 +33,7 @@ class RunConfig(BaseModel):
     overlap: bool | None = None  # prepare the next chunk's text extras beside the forward; None: on CUDA only
     max_length: int = Field(256, ge=8)
     limit: int | None = Field(None, ge=4)
+    train_limit: int | None = Field(None, ge=4)  # at most N train passages per class (a learning curve's size)
     seed: int = 0
     n_folds: int = Field(5, ge=2)
     n_bootstrap: int = Field(1000, ge=0)
@@ -55,6 +56,12 @@ class RunConfig(BaseModel):
     # D1's protocol: PoolBench's (pair-grouped CV, held-out test) or "pb", the reference leaderboard's (train-split
     # 5-fold OOF DiffMean AUROC, seed 42, no held-out test: poolbench.prober.pb_protocol)
     protocol: Literal["poolbench", "pb"] = "poolbench"
+    # Cell axes beside layers (issue 44): activation sites (the block output "residual", the attention or MLP
+    # sub-block's output) and context lengths (each test passage also read inside k x its length of neutral text,
+    # probes trained at length 1). The residual site at length 1 is the run's main axis: its cells are the run's
+    # cells, leaderboard and answer; the others are extra cells beside them (poolbench.driver.variants).
+    sites: tuple[Literal["residual", "attn", "mlp"], ...] = ("residual",)
+    context_lengths: tuple[int, ...] = (1,)
 
     @field_validator("concepts", "strategies")
     @classmethod
@@ -62,6 +69,22 @@ class RunConfig(BaseModel):
         if value is not None and len(value) == 0:
             raise ValueError("must name at least one")
         return value
+
+    @field_validator("sites")
+    @classmethod
+    def _sites(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if "residual" not in value:
+            raise ValueError("must include residual (the run's leaderboard, answer and steering read the block output)")
+        if len(set(value)) != len(value):
+            raise ValueError(f"{list(value)} repeats a site")
+        return value
+
+    @field_validator("context_lengths")
+    @classmethod
+    def _lengths(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if 1 not in value or any(k < 1 for k in value) or len(set(value)) != len(value):
+            raise ValueError(f"{list(value)}: whole multiples >= 1 of a passage's length, 1 included, none repeated")
+        return tuple(sorted(value))
 
     def resolved_store(self) -> str:
         return self.store or default_store_url()

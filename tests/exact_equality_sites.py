@@ -106,6 +106,9 @@ SITES: dict[str, tuple[int, str, str]] = {
         1, COPY, "the PooledTable row and the stored whole-train fit's vectors (one array written twice)"),
     "test_trackers.py::test_mlflow_run_holds_config_leaderboard_answer_and_figures": (
         1, COPY, "the figures' PNG bytes MLflow stored against the ones the adapter handed it"),
+    "test_run_axes.py::test_a_run_with_three_sites_and_two_lengths_keeps_the_residual_cells": (
+        1, COPY + "; the main variant's keys are unchanged, so its D1 artifacts are the stored ones read again",
+        "the residual cells of a run with sites and lengths against a residual-only run's"),
     "test_trackers.py::test_wandb_offline_run_holds_config_leaderboard_answer_and_figures": (
         1, COPY, "the figures' PNG bytes in the W&B offline run against the ones the adapter handed it"),
     "test_trackers.py::test_a_tiny_run_logs_itself_to_both_trackers": (

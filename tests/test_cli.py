@@ -42,7 +42,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess, *needles: str) ->
     (["--strategies", "A1,Z9_psychic"], ["unknown strategy 'Z9_psychic'"]),
     (["--model", "/no/such/model"], ["model '/no/such/model' not found"]),
     (["--store", "s3://bucket/x"], ["POOLBENCH_S3_ENDPOINT"]),
-    (["--folds", "1"], ["--n_folds"]),
+    (["--folds", "1"], ["--folds: "]),
 ])
 def test_bad_run_options(corpus_dir, tmp_path, args, needles):
     out = tmp_path / "out"
@@ -94,7 +94,7 @@ def test_run_display_renders_each_event_by_type():
     from rich.console import Console
     from rich.progress import Progress, TextColumn
 
-    from poolbench.cli.app import RunDisplay
+    from poolbench.cli.run_display import RunDisplay
     from poolbench.records.events import (
         CellSteered,
         ConceptPooled,

@@ -83,7 +83,7 @@ def test_summary_line_by_hand():
 def test_progress_event_eta_and_display():
     from rich.progress import Progress, TextColumn
 
-    from poolbench.cli.app import RunDisplay
+    from poolbench.cli.run_display import RunDisplay
     from poolbench.records.events import RunPlanned
 
     event = ConceptProgress("hedging", batches=3, passages_done=24, passages_total=72, tokens_done=3984, seconds=6.0)

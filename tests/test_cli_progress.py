@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import io
 
-from poolbench.cli.app import RunDisplay
 from poolbench.cli.progress import LineProgress
+from poolbench.cli.run_display import RunDisplay
 from poolbench.records.events import ConceptPooled, ConceptProbed, ConceptProgress, RunPlanned
 
 

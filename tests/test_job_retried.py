@@ -5,8 +5,8 @@ from __future__ import annotations
 import io
 from collections import Counter
 
-from poolbench.cli.app import RunDisplay
 from poolbench.cli.progress import LineProgress
+from poolbench.cli.run_display import RunDisplay
 from poolbench.records.cluster import ClusterActivity
 from poolbench.records.events import JobRetried
 

@@ -29,6 +29,7 @@ from poolbench.extractor.gradient_saliency import gradient_forward
 from poolbench.extractor.hook_points import capture_layer_outputs
 from poolbench.extractor.layer_sinks import LayerExtras, LayerSink, SinkT
 from poolbench.extractor.padded_batches import PaddedBatch, model_inputs
+from poolbench.extractor.site_hooks import check_sites, site_module
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ def capture_chunks(
     needs: Collection[str] = frozenset(),
     max_batch_tokens: int | None = None,
     dtype_out: np.dtype | type = np.float32,
+    site: str = "residual",
 ) -> Iterator[tuple[PaddedBatch, SinkT]]:
     """One forward per row chunk; each requested layer goes to the chunk's sink (made by `sink_for` before the
     forward, so its host-side preparation is done and sent ahead) as soon as the layer has run, and the
@@ -107,6 +109,9 @@ def capture_chunks(
     work and returns the function that makes its sink on this thread. With `overlap`, the next chunk's
     prepare_for runs on a background thread while this chunk's forward runs (torch releases the GIL in its ops);
     a preparation is used only for the very chunk it was made for, never for the halves of a chunk cut after it.
+
+    `site` (site_hooks.SITES) is the tensor each layer hands: the block output (residual) or its attention or MLP
+    sub-block's output; attention extras (S1, S3) are read from the blocks whatever the site.
     """
     if (sink_for is None) == (prepare_for is None):
         raise ExtractionError("capture_chunks needs exactly one of sink_for and prepare_for")
@@ -115,6 +120,9 @@ def capture_chunks(
     needs = frozenset(needs)
     budget = resolve_max_batch_tokens(model, layers, max_batch_tokens, dtype_out)
     costs = model_token_costs(model, layers, needs, dtype_out)
+    [site] = check_sites([site])
+    site_modules = decoder_layers if site == "residual" else \
+        [site_module(block, layer, site) for layer, block in enumerate(decoder_layers)]
     plan = _ChunkPlan(iter(batches), costs, budget)
     with _Preparer(prepare, overlap, stats) as preparer:
         while (entry := plan.next()) is not None:
@@ -127,7 +135,7 @@ def capture_chunks(
                     preparer.ahead(upcoming)
                 sink = make()
                 _capture_chunk(model, decoder_layers, chunk, layers, sink, stats=stats, stop_early=stop_early,
-                               needs=needs)
+                               needs=needs, site_modules=site_modules)
             except torch.OutOfMemoryError:
                 sink = None
                 _release(model)
@@ -264,8 +272,9 @@ def _release(model: nn.Module) -> None:
 
 def _capture_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch: PaddedBatch,
                    layers: tuple[int, ...], sink: LayerSink, *, stats: ExtractionStats | None,
-                   stop_early: bool, needs: frozenset[str]) -> None:
-    """One forward (and, for S2, one backward) over one chunk; each layer goes to `sink` with its extras."""
+                   stop_early: bool, needs: frozenset[str], site_modules: Sequence[nn.Module]) -> None:
+    """One forward (and, for S2, one backward) over one chunk; each layer's site output (`site_modules[L]`'s
+    output: the block itself for the residual site) goes to `sink` with its extras."""
     start = time.perf_counter()
     attention, gradient = "attention" in needs, "gradient" in needs
     written: set[int] = set()
@@ -284,9 +293,9 @@ def _capture_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch:
             capture_attention(model, decoder_layers, layers, mask, head_outputs="labels" in needs)
             if attention else nullcontext({}))
         if gradient:
-            gradient_forward(model, decoder_layers, inputs, mask, layers, write)
+            gradient_forward(model, site_modules, inputs, mask, layers, write)
         else:
-            with capture_layer_outputs(decoder_layers, layers, stop_early=stop_early, sink=write):
+            with capture_layer_outputs(site_modules, layers, stop_early=stop_early, sink=write):
                 model(**inputs)
         missing = [layer for layer in layers if layer not in written]
         if missing:

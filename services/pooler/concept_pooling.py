@@ -105,6 +105,7 @@ def pool_concept_tables(
     keep_activations: bool = False,
     stats: ExtractionStats | None = None,
     overlap: bool | None = None,
+    site: str = "residual",
 ) -> PooledConcept:
     """Extract every requested layer in one forward per batch and pool all strategies inside that forward.
 
@@ -120,7 +121,7 @@ def pool_concept_tables(
         lambda chunk, activations: on_batch(activations if activations is not None else chunk))
     [pooled] = pool_concept_group(loaded, [member], layers, specs, batch_size=batch_size, max_length=max_length,
                                   on_batch=each, max_batch_tokens=max_batch_tokens, device_pooling=device_pooling,
-                                  keep_activations=keep_activations, stats=stats, overlap=overlap)
+                                  keep_activations=keep_activations, stats=stats, overlap=overlap, site=site)
     return pooled
 
 
@@ -138,6 +139,7 @@ def pool_concept_group(
     keep_activations: bool = False,
     stats: ExtractionStats | None = None,
     overlap: bool | None = None,
+    site: str = "residual",
 ) -> list[PooledConcept]:
     """pool_concept_tables for several concepts sharing forwards: batches are planned over the union of their
     passages (length-bucketed), and each chunk's pooled rows go back to their own concept's tables, each
@@ -147,7 +149,8 @@ def pool_concept_group(
     `remove_first_pc` variants are fitted per concept. `overlap` (default: on CUDA) prepares the next chunk's
     text extras and weights on a background thread while the current chunk's forward runs. `on_batch(chunk,
     activations)` sees every chunk (its `indices` count through the members' passages in order), with its
-    ActivationBatch where token states went to the host. Returns one PooledConcept per member, in order."""
+    ActivationBatch where token states went to the host. `site` pools each layer's block output (residual) or its
+    attention / MLP sub-block's output (extractor.site_hooks). Returns one PooledConcept per member, in order."""
     specs = list(specs)
     needs = strategy_needs(specs)
     check_encoder_support(loaded.kind, specs)
@@ -185,7 +188,7 @@ def pool_concept_group(
 
     for chunk, sink in capture_chunks(loaded.model, loaded.decoder_layers, batches, layers, prepare_for=prepare,
                                       overlap=overlap, needs=needs, max_batch_tokens=max_batch_tokens,
-                                      stats=stats):
+                                      stats=stats, site=site):
         keeper = sink if isinstance(sink, TokenKeeper) else None
         outer = keeper.sink if keeper is not None else sink
         tee = outer if isinstance(outer, GradientTee) else None

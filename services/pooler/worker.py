@@ -93,7 +93,8 @@ class ExtractorWorker:
                      strategies: Sequence[str], *, store_url: str, key: str, metadata: dict[str, str],
                      batch_size: int, max_length: int, dump_key: str | None = None,
                      max_batch_tokens: int | None = None, store_dtype: StoreDtype = "float32",
-                     all_layers: Sequence[int] | None = None, overlap: bool | None = None) -> dict:
+                     all_layers: Sequence[int] | None = None, overlap: bool | None = None,
+                     site: str = "residual") -> dict:
         """Pool `layers` and write one PooledTable shard per layer (its ITIHeadTable shard first), then the
         manifest under `key` once every layer of `all_layers` (default: `layers`) is stored; returns a summary.
 
@@ -101,18 +102,19 @@ class ExtractorWorker:
         task = PoolTask(concept, passages, key, metadata, tuple(layers), dump_key)
         [summary] = self.pool_concepts([task], strategies, store_url=store_url, batch_size=batch_size,
                                        max_length=max_length, max_batch_tokens=max_batch_tokens,
-                                       store_dtype=store_dtype, all_layers=all_layers, overlap=overlap)
+                                       store_dtype=store_dtype, all_layers=all_layers, overlap=overlap, site=site)
         return summary
 
     def pool_concepts(self, tasks: Sequence[PoolTask], strategies: Sequence[str], *, store_url: str,
                       batch_size: int, max_length: int, max_batch_tokens: int | None = None,
                       store_dtype: StoreDtype = "float32", all_layers: Sequence[int] | None = None,
-                      overlap: bool | None = None) -> list[dict]:
+                      overlap: bool | None = None, site: str = "residual") -> list[dict]:
         """Pool several concepts in shared forwards and write each one's missing shards and its manifest exactly
         as a concept pooled alone; one summary per task, in order.
 
         Shards already stored are left as they are and their layers not pooled again, so a job retried after its
-        worker died mid-way writes only what the first attempt did not (a dump pools every layer it is given)."""
+        worker died mid-way writes only what the first attempt did not (a dump pools every layer it is given).
+        `site` is the activation site every task's shards hold (extractor.site_hooks; its key says so)."""
         store = open_store(store_url)
         specs = resolve_strategies(list(strategies))
         start = time.perf_counter()
@@ -129,7 +131,7 @@ class ExtractorWorker:
         if dumps and len(pooling) > 1:
             raise PoolBenchError(f"concept {dumps[0].concept}: an activation dump is pooled alone, not in a group")
         pooled = self._pool(pooling, specs, store, batch_size=batch_size, max_length=max_length,
-                            max_batch_tokens=max_batch_tokens, overlap=overlap) if pooling else {}
+                            max_batch_tokens=max_batch_tokens, overlap=overlap, site=site) if pooling else {}
         seconds = time.perf_counter() - start
         layers = list(all_layers) if all_layers is not None else None
         return [{**self._store(store, task, missing, pooled.get(task.key), store_dtype, layers or list(task.layers)),
@@ -170,7 +172,7 @@ class ExtractorWorker:
 
     def _pool(self, work: Sequence[tuple[PoolTask, list[int]]], specs: list[StrategySpec], store: ArtifactStore,
               *, batch_size: int, max_length: int, max_batch_tokens: int | None,
-              overlap: bool | None) -> dict[str, _Pooled]:
+              overlap: bool | None, site: str = "residual") -> dict[str, _Pooled]:
         """One pool_concept_group over the tasks at the union of their missing layers, with progress and (for a
         lone task with a dump key) the activation dump; keyed by each task's artifact key."""
         start = time.perf_counter()
@@ -198,7 +200,7 @@ class ExtractorWorker:
         try:
             results = pool_concept_group(self.loaded, members, layers, specs, batch_size=batch_size,
                                          max_length=max_length, on_batch=on_batch, max_batch_tokens=max_batch_tokens,
-                                         keep_activations=dumping, overlap=overlap)
+                                         keep_activations=dumping, overlap=overlap, site=site)
         finally:
             self._progress = None
         seconds = time.perf_counter() - start

@@ -15,38 +15,23 @@ from poolbench.cli.calibrate import calibrate
 from poolbench.cli.capability import capability
 from poolbench.cli.cebench import bias, cebench, sae_train
 from poolbench.cli.command_order import RootGroup
+from poolbench.cli.contenders import contenders, learning_curve
 from poolbench.cli.export import export_vector
 from poolbench.cli.findings import findings
 from poolbench.cli.listing import list_app
 from poolbench.cli.options import DEFAULT_RUN, out_folder
-from poolbench.cli.progress import LineProgress
 from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
 from poolbench.cli.reproduce import reproduce
+from poolbench.cli.run_display import RunDisplay, run_progress
 from poolbench.cli.steerability import validate_steerability
 from poolbench.cli.steering import serve_scorers, steer, train_scorers
 from poolbench.cli.store import verify
 from poolbench.cluster.commands import cluster_app
 from poolbench.defaults import EMBEDDED
 from poolbench.errors import PoolBenchError, without_colours
-from poolbench.records.events import (
-    ArtifactQuarantined,
-    CellProgress,
-    CellSteered,
-    ConceptPooled,
-    ConceptProbed,
-    ConceptProgress,
-    JobRetried,
-    ModelBuilding,
-    RunEvent,
-    RunPlanned,
-    ScorerReady,
-    SteeringPlanned,
-)
 
 if TYPE_CHECKING:
-    from rich.progress import Progress
-
     from poolbench.config import RunConfig
     from poolbench.results.answer import RunAnswer
 
@@ -78,10 +63,16 @@ app.add_typer(list_app, name="list")
 store_app.command("verify")(verify)
 app.command("calibrate")(calibrate)
 app.command("reproduce")(reproduce)
+app.command("learning-curve")(learning_curve)
+app.command("contenders")(contenders)
 app.add_typer(cluster_app, name="cluster")
 # Wide enough for the leaderboard when output is piped (rich falls back to 80 columns there).
 console = Console() if Console().is_terminal else Console(width=140)
 err_console = Console(stderr=True)
+
+
+# RunConfig fields whose option has another name: an error names the option the user typed.
+_OPTION_OF_FIELD = {"n_folds": "folds"}
 
 
 def _split(values: list[str] | None) -> tuple[str, ...] | None:
@@ -117,6 +108,12 @@ def run(
         help="layer indices (comma list) or 'all'; default: every layer of a model with <= 6, else 6 evenly spaced")]
     = None,
     strategies: Annotated[list[str] | None, typer.Option(help="strategy ids (comma list); default all")] = None,
+    sites: Annotated[list[str] | None, typer.Option(
+        help="activation sites (comma list): residual (block output), attn, mlp (sub-block outputs); default residual")]
+    = None,
+    context_lengths: Annotated[list[str] | None, typer.Option(
+        help="also read each test passage inside k x its length of neutral text (comma list, 1 included, e.g. 1,4); "
+             "probes train at length 1")] = None,
     strategy_module: Annotated[list[Path] | None, typer.Option(help="a .py file registering strategies")] = None,
     store: Annotated[str | None, typer.Option(help="artifact store: a folder or s3://bucket/prefix")] = None,
     out: Annotated[Path, typer.Option(help="run folder: results.json, leaderboard.json go here")] = DEFAULT_RUN,
@@ -204,10 +201,14 @@ def run(
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
             allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash, store_dtype=store_dtype,
-            tensor_parallel_size=tensor_parallel_size, rope=rope, protocol=protocol, reference_model=reference_model)
+            tensor_parallel_size=tensor_parallel_size, rope=rope, protocol=protocol, reference_model=reference_model,
+            **({"sites": _split(sites)} if sites else {}),
+            **({"context_lengths": _lengths(context_lengths)} if context_lengths else {}))
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise PoolBenchError(f"--{'-'.join(str(p).replace('_', '-') for p in first['loc'])}: {first['msg']}") from None
+        field = ".".join(str(p) for p in first["loc"])
+        option = _OPTION_OF_FIELD.get(field, field.replace("_", "-"))
+        raise PoolBenchError(f"--{option}: {first['msg']}") from None
     except ValueError as exc:
         raise PoolBenchError(f"--layers: {exc}") from None
 
@@ -218,7 +219,7 @@ def run(
                                                   n_bootstrap=n_bootstrap))
             _print_lines(log_trackers(folder, trackers, store=store))
         return
-    with run_progress() as progress:
+    with run_progress(console) as progress:
         results = evaluate_config(cfg, on_event=RunDisplay(progress).show, log_samples=log_samples,
                                   strategy_modules=tuple(str(p) for p in strategy_module or ()))
     from poolbench.results.answer import read_answer
@@ -253,7 +254,7 @@ def _run_models(cfg: RunConfig, models: tuple[str, ...], log_samples: bool, stra
     from poolbench.cli.cross_model_board import cross_model_answer, cross_model_board
     from poolbench.results.answer import read_answer
 
-    with run_progress() as progress:
+    with run_progress(console) as progress:
         results = evaluate_models(cfg, models, on_event=RunDisplay(progress).show, log_samples=log_samples,
                                   strategy_modules=strategy_modules)
     for name, result in results.per_model.items():
@@ -273,65 +274,6 @@ def _print_answer(answer: RunAnswer) -> None:
     from poolbench.results.answer import answer_text
 
     console.print(answer_text(answer), soft_wrap=True, highlight=False, markup=False)
-
-
-def run_progress() -> Progress | LineProgress:
-    """Bars on a terminal; one plain line per stage step when stdout is a pipe or a file (CI logs)."""
-    if not console.is_terminal:
-        return LineProgress(sys.stdout)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    return Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[last]}"), TimeElapsedColumn(), console=console)
-
-
-class RunDisplay:
-    """Renders the driver's run events as progress bars (or plain lines), by event type."""
-
-    def __init__(self, progress: Progress | LineProgress) -> None:
-        self.progress = progress
-        self.tasks: dict[str, int] = {}
-
-    def show(self, event: RunEvent) -> None:
-        bar = self.progress.update
-        match event:
-            case ModelBuilding():
-                self.progress.console.print(f"preparing model '{event.model}' (once: converting its GGUF or "
-                                            "training tiny, cached afterwards) ...")
-            case RunPlanned():
-                self.progress.console.print(
-                    f"model {event.model_id} ({event.n_layers} layers, d={event.hidden_size}), "
-                    f"{len(event.concepts)} concepts, layers {list(event.layers)}, "
-                    f"{len(event.strategies)} strategies, {event.workers} worker(s)")
-                self.tasks["pool"] = self.progress.add_task("pool", total=len(event.concepts), last="")
-                self.tasks["probe"] = self.progress.add_task("probe D1", total=len(event.concepts), last="")
-            case ConceptPooled(concept=concept, skipped=skipped, seconds=seconds):
-                bar(self.tasks["pool"], advance=1, last=f"{concept} ({'cached' if skipped else f'{seconds:.1f}s'})")
-            case ConceptProgress():
-                eta = "" if event.eta_s is None else f", ETA {event.eta_s:.0f}s"
-                bar(self.tasks["pool"], last=f"{event.label}: {event.passages_done}/{event.passages_total} passages, "
-                                             f"{event.batches} batches, {event.tokens_done:,} tokens{eta}")
-            case CellProgress():
-                eta = "" if event.eta_s is None else f", ETA {event.eta_s:.0f}s"
-                more = f" and {event.cells - 1} more cells" if event.cells > 1 else ""
-                bar(self.tasks["steer"], last=f"{event.concept}/{event.strategy} L{event.layer}{more}: "
-                                              f"{event.tokens_done:,}/{event.tokens_total:,} tokens{eta}")
-            case ConceptProbed(concept=concept, skipped=skipped):
-                bar(self.tasks["probe"], advance=1, last=f"{concept} ({'cached' if skipped else 'done'})")
-            case SteeringPlanned():
-                self.tasks["scorer"] = self.progress.add_task("scorers", total=event.scorers, last="")
-                self.tasks["steer"] = self.progress.add_task("steer D2/D3", total=event.cells, last="")
-            case ScorerReady():
-                bar(self.tasks["scorer"], advance=1,
-                    last=f"{event.concept} (held-out AUROC {event.heldout_auroc:.2f})")
-            case JobRetried():
-                self.progress.console.print(event.line, highlight=False, markup=False)
-            case ArtifactQuarantined():
-                self.progress.console.print(f"warning: {event.key} is corrupt ({event.reason}): moved to "
-                                            f"quarantine/{event.key}, recomputing", highlight=False)
-            case CellSteered():
-                scp = "null" if event.scp is None else f"SCP {event.scp:+.2f}"
-                bar(self.tasks["steer"], advance=1, last=f"{event.concept}/{event.strategy} ({scp})")
 
 
 def _print_leaderboard(leaderboard: dict, answer: RunAnswer | None = None) -> None:
@@ -460,6 +402,14 @@ def export_submission(
         sidecar = folder / f"submission_{strategy}.protocol.json"
         write_json_atomic(sidecar, protocol_sidecar(leaderboard, strategy, model_key))
         console.print(f"wrote {sidecar}: D1 is protocol '{protocol}', not the leaderboard's '{LEADERBOARD_PROTOCOL}'")
+
+
+def _lengths(values: list[str]) -> tuple[int, ...]:
+    items = _split(values) or ()
+    try:
+        return tuple(int(v) for v in items)
+    except ValueError:
+        raise PoolBenchError(f"--context-lengths: {','.join(items)} is not a comma list of whole numbers") from None
 
 
 def _layers(values: list[str] | None) -> tuple[int, ...] | Literal["all"] | None:

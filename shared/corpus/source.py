@@ -67,18 +67,25 @@ def open_corpus(source: str, size: str = "small", concepts: Sequence[str] | None
     return load_corpus(root, concepts)
 
 
-def limit_passages(passages: Sequence[Passage], limit: int | None) -> list[Passage]:
-    """At most `limit` passages per (split, label), keeping matched pairs whole, in corpus order."""
-    if limit is None:
+def limit_passages(passages: Sequence[Passage], limit: int | None, train_limit: int | None = None) -> list[Passage]:
+    """At most `limit` passages per (split, label), and at most `train_limit` per label of the train split (a
+    learning curve's training size: the test split stays whole), keeping matched pairs whole, in corpus order, so a
+    smaller size's training set is part of a larger one's."""
+    if limit is None and train_limit is None:
         return list(passages)
     kept: list[Passage] = []
     for split in ("train", "test"):
-        pos = [p for p in passages if p.split == split and p.label == 1][:limit]
+        bounds = [n for n in (limit, train_limit if split == "train" else None) if n is not None]
+        if not bounds:
+            kept.extend(p for p in passages if p.split == split)
+            continue
+        limit_here = min(bounds)
+        pos = [p for p in passages if p.split == split and p.label == 1][:limit_here]
         pair_ids = {p.matched_pair_id for p in pos if p.matched_pair_id}
         neg_all = [p for p in passages if p.split == split and p.label == 0]
         twins = [p for p in neg_all if p.matched_pair_id in pair_ids]
         others = [p for p in neg_all if p.matched_pair_id not in pair_ids]
-        kept.extend(pos + (twins + others)[:limit])
+        kept.extend(pos + (twins + others)[:limit_here])
     return kept
 
 

@@ -55,6 +55,7 @@ from .extractor_fleet import ExtractorFleet, worker_runtime_env
 from .nodes import alive_nodes
 from .ray_messages import plain_ray_messages
 from .steerability_stage import steerability_section
+from .variants import MAIN, Variant, axis_variants
 from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch, poll_actors
 
 
@@ -68,6 +69,7 @@ class ConceptPlan:
     pooled_key: str = ""
     d1_key: str = ""
     dump_key: str | None = None
+    variant: Variant = MAIN  # the activation site and context length its artifacts hold
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,7 @@ class RunPlan:
     layers: list[int]
     specs: list[StrategySpec]
     plans: list[ConceptPlan]
+    variant: Variant = MAIN
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ def read_inputs(cfg: RunConfig) -> RunInputs:
     corpus = open_corpus(cfg.corpus, cfg.corpus_size, cfg.concepts)
     check_corpus(corpus)
     store_url = cfg.resolved_store()
-    plans = [ConceptPlan(c, limit_passages(corpus.passages(c), cfg.limit), corpus.concept_hash(c))
+    plans = [ConceptPlan(c, limit_passages(corpus.passages(c), cfg.limit, cfg.train_limit), corpus.concept_hash(c))
              for c in corpus.concepts]
     return RunInputs(specs, corpus, store_url, open_store(store_url), plans)
 
@@ -190,8 +193,9 @@ def check_store_reach(store_url: str) -> None:
                              "(POOLBENCH_S3_ENDPOINT and AWS_* credentials are passed on to every worker)")
 
 
-def plan_cells(cfg: RunConfig, inputs: RunInputs, model: dict) -> RunPlan:
-    """Layers and strategies for this model, and the content-addressed keys of every concept's artifacts."""
+def plan_cells(cfg: RunConfig, inputs: RunInputs, model: dict, variant: Variant = MAIN) -> RunPlan:
+    """Layers and strategies for this model, and the content-addressed keys of every concept's artifacts (at the
+    variant's site and context length: the main variant's keys are those of a run without the axes)."""
     layers = (default_layers(model["n_layers"]) if cfg.layers is None
               else list(range(model["n_layers"])) if cfg.layers == "all" else list(cfg.layers))
     bad = [L for L in layers if not 0 <= L < model["n_layers"]]
@@ -205,18 +209,20 @@ def plan_cells(cfg: RunConfig, inputs: RunInputs, model: dict) -> RunPlan:
     strategy_fps = [s.fingerprint() for s in specs]
     plans = []
     for plan in inputs.plans:
+        if variant.context_length != 1:
+            plan = replace(plan, passages=variant.passages(plan.passages, cfg.seed))
         pooled_key = artifact_key(
             "pooled", model=model["model_id"], weights=model["weights_hash"], dtype=model["dtype"],
             layers=layers, strategies=strategy_fps, concept=plan.concept, corpus=plan.corpus_hash,
-            passages=passages_digest(plan.passages), max_length=cfg.max_length, store_dtype=cfg.store_dtype,
-            version=POOL_VERSION)
+            passages=passages_digest(plan.passages), max_length=variant.max_length(cfg.max_length),
+            store_dtype=cfg.store_dtype, version=POOL_VERSION, **variant.key_fields())
         d1_key = artifact_key("d1", pooled=pooled_key, n_folds=cfg.n_folds, seed=cfg.seed,
                               n_bootstrap=cfg.n_bootstrap, version=D1_VERSION,
                               reliability=RELIABILITY_VERSION if cfg.reliability else None, flash=cfg.flash,
                               **({"protocol": cfg.protocol} if cfg.protocol != "poolbench" else {}))
         dump_key = artifact_key("activations", pooled=pooled_key) if cfg.dump_activations else None
-        plans.append(replace(plan, pooled_key=pooled_key, d1_key=d1_key, dump_key=dump_key))
-    return RunPlan(model, layers, specs, plans)
+        plans.append(replace(plan, pooled_key=pooled_key, d1_key=d1_key, dump_key=dump_key, variant=variant))
+    return RunPlan(model, layers, specs, plans, variant)
 
 
 def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[ConceptJob],
@@ -229,7 +235,8 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     probe_task = ray.remote(max_retries=2)(probe_layer_task)
     parse_task = ray.remote(max_retries=2)(parse_concept_task)
     runtime_env = worker_runtime_env()
-    metadata = {"model": run.model["model_id"], "weights_hash": run.model["weights_hash"]}
+    metadata = {"model": run.model["model_id"], "weights_hash": run.model["weights_hash"],
+                **{name: str(value) for name, value in run.variant.key_fields().items()}}
     strategy_ids = [s.id for s in run.specs]
     unprobed: dict[str, set[int]] = {}
 
@@ -239,9 +246,10 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
                           plan.dump_key) for plan, layers in group]
         key = ConceptJob("pool", tasks[0].concept, group=tuple(t.concept for t in tasks) if len(tasks) > 1 else ())
         return ActorJob(key, lambda worker: worker.pool_concepts.remote(
-            tasks, strategy_ids, store_url=store_url, batch_size=cfg.batch_size, max_length=cfg.max_length,
-            max_batch_tokens=cfg.max_batch_tokens, store_dtype=cfg.store_dtype, all_layers=run.layers,
-            overlap=cfg.overlap))
+            tasks, strategy_ids, store_url=store_url, batch_size=cfg.batch_size,
+            max_length=run.variant.max_length(cfg.max_length), max_batch_tokens=cfg.max_batch_tokens,
+            store_dtype=cfg.store_dtype, all_layers=run.layers, overlap=cfg.overlap,
+            **({"site": run.variant.site} if run.variant.site != "residual" else {})))
 
     def stored(key: str) -> bool:
         """Stored and whole; a corrupt artifact is quarantined, reported and recomputed instead of stopping."""
@@ -429,11 +437,16 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
                 layers=tuple(run.layers), strategies=tuple(s.id for s in run.specs),
                 worker_pids=tuple(fetch(ref, "extractor start") for ref in [w.pid.remote() for w in queue.actors])))
             computed = execute(cfg, run, inputs, queue, emit)
+            axes = [plan_cells(cfg, inputs, run.model, variant) for variant in axis_variants(cfg)]
+            for axis in axes:  # each other site and context length: one more pooling and probing pass
+                for name, count in execute(cfg, axis, inputs, queue, emit).items():
+                    computed[f"{name}_{axis.variant.name}"] = count
         if cfg.steering:
             workers.release()  # steering's actors want the extractors' GPUs and cores
     threads = workers.threads
     cluster = ClusterActivity().merged("pool", queue.done_on, queue.lost_nodes, queue.retried)
     records = collect_records(inputs.store, run)
+    axis_records = [axis.variant.tag(record) for axis in axes for record in collect_records(inputs.store, axis)]
     scores = concat_scores([inputs.store.get_table(passage_scores_key(p.d1_key)) for p in run.plans])
     lexical, buckets = breakdowns(cfg, inputs, run, records)
     passages = {p.concept: p.passages for p in run.plans}
@@ -456,4 +469,6 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
     timing["total_s"] = time.perf_counter() - started
     return replace(outcome_of(cfg, inputs, run, records, computed, timing, steering), lexical=lexical,
                    d1_buckets=buckets, d1_tiers=d1_tiers, lexical_tiers=lexical_tiers, steering_error=steering_error,
-                   cluster=cluster, passage_scores=scores, steerability=steerability)
+                   cluster=cluster, passage_scores=scores, steerability=steerability, axis_records=axis_records,
+                   axis_artifacts={axis.variant.name: {p.concept: {"pooled": p.pooled_key, "d1": p.d1_key}
+                                                       for p in axis.plans} for axis in axes})

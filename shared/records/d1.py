@@ -49,6 +49,9 @@ class D1CellRecord(Record):
     # the D1 protocol: absent = PoolBench's (pair-grouped CV, held-out test); "pb" = the reference leaderboard's
     # (train split only, 5-fold OOF DiffMean AUROC, no held-out test: test_auroc then holds that OOF AUROC too)
     protocol: str | None = None
+    # the cell axes beside layers (driver.variants): absent on the run's main cells (the block output, length 1)
+    site: str | None = None  # "residual", "attn" or "mlp": the activation site pooled
+    context_length: int | None = None  # test passages read inside k x their length of neutral text; trained at 1
 
 
 def d1_records_table(records: list[D1CellRecord]) -> pa.Table:

@@ -37,3 +37,5 @@ class RunOutcome:
     cluster: ClusterActivity = field(default_factory=ClusterActivity)
     passage_scores: pa.Table | None = None  # every D1 cell's per-passage scores (poolbench.prober.passage_scores)
     steerability: dict | None = None  # driver.steerability_stage: first-order steerability and Spearman with D1
+    axis_records: list[D1CellRecord] = field(default_factory=list)  # D1 cells at other sites / context lengths
+    axis_artifacts: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # variant -> concept -> keys

@@ -12,6 +12,7 @@ from poolbench.records.d1 import D1CellRecord
 from poolbench.records.run import RunOutcome
 from poolbench.records.steering import SteeringStage
 from poolbench.results.answer import ANSWER_FILE, build_answer, write_answer
+from poolbench.results.axes import answer_sections, length_section, results_section, site_section
 from poolbench.results.leaderboard import build_leaderboard, cells_protocol
 from poolbench.results.metric_text import metric_descriptions
 from poolbench.results.passage_table import write_run_scores
@@ -89,6 +90,8 @@ def results_document(outcome: RunOutcome) -> dict:
         **_steering_sections(outcome.steering),
         **({"errors": [{"stage": "steering", "message": outcome.steering_error}]} if outcome.steering_error else {}),
         **_breakdown_sections(outcome),
+        **results_section(outcome.config.sites, outcome.config.context_lengths, outcome.axis_records,
+                          outcome.axis_artifacts),
     }
 
 
@@ -100,6 +103,16 @@ def _leaderboard_steering(steering: SteeringStage | None) -> dict:
 
     return {"steering": steering_summary(steering["d2"], steering["d3"]),
             "scorers": {s.concept: {"heldout_auroc": s.heldout_auroc, "valid": s.valid} for s in steering["scorers"]}}
+
+
+def _axes_sections(outcome: RunOutcome) -> dict:
+    """The sites' and context lengths' sections of the leaderboard (results.axes), empty without the axes."""
+    if not outcome.axis_records:
+        return {}
+    cfg = outcome.config
+    return {**site_section(outcome.records, outcome.axis_records, rope=cfg.rope, n_bootstrap=cfg.n_bootstrap,
+                           seed=cfg.seed),
+            **length_section(outcome.records, outcome.axis_records, rope=cfg.rope)}
 
 
 def run_stamp(now: dt.datetime | None = None) -> str:
@@ -123,6 +136,7 @@ def write_run_outputs(outcome: RunOutcome, out_dir: Path, stamp: str | None = No
                   **({"by_tier": tier_section(outcome.d1_tiers, outcome.lexical_tiers)}
                      if outcome.d1_tiers or outcome.lexical_tiers else {}),
                   **({"estimand": _estimand(outcome)} if outcome.d1_tiers else {}),
+                  **_axes_sections(outcome),
                   **_leaderboard_steering(outcome.steering)},
         estimand=_estimand(outcome) if outcome.d1_tiers else None)
     paths = {"results_stamped": out_dir / f"results_{stamp}.json",
@@ -135,7 +149,7 @@ def write_run_outputs(outcome: RunOutcome, out_dir: Path, stamp: str | None = No
     write_text_atomic(paths["leaderboard_long"], to_csv(long_rows(results, leaderboard), LONG_COLUMNS))
     if outcome.passage_scores is not None:
         paths["passage_scores"] = write_run_scores(outcome.passage_scores, out_dir)
-    answer = build_answer(results, leaderboard, outcome.passage_scores)
+    answer = build_answer(results, leaderboard, outcome.passage_scores, sections=answer_sections(leaderboard))
     paths["answer_stamped"], paths["answer"] = out_dir / f"answer_{stamp}.json", out_dir / ANSWER_FILE
     for path in (paths["answer_stamped"], paths["answer"]):
         write_answer(answer, path)

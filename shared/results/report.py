@@ -14,6 +14,7 @@ from pathlib import Path
 
 from poolbench.atomic_write import write_text_atomic
 from poolbench.results.answer import answer_html, build_answer
+from poolbench.results.axes import axes_html
 from poolbench.results.leaderboard import ranked_on_text
 from poolbench.results.report_figures import (
     alpha_figure,
@@ -82,6 +83,10 @@ HOW_TO_READ = {
                "C, fitted on the train split and scored on the test split, with the same pair-bootstrap CI as D1. "
                "It sees no model: a concept it already separates is carried by its vocabulary, and a strategy's D1 "
                "there says little about pooling. Amber rows: the lexical CI lies above 0.9.",
+    "axes": "Sites: each strategy's mean held-out D1 [95% t-interval over concepts] at the layer chosen on training "
+            "CV at that site (block output, attention or MLP sub-block output). Context length: each test passage "
+            "read inside k x its length of neutral text, probes trained at length 1, at the layer the leaderboard "
+            "chose; the change is D1(k) - D1(1) per concept, loses where its interval lies below 0.",
     "tiers": "The standard tier's pairs differ in their words; the hard tier's positive and negative share their "
              "content words and differ in what the words mean together (negation scope, who did what, quoted vs "
              "asserted), so a bag of words scores 0.5 there. Each strategy at its CV-chosen layer, its probe refitted "
@@ -174,6 +179,8 @@ def run_section(run: Run, index: int) -> tuple[str, list[Figure]]:
         parts += [_how("lexical"), lexical_table(run)]
     else:
         note("No lexical baseline in this run (it predates the baseline).")
+    if run.leaderboard.get("sites") or run.leaderboard.get("context_lengths"):
+        parts += ["<h3>D1 by activation site and context length</h3>", _how("axes"), axes_html(run.leaderboard)]
     parts.append("<h3>D1 by corpus tier</h3>")
     if run.leaderboard.get("by_tier"):
         parts += [_how("tiers"), tier_tables(run)]

@@ -1,0 +1,85 @@
+"""The learning curve (D1 against training size) and the contenders page: a smaller training size keeps the test
+split whole and its training set inside a larger one's; each learned aggregator is read against the card's best
+with the answer's verdicts at every size. Hand-made leaderboards: over 8 concepts a learned aggregator 0.10 below
+the card's best at every concept is `behind` (Wilcoxon's exact p 2/2^8 < 0.05), 0.10 above it `ahead`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from poolbench.cli.app import app
+from poolbench.corpus.passage import Passage
+from poolbench.corpus.source import limit_passages
+from poolbench.results.learning_curve import curve_sentences, curve_table, learning_curve
+
+CONCEPTS = [f"c{i}" for i in range(8)]
+
+
+def _row(strategy: str, family: str, base: float, cv: float) -> dict:
+    return {"strategy": strategy, "family": family, "best_layer": 1, "mean_cv_auroc": cv,
+            "per_concept": {c: {"auroc": base + 0.01 * i, "cv_auroc": cv + 0.01 * i} for i, c in enumerate(CONCEPTS)}}
+
+
+def _point(n_train: int, learned: float) -> tuple[int, dict, dict]:
+    results = {"cells": [{"n_train": n_train}]}
+    board = {"strategies": [_row("A4_norm_weighted", "uniform_aggregation", 0.75, 0.76),
+                            _row("A1_mean", "uniform_aggregation", 0.70, 0.70),
+                            _row("LA1_attention_probe", "learned_aggregation", learned, learned)]}
+    return n_train // 2, results, board
+
+
+def test_a_learned_aggregator_is_read_against_the_card_best_at_each_size() -> None:
+    curve = learning_curve([_point(20, 0.65), _point(80, 0.85)], n_bootstrap=200)
+    small, large = curve["points"]
+    assert small["card_best"] == large["card_best"] == "A4_norm_weighted" and small["n_train"] == [20]
+    assert small["learned"]["LA1_attention_probe"]["reading"] == "behind"
+    assert large["learned"]["LA1_attention_probe"]["reading"] == "ahead"
+    assert large["learned"]["LA1_attention_probe"]["holm_p"] == pytest.approx(2 / 256)
+    assert large["learned"]["LA1_attention_probe"]["difference"]["mean"] == pytest.approx(0.10)
+    assert curve["overtakes"] == {"LA1_attention_probe": [80]}
+    [sentence] = curve_sentences(curve)
+    assert sentence.startswith("LA1_attention_probe: ahead of the card's best from 80 training passages per concept")
+    table = curve_table(curve)
+    assert table[0] == "| strategy | 20 train | 80 train |" and table[2].startswith("| A4_norm_weighted | 0.785 [")
+    never = learning_curve([_point(20, 0.65)], n_bootstrap=200)
+    assert never["overtakes"] == {"LA1_attention_probe": None}
+
+
+def test_a_train_limit_keeps_the_test_split_whole_and_smaller_sizes_inside_larger() -> None:
+    passages = [Passage(f"{split}{i}{label}", "t", label, "d", 1, f"{split}g{i}", split, "c")
+                for split in ("train", "test") for i in range(10) for label in (1, 0)]
+    small, large = limit_passages(passages, None, 4), limit_passages(passages, None, 8)
+    assert [p.split for p in small].count("train") == 8 and [p.split for p in small].count("test") == 20
+    assert {p.id for p in small} <= {p.id for p in large}
+    assert all(p.matched_pair_id in {q.matched_pair_id for q in small if q.label == 0} for p in small if p.label)
+    assert limit_passages(passages, 6, 4) == [p for p in limit_passages(passages, 6) if p.split == "test" or
+                                              p.id in {q.id for q in small}]
+
+
+@pytest.mark.slow
+def test_the_learning_curve_and_contenders_page_on_the_tiny_model(tiny_llama_dir, local_ray, cache, tmp_path):
+    runner = CliRunner()
+    curve = tmp_path / "curve"
+    result = runner.invoke(app, [
+        "learning-curve", "--model", str(tiny_llama_dir), "--corpus", "embedded-v1", "--corpus-size", "tiny",
+        "--concepts", "hedging,toxicity", "--strategies", "A1_mean,P1_last,LA3_multimax", "--sizes", "6,all",
+        "--n-bootstrap", "50", "--store", str(tmp_path / "store"), "--out", str(curve)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((curve / "learning_curve.json").read_text())
+    assert [p["n_train"] for p in data["points"]] == [[12], [48]]  # 6 pairs' 12 passages; the whole 48
+    assert set(data["overtakes"]) == {"LA3_multimax"}
+    for point in data["points"]:
+        assert point["card_best"] in ("A1_mean", "P1_last") and set(point["learned"]) == {"LA3_multimax"}
+    tests = {json.dumps(sorted((c["concept"], c["n_test"]) for c in json.loads((curve / run / "results.json")
+                                                                             .read_text())["cells"]))
+             for run in ("n6", "all")}
+    assert len(tests) == 1  # every size is scored on the same held-out passages
+    page = runner.invoke(app, ["contenders", "--run", str(curve / "all"), "--curve", str(curve),
+                               "--out", str(tmp_path / "docs")])
+    assert page.exit_code == 0, page.output
+    text = (tmp_path / "docs" / "contenders.md").read_text()
+    assert "## Do the learned aggregators beat the card's best?" in text and "| LA3_multimax |" in text
+    assert "This run read no other site" in text

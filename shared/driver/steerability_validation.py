@@ -10,28 +10,36 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
-from poolbench.corpus.source import open_corpus
+from poolbench.corpus.passage import Passage
+from poolbench.corpus.source import open_corpus, passages_digest
 from poolbench.errors import PoolBenchError
+from poolbench.extractor.loading import LoadedModel
 from poolbench.pooler.concept_pooling import PooledConcept, pool_concept_tables
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.pooler.registry import list_strategies
+from poolbench.pooler.spec import StrategySpec
 from poolbench.records.steering import D2Record
 from poolbench.scorer.artifacts import ensure_scorers
 from poolbench.scorer.scorer_model import ScorerModel
 from poolbench.steerer.backend import GenerationSettings
 from poolbench.steerer.cell_steerability import cell_steerability
-from poolbench.steerer.likelihood_shift import passage_log_likelihoods
 from poolbench.steerer.run import CellInputs, SteeringConfig, run_steering_cells, steering_vector
+from poolbench.steerer.shift_replay import replayed_shifts
 from poolbench.steerer.steerability import exact_steerability
 from poolbench.steerer.steerability_check import SteerabilityVerdict, ValidationCell, steerability_verdict
 from poolbench.steerer.worker import SteeringWorker
+from poolbench.store.artifact_store import ArtifactStore
+from poolbench.store.keys import artifact_key
 from poolbench.store.url import open_store
+
+VALIDATION_VERSION = 2  # 2: exact shifts replayed from the layer (shift_replay), per-concept records resume
 
 
 @dataclass(frozen=True)
@@ -94,16 +102,80 @@ def _d2_shift(record: D2Record, alpha: float) -> float | None:
     return None if alpha not in rows or 0.0 not in rows else float(rows[alpha]) - float(rows[0.0])
 
 
+def _concept_key(kind: str, weights_hash: str, concept: str, passages: Sequence[Passage], layers: Mapping[str, int],
+                 settings: ValidationSettings, **more: object) -> str:
+    return artifact_key(kind, weights=weights_hash, concept=concept, passages=passages_digest(passages),
+                        layers=sorted(layers.items()), alpha=settings.alpha, max_length=settings.max_length,
+                        version=VALIDATION_VERSION, **more)
+
+
+def _score_concept(loaded: LoadedModel, concept: str, passages: Sequence[Passage], specs: Sequence[StrategySpec],
+                   layers: Mapping[str, int], settings: ValidationSettings,
+                   ) -> tuple[list[ValidationCell], dict[int, pa.Table], dict[str, float]]:
+    """Pool with gradient sums, then each strategy's first-order S and its exact shift: every vector of a layer
+    replayed from that layer as one batch dimension over the same test passages (shift_replay)."""
+    t0 = time.perf_counter()
+    pooled: PooledConcept = pool_concept_tables(loaded, passages, sorted(set(layers.values())), specs,
+                                                batch_size=settings.batch_size, max_length=settings.max_length)
+    t1 = time.perf_counter()
+    test = [p for p in passages if p.split == "test"]
+    texts, y = [p.text for p in test], np.array([p.label for p in test])
+    cells: dict[str, ValidationCell] = {}
+    live: dict[int, list[tuple[str, float, np.ndarray]]] = {}
+    for spec in specs:
+        layer = layers[spec.id]
+        view = PooledTableView(pooled.layers[layer])
+        gradients = None if pooled.layer_gradients is None else pooled.layer_gradients.get(layer)
+        first = cell_steerability(view, gradients, concept, spec.id, layer)
+        if first.steerability is None or first.residual_norm is None:
+            cells[spec.id] = ValidationCell(concept, spec.id, layer, None, None, null_reason=first.null_reason)
+            continue
+        vector = steering_vector(view, concept, spec.id, layer).with_residual_norm(first.residual_norm)
+        live.setdefault(layer, []).append((spec.id, first.steerability, vector.delta(settings.alpha)))
+    for layer, rows in live.items():
+        base, steered = replayed_shifts(loaded, texts, layer, np.stack([d for _, _, d in rows]),
+                                        batch_size=settings.batch_size, max_length=settings.max_length)
+        for (strategy, first_order, _), logp in zip(rows, steered, strict=True):
+            cells[strategy] = ValidationCell(concept, strategy, layer, first_order,
+                                             exact_steerability(logp, base, y, settings.alpha))
+    seconds = {"pool_s": t1 - t0, "exact_s": time.perf_counter() - t1}
+    return [cells[s.id] for s in specs], pooled.layers, seconds
+
+
+def _stored_concept(store: ArtifactStore, loaded: LoadedModel, concept: str, passages: Sequence[Passage],
+                    specs: Sequence[StrategySpec], layers: Mapping[str, int], settings: ValidationSettings,
+                    on_line: Callable[[str], None]) -> tuple[list[ValidationCell], dict[int, pa.Table]]:
+    """A concept's cells and pooled tables: read back when a run (perhaps killed later) stored them, else scored
+    and stored, the tables first and the cells last, so a record in the store means the concept is complete."""
+    key = _concept_key("steerability_cells", loaded.weights_hash, concept, passages, layers, settings)
+    table_keys = {L: _concept_key("steerability_pooled", loaded.weights_hash, concept, passages, layers, settings,
+                                  layer=L) for L in sorted(set(layers.values()))}
+    if store.exists(key):
+        cells = [ValidationCell(**c) for c in store.get_json(key)["cells"]]
+        on_line(f"{concept}: {len(cells)} cells read back from the store")
+        return cells, {L: store.get_table(k) for L, k in table_keys.items()}
+    cells, tables, seconds = _score_concept(loaded, concept, passages, specs, layers, settings)
+    for L, k in table_keys.items():
+        store.put_table(k, tables[L], metadata={"concept": concept, "layer": str(L)})
+    store.put_json(key, {"cells": [c.to_record() for c in cells], "seconds": seconds})
+    n_live = sum(c.exact is not None for c in cells)
+    on_line(f"{concept}: pooled {len(passages)} passages in {seconds['pool_s']:.0f} s; exact shift of {n_live} "
+            f"vectors over {sum(p.split == 'test' for p in passages)} test passages in {seconds['exact_s']:.0f} s")
+    return cells, tables
+
+
 def run_validation(model: str, corpus: str, corpus_size: str, store_url: str, settings: ValidationSettings,
                    on_line: Callable[[str], None] = print, *, worker: SteeringWorker | None = None,
                    scorers: Mapping[str, ScorerModel] | None = None) -> ValidationRun:
     """Every cell's three measures and the verdict; D2 through `settings.backend` unless `settings.d2` is off.
+    Each concept's scores and each D2 cell are stored as they finish, so a killed run resumes where it stopped.
     `worker` and `scorers` (tests) stand in for the model named and the scorers the store trains."""
     started = time.perf_counter()
     source = open_corpus(corpus, corpus_size, list(settings.concepts) if settings.concepts else None)
     concepts = tuple(source.concepts[:settings.n_concepts] if not settings.concepts else source.concepts)
     if len(concepts) < 1:
         raise PoolBenchError(f"corpus {corpus} has no concepts to validate on")
+    store = open_store(store_url)
     if worker is None:
         worker = SteeringWorker(model, backend=settings.backend if settings.d2 else "transformers")
     loaded = worker.loaded
@@ -111,47 +183,33 @@ def run_validation(model: str, corpus: str, corpus_size: str, store_url: str, se
     specs = [s for s in list_strategies() if s.id in settings.strategies]
     seconds = {"load_s": time.perf_counter() - started}
     cells: list[ValidationCell] = []
-    inputs: list[CellInputs] = []
+    inputs: dict[str, list[CellInputs]] = {}
     for concept in concepts:
-        t0 = time.perf_counter()
         passages = source.passages(concept)
-        pooled: PooledConcept = pool_concept_tables(loaded, passages, sorted(set(layers.values())), specs,
-                                                    batch_size=settings.batch_size, max_length=settings.max_length)
-        test = [p for p in passages if p.split == "test"]
-        texts, y = [p.text for p in test], np.array([p.label for p in test])
-        base = passage_log_likelihoods(loaded, texts, batch_size=settings.batch_size, max_length=settings.max_length)
+        concept_cells, tables = _stored_concept(store, loaded, concept, passages, specs, layers, settings, on_line)
+        cells.extend(concept_cells)
         train_texts = [p.text for p in passages if p.split == "train"]
-        for spec in specs:
-            layer = layers[spec.id]
-            view = PooledTableView(pooled.layers[layer])
-            gradients = None if pooled.layer_gradients is None else pooled.layer_gradients.get(layer)
-            first = cell_steerability(view, gradients, concept, spec.id, layer)
-            if first.steerability is None or first.residual_norm is None:
-                cells.append(ValidationCell(concept, spec.id, layer, None, None, null_reason=first.null_reason))
-                continue
-            vector = steering_vector(view, concept, spec.id, layer).with_residual_norm(first.residual_norm)
-            steered = passage_log_likelihoods(loaded, texts, layer=layer, delta=vector.delta(settings.alpha),
-                                              batch_size=settings.batch_size, max_length=settings.max_length)
-            cells.append(ValidationCell(concept, spec.id, layer, first.steerability,
-                                        exact_steerability(steered, base, y, settings.alpha)))
-            inputs.append(CellInputs(concept, spec.id, layer, pooled.layers[layer], train_texts, None))
-        on_line(f"{concept}: pooled and scored {len(specs)} strategies in {time.perf_counter() - t0:.0f} s")
+        inputs[concept] = [CellInputs(concept, c.strategy, c.layer, tables[c.layer], train_texts, None)
+                           for c in concept_cells if c.exact is not None]
     seconds["first_order_and_exact_s"] = time.perf_counter() - started - seconds["load_s"]
-    if settings.d2 and inputs:
+    if settings.d2 and any(inputs.values()):
         t0 = time.perf_counter()
-        store = open_store(store_url)
         if scorers is None:
             scorers = ensure_scorers(store, source, list(concepts), allow_weak=settings.allow_weak_scorer)
+        seconds["scorers_s"] = time.perf_counter() - t0
         config = SteeringConfig(alphas=settings.d2_alphas, n_prompts=settings.n_prompts, seed=settings.seed,
                                 prompts_file=settings.prompts_file,
                                 settings=GenerationSettings(max_new_tokens=settings.max_new_tokens))
-        results = run_steering_cells(store, worker, inputs, scorers, config)
-        d2 = {(r.d2.concept, r.d2.strategy): r.d2 for r in results}
+        d2: dict[tuple[str, str], D2Record] = {}
+        for concept, concept_inputs in inputs.items():
+            t1 = time.perf_counter()
+            results = run_steering_cells(store, worker, concept_inputs, scorers, config)
+            d2.update({(r.d2.concept, r.d2.strategy): r.d2 for r in results})
+            on_line(f"{concept}: D2 on {len(concept_inputs)} cells in {time.perf_counter() - t1:.0f} s")
         cells = [c if (c.concept, c.strategy) not in d2 else ValidationCell(
             c.concept, c.strategy, c.layer, c.first_order, c.exact, d2[c.concept, c.strategy].d2_delta,
             _d2_shift(d2[c.concept, c.strategy], settings.alpha)) for c in cells]
         seconds["d2_s"] = time.perf_counter() - t0
-        on_line(f"D2 on {len(inputs)} cells in {seconds['d2_s']:.0f} s")
     seconds["total_s"] = time.perf_counter() - started
     verdict = steerability_verdict(cells, settings.alpha, seed=settings.seed)
     record = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)

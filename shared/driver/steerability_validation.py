@@ -8,7 +8,10 @@ build by default); then steerer.steerability_check's verdict, written as JSON an
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,12 +75,39 @@ class ValidationRun:
     verdict: SteerabilityVerdict
     settings: dict
     seconds: dict[str, float]
+    machine: dict | None = None  # the load average while it ran (LoadSampler)
 
     def to_record(self) -> dict:
         return {"model": self.model, "weights_hash": self.weights_hash, "corpus": self.corpus,
-                "concepts": list(self.concepts),
-                "settings": self.settings, "seconds": self.seconds, "verdict": self.verdict.to_record(),
+                "concepts": list(self.concepts), "settings": self.settings, "seconds": self.seconds,
+                "machine": self.machine, "verdict": self.verdict.to_record(),
                 "cells": [c.to_record() for c in self.cells]}
+
+
+class LoadSampler:
+    """The 1-minute load average every `every_s` seconds while a run lasts: its timings mean little on a shared
+    machine without it."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        self.every_s, self.samples = every_s, [os.getloadavg()[0]]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.samples.append(os.getloadavg()[0])
+
+    def __enter__(self) -> LoadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self.samples.append(os.getloadavg()[0])
+
+    def record(self) -> dict:
+        return {"every_s": self.every_s, "cpus": os.cpu_count(), "n": len(self.samples),
+                "mean": round(float(np.mean(self.samples)), 2), "max": round(float(np.max(self.samples)), 2)}
 
 
 def strategy_layers(settings: ValidationSettings, n_layers: int) -> dict[str, int]:
@@ -170,6 +200,14 @@ def run_validation(model: str, corpus: str, corpus_size: str, store_url: str, se
     """Every cell's three measures and the verdict; D2 through `settings.backend` unless `settings.d2` is off.
     Each concept's scores and each D2 cell are stored as they finish, so a killed run resumes where it stopped.
     `worker` and `scorers` (tests) stand in for the model named and the scorers the store trains."""
+    with LoadSampler() as load:
+        run = _validate(model, corpus, corpus_size, store_url, settings, on_line, worker, scorers)
+    return dataclasses.replace(run, machine=load.record())
+
+
+def _validate(model: str, corpus: str, corpus_size: str, store_url: str, settings: ValidationSettings,
+              on_line: Callable[[str], None], worker: SteeringWorker | None,
+              scorers: Mapping[str, ScorerModel] | None) -> ValidationRun:
     started = time.perf_counter()
     source = open_corpus(corpus, corpus_size, list(settings.concepts) if settings.concepts else None)
     concepts = tuple(source.concepts[:settings.n_concepts] if not settings.concepts else source.concepts)

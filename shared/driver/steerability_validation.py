@@ -145,7 +145,8 @@ def _score_concept(loaded: LoadedModel, concept: str, passages: Sequence[Passage
     """Pool with gradient sums, then each strategy's first-order S and its exact shift: every vector of a layer
     replayed from that layer as one batch dimension over the same test passages (shift_replay)."""
     t0 = time.perf_counter()
-    pooled: PooledConcept = pool_concept_tables(loaded, passages, sorted(set(layers.values())), specs,
+    unsupervised = [s for s in specs if s.supervision == "none"]  # a supervised strategy has no steering vector
+    pooled: PooledConcept = pool_concept_tables(loaded, passages, sorted(set(layers.values())), unsupervised,
                                                 batch_size=settings.batch_size, max_length=settings.max_length)
     t1 = time.perf_counter()
     test = [p for p in passages if p.split == "test"]

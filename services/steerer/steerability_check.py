@@ -105,8 +105,7 @@ def concept_rho_interval(first: dict[str, float | None], other: dict[str, float 
         return None
 
     def rho(a: np.ndarray, b: np.ndarray) -> float:
-        value = spearmanr(a, b).statistic
-        return float(value) if np.isfinite(value) else 0.0
+        return 0.0 if np.ptp(a) == 0 or np.ptp(b) == 0 else float(spearmanr(a, b).statistic)
 
     ci = bootstrap((x, y), rho, paired=True, vectorized=False, confidence_level=CONFIDENCE, method="percentile",
                    n_resamples=n_resamples, random_state=np.random.default_rng(seed)).confidence_interval

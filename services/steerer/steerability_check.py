@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.stats import bootstrap, spearmanr
+from scipy.stats import bootstrap, rankdata
 
 from .steerability_rank import CONFIDENCE, MIN_STRATEGIES, SteerabilityAgreement, steerability_agreement
 
@@ -104,10 +104,13 @@ def concept_rho_interval(first: dict[str, float | None], other: dict[str, float 
     if len(both) < MIN_STRATEGIES or np.ptp(x) == 0 or np.ptp(y) == 0:
         return None
 
-    def rho(a: np.ndarray, b: np.ndarray) -> float:
-        return 0.0 if np.ptp(a) == 0 or np.ptp(b) == 0 else float(spearmanr(a, b).statistic)
+    def rho(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+        ra, rb = rankdata(a, axis=axis), rankdata(b, axis=axis)  # Spearman: Pearson of the ranks, per resample
+        ra, rb = ra - ra.mean(axis=axis, keepdims=True), rb - rb.mean(axis=axis, keepdims=True)
+        den = np.sqrt((ra * ra).sum(axis=axis) * (rb * rb).sum(axis=axis))
+        return np.divide((ra * rb).sum(axis=axis), den, out=np.zeros_like(den), where=den > 0)
 
-    ci = bootstrap((x, y), rho, paired=True, vectorized=False, confidence_level=CONFIDENCE, method="percentile",
+    ci = bootstrap((x, y), rho, paired=True, vectorized=True, confidence_level=CONFIDENCE, method="percentile",
                    n_resamples=n_resamples, random_state=np.random.default_rng(seed)).confidence_interval
     return float(ci.low), float(ci.high)
 

@@ -77,7 +77,7 @@ run-models: install
 # embedded model: the exact log-likelihood shift at alpha = 0.1 and D2 through vLLM's CPU build; writes
 # docs/steerability.md and leaves the verdict in the store for later runs' answers (docs/steerability.md: times).
 STEER_OUT ?= runs/steerability
-STEER_ARGS ?= --backend vllm --n-prompts 16 --max-new-tokens 32
+STEER_ARGS ?= --backend vllm --n-prompts 10 --max-new-tokens 24 --d2-alphas 0,0.1,0.4
 run-steerability: install
 	$(BIN)/poolbench-driver validate-steerability --out $(STEER_OUT) $(STEER_ARGS)
 

@@ -76,11 +76,12 @@ class ValidationRun:
     settings: dict
     seconds: dict[str, float]
     machine: dict | None = None  # the load average while it ran (LoadSampler)
+    profile: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # per concept: stage seconds
 
     def to_record(self) -> dict:
         return {"model": self.model, "weights_hash": self.weights_hash, "corpus": self.corpus,
                 "concepts": list(self.concepts), "settings": self.settings, "seconds": self.seconds,
-                "machine": self.machine, "verdict": self.verdict.to_record(),
+                "machine": self.machine, "profile": self.profile, "verdict": self.verdict.to_record(),
                 "cells": [c.to_record() for c in self.cells]}
 
 
@@ -175,16 +176,18 @@ def _score_concept(loaded: LoadedModel, concept: str, passages: Sequence[Passage
 
 def _stored_concept(store: ArtifactStore, loaded: LoadedModel, concept: str, passages: Sequence[Passage],
                     specs: Sequence[StrategySpec], layers: Mapping[str, int], settings: ValidationSettings,
-                    on_line: Callable[[str], None]) -> tuple[list[ValidationCell], dict[int, pa.Table]]:
+                    on_line: Callable[[str], None]) -> tuple[list[ValidationCell], dict[int, pa.Table], dict]:
     """A concept's cells and pooled tables: read back when a run (perhaps killed later) stored them, else scored
-    and stored, the tables first and the cells last, so a record in the store means the concept is complete."""
+    and stored, the tables first and the cells last, so a record in the store means the concept is complete;
+    with the seconds its pooling and exact scoring took when they ran (read back too, marked so)."""
     key = _concept_key("steerability_cells", loaded.weights_hash, concept, passages, layers, settings)
     table_keys = {L: _concept_key("steerability_pooled", loaded.weights_hash, concept, passages, layers, settings,
                                   layer=L) for L in sorted(set(layers.values()))}
     if store.exists(key):
-        cells = [ValidationCell(**c) for c in store.get_json(key)["cells"]]
+        stored = store.get_json(key)
+        cells = [ValidationCell(**c) for c in stored["cells"]]
         on_line(f"{concept}: {len(cells)} cells read back from the store")
-        return cells, {L: store.get_table(k) for L, k in table_keys.items()}
+        return cells, {L: store.get_table(k) for L, k in table_keys.items()}, {**stored["seconds"], "read_back": 1}
     cells, tables, seconds = _score_concept(loaded, concept, passages, specs, layers, settings)
     for L, k in table_keys.items():
         store.put_table(k, tables[L], metadata={"concept": concept, "layer": str(L)})
@@ -192,7 +195,7 @@ def _stored_concept(store: ArtifactStore, loaded: LoadedModel, concept: str, pas
     n_live = sum(c.exact is not None for c in cells)
     on_line(f"{concept}: pooled {len(passages)} passages in {seconds['pool_s']:.0f} s; exact shift of {n_live} "
             f"vectors over {sum(p.split == 'test' for p in passages)} test passages in {seconds['exact_s']:.0f} s")
-    return cells, tables
+    return cells, tables, seconds
 
 
 def run_validation(model: str, corpus: str, corpus_size: str, store_url: str, settings: ValidationSettings,
@@ -220,38 +223,43 @@ def _validate(model: str, corpus: str, corpus_size: str, store_url: str, setting
     loaded = worker.loaded
     layers = strategy_layers(settings, loaded.n_layers)
     specs = [s for s in list_strategies() if s.id in settings.strategies]
-    seconds = {"load_s": time.perf_counter() - started}
+    seconds = dict.fromkeys(("load_s", "first_order_and_exact_s", "scorers_s", "d2_s"), 0.0)
+    seconds["load_s"] = time.perf_counter() - started
+    config = SteeringConfig(alphas=settings.d2_alphas, n_prompts=settings.n_prompts, seed=settings.seed,
+                            prompts_file=settings.prompts_file,
+                            settings=GenerationSettings(max_new_tokens=settings.max_new_tokens))
+    given = dict(scorers or {})
     cells: list[ValidationCell] = []
-    inputs: dict[str, list[CellInputs]] = {}
-    for concept in concepts:
-        passages = source.passages(concept)
-        concept_cells, tables = _stored_concept(store, loaded, concept, passages, specs, layers, settings, on_line)
-        cells.extend(concept_cells)
-        train_texts = [p.text for p in passages if p.split == "train"]
-        inputs[concept] = [CellInputs(concept, c.strategy, c.layer, tables[c.layer], train_texts, None)
-                           for c in concept_cells if c.exact is not None]
-    seconds["first_order_and_exact_s"] = time.perf_counter() - started - seconds["load_s"]
-    if settings.d2 and any(inputs.values()):
+    profile: dict[str, dict[str, float]] = {}
+    for concept in concepts:  # each concept whole (exact, then D2) before the next: a cut-off run has whole concepts
         t0 = time.perf_counter()
-        if scorers is None:
-            scorers = ensure_scorers(store, source, list(concepts), allow_weak=settings.allow_weak_scorer)
-        seconds["scorers_s"] = time.perf_counter() - t0
-        config = SteeringConfig(alphas=settings.d2_alphas, n_prompts=settings.n_prompts, seed=settings.seed,
-                                prompts_file=settings.prompts_file,
-                                settings=GenerationSettings(max_new_tokens=settings.max_new_tokens))
-        d2: dict[tuple[str, str], D2Record] = {}
-        for concept, concept_inputs in inputs.items():
-            t1 = time.perf_counter()
-            results = run_steering_cells(store, worker, concept_inputs, scorers, config)
-            d2.update({(r.d2.concept, r.d2.strategy): r.d2 for r in results})
-            on_line(f"{concept}: D2 on {len(concept_inputs)} cells in {time.perf_counter() - t1:.0f} s")
-        cells = [c if (c.concept, c.strategy) not in d2 else ValidationCell(
-            c.concept, c.strategy, c.layer, c.first_order, c.exact, d2[c.concept, c.strategy].d2_delta,
-            _d2_shift(d2[c.concept, c.strategy], settings.alpha)) for c in cells]
-        seconds["d2_s"] = time.perf_counter() - t0
+        passages = source.passages(concept)
+        concept_cells, tables, profile[concept] = _stored_concept(store, loaded, concept, passages, specs, layers,
+                                                                  settings, on_line)
+        seconds["first_order_and_exact_s"] += time.perf_counter() - t0
+        train_texts = [p.text for p in passages if p.split == "train"]
+        inputs = [CellInputs(concept, c.strategy, c.layer, tables[c.layer], train_texts, None)
+                  for c in concept_cells if c.exact is not None]
+        if not settings.d2 or not inputs:
+            cells.extend(concept_cells)
+            continue
+        t1 = time.perf_counter()
+        if concept not in given:
+            given.update(ensure_scorers(store, source, [concept], allow_weak=settings.allow_weak_scorer))
+        t2 = time.perf_counter()
+        results = run_steering_cells(store, worker, inputs, given, config)
+        d2 = {r.d2.strategy: r.d2 for r in results}
+        profile[concept]["d2_s"] = time.perf_counter() - t2
+        seconds["scorers_s"] += t2 - t1
+        seconds["d2_s"] += time.perf_counter() - t2
+        on_line(f"{concept}: D2 on {len(inputs)} cells in {profile[concept]['d2_s']:.0f} s")
+        cells.extend(c if c.strategy not in d2 else ValidationCell(
+            c.concept, c.strategy, c.layer, c.first_order, c.exact, d2[c.strategy].d2_delta,
+            _d2_shift(d2[c.strategy], settings.alpha)) for c in concept_cells)
     seconds["total_s"] = time.perf_counter() - started
     verdict = steerability_verdict(cells, settings.alpha, seed=settings.seed)
     record = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
               for k, v in settings.__dict__.items()}
     return ValidationRun(loaded.model_id, loaded.weights_hash, f"{corpus}:{corpus_size}", concepts, tuple(cells),
-                         verdict, record, {k: round(v, 1) for k, v in seconds.items()})
+                         verdict, record, {k: round(v, 1) for k, v in seconds.items()},
+                         profile={c: {k: round(v, 1) for k, v in by.items()} for c, by in profile.items()})

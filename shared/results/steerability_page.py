@@ -28,6 +28,20 @@ def _machine(machine: dict | None) -> str:
             f"a machine shared with other work): mean {machine['mean']:.1f}, max {machine['max']:.1f}.")
 
 
+def _profile(profile: dict) -> list[str]:
+    """Where the time went, per concept (a concept read back from the store shows the seconds of the run that
+    scored it)."""
+    if not profile:
+        return []
+    lines = ["## Where the time goes", "", "| concept | pooling (with S2's backward) s | exact shift s | D2 s |",
+             "|---|---|---|---|"]
+    for concept, s in profile.items():
+        note = " (read back)" if s.get("read_back") else ""
+        lines.append(f"| {concept}{note} | {s.get('pool_s', 0):.0f} | {s.get('exact_s', 0):.0f} | "
+                     f"{'—' if 'd2_s' not in s else format(s['d2_s'], '.0f')} |")
+    return [*lines, ""]
+
+
 def steerability_page(record: dict) -> str:
     """The findings page for one validation record (ValidationRun.to_record())."""
     verdict, settings, seconds = record["verdict"], record["settings"], record["seconds"]
@@ -50,6 +64,7 @@ def steerability_page(record: dict) -> str:
         f"- Wall time: {seconds.get('total_s', 0):.0f} s in all ("
         + ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in seconds.items() if k != "total_s") + ")."
         + _machine(record.get("machine")), "",
+        *_profile(record.get("profile") or {}),
         "## Agreement", "",
         f"- Spearman(S, exact shift): {_rho(verdict['exact'], intervals.get('exact'))}",
         f"- Spearman(S, D2 Delta(alpha*)): {_rho(verdict['d2'], intervals.get('d2'))}",

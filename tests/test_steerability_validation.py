@@ -4,6 +4,7 @@ the record stored for later runs' answers and the findings page written from it.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +103,12 @@ def test_the_validation_runs_on_the_tiny_model_and_its_page_and_record_follow(la
                            worker=worker, scorers={c: WordScorer(c, "e") for c in concepts})
     assert [c.to_record() for c in rerun.cells] == [c.to_record() for c in run.cells]
     assert sum("read back from the store" in line for line in again) == 3
+    # a budget spent after the first concept starts no other; the page says the run was cut short
+    cut = run_validation("tiny", str(root), "small", f"file://{tmp_path / 'store'}",
+                         dataclasses.replace(settings, budget_s=0.0), again.append, worker=worker,
+                         scorers={c: WordScorer(c, "e") for c in concepts})
+    assert cut.concepts == tuple(concepts[:1]) and {c.concept for c in cut.cells} == {concepts[0]}
+    assert "Cut short by its time budget: 1 of the 3 planned concepts ran" in steerability_page(cut.to_record())
 
 
 def test_a_concepts_interval_brackets_its_spearman_and_is_a_point_when_ranks_agree_exactly():

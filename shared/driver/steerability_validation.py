@@ -62,6 +62,7 @@ class ValidationSettings:
     batch_size: int = 16
     max_length: int = 256
     seed: int = 0
+    budget_s: float | None = None  # start no concept that the last one's time says would end past this
     strategies: tuple[str, ...] = field(default_factory=lambda: tuple(s.id for s in list_strategies()))
 
 
@@ -70,18 +71,20 @@ class ValidationRun:
     model: str
     weights_hash: str
     corpus: str
-    concepts: tuple[str, ...]
+    concepts: tuple[str, ...]  # those that ran: a budget may stop it before all the planned ones
     cells: tuple[ValidationCell, ...]
     verdict: SteerabilityVerdict
     settings: dict
     seconds: dict[str, float]
     machine: dict | None = None  # the load average while it ran (LoadSampler)
     profile: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # per concept: stage seconds
+    planned: tuple[str, ...] = ()  # the concepts it set out to validate
 
     def to_record(self) -> dict:
         return {"model": self.model, "weights_hash": self.weights_hash, "corpus": self.corpus,
                 "concepts": list(self.concepts), "settings": self.settings, "seconds": self.seconds,
-                "machine": self.machine, "profile": self.profile, "verdict": self.verdict.to_record(),
+                "planned": list(self.planned), "machine": self.machine, "profile": self.profile,
+                "verdict": self.verdict.to_record(),
                 "cells": [c.to_record() for c in self.cells]}
 
 
@@ -231,8 +234,15 @@ def _validate(model: str, corpus: str, corpus_size: str, store_url: str, setting
     given = dict(scorers or {})
     cells: list[ValidationCell] = []
     profile: dict[str, dict[str, float]] = {}
+    ran: list[str] = []
     for concept in concepts:  # each concept whole (exact, then D2) before the next: a cut-off run has whole concepts
         t0 = time.perf_counter()
+        last = max((sum(v for k, v in profile[c].items() if k.endswith("_s")) for c in ran), default=0.0)
+        if settings.budget_s is not None and ran and t0 - started + last > settings.budget_s:
+            on_line(f"stopping before {concept}: {t0 - started:.0f} s spent, a concept took {last:.0f} s, the "
+                    f"budget is {settings.budget_s:.0f} s")
+            break
+        ran.append(concept)
         passages = source.passages(concept)
         concept_cells, tables, profile[concept] = _stored_concept(store, loaded, concept, passages, specs, layers,
                                                                   settings, on_line)
@@ -260,6 +270,7 @@ def _validate(model: str, corpus: str, corpus_size: str, store_url: str, setting
     verdict = steerability_verdict(cells, settings.alpha, seed=settings.seed)
     record = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v)
               for k, v in settings.__dict__.items()}
-    return ValidationRun(loaded.model_id, loaded.weights_hash, f"{corpus}:{corpus_size}", concepts, tuple(cells),
+    return ValidationRun(loaded.model_id, loaded.weights_hash, f"{corpus}:{corpus_size}", tuple(ran), tuple(cells),
                          verdict, record, {k: round(v, 1) for k, v in seconds.items()},
-                         profile={c: {k: round(v, 1) for k, v in by.items()} for c, by in profile.items()})
+                         profile={c: {k: round(v, 1) for k, v in by.items()} for c, by in profile.items()},
+                         planned=concepts)

@@ -93,8 +93,10 @@ run-contenders: install
 # Does first-order steerability (results.json's "steerability") stand in for D2? 3 concepts x 19 strategies of the
 # embedded model: the exact log-likelihood shift at alpha = 0.1 and D2 through vLLM's CPU build; writes
 # docs/steerability.md and leaves the verdict in the store for later runs' answers (docs/steerability.md: times).
+# The exact shift replays every vector from the layer (steerer/shift_replay.py); D2 is kept small (10 prompts x 24
+# tokens at alphas 0, 0.1, 0.4); each concept is stored as it finishes, so a killed run resumes.
 STEER_OUT ?= runs/steerability
-STEER_ARGS ?= --backend vllm
+STEER_ARGS ?= --backend vllm --n-prompts 10 --max-new-tokens 24 --d2-alphas 0,0.1,0.4
 run-steerability: install
 	$(BIN)/poolbench-driver validate-steerability --out $(STEER_OUT) $(STEER_ARGS)
 

@@ -4,6 +4,7 @@ the record stored for later runs' answers and the findings page written from it.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -96,3 +97,32 @@ def test_the_validation_runs_on_the_tiny_model_and_its_page_and_record_follow(la
     assert open_store(f"file://{tmp_path / 'store'}").get_json(validation_key(run.weights_hash))["verdict"][
         "sentence"] == run.verdict.sentence()
     assert Path(root).exists() and lines
+    # a rerun (as after a kill) reads every concept's cells and every D2 cell back from the store
+    again: list[str] = []
+    rerun = run_validation("tiny", str(root), "small", f"file://{tmp_path / 'store'}", settings, again.append,
+                           worker=worker, scorers={c: WordScorer(c, "e") for c in concepts})
+    assert [c.to_record() for c in rerun.cells] == [c.to_record() for c in run.cells]
+    assert sum("read back from the store" in line for line in again) == 3
+    # a budget spent after the first concept starts no other; the page says the run was cut short
+    cut = run_validation("tiny", str(root), "small", f"file://{tmp_path / 'store'}",
+                         dataclasses.replace(settings, budget_s=0.0), again.append, worker=worker,
+                         scorers={c: WordScorer(c, "e") for c in concepts})
+    assert cut.concepts == tuple(concepts[:1]) and {c.concept for c in cut.cells} == {concepts[0]}
+    assert "Cut short by its time budget: 1 of the 3 planned concepts ran" in steerability_page(cut.to_record())
+
+
+def test_a_concepts_interval_brackets_its_spearman_and_is_a_point_when_ranks_agree_exactly():
+    from scipy.stats import spearmanr
+
+    from poolbench.steerer.steerability_check import concept_rho_interval
+
+    names = [f"s{i}" for i in range(19)]
+    first = {s: float(i) for i, s in enumerate(names)}
+    assert concept_rho_interval(first, {s: 2.0 * v + 1 for s, v in first.items()}) == (1.0, 1.0)
+    assert concept_rho_interval(first, {s: -v for s, v in first.items()}) == (-1.0, -1.0)
+    noisy = {s: v + float(np.random.default_rng(3).normal(0, 6, 19)[i]) for i, (s, v) in enumerate(first.items())}
+    low, high = concept_rho_interval(first, noisy)
+    rho = spearmanr(list(first.values()), list(noisy.values())).statistic
+    assert -1 <= low < rho < high <= 1
+    assert concept_rho_interval(first, dict.fromkeys(names, 1.0)) is None  # a constant measure has no Spearman
+    assert concept_rho_interval({"a": 1.0, "b": 2.0}, {"a": 1.0, "b": 2.0}) is None  # below 3 strategies

@@ -11,9 +11,12 @@ hold; otherwise the answer says it may not.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .steerability_rank import SteerabilityAgreement, steerability_agreement
+import numpy as np
+from scipy.stats import bootstrap, rankdata
+
+from .steerability_rank import CONFIDENCE, MIN_STRATEGIES, SteerabilityAgreement, steerability_agreement
 
 EXACT_MIN_RHO = 0.8
 D2_MIN_RHO = 0.5
@@ -48,6 +51,8 @@ class SteerabilityVerdict:
     tracks_exact: bool
     tracks_d2: bool | None
     n_cells: int
+    # per concept, Spearman's 95% percentile bootstrap interval over strategies (pairs resampled), per measure
+    concept_intervals: dict[str, dict[str, tuple[float, float] | None]] = field(default_factory=dict)
 
     @property
     def stands_in(self) -> bool:
@@ -58,7 +63,9 @@ class SteerabilityVerdict:
                 "exact": self.exact.to_record(), "d2": None if self.d2 is None else self.d2.to_record(),
                 "d2_at_alpha": None if self.d2_at_alpha is None else self.d2_at_alpha.to_record(),
                 "tracks_exact": self.tracks_exact, "tracks_d2": self.tracks_d2, "stands_in": self.stands_in,
-                "n_cells": self.n_cells, "sentence": self.sentence()}
+                "n_cells": self.n_cells, "sentence": self.sentence(),
+                "concept_intervals": {m: {c: None if ci is None else list(ci) for c, ci in by.items()}
+                                      for m, by in self.concept_intervals.items()}}
 
     def sentence(self) -> str:
         exact = _rho_text(self.exact)
@@ -86,6 +93,28 @@ def _by_concept(cells: Sequence[ValidationCell], field: str) -> dict[str, dict[s
     return out
 
 
+def concept_rho_interval(first: dict[str, float | None], other: dict[str, float | None], *, seed: int = 0,
+                         n_resamples: int = 2000) -> tuple[float, float] | None:
+    """Spearman(first, other) over the strategies both score: a percentile bootstrap interval, strategies
+    resampled with their pair of values (None below MIN_STRATEGIES strategies or when either is constant; a
+    resample that makes one constant counts as 0)."""
+    both = sorted(s for s, v in first.items() if v is not None and other.get(s) is not None)
+    x = np.array([first[s] for s in both], dtype=np.float64)
+    y = np.array([other[s] for s in both], dtype=np.float64)
+    if len(both) < MIN_STRATEGIES or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return None
+
+    def rho(a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+        ra, rb = rankdata(a, axis=axis), rankdata(b, axis=axis)  # Spearman: Pearson of the ranks, per resample
+        ra, rb = ra - ra.mean(axis=axis, keepdims=True), rb - rb.mean(axis=axis, keepdims=True)
+        den = np.sqrt((ra * ra).sum(axis=axis) * (rb * rb).sum(axis=axis))
+        return np.divide((ra * rb).sum(axis=axis), den, out=np.zeros_like(den), where=den > 0)
+
+    ci = bootstrap((x, y), rho, paired=True, vectorized=True, confidence_level=CONFIDENCE, method="percentile",
+                   n_resamples=n_resamples, random_state=np.random.default_rng(seed)).confidence_interval
+    return float(ci.low), float(ci.high)
+
+
 def steerability_verdict(cells: Sequence[ValidationCell], alpha: float, *, seed: int = 0) -> SteerabilityVerdict:
     """The agreements and the pass criteria (module doc) over the validation's cells."""
     first = {c: {s: v for s, v in by.items() if v is not None}
@@ -97,4 +126,8 @@ def steerability_verdict(cells: Sequence[ValidationCell], alpha: float, *, seed:
     tracks_exact = exact.mean_rho is not None and exact.mean_rho >= EXACT_MIN_RHO
     tracks_d2 = None if d2 is None else (d2.mean_rho is not None and d2.mean_rho >= D2_MIN_RHO
                                          and d2.low is not None and d2.low > 0)
-    return SteerabilityVerdict(alpha, exact, d2, at_alpha, tracks_exact, tracks_d2, len(cells))
+    measures = {"exact": "exact"} | ({"d2": "d2_delta", "d2_at_alpha": "d2_shift_at_alpha"} if ran_d2 else {})
+    intervals = {name: {c: concept_rho_interval(first.get(c, {}), by_c, seed=seed)
+                        for c, by_c in sorted(_by_concept(cells, attr).items())}
+                 for name, attr in measures.items()}
+    return SteerabilityVerdict(alpha, exact, d2, at_alpha, tracks_exact, tracks_d2, len(cells), intervals)

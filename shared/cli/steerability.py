@@ -24,6 +24,9 @@ def validate_steerability(
     d2: Annotated[bool, typer.Option(help="generation-based D2 on every cell")] = True,
     d2_alphas: Annotated[str, typer.Option(help="D2's alpha grid (comma list)")] = "0,0.1,0.2,0.4",
     n_prompts: Annotated[int, typer.Option(help="D2 prompts per alpha")] = 20,
+    max_new_tokens: Annotated[int, typer.Option(help="D2 tokens generated per prompt")] = 32,
+    budget_minutes: Annotated[float | None, typer.Option(
+        help="start no concept that would end past this many minutes (the page says which ran)")] = None,
     backend: Annotated[str, typer.Option(help="steering backend for D2: vllm or transformers")] = "vllm",
     allow_weak_scorer: Annotated[bool, typer.Option(help="keep scorers with held-out AUROC < 0.7")] = False,
     store: Annotated[str | None, typer.Option(help="artifact store: a folder or s3://bucket/prefix")] = None,
@@ -42,7 +45,9 @@ def validate_steerability(
         raise PoolBenchError(f"--d2-alphas '{d2_alphas}' is not a comma list of numbers") from exc
     settings = ValidationSettings(concepts=tuple(concepts.split(",")) if concepts else None, n_concepts=n_concepts,
                                   alpha=alpha, layer=layer, leaderboard=leaderboard, d2=d2, d2_alphas=grid,
-                                  n_prompts=n_prompts, backend=backend, allow_weak_scorer=allow_weak_scorer)
+                                  n_prompts=n_prompts, max_new_tokens=max_new_tokens, backend=backend,
+                                  allow_weak_scorer=allow_weak_scorer,
+                                  budget_s=None if budget_minutes is None else 60 * budget_minutes)
     store_url = store or default_store_url()
     run = run_validation(model, corpus, corpus_size, store_url, settings, on_line=typer.echo)
     record = run.to_record()

@@ -41,13 +41,21 @@ def _profile(profile: dict) -> list[str]:
     scored it)."""
     if not profile:
         return []
-    lines = ["## Where the time goes", "", "| concept | pooling (with S2's backward) s | exact shift s | D2 s |",
-             "|---|---|---|---|"]
+    lines = ["## Where the time goes", "",
+             "Each stage's seconds as measured when it ran (a resumed run reads finished concepts and D2 cells "
+             "back from the store and keeps their times).", "",
+             "| concept | pooling (with S2's backward) s | exact shift s | D2 s | D2 s in this invocation |",
+             "|---|---|---|---|---|"]
+    total = 0.0
     for concept, s in profile.items():
-        note = " (read back)" if s.get("read_back") else ""
+        note = " (pooling and exact read back)" if s.get("read_back") else ""
+        d2 = s.get("d2_s")
+        total += s.get("pool_s", 0) + s.get("exact_s", 0) + (d2 or 0)
         lines.append(f"| {concept}{note} | {s.get('pool_s', 0):.0f} | {s.get('exact_s', 0):.0f} | "
-                     f"{'—' if 'd2_s' not in s else format(s['d2_s'], '.0f')} |")
-    return [*lines, ""]
+                     f"{'—' if d2 is None else format(d2, '.0f')} | "
+                     f"{'—' if 'd2_this_run_s' not in s else format(s['d2_this_run_s'], '.0f')} |")
+    return [*lines, "", f"Sum of the stages over concepts: {total:.0f} s ({total / 60:.1f} min), model loads and "
+            "scorer training not included.", ""]
 
 
 def steerability_page(record: dict) -> str:
@@ -69,7 +77,7 @@ def steerability_page(record: dict) -> str:
         + ("" if settings["d2"] else " (not run: --no-d2)") + ".",
         f"- Criteria, fixed before the run: mean Spearman(S, exact) >= {verdict['exact_min_rho']}; mean "
         f"Spearman(S, D2) >= {verdict['d2_min_rho']} with its interval above 0.",
-        f"- Wall time: {seconds.get('total_s', 0):.0f} s in all ("
+        f"- Wall time of this invocation: {seconds.get('total_s', 0):.0f} s in all ("
         + ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in seconds.items() if k != "total_s") + ")."
         + _machine(record.get("machine")), "",
         *_profile(record.get("profile") or {}),

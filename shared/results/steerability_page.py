@@ -28,12 +28,13 @@ def _machine(machine: dict | None) -> str:
             f"a machine shared with other work): mean {machine['mean']:.1f}, max {machine['max']:.1f}.")
 
 
-def _scorers(record: dict, settings: dict) -> str:
+def _scorers(record: dict) -> str:
     auroc = record.get("scorer_auroc") or {}
     if not auroc:
         return ""
     weak = [c for c, a in auroc.items() if a is not None and a < 0.7]
-    return (" Classifier B's held-out AUROC per concept: " + ", ".join(f"{c} {_f(a)}" for c, a in auroc.items())
+    listed = ", ".join(f"{c} {'—' if a is None else format(a, '.3f')}" for c, a in auroc.items())
+    return (f" Classifier B's held-out AUROC per concept: {listed}"
             + ("" if not weak else f"; **{', '.join(weak)} below 0.70, kept by --allow-weak-scorer: its D2 is read "
                "by a weak judge**") + ".")
 
@@ -84,7 +85,7 @@ def steerability_page(record: dict) -> str:
         f"- D2: Delta(alpha*) of classifier B's score, alphas {settings['d2_alphas']}, {settings['n_prompts']} "
         f"prompts per alpha (alpha* chosen on half of them, Delta measured on the other half), "
         f"{settings['max_new_tokens']} new tokens each, backend `{settings['backend']}`"
-        + ("" if settings["d2"] else " (not run: --no-d2)") + "." + _scorers(record, settings),
+        + ("" if settings["d2"] else " (not run: --no-d2)") + "." + _scorers(record),
         f"- Criteria, fixed before the run: mean Spearman(S, exact) >= {verdict['exact_min_rho']}; mean "
         f"Spearman(S, D2) >= {verdict['d2_min_rho']} with its interval above 0.",
         f"- Wall time of this invocation: {seconds.get('total_s', 0):.0f} s in all ("

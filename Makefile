@@ -96,7 +96,7 @@ run-contenders: install
 # The exact shift replays every vector from the layer (steerer/shift_replay.py); D2 is kept small (10 prompts x 24
 # tokens at alphas 0, 0.1, 0.4); each concept is stored as it finishes, so a killed run resumes.
 STEER_OUT ?= runs/steerability
-STEER_ARGS ?= --backend vllm --n-prompts 10 --max-new-tokens 24 --d2-alphas 0,0.1,0.4
+STEER_ARGS ?= --backend vllm --n-prompts 10 --max-new-tokens 24 --d2-alphas 0,0.1,0.4 --allow-weak-scorer
 run-steerability: install
 	$(BIN)/poolbench-driver validate-steerability --out $(STEER_OUT) $(STEER_ARGS)
 

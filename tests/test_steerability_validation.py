@@ -93,6 +93,7 @@ def test_the_validation_runs_on_the_tiny_model_and_its_page_and_record_follow(la
     assert record["verdict"]["exact"]["n_concepts"] == 3 and record["seconds"]["total_s"] > 0
     page = steerability_page(record)
     assert run.verdict.sentence() in page and page.count("| ") > 18
+    assert record["scorer_auroc"] == dict.fromkeys(concepts, 1.0) and "Where the time goes" in page
     open_store(f"file://{tmp_path / 'store'}").put_json(validation_key(run.weights_hash), record)
     assert open_store(f"file://{tmp_path / 'store'}").get_json(validation_key(run.weights_hash))["verdict"][
         "sentence"] == run.verdict.sentence()

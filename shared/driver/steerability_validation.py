@@ -79,11 +79,13 @@ class ValidationRun:
     machine: dict | None = None  # the load average while it ran (LoadSampler)
     profile: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # per concept: stage seconds
     planned: tuple[str, ...] = ()  # the concepts it set out to validate
+    scorer_auroc: dict[str, float | None] = dataclasses.field(default_factory=dict)  # classifier B's held-out
 
     def to_record(self) -> dict:
         return {"model": self.model, "weights_hash": self.weights_hash, "corpus": self.corpus,
                 "concepts": list(self.concepts), "settings": self.settings, "seconds": self.seconds,
-                "planned": list(self.planned), "machine": self.machine, "profile": self.profile,
+                "planned": list(self.planned), "scorer_auroc": self.scorer_auroc, "machine": self.machine,
+                "profile": self.profile,
                 "verdict": self.verdict.to_record(),
                 "cells": [c.to_record() for c in self.cells]}
 
@@ -234,6 +236,7 @@ def _validate(model: str, corpus: str, corpus_size: str, store_url: str, setting
     given = dict(scorers or {})
     cells: list[ValidationCell] = []
     profile: dict[str, dict[str, float]] = {}
+    scorer_auroc: dict[str, float | None] = {}
     ran: list[str] = []
     for concept in concepts:  # each concept whole (exact, then D2) before the next: a cut-off run has whole concepts
         t0 = time.perf_counter()
@@ -257,12 +260,18 @@ def _validate(model: str, corpus: str, corpus_size: str, store_url: str, setting
         if concept not in given:
             given.update(ensure_scorers(store, source, [concept], allow_weak=settings.allow_weak_scorer))
         t2 = time.perf_counter()
+        auroc = given[concept].info.get("heldout_auroc")
+        scorer_auroc[concept] = None if auroc is None else round(float(auroc), 3)
         results = run_steering_cells(store, worker, inputs, given, config)
         d2 = {r.d2.strategy: r.d2 for r in results}
-        profile[concept]["d2_s"] = time.perf_counter() - t2
+        # D2's cost as measured when each cell ran (its record's seconds: its share of the shared generation and
+        # reference pass, and its own scoring), so a resumed run that reads the cells back still shows it
+        profile[concept]["d2_s"] = sum(float(r.d2.seconds or 0.0) for r in results)
+        profile[concept]["d2_this_run_s"] = time.perf_counter() - t2
         seconds["scorers_s"] += t2 - t1
         seconds["d2_s"] += time.perf_counter() - t2
-        on_line(f"{concept}: D2 on {len(inputs)} cells in {profile[concept]['d2_s']:.0f} s")
+        on_line(f"{concept}: D2 on {len(inputs)} cells, {profile[concept]['d2_s']:.0f} s as they ran "
+                f"({profile[concept]['d2_this_run_s']:.0f} s in this run)")
         cells.extend(c if c.strategy not in d2 else ValidationCell(
             c.concept, c.strategy, c.layer, c.first_order, c.exact, d2[c.strategy].d2_delta,
             _d2_shift(d2[c.strategy], settings.alpha)) for c in concept_cells)
@@ -273,4 +282,4 @@ def _validate(model: str, corpus: str, corpus_size: str, store_url: str, setting
     return ValidationRun(loaded.model_id, loaded.weights_hash, f"{corpus}:{corpus_size}", tuple(ran), tuple(cells),
                          verdict, record, {k: round(v, 1) for k, v in seconds.items()},
                          profile={c: {k: round(v, 1) for k, v in by.items()} for c, by in profile.items()},
-                         planned=concepts)
+                         planned=concepts, scorer_auroc=scorer_auroc)

@@ -28,6 +28,17 @@ def _machine(machine: dict | None) -> str:
             f"a machine shared with other work): mean {machine['mean']:.1f}, max {machine['max']:.1f}.")
 
 
+def _scorers(record: dict) -> str:
+    auroc = record.get("scorer_auroc") or {}
+    if not auroc:
+        return ""
+    weak = [c for c, a in auroc.items() if a is not None and a < 0.7]
+    listed = ", ".join(f"{c} {'—' if a is None else format(a, '.3f')}" for c, a in auroc.items())
+    return (f" Classifier B's held-out AUROC per concept: {listed}"
+            + ("" if not weak else f"; **{', '.join(weak)} below 0.70, kept by --allow-weak-scorer: its D2 is read "
+               "by a weak judge**") + ".")
+
+
 def _cut_short(record: dict) -> str:
     planned, ran = record.get("planned") or record["concepts"], record["concepts"]
     if len(ran) >= len(planned):
@@ -41,13 +52,21 @@ def _profile(profile: dict) -> list[str]:
     scored it)."""
     if not profile:
         return []
-    lines = ["## Where the time goes", "", "| concept | pooling (with S2's backward) s | exact shift s | D2 s |",
-             "|---|---|---|---|"]
+    lines = ["## Where the time goes", "",
+             "Each stage's seconds as measured when it ran (a resumed run reads finished concepts and D2 cells "
+             "back from the store and keeps their times).", "",
+             "| concept | pooling (with S2's backward) s | exact shift s | D2 s | D2 s in this invocation |",
+             "|---|---|---|---|---|"]
+    total = 0.0
     for concept, s in profile.items():
-        note = " (read back)" if s.get("read_back") else ""
+        note = " (pooling and exact read back)" if s.get("read_back") else ""
+        d2 = s.get("d2_s")
+        total += s.get("pool_s", 0) + s.get("exact_s", 0) + (d2 or 0)
         lines.append(f"| {concept}{note} | {s.get('pool_s', 0):.0f} | {s.get('exact_s', 0):.0f} | "
-                     f"{'—' if 'd2_s' not in s else format(s['d2_s'], '.0f')} |")
-    return [*lines, ""]
+                     f"{'—' if d2 is None else format(d2, '.0f')} | "
+                     f"{'—' if 'd2_this_run_s' not in s else format(s['d2_this_run_s'], '.0f')} |")
+    return [*lines, "", f"Sum of the stages over concepts: {total:.0f} s ({total / 60:.1f} min), model loads and "
+            "scorer training not included.", ""]
 
 
 def steerability_page(record: dict) -> str:
@@ -66,10 +85,10 @@ def steerability_page(record: dict) -> str:
         f"- D2: Delta(alpha*) of classifier B's score, alphas {settings['d2_alphas']}, {settings['n_prompts']} "
         f"prompts per alpha (alpha* chosen on half of them, Delta measured on the other half), "
         f"{settings['max_new_tokens']} new tokens each, backend `{settings['backend']}`"
-        + ("" if settings["d2"] else " (not run: --no-d2)") + ".",
+        + ("" if settings["d2"] else " (not run: --no-d2)") + "." + _scorers(record),
         f"- Criteria, fixed before the run: mean Spearman(S, exact) >= {verdict['exact_min_rho']}; mean "
         f"Spearman(S, D2) >= {verdict['d2_min_rho']} with its interval above 0.",
-        f"- Wall time: {seconds.get('total_s', 0):.0f} s in all ("
+        f"- Wall time of this invocation: {seconds.get('total_s', 0):.0f} s in all ("
         + ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in seconds.items() if k != "total_s") + ")."
         + _machine(record.get("machine")), "",
         *_profile(record.get("profile") or {}),

@@ -11,7 +11,7 @@ COMMAND_ORDER: tuple[str, ...] = (
     "run", "leaderboard", "report", "findings", "export-submission", "reproduce",
     "list", "validate-corpus", "corpus", "model",
     "steer", "train-scorers", "serve-scorers", "validate-steerability", "export-vector", "capability",
-    "calibrate", "power", "flash-check", "cebench", "sae", "bias",
+    "learning-curve", "contenders", "calibrate", "power", "flash-check", "cebench", "sae", "bias",
     "store", "cluster",
 )
 

@@ -30,9 +30,9 @@ def test_the_run_seed_reaches_d2_d3_and_the_scorers(monkeypatch):
 
     monkeypatch.setattr(steering_stage, "ensure_scorers", ensure_scorers)
     monkeypatch.setattr(steering_stage, "choose_cells", lambda leaderboard, concepts, full: [])
-    def config_of(full: bool, seed: int):
+    def config_of(full: bool, seed: int, reference_model: str):
         seen["steering_seed"] = seed
-        return steering_config(full, seed)
+        return steering_config(full, seed, reference_model)
 
     monkeypatch.setattr(steering_stage, "steering_config", config_of)
     inputs = SimpleNamespace(store=None, store_url="unused", corpus=SimpleNamespace(concepts=[]))

@@ -13,6 +13,7 @@ import ray
 import ray.cloudpickle
 from ray.exceptions import RayActorError, TaskCancelledError
 
+from poolbench.driver.nodes import locate
 from poolbench.driver.work_queue import ActorJob, TaskJob, WorkQueue, WorkQueueError
 from poolbench.errors import CorpusError
 from poolbench.records.events import JobRetried
@@ -235,6 +236,23 @@ def test_a_job_whose_worker_died_runs_again_on_a_surviving_actor(local_ray, tmp_
     [node] = ray.nodes()
     assert retry.node == retry.on == f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"  # the one node
     assert "j0 failed: its worker died" in retry.cause
+
+
+def test_a_worker_that_died_before_its_location_reply_is_named_by_the_gcs(local_ray):
+    """The race CI hit: the worker exits before the reply of its `locate` call leaves it, so that ref fails with the
+    actor's death; the retry must still name the node, which the GCS's actor table keeps for a dead actor. Built
+    here by asking a dead actor where it is; without a wait (a worker still starting) the answer stays ""."""
+    [actor] = actors("a")
+    assert ray.get(actor.ping.remote()) == "a"
+    ray.kill(actor, no_restart=True)
+    assert_dead([actor])
+    with WorkQueue([actor]) as queue:
+        queue._where[id(actor)] = locate(actor)  # a location asked of a dead worker: it fails, as the raced reply did
+        with pytest.raises(RayActorError):
+            ray.get(queue._where[id(actor)], timeout=30)
+        [node] = ray.nodes()
+        assert queue.node_of(actor, wait=5.0) == f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}"
+        assert queue.node_of(actor) == ""
 
 
 def test_when_every_actor_is_lost_a_replacement_takes_the_job(local_ray, tmp_path):

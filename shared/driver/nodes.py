@@ -62,3 +62,18 @@ def process_id(actor: ActorHandle) -> ray.ObjectRef:
 def locate(actor: ActorHandle) -> ray.ObjectRef:
     """A ref to the id of the node `actor` runs on; it resolves once the actor has started (its model loaded)."""
     return actor.__ray_call__.remote(lambda _self: _node_id())  # type: ignore[attr-defined]
+
+
+def recorded_node_id(actor: ActorHandle) -> str:
+    """The id of the node the GCS's actor table records for `actor`, dead or alive ("" if it never started).
+
+    Why: a worker that exits right after a call may die before that call's reply leaves its process, so the reply of
+    `locate` can fail with the actor's death; the GCS keeps a dead actor's last address. The public state API
+    (`ray.util.state.get_actor`) needs the dashboard, which a driver's local Ray may not start, so the GCS table is
+    read through `ray._private.state`, the accessor `ray.nodes()` uses too."""
+    from ray._private import state
+
+    info = state.actors(actor._actor_id.hex()) or {}  # type: ignore[attr-defined]
+    node_id = (info.get("Address") or {}).get("NodeID", "")
+    return "" if not node_id or set(node_id) <= {"0"} or set(node_id) <= {"f"} else node_id  # nil: never placed
+

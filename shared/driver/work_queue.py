@@ -29,7 +29,7 @@ from ray.exceptions import (
 from poolbench.errors import PoolBenchError, without_colours
 from poolbench.records.events import JobRetried
 
-from .nodes import alive_nodes, cluster_nodes, locate
+from .nodes import alive_nodes, cluster_nodes, locate, recorded_node_id
 
 K = TypeVar("K")
 
@@ -161,8 +161,10 @@ class WorkQueue(Generic[K]):
             return ""
         try:
             node_id = ray.get(ref, timeout=wait)
-        except (ray.exceptions.RayError, TimeoutError):  # still starting, or it never started
-            return ""
+        except (ray.exceptions.RayError, TimeoutError):  # still starting, never started, or died before replying
+            node_id = recorded_node_id(actor) if wait else ""
+            if not node_id:
+                return ""
         if node_id not in self._names:
             self._names.update({n.node_id: n.name for n in cluster_nodes()})
         return self._names.get(node_id, node_id[:12])

@@ -38,7 +38,7 @@ def numbers_in(facts: object) -> set[str]:
     elif isinstance(facts, str):
         found |= numbers_on(facts)
     elif isinstance(facts, (int, float)) and not isinstance(facts, bool):
-        found |= {f"{facts:.3f}", f"{facts:.1f}", f"{facts:.2f}"} | (
+        found |= {f"{facts:.3f}", f"{facts:.1f}", f"{facts:.2f}", f"{facts:.4f}"} | (  # .4f: near-tie margins
             {str(facts)} if isinstance(facts, int) else set())
         found |= {s.lstrip("+") for s in (f"{facts:+.3f}",)}
     return found

@@ -74,12 +74,12 @@ run-models: install
 	$(BIN)/poolbench-driver findings --run $(MODELS_OUT) --out $(MODELS_OUT)
 
 # The 2025-26 contenders (issue 44) on the embedded default, D1 only: the learned aggregators LA1-LA4 beside the
-# card's best (docs/findings.md: A4_norm_weighted), read at the residual, attention and MLP sites and at 4x context
+# card's best (docs/findings.md: L4_clause chosen on CV, A4_norm_weighted first held out), read at the residual, attention and MLP sites and at 4x context
 # length; then the learning curve (3 concepts, 10/20/40 train passages per class and the whole full-corpus train
 # split); then docs/contenders.md from both. Wall time on 2 idle cores: see docs/contenders.md (not yet measured
 # end to end; the budget is 60 min).
 CONTENDERS_OUT ?= runs/contenders
-CARD_BEST ?= A4_norm_weighted
+CARD_BEST ?= L4_clause,A4_norm_weighted
 CONTENDERS_ARGS ?= --no-reliability
 CURVE_ARGS ?=
 

@@ -187,8 +187,6 @@ def run(
         from poolbench.results.capability_run import check_capability_task
 
         check_capability_task(capability_task, capability_task_dir, steering=steering)
-    from poolbench.http.capability_service import run_capability_stage
-
     models = _split(model) or (EMBEDDED,)
     try:
         cfg = RunConfig(
@@ -214,9 +212,7 @@ def run(
 
     if len(models) > 1:
         for folder in _run_models(cfg, models, log_samples, tuple(str(p) for p in strategy_module or ())):
-            if capability_task is not None:
-                _print_lines(run_capability_stage(folder, capability_task, capability_task_dir, seed=seed,
-                                                  n_bootstrap=n_bootstrap))
+            _capability_stage(folder, capability_task, capability_task_dir, seed=seed, n_bootstrap=n_bootstrap)
             _print_lines(log_trackers(folder, trackers, store=store))
         return
     with run_progress(console) as progress:
@@ -225,10 +221,8 @@ def run(
     from poolbench.results.answer import read_answer
 
     paths = results.paths
-    if capability_task is not None:
-        _print_lines(run_capability_stage(paths["results"].parent, capability_task, capability_task_dir, seed=seed,
-                                          n_bootstrap=n_bootstrap,
-                                          stamped=(paths["results_stamped"], paths["answer_stamped"])))
+    _capability_stage(paths["results"].parent, capability_task, capability_task_dir, seed=seed,
+                      n_bootstrap=n_bootstrap, stamped=(paths["results_stamped"], paths["answer_stamped"]))
     answer = read_answer(paths["answer"])
     _print_leaderboard(results.leaderboard, answer)
     computed = ", ".join(f"{k} {v}" for k, v in (results.document.get("computed") or {}).items())
@@ -244,6 +238,16 @@ def run(
 def _print_lines(lines: list[str]) -> None:
     for line in lines:
         console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def _capability_stage(folder: Path, task: str | None, task_dir: Path, *, seed: int, n_bootstrap: int,
+                      stamped: tuple[Path, ...] = ()) -> None:
+    """`--capability-task` after a finished run folder; nothing (and no import) when the run did not ask for it."""
+    if task is None:
+        return
+    from poolbench.http.capability_service import run_capability_stage
+
+    _print_lines(run_capability_stage(folder, task, task_dir, seed=seed, n_bootstrap=n_bootstrap, stamped=stamped))
 
 
 def _run_models(cfg: RunConfig, models: tuple[str, ...], log_samples: bool, strategy_modules: tuple[str, ...]

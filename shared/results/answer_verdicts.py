@@ -20,7 +20,8 @@ from poolbench.records.verdicts import (
 MAX_NAMED = 8
 
 
-def _p(value: float | None) -> str:
+def p_text(value: float | None) -> str:
+    """A p value as every answer sentence prints it: two significant digits below 0.01, else three decimals."""
     return "n/a" if value is None else f"{value:.2g}" if value < 0.01 else f"{value:.3f}"
 
 
@@ -34,8 +35,8 @@ def near_tie_text(c: Comparison) -> str:
     t = c.near_tie
     if t is None:
         return ""
-    return (f"near-tie: {t.boundary}, {_p(t.value)} against {t.threshold:g}, within {t.within} of "
-            f"{_p(t.other_side)}, where it would read '{t.other_verdict}'")
+    return (f"near-tie: {t.boundary}, {p_text(t.value)} against {t.threshold:g}, within {t.within} of "
+            f"{p_text(t.other_side)}, where it would read '{t.other_verdict}'")
 
 
 def near_tie_sentence(v: StrategyVerdicts) -> str | None:
@@ -58,10 +59,10 @@ def choice_sentence(v: StrategyVerdicts) -> str:
     if b.confirmation == CONTRADICTED:
         return (f"The held-out test contradicts the choice: {b.test_top} is ahead of {b.strategy} "
                 f"({b.test_top_mean:.3f} against {b.test_mean:.3f}; Wilcoxon signed-rank, Holm p = "
-                f"{_p(top.holm_p)}, n = {top.n_concepts} concepts).")
+                f"{p_text(top.holm_p)}, n = {top.n_concepts} concepts).")
     return (f"The held-out test does not confirm it: {b.test_top} has the higher {mean} ({b.test_top_mean:.3f} "
             f"against {b.test_mean:.3f}), a difference the tests do not separate (Wilcoxon-Holm p = "
-            f"{_p(top.holm_p)}, n = {top.n_concepts}).")
+            f"{p_text(top.holm_p)}, n = {top.n_concepts}).")
 
 
 def verdict_sentences(v: StrategyVerdicts) -> list[str]:
@@ -74,7 +75,7 @@ def verdict_sentences(v: StrategyVerdicts) -> list[str]:
         on = " on held-out D1_mix" if v.measure == "tier_mixed_d1" else ""
         out.append(f"Worse than the best ({len(by[WORSE])}; Wilcoxon signed-rank{on} over {n} concepts, Holm's "
                    f"step-down, α = {v.alpha}): "
-                   + _names([f"{c.strategy} (Holm p {_p(c.holm_p)})" for c in by[WORSE]]) + ".")
+                   + _names([f"{c.strategy} (Holm p {p_text(c.holm_p)})" for c in by[WORSE]]) + ".")
     if by[EQUIVALENT]:
         out.append(f"Practically equivalent to the best ({len(by[EQUIVALENT])}; Bayesian signed-rank test, ROPE "
                    f"±{v.rope:g} AUROC, posterior ≥ {v.equivalence_posterior:g}): "
@@ -82,11 +83,11 @@ def verdict_sentences(v: StrategyVerdicts) -> list[str]:
     if by[NOT_SEPARATED]:
         out.append(f"Not separated from the best ({len(by[NOT_SEPARATED])}; neither Wilcoxon-Holm at α = {v.alpha} "
                    f"nor the ROPE posterior decides): "
-                   + _names([f"{c.strategy} (Holm p {_p(c.holm_p)}, P(ROPE) {c.p_rope:.3f})"
+                   + _names([f"{c.strategy} (Holm p {p_text(c.holm_p)}, P(ROPE) {c.p_rope:.3f})"
                              for c in by[NOT_SEPARATED]]) + ".")
     if by[BETTER]:
         out.append(f"Better than the chosen best on the held-out test ({len(by[BETTER])}; Wilcoxon-Holm): "
-                   + _names([f"{c.strategy} (Holm p {_p(c.holm_p)})" for c in by[BETTER]]) + ".")
+                   + _names([f"{c.strategy} (Holm p {p_text(c.holm_p)})" for c in by[BETTER]]) + ".")
     out.append(f"Confidence set for the best ({round(100 * v.level)}% bootstrap rank intervals over concepts "
                f"that reach rank 1, {v.n_bootstrap} resamples): {_names(list(v.confidence_set))}.")
     if by[NOT_SEPARATED]:
@@ -119,6 +120,6 @@ def comparison_line(c: Comparison) -> str:
     near = "" if c.near_tie is None else f"; {near_tie_text(c)}"
     return (f"  {c.strategy} L{c.layer}: {c.verdict} ({c.test}) — best minus it {c.mean_difference:+.3f} over "
             f"{c.n_concepts} concepts; Wilcoxon W {w}"
-            f", p {_p(c.wilcoxon_p)}, Holm p {_p(c.holm_p)}; P(best better / ROPE / it better) "
+            f", p {p_text(c.wilcoxon_p)}, Holm p {p_text(c.holm_p)}; P(best better / ROPE / it better) "
             f"{c.p_best_better:.3f} / {c.p_rope:.3f} / {c.p_other_better:.3f}; rank [{c.rank_low}, {c.rank_high}]"
             f"{need}{pairs}{near}")

@@ -12,14 +12,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-import numpy as np
-from scipy import stats
-
 from poolbench.prober.auroc import ProbeError
 from poolbench.prober.verdicts import DEFAULT_ROPE, compare_strategies
 from poolbench.records.d1 import D1CellRecord
+from poolbench.results.answer_verdicts import p_text
 from poolbench.results.leaderboard import PRIMARY_PROBE, build_leaderboard
-from poolbench.results.ranking import CI_LEVEL, MIN_CONCEPTS_FOR_INTERVAL, mean_t_interval
+from poolbench.results.ranking import mean_t_interval
 
 STEERING_NOTE = ("Cells at the attn and mlp sites are not steered: both steering backends add at the block output "
                  "(layers.L.out), so D2/D3 are the residual site's only.")
@@ -44,12 +42,8 @@ def mean_interval(values: Sequence[float]) -> dict:
 
 def change_interval(values: Sequence[float]) -> dict:
     """Mean per-concept change with a Student-t interval over concepts (not clipped: a change may be negative)."""
-    v = np.asarray(values, dtype=float)
-    mean = float(v.mean())
-    if v.size < MIN_CONCEPTS_FOR_INTERVAL:
-        return {"mean": mean, "low": None, "high": None, "n": int(v.size)}
-    half = float(stats.t.ppf(0.5 + CI_LEVEL / 2, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size))
-    return {"mean": mean, "low": mean - half, "high": mean + half, "n": int(v.size)}
+    mean, low, high = mean_t_interval(values, clip=False)
+    return {"mean": mean, "low": low, "high": high, "n": len(values)}
 
 
 def site_section(main: Sequence[D1CellRecord], others: Sequence[D1CellRecord], *, rope: float = DEFAULT_ROPE,
@@ -133,10 +127,6 @@ def length_section(main: Sequence[D1CellRecord], others: Sequence[D1CellRecord],
                                            "it lies above -rope; undecided: neither"}}
 
 
-def _p(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2g}" if value < 0.01 else f"{value:.3f}"
-
-
 def interval_text(d: dict, signed: bool = False) -> str:
     fmt = "+.3f" if signed else ".3f"
     text = format(d["mean"], fmt)
@@ -158,7 +148,7 @@ def site_sentences(section: dict) -> list[str]:
     for c in v["comparisons"]:
         o = best[c["strategy"]]
         out.append(f"Site {c['strategy']} ({o['strategy']} L{o['layer']}, D1 {interval_text(o['d1'])}): {c['verdict']} "
-                   f"({c['test']}; best minus it {c['mean_difference']:+.3f}, Holm p {_p(c['holm_p'])}, "
+                   f"({c['test']}; best minus it {c['mean_difference']:+.3f}, Holm p {p_text(c['holm_p'])}, "
                    f"P(ROPE) {c['p_rope']:.3f}).")
     return [*out, STEERING_NOTE]
 

@@ -15,10 +15,11 @@ CI_LEVEL = 0.95
 MIN_CONCEPTS_FOR_INTERVAL = 3
 
 
-def mean_t_interval(values: Sequence[float], level: float = CI_LEVEL
+def mean_t_interval(values: Sequence[float], level: float = CI_LEVEL, *, clip: bool = True
                     ) -> tuple[float, float | None, float | None]:
     """Mean AUROC with a Student-t interval treating the values (one per concept) as a sample, clipped to the
-    AUROC's [0, 1]; no interval from fewer than three values."""
+    AUROC's [0, 1] (`clip=False` for a difference of AUROCs, which may be negative); no interval from fewer than
+    three values."""
     from scipy import stats
 
     v = np.asarray(values, dtype=float)
@@ -26,7 +27,7 @@ def mean_t_interval(values: Sequence[float], level: float = CI_LEVEL
     if v.size < MIN_CONCEPTS_FOR_INTERVAL:
         return mean, None, None
     half = float(stats.t.ppf(0.5 + level / 2, v.size - 1) * v.std(ddof=1) / np.sqrt(v.size))
-    return mean, max(0.0, mean - half), min(1.0, mean + half)
+    return (mean, max(0.0, mean - half), min(1.0, mean + half)) if clip else (mean, mean - half, mean + half)
 
 
 def tie_groups(average_ranks: Mapping[str, float], cd: float) -> list[list[str]]:

@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from poolbench.defaults import DEFAULT_RUN_DIR, EMBEDDED, default_store_url
 
+RESIDUAL_SITE = "residual"  # the block output: the run's main site, the one both steering backends add at
+
 
 class RunConfig(BaseModel):
     """The options of `poolbench-driver run`; everything that determines a number is recorded in results.json."""
@@ -60,7 +62,7 @@ class RunConfig(BaseModel):
     # sub-block's output) and context lengths (each test passage also read inside k x its length of neutral text,
     # probes trained at length 1). The residual site at length 1 is the run's main axis: its cells are the run's
     # cells, leaderboard and answer; the others are extra cells beside them (poolbench.driver.variants).
-    sites: tuple[Literal["residual", "attn", "mlp"], ...] = ("residual",)
+    sites: tuple[Literal["residual", "attn", "mlp"], ...] = (RESIDUAL_SITE,)
     context_lengths: tuple[int, ...] = (1,)
 
     @field_validator("concepts", "strategies")
@@ -73,7 +75,7 @@ class RunConfig(BaseModel):
     @field_validator("sites")
     @classmethod
     def _sites(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        if "residual" not in value:
+        if RESIDUAL_SITE not in value:
             raise ValueError("must include residual (the run's leaderboard, answer and steering read the block output)")
         if len(set(value)) != len(value):
             raise ValueError(f"{list(value)} repeats a site")

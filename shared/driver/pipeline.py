@@ -55,7 +55,7 @@ from .extractor_fleet import ExtractorFleet, worker_runtime_env
 from .nodes import alive_nodes
 from .ray_messages import plain_ray_messages
 from .steerability_stage import steerability_section
-from .variants import MAIN, Variant, axis_variants
+from .variants import MAIN, RESIDUAL, Variant, axis_variants
 from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch, poll_actors
 
 
@@ -249,7 +249,7 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
             tasks, strategy_ids, store_url=store_url, batch_size=cfg.batch_size,
             max_length=run.variant.max_length(cfg.max_length), max_batch_tokens=cfg.max_batch_tokens,
             store_dtype=cfg.store_dtype, all_layers=run.layers, overlap=cfg.overlap,
-            **({"site": run.variant.site} if run.variant.site != "residual" else {})))
+            **({"site": run.variant.site} if run.variant.site != RESIDUAL else {})))
 
     def stored(key: str) -> bool:
         """Stored and whole; a corrupt artifact is quarantined, reported and recomputed instead of stopping."""

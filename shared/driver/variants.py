@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from poolbench.config import RESIDUAL_SITE as RESIDUAL
 from poolbench.config import RunConfig
 from poolbench.corpus.long_context import in_context
 from poolbench.corpus.passage import Passage
 from poolbench.records.d1 import D1CellRecord
-
-RESIDUAL = "residual"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
+from poolbench.config import RESIDUAL_SITE as RESIDUAL
 from poolbench.prober.auroc import ProbeError
 from poolbench.prober.verdicts import DEFAULT_ROPE, compare_strategies
 from poolbench.records.d1 import D1CellRecord
@@ -21,7 +22,6 @@ from poolbench.results.ranking import mean_t_interval
 
 STEERING_NOTE = ("Cells at the attn and mlp sites are not steered: both steering backends add at the block output "
                  "(layers.L.out), so D2/D3 are the residual site's only.")
-RESIDUAL = "residual"
 
 
 def results_section(sites: Sequence[str], lengths: Sequence[int], records: Sequence[D1CellRecord],

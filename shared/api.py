@@ -16,7 +16,7 @@ from poolbench.config import RunConfig
 from poolbench.defaults import DEFAULT_RUN_DIR, EMBEDDED
 from poolbench.errors import PoolBenchError, StageFailed
 from poolbench.records.base import RecordError
-from poolbench.records.d1 import D1CellRecord
+from poolbench.records.d1 import D1CellRecord, cv_best_row
 from poolbench.records.events import EventSink
 from poolbench.records.steering import D2Record, D3Record
 
@@ -40,8 +40,7 @@ class Results:
     def best(self) -> dict:
         """The row of the best strategy, chosen on training CV (the highest mean CV AUROC; ties to the first
         name), never on the held-out test: strategy, best_layer, mean_d1, mean_cv_auroc, per_concept."""
-        return min(self.leaderboard["strategies"], key=lambda r: (-r.get("mean_cv_auroc", r["mean_d1"]),
-                                                                   r["strategy"]))
+        return cv_best_row(self.leaderboard["strategies"])
 
     def mean_d1(self) -> dict[str, float]:
         """Each strategy's mean held-out D1 at its CV-chosen layer, in leaderboard order."""

@@ -94,6 +94,19 @@ def test_default_cells_best_and_worst_informative_strategy():
                                                  "toxicity"]
 
 
+def test_default_cells_steer_the_best_chosen_on_cv_not_the_held_out_leader():
+    """A4 leads on the held-out test, L4 on training CV: the answer names L4 as the best, so the "best D1" cell
+    steered must be L4's at its layer (steering the held-out leader would pick the best on its own judge)."""
+    from poolbench.steerer.plan import choose_cells
+
+    board = _leaderboard()
+    board["strategies"][0]["mean_cv_auroc"] = 0.80  # A1_mean: rank 1 on the held-out test
+    board["strategies"][1]["mean_cv_auroc"] = 0.90  # P1_last: highest on CV
+    board["strategies"][2]["mean_cv_auroc"] = 0.50
+    cells = choose_cells(board, ["toxicity"])
+    assert [(c.strategy, c.layer, c.why) for c in cells] == [("P1_last", 0, "best D1"), ("A1_mean", 1, "worst D1")]
+
+
 def test_full_cells_cover_every_strategy_and_optionally_every_layer():
     from poolbench.steerer.plan import choose_cells
 

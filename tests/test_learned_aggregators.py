@@ -152,3 +152,21 @@ def test_d1_is_at_chance_on_a_label_flipped_corpus_and_high_on_the_true_one(stra
     chance = learned_d1(*planted_corpus(flipped, 0), strategy)
     assert chance.ci_low < 0.5 < chance.ci_high
     assert abs(chance.cv_auroc - 0.5) < 0.25
+
+
+@pytest.mark.parametrize("strategy", LEARNED)
+def test_no_held_out_passage_shapes_a_fit_whatever_its_length_or_content(strategy: str) -> None:
+    """Every fit reads the training rows only (learned_fits trains on them alone, cut to their longest passage):
+    giving the held-out test passages other states, 6x as long, leaves every fit's pooled vector of every training
+    passage where it was. Should fail if the test rows (or their padding) reached the loss or the standardisation."""
+    passages, states = planted_corpus(np.tile([1, 0], 30), 0)
+    rng = np.random.default_rng(7)
+    other = [s if p.split == "train" else torch.from_numpy(rng.normal(size=(6 * len(s), 8)).astype(np.float32) * 3)
+             for p, s in zip(passages, states, strict=True)]
+    spec = get_strategy(strategy)
+    before, after = (fit_learned_layer(passages, s, 0, [spec]) for s in (states, other))
+    train = np.array([p.split == "train" for p in passages])
+    a, b = (LearnedFoldView(f.table).cell(0, strategy, np.array([p.id for p in passages])) for f in (before, after))
+    # the weights are softmaxes / means over <= 12 tokens of magnitude <= 6 (5 planted + noise): a few roundings
+    assert_float32_close(b[:, train], a[:, train], terms=12 * 8, scale=8.0)
+    assert not np.allclose(b[:, ~train], a[:, ~train])  # the test rows themselves did change

@@ -161,3 +161,31 @@ def test_the_leaderboard_and_the_answer_rank_on_the_estimand_with_the_blend_show
     assert "| 1 | B | f | 2 | 0.800 [" in page
     wide = (tmp_path / "leaderboard_wide.csv").read_text().splitlines()
     assert wide[0].split(",")[7:10] == ["d1_mix", "d1_mix_low", "d1_mix_high"] and wide[1].split(",")[1] == "B"
+
+
+def test_a_strategy_without_d1_mix_puts_the_run_on_the_blend_and_the_board_says_which(tmp_path):
+    """B has no tier records: the estimand cannot rank every strategy, so the board ranks on the blend (A first)
+    and its title and caption name the missing strategy instead of reading as if nothing had been declared."""
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from poolbench.cli.board import leaderboard_table
+    from poolbench.results.leaderboard import ranked_on_text
+
+    outcome = _outcome_ranked_both_ways()
+    outcome = replace(outcome, d1_tiers=[r for r in outcome.d1_tiers if r.strategy == "A"])
+    paths = write_run_outputs(outcome, tmp_path, stamp="s")
+    board = json.loads(paths["leaderboard"].read_text())
+    assert board["ranked_on"] == "test_auroc" and board["estimand_missing"] == ["B"]
+    assert [r["strategy"] for r in board["strategies"]] == ["A", "B"]
+    assert ranked_on_text(board).endswith("the declared estimand D1_mix has no value for B at the CV-chosen layer")
+    console = Console(record=True, width=240)
+    console.print(leaderboard_table(board))
+    printed = " ".join(console.export_text().split())
+    assert "ranked on held-out AUROC, not the declared D1_mix (see below)" in printed
+    assert "D1_mix has no value for B" in printed
+    # should-fail: with every strategy covered there is nothing to name
+    full = json.loads(write_run_outputs(_outcome_ranked_both_ways(), tmp_path / "full", stamp="s")["leaderboard"]
+                      .read_text())
+    assert "estimand_missing" not in full

@@ -64,6 +64,27 @@ class AggregatorBank(nn.Module):
         self.register_buffer("temperature", torch.tensor([p.temperature for p in self.points]))
         self.register_buffer("window", torch.tensor([p.window for p in self.points]))
 
+    def head_groups(self) -> list[list[int]]:
+        """The models grouped by their number of active heads (one group unless a grid mixes head counts)."""
+        counts = [int(c) for c in self.head_on.sum(dim=1).tolist()]
+        return [[m for m, c in enumerate(counts) if c == h] for h in sorted(set(counts))]
+
+    def select(self, models: Sequence[int]) -> AggregatorBank:
+        """A bank of those models only, each with the parameters it has here, and no more heads than they use.
+        The models are independent (each its own loss term, its own L2 term, elementwise Adam), so training them
+        apart is training them here, without the compute of the heads they switch off (1-head models in a bank
+        sized for 4 spend 4 heads' matrix products on every step)."""
+        bank = AggregatorBank(self.kind, self.score.shape[-1], [self.points[m] for m in models])
+        index = torch.as_tensor(list(models), dtype=torch.long)
+        heads = bank.score.shape[1]
+        with torch.no_grad():
+            bank.score.copy_(self.score[index, :heads])
+            if self.value is not None and bank.value is not None:
+                bank.value.copy_(self.value[index, :heads])
+            bank.position.copy_(self.position[index, :heads])
+            bank.bias.copy_(self.bias[index])
+        return bank.to(self.score.device)
+
     def readout_weights(self) -> list[nn.Parameter]:
         """The parameters L2 applies to."""
         return [self.score] + ([self.value] if self.value is not None else [])

@@ -89,32 +89,61 @@ def _mean_losses(bank: AggregatorBank, tokens: TokenBatch, y: torch.Tensor, R: t
 def train_bank(kind: str, points: Sequence[AggregatorParams], tokens: TokenBatch, y: np.ndarray,
                fit_sets: Sequence[np.ndarray], settings: TrainSettings, seed: int = 0,
                val_sets: Sequence[np.ndarray] | None = None, stop_at: Sequence[int] | None = None
-               ) -> tuple[AggregatorBank, np.ndarray, list[torch.Tensor]]:
+               ) -> tuple[np.ndarray, list[torch.Tensor]]:
     """Train model m (grid point points[m]) on rows fit_sets[m] by full-batch Adam on the logistic loss +
-    l2·|readout|². Returns the bank, the validation-loss curves [M, checks] (with val_sets) and, with stop_at,
-    each model's token weights [N, T] read at its own step stop_at[m] (early stopping's snapshot)."""
+    l2·|readout|². Returns the validation-loss curves [M, checks] (with val_sets) and, with stop_at, each model's
+    token weights [N, T] read at its own step stop_at[m] (early stopping's snapshot). Every model starts from the
+    parameters one bank of all M seeded with `seed` gives it; models of one head count train together."""
     device = tokens.Z.device
-    bank = AggregatorBank(kind, tokens.Z.shape[-1], points, seed).to(device)
-    target = torch.as_tensor(np.asarray(y), dtype=torch.float32, device=device)[None, :]
-    R = _row_weights(fit_sets, len(y), device)
-    V = _row_weights(val_sets, len(y), device) if val_sets is not None else None
-    optimiser = torch.optim.Adam(bank.parameters(), lr=settings.lr)
-    steps = settings.max_steps if stop_at is None else max(stop_at)
-    curves: list[np.ndarray] = []
+    every = AggregatorBank(kind, tokens.Z.shape[-1], points, seed).to(device)
+    used, local = _rows_read(fit_sets, val_sets, len(y))
+    train_tokens = _subset(tokens, used)
+    target = torch.as_tensor(np.asarray(y)[used], dtype=torch.float32, device=device)[None, :]
+    R = _row_weights([local[np.asarray(r, dtype=np.int64)] for r in fit_sets], len(used), device)
+    V = _row_weights([local[np.asarray(r, dtype=np.int64)] for r in val_sets], len(used), device) \
+        if val_sets is not None else None
+    curve: np.ndarray | None = None
     snapshots: list[torch.Tensor | None] = [None] * len(points)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # hundreds of small steps: more threads only wait on each other (10x slower shared)
-    try:
-        _run(bank, optimiser, tokens, target, R, V, settings, steps, stop_at, curves, snapshots)
-    finally:
-        torch.set_num_threads(threads)
-    curve = np.stack(curves, axis=1) if curves else np.empty((len(points), 0))
-    return bank, curve, [s for s in snapshots if s is not None]
+    for models in every.head_groups():
+        bank = every.select(models)
+        optimiser = torch.optim.Adam(bank.parameters(), lr=settings.lr)
+        stops = None if stop_at is None else [stop_at[m] for m in models]
+        curves: list[np.ndarray] = []
+        mine: list[torch.Tensor | None] = [None] * len(models)
+        _run(bank, optimiser, train_tokens, tokens, target, R[models], None if V is None else V[models], settings,
+             settings.max_steps if stops is None else max(stops), stops, curves, mine)
+        if curves:
+            curve = np.full((len(points), len(curves)), np.nan) if curve is None else curve
+            curve[models] = np.stack(curves, axis=1)
+        for m, snapshot in zip(models, mine, strict=True):
+            snapshots[m] = snapshot
+    return (np.empty((len(points), 0)) if curve is None else curve), [s for s in snapshots if s is not None]
 
 
-def _run(bank: AggregatorBank, optimiser: torch.optim.Optimizer, tokens: TokenBatch, target: torch.Tensor,
-         R: torch.Tensor, V: torch.Tensor | None, settings: TrainSettings, steps: int, stop_at: Sequence[int] | None,
-         curves: list[np.ndarray], snapshots: list[torch.Tensor | None]) -> None:
+def _rows_read(fit_sets: Sequence[np.ndarray], val_sets: Sequence[np.ndarray] | None,
+               n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows any model trains or validates on (sorted), and each of the n rows' index among them (-1: none)."""
+    sets = [np.asarray(r, dtype=np.int64) for r in [*fit_sets, *(val_sets or [])]]
+    used = np.unique(np.concatenate(sets)) if sets else np.arange(0)
+    local = np.full(n, -1, dtype=np.int64)
+    local[used] = np.arange(used.size)
+    return used, local
+
+
+def _subset(tokens: TokenBatch, rows: np.ndarray) -> TokenBatch:
+    """Those rows only, cut to their longest passage. Training never reads another row: each model's loss weighs
+    only its own rows (R, V), so leaving out the held-out test passages and the padding beyond the longest train
+    passage changes no gradient, only the time (the test split is ~40% of the passages of a default concept)."""
+    index = torch.as_tensor(rows, dtype=torch.long, device=tokens.Z.device)
+    mask = tokens.mask[index]
+    width = max(int(mask.sum(dim=1).max()), 1) if rows.size else 1
+    return TokenBatch(tokens.Z[index, :width], mask[:, :width], tokens.position[index, :width])
+
+
+def _run(bank: AggregatorBank, optimiser: torch.optim.Optimizer, tokens: TokenBatch, every: TokenBatch,
+         target: torch.Tensor, R: torch.Tensor, V: torch.Tensor | None, settings: TrainSettings, steps: int,
+         stop_at: Sequence[int] | None, curves: list[np.ndarray], snapshots: list[torch.Tensor | None]) -> None:
+    """Full-batch training on `tokens` (the rows read); early stopping's snapshots weigh `every` passage."""
     with torch.enable_grad():
         for step in range(1, steps + 1):
             optimiser.zero_grad()
@@ -126,7 +155,7 @@ def _run(bank: AggregatorBank, optimiser: torch.optim.Optimizer, tokens: TokenBa
                 with torch.no_grad():
                     curves.append(_mean_losses(bank, tokens, target, V).cpu().numpy())
             if stop_at is not None and step in stop_at:
-                weights = bank.token_weights(tokens.Z, tokens.mask, tokens.position)
+                weights = bank.token_weights(every.Z, every.mask, every.position)
                 for m, at in enumerate(stop_at):
                     if at == step:
                         snapshots[m] = weights[m]
@@ -153,7 +182,7 @@ def fit_outer(kind: str, grid: Sequence[AggregatorParams], tokens: TokenBatch, y
                 points.append(point)
     chosen = {k: (0, settings.max_steps, float("nan")) for k in range(len(outer_sets))}
     if jobs:
-        _, curve, _ = train_bank(kind, points, tokens, y, fits, settings, seed, val_sets=vals)
+        curve, _ = train_bank(kind, points, tokens, y, fits, settings, seed, val_sets=vals)
         for k in {k for k, _ in jobs}:
             best = None
             for g in range(len(grid)):
@@ -165,7 +194,7 @@ def fit_outer(kind: str, grid: Sequence[AggregatorParams], tokens: TokenBatch, y
             assert best is not None
             chosen[k] = best
     order = range(len(outer_sets))
-    _, _, weights = train_bank(kind, [grid[chosen[k][0]] for k in order], tokens, y, list(outer_sets), settings,
+    _, weights = train_bank(kind, [grid[chosen[k][0]] for k in order], tokens, y, list(outer_sets), settings,
                                seed, stop_at=[chosen[k][1] for k in order])
     return [OuterFit(weights[k], grid[chosen[k][0]], chosen[k][1], chosen[k][2]) for k in order]
 

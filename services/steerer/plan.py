@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from poolbench.records.d1 import cv_best_row
 from poolbench.records.steering import D2Record, D3Record
 
 from .backend import GenerationSettings
@@ -47,8 +48,9 @@ class SteeringCell:
 
 def choose_cells(leaderboard: dict, concepts: Sequence[str], *, full: bool = False, all_layers: bool = False,
                  subset: Sequence[str] = DEFAULT_STEERING_CONCEPTS) -> list[SteeringCell]:
-    """Cells from the D1 leaderboard (build_leaderboard's dict): best + worst strategy per default concept,
-    or every strategy of every concept with `full`."""
+    """Cells from the D1 leaderboard (build_leaderboard's dict): per default concept the best strategy, chosen on
+    training CV as the answer's is (the held-out test never picks what is steered), and the worst informative one
+    in the leaderboard's order; or every strategy of every concept with `full`."""
     rows = leaderboard.get("strategies", [])
     if not rows:
         raise SteeringError("the D1 leaderboard has no strategies to choose steering cells from")
@@ -62,8 +64,10 @@ def choose_cells(leaderboard: dict, concepts: Sequence[str], *, full: bool = Fal
     chosen = [c for c in subset if c in concepts] or list(concepts)[:3]
     # A strategy at chance (P2_first on a causal LM pools the constant BOS state) has no steering vector;
     # "worst" is the worst strategy that carries any signal.
-    informative = [r for r in rows[1:] if r["mean_d1"] >= CHANCE_D1] or rows[1:]
-    picks = [(rows[0], "best D1")] + ([(informative[-1], "worst D1")] if informative else [])
+    best = cv_best_row(rows)
+    others = [r for r in rows if r is not best]
+    informative = [r for r in others if r["mean_d1"] >= CHANCE_D1] or others
+    picks = [(best, "best D1")] + ([(informative[-1], "worst D1")] if informative else [])
     return [SteeringCell(c, row["strategy"], int(row["best_layer"]), why) for c in chosen for row, why in picks]
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+from poolbench.records.d1 import cv_best_row
 from poolbench.results.leaderboard import RANKED_ON_MIX, ranked_on_text
 from poolbench.results.ranking import mean_t_interval
 
@@ -46,7 +47,8 @@ def leaderboard_table(leaderboard: dict, answer: RunAnswer | None = None) -> Tab
     verdicts = verdict_of(answer)
     rows = sorted(leaderboard["strategies"], key=lambda r: r["rank"])
     mix = leaderboard.get("ranked_on") == RANKED_ON_MIX
-    on = "D1_mix, the declared tier estimand" if mix else "held-out AUROC"
+    on = "D1_mix, the declared tier estimand" if mix else (
+        "held-out AUROC, not the declared D1_mix (see below)" if leaderboard.get("estimand_missing") else "held-out AUROC")
     table = Table(title=f"D1 leaderboard ({leaderboard['probe']} probe, ranked on {on} at the CV-chosen layer)",
                   caption=leaderboard_caption(answer, leaderboard), caption_justify="left")
     for column in ("rank", "strategy", *(["D1_mix [95% CI]"] if mix else []), "mean D1 [95% CI]", "mean CV", "layer",
@@ -71,8 +73,8 @@ def summary_line(leaderboard: dict, *, total_s: float, results_path: Path, answe
     rows = sorted(leaderboard["strategies"], key=lambda r: r["rank"])
     if not rows:
         return f"no D1 cells; {_duration(total_s)}; results in {results_path}"
-    chosen = answer.best.strategy if answer is not None and answer.best is not None else min(
-        rows, key=lambda r: (-r.get("mean_cv_auroc", r["mean_d1"]), r["strategy"]))["strategy"]
+    chosen = answer.best.strategy if answer is not None and answer.best is not None else cv_best_row(rows)[
+        "strategy"]
     top = next(r for r in rows if r["strategy"] == chosen)
     n_concepts = len(top["per_concept"])
     mean, low, high = mean_t_interval([v["auroc"] for v in top["per_concept"].values()])

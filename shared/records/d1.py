@@ -64,3 +64,10 @@ def d1_records_table(records: list[D1CellRecord]) -> pa.Table:
 def d1_records_from_table(table: pa.Table) -> list[D1CellRecord]:
     """The D1 records of a stored Arrow artifact, one per row."""
     return [D1CellRecord.from_dict(row) for row in table.to_pylist()]
+
+
+def cv_best_row(rows: list[dict]) -> dict:
+    """The leaderboard row of the strategy chosen on training CV alone: the highest mean CV AUROC, ties to the
+    first name (prober.verdicts.choose_on_cv's rule). Steering's "best" cell, the printed summary and the Python
+    API read the same row, so none of them picks the run's best on the held-out test it is then judged on."""
+    return min(rows, key=lambda r: (-r.get("mean_cv_auroc", r["mean_d1"]), r["strategy"]))

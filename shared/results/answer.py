@@ -20,6 +20,7 @@ from poolbench.errors import PoolBenchError
 from poolbench.prober.auroc import ProbeError
 from poolbench.prober.passage_scores import held_out_cells
 from poolbench.prober.verdicts import DEFAULT_ROPE, compare_strategies
+from poolbench.records.d1 import cv_best_row
 from poolbench.records.verdicts import WORSE, StrategyVerdicts
 from poolbench.results.answer_verdicts import choice_sentence, comparison_line, near_tie_text, verdict_sentences
 from poolbench.results.leaderboard import RANKED_ON_BLEND, RANKED_ON_MIX
@@ -250,8 +251,7 @@ def build_answer(results: dict, leaderboard: dict, passage_scores: pa.Table | No
         return RunAnswer(model, None, 0, None, "no D1 cells", None, steering, (), "empty",
                          (f"{model}: no D1 cells, so no strategy to recommend.",), tuple(sections))
     verdicts, missing = _verdicts(results, leaderboard, rows, passage_scores)
-    chosen = verdicts.best.strategy if verdicts is not None else min(
-        rows, key=lambda r: (-r.get("mean_cv_auroc", r["mean_d1"]), r["strategy"]))["strategy"]
+    chosen = verdicts.best.strategy if verdicts is not None else cv_best_row(rows)["strategy"]
     top = next(r for r in rows if r["strategy"] == chosen)
     mean, low, high = mean_t_interval([v["auroc"] for v in top["per_concept"].values()])
     ranked_on = RANKED_ON_MIX if leaderboard.get("ranked_on") == RANKED_ON_MIX else RANKED_ON_BLEND

@@ -119,7 +119,7 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str | None = None,
               "best_selection": BEST_SELECTION} if rows else {}
     return {"probe": probe, "protocol": protocol,
             "layer_selection": PB_LAYER_SELECTION if protocol == "pb" else LAYER_SELECTION, **chosen,
-            "ranked_on": ranked_on, "ranking": RANKING[ranked_on],
+            "ranked_on": ranked_on, "ranking": RANKING[ranked_on], **_estimand_gap(rows, estimand, ranked_on),
             "strategies": rows, **baseline, **(sections or {})}
 
 
@@ -139,12 +139,25 @@ def _attach_estimand(rows: list[dict], estimand: Mapping | None) -> str:
     return RANKED_ON_MIX
 
 
+def _estimand_gap(rows: list[dict], estimand: Mapping | None, ranked_on: str) -> dict:
+    """`estimand_missing`: the strategies whose CV-chosen layer has no D1_mix, where the run declared the estimand
+    but ranks on the blend because of them (so a reader is told why the order is not the declared one)."""
+    if ranked_on == RANKED_ON_MIX or not (estimand or {}).get("rows"):
+        return {}
+    by = {(r["strategy"], int(r["layer"])) for r in estimand["rows"]}
+    return {"estimand_missing": sorted(r["strategy"] for r in rows if (r["strategy"], int(r["best_layer"])) not in by)}
+
+
 def ranked_on_text(leaderboard: Mapping) -> str:
     """What a leaderboard's order is, in words for a caption: the declared estimand or the held-out blend."""
     if leaderboard.get("ranked_on") == RANKED_ON_MIX:
         mix = ", ".join(f"{t} {w:g}" for t, w in ((leaderboard.get("estimand") or {}).get("mix") or {}).items())
         return (f"ranked on the declared estimand D1_mix (within-tier held-out AUROCs mixed {mix}); mean D1, the "
                 "overall held-out AUROC, blends the tiers at the test split's own mix")
+    missing = leaderboard.get("estimand_missing")
+    if missing:
+        return ("ranked on mean held-out D1 (test AUROC), which blends the tiers at the test split's own mix: the "
+                f"declared estimand D1_mix has no value for {', '.join(missing)} at the CV-chosen layer")
     return "ranked on mean held-out D1 (test AUROC)"
 
 

@@ -47,8 +47,9 @@ def leaderboard_table(leaderboard: dict, answer: RunAnswer | None = None) -> Tab
     verdicts = verdict_of(answer)
     rows = sorted(leaderboard["strategies"], key=lambda r: r["rank"])
     mix = leaderboard.get("ranked_on") == RANKED_ON_MIX
-    on = "D1_mix, the declared tier estimand" if mix else (
-        "held-out AUROC, not the declared D1_mix (see below)" if leaderboard.get("estimand_missing") else "held-out AUROC")
+    on = "D1_mix, the declared tier estimand" if mix else "held-out AUROC"
+    if leaderboard.get("estimand_missing"):
+        on += ", not the declared D1_mix (see below)"
     table = Table(title=f"D1 leaderboard ({leaderboard['probe']} probe, ranked on {on} at the CV-chosen layer)",
                   caption=leaderboard_caption(answer, leaderboard), caption_justify="left")
     for column in ("rank", "strategy", *(["D1_mix [95% CI]"] if mix else []), "mean D1 [95% CI]", "mean CV", "layer",

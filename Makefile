@@ -73,22 +73,34 @@ run-models: install
 	$(BIN)/poolbench-driver report --run $(MODELS_OUT)
 	$(BIN)/poolbench-driver findings --run $(MODELS_OUT) --out $(MODELS_OUT)
 
-# The 2025-26 contenders (issue 44) on the embedded default, D1 only: the learned aggregators LA1-LA4 beside the
-# card's best (docs/findings.md: L4_clause chosen on CV, A4_norm_weighted first held out), read at the residual, attention and MLP sites and at 4x context
-# length; then the learning curve (3 concepts, 10/20/40 train passages per class and the whole full-corpus train
-# split); then docs/contenders.md from both. Wall time on 2 idle cores: see docs/contenders.md (not yet measured
-# end to end; the budget is 60 min).
+# The 2025-26 contenders (issue 44) on the embedded default, D1 only, in three runs sized for 60 min on 2 cores:
+# 1. the learned aggregators LA1-LA4 beside the card's best (docs/findings.md: L4_clause chosen on CV,
+#    A4_norm_weighted first held out) over all 17 concepts at layers 12, 17, 23 (the card's best sits at 17);
+# 2. the same strategies at the residual, attention and MLP sites and at 4x context, over 8 concepts at layer 17
+#    (each other site or length is one more pooling pass over every concept; 8 concepts let Wilcoxon-Holm
+#    separate two sites at all: its smallest p over 6 is 2/64, 0.0625 after Holm);
+# 3. the learning curve: 3 concepts of the full corpus at layer 17, 10/20/40/80 train passages per class, all
+#    read on the same 60 test passages per class;
+# then docs/contenders.md from the three. Wall time on 2 idle cores: docs/contenders.md.
 CONTENDERS_OUT ?= runs/contenders
+CONTENDERS_STORE ?= $(CONTENDERS_OUT)/store
 CARD_BEST ?= L4_clause,A4_norm_weighted
-CONTENDERS_ARGS ?= --no-reliability
-CURVE_ARGS ?=
+CONTENDERS_STRATEGIES = $(CARD_BEST),LA1,LA2,LA3,LA4
+CONTENDERS_ARGS ?= --layers 12,17,23 --no-reliability
+AXES_CONCEPTS ?= academic_tone,bureaucratic,causation,frustration,hedging,legal_formality,negation_density,toxicity
+AXES_ARGS ?= --layers 17 --no-reliability
+CURVE_ARGS ?= --layers 17 --sizes 10,20,40,80 --test-limit 60
 
 run-contenders: install
-	$(BIN)/poolbench-driver run --strategies $(CARD_BEST),LA1,LA2,LA3,LA4 --sites residual,attn,mlp \
-		--context-lengths 1,4 --no-steering --out $(CONTENDERS_OUT) $(CONTENDERS_ARGS)
-	$(BIN)/poolbench-driver learning-curve --strategies $(CARD_BEST),LA1,LA2,LA3,LA4 --out $(CONTENDERS_OUT)/curve \
-		$(CURVE_ARGS)
-	$(BIN)/poolbench-driver contenders --run $(CONTENDERS_OUT) --curve $(CONTENDERS_OUT)/curve --out docs
+	$(BIN)/poolbench-driver run --strategies $(CONTENDERS_STRATEGIES) --no-steering --store $(CONTENDERS_STORE) \
+		--out $(CONTENDERS_OUT)/learned $(CONTENDERS_ARGS)
+	$(BIN)/poolbench-driver run --strategies $(CONTENDERS_STRATEGIES) --concepts $(AXES_CONCEPTS) \
+		--sites residual,attn,mlp --context-lengths 1,4 --no-steering --store $(CONTENDERS_STORE) \
+		--out $(CONTENDERS_OUT)/axes $(AXES_ARGS)
+	$(BIN)/poolbench-driver learning-curve --strategies $(CONTENDERS_STRATEGIES) --store $(CONTENDERS_STORE) \
+		--out $(CONTENDERS_OUT)/curve $(CURVE_ARGS)
+	$(BIN)/poolbench-driver contenders --run $(CONTENDERS_OUT)/learned --axes-run $(CONTENDERS_OUT)/axes \
+		--curve $(CONTENDERS_OUT)/curve --out docs
 
 # Does first-order steerability (results.json's "steerability") stand in for D2? 3 concepts x 19 strategies of the
 # embedded model: the exact log-likelihood shift at alpha = 0.1 and D2 through vLLM's CPU build; writes

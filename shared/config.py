@@ -36,6 +36,7 @@ class RunConfig(BaseModel):
     max_length: int = Field(256, ge=8)
     limit: int | None = Field(None, ge=4)
     train_limit: int | None = Field(None, ge=4)  # at most N train passages per class (a learning curve's size)
+    test_limit: int | None = Field(None, ge=4)  # at most N test passages per class (a learning curve's fixed test)
     seed: int = 0
     n_folds: int = Field(5, ge=2)
     n_bootstrap: int = Field(1000, ge=0)

@@ -43,3 +43,19 @@ def test_run_events_become_plain_lines_with_counts_and_eta():
     assert len(pool) - len(counted) == 3
     assert "probe D1: 2/8 (25%), 1.7min elapsed, ETA 5.0min · c1 (cached)" in text
     assert text.splitlines()[0].startswith("model m (4 layers, d=8), 8 concepts")
+
+
+def test_a_run_with_other_sites_and_lengths_counts_every_concept_pass():
+    """--sites residual,attn --context-lengths 1,4 pools every concept three times: the bars count 6 passes for
+    2 concepts and end at 6/6 (they read 3/2 (150%) when the total was the concepts alone)."""
+    stream = io.StringIO()
+    display = RunDisplay(LineProgress(stream, step_pct=50, detail_every_s=1e9, clock=Clock()))
+    display.show(RunPlanned(model_id="m", n_layers=4, hidden_size=8, concepts=("a", "b"), layers=(0,),
+                            strategies=("A1_mean",), worker_pids=(1,), variants=("main", "attn", "k4")))
+    for _ in range(3):
+        for concept in ("a", "b"):
+            display.show(ConceptPooled(concept=concept, skipped=False, seconds=1.0))
+    text = stream.getvalue()
+    assert "passes main, attn, k4" in text.splitlines()[0]
+    counted = [line.split(" (")[0] for line in text.splitlines() if line.startswith("pool:") and "%)" in line]
+    assert counted == ["pool: 3/6", "pool: 6/6"]

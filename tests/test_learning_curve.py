@@ -59,6 +59,46 @@ def test_a_train_limit_keeps_the_test_split_whole_and_smaller_sizes_inside_large
                                               p.id in {q.id for q in small}]
 
 
+def test_a_test_limit_fixes_one_held_out_subset_whatever_the_training_size() -> None:
+    """--test-limit 3: 3 test passages per class (their pairs whole), the same 6 at every training size; the train
+    split is left to the size alone. Should fail if the bound reached the train split or moved with the size."""
+    passages = [Passage(f"{split}{i}{label}", "t", label, "d", 1, f"{split}g{i}", split, "c")
+                for split in ("train", "test") for i in range(10) for label in (1, 0)]
+    small, large = (limit_passages(passages, None, n, test_limit=3) for n in (4, 8))
+    assert [p.id for p in small if p.split == "test"] == [p.id for p in large if p.split == "test"] == [
+        "test01", "test11", "test21", "test00", "test10", "test20"]
+    assert [p.split for p in small].count("train") == 8 and [p.split for p in large].count("train") == 16
+    assert [p.split for p in limit_passages(passages, None, None, test_limit=3)].count("train") == 20
+
+
+def test_the_contenders_page_reads_sites_and_lengths_from_the_axes_run_and_says_so() -> None:
+    """The learned-aggregator section from the main run (17 concepts), the site and length sections from a smaller
+    run named beside it: the page names that run's concepts and reads its tables, not the main run's (which has
+    none). Should fail if the axes sections were read from the main run."""
+    from poolbench.results.contenders import render_contenders
+
+    def board(concepts, **sections):
+        return {"strategies": [{"strategy": "A1_mean", "family": "uniform_aggregation",
+                                "per_concept": {c: {"auroc": 0.7} for c in concepts}}], **sections}
+
+    main = ({"model": {"model_id": "m"}, "layers": [12, 17], "timing": {"total_s": 600}}, board(CONCEPTS))
+    d1 = {"mean": 0.7, "low": 0.6, "high": 0.8}
+    sites = {"sites": ["residual", "attn"], "by_site": {"residual": {"A1_mean": {"d1": d1, "layer": 17}},
+                                                        "attn": {"A1_mean": {"d1": d1, "layer": 12}}},
+             "best_by_site": {"residual": {"strategy": "A1_mean", "layer": 17, "d1": d1},
+                              "attn": {"strategy": "A1_mean", "layer": 12, "d1": d1}},
+             "verdicts_missing": "2 concepts"}
+    axes = ({"model": {"model_id": "m"}, "layers": [17], "timing": {"total_s": 300}},
+            board(["c0", "c1"], sites=sites))
+    page = render_contenders(*main, [], [], None, None, axes)
+    assert "The run: 8 concepts (c0, c1, c2, c3, c4, c5, c6, c7), layers 12, 17, 1 strategies." in page
+    assert "a second run of the same model and corpus over 2 concepts (c0, c1), layers 17, 1 strategies (5.0 min" \
+        in page
+    assert "| A1_mean | 0.700 [0.600, 0.800] (L17) | 0.700 [0.600, 0.800] (L12) |" in page
+    assert "This run read no other site" not in page
+    assert "This run read no other site" in render_contenders(*main, [], [], None, None)
+
+
 @pytest.mark.slow
 def test_the_learning_curve_and_contenders_page_on_the_tiny_model(tiny_llama_dir, local_ray, cache, tmp_path):
     runner = CliRunner()

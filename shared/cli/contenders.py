@@ -39,6 +39,9 @@ def learning_curve(
     sizes: Annotated[str, typer.Option(
         help="training sizes: at most N train passages per class (pairs whole), 'all' the whole train split")]
     = "10,20,40,all",
+    test_limit: Annotated[int | None, typer.Option(
+        help="at most N test passages per class (pairs whole), the same at every size; default the whole split")]
+    = None,
     seed: Annotated[int, typer.Option(help="seed for folds, probes and bootstrap")] = 0,
     n_bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for CIs")] = 1000,
     reliability: Annotated[bool, typer.Option(help="seed spread, selectivity and MDL for every cell")] = False,
@@ -63,7 +66,7 @@ def learning_curve(
         raise PoolBenchError(f"--concepts: {len(names)} named; a learning curve reads 3-5 concepts")
     cfg = RunConfig(model=model, corpus=corpus, corpus_size=corpus_size, concepts=names,  # type: ignore[arg-type]
                     strategies=tuple(s.strip() for s in strategies.split(",")) if strategies else None,
-                    layers=layer_list, seed=seed,
+                    layers=layer_list, seed=seed, test_limit=test_limit,
                     n_bootstrap=n_bootstrap, reliability=reliability, steering=False, store=store, out=str(out))
     curve, path = evaluate_learning_curve(cfg, _sizes(sizes))
     console = Console()
@@ -75,13 +78,16 @@ def learning_curve(
 def contenders(
     run_dir: Annotated[Path, typer.Option("--run", help="the contenders run's folder")] = Path("runs/default"),
     curve: Annotated[Path | None, typer.Option(help="a learning-curve folder (its learning_curve.json)")] = None,
+    axes_run: Annotated[Path | None, typer.Option(
+        help="a run with --sites / --context-lengths to read those sections from; default --run itself")] = None,
     out: Annotated[Path, typer.Option("--out", help="folder to write contenders.md into")] = Path("docs"),
 ) -> None:
-    """Write <out>/contenders.md from a run's results (the learned aggregators against the card's best, the sites,
-    the context lengths) and a learning curve; no number typed by hand."""
+    """Write <out>/contenders.md from a run's results (the learned aggregators against the card's best), a run with
+    other sites and context lengths (the same run, or a smaller one) and a learning curve; no number typed by
+    hand."""
     from rich.console import Console
 
     from poolbench.results.contenders import write_contenders
 
-    page = write_contenders(run_dir, curve, out)
+    page = write_contenders(run_dir, curve, out, axes_dir=axes_run)
     Console().print(f"wrote {page} from {run_dir / 'results.json'}", highlight=False, soft_wrap=True)

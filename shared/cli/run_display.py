@@ -53,9 +53,10 @@ class RunDisplay:
                 self.progress.console.print(
                     f"model {event.model_id} ({event.n_layers} layers, d={event.hidden_size}), "
                     f"{len(event.concepts)} concepts, layers {list(event.layers)}, "
-                    f"{len(event.strategies)} strategies, {event.workers} worker(s)")
-                self.tasks["pool"] = self.progress.add_task("pool", total=len(event.concepts), last="")
-                self.tasks["probe"] = self.progress.add_task("probe D1", total=len(event.concepts), last="")
+                    f"{len(event.strategies)} strategies, {event.workers} worker(s)"
+                    + (f", passes {', '.join(event.variants)}" if len(event.variants) > 1 else ""))
+                self.tasks["pool"] = self.progress.add_task("pool", total=event.passes, last="")
+                self.tasks["probe"] = self.progress.add_task("probe D1", total=event.passes, last="")
             case ConceptPooled(concept=concept, skipped=skipped, seconds=seconds):
                 bar(self.tasks["pool"], advance=1, last=f"{concept} ({'cached' if skipped else f'{seconds:.1f}s'})")
             case ConceptProgress():

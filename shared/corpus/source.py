@@ -67,15 +67,18 @@ def open_corpus(source: str, size: str = "small", concepts: Sequence[str] | None
     return load_corpus(root, concepts)
 
 
-def limit_passages(passages: Sequence[Passage], limit: int | None, train_limit: int | None = None) -> list[Passage]:
-    """At most `limit` passages per (split, label), and at most `train_limit` per label of the train split (a
-    learning curve's training size: the test split stays whole), keeping matched pairs whole, in corpus order, so a
-    smaller size's training set is part of a larger one's."""
-    if limit is None and train_limit is None:
+def limit_passages(passages: Sequence[Passage], limit: int | None, train_limit: int | None = None,
+                   test_limit: int | None = None) -> list[Passage]:
+    """At most `limit` passages per (split, label), at most `train_limit` per label of the train split (a learning
+    curve's training size) and `test_limit` per label of the test split (the one held-out set every size of a
+    curve is read on), keeping matched pairs whole, in corpus order, so a smaller size's training set is part of a
+    larger one's."""
+    if limit is None and train_limit is None and test_limit is None:
         return list(passages)
     kept: list[Passage] = []
     for split in ("train", "test"):
-        bounds = [n for n in (limit, train_limit if split == "train" else None) if n is not None]
+        only = {"train": train_limit, "test": test_limit}[split]
+        bounds = [n for n in (limit, only) if n is not None]
         if not bounds:
             kept.extend(p for p in passages if p.split == split)
             continue

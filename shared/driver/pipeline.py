@@ -152,7 +152,8 @@ def read_inputs(cfg: RunConfig) -> RunInputs:
     corpus = open_corpus(cfg.corpus, cfg.corpus_size, cfg.concepts)
     check_corpus(corpus)
     store_url = cfg.resolved_store()
-    plans = [ConceptPlan(c, limit_passages(corpus.passages(c), cfg.limit, cfg.train_limit), corpus.concept_hash(c))
+    plans = [ConceptPlan(c, limit_passages(corpus.passages(c), cfg.limit, cfg.train_limit,
+                                                  cfg.test_limit), corpus.concept_hash(c))
              for c in corpus.concepts]
     return RunInputs(specs, corpus, store_url, open_store(store_url), plans)
 
@@ -435,7 +436,8 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
                 model_id=run.model["model_id"], n_layers=run.model["n_layers"],
                 hidden_size=run.model["hidden_size"], concepts=tuple(p.concept for p in run.plans),
                 layers=tuple(run.layers), strategies=tuple(s.id for s in run.specs),
-                worker_pids=tuple(fetch(ref, "extractor start") for ref in [w.pid.remote() for w in queue.actors])))
+                worker_pids=tuple(fetch(ref, "extractor start") for ref in [w.pid.remote() for w in queue.actors]),
+                variants=(MAIN.name, *[v.name for v in axis_variants(cfg)])))
             computed = execute(cfg, run, inputs, queue, emit)
             axes = [plan_cells(cfg, inputs, run.model, variant) for variant in axis_variants(cfg)]
             for axis in axes:  # each other site and context length: one more pooling and probing pass

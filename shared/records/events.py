@@ -24,6 +24,12 @@ class RunPlanned:
     layers: tuple[int, ...]
     strategies: tuple[str, ...]
     worker_pids: tuple[int, ...]
+    variants: tuple[str, ...] = ("main",)  # one pooling pass each over every concept: main, then --sites/lengths
+
+    @property
+    def passes(self) -> int:
+        """Concept passes the run will pool and probe: every concept once per variant."""
+        return len(self.concepts) * len(self.variants)
 
     @property
     def workers(self) -> int:

@@ -3,15 +3,15 @@ refit probe equal to D1's, and the driver step on a constructed pooled table."""
 
 import numpy as np
 import pytest
+from score_tables import stored_heldout_scores
 
 from poolbench.corpus.passage import Passage
 from poolbench.driver.breakdowns import bucket_cells, d1_by_bucket
-from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.prober.auroc import auroc
 from poolbench.prober.buckets import bucket_aurocs, heldout_scores, stratified_auroc_batch
 from poolbench.prober.d1 import evaluate_d1
+from poolbench.prober.passage_scores import concat_scores
 from poolbench.records.d1 import D1CellRecord
-from poolbench.store.url import open_store
 
 
 def test_stratified_auroc_compares_within_a_concept_only():
@@ -97,15 +97,17 @@ def _cell(concept: str, layer: int, strategy: str, cv: float, test: float) -> D1
                         test_auroc=test, ci_low=test - 0.1, ci_high=min(1.0, test + 0.1))
 
 
-def test_bucket_cells_pick_the_best_unsupervised_strategy_and_the_fixed_ones_at_their_cv_layer():
+def test_bucket_cells_pick_the_best_strategy_and_the_fixed_ones_at_their_cv_layer():
+    """S3_iti_probe (supervised) is the best on held-out D1: its stored scores are the fit that reported it, so it
+    is read like any other (a refit could not repeat its per-fold heads; nothing refits now)."""
     records = [_cell("c", 0, "A1_mean", 0.9, 0.8), _cell("c", 1, "A1_mean", 0.7, 0.95),
                _cell("c", 0, "S3_iti_probe", 0.99, 0.99), _cell("c", 0, "L4_clause", 0.8, 0.9),
                _cell("c", 1, "L4_clause", 0.95, 0.85), _cell("c", 0, "W2_last_k", 0.6, 0.6)]
-    assert bucket_cells(records, supervised={"S3_iti_probe"}) == {"L4_clause": 1, "A1_mean": 0, "W2_last_k": 0}
+    assert bucket_cells(records) == {"S3_iti_probe": 0, "A1_mean": 0, "W2_last_k": 0}
 
 
-def test_d1_by_bucket_reads_the_pooled_table_and_buckets_by_density_and_placement(tmp_path):
-    """A pair's two vectors share their noise; W2_last_k's carry the label only when the signal sits at the end,
+def test_d1_by_bucket_reads_the_stored_scores_and_buckets_by_density_and_placement():
+    """A pair's two scores share their noise; W2_last_k's carry the label only when the signal sits at the end,
     A1_mean's always. So W2 reads 1.0 on end-placed (density 1) pairs and exactly 0.5 on start-placed ones."""
     rng = np.random.default_rng(2)
     passages, rows = [], []
@@ -120,13 +122,10 @@ def test_d1_by_bucket_reads_the_pooled_table_and_buckets_by_density_and_placemen
             a1 = noise + np.array([3.0 * label, 0, 0, 0])
             w2 = noise + np.array([3.0 * label if where == "end" else 0.0, 0, 0, 0])
             rows.append((a1, w2))
-    builder = PooledTableBuilder(passages, hidden_size=4)
-    vectors = np.array([[[a1 for a1, _ in rows], [w2 for _, w2 in rows]]], dtype=np.float32)  # [L, S, B, d]
-    builder.add(vectors, [0], ["A1_mean", "W2_last_k"], [p.id for p in passages], np.zeros((2, len(passages)), bool))
-    store = open_store(tmp_path / "store")
-    store.put_table("pooled/c", builder.table())
+    scores = stored_heldout_scores(passages, {"A1_mean": [a1[0] for a1, _ in rows],
+                                              "W2_last_k": [w2[0] for _, w2 in rows]})
     records = [_cell("c", 0, "A1_mean", 0.99, 0.99), _cell("c", 0, "W2_last_k", 0.8, 0.75)]
-    out = d1_by_bucket(store, {"c": "pooled/c"}, {"c": passages}, records, set(), n_bootstrap=100, seed=0)
+    out = d1_by_bucket(scores, {"c": passages}, records, n_bootstrap=100, seed=0)
     got = {(r.strategy, r.by, r.bucket): r for r in out}
     assert list(got) == [("A1_mean", "density", "1"), ("A1_mean", "density", "2"),
                          ("A1_mean", "placement", "start"), ("A1_mean", "placement", "end"),
@@ -140,7 +139,7 @@ def test_d1_by_bucket_reads_the_pooled_table_and_buckets_by_density_and_placemen
     assert got[("W2_last_k", "placement", "end")].n == 12 and got[("W2_last_k", "placement", "end")].layer == 0
 
 
-def test_a_corpus_without_density_gets_no_buckets(tmp_path):
+def test_a_corpus_without_density_gets_no_buckets():
     plain = [Passage(id="a", text="x", label=1, domain="d", token_count=1, matched_pair_id=None, split="test",
                      concept="c")]
-    assert d1_by_bucket(open_store(tmp_path), {"c": "k"}, {"c": plain}, [], set(), n_bootstrap=10, seed=0) == []
+    assert d1_by_bucket(concat_scores([]), {"c": plain}, [], n_bootstrap=10, seed=0) == []

@@ -3,14 +3,14 @@ the standard tier and exactly 0.5 on the hard one; the leaderboard section says 
 
 import numpy as np
 import pytest
+from score_tables import stored_heldout_scores
 
 from poolbench.corpus.passage import Passage
 from poolbench.driver.breakdowns import d1_by_tier, has_tiers, lexical_by_tier
-from poolbench.pooler.pooled_table import PooledTableBuilder
+from poolbench.prober.passage_scores import concat_scores
 from poolbench.records.breakdowns import TierAurocRecord
 from poolbench.records.d1 import D1CellRecord
 from poolbench.results.tiers import tier_section
-from poolbench.store.url import open_store
 
 
 def _cell(strategy: str, cv: float) -> D1CellRecord:
@@ -18,10 +18,11 @@ def _cell(strategy: str, cv: float) -> D1CellRecord:
                         ci_low=cv - 0.1, ci_high=min(1.0, cv + 0.1))
 
 
-def test_words_only_strategy_is_at_chance_on_the_hard_tier(tmp_path):
-    """A pair's two vectors share their noise. WORDS adds the label only on standard pairs (a hard pair's words are
-    the same on both sides), MEANING on every pair: WORDS reads 1.0 on standard and exactly 0.5 on hard, since each
-    hard positive scores what its negative does; MEANING reads 1.0 on both."""
+def test_words_only_strategy_is_at_chance_on_the_hard_tier():
+    """A pair's two held-out scores share their noise. WORDS adds the label only on standard pairs (a hard pair's
+    words are the same on both sides), MEANING on every pair: WORDS reads 1.0 on standard and exactly 0.5 on hard,
+    since each hard positive scores what its negative does; MEANING reads 1.0 on both. S3_sup, a supervised
+    strategy, is read from its stored scores like the others (it was left out when tiers refitted probes)."""
     rng = np.random.default_rng(3)
     passages, rows = [], []
     for i in range(40):
@@ -34,15 +35,14 @@ def test_words_only_strategy_is_at_chance_on_the_hard_tier(tmp_path):
             words = noise + np.array([3.0 * label if tier == "standard" else 0.0, 0, 0, 0])
             meaning = noise + np.array([3.0 * label, 0, 0, 0])
             rows.append((words, meaning))
-    builder = PooledTableBuilder(passages, hidden_size=4)
-    vectors = np.array([[[w for w, _ in rows], [m for _, m in rows]]], dtype=np.float32)
-    builder.add(vectors, [0], ["WORDS", "MEANING"], [p.id for p in passages], np.zeros((2, len(passages)), bool))
-    store = open_store(tmp_path / "store")
-    store.put_table("pooled/c", builder.table())
+    scores = stored_heldout_scores(passages, {"WORDS": [w[0] for w, _ in rows], "MEANING": [m[0] for _, m in rows],
+                                              "S3_sup": [-w[0] for w, _ in rows]})
     records = [_cell("WORDS", 0.8), _cell("MEANING", 0.99), _cell("S3_sup", 0.99)]
-    out = d1_by_tier(store, {"c": "pooled/c"}, {"c": passages}, records, {"S3_sup"}, n_bootstrap=200, seed=0)
+    out = d1_by_tier(scores, {"c": passages}, records, n_bootstrap=200, seed=0)
     got = {(r.strategy, r.tier): r for r in out}
-    assert list(got) == [("MEANING", "standard"), ("MEANING", "hard"), ("WORDS", "standard"), ("WORDS", "hard")]
+    assert list(got) == [("MEANING", "standard"), ("MEANING", "hard"), ("S3_sup", "standard"), ("S3_sup", "hard"),
+                         ("WORDS", "standard"), ("WORDS", "hard")]
+    assert got[("S3_sup", "standard")].auroc == 0.0  # its scores are WORDS' negated: read as stored, not refitted
     assert got[("WORDS", "standard")].auroc == 1.0 and got[("MEANING", "hard")].auroc == 1.0
     assert got[("WORDS", "hard")].auroc == pytest.approx(0.5, abs=1e-12)
     # counting each hard positive against its own twin too: the words give exactly one tie per pair, still 0.5
@@ -52,16 +52,17 @@ def test_words_only_strategy_is_at_chance_on_the_hard_tier(tmp_path):
     assert (got[("WORDS", "hard")].n, got[("WORDS", "hard")].n_pos) == (16, 8)
     # the leaderboard section: MEANING's CI [1, 1] lies above WORDS' 0.5 on hard, so it separates there
     section = tier_section(out)
-    assert section["hard"]["best"] == "MEANING" and section["hard"]["excluded_by_best"] == ["WORDS"]
+    assert section["hard"]["best"] == "MEANING" and section["hard"]["excluded_by_best"] == ["S3_sup", "WORDS"]
     assert section["hard"]["separates"] is True
-    assert section["standard"]["n_excluded_by_best"] == 0 and section["standard"]["separates"] is False
+    # on standard only the sign-flipped S3_sup (AUROC 0) lies below the best; WORDS and MEANING both read 1.0
+    assert section["standard"]["excluded_by_best"] == ["S3_sup"]
 
 
-def test_no_tiers_no_records(tmp_path):
+def test_no_tiers_no_records():
     plain = [Passage(id="a", text="x", label=1, domain="d", token_count=1, matched_pair_id=None, split="test",
                      concept="c")]
     assert not has_tiers({"c": plain})
-    assert d1_by_tier(open_store(tmp_path), {"c": "k"}, {"c": plain}, [], set(), n_bootstrap=10, seed=0) == []
+    assert d1_by_tier(concat_scores([]), {"c": plain}, [], n_bootstrap=10, seed=0) == []
 
 
 def _tier(strategy: str, auroc: float, low: float, high: float) -> TierAurocRecord:

@@ -1,5 +1,6 @@
-"""Per-run readings of D1 that need no model: the lexical baseline per concept and per tier, and D1 by density /
-placement and by tier for strategies at their CV-chosen layer, their probes refitted from the stored pooled vectors."""
+"""Per-run readings of D1 that need no model: the lexical baseline per concept and per tier, and D1 by tier and by
+density / placement for strategies at their CV-chosen layer, read from the held-out scores stored with each D1 cell
+(the fit that reported test_auroc, fold-dependent strategies' included): nothing is refitted."""
 
 from __future__ import annotations
 
@@ -7,16 +8,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from poolbench.corpus.passage import PLACEMENTS, TIERS, Passage
-from poolbench.pooler.pooled_table import PooledTableView, read_pooled_table
-from poolbench.prober.buckets import BucketAuroc, bucket_aurocs, heldout_scores
+from poolbench.prober.buckets import BucketAuroc, bucket_aurocs
 from poolbench.prober.lexical import lexical_baseline, lexical_record
+from poolbench.prober.passage_scores import HELDOUT
 from poolbench.prober.reliability import cv_chosen_layers
 from poolbench.records.breakdowns import BucketAurocRecord, LexicalTierRecord, TierAurocRecord
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.lexical import LexicalBaselineRecord
-from poolbench.store.artifact_store import ArtifactStore
 
 BUCKET_STRATEGIES = ("A1_mean", "P1_last", "W1_first_k", "W2_last_k")
 """Beside the best strategy: the mean, the last token and the two end windows, whose reach differs by place."""
@@ -43,31 +45,6 @@ class HeldoutColumns:
                              n_bootstrap=n_bootstrap, seed=seed, ci_level=CI_LEVEL, order=order)
 
 
-def heldout_columns(store: ArtifactStore, pooled_keys: dict[str, str],
-                    passages_by_concept: dict[str, Sequence[Passage]], cells: dict[str, int],
-                    keep: Callable[[Passage], bool], seed: int) -> dict[str, HeldoutColumns]:
-    """Per strategy of `cells` (strategy -> layer): D1's logistic probe refitted on each concept's train split at
-    that layer, scoring the concept's test passages that `keep` accepts."""
-    meta = {c: {p.id: p for p in ps} for c, ps in passages_by_concept.items()}
-    columns = {s: HeldoutColumns() for s in cells}
-    if not cells:
-        return columns
-    for concept, key in pooled_keys.items():
-        view = PooledTableView(read_pooled_table(store, key, sorted(set(cells.values()))))
-        for strategy, layer in cells.items():
-            cell = view.matrix(layer, strategy)
-            train, test = cell.subset("train"), cell.subset("test")
-            passages = [meta[concept][str(pid)] for pid in test.passage_ids]
-            kept = [i for i, p in enumerate(passages) if keep(p)]
-            col = columns[strategy]
-            col.scores.extend(heldout_scores(train.X, train.y, test.X, seed)[kept])
-            col.labels.extend(test.y[kept])
-            col.groups.extend(str(g) for g in test.groups[kept])
-            col.concepts.extend([concept] * len(kept))
-            col.passages.extend(passages[i] for i in kept)
-    return columns
-
-
 def _subset_fields(b: BucketAuroc, n_bootstrap: int) -> dict:
     """The fields every SubsetAurocRecord takes from one bucket's AUROC."""
     return {"auroc": b.auroc, "ci_low": b.ci_low, "ci_high": b.ci_high, "ci_level": CI_LEVEL, "n": b.n,
@@ -82,13 +59,12 @@ def lexical_baselines(passages_by_concept: dict[str, Sequence[Passage]], *, n_bo
             for concept, passages in passages_by_concept.items()]
 
 
-def bucket_cells(records: Sequence[D1CellRecord], supervised: set[str]) -> dict[str, int]:
-    """Strategy -> CV-chosen layer for the best unsupervised strategy (mean held-out D1 there) and
-    BUCKET_STRATEGIES; supervised strategies choose heads per fold, which a refit here would not repeat."""
+def bucket_cells(records: Sequence[D1CellRecord]) -> dict[str, int]:
+    """Strategy -> CV-chosen layer for the best strategy (mean held-out D1 there) and BUCKET_STRATEGIES."""
     layers = cv_chosen_layers([r.to_dict() for r in records])
     by_strategy: dict[str, list[float]] = {}
     for r in records:
-        if r.probe == "logistic" and layers.get(r.strategy) == r.layer and r.strategy not in supervised:
+        if r.probe == "logistic" and layers.get(r.strategy) == r.layer:
             by_strategy.setdefault(r.strategy, []).append(float(r.test_auroc))
     if not by_strategy:
         return {}
@@ -97,18 +73,18 @@ def bucket_cells(records: Sequence[D1CellRecord], supervised: set[str]) -> dict[
     return {s: layers[s] for s in chosen}
 
 
-def d1_by_bucket(store: ArtifactStore, pooled_keys: dict[str, str], passages_by_concept: dict[str, Sequence[Passage]],
-                 records: Sequence[D1CellRecord], supervised: set[str], *, n_bootstrap: int,
-                 seed: int) -> list[BucketAurocRecord]:
+def d1_by_bucket(scores: pa.Table, passages_by_concept: dict[str, Sequence[Passage]],
+                 records: Sequence[D1CellRecord], *, n_bootstrap: int, seed: int) -> list[BucketAurocRecord]:
     """Per chosen strategy and per density / placement bucket, the held-out AUROC over every concept's test
-    passages; empty when the corpus records no density and placement (v1, most user corpora)."""
+    passages from the stored held-out scores; empty when the corpus records no density and placement (v1, most
+    user corpora)."""
     def placed(p: Passage) -> bool:
         return p.density is not None and p.placement is not None
 
     if not any(placed(p) for ps in passages_by_concept.values() for p in ps):
         return []
-    cells = bucket_cells(records, supervised)
-    columns = heldout_columns(store, pooled_keys, passages_by_concept, cells, placed, seed)
+    cells = bucket_cells(records)
+    columns = stored_heldout_columns(scores, passages_by_concept, cells, placed)
     return [BucketAurocRecord(strategy=strategy, layer=layer, probe="logistic", by=by, bucket=b.bucket,
                               **_subset_fields(b, n_bootstrap))
             for strategy, layer in cells.items() for by in BUCKET_FIELDS
@@ -116,22 +92,49 @@ def d1_by_bucket(store: ArtifactStore, pooled_keys: dict[str, str], passages_by_
                                               seed=seed)]
 
 
+def stored_heldout_columns(scores: pa.Table, passages_by_concept: dict[str, Sequence[Passage]],
+                           cells: dict[str, int], keep: Callable[[Passage], bool]) -> dict[str, HeldoutColumns]:
+    """Per strategy of `cells` (strategy -> layer): the held-out scores D1's logistic probe gave each concept's test
+    passages that `keep` accepts, read from the run's per-passage score table: the numbers behind each cell's
+    test_auroc, so a tier AUROC and the overall D1 come from one fit (a refit would not repeat a supervised
+    strategy's per-fold heads or a learned aggregator's per-fold pooling)."""
+    meta = {(c, p.id): p for c, ps in passages_by_concept.items() for p in ps}
+    columns = {s: HeldoutColumns() for s in cells}
+    if not cells or scores.num_rows == 0:
+        return columns
+    rows = scores.filter(pc.and_(pc.equal(scores.column("kind"), HELDOUT),
+                                 pc.equal(scores.column("probe"), "logistic"))).to_pydict()
+    for concept, layer, strategy, pid, pair, label, score in zip(
+            rows["concept"], rows["layer"], rows["strategy"], rows["passage_id"], rows["pair_id"], rows["label"],
+            rows["score"], strict=True):
+        passage = meta.get((concept, pid))
+        if cells.get(strategy) != layer or passage is None or not keep(passage):
+            continue
+        col = columns[strategy]
+        col.scores.append(float(score))
+        col.labels.append(int(label))
+        col.groups.append(str(pair))
+        col.concepts.append(concept)
+        col.passages.append(passage)
+    return columns
+
+
 def has_tiers(passages_by_concept: dict[str, Sequence[Passage]]) -> bool:
     """Whether any test passage says its tier (the embedded corpus does; most user corpora do not)."""
     return any(p.tier is not None for ps in passages_by_concept.values() for p in ps if p.split == "test")
 
 
-def d1_by_tier(store: ArtifactStore, pooled_keys: dict[str, str], passages_by_concept: dict[str, Sequence[Passage]],
-               records: Sequence[D1CellRecord], supervised: set[str], *, n_bootstrap: int,
-               seed: int) -> list[TierAurocRecord]:
-    """Per unsupervised strategy and tier, the stratified held-out AUROC over every concept's test passages of that
-    tier with a (concept, pair) bootstrap CI; empty when no passage records a tier. Supervised strategies choose
-    heads per fold, which a refit here would not repeat, so they are left out."""
+def d1_by_tier(scores: pa.Table, passages_by_concept: dict[str, Sequence[Passage]],
+               records: Sequence[D1CellRecord], *, n_bootstrap: int, seed: int) -> list[TierAurocRecord]:
+    """Per strategy and tier, the stratified held-out AUROC over every concept's test passages of that tier with a
+    (concept, pair) bootstrap CI, from the stored held-out scores (`scores`: the run's per-passage score table);
+    empty when no passage records a tier. Every strategy has one, supervised and learned ones included, so the
+    declared tier estimand can rank a run of any strategies."""
     if not has_tiers(passages_by_concept):
         return []
     layers = cv_chosen_layers([r.to_dict() for r in records if r.probe == "logistic"], probe="logistic")
-    cells = {s: layer for s, layer in sorted(layers.items()) if s not in supervised}
-    columns = heldout_columns(store, pooled_keys, passages_by_concept, cells, lambda p: p.tier is not None, seed)
+    cells = dict(sorted(layers.items()))
+    columns = stored_heldout_columns(scores, passages_by_concept, cells, lambda p: p.tier is not None)
     return [TierAurocRecord(strategy=strategy, layer=layer, probe="logistic", tier=b.bucket,
                             **_subset_fields(b, n_bootstrap))
             for strategy, layer in cells.items()

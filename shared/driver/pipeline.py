@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import pyarrow as pa
 import ray
 from ray.actor import ActorHandle
 
@@ -362,14 +363,12 @@ def collect_records(store: ArtifactStore, run: RunPlan) -> list[D1CellRecord]:
     return [record for plan in run.plans for record in d1_records_from_table(store.get_table(plan.d1_key))]
 
 
-def breakdowns(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellRecord]
+def breakdowns(cfg: RunConfig, run: RunPlan, records: list[D1CellRecord], scores: pa.Table
                ) -> tuple[list[LexicalBaselineRecord], list[BucketAurocRecord]]:
     """The lexical baseline per concept and D1 by density / placement: seconds, no model, so never cached."""
     passages = {p.concept: p.passages for p in run.plans}
-    supervised = {s.id for s in run.specs if s.supervision != "none"}
     return (lexical_baselines(passages, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed),
-            d1_by_bucket(inputs.store, {p.concept: p.pooled_key for p in run.plans}, passages, records, supervised,
-                         n_bootstrap=cfg.n_bootstrap, seed=cfg.seed))
+            d1_by_bucket(scores, passages, records, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed))
 
 
 def steer(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellRecord], threads: int | None,
@@ -450,11 +449,9 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
     records = collect_records(inputs.store, run)
     axis_records = [axis.variant.tag(record) for axis in axes for record in collect_records(inputs.store, axis)]
     scores = concat_scores([inputs.store.get_table(passage_scores_key(p.d1_key)) for p in run.plans])
-    lexical, buckets = breakdowns(cfg, inputs, run, records)
+    lexical, buckets = breakdowns(cfg, run, records, scores)
     passages = {p.concept: p.passages for p in run.plans}
-    d1_tiers = d1_by_tier(inputs.store, {p.concept: p.pooled_key for p in run.plans}, passages, records,
-                          {s.id for s in run.specs if s.supervision != "none"}, n_bootstrap=cfg.n_bootstrap,
-                          seed=cfg.seed)
+    d1_tiers = d1_by_tier(scores, passages, records, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
     lexical_tiers = lexical_by_tier(passages, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
     steerability = steerability_section(inputs.store, {p.concept: p.pooled_key for p in run.plans}, records,
                                         seed=cfg.seed, weights_hash=run.model.get("weights_hash"))

@@ -50,12 +50,12 @@ def test_a_run_with_other_sites_and_lengths_counts_every_concept_pass():
     2 concepts and end at 6/6 (they read 3/2 (150%) when the total was the concepts alone)."""
     stream = io.StringIO()
     display = RunDisplay(LineProgress(stream, step_pct=50, detail_every_s=1e9, clock=Clock()))
-    display.show(RunPlanned(model_id="m", n_layers=4, hidden_size=8, concepts=("a", "b"), layers=(0,),
-                            strategies=("A1_mean",), worker_pids=(1,), variants=("main", "attn", "k4")))
+    display.show(RunPlanned(model_id="m", n_layers=4, hidden_size=8, concepts=("a", "b"),
+                            strategies=("A1_mean",), worker_pids=(1,), variants=("main", "attn", "k4"), layers=(17,)))
     for _ in range(3):
         for concept in ("a", "b"):
             display.show(ConceptPooled(concept=concept, skipped=False, seconds=1.0))
     text = stream.getvalue()
-    assert "passes main, attn, k4" in text.splitlines()[0]
+    assert "layers [17], 1 strategies, 1 worker(s), passes main, attn, k4" in text.splitlines()[0]  # not "layers ,"
     counted = [line.split(" (")[0] for line in text.splitlines() if line.startswith("pool:") and "%)" in line]
     assert counted == ["pool: 3/6", "pool: 6/6"]

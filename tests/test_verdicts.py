@@ -192,6 +192,21 @@ def test_concepts_to_separate_is_the_smallest_n_with_the_power_by_hand():
     assert concepts_to_separate(np.array([0.01, -0.01]), alpha) is None  # mean 0: no number would do
 
 
+def test_concepts_to_separate_survives_scipys_nan_in_the_far_tail():
+    """The 17 per-concept D1_mix differences of a real contenders run (LA2 minus A4, effect 0.84, already separated
+    by Wilcoxon-Holm at 17): scipy's nct.cdf is NaN in the lower tail at the search's upper bound (60 concepts),
+    which read as "not enough" and gave 100,000. The answer is 20 (power 0.80 there, 0.77 at 19)."""
+    d = np.array([0.07678571, 0.00119048, -0.01785714, 0.1672619, -0.02440476, 0.01428571, -0.01547619, 0.06785714,
+                  0.01666667, 0.03809524, 0.05714286, 0.05238095, 0.06904762, 0.00892857, 0.08035714, 0.04345238,
+                  0.03690476])
+    alpha = 0.05 / 5
+    effect = d.mean() / d.std(ddof=1)
+    assert math.isnan(nct.cdf(-student_t.ppf(1 - alpha / 2, 59), 59, effect * math.sqrt(60)))  # scipy's NaN
+    upper = [float(nct.sf(student_t.ppf(1 - alpha / 2, m - 1), m - 1, effect * math.sqrt(m))) for m in (19, 20)]
+    assert upper[0] < 0.8 <= upper[1]  # the lower tail is below 1e-9 at both
+    assert concepts_to_separate(d, alpha) == 20
+
+
 def test_rank_intervals_over_concepts_by_hand():
     # A is first on every concept: every resample ranks it 1; C last on every concept: always 3.
     scores = np.array([[0.9, 0.8, 0.5], [0.9, 0.85, 0.6], [0.95, 0.9, 0.7]])

@@ -145,7 +145,12 @@ def concepts_to_separate(differences: np.ndarray, alpha: float, power: float = T
     guess = ((norm.ppf(1 - alpha / 2) + norm.ppf(power)) / effect) ** 2  # the normal approximation, a lower bound
     def enough(n: int) -> bool:  # scipy's noncentral t (statsmodels' TTestPower returns NaN at large noncentrality)
         crit, nc = float(t_dist.ppf(1 - alpha / 2, n - 1)), effect * math.sqrt(n)
-        return float(nct.sf(crit, n - 1, nc) + nct.cdf(-crit, n - 1, nc)) >= power
+        upper, lower = float(nct.sf(crit, n - 1, nc)), float(nct.cdf(-crit, n - 1, nc))
+        # scipy's nct gives NaN far in a tail (the lower one at 60 concepts and effect 0.84): that tail is ~0 there,
+        # and a NaN read as "not enough" sent the search to MAX_CONCEPTS for a difference 17 concepts had separated
+        upper = upper if math.isfinite(upper) else float(nc > crit)
+        lower = lower if math.isfinite(lower) else 0.0
+        return upper + lower >= power
 
     low, high = 2, int(min(MAX_CONCEPTS, 2 * guess + 50))
     if not enough(high):

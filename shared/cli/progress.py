@@ -33,8 +33,10 @@ class PlainConsole:
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
 
-    def print(self, *objects: Any, **_: Any) -> None:
-        self.stream.write(_MARKUP.sub("", " ".join(str(o) for o in objects)) + "\n")
+    def print(self, *objects: Any, markup: bool | None = None, **_: Any) -> None:
+        """markup=False (as rich's own) keeps the text as it is: "layers [17]" is a list, not a tag to strip."""
+        text = " ".join(str(o) for o in objects)
+        self.stream.write((text if markup is False else _MARKUP.sub("", text)) + "\n")
         self.stream.flush()
 
 

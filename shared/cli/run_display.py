@@ -54,7 +54,7 @@ class RunDisplay:
                     f"model {event.model_id} ({event.n_layers} layers, d={event.hidden_size}), "
                     f"{len(event.concepts)} concepts, layers {list(event.layers)}, "
                     f"{len(event.strategies)} strategies, {event.workers} worker(s)"
-                    + (f", passes {', '.join(event.variants)}" if len(event.variants) > 1 else ""))
+                    + (f", passes {', '.join(event.variants)}" if len(event.variants) > 1 else ""), markup=False)
                 self.tasks["pool"] = self.progress.add_task("pool", total=event.passes, last="")
                 self.tasks["probe"] = self.progress.add_task("probe D1", total=event.passes, last="")
             case ConceptPooled(concept=concept, skipped=skipped, seconds=seconds):

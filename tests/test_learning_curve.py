@@ -97,6 +97,18 @@ def test_the_contenders_page_reads_sites_and_lengths_from_the_axes_run_and_says_
     assert "| A1_mean | 0.700 [0.600, 0.800] (L17) | 0.700 [0.600, 0.800] (L12) |" in page
     assert "This run read no other site" not in page
     assert "This run read no other site" in render_contenders(*main, [], [], None, None)
+    assert "Wall time: the run 10.0 min, the learning curve n/a." in page  # every pass computed: a plain time
+
+
+def test_a_run_that_read_passes_back_from_the_store_says_its_time_is_not_their_cost() -> None:
+    from poolbench.results.contenders import wall_time
+
+    computed = {"pooled": 2, "d1": 2, "pooled_skipped": 15, "d1_skipped": 15, "pooled_attn": 17,
+                "pooled_skipped_attn": 0}
+    assert wall_time(90.0, [{"computed": computed}]) == (
+        "1.5 min, with 15 of 34 concept passes read back from the store (computed by an earlier invocation, not in "
+        "this time)")
+    assert wall_time(90.0, [{"computed": {"pooled": 17, "pooled_skipped": 0}}]) == "1.5 min"
 
 
 @pytest.mark.slow

@@ -54,6 +54,7 @@ def learning_curve(
     from rich.console import Console
 
     from poolbench.api import evaluate_learning_curve
+    from poolbench.cli.run_display import RunDisplay, run_progress
     from poolbench.config import RunConfig
     from poolbench.results.learning_curve import curve_sentences
 
@@ -68,8 +69,9 @@ def learning_curve(
                     strategies=tuple(s.strip() for s in strategies.split(",")) if strategies else None,
                     layers=layer_list, seed=seed, test_limit=test_limit,
                     n_bootstrap=n_bootstrap, reliability=reliability, steering=False, store=store, out=str(out))
-    curve, path = evaluate_learning_curve(cfg, _sizes(sizes))
     console = Console()
+    with run_progress(console) as progress:  # one run per size: each shows its plan line and its bars
+        curve, path = evaluate_learning_curve(cfg, _sizes(sizes), on_event=RunDisplay(progress).show)
     for line in curve_sentences(curve):
         console.print(line, highlight=False, soft_wrap=True)
     console.print(f"wrote {path}", highlight=False)

@@ -135,3 +135,16 @@ def test_the_learning_curve_and_contenders_page_on_the_tiny_model(tiny_llama_dir
     text = (tmp_path / "docs" / "contenders.md").read_text()
     assert "## Do the learned aggregators beat the card's best?" in text and "| LA3_multimax |" in text
     assert "This run read no other site" in text
+
+
+def test_the_page_says_what_the_curve_read() -> None:
+    """The curve runs on another corpus than the main run (full, not small) and on a fixed test subset: the page
+    says both, read from the curve's own results.json."""
+    from poolbench.results.contenders import curve_scope
+
+    doc = {"corpus": {"hash": "8f3ca32e516fabc", "size": "full"}, "config": {"test_limit": 60}, "layers": [17],
+           "cells": [{"concept": "hedging"}, {"concept": "academic_tone"}, {"concept": "hedging"}]}
+    assert curve_scope([doc]) == (
+        "The curve's runs: corpus 8f3ca32e516f (full), 2 concepts (academic_tone, hedging), layers 17; every size is "
+        "read on the first 60 test passages per class (pairs whole).\n")
+    assert "the whole test split" in curve_scope([{**doc, "config": {}}])

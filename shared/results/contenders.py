@@ -84,6 +84,18 @@ def _run_scope(results: dict, leaderboard: dict) -> str:
             f"{len(leaderboard.get('strategies') or [])} strategies")
 
 
+def curve_scope(documents: list[dict]) -> str:
+    """What the learning curve's runs read: corpus, concepts, layers and the held-out passages every size shares."""
+    first = documents[0]
+    corpus, config = first.get("corpus") or {}, first.get("config") or {}
+    concepts = sorted({c["concept"] for c in first.get("cells") or []})
+    limit = config.get("test_limit")
+    test = "the whole test split" if limit is None else f"the first {limit} test passages per class (pairs whole)"
+    layers = ", ".join(str(layer) for layer in first.get("layers") or []) or "?"
+    return (f"The curve's runs: corpus {str(corpus.get('hash', '?'))[:12]} ({corpus.get('size', '?')}), "
+            f"{len(concepts)} concepts ({', '.join(concepts)}), layers {layers}; every size is read on {test}.\n")
+
+
 def render_contenders(results: dict, leaderboard: dict, answer_sentences: list[str], verdict_lines: list[str],
                       curve: dict | None, curve_seconds: float | None,
                       axes: tuple[dict, dict] | None = None, curve_documents: list[dict] | None = None) -> str:
@@ -95,8 +107,7 @@ def render_contenders(results: dict, leaderboard: dict, answer_sentences: list[s
     axes_note = "" if axes is None else (
         f" The site and context-length sections are read from a second run of the same model and corpus over "
         f"{_run_scope(axes_results, axes_board)} "
-        f"({wall_time((axes_results.get('timing') or {}).get('total_s'), [axes_results])}; "
-        "its residual, length-1 cells are the main run's own, read back from the store).")
+        f"({wall_time((axes_results.get('timing') or {}).get('total_s'), [axes_results])}).")
     learned = [r["strategy"] for r in leaderboard.get("strategies") or [] if r.get("family") == LEARNED_FAMILY]
     lines = [
         "# The contenders of 2025-26: learned aggregators, context length, activation sites",
@@ -125,7 +136,8 @@ def render_contenders(results: dict, leaderboard: dict, answer_sentences: list[s
     if curve is None:
         lines.append("No learning curve was given (`poolbench-driver contenders --curve FOLDER`).")
     else:
-        lines += [curve["reading"] + ".", "", *[f"- {s}" for s in curve_sentences(curve)], "",
+        lines += [curve["reading"] + ".", "", *([curve_scope(curve_documents)] if curve_documents else []),
+                  *[f"- {s}" for s in curve_sentences(curve)], "",
                   "Mean held-out D1 [95% t-interval over concepts] by training passages per concept:", "",
                   *curve_table(curve)]
     lines += ["", "## Which strategies keep their D1 as contexts grow?", ""]

@@ -81,7 +81,7 @@ run-models: install
 #    separate two sites at all: its smallest p over 6 is 2/64, 0.0625 after Holm);
 # 3. the learning curve: 3 concepts of the full corpus at layer 17, 10/20/40/80 train passages per class, all
 #    read on the same 60 test passages per class;
-# then docs/contenders.md from the three. Wall time on 2 idle cores: docs/contenders.md.
+# then docs/contenders.md from the three. 46.0 min on 2 idle cores from an empty store (docs/learned-aggregators.md).
 CONTENDERS_OUT ?= runs/contenders
 CONTENDERS_STORE ?= $(CONTENDERS_OUT)/store
 CARD_BEST ?= L4_clause,A4_norm_weighted

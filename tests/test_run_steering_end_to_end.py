@@ -38,9 +38,10 @@ def test_run_with_steering_writes_d2_and_d3(tiny_llama_dir: Path, tmp_path: Path
     assert leaderboard["by_tier"]["hard"]["lexical"]["max"] <= 0.65
 
     d2 = results["d2"]
-    # per concept: the best D1 strategy and the worst above chance (or the worst at all), at their D1 layers
+    # per concept: the best strategy chosen on CV (the answer's, not the held-out leader) and the worst above
+    # chance (or the worst at all), at their D1 layers
     assert sorted(r["concept"] for r in d2) == sorted(CONCEPTS * 2)
-    best = leaderboard["strategies"][0]["strategy"]
+    best = leaderboard["best_on_cv"]
     assert {r["strategy"] for r in d2 if r["selected_because"] == "best D1"} == {best}
     for r in d2:
         assert r["prompt_format"] == "plain"  # the tiny tokenizer has no chat template

@@ -9,12 +9,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from poolbench.corpus.passage import PLACEMENTS, TIERS, Passage
 from poolbench.prober.buckets import BucketAuroc, bucket_aurocs
 from poolbench.prober.lexical import lexical_baseline, lexical_record
-from poolbench.prober.passage_scores import HELDOUT
+from poolbench.prober.passage_scores import held_out_cells
 from poolbench.prober.reliability import cv_chosen_layers
 from poolbench.records.breakdowns import BucketAurocRecord, LexicalTierRecord, TierAurocRecord
 from poolbench.records.d1 import D1CellRecord
@@ -100,22 +99,16 @@ def stored_heldout_columns(scores: pa.Table, passages_by_concept: dict[str, Sequ
     strategy's per-fold heads or a learned aggregator's per-fold pooling)."""
     meta = {(c, p.id): p for c, ps in passages_by_concept.items() for p in ps}
     columns = {s: HeldoutColumns() for s in cells}
-    if not cells or scores.num_rows == 0:
-        return columns
-    rows = scores.filter(pc.and_(pc.equal(scores.column("kind"), HELDOUT),
-                                 pc.equal(scores.column("probe"), "logistic"))).to_pydict()
-    for concept, layer, strategy, pid, pair, label, score in zip(
-            rows["concept"], rows["layer"], rows["strategy"], rows["passage_id"], rows["pair_id"], rows["label"],
-            rows["score"], strict=True):
-        passage = meta.get((concept, pid))
-        if cells.get(strategy) != layer or passage is None or not keep(passage):
-            continue
+    for (concept, strategy), cell in held_out_cells(scores, cells, "logistic").items():
         col = columns[strategy]
-        col.scores.append(float(score))
-        col.labels.append(int(label))
-        col.groups.append(str(pair))
-        col.concepts.append(concept)
-        col.passages.append(passage)
+        for pid, pair, label, score in zip(cell.passage_ids, cell.pair_ids, cell.labels, cell.scores, strict=True):
+            passage = meta.get((concept, str(pid)))
+            if passage is not None and keep(passage):
+                col.scores.append(float(score))
+                col.labels.append(int(label))
+                col.groups.append(str(pair))
+                col.concepts.append(concept)
+                col.passages.append(passage)
     return columns
 
 

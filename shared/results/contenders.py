@@ -97,10 +97,13 @@ def curve_scope(documents: list[dict]) -> str:
 
 
 def render_contenders(results: dict, leaderboard: dict, answer_sentences: list[str], verdict_lines: list[str],
-                      curve: dict | None, curve_seconds: float | None,
-                      axes: tuple[dict, dict] | None = None, curve_documents: list[dict] | None = None) -> str:
-    """The page; `axes` (results, leaderboard) is the run the site and length sections are read from when it is
-    not the main run (a smaller run: every other site and length is one more pooling pass over its concepts)."""
+                      curve: dict | None, curve_documents: list[dict] | None = None,
+                      axes: tuple[dict, dict] | None = None) -> str:
+    """The page; `curve_documents` are the learning curve's runs' results.json (None: no curve folder given), and
+    `axes` (results, leaderboard) is the run the site and length sections are read from when it is not the main
+    run (a smaller run: every other site and length is one more pooling pass over its concepts)."""
+    curve_seconds = None if curve_documents is None else sum(
+        float((d.get("timing") or {}).get("total_s", 0.0)) for d in curve_documents)
     model = (results.get("model") or {}).get("model_id", "?")
     corpus = results.get("corpus") or {}
     axes_results, axes_board = axes if axes is not None else (results, leaderboard)
@@ -163,14 +166,10 @@ def write_contenders(run_dir: Path, curve_dir: Path | None, out_dir: Path, *, ax
                              f"is not the run's {(results.get('model') or {}).get('model_id')!r}")
     answer = read_answer(run_dir / ANSWER_FILE)
     curve = _read(curve_dir / CURVE_FILE) if curve_dir is not None else None
-    curve_seconds, documents = None, []
-    if curve_dir is not None:
-        runs = [p / "results.json" for p in sorted(curve_dir.iterdir()) if (p / "results.json").is_file()]
-        documents = [_read(p) for p in runs]
-        curve_seconds = sum(float((d.get("timing") or {}).get("total_s", 0.0)) for d in documents)
+    documents = None if curve_dir is None else [
+        _read(p / "results.json") for p in sorted(curve_dir.iterdir()) if (p / "results.json").is_file()]
     verdicts = [comparison_line(c) for c in answer.verdicts.comparisons] if answer.verdicts is not None else []
-    page = render_contenders(results, leaderboard, list(answer.sentences), verdicts, curve, curve_seconds, axes,
-                             documents)
+    page = render_contenders(results, leaderboard, list(answer.sentences), verdicts, curve, documents, axes)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / PAGE
     write_text_atomic(path, page)

@@ -8,7 +8,15 @@ import pytest
 import torch
 from scipy.stats import chi2_contingency, chisquare
 
-from poolbench.steerer.sampling import RowSeededSampler, gumbel_noise, token_keys, uniform_noise
+from poolbench.steerer.sampling import (
+    UNIFORM_BITS,
+    RowSeededSampler,
+    fmix32,
+    gumbel_noise,
+    row_keys,
+    token_keys,
+    uniform_noise,
+)
 
 LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -2.5])
 T = 0.7
@@ -81,3 +89,16 @@ def test_uniforms_stay_inside_the_open_interval_and_are_flat():
 def test_rows_and_seeds_must_match():
     with pytest.raises(ValueError, match="3 rows for 2 seeds"):
         RowSeededSampler([1, 2], temperature=1.0)(None, torch.zeros(3, 4))
+
+
+def test_in_place_noise_is_the_out_of_place_hash_bit_for_bit():
+    """uniform_noise and gumbel_noise work in place for speed; they must give exactly the numbers of the hash
+    written out of place (fmix32, the logical shift, the scaling, -log(-log1p(-u))), so stored generations hold."""
+    seeds = torch.tensor([0, 5, 77, 123456789012, -3])
+    tokens = token_keys(4099, "cpu")
+    for step in (0, 1, 17):
+        x = fmix32(tokens[None, :] ^ row_keys(seeds, step)[:, None])
+        k = (x >> (32 - UNIFORM_BITS)) & ((1 << UNIFORM_BITS) - 1)
+        u = (k.to(torch.float32) + 0.5) * (2.0 ** -UNIFORM_BITS)
+        assert torch.equal(uniform_noise(seeds, step, tokens), u)
+        assert torch.equal(gumbel_noise(seeds, step, tokens), -torch.log(-torch.log1p(-u)))

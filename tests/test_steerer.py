@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -23,7 +24,7 @@ from poolbench.scorer.errors import ScorerError
 from poolbench.steerer.backend import GenerationSettings
 from poolbench.steerer.errors import SteeringError
 from poolbench.steerer.prompts import load_prompts
-from poolbench.steerer.run import SteeringConfig, prompt_seeds, run_steering
+from poolbench.steerer.run import AlphaUnits, CellInputs, SteeringConfig, prompt_seeds, run_steering
 from poolbench.steerer.sampling import RowSeededSampler
 from poolbench.steerer.worker import SteeringWorker
 from poolbench.store.local import LocalStore
@@ -448,6 +449,25 @@ def test_run_records_the_prompt_format(chat_worker, tmp_path):
                          SteeringConfig(**{**config.__dict__, "prompt_format": "plain"}), train_texts=train)
     assert chat.d2.prompt_format == "chat" and plain.d2.prompt_format == "plain"
     assert chat.key != plain.key
+
+
+def test_alpha_units_measure_every_layer_of_a_concept_in_one_forward(tiny_dir):
+    """The cells of one set of train passages get alpha's unit at all their layers from one forward pass per batch,
+    each value exactly what a forward for that layer alone gives; other train passages get their own."""
+    worker = SteeringWorker(load_model(str(tiny_dir), device="cpu"))
+    texts, others = PROMPTS[:6], PROMPTS[6:9]
+    alone = {layer: worker.residual_norm(texts, layer) for layer in (0, 1)}
+    assert alone[0] != alone[1]
+    calls = []
+    measure = worker.residual_norms
+    worker.residual_norms = lambda t, layers: calls.append(list(layers)) or measure(t, layers)
+    table = pa.table({"x": [0]})
+    cells = [CellInputs("c", "A", 1, table, texts), CellInputs("c", "B", 0, table, texts),
+             CellInputs("d", "A", 1, table, others)]
+    units = AlphaUnits(worker, cells)
+    assert units(cells[0]) == alone[1] and units(cells[1]) == alone[0]
+    assert units(cells[2]) == worker.residual_norm(others, 1)
+    assert calls == [[0, 1], [1], [1]]  # the concept's two layers at once; then `others`, then the check above
 
 
 def test_residual_norm_leaves_out_the_first_token_without_a_bos(tiny_dir):

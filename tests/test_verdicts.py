@@ -24,6 +24,7 @@ from poolbench.prober.verdicts import (
     choose_on_cv,
     compare_strategies,
     concepts_to_separate,
+    holm_adjusted,
     pairs_bootstrap,
     rank_intervals,
 )
@@ -160,6 +161,22 @@ def test_wilcoxon_with_holm_by_hand():
     # Holm: the smaller p times 2, the larger one times 1 (never below the step before).
     assert b.holm_p == pytest.approx(2 * 2 / 128, rel=1e-12) and c.holm_p == pytest.approx(max(p_c, 4 / 128))
     assert (b.verdict, c.verdict) == (WORSE, NOT_SEPARATED)
+
+
+def test_holm_twin_equals_statsmodels_and_a_hand_computation():
+    """holm_adjusted is kept because statsmodels' multipletests collects garbage on every call; it must give
+    multipletests' adjusted p exactly, ties, caps at 1 and single tests included."""
+    from statsmodels.stats.multitest import multipletests
+
+    # By hand: sorted 0.01, 0.02, 0.03, 0.5 times 4, 3, 2, 1 -> 0.04, 0.06, 0.06, 0.5 (running max), unsorted.
+    assert holm_adjusted([0.5, 0.01, 0.03, 0.02]).tolist() == pytest.approx([0.5, 0.04, 0.06, 0.06], abs=1e-15)
+    rng = np.random.default_rng(7)
+    cases = [rng.uniform(0, 1, 18), rng.uniform(0, 0.1, 18), np.array([0.3]), np.array([0.02, 0.02, 0.9, 1.0]),
+             np.round(rng.uniform(0, 0.2, 40), 2), np.ones(5)]
+    for p in cases:
+        assert np.array_equal(holm_adjusted(p), multipletests(p, alpha=0.05, method="holm")[1])
+    # A twin that forgot the running maximum would pass the hand case's first entries, not this one.
+    assert holm_adjusted([0.011, 0.012])[1] == pytest.approx(0.022) and holm_adjusted([0.011, 0.012])[0] == 0.022
 
 
 @pytest.mark.parametrize("n", [2, 5])

@@ -25,7 +25,8 @@ from .run import CellInputs, SteeringConfig, run_steering_cells
 from .worker import SteeringWorker
 
 # What touches the model; progress() and info() answer from Ray's other thread meanwhile.
-COMPUTE_METHODS = ("run_cells", "generate", "generate_rows", "residual_norm", "nll", "reference_nll", "relevance")
+COMPUTE_METHODS = ("run_cells", "generate", "generate_rows", "residual_norm", "residual_norms", "nll", "reference_nll",
+                   "relevance")
 
 
 class SteeringService(SteeringWorker):

@@ -173,12 +173,34 @@ def cell_rows(prompts: Sequence[str], seeds: Sequence[int], deltas: Sequence[np.
     return rows + [GenerationRow(p, None, s, layer) for p, s in zip(prompted, seeds[:len(prompted)], strict=True)]
 
 
+class AlphaUnits:
+    """alpha's unit (measures.mean_residual_norms) per (train passages, layer) for a group of cells, measured when
+    a cell first needs it at every layer the group's cells with the same train passages steer at: one forward to
+    the deepest of them instead of one per layer (a run's best-D1 and best-D2 cells of a concept often sit at two
+    layers). A cell read back from the store needs none."""
+
+    def __init__(self, worker: SteeringWorker, cells: Sequence[CellInputs]) -> None:
+        self._worker = worker
+        self._layers: dict[str, set[int]] = {}
+        for cell in cells:
+            self._layers.setdefault(_digest(list(cell.train_texts)), set()).add(int(cell.layer))
+        self._norms: dict[tuple[int, str], float] = {}
+
+    def __call__(self, cell: CellInputs) -> float:
+        texts = list(cell.train_texts)
+        digest = _digest(texts)
+        if (int(cell.layer), digest) not in self._norms:
+            layers = sorted(self._layers.get(digest, set()) | {int(cell.layer)})
+            for layer, norm in self._worker.residual_norms(texts, layers).items():
+                self._norms[(int(layer), digest)] = norm
+        return self._norms[(int(cell.layer), digest)]
+
+
 def prepare_cell(store: ArtifactStore, worker: SteeringWorker, cell: CellInputs, vector: SteeringVector,
                  scorers: Mapping[str, ScorerModel], config: SteeringConfig, *, alphas: tuple[float, ...],
-                 prompts: list[str], residual_norms: dict | None = None) -> SteeringResult | PreparedCell:
+                 prompts: list[str], alpha_units: AlphaUnits | None = None) -> SteeringResult | PreparedCell:
     """The cell's stored result, its null result (stored now), or its rows to generate, from the vector, alphas and
-    prompts run_steering_cells checked. `residual_norms` caches the alpha unit per (layer, train passages) across
-    the cells of a group."""
+    prompts run_steering_cells checked; `alpha_units` measures alpha's unit once for the cells of a group."""
     started = time.perf_counter()
     concept, strategy, layer = cell.concept, cell.strategy, cell.layer
     nbrs = neighbours(concept)
@@ -212,11 +234,8 @@ def prepare_cell(store: ArtifactStore, worker: SteeringWorker, cell: CellInputs,
         store.put_json(key, result.to_dict())
         return result
 
-    norms = {} if residual_norms is None else residual_norms
-    unit_key = (layer, _digest(list(cell.train_texts)))
-    if unit_key not in norms:
-        norms[unit_key] = worker.residual_norm(list(cell.train_texts), layer)
-    vector = vector.with_residual_norm(norms[unit_key])
+    units = AlphaUnits(worker, [cell]) if alpha_units is None else alpha_units
+    vector = vector.with_residual_norm(units(cell))
     d2.update(residual_norm=vector.residual_norm)
     seeds = prompt_seeds(len(prompts), config.seed)
     instruction = concept_instruction(concept)
@@ -319,9 +338,9 @@ def run_steering_cells(store: ArtifactStore, worker: SteeringWorker, cells: Sequ
     rest generate in one call. Every cell is checked before anything generates."""
     alphas, prompts = _check_config(config)
     vectors = [_check_cell(cell, scorers) for cell in cells]
-    norms: dict = {}
+    units = AlphaUnits(worker, cells)
     ready = [prepare_cell(store, worker, cell, vector, scorers, config, alphas=alphas, prompts=prompts,
-                          residual_norms=norms) for cell, vector in zip(cells, vectors, strict=True)]
+                          alpha_units=units) for cell, vector in zip(cells, vectors, strict=True)]
     todo = [c for c in ready if isinstance(c, PreparedCell)]
     if todo:
         started = time.perf_counter()

@@ -16,7 +16,7 @@ from poolbench.extractor.loading import LoadedModel, load_model
 from .backend import Generation, GenerationSettings, SteeringBackend
 from .errors import SteeringError
 from .fluency import AUTO, SELF, reference_model_for
-from .measures import SentenceEmbedder, continuation_nll, mean_residual_norm, reference_nll
+from .measures import SentenceEmbedder, continuation_nll, mean_residual_norms, reference_nll
 from .prompts import resolve_prompt_format
 
 BACKENDS = ("transformers", "vllm")
@@ -69,7 +69,11 @@ class SteeringWorker:
                                           prompt_format=prompt_format)
 
     def residual_norm(self, texts: Sequence[str], layer: int) -> float:
-        return mean_residual_norm(self.loaded, texts, layer)
+        return self.residual_norms(texts, [layer])[int(layer)]
+
+    def residual_norms(self, texts: Sequence[str], layers: Sequence[int]) -> dict[int, float]:
+        """alpha's unit at each of `layers` from one forward per batch (measures.mean_residual_norms)."""
+        return mean_residual_norms(self.loaded, texts, layers)
 
     def nll(self, generations: Sequence[Generation]) -> tuple[np.ndarray, np.ndarray]:
         return continuation_nll(self.loaded, generations)

@@ -59,8 +59,13 @@ $(VENV)/.installed-$(MODULES): $(VENV)/.deps
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e . $(EDITABLE)
 	touch $@
 
+# D2/D3's continuations come from vLLM where `install` put its CPU build (at the default grid's shape 239 against
+# 144 tokens/s for transformers' generate on 2 idle cores; the steering stage 6.7 against 7.8 min: bench/README.md),
+# else from transformers. The backend is in every D2 key and on the findings page; RUN_BACKEND=transformers asks for
+# the other.
+RUN_BACKEND ?= $(if $(VLLM_EXTRA),vllm,transformers)
 run: install
-	$(BIN)/poolbench-driver run --out $(RUN_OUT) $(RUN_ARGS)
+	$(BIN)/poolbench-driver run --out $(RUN_OUT) --backend $(RUN_BACKEND) $(RUN_ARGS)
 
 # The default corpus (17 concepts) over both real models (SmolLM2-135M and Gemma-3-270M, Gemma's terms), all 19
 # strategies with their reliability statistics, then the cross-model report and findings page: 36 min on 2 idle CPU

@@ -78,7 +78,7 @@ def _d2(concept: str, steered: bool, prompted: bool, **extra) -> dict:
 
 
 def test_findings_show_steered_and_prompted_fluency_under_the_guard_that_ran():
-    v4 = {"reference_model": "embedded-gemma", "min_distinct_2": 0.5,
+    v4 = {"reference_model": "embedded-gemma", "min_distinct_2": 0.5, "backend": "transformers",
           "fluency_measure": "reference perplexity (unconditioned) ratio to alpha = 0, and distinct-2"}
     results = {"model": {"model_id": "m"}, "d2": [_d2("frustration", False, True, **v4),
                                                   _d2("toxicity", True, False, **v4)]}
@@ -92,6 +92,7 @@ def test_findings_show_steered_and_prompted_fluency_under_the_guard_that_ran():
     assert ("perplexity under the reference model embedded-gemma, reading each continuation alone without its prompt, "
             "at most 2× that of the α = 0 continuations of the same prompts, and mean distinct-2 (the share of "
             "distinct word bigrams) at least 0.5.") in page
+    assert "on the same scorer. Continuations generated on the transformers backend. Fluent" in page
     # a run's other settings are what the caption says, not the defaults
     other = {**v4, "reference_model": "self", "min_distinct_2": 0.3}
     results = {"model": {"model_id": "m"}, "d2": [_d2("toxicity", True, True, **other)]}

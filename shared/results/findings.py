@@ -69,7 +69,8 @@ def findings_facts(results: dict, leaderboard: dict, *, source: str, sha256: str
 
 def steering_guard(results: dict) -> dict | None:
     """The fluency guard the run's D2 cells ran under, read from their records (None without steering): the
-    reference models that judged, the perplexity-ratio bound, the distinct-2 floor, the measure's name."""
+    reference models that judged, the perplexity-ratio bound, the distinct-2 floor, the measure's name; and the
+    backends that generated (transformers and vLLM draw other samples from the same seeds, so a page says which)."""
     d2 = [r for r in results.get("d2") or (results.get("steering") or {}).get("d2") or [] if r.get("status") == "ok"]
     if not d2:
         return None
@@ -78,7 +79,13 @@ def steering_guard(results: dict) -> dict | None:
         return sorted({r[key] for r in d2 if r.get(key) is not None}, key=str)
 
     return {"reference_models": values("reference_model"), "fluency_guard": values("fluency_guard"),
-            "min_distinct_2": values("min_distinct_2"), "fluency_measure": values("fluency_measure")}
+            "min_distinct_2": values("min_distinct_2"), "fluency_measure": values("fluency_measure"),
+            "backends": values("backend")}
+
+
+def _backend_caption(guard: dict | None) -> str:
+    backends = (guard or {}).get("backends") or []
+    return f" Continuations generated on the {' and '.join(backends)} backend." if backends else ""
 
 
 def _guard_caption(guard: dict | None) -> str:
@@ -210,7 +217,8 @@ def render_findings(facts: dict) -> str:
                  _n(c.get("steering_fluent")), _n(c["prompted_fluent"])] for c in facts["answer"]["steering"]]
         lines += ["## Steering against prompting", "",
                   "Δ(α*): concept-score gain over α = 0 on the held-out half of the prompts; prompted: an "
-                  "instruction prefix, unsteered, on the same scorer." + _guard_caption(facts.get("steering_guard")),
+                  "instruction prefix, unsteered, on the same scorer." + _backend_caption(facts.get("steering_guard"))
+                  + _guard_caption(facts.get("steering_guard")),
                   "", *_table(["concept", "strategy", "layer", "α*", "Δ(α*) [95% CI]", "prompted Δ [95% CI]",
                                "steered fluent", "prompted fluent"], rows)]
     return "\n".join(lines).rstrip() + "\n"

@@ -70,6 +70,12 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_sae.py::test_round_trip": (1, COPY, "SAE weights saved and loaded"),
     "test_sae.py::test_train_sae_is_deterministic_and_learns_a_sparse_dictionary": (
         1, SAME + " (deterministic_cpu fixes seed and threads)", "SAE weights trained twice"),
+    "test_sampling.py::test_in_place_noise_is_the_out_of_place_hash_bit_for_bit": (
+        2, SAME + "; the in-place and out-of-place forms apply the same elementwise ops to the same values",
+        "uniforms and Gumbel noise, in place against out of place"),
+    "test_verdicts.py::test_holm_twin_equals_statsmodels_and_a_hand_computation": (
+        1, SAME + "; both multiply the same sorted p by the same integers, take the running maximum and cap at 1",
+        "Holm-adjusted p, holm_adjusted against statsmodels' multipletests"),
     "test_sampling.py::test_a_rows_noise_ignores_its_batch_and_follows_seed_and_step": (
         2, "elementwise noise from integer keys: each entry is its own computation, with no reduction across the "
            "batch", "a row's Gumbel noise alone and in a batch"),

@@ -71,8 +71,8 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_sae.py::test_train_sae_is_deterministic_and_learns_a_sparse_dictionary": (
         1, SAME + " (deterministic_cpu fixes seed and threads)", "SAE weights trained twice"),
     "test_sampling.py::test_in_place_noise_is_the_out_of_place_hash_bit_for_bit": (
-        2, SAME + "; the in-place and out-of-place forms apply the same elementwise ops to the same values",
-        "uniforms and Gumbel noise, in place against out of place"),
+        3, SAME + "; the in-place and out-of-place forms apply the same elementwise ops to the same values; and an "
+        "input against its copy", "uniforms and Gumbel noise, in place against out of place; fmix32's input after"),
     "test_verdicts.py::test_holm_twin_equals_statsmodels_and_a_hand_computation": (
         1, SAME + "; both multiply the same sorted p by the same integers, take the running maximum and cap at 1",
         "Holm-adjusted p, holm_adjusted against statsmodels' multipletests"),

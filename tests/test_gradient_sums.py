@@ -1,6 +1,6 @@
 """The gradient sums S2's backward keeps, on the tiny Llama: u . G equals d log p / d eps with eps * u added at every
 position of the layer (an independent autograd pass through a steering hook), the norm sums give
-mean_residual_norm's alpha unit, first-order steerability tracks the exact shift at small alpha, and the worker
+mean_residual_norms' alpha unit, first-order steerability tracks the exact shift at small alpha, and the worker
 stores the table beside each shard."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from poolbench.pooler.concept_pooling import pool_concept_tables
 from poolbench.pooler.gradient_sums import gradient_arrays
 from poolbench.pooler.registry import resolve_strategies
 from poolbench.steerer.likelihood_shift import passage_log_likelihoods
-from poolbench.steerer.measures import mean_residual_norm
+from poolbench.steerer.measures import mean_residual_norms
 from poolbench.steerer.steerability import (
     exact_steerability,
     first_order_steerability,
@@ -74,7 +74,7 @@ def test_norm_sums_give_the_backends_alpha_unit(loaded, pooled) -> None:
     for layer in LAYERS:
         _, sums, counts = gradient_arrays(out.layer_gradients[layer], [p.id for p in data])
         assert counts.sum() > 0
-        expected = mean_residual_norm(loaded, [p.text for p in data], layer, max_length=64)
+        expected = mean_residual_norms(loaded, [p.text for p in data], [layer], max_length=64)[layer]
         assert_float32_close(residual_norm_from_sums(sums, counts), expected, terms=32 + int(counts.sum()),
                              scale=float(sums.max()))
 

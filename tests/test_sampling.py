@@ -9,6 +9,7 @@ import torch
 from scipy.stats import chi2_contingency, chisquare
 
 from poolbench.steerer.sampling import (
+    _MIX32,
     UNIFORM_BITS,
     RowSeededSampler,
     fmix32,
@@ -92,13 +93,25 @@ def test_rows_and_seeds_must_match():
 
 
 def test_in_place_noise_is_the_out_of_place_hash_bit_for_bit():
-    """uniform_noise and gumbel_noise work in place for speed; they must give exactly the numbers of the hash
-    written out of place (fmix32, the logical shift, the scaling, -log(-log1p(-u))), so stored generations hold."""
+    """The hash's finaliser and the noise work in place for speed; they must give exactly the numbers of the hash
+    written out of place here (MurmurHash3's fmix32, the logical shift, the scaling, -log(-log1p(-u))), so stored
+    generations hold, and leave their inputs as they were."""
+    def shift(x, k):
+        return (x >> k) & ((1 << (32 - k)) - 1)
+
     seeds = torch.tensor([0, 5, 77, 123456789012, -3])
     tokens = token_keys(4099, "cpu")
+    before = tokens.clone()
+    m1, m2 = _MIX32
     for step in (0, 1, 17):
-        x = fmix32(tokens[None, :] ^ row_keys(seeds, step)[:, None])
-        k = (x >> (32 - UNIFORM_BITS)) & ((1 << UNIFORM_BITS) - 1)
-        u = (k.to(torch.float32) + 0.5) * (2.0 ** -UNIFORM_BITS)
+        x = tokens[None, :] ^ row_keys(seeds, step)[:, None]
+        x = x ^ shift(x, 16)
+        x = x * m1
+        x = x ^ shift(x, 13)
+        x = x * m2
+        x = x ^ shift(x, 16)
+        u = (shift(x, 32 - UNIFORM_BITS).to(torch.float32) + 0.5) * (2.0 ** -UNIFORM_BITS)
         assert torch.equal(uniform_noise(seeds, step, tokens), u)
         assert torch.equal(gumbel_noise(seeds, step, tokens), -torch.log(-torch.log1p(-u)))
+    fmix32(tokens)
+    assert torch.equal(tokens, before)

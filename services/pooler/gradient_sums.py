@@ -36,7 +36,7 @@ def gradient_schema(hidden_size: int) -> pa.Schema:
 
 
 def norm_mask(chunk: PaddedBatch) -> np.ndarray:
-    """[B, T] the tokens alpha's unit is measured on (measures.mean_residual_norm): real, not special, and not
+    """[B, T] the tokens alpha's unit is measured on (measures.mean_residual_norms): real, not special, and not
     each passage's first real token."""
     mask = np.asarray(chunk.attention_mask, dtype=bool)
     keep = mask & ~np.asarray(chunk.special_mask, dtype=bool)

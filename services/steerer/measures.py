@@ -46,12 +46,6 @@ def mean_residual_norms(loaded: LoadedModel, texts: Sequence[str], layers: Seque
     return {layer: total / count for layer, total in totals.items()}
 
 
-def mean_residual_norm(loaded: LoadedModel, texts: Sequence[str], layer: int, *, batch_size: int = 32,
-                       max_length: int = 256) -> float:
-    """Mean ||h_t|| at one layer (mean_residual_norms says over which tokens)."""
-    return mean_residual_norms(loaded, texts, [layer], batch_size=batch_size, max_length=max_length)[int(layer)]
-
-
 def _accepts_logits_to_keep(model: torch.nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 

@@ -198,7 +198,7 @@ class AlphaUnits:
 
 def prepare_cell(store: ArtifactStore, worker: SteeringWorker, cell: CellInputs, vector: SteeringVector,
                  scorers: Mapping[str, ScorerModel], config: SteeringConfig, *, alphas: tuple[float, ...],
-                 prompts: list[str], alpha_units: AlphaUnits | None = None) -> SteeringResult | PreparedCell:
+                 prompts: list[str], alpha_units: AlphaUnits) -> SteeringResult | PreparedCell:
     """The cell's stored result, its null result (stored now), or its rows to generate, from the vector, alphas and
     prompts run_steering_cells checked; `alpha_units` measures alpha's unit once for the cells of a group."""
     started = time.perf_counter()
@@ -234,8 +234,7 @@ def prepare_cell(store: ArtifactStore, worker: SteeringWorker, cell: CellInputs,
         store.put_json(key, result.to_dict())
         return result
 
-    units = AlphaUnits(worker, [cell]) if alpha_units is None else alpha_units
-    vector = vector.with_residual_norm(units(cell))
+    vector = vector.with_residual_norm(alpha_units(cell))
     d2.update(residual_norm=vector.residual_norm)
     seeds = prompt_seeds(len(prompts), config.seed)
     instruction = concept_instruction(concept)

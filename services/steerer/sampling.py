@@ -35,12 +35,15 @@ def _shift_right(x: torch.Tensor, k: int, bits: int) -> torch.Tensor:
 
 def _xorshift_multiply(x: torch.Tensor, shifts: tuple[int, int, int], multipliers: tuple[int, int],
                        bits: int) -> torch.Tensor:
-    """The finaliser shape SplitMix64 and MurmurHash3 share: xor-shift, multiply, xor-shift, multiply, xor-shift."""
+    """The finaliser shape SplitMix64 and MurmurHash3 share: xor-shift, multiply, xor-shift, multiply, xor-shift.
+    The first step makes a new tensor and the rest work in place on it (`x` is left as it was): over the
+    sampler's [rows, vocab] every out-of-place step allocated and filled another such tensor."""
     x = x ^ _shift_right(x, shifts[0], bits)
-    x = x * multipliers[0]
-    x = x ^ _shift_right(x, shifts[1], bits)
-    x = x * multipliers[1]
-    return x ^ _shift_right(x, shifts[2], bits)
+    x *= multipliers[0]
+    x ^= _shift_right(x, shifts[1], bits)
+    x *= multipliers[1]
+    x ^= _shift_right(x, shifts[2], bits)
+    return x
 
 
 def splitmix64(x: torch.Tensor) -> torch.Tensor:
@@ -69,18 +72,12 @@ def token_keys(vocab: int, device: torch.device | str) -> torch.Tensor:
 
 def uniform_noise(seeds: torch.Tensor, step: int, tokens: torch.Tensor) -> torch.Tensor:
     """[rows, vocab] uniforms in (0, 1), fp32, from (seed, step, token id): the same numbers on every device.
-
-    fmix32 and the scaling run in place on the one [rows, vocab] tensor (the same integer and float operations as
-    `fmix32`, which a test holds equal): each out-of-place step allocated and filled another [rows, vocab]
-    tensor, which made the sampler a sixth of the default run's generation time on CPU."""
-    x = tokens[None, :] ^ row_keys(seeds, step)[:, None]
-    for k, multiplier in zip((16, 13, 16), (*_MIX32, None), strict=True):
-        x ^= _shift_right(x, k, 32)
-        if multiplier is not None:
-            x *= multiplier
-    x >>= 32 - UNIFORM_BITS
-    x &= (1 << UNIFORM_BITS) - 1
-    return x.to(torch.float32).add_(0.5).mul_(2.0 ** -UNIFORM_BITS)
+    The shift and the scaling work in place (out-of-place steps over [rows, vocab] made the sampler a sixth of the
+    default run's generation time on CPU)."""
+    k = fmix32(tokens[None, :] ^ row_keys(seeds, step)[:, None])
+    k >>= 32 - UNIFORM_BITS  # _shift_right in place: fmix32's result is this call's own tensor
+    k &= (1 << UNIFORM_BITS) - 1
+    return k.to(torch.float32).add_(0.5).mul_(2.0 ** -UNIFORM_BITS)
 
 
 def gumbel_noise(seeds: torch.Tensor, step: int, tokens: torch.Tensor) -> torch.Tensor:

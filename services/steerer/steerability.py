@@ -64,7 +64,7 @@ def exact_steerability(logp_steered: np.ndarray, logp_base: np.ndarray, labels: 
 
 def residual_norm_from_sums(norm_sums: Sequence[float], norm_counts: Sequence[int]) -> float:
     """alpha's unit from per-passage sums: sum ||h_t|| / count over the passages' real tokens other than special
-    tokens and each passage's first (what measures.mean_residual_norm computes over the same texts)."""
+    tokens and each passage's first (what measures.mean_residual_norms computes over the same texts)."""
     count = int(np.sum(norm_counts))
     if count == 0:
         raise SteeringError("no real tokens to measure the residual norm on")

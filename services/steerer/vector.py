@@ -2,7 +2,7 @@
 
 alpha is in units of the layer's residual-stream norm without the sink: the added vector is
 alpha * residual_norm * unit_direction, residual_norm the mean ||h_t|| over real tokens other than special
-tokens and each text's first token (measures.mean_residual_norm), so alpha = 1 is as long as a typical word
+tokens and each text's first token (measures.mean_residual_norms), so alpha = 1 is as long as a typical word
 token's hidden state there. With the sink in, one position set the unit: on SmolLM2-135M-Instruct at layer
 16 (first token 22,700, other tokens ~190) the old unit was ~5x a word token's norm for 30-token texts, and
 its old grid's first step (0.125) already gave a fluency ratio of 4.1.

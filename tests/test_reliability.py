@@ -388,3 +388,12 @@ def test_cell_reliability_keys_and_its_cost_in_probe_fits(monkeypatch):
     types = np.array([f"domain{i % 4}" for i in range(80)] * 2)
     typed = cell_reliability(X, y, g, ids, Xt, yt, gt, seed=0, types_train=types)
     assert typed["selectivity"] is not None and len(fits) == 25 + 5 + 4 * 3
+    # D1's cv_auroc of the cell (the same five fits at this seed) stands in for the first seed: 5 fits fewer, the
+    # same statistics to the last bit; a wrong value would show in the seed list and in selectivity
+    fits.clear()
+    d1 = evaluate_d1(X, y, g, Xt, yt, gt, seed=0, n_bootstrap=10, probes=("logistic",))["logistic"]
+    fits.clear()
+    reused = cell_reliability(X, y, g, ids, Xt, yt, gt, seed=0, types_train=types, d1_cv_auroc=d1.cv_auroc)
+    assert len(fits) == 20 + 5 + 4 * 3 and reused == typed
+    wrong = cell_reliability(X, y, g, ids, Xt, yt, gt, seed=0, types_train=types, d1_cv_auroc=d1.cv_auroc - 0.1)
+    assert wrong["seed_cv_aurocs"][0] != typed["seed_cv_aurocs"][0] and wrong["selectivity"] != typed["selectivity"]

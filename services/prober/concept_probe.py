@@ -83,7 +83,8 @@ def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
                 types_train = (None if types is None else
                                np.array([types.get(str(pid), str(pid)) for pid in train.passage_ids]))
                 stats = cell_reliability(train.X, train.y, train.groups, train.passage_ids, test.X, test.y,
-                                         test.groups, seed=seed, n_folds=n_folds, types_train=types_train)
+                                         test.groups, seed=seed, n_folds=n_folds, types_train=types_train,
+                                         d1_cv_auroc=result.probes["logistic"].cv_auroc)
         else:  # heads are chosen inside each fold from that fold's training labels only
             result = evaluate_d1_supervised(
                 supervised, cell.y, cell.groups, train_rows,

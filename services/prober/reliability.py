@@ -29,13 +29,15 @@ _BLAS = ThreadpoolController()
 def cell_reliability(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.ndarray,
                      ids_train: np.ndarray, X_test: np.ndarray, y_test: np.ndarray, groups_test: np.ndarray,
                      *, seed: int, n_seeds: int = 5, n_folds: int = 5,
-                     types_train: np.ndarray | None = None) -> dict:
+                     types_train: np.ndarray | None = None, d1_cv_auroc: float | None = None) -> dict:
     """Seed spread of CV AUROC, selectivity and MDL compression of D1's logistic probe on one cell.
 
     The test split is only validated here (the statistics live on train, so they never touch D1's
     held-out judgement). Every fit is D1's probe from scratch, so seed_cv_aurocs[0] is D1's cv_auroc.
     `types_train` (each train passage's lexical type, its domain) carries the control task; without it selectivity
-    is None with the reason. `ids_train` is kept for callers; the control no longer keys on passage ids.
+    is None with the reason. `d1_cv_auroc`, D1's logistic cv_auroc of this cell at `seed`, stands in for seed
+    `seed`'s five fits (the same fits; a test holds them equal). `ids_train` is kept for callers; the control no
+    longer keys on passage ids.
     """
     X_train, y_train, groups_train = check_split("train", X_train, y_train, groups_train)
     X_test, y_test, groups_test = check_split("test", X_test, y_test, groups_test)
@@ -43,7 +45,8 @@ def cell_reliability(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.
         raise ProbeError(f"train has {X_train.shape[1]} features but test has {X_test.shape[1]}")
     check_folds(y_train, groups_train, n_folds)
     with _BLAS.limit(limits=1, user_api="blas"):
-        spread = seed_spread(X_train, y_train, groups_train, seed=seed, n_seeds=n_seeds, n_folds=n_folds)
+        spread = seed_spread(X_train, y_train, groups_train, seed=seed, n_seeds=n_seeds, n_folds=n_folds,
+                             first=d1_cv_auroc)
         sel = selectivity(X_train, y_train, groups_train, types_train, seed=seed, n_folds=n_folds,
                           true_score=float(spread.cv_aurocs[0]))
         code = online_codelength(X_train, y_train, groups_train, seed=seed)

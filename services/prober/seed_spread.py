@@ -38,14 +38,17 @@ def fold_auroc(X: np.ndarray, y: np.ndarray, splits: Splits, probe: ProbeFactory
 
 
 def seed_spread(X: np.ndarray, y: np.ndarray, groups: np.ndarray, *, seed: int = 0, n_seeds: int = 5,
-                n_folds: int = 5, probe: ProbeFactory = make_logistic_probe) -> SeedSpread:
+                n_folds: int = 5, probe: ProbeFactory = make_logistic_probe,
+                first: float | None = None) -> SeedSpread:
     """CV AUROC for seeds seed, seed+1, ..., seed+n_seeds-1; seed `seed` reproduces D1's cv_auroc folds.
 
     D1's probe is the same estimator fitted the same way, so seed `seed` equals D1's cv_auroc exactly. A convex
-    probe is seed-invariant, so the spread lives in the fold assignment.
+    probe is seed-invariant, so the spread lives in the fold assignment. `first` is that value when the caller
+    already has it (D1 computed it on these folds): its five fits are not run twice.
     """
     if n_seeds < 2:
         raise ProbeError(f"seed spread needs n_seeds >= 2, got {n_seeds}")
     seeds = tuple(seed + k for k in range(n_seeds))
-    values = np.array([fold_auroc(X, y, cv_splits(y, groups, n_folds, s), probe, s) for s in seeds])
+    values = np.array([first if (s == seed and first is not None)
+                       else fold_auroc(X, y, cv_splits(y, groups, n_folds, s), probe, s) for s in seeds])
     return SeedSpread(seeds=seeds, cv_aurocs=values, mean=float(values.mean()), std=float(values.std(ddof=1)))

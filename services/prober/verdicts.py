@@ -18,6 +18,7 @@ from scipy.stats import t as t_dist
 
 from poolbench.prober.auroc import ProbeError, auroc_batch, group_bootstrap_weights
 from poolbench.prober.passage_scores import HeldOutCell
+from poolbench.records.d1 import choose_on_cv
 from poolbench.records.verdicts import (
     BETTER,
     CONFIRMED,
@@ -52,13 +53,6 @@ def holm_adjusted(p_values: Sequence[float]) -> np.ndarray:
     adjusted = np.empty_like(p)
     adjusted[order] = np.minimum(np.maximum.accumulate(p[order] * np.arange(p.size, 0, -1)), 1.0)
     return adjusted
-
-
-def choose_on_cv(cv_means: Mapping[str, float]) -> str:
-    """The best strategy by mean out-of-fold AUROC (training data only); ties go to the first name."""
-    if not cv_means:
-        raise ProbeError("choose_on_cv: no strategies")
-    return min(cv_means, key=lambda s: (-cv_means[s], s))
 
 
 def wilcoxon_p(differences: np.ndarray) -> tuple[float | None, float | None]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pyarrow as pa
 
 from poolbench.records.base import Number, Record
@@ -66,8 +68,17 @@ def d1_records_from_table(table: pa.Table) -> list[D1CellRecord]:
     return [D1CellRecord.from_dict(row) for row in table.to_pylist()]
 
 
+def choose_on_cv(cv_means: Mapping[str, float]) -> str:
+    """The best strategy by mean out-of-fold AUROC (training data only); ties go to the first name. PoolBench's one
+    rule for "the best": the answer's verdicts, the leaderboard, steering's best cell and the API all call it."""
+    if not cv_means:
+        raise ValueError("choose_on_cv: no strategies")
+    return min(cv_means, key=lambda s: (-cv_means[s], s))
+
+
 def cv_best_row(rows: list[dict]) -> dict:
-    """The leaderboard row of the strategy chosen on training CV alone: the highest mean CV AUROC, ties to the
-    first name (prober.verdicts.choose_on_cv's rule). Steering's "best" cell, the printed summary and the Python
-    API read the same row, so none of them picks the run's best on the held-out test it is then judged on."""
-    return min(rows, key=lambda r: (-r.get("mean_cv_auroc", r["mean_d1"]), r["strategy"]))
+    """The leaderboard row of the strategy chosen on training CV alone (`choose_on_cv`; a row without a CV mean
+    competes with its mean D1). Steering's "best" cell, the printed summary and the Python API read the same row, so
+    none of them picks the run's best on the held-out test it is then judged on."""
+    by_name = {r["strategy"]: r for r in rows}
+    return by_name[choose_on_cv({name: r.get("mean_cv_auroc", r["mean_d1"]) for name, r in by_name.items()})]

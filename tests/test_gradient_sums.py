@@ -165,3 +165,34 @@ def test_the_steerability_section_reads_each_cell_at_its_chosen_layer(tiny_llama
     worker.pool_concepts([PoolTask("negation", data, "pooled/plain", {}, (0, 1))], strategies[:3], store_url=url,
                          batch_size=4, max_length=64)
     assert steerability_section(store, {"negation": "pooled/plain"}, records) is None
+
+
+def test_d2_alpha_unit_is_read_from_the_stored_norm_sums_without_a_forward(loaded, pooled) -> None:
+    """Where a steering cell carries its layer's gradient table, alpha's unit is the stored train norm sums' mean:
+    no residual-norm forward runs, and it is the very r_L first-order S uses (bit for bit); within float32 of the
+    forward it replaces. A cell without the table still measures (should fail if the table were ignored: the
+    counted forwards would not be empty)."""
+    from poolbench.pooler.pooled_table import PooledTableView
+    from poolbench.steerer.cell_steerability import cell_steerability
+    from poolbench.steerer.run import AlphaUnits, CellInputs
+    from poolbench.steerer.worker import SteeringWorker
+
+    data, out = pooled
+    worker = SteeringWorker(loaded)
+    calls: list[list[int]] = []
+    measure = worker.residual_norms
+    worker.residual_norms = lambda t, layers: calls.append(list(layers)) or measure(t, layers)
+    train_texts = [p.text for p in data if p.split == "train"]
+    for layer in LAYERS:
+        table, gradients = out.layers[layer], out.layer_gradients[layer]
+        stored = CellInputs("negation", "A1_mean", layer, table, train_texts, gradient_table=gradients)
+        unit = AlphaUnits(worker, [stored])(stored)
+        assert calls == []
+        steer = cell_steerability(PooledTableView(table), gradients, "negation", "A1_mean", layer)
+        assert unit == steer.residual_norm
+        measured = AlphaUnits(worker, [CellInputs("negation", "A1_mean", layer, table, train_texts)])
+        forward = measured(CellInputs("negation", "A1_mean", layer, table, train_texts))
+        assert calls == [[layer]]
+        calls.clear()
+        _, sums, counts = gradient_arrays(gradients, [p.id for p in data if p.split == "train"])
+        assert_float32_close(unit, forward, terms=32 + int(counts.sum()), scale=float(sums.max()))

@@ -14,6 +14,7 @@ import ray
 from ray.actor import ActorHandle
 
 from poolbench.compute_thread import with_compute_thread
+from poolbench.pooler.gradient_sums import read_gradient_table
 from poolbench.pooler.pooled_table import read_pooled_layer
 from poolbench.records.steering import SteeringResult
 from poolbench.scorer.artifacts import load_stored_scorer
@@ -65,10 +66,17 @@ class SteeringService(SteeringWorker):
         cfg = SteeringConfig.from_message(config)
         tables: dict[tuple[str, int], pa.Table] = {}
 
+        gradients: dict[tuple[str, int], pa.Table | None] = {}
+
         def table(concept: str, layer: int) -> pa.Table:
             if (concept, layer) not in tables:
                 tables[concept, layer] = read_pooled_layer(store, pooled_keys[concept], layer)
             return tables[concept, layer]
+
+        def gradient_table(concept: str, layer: int) -> pa.Table | None:
+            if (concept, layer) not in gradients:
+                gradients[concept, layer] = read_gradient_table(store, pooled_keys[concept], layer)
+            return gradients[concept, layer]
 
         inputs = []
         near = neighbour_map()
@@ -76,7 +84,8 @@ class SteeringService(SteeringWorker):
             related = [c for c in (cell.concept, *near.get(cell.concept, {}).values()) if c in pooled_keys]
             inputs.append(CellInputs(cell.concept, cell.strategy, cell.layer, table(cell.concept, cell.layer),
                                      train_texts[cell.concept],
-                                     neighbour_tables={c: table(c, cell.layer) for c in related}))
+                                     neighbour_tables={c: table(c, cell.layer) for c in related},
+                                     gradient_table=gradient_table(cell.concept, cell.layer)))
         return run_steering_cells(store, self, inputs, scorers, cfg)
 
 

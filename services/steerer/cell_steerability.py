@@ -4,6 +4,7 @@ measures it), and the gradient sums of the held-out test split, positives agains
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,14 @@ class SteerabilityCell:
                 "n_positive": self.n_positive, "n_negative": self.n_negative, "null_reason": self.null_reason}
 
 
+def stored_residual_norm(gradients: pa.Table, train_ids: Sequence) -> float:
+    """alpha's unit at the gradient table's layer from the norm sums S2's extraction stored for the train passages:
+    the one r_L that first-order S and D2's steering vector both use (tests/test_gradient_sums.py holds it to
+    measures.mean_residual_norms on the same texts)."""
+    _, norm_sums, norm_counts = gradient_arrays(gradients, [str(p) for p in train_ids])
+    return residual_norm_from_sums(norm_sums, norm_counts)
+
+
 def cell_steerability(view: PooledTableView, gradients: pa.Table | None, concept: str, strategy: str,
                       layer: int) -> SteerabilityCell:
     """S for the cell from its layer's pooled shard (as a view) and that shard's gradient table."""
@@ -53,8 +62,7 @@ def cell_steerability(view: PooledTableView, gradients: pa.Table | None, concept
         return null("no gradient sums stored at this layer (pooled without S2_gradient)")
     train = cell.subset("train")
     vector = diffmean_vector(train.X, train.y, concept=concept, strategy=strategy, layer=layer)
-    _, norm_sums, norm_counts = gradient_arrays(gradients, [str(p) for p in train.passage_ids])
-    residual = residual_norm_from_sums(norm_sums, norm_counts)
+    residual = stored_residual_norm(gradients, train.passage_ids)
     if vector.direction is None:
         return null(f"steering vector is null: {vector.null_reason}", residual)
     if n_pos == 0 or n_neg == 0:

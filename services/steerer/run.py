@@ -28,6 +28,7 @@ from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key
 
 from .backend import Generation, GenerationSettings
+from .cell_steerability import stored_residual_norm
 from .d2 import D2_VERSION, d2_summary, paired_delta, prompted_summary
 from .d3 import D3_VERSION, d3_rep_flags, disentanglement, neighbours
 from .errors import SteeringError
@@ -37,7 +38,7 @@ from .prompts import concept_instruction, load_prompts
 from .vector import DEFAULT_ALPHAS, SteeringVector, cosine, diffmean_vector, validate_alphas
 from .worker import SteeringWorker
 
-STEERING_VERSION = 1
+STEERING_VERSION = 2  # 2: alpha's unit from the stored gradient sums where the extraction ran S2
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,8 @@ def _generations_table(alphas: Sequence[float], gens: Sequence[Sequence[Generati
 @dataclass(frozen=True, eq=False)
 class CellInputs:
     """One (concept, strategy, layer) cell and what it is computed from: its concept's pooled table, the train
-    passages its alpha unit is measured on, and the neighbours' pooled tables D3 compares vectors with."""
+    passages its alpha unit is measured on, the neighbours' pooled tables D3 compares vectors with, and the
+    gradient sums S2's extraction stored at the layer (alpha's unit is read from them where they are given)."""
 
     concept: str
     strategy: str
@@ -122,6 +124,7 @@ class CellInputs:
     pooled_table: pa.Table
     train_texts: Sequence[str]
     neighbour_tables: Mapping[str, pa.Table] | None = None
+    gradient_table: pa.Table | None = None
 
 
 @dataclass(eq=False)
@@ -174,19 +177,24 @@ def cell_rows(prompts: Sequence[str], seeds: Sequence[int], deltas: Sequence[np.
 
 
 class AlphaUnits:
-    """alpha's unit (measures.mean_residual_norms) per (train passages, layer) for a group of cells, measured when
-    a cell first needs it at every layer the group's cells with the same train passages steer at: one forward to
-    the deepest of them instead of one per layer (a run's best-D1 and best-D2 cells of a concept often sit at two
-    layers). A cell read back from the store needs none."""
+    """alpha's unit per (train passages, layer) for a group of cells. Where the cell carries its layer's stored
+    gradient sums, the unit is read from them (cell_steerability.stored_residual_norm: no forward, and the same r_L
+    first-order S uses); else measures.mean_residual_norms, measured when a cell first needs it at every layer the
+    group's cells with the same train passages steer at: one forward to the deepest of them instead of one per
+    layer. A cell read back from the store needs none."""
 
     def __init__(self, worker: SteeringWorker, cells: Sequence[CellInputs]) -> None:
         self._worker = worker
         self._layers: dict[str, set[int]] = {}
         for cell in cells:
-            self._layers.setdefault(_digest(list(cell.train_texts)), set()).add(int(cell.layer))
+            if cell.gradient_table is None:
+                self._layers.setdefault(_digest(list(cell.train_texts)), set()).add(int(cell.layer))
         self._norms: dict[tuple[int, str], float] = {}
 
     def __call__(self, cell: CellInputs) -> float:
+        if cell.gradient_table is not None:
+            train = PooledTableView(cell.pooled_table).matrix(cell.layer, cell.strategy).subset("train")
+            return stored_residual_norm(cell.gradient_table, train.passage_ids)
         texts = list(cell.train_texts)
         digest = _digest(texts)
         if (int(cell.layer), digest) not in self._norms:

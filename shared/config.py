@@ -32,7 +32,7 @@ class RunConfig(BaseModel):
     # Concepts sharing forwards, up to this many tokens per pooling job; None: on a GPU 16 forwards at the batch
     # budget, on CPU one concept per job; 0: one concept per job everywhere (poolbench.driver.pool_groups).
     concept_group_tokens: int | None = Field(None, ge=0)
-    overlap: bool | None = None  # prepare the next chunk's text extras beside the forward; None: on CUDA only
+    overlap: bool | None = None  # text extras and probe tasks beside the forward; None: on CUDA only (probe_gate)
     max_length: int = Field(256, ge=8)
     limit: int | None = Field(None, ge=4)
     train_limit: int | None = Field(None, ge=4)  # at most N train passages per class (a learning curve's size)

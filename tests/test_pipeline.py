@@ -240,6 +240,51 @@ def test_concepts_sharing_a_pooling_job_with_parses_ahead_give_the_run_of_the_wo
         assert sorted(e.concept for e in events if isinstance(e, ConceptProbed)) == list(CONCEPTS)
 
 
+# A1_mean that takes a while a batch: the second concept's pooling outlasts the first concept's probe task, so a
+# probe that may start beside the pooling reports before it ends.
+SLOW_MEAN = """
+import time
+
+import numpy as np
+
+from poolbench.pooler.registry import register_strategy
+from poolbench.pooler.spec import StrategySpec
+
+
+def slow_mean(ctx):
+    time.sleep(1.5)
+    return np.ones(ctx.attention_mask.shape)
+
+
+register_strategy(StrategySpec(id="X9_slow_mean", code="X9", family="other", kind="weights", weights_fn=slow_mean,
+                               description="A1_mean that takes a while a batch."))
+"""
+
+
+def test_on_cpu_the_probes_wait_for_the_pooling_and_with_overlap_they_run_beside_it(tiny_llama_dir, local_ray, cache,
+                                                                                  tmp_path):
+    """On CPU a probe task beside the forward takes the cores of its OpenMP team (probe_gate.py): every concept is
+    pooled before the first is probed. With --overlap the first concept's probe reports while the second pools: the
+    order the gate holds is not the order the queue falls into by itself."""
+    from poolbench.pooler.registry import unregister_strategy
+
+    plugin = tmp_path / "slow_strategies.py"
+    plugin.write_text(SLOW_MEAN)
+    orders = {}
+    try:
+        for overlap in (None, True):
+            events: list[RunEvent] = []
+            cfg = config(tiny_llama_dir, str(tmp_path / f"store-{overlap}"), strategies=("A1_mean", "X9_slow_mean"),
+                         layers=(1,), overlap=overlap, reliability=False, n_bootstrap=50, concept_group_tokens=0)
+            outcome = run_benchmark(cfg, events.append, strategy_modules=(str(plugin),))
+            assert outcome.computed == {"pooled": 2, "d1": 2, "pooled_skipped": 0, "d1_skipped": 0}
+            orders[overlap] = [type(e).__name__ for e in events if isinstance(e, ConceptPooled | ConceptProbed)]
+    finally:
+        unregister_strategy("X9_slow_mean")
+    assert orders[None] == ["ConceptPooled", "ConceptPooled", "ConceptProbed", "ConceptProbed"]
+    assert orders[True] == ["ConceptPooled", "ConceptProbed", "ConceptPooled", "ConceptProbed"]
+
+
 def reference_oof_d1(pos: np.ndarray, neg: np.ndarray) -> tuple[float, float, float]:
     """The official leaderboard's D1 as its evaluation code (2023mc21517-arch/poolbench, poolbench/evaluation/
     probe.py, compute_train_test_auroc_for_strategy, protocol "5fold_oof"; the repository the issue names at commit

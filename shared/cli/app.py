@@ -126,8 +126,9 @@ def run(
         help="concepts share forwards up to this many tokens per pooling job (default: on a GPU 16 forwards at the "
              "batch budget, on CPU one concept per job; 0: one per job)")] = None,
     overlap: Annotated[bool | None, typer.Option(
-        "--overlap/--no-overlap", help="prepare the next batch's text extras while the forward runs "
-                                       "(default: on CUDA only)")] = None,
+        "--overlap/--no-overlap", help="prepare the next batch's text extras and run the D1 probe tasks while "
+                                       "the forward runs (default: on CUDA only; on CPU the probes then share its "
+                                       "cores)")] = None,
     max_length: Annotated[int, typer.Option(help="truncate passages to this many tokens")] = 256,
     limit: Annotated[int | None, typer.Option(help="at most N passages per split and class")] = None,
     seed: Annotated[int, typer.Option(help="seed for folds, probes and bootstrap")] = 0,

@@ -34,7 +34,8 @@ def worker_runtime_env() -> dict:
 
 def plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:
     """One worker per GPU on a GPU cluster; on CPU one per node with a core to spare for the probe tasks (one on a
-    single machine), their threads sharing the cluster's cores; --num-workers sets the count instead."""
+    single machine; the probes wait for the pooling there, probe_gate.py), their threads sharing the cluster's
+    cores; --num-workers sets the count instead."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if gpus and cfg.device != "cpu":
         return max(1, min(gpus, n_jobs, cfg.num_workers or gpus)), {"num_gpus": 1, "num_cpus": 1}, None
@@ -91,6 +92,13 @@ class ExtractorFleet:
             with contextlib.suppress(Exception):  # an actor that already died is fine
                 ray.kill(actor, no_restart=True)
         self.actors, self.held = [], None
+
+    def retire(self, queue: WorkQueue) -> None:
+        """No more pooling comes to `queue`: kill its workers (replacements included) now, so the probe tasks still
+        running get the cores they held; the queue runs tasks only from here on."""
+        self.actors = [*self.actors, *(a for a in queue.actors if a not in self.actors)]
+        queue.actors.clear()
+        self.release()
 
     @contextlib.contextmanager
     def queue(self, cfg: RunConfig, n_jobs: int, emit: EventSink) -> Iterator[WorkQueue]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -54,6 +54,7 @@ from poolbench.store.url import open_store
 from .breakdowns import d1_by_bucket, d1_by_tier, lexical_baselines, lexical_by_tier
 from .extractor_fleet import ExtractorFleet, worker_runtime_env
 from .nodes import alive_nodes
+from .probe_gate import ProbeGate, probes_beside_pooling
 from .ray_messages import plain_ray_messages
 from .steerability_stage import steerability_section
 from .variants import MAIN, RESIDUAL, Variant, axis_variants
@@ -228,9 +229,10 @@ def plan_cells(cfg: RunConfig, inputs: RunInputs, model: dict, variant: Variant 
 
 
 def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[ConceptJob],
-            emit: EventSink) -> dict[str, int]:
+            emit: EventSink, on_pooled: Callable[[], None] | None = None) -> dict[str, int]:
     """Pool the layer shards that are missing on the extractors, then probe each layer as a D1 task and gather a
-    concept's layers into its D1 artifact; stored artifacts are skipped (counts are per concept)."""
+    concept's layers into its D1 artifact; stored artifacts are skipped (counts are per concept). On CPU the probes
+    wait for the pooling (probe_gate.py); `on_pooled` runs once the last pooling job is done."""
     store, store_url = inputs.store, inputs.store_url
     computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
     plans = {p.concept: p for p in run.plans}
@@ -293,13 +295,16 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     groups: list[list[tuple[ConceptPlan, list[int]]]] = []
     unparsed: dict[str, int] = {}  # concept -> its group, while its parse task runs
 
+    on_gpu = str(run.model.get("device", "cpu")).startswith("cuda")
+    gate = ProbeGate[Job[ConceptJob]](beside=probes_beside_pooling(cfg, on_gpu), on_pooled=on_pooled)
+
     def after(key: ConceptJob, _: list[dict] | dict) -> list[Job[ConceptJob]]:
         if key.stage == "parse":  # a group's pooling starts once every one of its concepts is parsed
             group = unparsed.pop(key.concept)
             return [] if group in unparsed.values() else [pool(groups[group])]
         if key.stage != "pool":
             return []
-        return [job for concept in key.concepts for job in probe_unless_stored(plans[concept])]
+        return gate.pooled(job for concept in key.concepts for job in probe_unless_stored(plans[concept]))
 
     jobs: list[Job[ConceptJob]] = []
     to_pool: list[tuple[ConceptPlan, list[int]]] = []
@@ -315,11 +320,11 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
         computed["pooled_skipped"] += 1
         emit(ConceptPooled(plan.concept, skipped=True))
         jobs.extend(probe_unless_stored(plan))
-    on_gpu = str(run.model.get("device", "cpu")).startswith("cuda")
     target = 0 if cfg.dump_activations else group_token_target(cfg.concept_group_tokens, on_gpu,
                                                                 cfg.max_batch_tokens)
     sizes = [estimated_tokens(plan.passages, cfg.max_length) for plan, _ in to_pool]
     groups.extend([to_pool[i] for i in group] for group in plan_groups(sizes, target, len(queue.actors)))
+    jobs = gate.start(len(groups), jobs)  # the probes of concepts pooled before wait for this run's pooling too
     if parse_ahead(cfg, run.specs, on_gpu):  # spaCy on the CPU cores while the GPU pools the groups before
         unparsed.update({plan.concept: g for g, group in enumerate(groups) for plan, _ in group})
         jobs[:0] = [parse(plan) for group in groups for plan, _ in group]
@@ -437,10 +442,13 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
                 layers=tuple(run.layers), strategies=tuple(s.id for s in run.specs),
                 worker_pids=tuple(fetch(ref, "extractor start") for ref in [w.pid.remote() for w in queue.actors]),
                 variants=(MAIN.name, *[v.name for v in axis_variants(cfg)])))
-            computed = execute(cfg, run, inputs, queue, emit)
             axes = [plan_cells(cfg, inputs, run.model, variant) for variant in axis_variants(cfg)]
+            # The run's own extractors leave once its last pooling is done: their cores go to the probe tasks.
+            retire = (lambda: workers.retire(queue)) if fleet is None else None
+            computed = execute(cfg, run, inputs, queue, emit, on_pooled=None if axes else retire)
             for axis in axes:  # each other site and context length: one more pooling and probing pass
-                for name, count in execute(cfg, axis, inputs, queue, emit).items():
+                last = retire if axis is axes[-1] else None
+                for name, count in execute(cfg, axis, inputs, queue, emit, on_pooled=last).items():
                     computed[f"{name}_{axis.variant.name}"] = count
         if cfg.steering:
             workers.release()  # steering's actors want the extractors' GPUs and cores

@@ -55,27 +55,31 @@ def continuation_nll(loaded: LoadedModel, generations: Sequence[Generation], *, 
                      ) -> tuple[np.ndarray, np.ndarray]:
     """(summed NLL, token count) of each continuation given its prompt, under the unsteered model.
 
-    Rows are left-padded, so every continuation ends at the last position and only the last K + 1 positions'
-    logits are computed (K the longest continuation): the LM head and log-softmax never run over prompts.
-    Chunks hold at most `token_budget` tokens (rows x width), so a cell's whole alpha grid goes in a few calls.
+    Rows are left-padded, so every continuation ends at the last position, and the LM head runs only on the K
+    positions that predict a continuation token (K the longest continuation of the chunk; `logits_to_keep` as
+    those positions): it never runs over prompts. Chunks hold at most `token_budget` tokens (rows x width) and
+    are cut from the rows in order of length, so a chunk pads little (the reference pass over a run's ~900
+    continuations padded 15% in the order they came, 2% sorted); each row's values return to its place.
     """
     nll = np.zeros(len(generations))
     n_tok = np.zeros(len(generations), dtype=np.int64)
     pad = loaded.tokenizer.pad_token_id
     pad = 0 if pad is None else pad
-    keep_only_last = _accepts_logits_to_keep(loaded.model)
+    keep_only_scored = _accepts_logits_to_keep(loaded.model)
     lengths = [len(g.prompt_ids) + len(g.token_ids) for g in generations]
+    order = sorted(range(len(generations)), key=lambda i: (lengths[i], len(generations[i].token_ids)))
     start = 0
-    while start < len(generations):
+    while start < len(order):
         stop, widest = start, 0
-        while stop < len(generations) and (stop == start or
-                                           (stop + 1 - start) * max(widest, lengths[stop]) <= token_budget):
-            widest = max(widest, lengths[stop])
+        while stop < len(order) and (stop == start or
+                                     (stop + 1 - start) * max(widest, lengths[order[stop]]) <= token_budget):
+            widest = max(widest, lengths[order[stop]])
             stop += 1
-        chunk = generations[start:stop]
+        rows = order[start:stop]
+        start = stop
+        chunk = [generations[i] for i in rows]
         k = max(len(g.token_ids) for g in chunk)
         if k == 0:
-            start = stop
             continue
         ids = torch.full((len(chunk), widest), pad, dtype=torch.long)
         mask = torch.zeros((len(chunk), widest), dtype=torch.long)
@@ -87,18 +91,21 @@ def continuation_nll(loaded: LoadedModel, generations: Sequence[Generation], *, 
             if g.token_ids:
                 target[i, k - len(g.token_ids):] = torch.tensor(g.token_ids, dtype=torch.long)
         positions = (mask.cumsum(dim=1) - 1).clamp_min(0)
-        extra = {"logits_to_keep": k + 1} if keep_only_last else {}
+        scored = torch.arange(widest - k - 1, widest - 1)  # the positions whose next token is a continuation token
+        extra = {"logits_to_keep": scored.to(loaded.device)} if keep_only_scored else {}
         logits = loaded.model(input_ids=ids.to(loaded.device), attention_mask=mask.to(loaded.device),
                               position_ids=positions.to(loaded.device), **extra).logits
-        logits = logits[:, -(k + 1):-1].float().cpu()
-        # Rows of the vocabulary contiguous: cross_entropy over a transposed [N, V, k] view took 3.6x as long on
-        # Gemma's 262k vocabulary and summed less exactly (1e-4 vs 1e-5 nats from float64 on random logits).
-        picked = -torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                                                    ignore_index=-100, reduction="none").reshape(target.shape)
-        valid = target != -100
-        nll[start:stop] = (-(picked * valid)).sum(dim=1).double().numpy()
-        n_tok[start:stop] = valid.sum(dim=1).numpy()
-        start = stop
+        if not keep_only_scored:
+            logits = logits[:, scored]
+        logits = logits.float().cpu().reshape(-1, logits.shape[-1])  # [rows * K, V], vocabulary rows contiguous
+        # -log p(t) = logsumexp(logits) - logits[t], on every kept row (a padding row's value is dropped): 2e-6
+        # nats from float64 on random Gemma-width logits where cross_entropy's log-softmax gives 5e-5 (0.14 s more
+        # per 1,000 rows); a transposed [N, V, K] view took 3.6x as long and summed less exactly still.
+        flat = target.reshape(-1)
+        picked = logits.gather(1, flat.clamp_min(0).unsqueeze(1)).squeeze(1)
+        losses = torch.where(flat != -100, torch.logsumexp(logits, dim=-1) - picked, 0.0).reshape(target.shape)
+        nll[rows] = losses.sum(dim=1).double().numpy()
+        n_tok[rows] = (target != -100).sum(dim=1).numpy()
     return nll, n_tok
 
 

@@ -38,7 +38,8 @@ from .prompts import concept_instruction, load_prompts
 from .vector import DEFAULT_ALPHAS, SteeringVector, cosine, diffmean_vector, validate_alphas
 from .worker import SteeringWorker
 
-STEERING_VERSION = 2  # 2: alpha's unit from the stored gradient sums where the extraction ran S2
+STEERING_VERSION = 3  # 2: alpha's unit from the stored gradient sums where the extraction ran S2; 3: continuation NLLs
+# in length-sorted chunks, the head on the scored positions only, logsumexp (float32 round-off moves)
 
 
 @dataclass(frozen=True)

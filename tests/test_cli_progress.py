@@ -41,7 +41,8 @@ def test_run_events_become_plain_lines_with_counts_and_eta():
     assert "20s elapsed, ETA 60s" in counted[0]  # 2 done in 20 s, 6 to go at 10 s each
     assert "done in 80s" in counted[-1]
     assert len(pool) - len(counted) == 3
-    assert "probe D1: 2/8 (25%), 1.7min elapsed, ETA 5.0min · c1 (cached)" in text
+    # The probes began at t = 80 (the first done), one more in 20 s: 6 to go at 20 s each, not at 100 s / 2 (5.0min)
+    assert "probe D1: 2/8 (25%), 1.7min elapsed, ETA 2.0min · c1 (cached)" in text
     assert text.splitlines()[0].startswith("model m (4 layers, d=8), 8 concepts")
 
 

@@ -25,6 +25,8 @@ class _Stage:
     last: str = ""
     printed_bucket: int = 0
     detail_at: float = field(default=float("-inf"))
+    first_at: float | None = None  # when the first item was done, and how many it was
+    first_done: int = 0
 
 
 class PlainConsole:
@@ -43,6 +45,16 @@ class PlainConsole:
 def _duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
     return f"{seconds:.0f}s" if seconds < 90 else f"{seconds / 60:.1f}min"
+
+
+def _remaining(stage: _Stage, now: float) -> float:
+    """Seconds left at the rate since the stage's first item was done: a stage whose work starts long after it is
+    announced (on CPU the probe tasks wait for the last pooling job) is not timed from the announcement; before a
+    second item, at the rate since the announcement."""
+    left = stage.total - stage.done
+    if stage.first_at is not None and stage.done > stage.first_done and now > stage.first_at:
+        return (now - stage.first_at) / (stage.done - stage.first_done) * left
+    return (now - stage.started) / stage.done * left
 
 
 class LineProgress:
@@ -73,6 +85,8 @@ class LineProgress:
             stage.last = last
         if advance:
             stage.done += advance
+            if stage.first_at is None:
+                stage.first_at, stage.first_done = now, stage.done
             bucket = 100 * stage.done // max(stage.total, 1) // self.step_pct
             if bucket > stage.printed_bucket or stage.done >= stage.total:
                 stage.printed_bucket = bucket
@@ -86,7 +100,7 @@ class LineProgress:
         if stage.done >= stage.total:
             when = f"done in {_duration(elapsed)}"
         else:
-            when = f"{_duration(elapsed)} elapsed, ETA {_duration(elapsed / stage.done * (stage.total - stage.done))}"
+            when = f"{_duration(elapsed)} elapsed, ETA {_duration(_remaining(stage, now))}"
         pct = 100 * stage.done // max(stage.total, 1)
         detail = f" · {stage.last}" if stage.last else ""
         self.console.print(f"{stage.name}: {stage.done}/{stage.total} ({pct}%), {when}{detail}")

@@ -11,6 +11,7 @@ import pytest
 from s3_server import ACCESS_KEY, REGION, SECRET_KEY
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold
+from slow_strategy import write_slow_mean
 
 from poolbench.config import RunConfig
 from poolbench.driver.pipeline import run_benchmark
@@ -240,27 +241,6 @@ def test_concepts_sharing_a_pooling_job_with_parses_ahead_give_the_run_of_the_wo
         assert sorted(e.concept for e in events if isinstance(e, ConceptProbed)) == list(CONCEPTS)
 
 
-# A1_mean that takes a while a batch: the second concept's pooling outlasts the first concept's probe task, so a
-# probe that may start beside the pooling reports before it ends.
-SLOW_MEAN = """
-import time
-
-import numpy as np
-
-from poolbench.pooler.registry import register_strategy
-from poolbench.pooler.spec import StrategySpec
-
-
-def slow_mean(ctx):
-    time.sleep(1.5)
-    return np.ones(ctx.attention_mask.shape)
-
-
-register_strategy(StrategySpec(id="X9_slow_mean", code="X9", family="other", kind="weights", weights_fn=slow_mean,
-                               description="A1_mean that takes a while a batch."))
-"""
-
-
 def test_on_cpu_the_probes_wait_for_the_pooling_and_with_overlap_they_run_beside_it(tiny_llama_dir, local_ray, cache,
                                                                                   tmp_path):
     """On CPU a probe task beside the forward takes the cores of its OpenMP team (probe_gate.py): every concept is
@@ -268,8 +248,7 @@ def test_on_cpu_the_probes_wait_for_the_pooling_and_with_overlap_they_run_beside
     order the gate holds is not the order the queue falls into by itself."""
     from poolbench.pooler.registry import unregister_strategy
 
-    plugin = tmp_path / "slow_strategies.py"
-    plugin.write_text(SLOW_MEAN)
+    plugin = write_slow_mean(tmp_path, "X9_slow_mean", 1.5)  # the second pooling outlasts the first probe task
     orders = {}
     try:
         for overlap in (None, True):

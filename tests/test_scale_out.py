@@ -12,6 +12,7 @@ import pytest
 import ray
 from ray_cluster import add_loopback_node, loopback_cluster, node_name
 from s3_server import ACCESS_KEY, REGION, SECRET_KEY, MotoServer
+from slow_strategy import write_slow_mean
 
 from poolbench.config import RunConfig
 from poolbench.driver.pipeline import run_benchmark
@@ -36,27 +37,6 @@ def s3_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         server.stop()
 
 
-# A1_mean that takes a second a batch: the tiny model pools a concept in 0.1 s, faster than a removed node's
-# processes stop, so without it the "lost" job would finish on the node being removed.
-SLOW_MEAN = """
-import time
-
-import numpy as np
-
-from poolbench.pooler.registry import register_strategy
-from poolbench.pooler.spec import StrategySpec
-
-
-def slow_mean(ctx):
-    time.sleep(1.0)
-    return np.ones(ctx.attention_mask.shape)
-
-
-register_strategy(StrategySpec(id="X8_slow_mean", code="X8", family="other", kind="weights", weights_fn=slow_mean,
-                               description="A1_mean that takes a second a batch."))
-"""
-
-
 def config(model: Path, store: str, **overrides) -> RunConfig:
     base = dict(model=str(model), corpus_size="tiny", concepts=CONCEPTS, strategies=("A1_mean", "P1_last"),
                 layers=(1,), store=store, n_bootstrap=100, torch_threads=1, reliability=False, steering=False,
@@ -70,8 +50,7 @@ def test_a_node_removed_mid_pool_costs_time_not_cells(tiny_llama_dir, cache, s3_
     with loopback_cluster({"num_cpus": 2}, {"num_cpus": 2}) as (cluster, workers):
         address = cluster.address
         calm_events: list[RunEvent] = []
-        plugin = tmp_path / "slow_strategies.py"
-        plugin.write_text(SLOW_MEAN)
+        plugin = write_slow_mean(tmp_path, "X8_slow_mean", 1.0)  # the removed node's job is still running
         slow = {"strategies": ("A1_mean", "X8_slow_mean")}
         calm = run_benchmark(config(tiny_llama_dir, f"s3://{s3_env}/calm", address=address, **slow),
                              calm_events.append, strategy_modules=(str(plugin),))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from poolbench.config import RunConfig
-from poolbench.driver.probe_gate import ProbeGate, probes_beside_pooling
+from poolbench.driver.probe_gate import ProbeGate, beside_the_forward
 
 
 def test_held_jobs_leave_in_order_when_the_last_pooling_job_is_done():
@@ -34,4 +34,4 @@ def test_with_nothing_to_pool_or_beside_the_pooling_every_job_passes_at_once():
 @pytest.mark.parametrize(("overlap", "on_gpu", "beside"), [
     (None, False, False), (None, True, True), (True, False, True), (False, True, False)])
 def test_probes_run_beside_the_pooling_where_the_forward_leaves_the_cores_free(overlap, on_gpu, beside):
-    assert probes_beside_pooling(RunConfig(model="tiny", overlap=overlap), on_gpu) is beside
+    assert beside_the_forward(RunConfig(model="tiny", overlap=overlap), on_gpu) is beside

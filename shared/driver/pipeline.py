@@ -54,7 +54,7 @@ from poolbench.store.url import open_store
 from .breakdowns import d1_by_bucket, d1_by_tier, lexical_baselines, lexical_by_tier
 from .extractor_fleet import ExtractorFleet, worker_runtime_env
 from .nodes import alive_nodes
-from .probe_gate import ProbeGate, probes_beside_pooling
+from .probe_gate import ProbeGate, beside_the_forward
 from .ray_messages import plain_ray_messages
 from .steerability_stage import steerability_section
 from .variants import MAIN, RESIDUAL, Variant, axis_variants
@@ -296,7 +296,7 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     unparsed: dict[str, int] = {}  # concept -> its group, while its parse task runs
 
     on_gpu = str(run.model.get("device", "cpu")).startswith("cuda")
-    gate = ProbeGate[Job[ConceptJob]](beside=probes_beside_pooling(cfg, on_gpu), on_pooled=on_pooled)
+    gate = ProbeGate[Job[ConceptJob]](beside=beside_the_forward(cfg, on_gpu), on_pooled=on_pooled)
 
     def after(key: ConceptJob, _: list[dict] | dict) -> list[Job[ConceptJob]]:
         if key.stage == "parse":  # a group's pooling starts once every one of its concepts is parsed
@@ -352,7 +352,7 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
 def parse_ahead(cfg: RunConfig, specs: Sequence[StrategySpec], on_gpu: bool) -> bool:
     """Parse concepts in CPU tasks ahead of their pooling jobs where strategies need parses and the text work
     overlaps the forward (on a GPU unless --no-overlap; on CPU only with --overlap, which then shares the cores)."""
-    return "parse" in strategy_needs(specs) and (on_gpu if cfg.overlap is None else cfg.overlap)
+    return "parse" in strategy_needs(specs) and beside_the_forward(cfg, on_gpu)
 
 
 def poll_progress(actors: Sequence[ActorHandle], emit: EventSink) -> None:

@@ -3,7 +3,8 @@ while it computes), only after it where the forward runs on the same CPU cores.
 
 Why: on CPU the extractor's forward and backward are matrix products split across an OpenMP team of every core; a
 probe task beside it takes whole time slices from one member, and the rest of the team waits at the next barrier,
-so the forward loses more than the probe's CPU time (bench/README.md, "The probes wait for the pooling on CPU").
+so the forward loses more than the probe's CPU time (bench/README.md, "`make run` on a 2-core AMD EPYC with
+AVX-512").
 The held jobs are released in the order they came, the moment the last pooling job is done; `on_pooled` runs then
 (the run's extractors leave, so the probes get their cores too).
 """
@@ -19,8 +20,9 @@ from poolbench.config import RunConfig
 J = TypeVar("J")
 
 
-def probes_beside_pooling(cfg: RunConfig, on_gpu: bool) -> bool:
-    """Probes overlap the pooling on a GPU unless --no-overlap, on CPU only with --overlap (then sharing cores)."""
+def beside_the_forward(cfg: RunConfig, on_gpu: bool) -> bool:
+    """Whether host work (parse tasks ahead, probe tasks) runs beside the pooling forward: on a GPU unless
+    --no-overlap, on CPU only with --overlap (it then shares the forward's cores)."""
     return on_gpu if cfg.overlap is None else cfg.overlap
 
 

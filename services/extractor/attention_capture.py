@@ -2,10 +2,10 @@
 
 Attention: during the capture the model's attention implementation is swapped for one that calls the original
 (sdpa, eager, flash, ...) for the output and, only in the requested layers, recomputes that layer's attention
-probabilities from the same query/key/mask and reduces them at once to per-head inflow [B, H, T] (mean over
-real queries, and the last real query's row) plus, on request, each head's output at the last real token
-[B, H, Dh] (the head's attention-weighted sum of values, for S3). A [B, H, T, T] map exists for one layer at
-a time and is never returned, so no run materialises every layer's maps. Works for any transformers model
+probabilities from the same query/key/mask, a chunk of queries at a time (attention_inflow), and reduces them
+at once to per-head inflow [B, H, T] (mean over real queries, and the last real query's row) plus, on request,
+each head's output at the last real token [B, H, Dh] (the head's attention-weighted sum of values, for S3). No
+[B, H, T, T] map exists, only [B, H, chunk, T] of one layer at a time. Works for any transformers model
 whose attention goes through ALL_ATTENTION_FUNCTIONS (Llama, Mistral, Gemma, Qwen, BERT, ...).
 
 Gradient: the shallowest requested block's output is re-leafed with requires_grad, the forward runs to the
@@ -27,6 +27,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from poolbench.errors import PoolBenchError
 
+from .attention_inflow import ScoreRule, attention_inflow
 from .hook_points import _hidden_of, _with_hidden
 
 CAPTURE_PREFIX = "poolbench_capture_"
@@ -71,37 +72,16 @@ def _capturing_attention(module: nn.Module, query: torch.Tensor, key: torch.Tens
 
 def _record(route: _Route, module: nn.Module, query: torch.Tensor, key: torch.Tensor,
             attention_mask: torch.Tensor | None, output: torch.Tensor, kwargs: dict) -> None:
-    q = query.float()
-    k = key.float().repeat_interleave(q.shape[1] // key.shape[1], dim=1)
-    scaling = kwargs.get("scaling") or q.shape[-1] ** -0.5
-    scores = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [B, H, Tq, Tk]
-    softcap = kwargs.get("softcap")
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
-    n_q, n_k = scores.shape[-2:]
     if attention_mask is not None and attention_mask.ndim == 2:
-        attention_mask = None  # a padding-only mask (flash attention): padding keys are masked below
-    if attention_mask is None:
-        if getattr(module, "is_causal", False):
-            causal = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril(n_k - n_q)
-            scores = scores.masked_fill(~causal, float("-inf"))
-    elif attention_mask.dtype == torch.bool:
-        scores = scores.masked_fill(~attention_mask[..., :n_k], float("-inf"))
-    else:
-        scores = scores + attention_mask[..., :n_k].float()
-    keys = route.query_mask.to(scores.device)
-    scores = scores.masked_fill(~keys[:, None, None, :], float("-inf"))
-    probs = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)  # fully masked (padding) rows -> 0
-    queries = keys[:, None, :, None].to(probs.dtype)
-    n_real = queries.sum(dim=2).clamp(min=1)
-    rows = torch.arange(probs.shape[0], device=probs.device)
-    last = route.last_index.to(probs.device)
-    record = {
-        "inflow": (probs * queries).sum(dim=2) / n_real,  # [B, H, Tk]
-        "inflow_last": probs[rows, :, last, :],  # [B, H, Tk]
-    }
+        attention_mask = None  # a padding-only mask (flash attention): padding keys are masked by the query mask
+    rule = ScoreRule(scaling=kwargs.get("scaling") or query.shape[-1] ** -0.5, softcap=kwargs.get("softcap"),
+                     causal=bool(getattr(module, "is_causal", False)), mask=attention_mask)
+    last = route.last_index.to(query.device)
+    inflow = attention_inflow(query, key, route.query_mask, last, rule)
+    record = {"inflow": inflow.mean, "inflow_last": inflow.last}  # [B, H, Tk] each
     if route.head_outputs:
-        record["head_output_last"] = output.float()[rows, last]  # output is [B, T, H, Dh]
+        rows = torch.arange(output.shape[0], device=output.device)
+        record["head_output_last"] = output[rows, last].float()  # output is [B, T, H, Dh]
     route.out[route.layer] = record
 
 

@@ -1,0 +1,174 @@
+"""Attention each key receives (S1, S3), from one layer's queries, keys and mask, a chunk of queries at a time.
+
+Only [B, H, chunk, T] of the probability map exists at once, the chunk chosen so its temporaries stay within
+CHUNK_BUDGET_BYTES; grouped-query heads share their key head through a reshape of the queries (K is never
+repeated). Scores are the exact products of the model-dtype q and k summed in float32 (a float32-output product
+on CUDA, float32 copies elsewhere), and the softmax's max and sum are float32: the result is today's float32
+recomputation up to float32 round-off. Rounding the scores to bf16 instead would move each probability by up to
+|score|·2^-8 of itself, a change of S1/S3's stored vectors, so it is not done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FLOAT32_BYTES = 4
+CHUNK_BUDGET_BYTES = 256 * 2**20  # one query chunk's float32 temporaries, whatever the batch
+# Bytes per score of one chunk alive at once: float32 scores and the probabilities softmax writes beside them
+# (4 + 4), two boolean masks (1 + 1) and, for a float mask given per head, its masked copy (4).
+CHUNK_BYTES_PER_SCORE = 14
+_FLOAT32_OUT_PRODUCT: dict[str, bool] = {}  # device type -> bmm(..., out_dtype=float32) ran there
+
+
+@dataclass(frozen=True)
+class ScoreRule:
+    """How a layer turns q·k into logits: scaling, Gemma 2's softcap, and the mask it was given."""
+
+    scaling: float
+    softcap: float | None
+    causal: bool  # used only where no 4-D mask is given (flash's padding-only masks, sdpa's is_causal)
+    mask: torch.Tensor | None  # [Bm, Hm, Tq, >=Tk]: bool (True attends) or additive float; None: causal alone
+
+
+@dataclass(frozen=True)
+class Inflow:
+    """Per head, what each key receives: the mean over real queries and the last real query's row."""
+
+    mean: torch.Tensor  # [B, H, Tk] float32
+    last: torch.Tensor  # [B, H, Tk] float32
+
+
+def query_chunk(rows: int, n_heads: int, n_queries: int, n_keys: int, budget: int | None = None) -> int:
+    """Queries per chunk so the chunk's float32 temporaries fit `budget` (at least one query)."""
+    budget = CHUNK_BUDGET_BYTES if budget is None else budget
+    per_query = CHUNK_BYTES_PER_SCORE * max(rows, 1) * n_heads * max(n_keys, 1)
+    return max(1, min(max(n_queries, 1), budget // per_query))
+
+
+def recompute_bytes_per_token(n_heads: int, n_kv_heads: int, head_dim: int) -> int:
+    """Bytes per padded token that grow with rows × length: float32 inflow and last-row accumulators and
+    probabilities, the float32 copy of the keys (off CUDA) and the boolean masks' per-key share."""
+    return FLOAT32_BYTES * (4 * n_heads + n_kv_heads * head_dim) + 4
+
+
+def recompute_bytes_per_row(n_heads: int, n_kv_heads: int, head_dim: int, length: int, chunk: int) -> int:
+    """Peak bytes one batch row of padded `length` adds while a layer's inflow is recomputed at query chunk
+    `chunk`: the chunk's temporaries (H × chunk × length) plus the per-token terms (no length² term)."""
+    temporaries = CHUNK_BYTES_PER_SCORE * n_heads * min(chunk, length) * length
+    queries = FLOAT32_BYTES * n_heads * min(chunk, length) * head_dim
+    return temporaries + queries + length * recompute_bytes_per_token(n_heads, n_kv_heads, head_dim)
+
+
+def attention_inflow(query: torch.Tensor, key: torch.Tensor, query_mask: torch.Tensor, last_index: torch.Tensor,
+                     rule: ScoreRule, chunk: int | None = None) -> Inflow:
+    """Inflow from query [B, H, Tq, Dh] and key [B, KVH, Tk, Dh] (model dtype); query_mask [B, Tq] bool marks
+    real tokens (padding keys receive nothing, padding queries add nothing), last_index [B] the last real one."""
+    batch, n_heads, n_q, head_dim = query.shape
+    n_kv, n_k = key.shape[1], key.shape[2]
+    group = n_heads // n_kv
+    q = query.unflatten(1, (n_kv, group))  # [B, KVH, G, Tq, Dh], a view
+    keys_t = key.transpose(-1, -2).reshape(batch * n_kv, head_dim, n_k)
+    float32_out = _float32_out_product(query)
+    if not float32_out:
+        keys_t = keys_t.float()
+    real = query_mask.to(device=query.device, dtype=torch.bool)
+    key_ok = real[:, :n_k]
+    mask = None if rule.mask is None else _broadcast_mask(rule.mask, n_q, n_k)
+    chunk = chunk or query_chunk(batch, n_heads, n_q, n_k)
+    total = torch.zeros(batch * n_heads, 1, n_k, dtype=torch.float32, device=query.device)
+    offset = n_k - n_q
+    for start in range(0, n_q, chunk):
+        stop = min(start + chunk, n_q)
+        # Causal with no mask: keys past the chunk's last query + offset receive nothing, so are not computed.
+        n_used = min(n_k, stop + offset) if mask is None and rule.causal else n_k
+        positions = torch.arange(start, stop, device=query.device)[None]
+        scores = _scores(q[:, :, :, start:stop], keys_t[:, :, :n_used], rule, float32_out)
+        rows = None if mask is None else mask[:, :, start:stop, :n_used]
+        probs, alive = _probabilities(scores, positions, offset, rows, key_ok[:, :n_used], rule)
+        weights = (real[:, None, start:stop] & alive[..., 0]).to(torch.float32)  # [B, H or 1, c]
+        weights = weights.expand(batch, n_heads, stop - start).reshape(batch * n_heads, 1, stop - start)
+        total[:, :, :n_used].baddbmm_(weights, probs.view(batch * n_heads, stop - start, n_used))
+    n_real = real.sum(dim=1).clamp(min=1).to(torch.float32)
+    mean = total.view(batch, n_heads, n_k) / n_real[:, None, None]
+    return Inflow(mean=mean, last=_last_row(q, keys_t, last_index, offset, mask, key_ok, rule, float32_out))
+
+
+def _broadcast_mask(mask: torch.Tensor, n_q: int, n_k: int) -> torch.Tensor:
+    """The mask as a [Bm, Hm, Tq, Tk] view (size-1 dims broadcast, as adding it to the scores would)."""
+    mask = mask[..., :n_k]
+    while mask.ndim < 4:
+        mask = mask.unsqueeze(0)
+    return mask.expand(mask.shape[0], mask.shape[1], n_q, n_k)
+
+
+def _last_row(q: torch.Tensor, keys_t: torch.Tensor, last_index: torch.Tensor, offset: int,
+              mask: torch.Tensor | None, key_ok: torch.Tensor, rule: ScoreRule, float32_out: bool) -> torch.Tensor:
+    """The last real query's probabilities [B, H, Tk], one row per passage, computed on their own."""
+    batch, n_kv, group = q.shape[:3]
+    rows_index = torch.arange(batch, device=q.device)
+    last = last_index.to(q.device)
+    q_last = q[rows_index, :, :, last].unsqueeze(3)  # [B, KVH, G, 1, Dh]
+    rows = None
+    if mask is not None:
+        full = mask.expand(batch, *mask.shape[1:])
+        rows = full[rows_index, :, last].unsqueeze(2)  # [B, Hm, 1, Tk]
+    scores = _scores(q_last, keys_t, rule, float32_out)
+    probs, alive = _probabilities(scores, last[:, None], offset, rows, key_ok, rule)
+    return (probs * alive).view(batch, n_kv * group, -1)
+
+
+def _scores(q: torch.Tensor, keys_t: torch.Tensor, rule: ScoreRule, float32_out: bool) -> torch.Tensor:
+    """Logits [B, H, c, Tk] in float32 for q [B, KVH, G, c, Dh] against keys_t [B·KVH, Dh, Tk], scaled and
+    softcapped in place."""
+    batch, n_kv, group, count, head_dim = q.shape
+    flat = q.reshape(batch * n_kv, group * count, head_dim)
+    if float32_out:
+        scores = torch.bmm(flat, keys_t, out_dtype=torch.float32)
+    else:
+        scores = torch.bmm(flat.float(), keys_t)
+    scores = scores.view(batch, n_kv * group, count, keys_t.shape[-1])
+    scores.mul_(rule.scaling)
+    if rule.softcap:
+        scores.div_(rule.softcap).tanh_().mul_(rule.softcap)
+    return scores
+
+
+def _probabilities(scores: torch.Tensor, positions: torch.Tensor, offset: int, mask_rows: torch.Tensor | None,
+                   key_ok: torch.Tensor, rule: ScoreRule) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over keys of masked scores [B, H, c, Tk], and which rows attend anything at all ([Bx, Hx, c, 1]):
+    a fully masked row is made finite here and zeroed by its caller, so no NaN ever reaches a sum."""
+    n_keys = scores.shape[-1]
+    allowed = key_ok[:, None, None, :]  # [B, 1, 1, Tk]
+    if mask_rows is None:
+        if rule.causal:
+            key_index = torch.arange(n_keys, device=scores.device)
+            allowed = allowed & (key_index <= positions[..., None] + offset)[:, None]
+    elif mask_rows.dtype == torch.bool:
+        allowed = allowed & mask_rows
+    else:
+        allowed = allowed & (mask_rows != float("-inf"))
+    blocked = ~allowed
+    alive = ~blocked.all(dim=-1, keepdim=True)
+    if mask_rows is not None and mask_rows.dtype != torch.bool:
+        scores.add_(torch.where(alive, mask_rows, 0.0))
+    blocked &= alive
+    scores.masked_fill_(blocked, float("-inf"))
+    return torch.softmax(scores, dim=-1), alive
+
+
+def _float32_out_product(query: torch.Tensor) -> bool:
+    """Whether q·k can run in the model's half precision with a float32 output on this device (CUDA's
+    tensor cores, torch >= 2.9); else q and k are copied to float32 (same products, same float32 sums)."""
+    device = query.device.type
+    if device != "cuda" or query.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if device not in _FLOAT32_OUT_PRODUCT:
+        probe = torch.ones(1, 1, 1, dtype=query.dtype, device=query.device)
+        try:
+            ran = torch.bmm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError):
+            ran = False
+        _FLOAT32_OUT_PRODUCT[device] = ran
+    return _FLOAT32_OUT_PRODUCT[device]

@@ -1,0 +1,234 @@
+"""Chunked attention inflow (S1, S3) against the full float32 recomputation it replaced, kept here as the reference,
+on the same q/k/mask the models hand their attention (GQA, softcap, sliding windows, left and right padding, bool
+and additive masks, fp32 and bf16), and its largest temporary O(chunk × T), never T × T.
+
+Bound (tests/tolerances.py's widths): both paths form each score s = scaling·Σ_i q_i k_i from the same inputs with
+exact products (bf16 × bf16 fits float32's significand; in float32 one rounding each) summed in float32 in other
+orders, so |Δs| <= k·eps·S·√Dh with S = scaling·Σ_i |q_i k_i| (the operands' magnitude); a softcap c·tanh(s/c) has
+slope <= 1 and adds roundings of size <= c. A softmax p_k moves by p_k·(Δs_k - Σ_j p_j Δs_j), at most 2·max|Δs|
+as p <= 1, plus its own Tk roundings of scale 1; the mean over <= Tq queries adds Tq roundings of scale 1. Hence
+|Δ| <= k·eps·(1 + 2(S + c))·√(Dh + Tk + Tq), assert_float32_close's form with that scale and those terms.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from tiny_models import random_llama
+from tolerances import assert_float32_close
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import Gemma2Config, Gemma2ForCausalLM
+
+from poolbench.extractor import attention_capture, attention_inflow
+from poolbench.extractor.attention_capture import _Route, capture_attention, last_real_index
+
+pytestmark = pytest.mark.numerics
+
+
+def fp32_reference_record(route, module, query, key, attention_mask, output, kwargs) -> None:
+    """The recomputation as it was before query chunks: every [B, H, T, T] temporary in float32."""
+    q = query.float()
+    k = key.float().repeat_interleave(q.shape[1] // key.shape[1], dim=1)
+    scaling = kwargs.get("scaling") or q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scaling
+    softcap = kwargs.get("softcap")
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    n_q, n_k = scores.shape[-2:]
+    if attention_mask is not None and attention_mask.ndim == 2:
+        attention_mask = None
+    if attention_mask is None:
+        if getattr(module, "is_causal", False):
+            causal = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril(n_k - n_q)
+            scores = scores.masked_fill(~causal, float("-inf"))
+    elif attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask[..., :n_k], float("-inf"))
+    else:
+        scores = scores + attention_mask[..., :n_k].float()
+    keys = route.query_mask.to(scores.device)
+    scores = scores.masked_fill(~keys[:, None, None, :], float("-inf"))
+    probs = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
+    queries = keys[:, None, :, None].to(probs.dtype)
+    n_real = queries.sum(dim=2).clamp(min=1)
+    rows = torch.arange(probs.shape[0], device=probs.device)
+    last = route.last_index.to(probs.device)
+    record = {"inflow": (probs * queries).sum(dim=2) / n_real, "inflow_last": probs[rows, :, last, :]}
+    if route.head_outputs:
+        record["head_output_last"] = output.float()[rows, last]
+    route.out[route.layer] = record
+
+
+def score_scale(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> float:
+    """1 + 2(S + c) of the bound above, S = scaling·max Σ_i |q_i k_i| over heads, queries and keys (float64)."""
+    q = query.double().abs()
+    k = key.double().abs().repeat_interleave(q.shape[1] // key.shape[1], dim=1)
+    scaling = kwargs.get("scaling") or q.shape[-1] ** -0.5
+    return 1.0 + 2.0 * (scaling * float((q @ k.transpose(-1, -2)).max()) + float(kwargs.get("softcap") or 0.0))
+
+
+def assert_records_match(new: dict, old: dict, scale: float, n_q: int, head_dim: int, what: str) -> None:
+    n_k = old["inflow"].shape[-1]
+    for name in ("inflow", "inflow_last"):
+        assert new[name].dtype == torch.float32 and new[name].shape == old[name].shape
+        assert_float32_close(new[name], old[name], scale=scale, terms=head_dim + n_k + n_q, err_msg=f"{what} {name}")
+    if "head_output_last" in old:
+        assert torch.equal(new["head_output_last"], old["head_output_last"])
+
+
+def compared_capture(monkeypatch, budget: int) -> list:
+    """Patch the capture so each requested layer runs the chunked and the reference recomputation on its inputs."""
+    monkeypatch.setattr(attention_inflow, "CHUNK_BUDGET_BYTES", budget)
+    seen = []
+
+    def both(route, module, query, key, attention_mask, output, kwargs):
+        old = _Route(route.layer, route.query_mask, route.last_index, route.head_outputs, {})
+        fp32_reference_record(old, module, query, key, attention_mask, output, kwargs)
+        attention_capture_record(route, module, query, key, attention_mask, output, kwargs)
+        seen.append((route.out[route.layer], old.out[route.layer], score_scale(query, key, kwargs),
+                     query.shape[2], query.shape[3], attention_mask))
+
+    attention_capture_record = attention_capture._record
+    monkeypatch.setattr(attention_capture, "_record", both)
+    return seen
+
+
+def gemma2(dtype: torch.dtype) -> Gemma2ForCausalLM:
+    """Gemma 2 in miniature: GQA, logits softcapped at 2 (so the cap bites), a 4-token sliding window on every
+    other layer, scaling from query_pre_attn_scalar rather than the head size."""
+    torch.manual_seed(0)
+    config = Gemma2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=8, intermediate_size=64, vocab_size=50, sliding_window=4,
+                          attn_logit_softcapping=2.0, query_pre_attn_scalar=16, max_position_embeddings=64)
+    model = Gemma2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0, 0.3)
+    return model.to(dtype).requires_grad_(False)
+
+
+MODELS = {"llama": lambda dtype: random_llama().to(dtype), "gemma2": gemma2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_chunked_inflow_equals_the_float32_maps_in_real_models(monkeypatch, name: str, dtype) -> None:
+    model = MODELS[name](dtype)
+    layers = model.model.layers
+    ids = torch.randint(3, 50, (3, 12), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(3, 12, dtype=torch.bool)
+    mask[1, :5] = False  # left padding
+    mask[2, 8:] = False  # right padding
+    seen = compared_capture(monkeypatch, budget=14 * 3 * 4 * 12 * 5)  # 5 queries a chunk: 3 chunks, a partial one
+    for impl in ("sdpa", "eager"):
+        model.config._attn_implementation = impl
+        with capture_attention(model, layers, range(len(layers)), mask, head_outputs=True), torch.no_grad():
+            model(input_ids=ids, attention_mask=mask.long(), position_ids=(mask.long().cumsum(-1) - 1).clamp(min=0))
+    masks = {type(m).__name__ if m is None else str(m.dtype) for *_, m in seen}
+    assert len(seen) == 2 * len(layers) and masks >= {"torch.bool", str(dtype)}  # sdpa's bool, eager's additive
+    for new, old, scale, n_q, head_dim, _ in seen:
+        assert_records_match(new, old, scale, n_q, head_dim, f"{name} {dtype}")
+        assert float(new["inflow"][1, :, :5].abs().max()) == 0  # padding keys receive nothing
+        assert_float32_close(new["inflow"].sum(-1), torch.ones(3, 4), scale=scale, terms=head_dim + 2 * n_q)
+
+
+def synthetic(batch: int, heads: int, kv_heads: int, length: int, head_dim: int, dtype, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.randn(batch, heads, length, head_dim, generator=generator).to(dtype)
+    key = torch.randn(batch, kv_heads, length, head_dim, generator=generator).to(dtype)
+    mask = torch.ones(batch, length, dtype=torch.bool)
+    mask[0, : length // 3] = False
+    mask[-1, length - length // 4:] = False
+    return query, key, mask
+
+
+def route_for(mask: torch.Tensor) -> _Route:
+    return _Route(0, mask, last_real_index(mask), False, {})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("given", ["none", "padding-2d", "window-bool", "window-float", "bidirectional"])
+def test_chunked_record_equals_the_reference_for_every_mask_form(monkeypatch, given: str, dtype) -> None:
+    """Flash's padding-only 2-D mask and sdpa's is_causal (no mask) keep the causal rule; a sliding window comes in
+    the mask, as bools or additive; an encoder attends both ways. Rows fully masked (a window over padding) give 0."""
+    monkeypatch.setattr(attention_inflow, "CHUNK_BUDGET_BYTES", 14 * 2 * 6 * 40 * 7)  # 7 queries a chunk
+    query, key, real = synthetic(2, 6, 2, 40, 16, dtype)
+    index = torch.arange(40)
+    window = (index[None, :] <= index[:, None]) & (index[None, :] > index[:, None] - 5)
+    masks = {"none": None, "padding-2d": real.long(), "window-bool": window[None, None],
+             "window-float": torch.zeros(40, 40, dtype=dtype).masked_fill(~window, float("-inf"))[None, None],
+             "bidirectional": None}
+    module = SimpleNamespace(is_causal=given != "bidirectional")
+    kwargs = {"scaling": 0.3, "softcap": 3.0} if given == "window-float" else {}
+    new, old = route_for(real), route_for(real)
+    attention_capture._record(new, module, query, key, masks[given], None, kwargs)
+    fp32_reference_record(old, module, query, key, masks[given], None, kwargs)
+    assert_records_match(new.out[0], old.out[0], score_scale(query, key, kwargs), 40, 16, given)
+    if given.startswith("window"):  # the first 13 queries of row 0 see only padding keys
+        assert float(new.out[0]["inflow"][0, :, :13].abs().max()) == 0
+
+
+class LargestNewTensor(TorchDispatchMode):
+    """The largest storage an op allocates (outputs that are views of its inputs are not new memory)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in pytree.tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        for tensor in pytree.tree_leaves(out):
+            if isinstance(tensor, torch.Tensor) and tensor.untyped_storage().data_ptr() not in inputs:
+                self.largest = max(self.largest, tensor.untyped_storage().nbytes())
+        return out
+
+
+@pytest.mark.parametrize("given", ["none", "bool-4d"])
+def test_largest_temporary_is_a_query_chunk_not_the_whole_map(monkeypatch, given: str) -> None:
+    batch, heads, length, chunk = 2, 4, 768, 48
+    monkeypatch.setattr(attention_inflow, "CHUNK_BUDGET_BYTES", 14 * batch * heads * length * chunk)
+    assert attention_inflow.query_chunk(batch, heads, length, length) == chunk
+    query, key, real = synthetic(batch, heads, 2, length, 16, torch.float32)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    mask = None if given == "none" else (causal[None] & real[:, None, :])[:, None]
+    module = SimpleNamespace(is_causal=True)
+    sizes = {}
+    for name, record in (("chunked", attention_capture._record), ("reference", fp32_reference_record)):
+        with LargestNewTensor() as meter, torch.no_grad():
+            record(route_for(real), module, query, key, mask, None, {})
+        sizes[name] = meter.largest
+    assert sizes["reference"] >= batch * heads * length * length * 4  # the meter sees the old path's T × T map
+    assert sizes["chunked"] <= batch * heads * chunk * length * 4  # one chunk's float32 scores, T/16 of the map
+
+
+def test_memory_model_is_linear_in_the_chunk_not_quadratic_in_length() -> None:
+    per_row = attention_inflow.recompute_bytes_per_row
+    assert per_row(32, 8, 128, 512, 64) - per_row(32, 8, 128, 512, 32) == 32 * 32 * (14 * 512 + 4 * 128)
+    per_token = attention_inflow.recompute_bytes_per_token(32, 8, 128)
+    assert per_row(32, 8, 128, 1024, 1) == 14 * 32 * 1024 + 4 * 32 * 128 + 1024 * per_token
+    assert attention_inflow.query_chunk(16, 32, 512, 512) == 256 * 2**20 // (14 * 16 * 32 * 512)
+    assert attention_inflow.query_chunk(1, 1, 8, 8) == 8 and attention_inflow.query_chunk(10**6, 64, 8, 8) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_chunked_inflow_equals_its_cpu_twin(dtype) -> None:
+    """On CUDA the bf16 scores come from a float32-output product: the same exact products, other sums."""
+    query, key, real = synthetic(4, 32, 8, 512, 128, dtype, seed=3)
+    index = torch.arange(512)
+    mask = ((index[None, :] <= index[:, None])[None] & real[:, None, :])[:, None]
+    module = SimpleNamespace(is_causal=True)
+    for given in (None, mask):
+        cpu, gpu = route_for(real), route_for(real.cuda())
+        attention_capture._record(cpu, module, query, key, given, None, {})
+        attention_capture._record(gpu, module, query.cuda(), key.cuda(), None if given is None else given.cuda(),
+                                  None, {})
+        torch.cuda.synchronize()
+        on_gpu = {name: value.cpu() for name, value in gpu.out[0].items()}
+        assert_records_match(on_gpu, cpu.out[0], score_scale(query, key, {}), 512, 128, f"gpu {dtype}")

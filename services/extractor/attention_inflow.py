@@ -121,15 +121,15 @@ def _last_row(q: torch.Tensor, keys_t: torch.Tensor, last_index: torch.Tensor, o
 
 def _scores(q: torch.Tensor, keys_t: torch.Tensor, rule: ScoreRule, float32_out: bool) -> torch.Tensor:
     """Logits [B, H, c, Tk] in float32 for q [B, KVH, G, c, Dh] against keys_t [B·KVH, Dh, Tk], scaled and
-    softcapped in place."""
+    softcapped. Off CUDA the scaling goes into the float32 copy of the queries (c × Dh, not c × Tk, values)."""
     batch, n_kv, group, count, head_dim = q.shape
-    flat = q.reshape(batch * n_kv, group * count, head_dim)
     if float32_out:
-        scores = torch.bmm(flat, keys_t, out_dtype=torch.float32)
+        scores = torch.bmm(q.reshape(batch * n_kv, group * count, head_dim), keys_t, out_dtype=torch.float32)
+        scores.mul_(rule.scaling)
     else:
-        scores = torch.bmm(flat.float(), keys_t)
+        scaled = q.to(torch.float32, memory_format=torch.contiguous_format, copy=True).mul_(rule.scaling)
+        scores = torch.bmm(scaled.view(batch * n_kv, group * count, head_dim), keys_t)
     scores = scores.view(batch, n_kv * group, count, keys_t.shape[-1])
-    scores.mul_(rule.scaling)
     if rule.softcap:
         scores.div_(rule.softcap).tanh_().mul_(rule.softcap)
     return scores

@@ -21,10 +21,11 @@ from bench_io import run_header, write_result
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from poolbench.extractor import attention_inflow
 from poolbench.extractor.attention_capture import _record, _Route, last_real_index
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from attention_reference import fp32_reference_record  # noqa: E402
+from attention_reference import fp32_reference_record
 
 SHAPES = {"smollm2-135m": (9, 3, 64), "llama-3.1-8b": (32, 8, 128)}  # query heads, key heads, head size
 
@@ -103,10 +104,13 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--budget-mib", type=int, default=None, help="the query chunk's budget (default: the module's)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "attention_recompute.json"))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.budget_mib:
+        attention_inflow.CHUNK_BUDGET_BYTES = attention_inflow.HOST_CHUNK_BUDGET_BYTES = args.budget_mib * 2**20
     dtype = getattr(torch, args.dtype)
     result = run_header("attention_recompute", args, "cpu")
     result["shapes"] = {}
@@ -114,7 +118,9 @@ def main() -> None:
         shape = SHAPES[name]
         old = measure(fp32_reference_record, args.rows, shape, args.length, dtype, args.repeats)
         new = measure(_record, args.rows, shape, args.length, dtype, args.repeats)
-        result["shapes"][name] = {"heads": shape, "reference_fp32_maps": old, "chunked": new,
+        chunk = attention_inflow.query_chunk(args.rows, shape[0], args.length, args.length,
+                                             attention_inflow.chunk_budget("cpu"))
+        result["shapes"][name] = {"heads": shape, "chunk": chunk, "reference_fp32_maps": old, "chunked": new,
                                   "speedup": old["seconds_median"] / new["seconds_median"]}
         print(name, result["shapes"][name])
     write_result(result, Path(args.out))

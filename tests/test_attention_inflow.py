@@ -181,6 +181,7 @@ def test_memory_model_is_linear_in_the_chunk_not_quadratic_in_length() -> None:
     assert per_row(32, 8, 128, 1024, 1) == 14 * 32 * 1024 + 4 * 32 * 128 + 1024 * per_token
     assert attention_inflow.query_chunk(16, 32, 512, 512) == 256 * 2**20 // (14 * 16 * 32 * 512)
     assert attention_inflow.query_chunk(1, 1, 8, 8) == 8 and attention_inflow.query_chunk(10**6, 64, 8, 8) == 1
+    assert attention_inflow.chunk_budget("cuda") == 256 * 2**20 and attention_inflow.chunk_budget("cpu") == 32 * 2**20
 
 
 @pytest.mark.gpu

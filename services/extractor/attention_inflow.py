@@ -15,7 +15,10 @@ from dataclasses import dataclass
 import torch
 
 FLOAT32_BYTES = 4
-CHUNK_BUDGET_BYTES = 256 * 2**20  # one query chunk's float32 temporaries, whatever the batch
+CHUNK_BUDGET_BYTES = 256 * 2**20  # one query chunk's temporaries on a GPU, whatever the batch: few, large kernels
+# Off GPUs a chunk that stays near the caches is faster (bench/attention_recompute.py: 8B heads, 4 x 512 tokens,
+# one core: 0.8 s at 32 MiB against 1.5 s at 256 MiB), so the host takes the smaller of the two.
+HOST_CHUNK_BUDGET_BYTES = 32 * 2**20
 # Bytes per score of one chunk alive at once: float32 scores and the probabilities softmax writes beside them
 # (4 + 4), two boolean masks (1 + 1) and, for a float mask given per head, its masked copy (4).
 CHUNK_BYTES_PER_SCORE = 14
@@ -40,8 +43,15 @@ class Inflow:
     last: torch.Tensor  # [B, H, Tk] float32
 
 
+def chunk_budget(device: torch.device | str) -> int:
+    """Bytes one query chunk's temporaries may take on `device`."""
+    budget = CHUNK_BUDGET_BYTES
+    return budget if torch.device(device).type == "cuda" else min(budget, HOST_CHUNK_BUDGET_BYTES)
+
+
 def query_chunk(rows: int, n_heads: int, n_queries: int, n_keys: int, budget: int | None = None) -> int:
-    """Queries per chunk so the chunk's float32 temporaries fit `budget` (at least one query)."""
+    """Queries per chunk so the chunk's temporaries fit `budget` (CHUNK_BUDGET_BYTES unless named; at least one
+    query)."""
     budget = CHUNK_BUDGET_BYTES if budget is None else budget
     per_query = CHUNK_BYTES_PER_SCORE * max(rows, 1) * n_heads * max(n_keys, 1)
     return max(1, min(max(n_queries, 1), budget // per_query))
@@ -76,7 +86,7 @@ def attention_inflow(query: torch.Tensor, key: torch.Tensor, query_mask: torch.T
     real = query_mask.to(device=query.device, dtype=torch.bool)
     key_ok = real[:, :n_k]
     mask = None if rule.mask is None else _broadcast_mask(rule.mask, n_q, n_k)
-    chunk = chunk or query_chunk(batch, n_heads, n_q, n_k)
+    chunk = chunk or query_chunk(batch, n_heads, n_q, n_k, chunk_budget(query.device))
     total = torch.zeros(batch * n_heads, 1, n_k, dtype=torch.float32, device=query.device)
     offset = n_k - n_q
     for start in range(0, n_q, chunk):
@@ -90,6 +100,7 @@ def attention_inflow(query: torch.Tensor, key: torch.Tensor, query_mask: torch.T
         weights = (real[:, None, start:stop] & alive[..., 0]).to(torch.float32)  # [B, H or 1, c]
         weights = weights.expand(batch, n_heads, stop - start).reshape(batch * n_heads, 1, stop - start)
         total[:, :, :n_used].baddbmm_(weights, probs.view(batch * n_heads, stop - start, n_used))
+        del scores, probs  # before the next chunk's scores exist
     n_real = real.sum(dim=1).clamp(min=1).to(torch.float32)
     mean = total.view(batch, n_heads, n_k) / n_real[:, None, None]
     return Inflow(mean=mean, last=_last_row(q, keys_t, last_index, offset, mask, key_ok, rule, float32_out))

@@ -9,8 +9,8 @@ bench/results/attention_recompute.json.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
-import sys
 import time
 import weakref
 from pathlib import Path
@@ -24,8 +24,15 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from poolbench.extractor import attention_inflow
 from poolbench.extractor.attention_capture import _record, _Route, last_real_index
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-from attention_reference import fp32_reference_record
+
+def reference_record():
+    """The old float32 path, from the tests' copy (tests/ is no package)."""
+    path = Path(__file__).parents[1] / "tests" / "attention_reference.py"
+    spec = importlib.util.spec_from_file_location("attention_reference", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.fp32_reference_record
 
 SHAPES = {"smollm2-135m": (9, 3, 64), "llama-3.1-8b": (32, 8, 128)}  # query heads, key heads, head size
 
@@ -116,7 +123,7 @@ def main() -> None:
     result["shapes"] = {}
     for name in args.shapes.split(","):
         shape = SHAPES[name]
-        old = measure(fp32_reference_record, args.rows, shape, args.length, dtype, args.repeats)
+        old = measure(reference_record(), args.rows, shape, args.length, dtype, args.repeats)
         new = measure(_record, args.rows, shape, args.length, dtype, args.repeats)
         chunk = attention_inflow.query_chunk(args.rows, shape[0], args.length, args.length,
                                              attention_inflow.chunk_budget("cpu"))

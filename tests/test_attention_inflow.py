@@ -26,8 +26,6 @@ from transformers import Gemma2Config, Gemma2ForCausalLM
 from poolbench.extractor import attention_capture, attention_inflow
 from poolbench.extractor.attention_capture import _Route, capture_attention, last_real_index
 
-pytestmark = pytest.mark.numerics
-
 
 def score_scale(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> float:
     """1 + 2(S + c) of the bound above, S = scaling·max Σ_i |q_i k_i| over heads, queries and keys (float64)."""
@@ -81,6 +79,7 @@ def gemma2(dtype: torch.dtype) -> Gemma2ForCausalLM:
 MODELS = {"llama": lambda dtype: random_llama().to(dtype), "gemma2": gemma2}
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_chunked_inflow_equals_the_float32_maps_in_real_models(monkeypatch, name: str, dtype) -> None:
@@ -100,7 +99,8 @@ def test_chunked_inflow_equals_the_float32_maps_in_real_models(monkeypatch, name
     for new, old, scale, n_q, head_dim, _ in seen:
         assert_records_match(new, old, scale, n_q, head_dim, f"{name} {dtype}")
         assert float(new["inflow"][1, :, :5].abs().max()) == 0  # padding keys receive nothing
-        assert_float32_close(new["inflow"].sum(-1), torch.ones(3, 4), scale=scale, terms=head_dim + 2 * n_q)
+        # each real query's row sums to 1 up to its softmax's and this sum's Tk roundings, the mean's Tq (scale 1)
+        assert_float32_close(new["inflow"].sum(-1), torch.ones(3, 4), scale=1.0, terms=2 * n_q + n_q)
 
 
 def synthetic(batch: int, heads: int, kv_heads: int, length: int, head_dim: int, dtype, seed: int = 0):
@@ -117,6 +117,7 @@ def route_for(mask: torch.Tensor) -> _Route:
     return _Route(0, mask, last_real_index(mask), False, {})
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("given", ["none", "padding-2d", "window-bool", "window-float", "bidirectional"])
 def test_chunked_record_equals_the_reference_for_every_mask_form(monkeypatch, given: str, dtype) -> None:
@@ -137,6 +138,16 @@ def test_chunked_record_equals_the_reference_for_every_mask_form(monkeypatch, gi
     assert_records_match(new.out[0], old.out[0], score_scale(query, key, kwargs), 40, 16, given)
     if given.startswith("window"):  # the first 13 queries of row 0 see only padding keys
         assert float(new.out[0]["inflow"][0, :, :13].abs().max()) == 0
+
+
+@pytest.mark.numerics
+def test_a_passage_of_padding_alone_receives_and_gives_nothing() -> None:
+    query, key, real = synthetic(2, 4, 2, 9, 8, torch.float32)
+    real[1] = False
+    route = route_for(real)
+    attention_capture._record(route, SimpleNamespace(is_causal=True), query, key, None, None, {})
+    assert float(route.out[0]["inflow"][1].abs().max()) == 0 and float(route.out[0]["inflow_last"][1].abs().max()) == 0
+    assert_float32_close(route.out[0]["inflow_last"][0].sum(-1), torch.ones(4), scale=1.0, terms=2 * 9)
 
 
 class LargestNewTensor(TorchDispatchMode):

@@ -65,14 +65,14 @@ class HostBuffers:
             self._free.append(buffer)
 
 
-def _numpy_median(values: torch.Tensor, keep: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
-                  some: torch.Tensor) -> torch.Tensor:
-    """[..., B] median over the kept entries of each row as np.nanmedian gives it (mean of the two middle values for
-    an even count; NaN where nothing is kept; torch.nanmedian takes the lower one instead). `low`, `high` [..., B, 1]
-    are the middle positions and `some` [B] where a row keeps anything: fixed per chunk."""
-    ordered = torch.where(keep, values, float("inf")).sort(dim=-1).values
+def _numpy_median(values: torch.Tensor, left_out: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
+                  none: torch.Tensor) -> torch.Tensor:
+    """[..., B] median over the entries of each row not `left_out`, as np.nanmedian gives it (mean of the two middle
+    values for an even count; NaN where nothing is kept; torch.nanmedian takes the lower one instead). `low`, `high`
+    [..., B, 1] are the middle positions and `none` [B] where a row keeps nothing: fixed per chunk."""
+    ordered = values.masked_fill(left_out, float("inf")).sort(dim=-1).values
     middle = (ordered.gather(-1, low) + ordered.gather(-1, high)).squeeze(-1) / 2
-    return torch.where(some, middle, float("nan"))
+    return middle.masked_fill(none, float("nan"))
 
 
 def weighted_sums(weights: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -133,7 +133,8 @@ class DevicePooler:
         self._stand_index = stand[:, None, None]
         n = others.sum(dim=1)  # the sink rule's baseline: the passage's other real tokens
         self._low, self._high = ((n - 1).clamp(min=0) // 2)[:, None], (n // 2).clamp(max=length - 1)[:, None]
-        self._some = n > 0
+        self._none = n == 0
+        self._pad, self._not_others = ~mask, ~others
         self._long = lengths > AUTO_OTHERS
         self._fixed_rules = torch.stack([torch.zeros_like(mask[:, 0]), lengths >= 2])  # KEEP, SKIP
         n_attention = len(plan.attention_rows)
@@ -219,7 +220,7 @@ class DevicePooler:
         if not layer_rows:
             assert static is not None
             return static
-        values = torch.where(self._mask, torch.stack(layer_rows), 0.0)
+        values = torch.stack(layer_rows).masked_fill(self._pad, 0.0)
         low, high = torch.aminmax(values.flatten(1), dim=1)
         self._bad |= ~(low >= 0) | (high == float("inf"))
         return torch.cat([static, values]) if static is not None else values
@@ -244,23 +245,24 @@ class DevicePooler:
         sink.sink_rows and sink.attention_sink_rows) leaves the first real token out at this layer."""
         assert norms is not None
         ratio = norms.gather(1, self._first_index).squeeze(1) / _numpy_median(
-            norms, self._others, self._low, self._high, self._some)
+            norms, self._not_others, self._low, self._high, self._none)
         auto = self._long & (ratio >= SINK_RATIO)
         rules = torch.cat([self._fixed_rules, auto[None]])
         if not self._plan.attention_rows:
             return rules
         assert rows is not None  # in float64 as sink.attention_sink_rows
-        relative = torch.where(self._mask, rows.index_select(0, self._arrays["attention_rows"]).double()
-                               / self._uniform, float("nan"))
+        relative = (rows.index_select(0, self._arrays["attention_rows"]).double() / self._uniform).masked_fill(
+            self._pad, float("nan"))
         ratio = relative.gather(2, self._attention_first).squeeze(2) / _numpy_median(
-            relative, self._others, self._attention_low, self._attention_high, self._some)
+            relative, self._not_others, self._attention_low, self._attention_high, self._none)
         return torch.cat([rules, auto | (self._long & (ratio >= SINK_RATIO))])
 
     def _head_weights(self, extras: LayerExtras) -> torch.Tensor:
         """S3: every head's normalised inflow [B, H, T] as token weights (iti.head_vectors)."""
-        inflow = torch.where(self._mask[:, None, :], extras["attention_head_inflow"].float(), 0.0)
+        inflow = extras["attention_head_inflow"].float().masked_fill(self._pad[:, None, :], 0.0)
         total = inflow.sum(dim=-1, keepdim=True)
-        return torch.where(total > 0, inflow / torch.where(total > 0, total, 1.0), 0.0)
+        nothing = ~(total > 0)  # NaN too, as iti.head_vectors
+        return (inflow / total.masked_fill(nothing, 1.0)).masked_fill(nothing, 0.0)
 
     def _reduce(self, hidden: torch.Tensor, drop: torch.Tensor | None) -> torch.Tensor:
         """[Sr, B, d] max/min in the states' dtype, as float32: one buffer holds the states with every token but

@@ -273,7 +273,7 @@ class DevicePooler:
         dim = hidden.shape[-1]
         torch.where(self._others[:, :, None], hidden, hidden.gather(1, self._stand_index.expand(-1, 1, dim)),
                     out=filled)
-        rest_min, rest_max = torch.aminmax(filled, dim=1)
+        rest_max, rest_min = filled.amax(dim=1), filled.amin(dim=1)  # aminmax over T is 5x slower on CPU
         first = hidden.gather(1, self._first_index[:, :, None].expand(-1, 1, dim)).squeeze(1)
         choices = torch.stack([torch.maximum(rest_max, first), rest_max, torch.minimum(rest_min, first), rest_min])
         pick = a["r_base"][:, None] + (drop.index_select(0, a["rule_r"]) if drop is not None

@@ -13,6 +13,7 @@ import json
 import statistics
 import sys
 import time
+from functools import partial
 
 import numpy as np
 import torch
@@ -49,19 +50,21 @@ def inputs(batch: int, length: int, dim: int, heads: int, head_dim: int, layers:
     return chunk, per_layer
 
 
-def seconds_per_layer(make, per_layer, device: str, repeats: int) -> float:
-    times = []
+def seconds_per_layer(makers: dict, per_layer, device: str, repeats: int) -> dict[str, float]:
+    """Median seconds per layer of each pooler, the poolers taking turns (a busy machine drifts alike for all)."""
+    times: dict[str, list[float]] = {name: [] for name in makers}
     for r in range(repeats + 1):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        pooler = make()
-        start = time.perf_counter()
-        for layer, (hidden, extras) in enumerate(per_layer):
-            pooler(layer, hidden, extras)
-        pooler.finish()
-        if r:  # the first run warms up
-            times.append((time.perf_counter() - start) / len(per_layer))
-    return statistics.median(times)
+        for name, make in makers.items():
+            if device == "cuda":
+                torch.cuda.synchronize()
+            pooler = make()
+            start = time.perf_counter()
+            for layer, (hidden, extras) in enumerate(per_layer):
+                pooler(layer, hidden, extras)
+            pooler.finish()
+            if r:  # the first turn warms up
+                times[name].append((time.perf_counter() - start) / len(per_layer))
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> None:
@@ -92,15 +95,13 @@ def main() -> None:
         for name in args.dtypes.split(","):
             dtype = getattr(torch, name)
             chunk, per_layer = inputs(args.batch, args.length, dim, heads, head_dim, args.layers, dtype, args.device)
-            for label, cls in poolers.items():
-                def make(cls=cls):
-                    return cls(specs, chunk, range(args.layers), {}, torch.device(args.device))
-                ms = 1e3 * seconds_per_layer(make, per_layer, args.device, args.repeats)
+            makers = {label: partial(cls, specs, chunk, range(args.layers), {}, torch.device(args.device))
+                      for label, cls in poolers.items()}
+            for label, seconds in seconds_per_layer(makers, per_layer, args.device, args.repeats).items():
                 print(json.dumps({"pooler": label, "device": torch.cuda.get_device_name() if args.device == "cuda"
-                                  else "cpu", "dtype": name, "B": args.batch, "T": args.length, "d": dim,
-                                  "strategies": len(specs), "layers": args.layers, "ms_per_layer": round(ms, 3)}),
-                      flush=True)
-
+                                  else "cpu", "threads": torch.get_num_threads(), "dtype": name, "B": args.batch,
+                                  "T": args.length, "d": dim, "strategies": len(specs), "layers": args.layers,
+                                  "ms_per_layer": round(1e3 * seconds, 3)}), flush=True)
 
 if __name__ == "__main__":
     main()

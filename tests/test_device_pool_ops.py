@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
-from test_device_pool import LAYER_NAMES, assert_same, sinky_batch
+from test_device_pool import BF16_PARTS, LAYER_NAMES, assert_same, sinky_batch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from poolbench.extractor.activations import ActivationBatch
@@ -110,11 +110,12 @@ def test_ops_per_layer_are_few_and_do_not_grow_with_the_strategies(strategies, b
     assert few[0].total == few[1].total <= bound
 
 
-def test_bfloat16_states_take_two_casts_more_than_float32() -> None:
-    """bfloat16 states on CPU: the states cast for the product (CUDA reads them as they are) and the [Sr, B, d]
-    max/min results cast to float32; max/min themselves run in bfloat16."""
+def test_bfloat16_states_take_one_cast_more_than_float32() -> None:
+    """bfloat16 states on CPU are cast once (the product needs float32 there, and CPU's bfloat16 kernels are slower
+    than the cast); CUDA reads them as they are (tested under the gpu mark)."""
     specs = card_strategies()
-    assert ops_per_layer(specs, torch.bfloat16)[1].total <= ops_per_layer(specs)[1].total + 2
+    bf16, fp32 = ops_per_layer(specs, torch.bfloat16)[1], ops_per_layer(specs)[1]
+    assert bf16.total == fp32.total + 1 and bf16.ops - fp32.ops == Counter({"_to_copy": 1})
 
 
 def test_the_layer_loop_moves_nothing_between_host_and_device() -> None:
@@ -163,4 +164,5 @@ def test_the_layer_loop_never_waits_for_the_gpu(dtype) -> None:
     assert all(target == "cpu" and source.startswith("cuda") for _, source, target in count.moves)  # D2H only
     pooler.finish()
     cast = torch.from_numpy(batch.hidden).to(dtype).float().numpy()
-    assert_same(pooler, ActivationBatch(**{**batch.__dict__, "hidden": cast}), specs)
+    assert_same(pooler, ActivationBatch(**{**batch.__dict__, "hidden": cast}), specs,
+                BF16_PARTS if dtype == torch.bfloat16 else 0)

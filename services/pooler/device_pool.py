@@ -79,8 +79,8 @@ def weighted_sums(weights: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """[B, R, T] float32 weights @ [B, T, d] states -> [B, R, d] float32 with float32 rounding of every product and
     sum. bfloat16 states on CUDA: the weights split exactly into three bfloat16 parts (8 + 8 + 8 significant bits
     hold float32's 24), each product of two bfloat16 numbers is exact in float32 and the GEMM accumulates in
-    float32, so the states are read once in their dtype and never copied to float32. Elsewhere (CPU bfloat16 GEMMs
-    round their output to bfloat16) the states are cast for this product only."""
+    float32, so the states are read once in their dtype and never copied to float32. Other dtypes are cast (CPU's
+    bfloat16 GEMMs round their output to bfloat16; float16's exponent range cannot hold the split's low parts)."""
     if hidden.dtype == torch.float32:
         return torch.bmm(weights, hidden)
     if hidden.dtype == torch.bfloat16 and hidden.is_cuda:
@@ -115,7 +115,7 @@ class DevicePooler:
         cuda = self.device.type == "cuda"
         self._buffers = buffers if buffers is not None else HostBuffers(pin=cuda)
         if weights is None:
-            weights = host_weights(self.specs, chunk, self.layers, host_extras)
+            weights = host_weights(self.specs, chunk, self.layers, host_extras, pin=cuda)
         plan = self._plan = weights.plan
         self._supervised = any(selects_heads(spec) for spec in self.specs)
         self._position = {layer: i for i, layer in enumerate(self.layers)}
@@ -179,6 +179,8 @@ class DevicePooler:
         start = time.perf_counter()
         i = self._position[layer]
         plan, a = self._plan, self._arrays
+        if hidden.dtype != torch.float32 and not (hidden.is_cuda and hidden.dtype == torch.bfloat16):
+            hidden = hidden.float()  # the product needs float32 there, and CPU's bfloat16 kernels lose to one cast
         if self._host is None:
             self._allocate(hidden, extras)
         out = self._out if self._out is not None else self._views["out"][i]

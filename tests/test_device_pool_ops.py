@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from test_device_pool import BF16_PARTS, LAYER_NAMES, assert_same, sinky_batch
@@ -13,7 +14,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.padded_batches import PaddedBatch
-from poolbench.pooler.device_pool import DevicePooler, HostBuffers
+from poolbench.pooler.device_pool import DevicePooler, HostBuffers, bfloat16_parts
 from poolbench.pooler.registry import list_strategies
 from poolbench.pooler.spec import StrategySpec
 from poolbench.pooler.windows import window_spec
@@ -166,3 +167,16 @@ def test_the_layer_loop_never_waits_for_the_gpu(dtype) -> None:
     cast = torch.from_numpy(batch.hidden).to(dtype).float().numpy()
     assert_same(pooler, ActivationBatch(**{**batch.__dict__, "hidden": cast}), specs,
                 BF16_PARTS if dtype == torch.bfloat16 else 0)
+
+
+def test_three_bfloat16_parts_hold_float32_weights_exactly() -> None:
+    """The CPU twin of CUDA's bfloat16 product (weighted_sums): the parts sum back to every float32 weight bit for
+    bit, normalised weights of any size and tiny ones included: the three GEMMs of exact products hold the float32
+    product's terms, summed in another order (the bound in tests/test_device_pool.py)."""
+    rng = np.random.default_rng(0)
+    raw = rng.random((4, 7, 300)).astype(np.float32) ** 8 + np.float32(1e-30) * rng.random((4, 7, 300)).astype(
+        np.float32)
+    weights = torch.from_numpy(raw / raw.sum(axis=-1, keepdims=True))
+    parts = bfloat16_parts(weights).float().unflatten(1, (3, 7))
+    assert parts.dtype == torch.float32 and not torch.equal(parts[:, 0], weights)  # one part alone rounds
+    assert torch.equal(parts[:, 0] + parts[:, 1] + parts[:, 2], weights)

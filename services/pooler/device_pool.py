@@ -75,20 +75,29 @@ def _numpy_median(values: torch.Tensor, left_out: torch.Tensor, low: torch.Tenso
     return middle.masked_fill(none, float("nan"))
 
 
+def bfloat16_parts(weights: torch.Tensor) -> torch.Tensor:
+    """[..., R, T] float32 -> [..., 3R, T] bfloat16 (high, middle, low parts) whose float32 sum is the weights
+    exactly: each part takes the next 8 significant bits of what the ones before left (bfloat16's exponent range is
+    float32's, so no part underflows before float32 itself would)."""
+    high = weights.to(torch.bfloat16)
+    rest = weights - high.float()
+    middle = rest.to(torch.bfloat16)
+    return torch.cat([high, middle, (rest - middle.float()).to(torch.bfloat16)], dim=-2)
+
+
+_OUT_DTYPE_BMM = hasattr(torch.ops.aten.bmm, "dtype")  # torch.bmm(..., out_dtype=): bfloat16 in, float32 out
+
+
 def weighted_sums(weights: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """[B, R, T] float32 weights @ [B, T, d] states -> [B, R, d] float32 with float32 rounding of every product and
-    sum. bfloat16 states on CUDA: the weights split exactly into three bfloat16 parts (8 + 8 + 8 significant bits
-    hold float32's 24), each product of two bfloat16 numbers is exact in float32 and the GEMM accumulates in
-    float32, so the states are read once in their dtype and never copied to float32. Other dtypes are cast (CPU's
-    bfloat16 GEMMs round their output to bfloat16; float16's exponent range cannot hold the split's low parts)."""
+    sum. bfloat16 states on CUDA: the weights in three exact bfloat16 parts (bfloat16_parts), each product of two
+    bfloat16 numbers is exact in float32 and the GEMM accumulates in float32, so the states are read once in their
+    dtype and never copied to float32. Other dtypes are cast (CPU's bfloat16 GEMMs round their output to bfloat16;
+    float16's exponent range cannot hold the split's low parts)."""
     if hidden.dtype == torch.float32:
         return torch.bmm(weights, hidden)
-    if hidden.dtype == torch.bfloat16 and hidden.is_cuda:
-        high = weights.to(torch.bfloat16)
-        rest = weights - high.float()
-        middle = rest.to(torch.bfloat16)
-        low = (rest - middle.float()).to(torch.bfloat16)
-        parts = torch.bmm(torch.cat([high, middle, low], dim=1), hidden, out_dtype=torch.float32)
+    if hidden.dtype == torch.bfloat16 and hidden.is_cuda and _OUT_DTYPE_BMM:
+        parts = torch.bmm(bfloat16_parts(weights), hidden, out_dtype=torch.float32)
         return parts.unflatten(1, (3, weights.shape[1])).sum(dim=1)
     return torch.bmm(weights, hidden.float())
 
@@ -179,7 +188,7 @@ class DevicePooler:
         start = time.perf_counter()
         i = self._position[layer]
         plan, a = self._plan, self._arrays
-        if hidden.dtype != torch.float32 and not (hidden.is_cuda and hidden.dtype == torch.bfloat16):
+        if hidden.dtype != torch.float32 and not (hidden.is_cuda and hidden.dtype == torch.bfloat16 and _OUT_DTYPE_BMM):
             hidden = hidden.float()  # the product needs float32 there, and CPU's bfloat16 kernels lose to one cast
         if self._host is None:
             self._allocate(hidden, extras)

@@ -19,7 +19,7 @@ from poolbench.pooler.registry import list_strategies
 from poolbench.pooler.spec import StrategySpec
 from poolbench.pooler.windows import window_spec
 
-# Kernels per layer at most (measured 45 and 73, with 20 and 26 views, at torch 2.13; the strategy loop this
+# Kernels per layer at most (measured 46 and 74, with 20 and 26 views, at torch 2.13; the strategy loop this
 # replaced dispatched 66 and 152 kernels and 39 and 58 views, and 10 more strategies added 6 kernels, 23 views):
 # the plain strategies' norms, sink rule, weight rows, normalisation, product and max/min, and with S1-S3 the
 # attention means, their sink rule in float64, the gradients and S3's per-head weights on top.

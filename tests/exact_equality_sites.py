@@ -20,6 +20,9 @@ SITES: dict[str, tuple[int, str, str]] = {
         1, INTS, "attention masks of the chunks and the whole batch"),
     "test_device_pool.py::assert_same": (2, INTS + "; head outputs gathered at the last token (a copy)",
                                          "fallback flags, the last token's head outputs"),
+    "test_device_pool_ops.py::test_three_bfloat16_parts_hold_float32_weights_exactly": (
+        1, EXACT + ": each bfloat16 part is the exact residual of the ones before, and every partial sum of the "
+           "parts fits float32's 24 significant bits", "float32 weights and the sum of their bfloat16 parts"),
     "test_extractor.py::test_hooks_removed_after_exit_and_on_error": (1, SAME, "logits before and after hooks"),
     "test_extractor.py::test_add_hooks_edits_the_residual_stream": (1, SAME, "logits with no-op hooks and none"),
     "test_extractor.py::test_tuple_returning_blocks": (5, EXACT, "a toy block's outputs (3, 10, 1)"),

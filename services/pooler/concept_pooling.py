@@ -9,6 +9,8 @@ another leaves partly empty.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +23,7 @@ from poolbench.extractor.capture import ExtractionStats, capture_chunks
 from poolbench.extractor.loading import LoadedModel
 from poolbench.extractor.padded_batches import PaddedBatch, pad_batches, tokenize_passages
 from poolbench.pooler.chunk_extras import ChunkExtras, concept_text
-from poolbench.pooler.device_pool import DevicePooler, HostPooler, prepare_chunk_pooler
+from poolbench.pooler.device_pool import DevicePooler, HostBuffers, HostPooler, prepare_chunk_pooler
 from poolbench.pooler.gradient_sums import GradientTableBuilder, GradientTee
 from poolbench.pooler.iti import FRACTION_META, HEADS_META, ITIHeadTableBuilder, selects_heads
 from poolbench.pooler.learned import LearnedStates, TokenKeeper, is_learned
@@ -147,7 +149,8 @@ def pool_concept_group(
 
     Each row is weighted with its own concept's parses and train-split statistics (chunk_extras.ChunkExtras);
     `remove_first_pc` variants are fitted per concept. `overlap` (default: on CUDA) prepares the next chunk's
-    text extras and weights on a background thread while the current chunk's forward runs. `on_batch(chunk,
+    text extras and weights on a background thread while the current chunk's forward runs, and adds each chunk's
+    rows to the tables on another while the next chunk's forward runs. `on_batch(chunk,
     activations)` sees every chunk (its `indices` count through the members' passages in order), with its
     ActivationBatch where token states went to the host. `site` pools each layer's block output (residual) or its
     attention / MLP sub-block's output (extractor.site_hooks). Returns one PooledConcept per member, in order."""
@@ -174,11 +177,12 @@ def pool_concept_group(
     learned = [spec for spec in specs if is_learned(spec)]
     kept_states = LearnedStates(layers) if learned else None
     gradients = [GradientTableBuilder(loaded.hidden_size) for _ in members] if "gradient" in needs else None
+    buffers = HostBuffers(pin=device.type == "cuda") if device is not None else None  # reused chunk after chunk
 
     def prepare(chunk: PaddedBatch) -> Callable[[], DevicePooler | HostPooler | GradientTee | TokenKeeper]:
         """The CPU side of a chunk: its rows' text extras and static weights, ready to send; S2's gradient sums
         and the learned aggregators' kept token states are sinks around the pooling sink."""
-        make = prepare_chunk_pooler(specs, chunk, layers, extras(chunk), device)
+        make = prepare_chunk_pooler(specs, chunk, layers, extras(chunk), device, buffers)
 
         def wrapped() -> DevicePooler | HostPooler | GradientTee | TokenKeeper:
             sink = make() if gradients is None else GradientTee(make(), chunk)
@@ -186,9 +190,9 @@ def pool_concept_group(
 
         return wrapped
 
-    for chunk, sink in capture_chunks(loaded.model, loaded.decoder_layers, batches, layers, prepare_for=prepare,
-                                      overlap=overlap, needs=needs, max_batch_tokens=max_batch_tokens,
-                                      stats=stats, site=site):
+    def build(chunk: PaddedBatch, sink: DevicePooler | HostPooler | GradientTee | TokenKeeper) -> None:
+        """A captured chunk's rows into its concepts' tables (copied out of the pooler's host buffer, which then
+        serves a later chunk)."""
         keeper = sink if isinstance(sink, TokenKeeper) else None
         outer = keeper.sink if keeper is not None else sink
         tee = outer if isinstance(outer, GradientTee) else None
@@ -215,6 +219,21 @@ def pool_concept_group(
                     heads[i][int(layer)].add(spec.id, [layer], ids, per_head[j:j + 1], outputs[j:j + 1])
         stats.pool_seconds += pooler.pool_seconds
         stats.transfer_seconds += pooler.transfer_seconds
+        pooler.release()
+
+    with ThreadPoolExecutor(1, thread_name_prefix="poolbench-tables") if overlap else nullcontext() as table_thread:
+        pending: Future | None = None
+        for chunk, sink in capture_chunks(loaded.model, loaded.decoder_layers, batches, layers, prepare_for=prepare,
+                                          overlap=overlap, needs=needs, max_batch_tokens=max_batch_tokens,
+                                          stats=stats, site=site):
+            if table_thread is None:
+                build(chunk, sink)
+                continue
+            if pending is not None:  # one chunk's tables at a time, in order
+                pending.result()
+            pending = table_thread.submit(build, chunk, sink)  # beside the next chunk's forward
+        if pending is not None:
+            pending.result()
     skipped: list[list[tuple[str, int]]] = [[] for _ in members]
     for (passage_id, n_tokens), index in zip(stats.skipped[skipped_before:], stats.skipped_indices[skipped_before:],
                                              strict=True):
@@ -244,7 +263,8 @@ def _rows_by_owner(owners: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
 
 
 def _take(values: np.ndarray, rows: np.ndarray | None, axis: int) -> np.ndarray:
-    return values if rows is None else np.take(values, rows, axis=axis)
+    """The rows as a new array: a pooler's arrays are views of a host buffer that later chunks reuse."""
+    return np.array(values) if rows is None else np.take(values, rows, axis=axis)
 
 
 def _remove_first_pc(table: pa.Table, strategy_id: str) -> pa.Table:

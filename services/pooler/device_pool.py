@@ -1,19 +1,22 @@
 """Pooling inside the capture: each layer's token states are pooled by torch on the model's device as the layer
-runs, and only pooled vectors [S, B, d] leave it (pinned host buffers, non-blocking copies on CUDA).
+runs, and only pooled vectors [S, B, d] leave it (non-blocking copies into reused page-locked buffers on CUDA).
 
-What the strategies need from the text (masks, windows, positions, parses, corpus statistics) becomes one
-weight tensor per chunk on the CPU before the forward and is sent once. What depends on the layer is computed
-on the device per layer: token norms (A4 and the sink rule), attention inflow (S1, S3's heads), gradients (S2),
-the sink rule itself (poolbench.pooler.sink, with numpy's median) and the max/min reductions. The same code
-runs on CPU and GPU; `pool_tokens` (numpy hand-off, pool.py) is its reference twin. A weight rule that reads
-token states itself (a plugin using ctx.hidden) sends its chunk the reference way (HostPooler).
+A chunk's strategies become a fixed plan before the forward (device_plan: static weights, masks and index tensors
+in one buffer, sent once). Per layer the work is a fixed number of device ops whatever the number of strategies:
+the per-layer weight rows (token norms, attention inflow, gradients) stacked beside the static rows, every
+strategy's row picked by one index_select, the sink rule for every strategy as one masked fill, normalisation as
+one division, one batched product [B, S, T] @ [B, T, d] (S3's per-head weights in the same product) and max/min
+from one filled buffer in the states' dtype. Nothing inside the layer loop reads a device value on the host or
+builds a tensor from Python. The same code runs on CPU and GPU; `pool_tokens` (numpy hand-off, pool.py) is its
+reference twin. A weight rule that reads token states itself sends its chunk the reference way (HostPooler).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
@@ -23,125 +26,92 @@ from poolbench.errors import StrategyError
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.layer_sinks import HostCapture, LayerExtras
 from poolbench.extractor.padded_batches import PaddedBatch
-from poolbench.pooler.aggregation import norm_weights
+from poolbench.pooler.device_plan import AUTO, KEEP, SKIP, HostWeights, host_weights, unpack
 from poolbench.pooler.iti import head_vectors, selects_heads
-from poolbench.pooler.pool import PooledBatch, check_pool_inputs, checked_weights, pool_tokens
-from poolbench.pooler.reference import NORM_EPS, inverse_norm_weights
-from poolbench.pooler.saliency import (
-    attention_inflow_weights,
-    attention_last_query_weights,
-    gradient_norm_weights,
-    gradient_x_input_weights,
-)
-from poolbench.pooler.sink import AUTO_OTHERS, SINK_RATIO, uniform_causal_inflow
-from poolbench.pooler.spec import HiddenOnDevice, StrategySpec, TokenContext
+from poolbench.pooler.pool import PooledBatch, pool_tokens
+from poolbench.pooler.reference import NORM_EPS
+from poolbench.pooler.sink import AUTO_OTHERS, SINK_RATIO
+from poolbench.pooler.spec import HiddenOnDevice, StrategySpec
 
-# weight rules whose values exist only on the device, per layer: rule -> what the device path reads instead
-LAYER_WEIGHTS = {
-    norm_weights: "token_norms",
-    inverse_norm_weights: "inverse_token_norms",
-    attention_inflow_weights: "attention_inflow",
-    attention_last_query_weights: "attention_inflow_last",
-    gradient_norm_weights: "gradient_norm",
-    gradient_x_input_weights: "gradient_x_input",
-}
-LAYER_EXTRAS = frozenset({"attention_inflow", "attention_inflow_last", "attention_head_inflow",
-                          "attention_head_inflow_last", "attention_head_output_last", "gradient_norm",
-                          "gradient_x_input"})
+_ATTENTION = {"attention_inflow": "attention_head_inflow", "attention_inflow_last": "attention_head_inflow_last"}
 
 
-class _HostExtras(Mapping):
-    """The chunk's host extras (parses, corpus statistics); the per-layer ones exist only on the device."""
+class HostBuffers:
+    """Page-locked host memory for a run's pooled vectors, reused chunk after chunk (allocating pinned memory costs
+    more than the copy into it): a pooler takes one, the table builder gives it back once it has copied the rows
+    out; a buffer too small for a chunk is replaced by one that fits."""
 
-    def __init__(self, extras: Mapping[str, np.ndarray]) -> None:
-        self._extras = dict(extras)
+    def __init__(self, pin: bool) -> None:
+        self.pin = pin
+        self.allocated = 0  # how many buffers were ever allocated (a bench and a test read it)
+        self._free: list[torch.Tensor] = []
+        self._lock = threading.Lock()
 
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name in LAYER_EXTRAS:
-            raise HiddenOnDevice(f"extras[{name!r}]")
-        return self._extras[name]
+    def take(self, numel: int) -> torch.Tensor:
+        with self._lock:
+            fits = [b for b in self._free if b.numel() >= numel]
+            if fits:
+                buffer = min(fits, key=lambda b: b.numel())
+                self._free = [b for b in self._free if b is not buffer]
+                return buffer
+            if self._free:  # too small for this chunk: let the largest go, so memory stays bounded
+                self._free.remove(max(self._free, key=lambda b: b.numel()))
+            self.allocated += 1
+        with torch.inference_mode(False):  # a normal tensor: chunks captured with and without grad share it
+            return torch.empty(numel, dtype=torch.float32, pin_memory=self.pin)
 
-    def __iter__(self):
-        return iter([*self._extras, *LAYER_EXTRAS])
-
-    def __len__(self) -> int:
-        return len(self._extras) + len(LAYER_EXTRAS)
-
-    def __contains__(self, name: object) -> bool:
-        return name in LAYER_EXTRAS or name in self._extras
-
-
-def _numpy_median(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """[B] median over the kept entries of each row as np.nanmedian gives it (mean of the two middle values
-    for an even count; NaN where nothing is kept); torch.nanmedian takes the lower one instead."""
-    n = keep.sum(dim=-1)
-    ordered = torch.where(keep, values, torch.full_like(values, float("inf"))).sort(dim=-1).values
-    low = ordered.gather(-1, ((n - 1).clamp(min=0) // 2)[:, None]).squeeze(-1)
-    high = ordered.gather(-1, (n // 2).clamp(max=values.shape[-1] - 1)[:, None]).squeeze(-1)
-    return torch.where(n > 0, (low + high) / 2, torch.full_like(low, float("nan")))
+    def give(self, buffer: torch.Tensor) -> None:
+        with self._lock:
+            self._free.append(buffer)
 
 
-@dataclass(frozen=True)
-class HostWeights:
-    """What a DevicePooler sends to the device, built on the CPU from the chunk and its text extras alone: the
-    part of a chunk's preparation that may run ahead of the forward (on another thread), pinned for an async
-    send on CUDA."""
-
-    sources: tuple[str | int, ...]  # per spec: a LAYER_WEIGHTS name, "max"/"min", or an index into `static`
-    static: torch.Tensor | None  # [L or 1, S_static, B, T] float32
-    mask: torch.Tensor  # [B, T] bool
-    first: torch.Tensor  # [B, T] bool, each passage's first real token
-    first_index: torch.Tensor  # [B, 1] int64
-    lengths: torch.Tensor  # [B] int64
-    uniform: dict[str, torch.Tensor]  # per attention query kind: sink.uniform_causal_inflow [B, T]
+def _numpy_median(values: torch.Tensor, left_out: torch.Tensor, low: torch.Tensor, high: torch.Tensor,
+                  none: torch.Tensor) -> torch.Tensor:
+    """[..., B] median over the entries of each row not `left_out`, as np.nanmedian gives it (mean of the two middle
+    values for an even count; NaN where nothing is kept; torch.nanmedian takes the lower one instead). `low`, `high`
+    [..., B, 1] are the middle positions and `none` [B] where a row keeps nothing: fixed per chunk."""
+    ordered = values.masked_fill(left_out, float("inf")).sort(dim=-1).values
+    middle = (ordered.gather(-1, low) + ordered.gather(-1, high)).squeeze(-1) / 2
+    return middle.masked_fill(none, float("nan"))
 
 
-def host_weights(specs: Sequence[StrategySpec], chunk: PaddedBatch, layers: Sequence[int],
-                 host_extras: Mapping[str, np.ndarray], *, pin: bool = False) -> HostWeights:
-    """Every static weight rule run on the chunk (raises HiddenOnDevice when one reads token states), and the
-    masks the per-layer rules need; `pin` puts them in page-locked memory so the send does not wait."""
-    mask = np.asarray(chunk.attention_mask, dtype=bool)
-    check_pool_inputs(chunk.passage_ids, mask.sum(axis=1), specs)
-    ctx = TokenContext.from_arrays(attention_mask=mask, special_mask=chunk.special_mask, offsets=chunk.offsets,
-                                   input_ids=chunk.input_ids, texts=chunk.texts, passage_ids=chunk.passage_ids,
-                                   extras=_HostExtras(host_extras))
-    sources: list[str | int] = []
-    static: list[np.ndarray] = []
-    for spec in specs:
-        if spec.kind == "reduction":
-            sources.append(str(spec.reduction))
-        elif spec.weights_fn in LAYER_WEIGHTS:
-            sources.append(LAYER_WEIGHTS[spec.weights_fn])
-        else:  # raises HiddenOnDevice when the rule reads token states: the caller pools on the host
-            sources.append(len(static))
-            static.append(checked_weights(spec, ctx, len(layers)))
+def bfloat16_parts(weights: torch.Tensor) -> torch.Tensor:
+    """[..., R, T] float32 -> [..., 3R, T] bfloat16 (high, middle, low parts) whose float32 sum is the weights
+    exactly: each part takes the next 8 significant bits of what the ones before left (bfloat16's exponent range is
+    float32's, so no part underflows before float32 itself would)."""
+    high = weights.to(torch.bfloat16)
+    rest = weights - high.float()
+    middle = rest.to(torch.bfloat16)
+    return torch.cat([high, middle, (rest - middle.float()).to(torch.bfloat16)], dim=-2)
 
-    def host(array: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(np.ascontiguousarray(array))
-        return tensor.pin_memory() if pin else tensor
 
-    stacked = None
-    if static:
-        stacked = host(np.asarray(np.stack([np.broadcast_to(w, (len(layers), *mask.shape)) for w in static], axis=1)
-                                  if any(w.ndim == 3 for w in static) else np.stack(static)[None], dtype=np.float32))
-    first = mask.argmax(axis=1)
-    onehot = np.zeros_like(mask)
-    onehot[np.arange(len(first)), first] = True
-    queries = {spec.attention_queries for spec in specs
-               if spec.attention_queries is not None and spec.sink_mode == "auto"}
-    return HostWeights(tuple(sources), stacked, host(mask), host(onehot), host(first[:, None]),
-                       host(mask.sum(axis=1)), {q: host(uniform_causal_inflow(mask, q)) for q in sorted(queries)})
+_OUT_DTYPE_BMM = hasattr(torch.ops.aten.bmm, "dtype")  # torch.bmm(..., out_dtype=): bfloat16 in, float32 out
+
+
+def weighted_sums(weights: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """[B, R, T] float32 weights @ [B, T, d] states -> [B, R, d] float32 with float32 rounding of every product and
+    sum. bfloat16 states on CUDA: the weights in three exact bfloat16 parts (bfloat16_parts), each product of two
+    bfloat16 numbers is exact in float32 and the GEMM accumulates in float32, so the states are read once in their
+    dtype and never copied to float32. Other dtypes are cast (CPU's bfloat16 GEMMs round their output to bfloat16;
+    float16's exponent range cannot hold the split's low parts)."""
+    if hidden.dtype == torch.float32:
+        return torch.bmm(weights, hidden)
+    if hidden.dtype == torch.bfloat16 and hidden.is_cuda and _OUT_DTYPE_BMM:
+        parts = torch.bmm(bfloat16_parts(weights), hidden, out_dtype=torch.float32)
+        return parts.unflatten(1, (3, weights.shape[1])).sum(dim=1)
+    return torch.bmm(weights, hidden.float())
 
 
 class DevicePooler:
     """A capture sink for one chunk: pools every strategy at each layer on the layer's device, keeps nothing of
     the token states, and after `finish` holds `pooled` (a PooledBatch) and, for supervised strategies, `heads`
     (per-head pooled vectors [L, B, H, d] and last-token head outputs [L, B, H, Dh]). `weights` are the chunk's
-    HostWeights when they were built ahead (else built here)."""
+    HostWeights when they were built ahead (else built here); `buffers` lends a run's reused host buffers (then
+    `pooled` is a view of one until `release`), else the pooler allocates its own."""
 
     def __init__(self, specs: Sequence[StrategySpec], chunk: PaddedBatch, layers: Sequence[int],
                  host_extras: Mapping[str, np.ndarray], device: torch.device,
-                 weights: HostWeights | None = None) -> None:
+                 weights: HostWeights | None = None, buffers: HostBuffers | None = None) -> None:
         self.specs = list(specs)
         self.chunk = chunk
         self.layers = tuple(int(layer) for layer in layers)
@@ -149,172 +119,202 @@ class DevicePooler:
         self.pool_seconds = 0.0
         self.transfer_seconds = 0.0
         self.activations: ActivationBatch | None = None
-        if weights is None:
-            weights = host_weights(self.specs, chunk, self.layers, host_extras)
-        self._sources = list(weights.sources)
-        self._supervised = any(selects_heads(spec) for spec in self.specs)
-        send = {"device": self.device, "non_blocking": True}
-        self._mask = weights.mask.to(**send)
-        self._maskf = self._mask.float()
-        self._first = weights.first.to(**send)
-        self._first_index = weights.first_index.to(**send)
-        self._others = self._mask & ~self._first
-        self._lengths = weights.lengths.to(**send)
-        self._static = weights.static.to(**send) if weights.static is not None else None
-        self._uniform = {q: values.to(**send) for q, values in weights.uniform.items()}
-        self._norms_needed = any(s in ("token_norms", "inverse_token_norms") for s in self._sources) or any(
-            spec.sink_mode != "keep" for spec in self.specs)
-        self._position = {layer: i for i, layer in enumerate(self.layers)}
-        self._by_count = [spec.divide_by == "token_count" for spec in self.specs]
-        batch = int(weights.mask.shape[0])
-        self._fallback = torch.zeros((len(self.specs), batch), dtype=torch.bool, device=self.device)
-        self._bad = torch.zeros(len(self.specs), dtype=torch.bool, device=self.device)
-        self._out: torch.Tensor | None = None
-        self._masked: torch.Tensor | None = None
-        self._head_out: tuple[torch.Tensor, torch.Tensor] | None = None
         self.pooled: PooledBatch | None = None
         self.heads: tuple[np.ndarray, np.ndarray] | None = None
+        cuda = self.device.type == "cuda"
+        self._buffers = buffers if buffers is not None else HostBuffers(pin=cuda)
+        if weights is None:
+            weights = host_weights(self.specs, chunk, self.layers, host_extras, pin=cuda)
+        plan = self._plan = weights.plan
+        self._supervised = any(selects_heads(spec) for spec in self.specs)
+        self._position = {layer: i for i, layer in enumerate(self.layers)}
+        a = self._arrays = unpack(weights.blob.to(self.device, non_blocking=True), weights.layout)
+        mask = self._mask = a["mask"].view(torch.bool)
+        batch, length = mask.shape
+        self._maskf = mask.float()
+        lengths = mask.sum(dim=1)
+        self._lengthsf = lengths.float()
+        first_index = a["mask"].argmax(dim=1)
+        self._first_index = first_index[:, None]
+        self._first = torch.arange(length, device=self.device)[None, :] == self._first_index
+        others = self._others = mask & ~self._first
+        stand = torch.where(lengths >= 2, others.to(torch.uint8).argmax(dim=1), first_index)  # a kept token
+        self._stand_index = stand[:, None, None]
+        n = others.sum(dim=1)  # the sink rule's baseline: the passage's other real tokens
+        self._low, self._high = ((n - 1).clamp(min=0) // 2)[:, None], (n // 2).clamp(max=length - 1)[:, None]
+        self._none = n == 0
+        self._pad, self._not_others = ~mask, ~others
+        self._long = lengths > AUTO_OTHERS
+        self._fixed_rules = torch.stack([torch.zeros_like(mask[:, 0]), lengths >= 2])  # KEEP, SKIP
+        n_attention = len(plan.attention_rows)
+        self._uniform = torch.where(mask, a["uniform"], 1.0)  # [A, B, T]: where masked out, any nonzero
+        self._attention_low = self._low.expand(n_attention, -1, -1)
+        self._attention_high = self._high.expand(n_attention, -1, -1)
+        self._attention_first = self._first_index.expand(n_attention, -1, -1)
+        self._by_count = a["by_count"].bool()[:, None]
+        self._fallback = torch.zeros((len(plan.weighted), batch), dtype=torch.bool, device=self.device)
+        self._bad = torch.zeros(len(plan.kinds), dtype=torch.bool, device=self.device)
+        self._host: torch.Tensor | None = None
+        self._views: dict[str, torch.Tensor] = {}
+        self._out: torch.Tensor | None = None  # [S, B, d] float32 on the device (CUDA), reused at every layer
+        self._filled: torch.Tensor | None = None
+        self.release: Callable[[], None] = lambda: None
+        assert (KEEP, SKIP, AUTO) == (0, 1, 2)  # the rows of _fixed_rules, then the norm rule, then attention
 
-    def _host(self, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.empty(shape, dtype=torch.float32, pin_memory=self.device.type == "cuda")
-
-    def _sink_rows(self, norms: torch.Tensor, mode: str) -> torch.Tensor:
-        """[B] the sink rule (sink.sink_rows) at this layer."""
-        if mode == "keep":
-            return torch.zeros_like(self._lengths, dtype=torch.bool)
-        if mode == "skip":
-            return self._lengths >= 2
-        first_norm = norms.gather(1, self._first_index).squeeze(1)
-        ratio = first_norm / _numpy_median(norms, self._others)
-        return (self._lengths > AUTO_OTHERS) & (ratio >= SINK_RATIO)
-
-    def _attention_sink_rows(self, weights: torch.Tensor, queries: str) -> torch.Tensor:
-        """[B] sink.attention_sink_rows at this layer, in float64 as there."""
-        uniform = self._uniform[queries]
-        relative = torch.where(self._mask, weights.double() / torch.where(self._mask, uniform, 1.0),
-                               torch.full_like(uniform, float("nan")))
-        first = relative.gather(1, self._first_index).squeeze(1)
-        ratio = first / _numpy_median(relative, self._others)
-        return (self._lengths > AUTO_OTHERS) & (ratio >= SINK_RATIO)
-
-    def _layer_weights(self, source: str, norms: torch.Tensor | None, extras: LayerExtras) -> torch.Tensor:
-        if source == "token_norms":
-            assert norms is not None
-            return norms
-        if source == "inverse_token_norms":
-            assert norms is not None
-            return 1.0 / (norms + NORM_EPS)
-        if source in ("attention_inflow", "attention_inflow_last"):
-            name = "attention_head_inflow" if source == "attention_inflow" else "attention_head_inflow_last"
-            if name not in extras:
-                raise StrategyError(f"batch has no extras[{source!r}]: this strategy needs 'attention' at "
-                                    "extraction")
-            return extras[name].float().mean(dim=1)
-        if source not in extras:
-            raise StrategyError(f"batch has no extras[{source!r}]: this strategy needs 'gradient' at extraction")
-        return extras[source].float()
+    def _allocate(self, hidden: torch.Tensor, extras: LayerExtras) -> None:
+        """The chunk's host buffer (one, from the run's reused ones) and views of it; the device scratch."""
+        batch, _, dim = hidden.shape
+        n_layers, n_specs = len(self.layers), len(self.specs)
+        shapes = {"out": (n_layers, n_specs, batch, dim),
+                  "flags": (len(self._plan.weighted) * batch + len(self._plan.kinds),)}
+        if self._supervised:
+            inflow, outputs = extras["attention_head_inflow"], extras["attention_head_output_last"]
+            shapes["heads"] = (n_layers, batch, inflow.shape[1], dim)
+            shapes["outputs"] = (n_layers, *outputs.shape)
+        sizes = {name: int(np.prod(shape)) for name, shape in shapes.items()}
+        self._host = self._buffers.take(sum(sizes.values()))
+        self.release = weakref.finalize(self, self._buffers.give, self._host)
+        offset = 0
+        for name, shape in shapes.items():
+            self._views[name] = self._host[offset:offset + sizes[name]].view(shape)
+            offset += sizes[name]
+        if self.device.type != "cpu":
+            self._out = torch.empty((n_specs, batch, dim), dtype=torch.float32, device=self.device)
+        if self._plan.reductions:
+            self._filled = torch.empty_like(hidden)
 
     @torch.no_grad()
     def __call__(self, layer: int, hidden: torch.Tensor, extras: LayerExtras) -> None:
         start = time.perf_counter()
         i = self._position[layer]
-        h = hidden.float()  # [B, T, d]; the layer's token states are dropped when this returns
-        batch, _, dim = h.shape
-        if self._out is None:
-            self._out = self._host((len(self.layers), len(self.specs), batch, dim))
-        norms = torch.linalg.vector_norm(h, dim=-1) if self._norms_needed else None
-        pooled = torch.empty((len(self.specs), batch, dim), dtype=torch.float32, device=h.device)
-        weighted, rows = [], []
-        sinks: dict[str, torch.Tensor] = {}  # the sink rule per mode, once per layer
-
-        def sink(mode: str) -> torch.Tensor:
-            if mode not in sinks:
-                assert norms is not None
-                sinks[mode] = self._sink_rows(norms, mode)
-            return sinks[mode]
-
-        filled_mode: list[str] = []
-
-        def filled(mode: str) -> torch.Tensor:
-            """The layer's states with every token left out (padding, a dropped sink) replaced by a kept token of
-            its passage: max and min over all T are then the max and min over the kept tokens, for both
-            reductions from one write (the host path reduces slices; a where per reduction costs twice this)."""
-            if filled_mode != [mode]:
-                keep = self._mask if mode == "keep" else self._mask & ~(sink(mode)[:, None] & self._first)
-                if self._masked is None or self._masked.shape != h.shape:  # one [B, T, d] buffer per chunk
-                    self._masked = torch.empty_like(h)
-                kept = keep.to(torch.uint8).argmax(dim=1)  # the first kept token of each passage
-                stand_in = h.gather(1, kept[:, None, None].expand(-1, 1, h.shape[-1]))
-                torch.where(keep[:, :, None], h, stand_in, out=self._masked)
-                filled_mode[:] = [mode]
-            assert self._masked is not None
-            return self._masked
-
-        for s, (spec, source) in enumerate(zip(self.specs, self._sources, strict=True)):
-            if source in ("max", "min"):
-                masked = filled(spec.sink_mode)
-                pooled[s] = masked.amax(dim=1) if source == "max" else masked.amin(dim=1)
-                continue
-            if isinstance(source, int):
-                assert self._static is not None
-                w = self._static[min(i, self._static.shape[0] - 1), source]
-            else:
-                w = torch.where(self._mask, self._layer_weights(source, norms, extras), 0.0)
-                self._bad[s] |= ~torch.isfinite(w).all() | (w < 0).any()
-            if spec.sink_mode != "keep":
-                drop = sink(spec.sink_mode)
-                if spec.sink_mode == "auto" and spec.attention_queries is not None:
-                    drop = drop | self._attention_sink_rows(w, spec.attention_queries)
-                w = w * ~(drop[:, None] & self._first)
-            weighted.append(w)
-            rows.append(s)
-        if weighted:
-            w = torch.stack(weighted)  # [Sw, B, T]
-            totals = w.sum(dim=-1)
-            empty = totals <= 0
-            w = torch.where(empty[:, :, None], self._maskf, w)
-            w = w / w.sum(dim=-1, keepdim=True)
-            by_count = [self._by_count[s] for s in rows]
-            if any(by_count):  # divide_by="token_count": the weighted sum over the real-token count
-                count = torch.tensor(by_count, device=h.device)[:, None] & ~empty
-                w = w * torch.where(count, totals / self._lengths.clamp(min=1), 1.0)[:, :, None]
-            index = torch.tensor(rows, device=h.device)
-            self._fallback[index] |= empty
-            pooled[index] = torch.matmul(w.transpose(0, 1), h).transpose(0, 1)  # [B,Sw,T]@[B,T,d] -> [Sw,B,d]
-        self._out[i].copy_(pooled, non_blocking=True)
+        plan, a = self._plan, self._arrays
+        if hidden.dtype != torch.float32 and not (hidden.is_cuda and hidden.dtype == torch.bfloat16 and _OUT_DTYPE_BMM):
+            hidden = hidden.float()  # the product needs float32 there, and CPU's bfloat16 kernels lose to one cast
+        if self._host is None:
+            self._allocate(hidden, extras)
+        out = self._out if self._out is not None else self._views["out"][i]
+        norms = torch.linalg.vector_norm(hidden, dim=-1, dtype=torch.float32) if plan.norms else None
+        rows = self._source_rows(i, norms, extras) if plan.weighted else None
+        drop = self._drop_rules(norms, rows) if plan.any_sink else None
+        products = []
+        if rows is not None:
+            weights = rows.index_select(0, a["perm"])  # [Sw, B, T]
+            if drop is not None:
+                weights = weights.masked_fill(drop.index_select(0, a["rule_w"])[:, :, None] & self._first, 0.0)
+            totals = weights.sum(dim=-1)
+            empty = totals <= 0  # nothing selected: the plain mean (A1), flagged as a fallback
+            self._fallback |= empty
+            divide = torch.where((self._by_count | empty) if plan.by_count else empty, self._lengthsf, totals)
+            weights = torch.where(empty[:, :, None], self._maskf, weights) / divide[:, :, None]
+            products.append(weights.transpose(0, 1))
         if self._supervised:
-            self._pool_heads(i, h, extras)
+            products.append(self._head_weights(extras))
+        if products:
+            pooled = weighted_sums(torch.cat(products, dim=1) if len(products) > 1 else products[0], hidden)
+            if rows is not None:
+                out.index_copy_(0, a["w_index"], pooled[:, :len(plan.weighted)].transpose(0, 1))
+            if self._supervised:
+                self._views["heads"][i].copy_(pooled[:, len(plan.weighted):], non_blocking=True)
+                self._views["outputs"][i].copy_(extras["attention_head_output_last"], non_blocking=True)
+        if plan.reductions:
+            out.index_copy_(0, a["r_index"], self._reduce(hidden, drop))
+        if self._out is not None:
+            self._views["out"][i].copy_(out, non_blocking=True)
         self.pool_seconds += time.perf_counter() - start
 
-    def _pool_heads(self, i: int, h: torch.Tensor, extras: LayerExtras) -> None:
-        """S3: every head's normalised inflow as token weights (iti.head_vectors), and its last-token output."""
-        inflow = torch.where(self._mask[:, None, :], extras["attention_head_inflow"].float(), 0.0)  # [B, H, T]
+    def _source_rows(self, i: int, norms: torch.Tensor | None, extras: LayerExtras) -> torch.Tensor:
+        """[static rows + layer rows, B, T] float32: the chunk's static weights at this layer, then each per-layer
+        rule's weights (zero on padding); a negative or non-finite layer weight is flagged for `finish`."""
+        plan = self._plan
+        layer_rows = [self._layer_weights(kind, norms, extras) for kind in plan.kinds]
+        static = self._arrays["static"][min(i, plan.static_layers - 1)] if plan.n_static else None
+        if not layer_rows:
+            assert static is not None
+            return static
+        values = torch.stack(layer_rows).masked_fill(self._pad, 0.0)
+        low, high = torch.aminmax(values.flatten(1), dim=1)
+        self._bad |= ~(low >= 0) | (high == float("inf"))
+        return torch.cat([static, values]) if static is not None else values
+
+    def _layer_weights(self, kind: str, norms: torch.Tensor | None, extras: LayerExtras) -> torch.Tensor:
+        if kind == "token_norms":
+            assert norms is not None
+            return norms
+        if kind == "inverse_token_norms":
+            assert norms is not None
+            return 1.0 / (norms + NORM_EPS)
+        if kind in _ATTENTION:
+            if _ATTENTION[kind] not in extras:
+                raise StrategyError(f"batch has no extras[{kind!r}]: this strategy needs 'attention' at extraction")
+            return extras[_ATTENTION[kind]].float().mean(dim=1)
+        if kind not in extras:
+            raise StrategyError(f"batch has no extras[{kind!r}]: this strategy needs 'gradient' at extraction")
+        return extras[kind].float()
+
+    def _drop_rules(self, norms: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor:
+        """[rules, B] whether each rule (KEEP, SKIP, AUTO by norm, AUTO by norm or an attention row's inflow,
+        sink.sink_rows and sink.attention_sink_rows) leaves the first real token out at this layer."""
+        assert norms is not None
+        ratio = norms.gather(1, self._first_index).squeeze(1) / _numpy_median(
+            norms, self._not_others, self._low, self._high, self._none)
+        auto = self._long & (ratio >= SINK_RATIO)
+        rules = torch.cat([self._fixed_rules, auto[None]])
+        if not self._plan.attention_rows:
+            return rules
+        assert rows is not None  # in float64 as sink.attention_sink_rows
+        relative = (rows.index_select(0, self._arrays["attention_rows"]).double() / self._uniform).masked_fill(
+            self._pad, float("nan"))
+        ratio = relative.gather(2, self._attention_first).squeeze(2) / _numpy_median(
+            relative, self._not_others, self._attention_low, self._attention_high, self._none)
+        return torch.cat([rules, auto | (self._long & (ratio >= SINK_RATIO))])
+
+    def _head_weights(self, extras: LayerExtras) -> torch.Tensor:
+        """S3: every head's normalised inflow [B, H, T] as token weights (iti.head_vectors)."""
+        inflow = extras["attention_head_inflow"].float().masked_fill(self._pad[:, None, :], 0.0)
         total = inflow.sum(dim=-1, keepdim=True)
-        weights = torch.where(total > 0, inflow / torch.where(total > 0, total, 1.0), 0.0)
-        per_head = torch.matmul(weights, h)  # [B, H, d]
-        outputs = extras["attention_head_output_last"].float()
-        if self._head_out is None:
-            self._head_out = (self._host((len(self.layers), *per_head.shape)),
-                              self._host((len(self.layers), *outputs.shape)))
-        self._head_out[0][i].copy_(per_head, non_blocking=True)
-        self._head_out[1][i].copy_(outputs, non_blocking=True)
+        nothing = ~(total > 0)  # NaN too, as iti.head_vectors
+        return (inflow / total.masked_fill(nothing, 1.0)).masked_fill(nothing, 0.0)
+
+    def _reduce(self, hidden: torch.Tensor, drop: torch.Tensor | None) -> torch.Tensor:
+        """[Sr, B, d] max/min in the states' dtype, as float32: one buffer holds the states with every token but
+        the passage's first real one kept, the rest standing in for a kept token; max/min over it, then with the
+        first token, give both answers for every passage, and each strategy's sink rule picks one."""
+        a, filled = self._arrays, self._filled
+        assert filled is not None
+        dim = hidden.shape[-1]
+        torch.where(self._others[:, :, None], hidden, hidden.gather(1, self._stand_index.expand(-1, 1, dim)),
+                    out=filled)
+        rest_max, rest_min = filled.amax(dim=1), filled.amin(dim=1)  # aminmax over T is 5x slower on CPU
+        first = hidden.gather(1, self._first_index[:, :, None].expand(-1, 1, dim)).squeeze(1)
+        choices = torch.stack([torch.maximum(rest_max, first), rest_max, torch.minimum(rest_min, first), rest_min])
+        pick = a["r_base"][:, None] + (drop.index_select(0, a["rule_r"]) if drop is not None
+                                       else self._fixed_rules[KEEP])
+        return choices.gather(0, pick[:, :, None].expand(-1, -1, dim)).float()
 
     def finish(self) -> None:
-        """Wait for the copies, check the device-side weights, and hold the chunk's pooled vectors."""
+        """Wait for this chunk's copies (an event, not the whole device), check the device-side weights, and hold
+        the chunk's pooled vectors (views of the host buffer)."""
         start = time.perf_counter()
+        assert self._host is not None
+        flags = self._views["flags"]
+        flags.copy_(torch.cat([self._fallback.flatten(), self._bad]).float(), non_blocking=True)
         if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        bad = self._bad.cpu().numpy()
+            event = torch.cuda.Event()
+            event.record()
+            event.synchronize()
+        self._filled = self._out = None
+        plan, batch = self._plan, len(self.chunk.passage_ids)
+        values = flags.numpy() != 0
+        bad = values[len(plan.weighted) * batch:]
         if bad.any():
-            raise StrategyError(f"strategy {self.specs[int(bad.argmax())].id!r}: weights must be finite and "
-                                "non-negative")
-        assert self._out is not None
-        self._masked = None
-        self.pooled = PooledBatch(vectors=self._out.numpy(), strategy_ids=[spec.id for spec in self.specs],
-                                  layers=self.layers, passage_ids=list(self.chunk.passage_ids),
-                                  fallback=self._fallback.cpu().numpy())
-        if self._head_out is not None:
-            self.heads = (self._head_out[0].numpy(), self._head_out[1].numpy())
+            spec = self.specs[next(s for s, k in zip(plan.weighted, plan.kind_of, strict=True) if k >= 0 and bad[k])]
+            raise StrategyError(f"strategy {spec.id!r}: weights must be finite and non-negative")
+        fallback = np.zeros((len(self.specs), batch), dtype=bool)
+        fallback[list(plan.weighted)] = values[:len(plan.weighted) * batch].reshape(-1, batch)
+        self.pooled = PooledBatch(vectors=self._views["out"].numpy(), strategy_ids=[spec.id for spec in self.specs],
+                                  layers=self.layers, passage_ids=list(self.chunk.passage_ids), fallback=fallback)
+        if self._supervised:
+            self.heads = (self._views["heads"].numpy(), self._views["outputs"].numpy())
         self.transfer_seconds += time.perf_counter() - start
 
 
@@ -332,6 +332,9 @@ class HostPooler:
         self.activations: ActivationBatch | None = None
         self.pooled: PooledBatch | None = None
         self.heads: tuple[np.ndarray, np.ndarray] | None = None
+
+    def release(self) -> None:
+        """Nothing to give back: this chunk's arrays are its own."""
 
     def __call__(self, layer: int, hidden: torch.Tensor, extras: LayerExtras) -> None:
         self._capture(layer, hidden, extras)
@@ -352,14 +355,15 @@ class HostPooler:
 
 
 def chunk_pooler(specs: Sequence[StrategySpec], chunk: PaddedBatch, layers: Sequence[int],
-                 host_extras: Mapping[str, np.ndarray], device: torch.device | None) -> DevicePooler | HostPooler:
+                 host_extras: Mapping[str, np.ndarray], device: torch.device | None,
+                 buffers: HostBuffers | None = None) -> DevicePooler | HostPooler:
     """A DevicePooler on `device`, or the HostPooler where a weight rule reads token states (or device is None)."""
-    return prepare_chunk_pooler(specs, chunk, layers, host_extras, device)()
+    return prepare_chunk_pooler(specs, chunk, layers, host_extras, device, buffers)()
 
 
 def prepare_chunk_pooler(specs: Sequence[StrategySpec], chunk: PaddedBatch, layers: Sequence[int],
-                         host_extras: Mapping[str, np.ndarray], device: torch.device | None
-                         ) -> Callable[[], DevicePooler | HostPooler]:
+                         host_extras: Mapping[str, np.ndarray], device: torch.device | None,
+                         buffers: HostBuffers | None = None) -> Callable[[], DevicePooler | HostPooler]:
     """chunk_pooler in two halves: this call does the CPU work (it may run on another thread, ahead of the
     forward), the function it returns makes the pooler and sends its weights (on the capture's thread)."""
     if device is not None:
@@ -368,5 +372,5 @@ def prepare_chunk_pooler(specs: Sequence[StrategySpec], chunk: PaddedBatch, laye
         except HiddenOnDevice:
             pass
         else:
-            return partial(DevicePooler, specs, chunk, layers, host_extras, device, weights)
+            return partial(DevicePooler, specs, chunk, layers, host_extras, device, weights, buffers)
     return partial(HostPooler, specs, chunk, layers, host_extras)

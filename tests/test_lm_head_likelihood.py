@@ -12,13 +12,19 @@ import torch
 from tiny_models import random_llama
 from tolerances import assert_float32_close
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import Gemma2Config, Gemma2ForCausalLM, GraniteConfig, GraniteForCausalLM, LlamaConfig, \
-    LlamaForCausalLM
+from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    GraniteConfig,
+    GraniteForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 from poolbench.extractor import batching
 from poolbench.extractor.attention_capture import gradient_layer_outputs
 from poolbench.extractor.extract import extract_batches
-from poolbench.extractor.lm_head_likelihood import final_hidden, log_likelihood_and_gradient, lm_head
+from poolbench.extractor.lm_head_likelihood import final_hidden, lm_head, log_likelihood_and_gradient
 from poolbench.extractor.loading import load_model
 from poolbench.extractor.padded_batches import PaddedBatch
 

@@ -95,7 +95,8 @@ def token_costs(*, hidden_size: int, intermediate_size: int, n_heads: int, vocab
     blocks = n_layers - min(layers)
     per_block = graph_bytes_per_block(hidden_size=hidden_size, intermediate_size=intermediate_size,
                                       kv_size=hidden_size if kv_size is None else kv_size, itemsize=itemsize)
-    per_key = blocks * n_heads * (FLOAT32_BYTES + itemsize) if eager_attention else 0
+    cast = itemsize if itemsize < FLOAT32_BYTES else 0  # eager softmax in float32, then a copy in the model's dtype
+    per_key = blocks * n_heads * (FLOAT32_BYTES + cast) if eager_attention else 0
     head = chunk_tokens_for(vocab_size) * vocab_size * HEAD_BYTES_PER_LOGIT if vocab_size else 0
     return TokenCosts(plain=captured + block, attention_per_key=attention, gradient=blocks * per_block,
                       gradient_per_key=per_key, head_chunk=head)

@@ -103,16 +103,30 @@ def tiny(tiny_llama_dir: Path):
 def test_chunked_head_equals_full_log_softmax(which: str, left: bool, request) -> None:
     model = {"tiny": lambda: request.getfixturevalue("tiny"), "random_llama": random_llama,
              "tied_llama": tied_llama, "gemma2_softcap": softcapped_gemma2, "granite_scaled": scaled_granite}[which]()
+    _compare(model, left, which)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_chunked_head_equals_full_log_softmax_on_cuda() -> None:
+    """The CPU test's twin on the GPU (float32, TF32 off by torch's default), with the same derived bound."""
+    _compare(random_llama().cuda(), True, "cuda")
+
+
+def _compare(model, left: bool, which: str) -> None:
     config = model.config
     layers = tuple(range(config.num_hidden_layers))
     inputs, mask = inputs_for(config.vocab_size, left)
+    device = next(model.parameters()).device
+    inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    mask = mask.to(device)
     want_score, want_grads, tensors = full_path(model, layers, inputs, mask)
-    got_score, got_grads = chunked_path(model, layers, inputs, mask, chunk_tokens=4)  # 14 pairs: 4 chunks
+    got_score, got_grads = chunked_path(model, layers, inputs, mask, chunk_tokens=4)  # 8 + 4 + 1 pairs: 4 chunks
     n_pairs, vocab, d = int((mask[:, :-1] & mask[:, 1:]).sum()), config.vocab_size, config.hidden_size
-    # s = Σ_t (logit_t[x] - lse_t): each term has d roundings in its logits (another matmul blocking) and V in its
-    # log-sum-exp, relative to its size ≤ |s|/... ; bounded by the largest term times the n_pairs terms summed.
-    terms_scale = float(-want_score) if want_score < 0 else 1.0
-    assert_float32_close(got_score, want_score, terms=d + vocab + n_pairs, scale=terms_scale, err_msg="score")
+    # s = Σ_t (logit_t[x] - lse_t), every term negative, so every partial sum and term is at most |s| in size: the
+    # n_pairs additions, each logit's d roundings (another matmul blocking) and each log-sum-exp's V roundings.
+    assert_float32_close(got_score.cpu(), want_score.cpu(), terms=d + vocab + n_pairs, scale=abs(float(want_score)),
+                         err_msg="score")
     # Gradients: the head's ds/dh sums V products (|softmax - onehot| sums to ≤ 2), then both paths run the same
     # backward through the blocks (d, MLP width and T positions per block); scale: the layer's largest
     # gradient norm, as in test_batched_saliency.
@@ -121,9 +135,11 @@ def test_chunked_head_equals_full_log_softmax(which: str, left: bool, request) -
     for layer, got, want, state in zip(layers, got_grads, want_grads, tensors, strict=True):
         scale = float(want.norm(dim=-1).max())
         assert scale > 0
-        assert_float32_close(got.numpy(), want.numpy(), terms=chain, scale=scale, err_msg=f"{which} layer {layer}")
-        assert_float32_close((got * state).sum(-1).detach().numpy(), (want * state).sum(-1).detach().numpy(),
-                             terms=chain, scale=scale * state.detach().norm(dim=-1).numpy()[..., None].max(),
+        assert_float32_close(got.cpu().numpy(), want.cpu().numpy(), terms=chain, scale=scale,
+                             err_msg=f"{which} layer {layer}")
+        assert_float32_close((got * state).sum(-1).detach().cpu().numpy(),
+                             (want * state).sum(-1).detach().cpu().numpy(),
+                             terms=chain, scale=scale * float(state.detach().norm(dim=-1).max()),
                              err_msg=f"{which} g.x layer {layer}")
 
 

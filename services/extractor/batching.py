@@ -137,14 +137,15 @@ def default_max_batch_tokens(free_bytes: int, plain_bytes_per_token: int, *,
 
 
 def free_memory_bytes(device: object = "cpu") -> int:
-    """Memory a new allocation can use now: the GPU's free memory, else the host's available memory (within
-    the process's cgroup limit when there is one)."""
+    """Memory a new allocation can use now: the GPU's free memory (with torch's cached, unused blocks), else the
+    host's available memory (within the process's cgroup limit when there is one)."""
     import torch
 
     device = torch.device(device)  # type: ignore[arg-type]
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free) + max(0, int(cached))  # blocks torch's allocator holds but no tensor uses are free too
     available = _meminfo_available()
     limit = _cgroup_headroom()
     candidates = [value for value in (available, limit) if value is not None]

@@ -1,9 +1,13 @@
 """S2 on the Llama-3.1-8B shape (random bf16 weights): the memory model's rows against what runs, its peak against
 the measured one, and timings of the plain forward, the S2 capture and the chunked forward+backward baseline."""
-import json, os, time
+import json
+import os
+import time
+
 import numpy as np
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
 from poolbench.extractor.batching import free_memory_bytes, gradient_rows_per_forward, rows_per_forward
 from poolbench.extractor.capture import ExtractionStats, capture_chunks, model_token_costs
 from poolbench.extractor.forward_baselines import forward_backward, forward_only
@@ -42,8 +46,12 @@ out["predicted_peak_extra_bytes"] = out["s2_rows"] * L * (costs.plain + costs.gr
 print(json.dumps(out), flush=True)
 def timed(fn, name):
     fn(batches[:1])  # warm-up
-    torch.cuda.synchronize(); torch.cuda.reset_peak_memory_stats()
-    t = time.perf_counter(); stats = fn(batches); torch.cuda.synchronize(); s = time.perf_counter() - t
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    t = time.perf_counter()
+    stats = fn(batches)
+    torch.cuda.synchronize()
+    s = time.perf_counter() - t
     out[name] = {"seconds": s, "tokens_per_s": rows_in * L * len(batches) / s,
                  "peak_extra_bytes": torch.cuda.max_memory_allocated() - weights, "chunks": stats.batches}
     print(name, json.dumps(out[name]), flush=True)
@@ -62,5 +70,7 @@ if not os.environ.get("ALL_LAYERS"):
 for k in [k for k in ("hidden_capture", "s2_capture", "forward_backward_chunked") if k in out]:
     out[k]["over_raw"] = out["raw"]["tokens_per_s"] / out[k]["tokens_per_s"]
 os.makedirs(OUT, exist_ok=True)
-json.dump(out, open(os.path.join(OUT, "s2_memory_gpu_all_layers.json" if os.environ.get("ALL_LAYERS") else "s2_memory_gpu.json"), "w"), indent=1)
+name = "s2_memory_gpu_all_layers.json" if os.environ.get("ALL_LAYERS") else "s2_memory_gpu.json"
+with open(os.path.join(OUT, name), "w") as handle:
+    json.dump(out, handle, indent=1)
 print(json.dumps(out, indent=1))

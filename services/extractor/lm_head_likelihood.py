@@ -2,12 +2,13 @@
 
 The full path (`model(...).logits` then `log_softmax(logits.float())`) holds, per token, the logits in the model's
 dtype, a float32 copy and the saved log-softmax over the whole vocabulary: with 128k words that outweighs an 8B
-model's saved graph. Here the decoder runs to its final (normed) hidden state h; then, over chunks of the real
+model's saved graph. Here the model runs to its final (normed) hidden state h; then, over chunks of the real
 (t, t+1) pairs, logits = head(h_t) in the model's dtype exactly as the model computes them (softcapping and logit
 scaling included), log p = logit[target] - logsumexp in float32, and d s / d h_t by autograd on that chunk alone
 (recomputed, never kept). One `torch.autograd.grad(h, tensors, grad_outputs=dh)` then carries the gradient down to
-the requested layers. Peak extra memory is one chunk × vocab, never [B, T, V] in float32. The CausalLM's own forward
-(and so its `logits_to_keep`) is never called: the decoder is.
+the requested layers. Peak extra memory is one chunk × vocab, never [B, T, V] in float32. The model's own forward
+runs (wrappers too), the head's input taken by a pre-hook and the head handed one position: `logits_to_keep` is
+left at the model's default (every position), which is what the hook needs to see.
 """
 
 from __future__ import annotations
@@ -41,26 +42,47 @@ class LMHead:
         return logits
 
 
+def causal_lm(model: nn.Module) -> nn.Module:
+    """The module that owns the LM head: the model itself, or the causal LM a wrapper holds."""
+    for module in model.modules():
+        head = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
+        if isinstance(getattr(head, "weight", None), torch.Tensor):
+            return module
+    raise ExtractionError(f"{type(model).__name__} has no LM head: gradient saliency (S2) "
+                          "needs a causal LM's log-likelihood")
+
+
 def lm_head(model: nn.Module) -> LMHead:
     """The model's LM head, or one line saying it has none (S2 needs a causal LM's log-likelihood)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    weight = getattr(head, "weight", None)
-    if not isinstance(weight, torch.Tensor) or not hasattr(model, "get_decoder"):
-        raise ExtractionError(f"{type(model).__name__} has no LM head: gradient saliency (S2) "
-                              "needs a causal LM's log-likelihood")
-    config = getattr(model, "config", None)
+    owner = causal_lm(model)
+    head = owner.get_output_embeddings()  # type: ignore[operator]
+    config = getattr(owner, "config", None)
     text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
     softcap = getattr(text, "final_logit_softcapping", None)
     multiplier = float(getattr(text, "logit_scale", None) or 1.0) / float(getattr(text, "logits_scaling", None) or 1.0)
-    return LMHead(weight, getattr(head, "bias", None), float(softcap) if softcap else None, multiplier)
+    return LMHead(head.weight, getattr(head, "bias", None), float(softcap) if softcap else None, multiplier)
 
 
 def final_hidden(model: nn.Module, inputs: dict) -> torch.Tensor:
-    """The decoder's last hidden state [B, T, d] (after its final norm), without the LM head."""
-    decoder = model.get_decoder()  # type: ignore[operator]
-    output = decoder(**inputs)
-    hidden = getattr(output, "last_hidden_state", None)
-    return hidden if hidden is not None else output[0]
+    """What the model feeds its LM head [B, T, d] (after the final norm), from the model's own forward: a
+    pre-hook on the head takes it and hands the head only the first position, so no [B, T, V] logits exist."""
+    head = causal_lm(model).get_output_embeddings()  # type: ignore[operator]
+    seen: list[torch.Tensor] = []
+
+    def take(_module: nn.Module, args: tuple) -> tuple:
+        seen.append(args[0])
+        return (args[0][..., :1, :], *args[1:])
+
+    handle = head.register_forward_pre_hook(take)
+    try:
+        model(**inputs)
+    finally:
+        handle.remove()
+    length = inputs["input_ids" if "input_ids" in inputs else "inputs_embeds"].shape[1]
+    if len(seen) != 1 or seen[0].shape[1] != length:
+        raise ExtractionError(f"{type(model).__name__}: the LM head saw {[tuple(h.shape) for h in seen]}, not one "
+                              f"[B, {length}, d] call; S2 cannot read the log-likelihood's hidden states")
+    return seen[0]
 
 
 def real_pairs(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -78,7 +78,8 @@ def graph_bytes_per_block(*, hidden_size: int, intermediate_size: int, kv_size: 
     weights are frozen, so no linear keeps its input): the MLP's gate, up and their product (3 x MLP width),
     q/k/v/rope/attention output (about 3 x hidden + 2 x key-value width) in the model's dtype, and the two
     RMSNorms' float32 inputs. Against autograd's saved tensors on random 4-layer Llamas (tests/test_s2_memory.py) the
-    graph it gives is 1.32-1.37x, one of its 4 blocks standing for the final norm; on an H100 (8B) 0.87x of the peak."""
+    graph it gives is 1.32-1.37x (one of its 4 blocks stands for the final norm); on an H100 (8B shape) the S2
+    peak it models was 1.15x the one measured (bench/measured/s2_memory)."""
     return itemsize * (3 * intermediate_size + 3 * hidden_size + 2 * kv_size) + FLOAT32_BYTES * 2 * hidden_size
 
 

@@ -14,6 +14,7 @@ from poolbench.corpus.source import limit_passages, open_corpus
 from poolbench.extractor.batching import (
     TokenCosts,
     default_max_batch_tokens,
+    gradient_rows_per_forward,
     row_chunks,
     rows_per_forward,
     token_costs,
@@ -45,11 +46,14 @@ def test_rows_per_forward_by_hand():
     mib = 2**20
     attention = TokenCosts(plain=mib, attention_per_key=mib // 50, gradient=0)
     assert rows_per_forward(attention, 1000, 50) == 10  # 1000 MiB // ((1 + 50/50) MiB * 50)
-    gradient = TokenCosts(plain=mib, attention_per_key=0, gradient=9 * mib)
-    assert rows_per_forward(gradient, 1000, 30) == 3  # 1000 MiB // (10 MiB * 30)
-    assert rows_per_forward(gradient, 100, 30) == 1  # the 512 MiB floor: 512 // 300
-    small = TokenCosts(plain=1000, attention_per_key=0, gradient=9000)
-    assert rows_per_forward(small, 1000, 30) == 33  # the floor lets S2 take every row the token budget allows
+    gradient = TokenCosts(plain=mib, attention_per_key=0, gradient=9 * mib, head_chunk=100 * mib)
+    assert rows_per_forward(gradient, 1000, 30) == 33  # S2 never cuts the chunk the other strategies pool
+    # S2's own rows: 0.8 of 2000 MiB free less the head's 100 MiB and the chunk's 33 * 30 MiB plain bytes,
+    # over (1 + 9) MiB * 30 a row: (1600 - 100 - 990) // 300 = 1; with 4000 MiB free (3200 - 1090) // 300 = 7
+    assert gradient_rows_per_forward(gradient, 1000, 30, 2000 * mib) == 1
+    assert gradient_rows_per_forward(gradient, 1000, 30, 4000 * mib) == 7
+    assert gradient_rows_per_forward(gradient, 1000, 30, 10**6 * mib) == 33  # never more than the chunk
+    assert gradient_rows_per_forward(gradient, 1000, 30, 0) == 1
     with pytest.raises(ValueError):
         rows_per_forward(plain, 0, 8)
 
@@ -65,7 +69,12 @@ def test_token_costs_by_hand():
                         itemsize=4, out_itemsize=2, needs={"attention", "gradient"})
     assert costs.plain == 2 * 2 * 8 * 2 + 4 * (8 * 8 + 4 * 16)  # captured (kept twice) + one block = 64 + 512
     assert costs.attention_per_key == 4 * 2 * 4
-    assert costs.gradient == 3 * 4 * (12 * 8 + 5 * 16) + 4 * 10 * 4  # layers 1..3 keep a graph; the logits
+    # layers 1..3 keep a graph: 3 blocks of 4*(3*16 + 3*8 + 2*8) + 4*2*8 (no KV width given: the hidden size)
+    assert costs.gradient == 3 * (4 * (3 * 16 + 3 * 8 + 2 * 8) + 4 * 2 * 8)
+    assert costs.head_chunk == (2**30 // (10 * 16)) * 10 * 16  # one chunk of the LM head's logits work
+    assert costs.gradient_per_key == 0  # sdpa keeps no probabilities; eager would: 3 blocks * 2 heads * 4 B
+    assert token_costs(hidden_size=8, intermediate_size=16, n_heads=2, vocab_size=10, n_layers=4, layers=[1, 3],
+                       itemsize=4, out_itemsize=2, needs={"gradient"}, eager_attention=True).gradient_per_key == 24
     assert token_costs(hidden_size=8, intermediate_size=16, n_heads=2, vocab_size=10, n_layers=4, layers=[1, 3],
                        itemsize=4, out_itemsize=2).gradient == 0
 

@@ -72,12 +72,13 @@ def test_llama_budget_and_rows_by_hand() -> None:
     # attention: 4*32*4 = 512 B per key, 204,800 at 400 keys; 8192 * 1,228,800 // (1,433,600 * 400) = 17
     attention = pe.stage_token_costs(pe.LLAMA_31_8B, "attention", layers, itemsize=2, out_itemsize=4)
     assert pe.rows_per_forward(attention, budget, 400) == 17
-    # S2's graph: 32 * 2 * (12*4096 + 5*14336) + 4*128256*4 = 9,785,344 B/token -> 2 rows of 400
+    # S2's graph: 32 blocks of 2*(3*14336 + 3*4096 + 2*4096) + 4*2*4096 = 159,744 B: 5,111,808 B/token (the
+    # estimate's shape passes no KV width: the full hidden size stands in); S2 no longer cuts the chunk
     everything = pe.stage_token_costs(pe.LLAMA_31_8B, "all", layers, itemsize=2, out_itemsize=4)
-    assert everything.gradient == 9_785_344
-    assert pe.rows_per_forward(everything, budget, 400) == 2
+    assert everything.gradient == 5_111_808
+    assert pe.rows_per_forward(everything, budget, 400) == 17
     # without the budget a batch of 32 x 400 would hold 143.6 GB: more than the card
-    assert pe.chunk_bytes(everything, 32, 400) == 32 * 400 * (1_228_800 + 204_800 + 9_785_344)
+    assert pe.chunk_bytes(everything, 32, 400) == 32 * 400 * (1_228_800 + 204_800 + 5_111_808)
 
 
 def test_transferred_ratio_carries_the_measured_overhead() -> None:
@@ -103,9 +104,9 @@ def test_validation_predicts_peak_from_the_raw_stage() -> None:
     assert hidden.predicted_peak_bytes == 10**9 + 2048 * 138_240
     assert hidden.flop_ratio == 1.0
     assert hidden.measured_cpu_ratio == 1.05
-    # S2 at that stage's own budget of 7246 tokens: its graph, 30*4*(12*576 + 5*1536) + 4*49152*4 = 2,537,472
-    # B/token, lets 7246 * 181,248 // (2,718,720 * 256) = 1 row of 256 into a forward
-    assert gradient.predicted_peak_bytes == 10**9 - 2048 * 43_008 + 256 * (181_248 + 2_537_472)
+    # S2 at that stage's own budget of 7246 tokens (28 rows of 256, the batch's 8): its graph, 30 blocks of
+    # 4*(3*1536 + 3*576 + 2*576) + 4*2*576 = 34,560 B = 1,036,800 B/token, never cuts the chunk (batching)
+    assert gradient.predicted_peak_bytes == 10**9 - 2048 * 43_008 + 8 * 256 * (181_248 + 1_036_800)
 
 
 def test_unknown_reference_model_stops_in_one_line() -> None:
@@ -136,4 +137,4 @@ def test_estimate_carries_overhead_and_adds_the_host() -> None:
     assert by["hidden"].corpus_hours == pytest.approx(1000 * hidden_seconds / 3600)
     assert by["raw"].host_tokens_per_s == pytest.approx(by["raw"].tokens_per_s)  # the baseline copies nothing
     # S2 at 2 rows of 400 beside 16,060,522,496 B of weights
-    assert by["gradient"].peak_bytes == 16_060_522_496 + 2 * 400 * (1_228_800 + 9_785_344)
+    assert by["gradient"].peak_bytes == 16_060_522_496 + 20 * 400 * (1_228_800 + 5_111_808)

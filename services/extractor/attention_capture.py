@@ -8,9 +8,8 @@ each head's output at the last real token [B, H, Dh] (the head's attention-weigh
 [B, H, T, T] map exists, only [B, H, chunk, T] of one layer at a time. Works for any transformers model
 whose attention goes through ALL_ATTENTION_FUNCTIONS (Llama, Mistral, Gemma, Qwen, BERT, ...).
 
-Gradient: the shallowest requested block's output is re-leafed with requires_grad, the forward runs to the
-LM head, s = sum of log p(x_{t+1} | x_<=t) over real (t, t+1) pairs, and one autograd.grad call returns
-d s / d h at every requested layer (through everything downstream of it).
+Gradient: the shallowest requested block's output is re-leafed with requires_grad, so the backward of S2's
+log-likelihood (lm_head_likelihood) stops there and reaches every requested layer.
 """
 
 from __future__ import annotations
@@ -174,11 +173,3 @@ def gradient_layer_outputs(decoder_layers: Sequence[nn.Module], layers: Sequence
         for handle in handles:
             handle.remove()
 
-
-def passage_log_likelihood(logits: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Sum over the batch of each passage's log p(x_{t+1} | x_<=t) over pairs of real tokens."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    target = input_ids[:, 1:]
-    picked = logp.gather(-1, target.unsqueeze(-1)).squeeze(-1)
-    pairs = mask[:, :-1] & mask[:, 1:]
-    return (picked * pairs).sum()

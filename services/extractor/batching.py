@@ -15,7 +15,10 @@ from pathlib import Path
 DEFAULT_MAX_BATCH_TOKENS = 8192  # batch 32 x 256 tokens, today's largest batch: the budget only ever lowers it
 MEMORY_FRACTION = 0.25  # of the free memory one forward may use by default, leaving room for the rest
 FLOAT32_BYTES = 4
-EXTRA_BYTES_FLOOR = 512 * 2**20  # attention maps and S2's graph may always take this much in one forward
+EXTRA_BYTES_FLOOR = 512 * 2**20  # attention maps may always take this much in one forward
+HEAD_CHUNK_BYTES = 2**30  # what one chunk of S2's LM head may hold at once (logits and their float32 work)
+HEAD_BYTES_PER_LOGIT = 16  # model-dtype logits, a float32 copy, exp/softmax and the logits' gradient, rounded up
+GRADIENT_MEMORY_FRACTION = 0.8  # of the free memory S2's forward + backward may use (the rest: allocator slack)
 
 
 def plan_batches(lengths: Sequence[int], batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
@@ -59,38 +62,73 @@ class TokenCosts:
 
     plain: int  # the captured hidden states (kept while the pooler reads the previous chunk) + one block's work
     attention_per_key: int  # recomputed probabilities and their temporaries, per key position of the row
-    gradient: int  # the saved backward graph from the shallowest requested layer up, and the LM head's logits
+    gradient: int = 0  # S2's saved backward graph from the shallowest requested layer up (model-dtype activations)
+    gradient_per_key: int = 0  # what that graph keeps per key position (eager attention's probabilities)
+    head_chunk: int = 0  # the chunked LM head's one chunk of logits and their work, once per S2 forward
+
+
+def chunk_tokens_for(vocab_size: int, chunk_bytes: int | None = None) -> int:
+    """Tokens one LM-head chunk may take so its logits and their work stay within chunk_bytes (HEAD_CHUNK_BYTES)."""
+    limit = HEAD_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    return max(1, limit // max(1, vocab_size * HEAD_BYTES_PER_LOGIT))
+
+
+def graph_bytes_per_block(*, hidden_size: int, intermediate_size: int, kv_size: int, itemsize: int) -> int:
+    """What autograd keeps per token for one Llama-style block when only the activations need gradients (the
+    weights are frozen, so no linear keeps its input): the MLP's gate, up and their product (3 x MLP width),
+    q/k/v/rope/attention output (about 3 x hidden + 2 x key-value width) in the model's dtype, and the two
+    RMSNorms' float32 inputs. Against autograd's saved tensors on random 4-layer Llamas (tests/test_s2_memory.py) the
+    graph it gives is 1.32-1.37x (one of its 4 blocks stands for the final norm); on an H100 (8B shape) the S2
+    peak it models was 1.15x the one measured (bench/measured/s2_memory)."""
+    return itemsize * (3 * intermediate_size + 3 * hidden_size + 2 * kv_size) + FLOAT32_BYTES * 2 * hidden_size
 
 
 def token_costs(*, hidden_size: int, intermediate_size: int, n_heads: int, vocab_size: int, n_layers: int,
-                layers: Sequence[int], itemsize: int, out_itemsize: int,
-                needs: Collection[str] = frozenset()) -> TokenCosts:
-    """Per-token bytes from the model's shape: activations in the model's dtype, attention maps and logits in
-    float32; the constants count the tensors each step keeps alive at once (measured on SmolLM2 and the tiny
-    Llama, rounded up)."""
+                layers: Sequence[int], itemsize: int, out_itemsize: int, needs: Collection[str] = frozenset(),
+                kv_size: int | None = None, eager_attention: bool = False) -> TokenCosts:
+    """Per-token bytes from the model's shape: activations in the model's dtype, attention maps in float32; S2's
+    graph from the shallowest requested layer up (n_layers - min(layers) blocks: the blocks after it and one for
+    the final norm; every block when the leaf is the embeddings, layers=(0,)) and the LM head's one chunk."""
     captured = 2 * len(layers) * hidden_size * out_itemsize
     block = itemsize * (8 * hidden_size + 4 * intermediate_size)
     attention = 4 * n_heads * FLOAT32_BYTES if "attention" in needs else 0
-    gradient = 0
-    if "gradient" in needs:
-        graph_layers = n_layers - min(layers)
-        gradient = graph_layers * itemsize * (12 * hidden_size + 5 * intermediate_size) + 4 * vocab_size * FLOAT32_BYTES
-    return TokenCosts(plain=captured + block, attention_per_key=attention, gradient=gradient)
+    if "gradient" not in needs:
+        return TokenCosts(plain=captured + block, attention_per_key=attention)
+    blocks = n_layers - min(layers)
+    per_block = graph_bytes_per_block(hidden_size=hidden_size, intermediate_size=intermediate_size,
+                                      kv_size=hidden_size if kv_size is None else kv_size, itemsize=itemsize)
+    cast = itemsize if itemsize < FLOAT32_BYTES else 0  # eager softmax in float32, then a copy in the model's dtype
+    per_key = blocks * n_heads * (FLOAT32_BYTES + cast) if eager_attention else 0
+    head = chunk_tokens_for(vocab_size) * vocab_size * HEAD_BYTES_PER_LOGIT if vocab_size else 0
+    return TokenCosts(plain=captured + block, attention_per_key=attention, gradient=blocks * per_block,
+                      gradient_per_key=per_key, head_chunk=head)
 
 
 def rows_per_forward(costs: TokenCosts, max_batch_tokens: int, length: int) -> int:
-    """Rows of padded length `length` one forward may take: at most max_batch_tokens padded tokens, and fewer
-    when attention and S2 add more per token than max_batch_tokens plain tokens' worth of bytes (never less
-    than EXTRA_BYTES_FLOOR: smaller chunks would save nothing that matters and only cost speed)."""
+    """Rows of padded length `length` one chunk may take: at most max_batch_tokens padded tokens, and fewer when
+    attention adds more per token than max_batch_tokens plain tokens' worth of bytes (never less than
+    EXTRA_BYTES_FLOOR). S2 never cuts a chunk: it runs its forward and backward in sub-chunks of
+    gradient_rows_per_forward rows inside it, so the other strategies pool the chunk whole."""
     if max_batch_tokens < 1:
         raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
     length = max(length, 1)
     rows = max_batch_tokens // length
-    extra = costs.attention_per_key * length + costs.gradient
+    extra = costs.attention_per_key * length
     if extra:
         allowed = max(max_batch_tokens * costs.plain, EXTRA_BYTES_FLOOR)
         rows = min(rows, allowed // ((costs.plain + extra) * length))
     return max(1, rows)
+
+
+def gradient_rows_per_forward(costs: TokenCosts, max_batch_tokens: int, length: int, free_bytes: int, *,
+                              fraction: float = GRADIENT_MEMORY_FRACTION) -> int:
+    """Rows of one S2 forward + backward inside a chunk of rows_per_forward rows: what a fraction of the free
+    memory holds once the chunk's own plain bytes and the LM head's chunk are set aside, at most the chunk."""
+    chunk = rows_per_forward(costs, max_batch_tokens, length)
+    length = max(length, 1)
+    per_row = length * (costs.plain + (costs.attention_per_key + costs.gradient_per_key) * length + costs.gradient)
+    room = int(free_bytes * fraction) - costs.head_chunk - chunk * length * costs.plain
+    return max(1, min(chunk, room // per_row))
 
 
 def default_max_batch_tokens(free_bytes: int, plain_bytes_per_token: int, *,
@@ -101,14 +139,15 @@ def default_max_batch_tokens(free_bytes: int, plain_bytes_per_token: int, *,
 
 
 def free_memory_bytes(device: object = "cpu") -> int:
-    """Memory a new allocation can use now: the GPU's free memory, else the host's available memory (within
-    the process's cgroup limit when there is one)."""
+    """Memory a new allocation can use now: the GPU's free memory (with torch's cached, unused blocks), else the
+    host's available memory (within the process's cgroup limit when there is one)."""
     import torch
 
     device = torch.device(device)  # type: ignore[arg-type]
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free) + max(0, int(cached))  # blocks torch's allocator holds but no tensor uses are free too
     available = _meminfo_available()
     limit = _cgroup_headroom()
     candidates = [value for value in (available, limit) if value is not None]

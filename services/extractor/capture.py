@@ -21,6 +21,7 @@ from poolbench.extractor.batching import (
     TokenCosts,
     default_max_batch_tokens,
     free_memory_bytes,
+    gradient_rows_per_forward,
     row_chunks,
     rows_per_forward,
     token_costs,
@@ -60,16 +61,20 @@ def sync_device(model: nn.Module) -> None:
 
 def model_token_costs(model: nn.Module, layers: Sequence[int], needs: Collection[str],
                       dtype_out: np.dtype | type = np.float32) -> TokenCosts:
-    """The budget's per-token bytes for this model's shape and dtype."""
+    """The budget's per-token bytes for this model's shape, dtype and attention implementation."""
     config = getattr(model, "config", None)
     text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
     hidden = int(getattr(text, "hidden_size", 0) or 0)
+    heads = int(getattr(text, "num_attention_heads", 1) or 1)
+    head_dim = int(getattr(text, "head_dim", 0) or hidden // heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", 0) or heads)
     parameter = next(model.parameters())
     return token_costs(
         hidden_size=hidden, intermediate_size=int(getattr(text, "intermediate_size", 0) or 4 * hidden),
-        n_heads=int(getattr(text, "num_attention_heads", 1) or 1), vocab_size=int(getattr(text, "vocab_size", 0) or 0),
+        n_heads=heads, vocab_size=int(getattr(text, "vocab_size", 0) or 0),
         n_layers=int(getattr(text, "num_hidden_layers", 0) or max(layers) + 1), layers=layers,
-        itemsize=parameter.element_size(), out_itemsize=np.dtype(dtype_out).itemsize, needs=needs)
+        itemsize=parameter.element_size(), out_itemsize=np.dtype(dtype_out).itemsize, needs=needs,
+        kv_size=kv_heads * head_dim, eager_attention=getattr(text, "_attn_implementation", None) == "eager")
 
 
 def resolve_max_batch_tokens(model: nn.Module, layers: Sequence[int], max_batch_tokens: int | None,
@@ -123,7 +128,8 @@ def capture_chunks(
     [site] = check_sites([site])
     site_modules = decoder_layers if site == "residual" else \
         [site_module(block, layer, site) for layer, block in enumerate(decoder_layers)]
-    plan = _ChunkPlan(iter(batches), costs, budget)
+    free = free_memory_bytes(next(model.parameters()).device) if "gradient" in needs else 0
+    plan = _ChunkPlan(iter(batches), costs, budget, free)
     with _Preparer(prepare, overlap, stats) as preparer:
         while (entry := plan.next()) is not None:
             batch_index, chunk = entry
@@ -135,7 +141,8 @@ def capture_chunks(
                     preparer.ahead(upcoming)
                 sink = make()
                 _capture_chunk(model, decoder_layers, chunk, layers, sink, stats=stats, stop_early=stop_early,
-                               needs=needs, site_modules=site_modules)
+                               needs=needs, site_modules=site_modules,
+                               gradient_rows=plan.gradient_rows(chunk.input_ids.shape[1]))
             except torch.OutOfMemoryError:
                 sink = None
                 _release(model)
@@ -168,11 +175,12 @@ def _unprepared(sink_for: Callable[[PaddedBatch], SinkT], chunk: PaddedBatch) ->
 class _ChunkPlan:
     """The row chunks of the batches in order, each batch cut at the budget when it comes up; after an
     out-of-memory halving every later batch is cut at the smaller size, one already looked at (to prepare its
-    first chunk ahead) included."""
+    first chunk ahead) included. S2's sub-chunks (from the free memory at the start) halve with them."""
 
-    def __init__(self, batches: Iterator[PaddedBatch], costs: TokenCosts, budget: int) -> None:
+    def __init__(self, batches: Iterator[PaddedBatch], costs: TokenCosts, budget: int, free_bytes: int = 0) -> None:
         self._batches = enumerate(batches)
-        self._costs, self._budget = costs, budget
+        self._costs, self._budget, self._free = costs, budget, free_bytes
+        self._logged: set[int] = set()
         self._halvings = 0
         self._pending: list[tuple[int, PaddedBatch]] = []
         self._looked: tuple[int, PaddedBatch, int, list[tuple[int, PaddedBatch]]] | None = None  # index, batch,
@@ -181,6 +189,19 @@ class _ChunkPlan:
     def _cut(self, index: int, batch: PaddedBatch) -> list[tuple[int, PaddedBatch]]:
         rows = max(1, rows_per_forward(self._costs, self._budget, batch.input_ids.shape[1]) >> self._halvings)
         return [(index, batch.select(chunk)) for chunk in row_chunks(len(batch.indices), rows)]
+
+    def gradient_rows(self, length: int) -> int:
+        """Rows of one S2 forward + backward inside a chunk of padded length `length` (0 without S2)."""
+        if not self._costs.gradient:
+            return 0
+        chunk = rows_per_forward(self._costs, self._budget, length)
+        rows = gradient_rows_per_forward(self._costs, self._budget, length, self._free)
+        if rows < chunk and length not in self._logged:
+            self._logged.add(length)
+            logger.info("S2 at %d tokens: forward + backward over %d rows at a time inside chunks of %d rows "
+                        "(%.1f GiB free); the other strategies pool the whole chunk", length, rows, chunk,
+                        self._free / 2**30)
+        return max(1, rows >> self._halvings)
 
     def _look(self) -> bool:
         """Cut the next batch (once) without starting it; False at the end."""
@@ -272,17 +293,55 @@ def _release(model: nn.Module) -> None:
 
 def _capture_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch: PaddedBatch,
                    layers: tuple[int, ...], sink: LayerSink, *, stats: ExtractionStats | None,
-                   stop_early: bool, needs: frozenset[str], site_modules: Sequence[nn.Module]) -> None:
-    """One forward (and, for S2, one backward) over one chunk; each layer's site output (`site_modules[L]`'s
-    output: the block itself for the residual site) goes to `sink` with its extras."""
+                   stop_early: bool, needs: frozenset[str], site_modules: Sequence[nn.Module],
+                   gradient_rows: int = 0) -> None:
+    """One forward (and, for S2, one backward per sub-chunk of `gradient_rows` rows) over one chunk; each layer's
+    site output (`site_modules[L]`'s output: the block itself for the residual site) goes to `sink` with its
+    extras, for the whole chunk at once."""
     start = time.perf_counter()
+    gradient = "gradient" in needs
+    n_rows = len(batch.indices)
+    if gradient and 0 < gradient_rows < n_rows:
+        parts = [_run_rows(model, decoder_layers, batch.select(rows), layers, needs, site_modules, stop_early)
+                 for rows in row_chunks(n_rows, gradient_rows)]
+        for layer in layers:
+            hidden = torch.cat([part[layer][0] for part in parts])
+            sink(layer, hidden, {name: torch.cat([part[layer][1][name] for part in parts])
+                                 for name in parts[0][layer][1]})
+        del parts
+    else:
+        _run_rows(model, decoder_layers, batch, layers, needs, site_modules, stop_early, sink=sink)
+    sync_device(model)
+    converted = time.perf_counter()
+    sink.finish()
+    done = time.perf_counter()
+    if stats is not None:
+        stats.batches += 1
+        stats.passages += n_rows
+        stats.tokens += int(batch.attention_mask.sum())
+        stats.padded_tokens += batch.attention_mask.size
+        stats.forward_seconds += converted - start
+        stats.convert_seconds += done - converted
+
+
+def _run_rows(model: nn.Module, decoder_layers: Sequence[nn.Module], batch: PaddedBatch, layers: tuple[int, ...],
+              needs: frozenset[str], site_modules: Sequence[nn.Module], stop_early: bool,
+              sink: Callable[[int, torch.Tensor, LayerExtras], None] | None = None
+              ) -> dict[int, tuple[torch.Tensor, LayerExtras]]:
+    """One forward (and S2's backward) over these rows: each layer to `sink` as it comes, or, without a sink,
+    every layer's (hidden, extras) returned for the caller to join with its other sub-chunks."""
     attention, gradient = "attention" in needs, "gradient" in needs
+    kept: dict[int, tuple[torch.Tensor, LayerExtras]] = {}
     written: set[int] = set()
     heads: dict[int, dict[str, torch.Tensor]] = {}
 
     def write(layer: int, hidden: torch.Tensor, more: LayerExtras | None = None) -> None:
         extras = {_ATTENTION_NAMES[name]: value for name, value in heads.get(layer, {}).items()}
-        sink(layer, hidden, {**extras, **(more or {})})
+        extras.update(more or {})
+        if sink is not None:
+            sink(layer, hidden, extras)
+        else:
+            kept[layer] = (hidden, extras)
         written.add(layer)
 
     grad_mode = torch.enable_grad() if gradient else torch.inference_mode()
@@ -300,17 +359,7 @@ def _capture_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch:
         missing = [layer for layer in layers if layer not in written]
         if missing:
             raise ExtractionError(f"layers {missing} never ran: decoder_layers are not this model's")
-    sync_device(model)
-    converted = time.perf_counter()
-    sink.finish()
-    done = time.perf_counter()
-    if stats is not None:
-        stats.batches += 1
-        stats.passages += len(batch.indices)
-        stats.tokens += int(batch.attention_mask.sum())
-        stats.padded_tokens += batch.attention_mask.size
-        stats.forward_seconds += converted - start
-        stats.convert_seconds += done - converted
+    return kept
 
 
 _ATTENTION_NAMES = {"inflow": "attention_head_inflow", "inflow_last": "attention_head_inflow_last",

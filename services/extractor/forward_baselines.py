@@ -9,10 +9,10 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from poolbench.extractor.attention_capture import passage_log_likelihood
 from poolbench.extractor.batching import (
+    free_memory_bytes,
+    gradient_rows_per_forward,
     row_chunks,
-    rows_per_forward,
 )
 from poolbench.extractor.capture import (
     ExtractionStats,
@@ -20,6 +20,7 @@ from poolbench.extractor.capture import (
     resolve_max_batch_tokens,
     sync_device,
 )
+from poolbench.extractor.lm_head_likelihood import final_hidden, layer_gradients, lm_head
 from poolbench.extractor.padded_batches import PaddedBatch, model_inputs
 
 
@@ -51,24 +52,27 @@ def forward_backward(
     model: nn.Module, batches: Iterable[PaddedBatch], *, max_batch_tokens: int | None = None,
     stats: ExtractionStats | None = None,
 ) -> ExtractionStats:
-    """The S2 baseline: forward to the LM head and one backward of the log-likelihood to the input embeddings,
-    in the row chunks S2 itself would use at this budget (a whole batch's graph may not fit)."""
+    """The S2 baseline: forward to the final hidden state, the LM head in chunks and one backward of the
+    log-likelihood to the input embeddings, in the sub-chunks S2 itself would use at this budget and free memory
+    (its graph here spans every block)."""
     stats = stats if stats is not None else ExtractionStats()
     layers = (0,)
     budget = resolve_max_batch_tokens(model, layers, max_batch_tokens)
-    costs = model_token_costs(model, layers, frozenset({"gradient"}))
+    costs = model_token_costs(model, layers, frozenset({"gradient"}))  # n_layers - 0 blocks: every block
+    free = free_memory_bytes(next(model.parameters()).device)
+    lm_head(model)
     embed = model.get_input_embeddings()
     for batch in batches:
-        for chunk in row_chunks(len(batch.indices), rows_per_forward(costs, budget, batch.input_ids.shape[1])):
+        rows = gradient_rows_per_forward(costs, budget, batch.input_ids.shape[1], free)
+        for chunk in row_chunks(len(batch.indices), rows):
             part = batch.select(chunk)
             start = time.perf_counter()
             with torch.enable_grad():
                 inputs = model_inputs(model, part)
                 ids = inputs.pop("input_ids")
                 embeds = embed(ids).detach().requires_grad_(True)  # type: ignore[arg-type]
-                logits = model(inputs_embeds=embeds, **inputs).logits
-                score = passage_log_likelihood(logits, ids, inputs["attention_mask"].to(torch.bool))  # type: ignore
-                torch.autograd.grad(score, [embeds])
+                final = final_hidden(model, {"inputs_embeds": embeds, **inputs})
+                layer_gradients(model, final, [embeds], ids, inputs["attention_mask"].to(torch.bool))  # type: ignore
             sync_device(model)
             _count(stats, part, time.perf_counter() - start)
     return stats

@@ -1,0 +1,124 @@
+"""The passage log-likelihood and its gradient at the final hidden state, with the LM head run over chunks of tokens.
+
+The full path (`model(...).logits` then `log_softmax(logits.float())`) holds, per token, the logits in the model's
+dtype, a float32 copy and the saved log-softmax over the whole vocabulary: with 128k words that outweighs an 8B
+model's saved graph. Here the model runs to its final (normed) hidden state h; then, over chunks of the real
+(t, t+1) pairs, logits = head(h_t) in the model's dtype exactly as the model computes them (softcapping and logit
+scaling included), log p = logit[target] - logsumexp in float32, and d s / d h_t by autograd on that chunk alone
+(recomputed, never kept). One `torch.autograd.grad(h, tensors, grad_outputs=dh)` then carries the gradient down to
+the requested layers. Peak extra memory is one chunk × vocab, never [B, T, V] in float32. The model's own forward
+runs (wrappers too), the head's input taken by a pre-hook and the head handed one position: `logits_to_keep` is
+left at the model's default (every position), which is what the hook needs to see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from poolbench.errors import ExtractionError
+from poolbench.extractor.batching import chunk_tokens_for
+
+
+@dataclass(frozen=True)
+class LMHead:
+    """The part of a causal LM after its decoder: logits = transform(h @ weight^T + bias)."""
+
+    weight: torch.Tensor  # [V, d] (the input embeddings when tied: the same tensor)
+    bias: torch.Tensor | None
+    softcap: float | None  # Gemma 2/3: logits = tanh(logits / cap) * cap
+    multiplier: float  # Cohere's logit_scale; 1 / Granite's logits_scaling
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's own logits for these hidden states, in the model's dtype, in the model's order of ops."""
+        logits = nn.functional.linear(hidden, self.weight, self.bias)
+        if self.multiplier != 1.0:
+            logits = logits * self.multiplier
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+
+def causal_lm(model: nn.Module) -> nn.Module:
+    """The module that owns the LM head: the model itself, or the causal LM a wrapper holds."""
+    for module in model.modules():
+        head = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
+        if isinstance(getattr(head, "weight", None), torch.Tensor):
+            return module
+    raise ExtractionError(f"{type(model).__name__} has no LM head: gradient saliency (S2) "
+                          "needs a causal LM's log-likelihood")
+
+
+def lm_head(model: nn.Module) -> LMHead:
+    """The model's LM head, or one line saying it has none (S2 needs a causal LM's log-likelihood)."""
+    owner = causal_lm(model)
+    head = owner.get_output_embeddings()  # type: ignore[operator]
+    config = getattr(owner, "config", None)
+    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    softcap = getattr(text, "final_logit_softcapping", None)
+    multiplier = float(getattr(text, "logit_scale", None) or 1.0) / float(getattr(text, "logits_scaling", None) or 1.0)
+    return LMHead(head.weight, getattr(head, "bias", None), float(softcap) if softcap else None, multiplier)
+
+
+def final_hidden(model: nn.Module, inputs: dict) -> torch.Tensor:
+    """What the model feeds its LM head [B, T, d] (after the final norm), from the model's own forward: a
+    pre-hook on the head takes it and hands the head only the first position, so no [B, T, V] logits exist."""
+    head = causal_lm(model).get_output_embeddings()  # type: ignore[operator]
+    seen: list[torch.Tensor] = []
+
+    def take(_module: nn.Module, args: tuple) -> tuple:
+        seen.append(args[0])
+        return (args[0][..., :1, :], *args[1:])
+
+    handle = head.register_forward_pre_hook(take)
+    try:
+        model(**inputs)
+    finally:
+        handle.remove()
+    length = inputs["input_ids" if "input_ids" in inputs else "inputs_embeds"].shape[1]
+    if len(seen) != 1 or seen[0].shape[1] != length:
+        raise ExtractionError(f"{type(model).__name__}: the LM head saw {[tuple(h.shape) for h in seen]}, not one "
+                              f"[B, {length}, d] call; S2 cannot read the log-likelihood's hidden states")
+    return seen[0]
+
+
+def real_pairs(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows, positions) of every t whose token and next token are both real: the terms of the log-likelihood."""
+    pairs = mask[:, :-1] & mask[:, 1:]
+    rows, positions = torch.nonzero(pairs, as_tuple=True)
+    return rows, positions
+
+
+def log_likelihood_and_gradient(head: LMHead, hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor,
+                                *, chunk_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(s, ds/dh): s = sum over rows of log p(x_{t+1} | x_<=t) over real pairs (float32 scalar), and its gradient
+    at `hidden` [B, T, d] (hidden's dtype; zero where t has no real successor), one chunk of pairs at a time."""
+    chunk = chunk_tokens or chunk_tokens_for(head.weight.shape[0])
+    rows, positions = real_pairs(mask.to(torch.bool))
+    targets = input_ids[rows, positions + 1]
+    flat_index = rows * hidden.shape[1] + positions
+    states = hidden.detach().reshape(-1, hidden.shape[-1])
+    grad = torch.zeros_like(states)
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for start in range(0, int(flat_index.numel()), chunk):
+        index = flat_index[start:start + chunk]
+        with torch.enable_grad():
+            h = states[index].requires_grad_(True)
+            logits = head.logits(h).float()
+            picked = logits.gather(-1, targets[start:start + chunk, None]).squeeze(-1)
+            score = (picked - torch.logsumexp(logits, dim=-1)).sum()
+            (part,) = torch.autograd.grad(score, [h])
+        grad[index] = part
+        total = total + score.detach()
+    return total, grad.reshape(hidden.shape)
+
+
+def layer_gradients(model: nn.Module, final: torch.Tensor, tensors: Sequence[torch.Tensor], input_ids: torch.Tensor,
+                    mask: torch.Tensor, *, chunk_tokens: int | None = None) -> tuple[torch.Tensor, ...]:
+    """d s / d t for each of `tensors` (upstream of `final`, the decoder's last hidden state): the chunked head's
+    gradient at `final`, then one backward through the decoder shared by every row and tensor."""
+    _, grad_final = log_likelihood_and_gradient(lm_head(model), final, input_ids, mask, chunk_tokens=chunk_tokens)
+    return torch.autograd.grad(final, list(tensors), grad_outputs=grad_final)

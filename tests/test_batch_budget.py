@@ -68,7 +68,10 @@ def test_token_costs_by_hand():
     costs = token_costs(hidden_size=8, intermediate_size=16, n_heads=2, vocab_size=10, n_layers=4, layers=[1, 3],
                         itemsize=4, out_itemsize=2, needs={"attention", "gradient"})
     assert costs.plain == 2 * 2 * 8 * 2 + 4 * (8 * 8 + 4 * 16)  # captured (kept twice) + one block = 64 + 512
-    assert costs.attention_per_key == 4 * 2 * 4
+    assert costs.attention_per_key == 0  # S1/S3's inflow is recomputed in query chunks: no length^2 term
+    # per token: float32 accumulators (4 per head) and the float32 key copy (KV heads x head dim, here 2 x 4), + 4
+    assert costs.attention_per_token == 4 * (4 * 2 + 2 * 4) + 4
+    assert costs.attention_reserve == 256 * 2**20  # one query chunk's temporaries, once per forward
     # layers 1..3 keep a graph: 3 blocks of 4*(3*16 + 3*8 + 2*8) + 4*2*8 (no KV width given: the hidden size)
     assert costs.gradient == 3 * (4 * (3 * 16 + 3 * 8 + 2 * 8) + 4 * 2 * 8)
     assert costs.head_chunk == (2**30 // (10 * 16)) * 10 * 16  # one chunk of the LM head's logits work

@@ -69,16 +69,19 @@ def test_llama_budget_and_rows_by_hand() -> None:
     budget = pe.budget_tokens(pe.LLAMA_31_8B, layers, free, itemsize=2, out_itemsize=4)
     assert budget == 8192
     assert pe.rows_per_forward(hidden, budget, 400) == 20  # 8192 // 400
-    # attention: 4*32*4 = 512 B per key, 204,800 at 400 keys; 8192 * 1,228,800 // (1,433,600 * 400) = 17
+    # attention, recomputed in query chunks: 4*(4*32 + 32*128) + 4 = 16,900 B per token (the estimate's shape
+    # passes no KV heads: all 32 stand in) and one 256 MiB chunk, no term in length^2: it cuts no rows (was 17)
     attention = pe.stage_token_costs(pe.LLAMA_31_8B, "attention", layers, itemsize=2, out_itemsize=4)
-    assert pe.rows_per_forward(attention, budget, 400) == 17
+    assert (attention.attention_per_key, attention.attention_per_token) == (0, 16_900)
+    assert pe.rows_per_forward(attention, budget, 400) == 20
     # S2's graph: 32 blocks of 2*(3*14336 + 3*4096 + 2*4096) + 4*2*4096 = 159,744 B: 5,111,808 B/token (the
     # estimate's shape passes no KV width: the full hidden size stands in); S2 no longer cuts the chunk
     everything = pe.stage_token_costs(pe.LLAMA_31_8B, "all", layers, itemsize=2, out_itemsize=4)
     assert everything.gradient == 5_111_808
-    assert pe.rows_per_forward(everything, budget, 400) == 17
-    # without the budget a batch of 32 x 400 would hold 143.6 GB: more than the card
-    assert pe.chunk_bytes(everything, 32, 400) == 32 * 400 * (1_228_800 + 204_800 + 5_111_808)
+    assert pe.rows_per_forward(everything, budget, 400) == 20
+    # without the budget a batch of 32 x 400 would hold 81.6 GB (the T x T attention map's 204,800 B a token is
+    # gone; one 256 MiB query chunk instead): more than the card
+    assert pe.chunk_bytes(everything, 32, 400) == 32 * 400 * (1_228_800 + 16_900 + 5_111_808) + 256 * 2**20
 
 
 def test_transferred_ratio_carries_the_measured_overhead() -> None:

@@ -12,6 +12,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from poolbench.extractor.attention_inflow import CHUNK_BUDGET_BYTES, recompute_bytes_per_token
+
 DEFAULT_MAX_BATCH_TOKENS = 8192  # batch 32 x 256 tokens, today's largest batch: the budget only ever lowers it
 MEMORY_FRACTION = 0.25  # of the free memory one forward may use by default, leaving room for the rest
 FLOAT32_BYTES = 4
@@ -61,10 +63,12 @@ class TokenCosts:
     """Bytes one padded token costs in a forward: the plain hooked forward, and what attention and S2 add."""
 
     plain: int  # the captured hidden states (kept while the pooler reads the previous chunk) + one block's work
-    attention_per_key: int  # recomputed probabilities and their temporaries, per key position of the row
+    attention_per_key: int  # what grows with rows x length^2 (0 since S1/S3's inflow is recomputed in query chunks)
     gradient: int = 0  # S2's saved backward graph from the shallowest requested layer up (model-dtype activations)
     gradient_per_key: int = 0  # what that graph keeps per key position (eager attention's probabilities)
     head_chunk: int = 0  # the chunked LM head's one chunk of logits and their work, once per S2 forward
+    attention_per_token: int = 0  # S1/S3's inflow accumulators and key copy (attention_inflow), per padded token
+    attention_reserve: int = 0  # one query chunk's temporaries (at most CHUNK_BUDGET_BYTES), once per forward
 
 
 def chunk_tokens_for(vocab_size: int, chunk_bytes: int | None = None) -> int:
@@ -85,29 +89,36 @@ def graph_bytes_per_block(*, hidden_size: int, intermediate_size: int, kv_size: 
 
 def token_costs(*, hidden_size: int, intermediate_size: int, n_heads: int, vocab_size: int, n_layers: int,
                 layers: Sequence[int], itemsize: int, out_itemsize: int, needs: Collection[str] = frozenset(),
-                kv_size: int | None = None, eager_attention: bool = False) -> TokenCosts:
+                kv_size: int | None = None, eager_attention: bool = False, n_kv_heads: int | None = None,
+                head_dim: int | None = None) -> TokenCosts:
     """Per-token bytes from the model's shape: activations in the model's dtype, attention maps in float32; S2's
     graph from the shallowest requested layer up (n_layers - min(layers) blocks: the blocks after it and one for
     the final norm; every block when the leaf is the embeddings, layers=(0,)) and the LM head's one chunk."""
     captured = 2 * len(layers) * hidden_size * out_itemsize
     block = itemsize * (8 * hidden_size + 4 * intermediate_size)
-    attention = 4 * n_heads * FLOAT32_BYTES if "attention" in needs else 0
+    attention: dict[str, int] = {}
+    if "attention" in needs:  # query-chunked recomputation: a per-token term and one bounded chunk, no T x T map
+        dim = head_dim or hidden_size // max(n_heads, 1)
+        attention = {"attention_per_token": recompute_bytes_per_token(n_heads, n_kv_heads or n_heads, dim),
+                     "attention_reserve": CHUNK_BUDGET_BYTES}
     if "gradient" not in needs:
-        return TokenCosts(plain=captured + block, attention_per_key=attention)
+        return TokenCosts(plain=captured + block, attention_per_key=0, **attention)
     blocks = n_layers - min(layers)
     per_block = graph_bytes_per_block(hidden_size=hidden_size, intermediate_size=intermediate_size,
                                       kv_size=hidden_size if kv_size is None else kv_size, itemsize=itemsize)
     cast = itemsize if itemsize < FLOAT32_BYTES else 0  # eager softmax in float32, then a copy in the model's dtype
     per_key = blocks * n_heads * (FLOAT32_BYTES + cast) if eager_attention else 0
     head = chunk_tokens_for(vocab_size) * vocab_size * HEAD_BYTES_PER_LOGIT if vocab_size else 0
-    return TokenCosts(plain=captured + block, attention_per_key=attention, gradient=blocks * per_block,
+    return TokenCosts(plain=captured + block, attention_per_key=0, **attention, gradient=blocks * per_block,
                       gradient_per_key=per_key, head_chunk=head)
 
 
 def rows_per_forward(costs: TokenCosts, max_batch_tokens: int, length: int) -> int:
     """Rows of padded length `length` one chunk may take: at most max_batch_tokens padded tokens, and fewer when
-    attention adds more per token than max_batch_tokens plain tokens' worth of bytes (never less than
-    EXTRA_BYTES_FLOOR). S2 never cuts a chunk: it runs its forward and backward in sub-chunks of
+    a term growing with length^2 adds more than max_batch_tokens plain tokens' worth of bytes (never less than
+    EXTRA_BYTES_FLOOR). S1/S3's chunked recomputation adds a per-token term (~1% of `plain` on Llama-8B: 4.6 KB
+    against 377 KB) and one bounded chunk, both taken from the memory the budget's fraction leaves free, so it
+    cuts no rows. S2 never cuts a chunk: it runs its forward and backward in sub-chunks of
     gradient_rows_per_forward rows inside it, so the other strategies pool the chunk whole."""
     if max_batch_tokens < 1:
         raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
@@ -126,8 +137,9 @@ def gradient_rows_per_forward(costs: TokenCosts, max_batch_tokens: int, length: 
     memory holds once the chunk's own plain bytes and the LM head's chunk are set aside, at most the chunk."""
     chunk = rows_per_forward(costs, max_batch_tokens, length)
     length = max(length, 1)
-    per_row = length * (costs.plain + (costs.attention_per_key + costs.gradient_per_key) * length + costs.gradient)
-    room = int(free_bytes * fraction) - costs.head_chunk - chunk * length * costs.plain
+    per_row = length * (costs.plain + costs.attention_per_token + (costs.attention_per_key + costs.gradient_per_key)
+                        * length + costs.gradient)
+    room = int(free_bytes * fraction) - costs.head_chunk - costs.attention_reserve - chunk * length * costs.plain
     return max(1, min(chunk, room // per_row))
 
 

@@ -186,7 +186,10 @@ def evaluate_models(cfg: RunConfig, models: Sequence[str], *, on_event: EventSin
 def run_config(**options: object) -> RunConfig:
     """A RunConfig from keyword options (lists taken for tuples, paths for strings where the field is a string); a
     bad option stops in one line naming it."""
-    fixed = {k: tuple(v) if isinstance(v, list) else str(v) if isinstance(v, Path) and k == "out" else v
+    def plain(value: object) -> object:
+        return str(value) if isinstance(value, Path) else value
+
+    fixed = {k: tuple(plain(x) for x in v) if isinstance(v, list | tuple) else plain(v) if k == "out" else v
              for k, v in options.items()}
     try:
         return RunConfig.model_validate(fixed)

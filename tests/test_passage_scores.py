@@ -11,6 +11,7 @@ from negation_pairs import passages
 from test_records import pooled_table
 from test_s3_supervised import tiny  # noqa: F401  (the module fixture: a 2-layer Llama, 4 heads)
 
+from poolbench.config import ProbingOptions
 from poolbench.pooler.concept_pooling import pool_concept_tables
 from poolbench.pooler.registry import get_strategy
 from poolbench.prober.auroc import ProbeError, auroc
@@ -51,7 +52,8 @@ def test_the_stored_scores_reproduce_every_cell_in_either_store(artifact_store: 
     ids = table.column("passage_id").to_pylist()
     tiers = {pid: ("hard" if pid.startswith("test-0") else "standard") for pid in ids}
     artifact_store.put_table(layer_shard_key("pooled/k", 3), table)
-    probe_layer(artifact_store, "pooled/k", "d1/k", "c", 3, 3, 0, 50, reliability=False, tiers=tiers)
+    probe_layer(artifact_store, "pooled/k", "d1/k", "c", 3,
+        ProbingOptions(n_folds=3, seed=0, n_bootstrap=50, reliability=False), tiers=tiers)
     gather_layer_d1(artifact_store, "d1/k", [3])
     stored = artifact_store.get_table(passage_scores_key("d1/k"))
     assert stored.schema == PASSAGE_SCORES_SCHEMA

@@ -14,6 +14,7 @@ from sklearn.model_selection import StratifiedKFold
 from slow_strategy import write_slow_mean
 
 from poolbench.config import RunConfig
+from poolbench.corpus.source import open_corpus
 from poolbench.driver.pipeline import run_benchmark
 from poolbench.pooler.pooled_table import read_pooled_table
 from poolbench.records.events import ConceptPooled, ConceptProbed, RunEvent, RunPlanned
@@ -294,9 +295,12 @@ def test_protocol_pb_run_gives_the_reference_d1_and_exports_unlabelled(tiny_llam
                                    for r in outcome.records)
     pooled = read_pooled_table(open_store(cfg.resolved_store()), outcome.artifacts["hedging"]["pooled"])
     rows = pooled.to_pydict()
+    # the reference stacks the train split in corpus order (the corpus files'), not the stored table's
+    rank = {p.id: i for i, p in enumerate(open_corpus("embedded-v1", "tiny", ["hedging"]).passages("hedging"))}
     for record in outcome.records:
-        cell = [(v, label) for v, label, layer, strategy, split in zip(
-            rows["vector"], rows["label"], rows["layer"], rows["strategy"], rows["split"], strict=True)
+        cell = [(v, label) for pid, v, label, layer, strategy, split in sorted(zip(
+            rows["passage_id"], rows["vector"], rows["label"], rows["layer"], rows["strategy"], rows["split"],
+            strict=True), key=lambda row: rank[row[0]])
             if layer == record.layer and strategy == record.strategy and split == "train"]
         pos = np.array([v for v, label in cell if label == 1])
         neg = np.array([v for v, label in cell if label == 0])

@@ -9,7 +9,7 @@ import pyarrow.compute as pc
 import pytest
 from negation_pairs import passages
 
-from poolbench.config import RunConfig
+from poolbench.config import ProbingOptions, RunConfig
 from poolbench.corpus.passage import Passage
 from poolbench.driver.pipeline import RunInputs, plan_cells
 from poolbench.errors import StoreError
@@ -149,7 +149,8 @@ def test_worker_shards_by_layer_a_d1_task_reads_one_and_resume_fills_only_the_ga
 
     opened = OpenedKeys(monkeypatch)
     for layer in (0, 1):
-        probe_layer_task(store_url, "pooled/k", "d1/k", "negation", layer, 3, 0, 20, reliability=False)
+        probe_layer_task(store_url, "pooled/k", "d1/k", "negation", layer,
+            ProbingOptions(n_folds=3, seed=0, n_bootstrap=20, reliability=False))
         if layer == 1:
             assert opened.keys == [shards[0], head_table_key(shards[0]), shards[1], head_table_key(shards[1])]
     assert gather_layer_d1(store, "d1/k", [1, 0]) == 2 * 3 * 2
@@ -181,7 +182,8 @@ def test_worker_shards_by_layer_a_d1_task_reads_one_and_resume_fills_only_the_ga
     full = pool_concept_tables(worker.loaded, data, [0, 1], [get_strategy("A1_mean"), get_strategy("P1_last")],
                                batch_size=8, max_length=64).layers[1]
     np.testing.assert_array_equal(decode_vectors(half), decode_vectors(full).astype(np.float16).astype(np.float32))
-    probe_layer_task(store_url, "pooled/h", "d1/h", "negation", 1, 3, 0, 20, reliability=False)
+    probe_layer_task(store_url, "pooled/h", "d1/h", "negation", 1,
+        ProbingOptions(n_folds=3, seed=0, n_bootstrap=20, reliability=False))
     rounded = full.set_column(full.schema.get_field_index("vector"), "vector", pa.FixedSizeListArray.from_arrays(
         pa.array(decode_vectors(full).astype(np.float16).astype(np.float32).reshape(-1)), 32))
     want = probe_pooled_table(rounded, "negation", n_folds=3, n_bootstrap=20, reliability=False)

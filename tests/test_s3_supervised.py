@@ -14,6 +14,7 @@ from negation_pairs import WORDS, passages
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+from poolbench.config import ProbingOptions
 from poolbench.errors import StoreError
 from poolbench.extractor.loading import LoadedModel
 from poolbench.pooler.concept_pooling import pool_concept_tables
@@ -157,7 +158,8 @@ def test_the_worker_stores_the_head_table_and_the_probe_task_reads_it(tiny_llama
     shards = [layer_shard_key("pooled/k", layer) for layer in (0, 1)]
     assert all(store.exists(head_table_key(shard)) for shard in shards)
     for layer in (0, 1):
-        probe_layer_task(store_url, "pooled/k", "d1/k", "negation", layer, 3, 0, 20, reliability=False)
+        probe_layer_task(store_url, "pooled/k", "d1/k", "negation", layer,
+            ProbingOptions(n_folds=3, seed=0, n_bootstrap=20, reliability=False))
     gather_layer_d1(store, "d1/k", [0, 1])
     stored = store.get_table("d1/k").to_pylist()
     out = pool_concept_tables(worker.loaded, data, [0, 1], [get_strategy(s) for s in strategies], batch_size=8,
@@ -172,7 +174,8 @@ def test_the_worker_stores_the_head_table_and_the_probe_task_reads_it(tiny_llama
     assert all(len(r["heads_selected"]) == 1 for r in stored if r["strategy"] == "S3_iti_probe")  # 2 heads: 1
     store.delete(head_table_key(shards[1]))
     with pytest.raises(StoreError):
-        probe_layer_task(store_url, "pooled/k", "d1/k2", "negation", 1, 3, 0, 20, reliability=False)
+        probe_layer_task(store_url, "pooled/k", "d1/k2", "negation", 1,
+            ProbingOptions(n_folds=3, seed=0, n_bootstrap=20, reliability=False))
 
 
 def test_every_strategy_through_pool_concept_reports_fallbacks_per_cell(tiny) -> None:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
-import torch
 
+from poolbench.config import resolve_overlap
 from poolbench.corpus.passage import Passage
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.capture import ExtractionStats, capture_chunks
@@ -72,12 +72,6 @@ class ConceptPassages:
     passages: Sequence[Passage]
     metadata: Mapping[str, str] = field(default_factory=dict)
     parses: ParseIndex | None = None
-
-
-def overlap_by_default(device: torch.device | None) -> bool:
-    """Prepare the next chunk beside the forward only where the forward leaves the CPU idle: on a GPU. On CPU the
-    forward already uses every core, and a second thread would only take turns with it."""
-    return device is not None and device.type == "cuda"
 
 
 def pool_concept(loaded: LoadedModel, passages: Sequence[Passage], layers: Sequence[int],
@@ -172,7 +166,7 @@ def pool_concept_group(
     stats = stats if stats is not None else ExtractionStats()
     skipped_before = len(stats.skipped)
     device = None if keep_activations or not device_pooling else next(loaded.model.parameters()).device
-    overlap = overlap_by_default(device) if overlap is None else overlap
+    overlap = resolve_overlap(overlap, device is not None and device.type == "cuda")
     supervised = [spec for spec in specs if selects_heads(spec)]
     learned = [spec for spec in specs if is_learned(spec)]
     kept_states = LearnedStates(layers) if learned else None

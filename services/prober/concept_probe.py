@@ -6,12 +6,17 @@ whole concept; what spans layers (the CV-chosen layer, win rate, Friedman) is co
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pyarrow as pa
 
+from poolbench.config import ProbingOptions
+from poolbench.defaults import DEFAULT_PROTOCOL, PB_PROTOCOL
 from poolbench.pooler.iti import HEADS_META, ITIHeadView, head_table_key, needs_head_table
 from poolbench.pooler.learned import FITS_META, LearnedFoldView, learned_table_key, needs_learned_table
 from poolbench.pooler.pooled_table import PooledTableView
+from poolbench.prober.auroc import ProbeError
 from poolbench.prober.d1 import evaluate_d1
 from poolbench.prober.flash import flash_subset, parse_fraction
 from poolbench.prober.learned_cell import learned_fold_cell
@@ -22,7 +27,7 @@ from poolbench.prober.passage_scores import (
     concat_scores,
     passage_scores_key,
 )
-from poolbench.prober.pb_protocol import PB_CI_METHOD, PB_PROTOCOL, pb_d1
+from poolbench.prober.pb_protocol import PB_CI_METHOD, corpus_rows, pb_d1
 from poolbench.prober.reliability import cell_reliability
 from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell
 from poolbench.records.d1 import D1CellRecord, d1_records_from_table, d1_records_table
@@ -37,28 +42,33 @@ D1_VERSION = 6  # 2: per-cell reliability statistics, supervised (S3) cells; 3: 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
                        n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None,
                        heads: pa.Table | None = None, types: dict[str, str] | None = None,
-                       protocol: str | None = None, learned: pa.Table | None = None) -> list[D1CellRecord]:
+                       protocol: str = DEFAULT_PROTOCOL, learned: pa.Table | None = None,
+                       corpus_order: Sequence[str] | None = None) -> list[D1CellRecord]:
     """One record per (layer, strategy, probe): CV AUROC on train, held-out AUROC with its CI, fallbacks.
 
     `heads` is the ITIHeadTable that pooling made beside `table`; supervised (S3) cells need it. `types` maps a
     passage id to its lexical type (domain), the control task's unit; without it selectivity is n/a.
-    `protocol="pb"`: the reference leaderboard's D1 instead (pb_protocol.pb_d1, diffmean only)."""
+    `protocol="pb"`: the reference leaderboard's D1 instead (pb_protocol.pb_d1, diffmean only), over the train split
+    in `corpus_order` (the concept's passage ids as its corpus files list them)."""
     return probe_pooled_cells(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
                               reliability=reliability, flash=flash, heads=heads, types=types, protocol=protocol,
-                              learned=learned)[0]
+                              learned=learned, corpus_order=corpus_order)[0]
 
 
 def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
                        n_bootstrap: int = 1000, reliability: bool = True, flash: str | None = None,
                        heads: pa.Table | None = None, types: dict[str, str] | None = None,
                        tiers: dict[str, str | None] | None = None,
-                       protocol: str | None = None,
-                       learned: pa.Table | None = None) -> tuple[list[D1CellRecord], pa.Table]:
+                       protocol: str = DEFAULT_PROTOCOL,
+                       learned: pa.Table | None = None,
+                       corpus_order: Sequence[str] | None = None) -> tuple[list[D1CellRecord], pa.Table]:
     """probe_pooled_table's records and, beside them, every cell's per-passage scores of the very fits the
     records report (held-out and out-of-fold, S3's fold-chosen heads included), `tiers` naming each passage's.
     The PB protocol keeps no per-passage scores (its records are CV-only and stand apart from the paired tests)."""
     if protocol == PB_PROTOCOL:
-        return pb_records(table, concept), concat_scores([])
+        if corpus_order is None:
+            raise ProbeError(f"{concept}: the pb protocol folds the train split in corpus order; give corpus_order")
+        return pb_records(table, concept, corpus_order), concat_scores([])
     view = PooledTableView(table)
     scores = []
     head_view = ITIHeadView(heads) if heads is not None else None
@@ -109,10 +119,11 @@ def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
     return records, concat_scores(scores)
 
 
-def pb_records(table: pa.Table, concept: str) -> list[D1CellRecord]:
-    """The PB protocol's D1 of every unsupervised cell: one diffmean record each, from the train split only. A
-    supervised cell's features (S3's heads, a learned aggregator's fits) are fitted per fold of PoolBench's own
-    protocol, so it has none here."""
+def pb_records(table: pa.Table, concept: str, corpus_order: Sequence[str]) -> list[D1CellRecord]:
+    """The PB protocol's D1 of every unsupervised cell: one diffmean record each, from the train split only, its rows
+    in corpus order (`corpus_order`, the concept's passage ids as its corpus files list them: the reference folds
+    over that order; the table's own follows the pooling batches). A supervised cell's features (S3's heads, a
+    learned aggregator's fits) are fitted per fold of PoolBench's own protocol, so it has none here."""
     view = PooledTableView(table)
     supervised = {k.decode().removesuffix(suffix) for k in (table.schema.metadata or {})
                   for suffix in (HEADS_META, FITS_META) if k.decode().endswith(suffix)}
@@ -121,7 +132,8 @@ def pb_records(table: pa.Table, concept: str) -> list[D1CellRecord]:
         if strategy in supervised:
             continue
         cell = view.matrix(layer, strategy)
-        train = cell.take(np.flatnonzero(cell.split == "train"))
+        train = cell.subset("train")
+        train = train.take(corpus_rows(train.passage_ids, corpus_order))
         result = pb_d1(train.X, train.y)
         fallback_count = int(train.fallback.sum())
         records.append(D1CellRecord(
@@ -133,32 +145,32 @@ def pb_records(table: pa.Table, concept: str) -> list[D1CellRecord]:
     return records
 
 
-def probe_layer_task(store_url: str, pooled_key: str, d1_key: str, concept: str, layer: int, n_folds: int,
-                     seed: int, n_bootstrap: int, reliability: bool = True, flash: str | None = None,
-                     types: dict[str, str] | None = None, tiers: dict[str, str | None] | None = None,
-                     protocol: str | None = None) -> dict:
+def probe_layer_task(store_url: str, pooled_key: str, d1_key: str, concept: str, layer: int,
+                     probing: ProbingOptions, *, types: dict[str, str] | None = None,
+                     tiers: dict[str, str | None] | None = None, corpus_order: Sequence[str] | None = None) -> dict:
     """Read one layer's PooledTable shard (and its ITIHeadTable shard for S3), write that layer's D1 records
     under `layer_shard_key(d1_key, layer)` and its per-passage scores beside them (scores first: a stored record
-    shard means its scores are stored); a task holds one layer's vectors, never the concept's. Safe to retry."""
+    shard means its scores are stored); a task holds one layer's vectors, never the concept's. Safe to retry.
+    `probing` is the run's D1 group; `corpus_order` the concept's passage ids in corpus order (the pb protocol's)."""
     from poolbench.store.url import open_store
 
-    return probe_layer(open_store(store_url), pooled_key, d1_key, concept, layer, n_folds, seed, n_bootstrap,
-                       reliability, flash, types, tiers, protocol)
+    return probe_layer(open_store(store_url), pooled_key, d1_key, concept, layer, probing, types=types, tiers=tiers,
+                       corpus_order=corpus_order)
 
 
-def probe_layer(store: ArtifactStore, pooled_key: str, d1_key: str, concept: str, layer: int, n_folds: int,
-                seed: int, n_bootstrap: int, reliability: bool = True, flash: str | None = None,
-                types: dict[str, str] | None = None, tiers: dict[str, str | None] | None = None,
-                protocol: str | None = None) -> dict:
+def probe_layer(store: ArtifactStore, pooled_key: str, d1_key: str, concept: str, layer: int,
+                probing: ProbingOptions, *, types: dict[str, str] | None = None,
+                tiers: dict[str, str | None] | None = None, corpus_order: Sequence[str] | None = None) -> dict:
     """probe_layer_task's work on an open store (either backend)."""
     shard_key = layer_shard_key(pooled_key, layer)
     table = store.get_table(shard_key)
-    heads = store.get_table(head_table_key(shard_key)) if needs_head_table(table) and protocol is None else None
-    learned = (store.get_table(learned_table_key(shard_key)) if needs_learned_table(table) and protocol is None
-               else None)
-    records, scores = probe_pooled_cells(table, concept, n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
-                                         reliability=reliability, flash=flash, heads=heads, types=types, tiers=tiers,
-                                         protocol=protocol, learned=learned)
+    own = probing.protocol == DEFAULT_PROTOCOL  # only PoolBench's protocol probes supervised (S3, learned) cells
+    heads = store.get_table(head_table_key(shard_key)) if needs_head_table(table) and own else None
+    learned = store.get_table(learned_table_key(shard_key)) if needs_learned_table(table) and own else None
+    records, scores = probe_pooled_cells(table, concept, n_folds=probing.n_folds, seed=probing.seed,
+                                         n_bootstrap=probing.n_bootstrap, reliability=probing.reliability,
+                                         flash=probing.flash, heads=heads, types=types, tiers=tiers,
+                                         protocol=probing.protocol, learned=learned, corpus_order=corpus_order)
     key = layer_shard_key(d1_key, layer)
     store.put_table(passage_scores_key(key), scores)
     store.put_table(key, d1_records_table(records))

@@ -16,17 +16,17 @@ pair's twins can sit on both sides of a fold: PoolBench's own protocol keeps the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from sklearn.metrics import roc_auc_score
 from sklearn.model_selection import StratifiedKFold
 
+from poolbench.defaults import PB_PROTOCOL
 from poolbench.prober.auroc import ProbeError
 
-DEFAULT_PROTOCOL = "poolbench"
-PB_PROTOCOL = "pb"
-PROTOCOLS = (DEFAULT_PROTOCOL, PB_PROTOCOL)
+PB_VERSION = 2  # 2: the train split folded in corpus order (1 folded the pooled table's row order, not the reference's)
 PB_SEED = 42
 PB_FOLDS = 5
 PB_BOOTSTRAP = 1000
@@ -54,6 +54,22 @@ def pb_order(y: np.ndarray) -> np.ndarray:
     """Row indices as the reference stacks them: every positive, then every negative, each in the given order."""
     y = np.asarray(y)
     return np.concatenate([np.flatnonzero(y == 1), np.flatnonzero(y == 0)])
+
+
+def corpus_rows(passage_ids: Sequence[str], corpus_order: Sequence[str]) -> np.ndarray:
+    """Indices that put `passage_ids` in corpus order (`corpus_order`: every passage id of the concept as its corpus
+    files list them): the reference stacks rows in that order, and a stored table keeps its pooling batches' order."""
+    rank = {pid: i for i, pid in enumerate(corpus_order)}
+    missing = [str(pid) for pid in passage_ids if str(pid) not in rank]
+    if missing:
+        raise ProbeError(f"pb protocol: passage {missing[0]} is not in the corpus order given "
+                         f"({len(missing)} of {len(passage_ids)} missing)")
+    return np.argsort(np.array([rank[str(pid)] for pid in passage_ids], dtype=np.int64), kind="stable")
+
+
+def pb_key_fields() -> dict[str, object]:
+    """What a PB-protocol D1 artifact's key adds to PoolBench's: the protocol and its version."""
+    return {"protocol": PB_PROTOCOL, "pb_version": PB_VERSION}
 
 
 def bootstrap_aurocs(scores: np.ndarray, labels: np.ndarray, draws: np.ndarray) -> np.ndarray:

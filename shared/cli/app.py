@@ -6,7 +6,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -24,6 +24,7 @@ from poolbench.cli.reliability import flash_check, power
 from poolbench.cli.report import report
 from poolbench.cli.reproduce import reproduce
 from poolbench.cli.run_display import RunDisplay, run_progress
+from poolbench.cli.run_options import run_config_of, with_run_options
 from poolbench.cli.steerability import validate_steerability
 from poolbench.cli.steering import serve_scorers, steer, train_scorers
 from poolbench.cli.store import verify
@@ -71,159 +72,22 @@ console = Console() if Console().is_terminal else Console(width=140)
 err_console = Console(stderr=True)
 
 
-# RunConfig fields whose option has another name: an error names the option the user typed.
-_OPTION_OF_FIELD = {"n_folds": "folds"}
-
-
-def _split(values: list[str] | None) -> tuple[str, ...] | None:
-    """Accept both repeated flags and comma lists: --concepts a,b --concepts c."""
-    if not values:
-        return None
-    return tuple(v.strip() for value in values for v in value.split(",") if v.strip())
-
-
-def _parse_model_args(text: str | None) -> dict[str, str]:
-    if not text:
-        return {}
-    pairs = {}
-    for item in text.split(","):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise PoolBenchError(f"--model-args: '{item}' is not key=value")
-        pairs[key.strip()] = value.strip()
-    return pairs
-
-
-@app.command()
-def run(
-    model: Annotated[list[str] | None, typer.Option(
-        help="HF id or local path; 'embedded' is the built-in model, 'embedded-gemma' Gemma-3-270M; repeat "
-             "(--model a --model b) or comma list for one run over several models and the cross-model table")]
-    = None,
-    model_args: Annotated[str | None, typer.Option(help="from_pretrained kwargs, k=v,k=v")] = None,
-    corpus: Annotated[str, typer.Option(help="PoolBench-layout folder, or 'embedded'")] = EMBEDDED,
-    corpus_size: Annotated[str, typer.Option(help="embedded corpus size: tiny, small, full")] = "small",
-    concepts: Annotated[list[str] | None, typer.Option(help="concepts (comma list); default all")] = None,
-    layers: Annotated[list[str] | None, typer.Option(
-        help="layer indices (comma list) or 'all'; default: every layer of a model with <= 6, else 6 evenly spaced")]
-    = None,
-    strategies: Annotated[list[str] | None, typer.Option(help="strategy ids (comma list); default all")] = None,
-    sites: Annotated[list[str] | None, typer.Option(
-        help="activation sites (comma list): residual (block output), attn, mlp (sub-block outputs); default residual")]
-    = None,
-    context_lengths: Annotated[list[str] | None, typer.Option(
-        help="also read each test passage inside k x its length of neutral text (comma list, 1 included, e.g. 1,4); "
-             "probes train at length 1")] = None,
-    strategy_module: Annotated[list[Path] | None, typer.Option(help="a .py file registering strategies")] = None,
-    store: Annotated[str | None, typer.Option(help="artifact store: a folder or s3://bucket/prefix")] = None,
-    out: Annotated[Path, typer.Option(help="run folder: results.json, leaderboard.json go here")] = DEFAULT_RUN,
-    dtype: Annotated[str, typer.Option(help="auto, float32, bfloat16, float16")] = "auto",
-    device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1")] = "auto",
-    batch_size: Annotated[int, typer.Option(help="passages per forward pass")] = 32,
-    max_batch_tokens: Annotated[int | None, typer.Option(
-        help="padded tokens per forward (default: from free memory, at most 8192); results do not change")] = None,
-    concept_group_tokens: Annotated[int | None, typer.Option(
-        help="concepts share forwards up to this many tokens per pooling job (default: on a GPU 16 forwards at the "
-             "batch budget, on CPU one concept per job; 0: one per job)")] = None,
-    overlap: Annotated[bool | None, typer.Option(
-        "--overlap/--no-overlap", help="prepare the next batch's text extras and run the D1 probe tasks while "
-                                       "the forward runs (default: on CUDA only; on CPU the probes then share its "
-                                       "cores)")] = None,
-    max_length: Annotated[int, typer.Option(help="truncate passages to this many tokens")] = 256,
-    limit: Annotated[int | None, typer.Option(help="at most N passages per split and class")] = None,
-    seed: Annotated[int, typer.Option(help="seed for folds, probes and bootstrap")] = 0,
-    folds: Annotated[int, typer.Option(help="cross-validation folds")] = 5,
-    n_bootstrap: Annotated[int, typer.Option(help="bootstrap resamples for CIs")] = 1000,
-    address: Annotated[str | None, typer.Option(help="Ray address to join ('auto'); default: local Ray")] = None,
-    num_workers: Annotated[int | None, typer.Option(
-        help="extractor workers (default: one per GPU, else one per node with 2+ CPUs)")] = None,
-    torch_threads: Annotated[int | None, typer.Option(help="torch threads per CPU worker")] = None,
-    dump_activations: Annotated[bool, typer.Option(help="also store token activations (float16 Arrow)")] = False,
-    reliability: Annotated[bool, typer.Option(help="seed spread, selectivity and MDL for every cell")] = True,
-    steering: Annotated[bool, typer.Option(help="D2/D3 after D1 (default subset; --full for every cell)")] = True,
-    full: Annotated[bool, typer.Option(help="steer every concept x strategy at its D1 layer, 50 prompts")] = False,
-    allow_weak_scorer: Annotated[bool, typer.Option(help="keep scorers with held-out AUROC < 0.7")] = False,
-    backend: Annotated[str, typer.Option(help="steering backend: transformers or vllm (GPU or CPU)")]
-    = "transformers",
-    tensor_parallel_size: Annotated[int, typer.Option(
-        help="--backend vllm: GPUs per engine, for a model that does not fit one card (one steering actor each)")]
-    = 1,
-    flash: Annotated[str | None, typer.Option(help="train probes on a stratified, pair-preserving fraction, e.g. 1/32")]
-    = None,
-    log_samples: Annotated[bool, typer.Option(
-        help="also write samples_<date>.jsonl: every held-out passage's probe score at each strategy's chosen cell")]
-    = False,
-    store_dtype: Annotated[str, typer.Option(
-        help="pooled vectors in the store: float32, float16 or bfloat16 (half the size; probed as float32)")]
-    = "float32",
-    reference_model: Annotated[str, typer.Option(
-        help="the model that judges D2's fluency guard: auto (the other embedded model), self (the steered model) "
-             "or a model reference as --model takes")] = "auto",
-    rope: Annotated[float, typer.Option(
-        help="region of practical equivalence (AUROC) of the answer's Bayesian signed-rank test")] = 0.01,
-    protocol: Annotated[str, typer.Option(
-        help="D1 protocol: poolbench (pair-grouped CV + held-out test) or pb, the official leaderboard's "
-             "(train split, 5-fold OOF DiffMean AUROC, seed 42; CV-only)")] = "poolbench",
-    wandb_args: Annotated[str | None, typer.Option(
-        help="log the run to W&B: wandb.init's k=v,k=v, e.g. project=p,mode=offline (extra [wandb])")] = None,
-    mlflow_uri: Annotated[str | None, typer.Option(help="log the run to this MLflow tracking URI (extra [mlflow])")]
-    = None,
-    capability_task: Annotated[str | None, typer.Option(
-        help="after steering, score this lm-eval task (a YAML in --capability-task-dir) at each steered cell's "
-             "alpha* and at 0: what steering costs")] = None,
-    capability_task_dir: Annotated[Path, typer.Option(help="folder of task YAMLs and their local data")]
-    = Path("tasks"),
-) -> None:
+def run(**options: object) -> None:
     """Extract, pool and probe every (concept, layer, strategy) cell; write results.json and leaderboard.json
     (and results_<UTC date-time>.json, leaderboard_<...>.json beside them, kept per run)."""
-    from pydantic import ValidationError
-
-    from poolbench.api import evaluate_config
+    from poolbench.api import check_run_extras, evaluate_config
     from poolbench.cli.board import summary_line
-    from poolbench.config import RunConfig
-    from poolbench.results.trackers import log_trackers, tracker_options
 
-    trackers = tracker_options(wandb_args, mlflow_uri)
-    if capability_task is not None:
-        from poolbench.results.capability_run import check_capability_task
-
-        check_capability_task(capability_task, capability_task_dir, steering=steering)
-    models = _split(model) or (EMBEDDED,)
-    try:
-        cfg = RunConfig(
-            model=models[0], model_args=_parse_model_args(model_args), dtype=dtype, device=device, corpus=corpus,
-            corpus_size=corpus_size, concepts=_split(concepts),
-            layers=_layers(layers),
-            strategies=_split(strategies), store=store, out=str(out), batch_size=batch_size,
-            max_batch_tokens=max_batch_tokens, concept_group_tokens=concept_group_tokens, overlap=overlap,
-            max_length=max_length, limit=limit, seed=seed, n_folds=folds, n_bootstrap=n_bootstrap,
-            address=address, num_workers=num_workers, torch_threads=torch_threads,
-            dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
-            allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash, store_dtype=store_dtype,
-            tensor_parallel_size=tensor_parallel_size, rope=rope, protocol=protocol, reference_model=reference_model,
-            **({"sites": _split(sites)} if sites else {}),
-            **({"context_lengths": _lengths(context_lengths)} if context_lengths else {}))
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"])
-        option = _OPTION_OF_FIELD.get(field, field.replace("_", "-"))
-        raise PoolBenchError(f"--{option}: {first['msg']}") from None
-    except ValueError as exc:
-        raise PoolBenchError(f"--layers: {exc}") from None
-
+    cfg, models = run_config_of(options)
+    check_run_extras(cfg)
     if len(models) > 1:
-        for folder in _run_models(cfg, models, log_samples, tuple(str(p) for p in strategy_module or ())):
-            _capability_stage(folder, capability_task, capability_task_dir, seed=seed, n_bootstrap=n_bootstrap)
-            _print_lines(log_trackers(folder, trackers, store=store))
+        _run_models(cfg, models)
         return
     with run_progress(console) as progress:
-        results = evaluate_config(cfg, on_event=RunDisplay(progress).show, log_samples=log_samples,
-                                  strategy_modules=tuple(str(p) for p in strategy_module or ()))
+        results = evaluate_config(cfg, on_event=RunDisplay(progress).show)
     from poolbench.results.answer import read_answer
 
     paths = results.paths
-    _capability_stage(paths["results"].parent, capability_task, capability_task_dir, seed=seed,
-                      n_bootstrap=n_bootstrap, stamped=(paths["results_stamped"], paths["answer_stamped"]))
     answer = read_answer(paths["answer"])
     _print_leaderboard(results.leaderboard, answer)
     computed = ", ".join(f"{k} {v}" for k, v in (results.document.get("computed") or {}).items())
@@ -232,8 +96,11 @@ def run(
                   f"{samples} (latest: results.json, leaderboard.json)", soft_wrap=True, highlight=False)
     console.print(summary_line(results.leaderboard, total_s=float((results.document.get("timing") or {}).get(
         "total_s", 0.0)), results_path=paths["results"], answer=answer), soft_wrap=True, highlight=False)
-    _print_lines(log_trackers(paths["results"].parent, trackers, store=store))
+    _print_lines(list(results.messages))
     _print_answer(answer)
+
+
+app.command()(with_run_options(run))
 
 
 def _print_lines(lines: list[str]) -> None:
@@ -241,18 +108,7 @@ def _print_lines(lines: list[str]) -> None:
         console.print(line, soft_wrap=True, highlight=False, markup=False)
 
 
-def _capability_stage(folder: Path, task: str | None, task_dir: Path, *, seed: int, n_bootstrap: int,
-                      stamped: tuple[Path, ...] = ()) -> None:
-    """`--capability-task` after a finished run folder; nothing (and no import) when the run did not ask for it."""
-    if task is None:
-        return
-    from poolbench.http.capability_service import run_capability_stage
-
-    _print_lines(run_capability_stage(folder, task, task_dir, seed=seed, n_bootstrap=n_bootstrap, stamped=stamped))
-
-
-def _run_models(cfg: RunConfig, models: tuple[str, ...], log_samples: bool, strategy_modules: tuple[str, ...]
-                ) -> list[Path]:
+def _run_models(cfg: RunConfig, models: tuple[str, ...]) -> None:
     """One run over several models: each model's summary as it finishes, then the cross-model table and answer."""
     from poolbench.api import evaluate_models
     from poolbench.cli.board import summary_line
@@ -260,18 +116,17 @@ def _run_models(cfg: RunConfig, models: tuple[str, ...], log_samples: bool, stra
     from poolbench.results.answer import read_answer
 
     with run_progress(console) as progress:
-        results = evaluate_models(cfg, models, on_event=RunDisplay(progress).show, log_samples=log_samples,
-                                  strategy_modules=strategy_modules)
+        results = evaluate_models(cfg, models, on_event=RunDisplay(progress).show)
     for name, result in results.per_model.items():
         console.print(f"{name}: " + summary_line(result.leaderboard, total_s=float(
             (result.document.get("timing") or {}).get("total_s", 0.0)), results_path=result.paths["results"],
             answer=read_answer(result.paths["answer"])), soft_wrap=True, highlight=False)
+        _print_lines(list(result.messages))
     table = results.document["cross_model"]
     console.print(cross_model_board(table))
     console.print(f"wrote {results.paths['results']}, {results.paths['leaderboard']}, "
                   f"{results.paths['cross_model_csv'].name} and one folder per model", soft_wrap=True, highlight=False)
     console.print(cross_model_answer(table), soft_wrap=True, highlight=False, markup=False)
-    return [result.paths["results"].parent for result in results.per_model.values()]
 
 
 def _print_answer(answer: RunAnswer) -> None:
@@ -407,21 +262,6 @@ def export_submission(
         sidecar = folder / f"submission_{strategy}.protocol.json"
         write_json_atomic(sidecar, protocol_sidecar(leaderboard, strategy, model_key))
         console.print(f"wrote {sidecar}: D1 is protocol '{protocol}', not the leaderboard's '{LEADERBOARD_PROTOCOL}'")
-
-
-def _lengths(values: list[str]) -> tuple[int, ...]:
-    items = _split(values) or ()
-    try:
-        return tuple(int(v) for v in items)
-    except ValueError:
-        raise PoolBenchError(f"--context-lengths: {','.join(items)} is not a comma list of whole numbers") from None
-
-
-def _layers(values: list[str] | None) -> tuple[int, ...] | Literal["all"] | None:
-    names = _split(values)
-    if names == ("all",):
-        return "all"
-    return tuple(int(v) for v in names) if names else None
 
 
 def main() -> None:

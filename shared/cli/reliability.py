@@ -27,9 +27,9 @@ def _load_results(run_dir: Path) -> dict:
 
 
 def _store(results: dict):
-    from poolbench.store.url import open_store
+    from poolbench.store.url import open_run_store
 
-    return open_store(results["config"].get("store"))  # None: the default store
+    return open_run_store(results)
 
 
 def _resolve_strategy(name: str, known: list[str]) -> str:

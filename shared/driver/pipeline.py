@@ -16,6 +16,7 @@ from poolbench.corpus.layout import Corpus
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import limit_passages, open_corpus, passages_digest
 from poolbench.corpus.validation import validate_corpus
+from poolbench.defaults import PB_PROTOCOL
 from poolbench.driver.local_ray import init_local_ray
 from poolbench.driver.pool_groups import estimated_tokens, group_token_target, plan_groups
 from poolbench.errors import CorpusError, PoolBenchError
@@ -29,6 +30,7 @@ from poolbench.pooler.worker import PoolTask
 from poolbench.prober.concept_probe import D1_VERSION, gather_layer_d1, probe_layer_task
 from poolbench.prober.flash import parse_fraction
 from poolbench.prober.passage_scores import concat_scores, passage_scores_key
+from poolbench.prober.pb_protocol import pb_key_fields
 from poolbench.prober.reliability import RELIABILITY_VERSION
 from poolbench.records.breakdowns import BucketAurocRecord
 from poolbench.records.cluster import ClusterActivity
@@ -222,7 +224,7 @@ def plan_cells(cfg: RunConfig, inputs: RunInputs, model: dict, variant: Variant 
         d1_key = artifact_key("d1", pooled=pooled_key, n_folds=cfg.n_folds, seed=cfg.seed,
                               n_bootstrap=cfg.n_bootstrap, version=D1_VERSION,
                               reliability=RELIABILITY_VERSION if cfg.reliability else None, flash=cfg.flash,
-                              **({"protocol": cfg.protocol} if cfg.protocol != "poolbench" else {}))
+                              **(pb_key_fields() if cfg.protocol == PB_PROTOCOL else {}))
         dump_key = artifact_key("activations", pooled=pooled_key) if cfg.dump_activations else None
         plans.append(replace(plan, pooled_key=pooled_key, d1_key=d1_key, dump_key=dump_key, variant=variant))
     return RunPlan(model, layers, specs, plans, variant)
@@ -266,10 +268,9 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     def probe(plan: ConceptPlan, layer: int) -> TaskJob[ConceptJob]:
         return TaskJob(ConceptJob("probe", plan.concept, layer), lambda: probe_task.options(
             num_cpus=1, runtime_env=runtime_env).remote(
-            store_url, plan.pooled_key, plan.d1_key, plan.concept, layer, cfg.n_folds, cfg.seed, cfg.n_bootstrap,
-            cfg.reliability, cfg.flash, {p.id: p.domain for p in plan.passages},
-            tiers={p.id: p.tier for p in plan.passages},
-            protocol=None if cfg.protocol == "poolbench" else cfg.protocol))
+            store_url, plan.pooled_key, plan.d1_key, plan.concept, layer, cfg.probing,
+            types={p.id: p.domain for p in plan.passages}, tiers={p.id: p.tier for p in plan.passages},
+            corpus_order=tuple(p.id for p in plan.passages)))  # the corpus files' order (load_corpus)
 
     def gather(plan: ConceptPlan) -> None:
         gather_layer_d1(store, plan.d1_key, run.layers)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from poolbench.config import RunConfig
+from poolbench.config import RunConfig, resolve_overlap
 
 J = TypeVar("J")
 
@@ -23,7 +23,7 @@ J = TypeVar("J")
 def beside_the_forward(cfg: RunConfig, on_gpu: bool) -> bool:
     """Whether host work (parse tasks ahead, probe tasks) runs beside the pooling forward: on a GPU unless
     --no-overlap, on CPU only with --overlap (it then shares the forward's cores)."""
-    return on_gpu if cfg.overlap is None else cfg.overlap
+    return resolve_overlap(cfg.overlap, on_gpu)
 
 
 @dataclass

@@ -9,7 +9,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from poolbench.defaults import default_store_url
 from poolbench.http.service_errors import ServiceConfigError
 
 
@@ -76,7 +75,9 @@ def scorers_of_run(run: str | Path) -> dict:
     keys = {s["concept"]: s["key"] for s in doc.get("scorers") or [] if s.get("key")}
     if not keys:
         raise ServiceConfigError(f"{path}: the run recorded no scorers (it ran with --no-steering?)")
-    store = (doc.get("config") or {}).get("store") or default_store_url()
+    from poolbench.store.url import run_store_url
+
+    store = run_store_url(doc)
     return {"scorer_store": store, "scorer_keys": keys}
 
 
@@ -87,7 +88,9 @@ def vectors_of_run(run: str | Path) -> dict:
     keys = {c: a["pooled"] for c, a in (doc.get("artifacts") or {}).items() if a.get("pooled")}
     norms = {f"{r['concept']}/{r['layer']}": float(r["residual_norm"]) for r in doc.get("d2") or []
              if r.get("residual_norm") is not None}
-    store = (doc.get("config") or {}).get("store") or default_store_url()
+    from poolbench.store.url import run_store_url
+
+    store = run_store_url(doc)
     return {"vector_store": store, "pooled_keys": keys, "residual_norms": norms} if keys else {}
 
 

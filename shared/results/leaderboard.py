@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from poolbench.defaults import DEFAULT_PROTOCOL, PB_PROTOCOL
 from poolbench.prober.reliability import cv_best_layer
 from poolbench.prober.verdicts import choose_on_cv
 from poolbench.records.d1 import D1CellRecord
@@ -29,7 +30,6 @@ PB_LAYER_SELECTION = (
     "(StratifiedKFold(5, shuffle, seed 42), rows L2-normalised); no held-out test, so every number is "
     "cross-validated only; with several layers run, the layer is the one with the highest mean of that AUROC"
 )
-DEFAULT_PROTOCOL = "poolbench"
 # What the rows are ranked on (`ranked_on`): the declared tier estimand where the run has it for every strategy
 # (docs/tiers.md), else the held-out AUROC over the test split as it is, whatever its tiers' blend.
 RANKED_ON_MIX = "tier_mixed_d1"
@@ -44,7 +44,7 @@ RANKING = {
 
 def cells_protocol(cells: Iterable[D1CellRecord]) -> str:
     """The protocol of a run's D1 cells ("poolbench" or "pb"); one run never mixes them."""
-    found = {cell.protocol or DEFAULT_PROTOCOL for cell in cells}
+    found = {cell.protocol or DEFAULT_PROTOCOL for cell in cells}  # a record leaves PoolBench's own unnamed
     return found.pop() if len(found) == 1 else DEFAULT_PROTOCOL
 
 
@@ -63,7 +63,7 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str | None = None,
     protocol pb (the only probe that protocol has); the board records the protocol of its numbers."""
     cells = list(cells)
     protocol = cells_protocol(cells)
-    probe = probe or ("diffmean" if protocol == "pb" else PRIMARY_PROBE)
+    probe = probe or ("diffmean" if protocol == PB_PROTOCOL else PRIMARY_PROBE)
     lexical_by = {r.concept: r for r in lexical or ()}
     by_strategy: dict[str, dict[int, dict[str, D1CellRecord]]] = defaultdict(lambda: defaultdict(dict))
     for cell in cells:
@@ -118,7 +118,7 @@ def build_leaderboard(cells: Iterable[D1CellRecord], probe: str | None = None,
     chosen = {"best_on_cv": choose_on_cv({r["strategy"]: r["mean_cv_auroc"] for r in rows}),
               "best_selection": BEST_SELECTION} if rows else {}
     return {"probe": probe, "protocol": protocol,
-            "layer_selection": PB_LAYER_SELECTION if protocol == "pb" else LAYER_SELECTION, **chosen,
+            "layer_selection": PB_LAYER_SELECTION if protocol == PB_PROTOCOL else LAYER_SELECTION, **chosen,
             "ranked_on": ranked_on, "ranking": RANKING[ranked_on], **_estimand_gap(rows, estimand, ranked_on),
             "strategies": rows, **baseline, **(sections or {})}
 

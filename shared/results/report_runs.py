@@ -22,7 +22,7 @@ from poolbench.results.answer import RunAnswer, run_answer
 from poolbench.results.leaderboard import PRIMARY_PROBE, build_leaderboard
 from poolbench.results.ranking import CI_LEVEL
 from poolbench.steerer.d2 import paired_delta
-from poolbench.store.url import open_store
+from poolbench.store.url import open_store, run_store_url
 
 
 @dataclass(frozen=True)
@@ -97,15 +97,9 @@ def scorer_records(results: dict) -> list[ScorerValidity]:
     return [ScorerValidity.from_dict(r) for r in _listed(results, "scorers", "scorer_validity")]
 
 
-def _store_url(results: dict, override: str | None) -> str | None:
-    """The store a run wrote to: the override, else its --store, else the folder its results.json names."""
-    if override:
-        return override
-    configured = (results.get("config") or {}).get("store")
-    if configured:
-        return configured
-    recorded = str(results.get("store") or "")
-    return recorded.removeprefix("local:") if recorded.startswith("local:") else None
+def _store_url(results: dict, override: str | None) -> str:
+    """The store a run wrote to: the override, else the one its results.json records (store.url.run_store_url)."""
+    return override or run_store_url(results)
 
 
 def alpha_intervals(results: dict, d2: Sequence[D2Record], store: str | None = None

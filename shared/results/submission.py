@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from poolbench.defaults import DEFAULT_PROTOCOL, PB_PROTOCOL
 from poolbench.errors import PoolBenchError
 
 MODEL_KEYS = ("llama3_8b", "gemma2_9b", "mistral_7b", "qwen25_7b", "flan_t5_xl", "mamba2_2b", "bert_base")
@@ -44,14 +45,14 @@ class Submission(BaseModel):
     results: dict[Literal[MODEL_KEYS], ModelResult]  # type: ignore[valid-type]
 
 
-LEADERBOARD_PROTOCOL = "pb"  # the official leaderboard's D1 protocol (poolbench.prober.pb_protocol)
+LEADERBOARD_PROTOCOL = PB_PROTOCOL  # the official leaderboard's D1 protocol (poolbench.prober.pb_protocol)
 OTHER_PROTOCOL_NOTE = ("[D1 here is PoolBench's protocol '{protocol}' (pair-grouped CV layer choice, held-out "
                        "logistic-probe AUROC), not the leaderboard's 'pb'] ")
 
 
 def leaderboard_protocol(leaderboard: dict) -> str:
     """The D1 protocol of a leaderboard.json: boards written before protocols were recorded are PoolBench's."""
-    return str(leaderboard.get("protocol") or "poolbench")
+    return str(leaderboard.get("protocol") or DEFAULT_PROTOCOL)
 
 
 def check_protocol(leaderboard: dict, where: str, allow_other: bool) -> str:

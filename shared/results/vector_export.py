@@ -108,7 +108,7 @@ def exported_vector(run: Path, concept: str, strategy: str, layer: int | None = 
     from poolbench.pooler.pooled_table import PooledTableView, read_pooled_table, stored_layers
     from poolbench.pooler.registry import resolve_strategies
     from poolbench.steerer.run import steering_vector
-    from poolbench.store.url import open_store
+    from poolbench.store.url import open_run_store
 
     doc = read_run(run)
     strategy = resolve_strategies([strategy])[0].id
@@ -126,10 +126,7 @@ def exported_vector(run: Path, concept: str, strategy: str, layer: int | None = 
     if unit == "residual" and not norms:
         raise ExportError(f"--unit residual: {run} measured no residual norm for '{concept}' at layer {layer} "
                           "(no D2 cell there); use --unit raw for the DiffMean at its own length")
-    store_url = (doc.get("config") or {}).get("store") or doc.get("store")
-    if not store_url:
-        raise ExportError(f"{Path(run) / 'results.json'}: config.store is missing; the run's store is unknown")
-    store = open_store(str(store_url))
+    store = open_run_store(doc)
     if layer not in stored_layers(store, pooled):
         raise ExportError(f"--layer: {run} pooled '{concept}' at layers "
                           f"{', '.join(map(str, stored_layers(store, pooled)))}, not {layer}")

@@ -16,6 +16,7 @@ from poolbench.errors import StoreError
 from poolbench.store.artifact_store import SUFFIX_DIR, TMP_PREFIX, ArtifactStore, StoredObject
 
 SIDECAR_SUFFIX = ".poolbench-meta.json"
+LOCAL_PREFIX = "local:"  # how describe() names a folder store (made absolute); results.json records it
 
 
 
@@ -40,7 +41,7 @@ class LocalStore(ArtifactStore):
             raise StoreError(f"cannot create store folder {self.root}: {exc.strerror or exc}") from exc
 
     def describe(self) -> str:
-        return f"local:{self.root}"
+        return f"{LOCAL_PREFIX}{self.root}"
 
     def _path(self, name: str) -> Path:
         return self.root / name

@@ -8,7 +8,7 @@ import re
 from poolbench.defaults import default_store_url
 from poolbench.errors import StoreError
 from poolbench.store.artifact_store import ArtifactStore
-from poolbench.store.local import LocalStore
+from poolbench.store.local import LOCAL_PREFIX, LocalStore
 from poolbench.store.s3 import DEFAULT_CONNECT_TIMEOUT_S, DEFAULT_READ_TIMEOUT_S, DEFAULT_RETRIES, S3Store
 
 
@@ -56,3 +56,23 @@ def _required_env(var: str, what: str) -> str:
     if not value:
         raise StoreError(f"{var} is not set: an s3:// store needs it ({what})")
     return value
+
+
+def run_store_url(run: dict) -> str:
+    """The store a finished run used, from its results.json: the absolute folder a local run recorded (its --store
+    may have been relative to where it ran, or unset: the default of the machine and POOLBENCH_CACHE it ran with),
+    else its --store (an S3 URL, reached with this environment's endpoint and keys)."""
+    recorded = str(run.get("store") or "")
+    if recorded.startswith(LOCAL_PREFIX):
+        return recorded[len(LOCAL_PREFIX):]
+    configured = (run.get("config") or {}).get("store")
+    if configured:
+        return str(configured)
+    if recorded.startswith("s3://"):  # S3Store.describe(): "s3://bucket/prefix @ endpoint"
+        return recorded.partition(" @ ")[0]
+    return default_store_url()  # a run written before results.json recorded its store
+
+
+def open_run_store(run: dict) -> ArtifactStore:
+    """The artifact store a finished run wrote to (run_store_url), for every command that reads a run's artifacts."""
+    return open_store(run_store_url(run))

@@ -159,8 +159,8 @@ def host_copy_bytes(shape: ModelShape, stage: str, layers: Sequence[int], out_it
 
 def chunk_bytes(costs: TokenCosts, rows: int, length: int) -> int:
     """What one forward over `rows` rows of `length` padded tokens holds, in the batching module's model."""
-    return (rows * length * (costs.plain + costs.attention_per_token + costs.attention_per_key * length + costs.gradient)
-            + costs.attention_reserve)
+    per_token = costs.plain + costs.attention_per_token + costs.attention_per_key * length + costs.gradient
+    return rows * length * per_token + costs.attention_reserve
 
 
 def transferred_ratio(target_flop_ratio: float, reference_flop_ratio: float, measured_ratio: float) -> float:

@@ -115,8 +115,9 @@ def test_s2_sub_chunks_join_into_the_plain_chunk(monkeypatch) -> None:
     whole = next(extract_batches(llama, llama.model.layers, [batch], (1, 2), needs=needs,
                                  max_batch_tokens=rows * length))
     costs = model_token_costs(llama, (1, 2), needs)
-    one_row = int((costs.head_chunk + costs.attention_reserve + rows * length * costs.plain + 1.5 * length * (
-        costs.plain + costs.attention_per_token + costs.gradient + (costs.attention_per_key + costs.gradient_per_key) * length)) / 0.8)
+    per_row = length * (costs.plain + costs.attention_per_token + costs.gradient
+                        + (costs.attention_per_key + costs.gradient_per_key) * length)
+    one_row = int((costs.head_chunk + costs.attention_reserve + rows * length * costs.plain + 1.5 * per_row) / 0.8)
     monkeypatch.setattr(capture, "free_memory_bytes", lambda _device: one_row)
     sizes: list[int] = []
     forward = capture.gradient_forward

@@ -74,7 +74,8 @@ def model_token_costs(model: nn.Module, layers: Sequence[int], needs: Collection
         n_heads=heads, vocab_size=int(getattr(text, "vocab_size", 0) or 0),
         n_layers=int(getattr(text, "num_hidden_layers", 0) or max(layers) + 1), layers=layers,
         itemsize=parameter.element_size(), out_itemsize=np.dtype(dtype_out).itemsize, needs=needs,
-        kv_size=kv_heads * head_dim, n_kv_heads=kv_heads, head_dim=head_dim, eager_attention=getattr(text, "_attn_implementation", None) == "eager")
+        kv_size=kv_heads * head_dim, n_kv_heads=kv_heads, head_dim=head_dim,
+        eager_attention=getattr(text, "_attn_implementation", None) == "eager")
 
 
 def resolve_max_batch_tokens(model: nn.Module, layers: Sequence[int], max_batch_tokens: int | None,

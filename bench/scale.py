@@ -1,0 +1,365 @@
+"""The whole benchmark at scale: the driver's own run (pool, then D1 with reliability) on a random-weight model of a
+published shape, beside the raw forward over the same tokens, and a projection to PoolBench's full size.
+
+`--shape llama-3.1-8b --device cuda --concepts 2` runs `poolbench-driver run --model shape:llama-3.1-8b
+--corpus-size full --max-length 512 --no-steering` in this process (poolbench.api.evaluate_config: Ray, the
+extractor actor, the D1 tasks), into a fresh temporary store, so nothing is read back. Per concept: the extractor's
+pooling seconds and the D1 seconds from its probes' start to its last layer gathered; first, the raw forward (the
+plain decoder, no hooks, inference_mode: forward_baselines.forward_only) timed here on the same passages in the
+run's padded batches, its model freed before the run starts. SIGINT stops the run and writes what it measured
+("complete": false). The extractor actor reports its forwards, rows per forward and peak memory
+(torch.cuda.max_memory_allocated on a GPU, its RSS on CPU) through Ray's `__ray_call__` (bench instrumentation
+only: nothing in the run changes). The projection to 17 concepts x 2,000 passages x 400 tokens multiplies the
+measured per-token rates (pooling, raw forward) and the per-passage D1 rate by that size: a projection, not a
+measurement. Writes bench/results/scale.json (--out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import resource
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from bench_io import RESULTS, run_header, write_result
+from rich.console import Console
+
+from poolbench.api import evaluate_config, run_config
+from poolbench.corpus.source import limit_passages, open_corpus
+from poolbench.driver.probe_gate import beside_the_forward
+from poolbench.extractor.forward_baselines import forward_only
+from poolbench.extractor.loading import load_model
+from poolbench.extractor.model_shapes import SHAPE_PREFIX, SHAPES
+from poolbench.extractor.padded_batches import prepare_batches
+from poolbench.records.events import ConceptPooled, ConceptProbed, RunPlanned
+
+FULL_CONCEPTS, FULL_PASSAGES, FULL_TOKENS = 17, 2000, 400  # PoolBench's own benchmark: 13.6 M tokens
+TARGETS = {"pooling_over_raw_tokens_per_s_min": 1 / 3, "d1_17_concepts_s_max": 300.0, "total_s_max": 1800.0}
+
+
+@dataclass(frozen=True)
+class Projection:
+    """The full benchmark's seconds from measured rates: pooling and the raw forward per token, D1 per passage (its
+    fits grow with the passages, not their length); `total_s` runs D1 after the pooling (a GPU probes beside it)."""
+
+    concepts: int
+    passages_per_concept: int
+    tokens_per_passage: int
+    tokens: int
+    passages: int
+    raw_forward_s: float
+    pooling_s: float
+    d1_s: float
+    total_s: float
+    note: str = "a projection from this run's per-token and per-passage rates, not a measurement"
+
+
+def project(tokens: int, passages: int, raw_s: float, pooling_s: float, d1_s: float, *,
+            concepts: int = FULL_CONCEPTS, per_concept: int = FULL_PASSAGES,
+            per_passage: int = FULL_TOKENS) -> Projection:
+    """Measured seconds over `tokens` tokens (`passages` passages) scaled to concepts x per_concept x per_passage."""
+    full_tokens, full_passages = concepts * per_concept * per_passage, concepts * per_concept
+    pooling = pooling_s * full_tokens / tokens
+    d1 = d1_s * full_passages / passages
+    return Projection(concepts, per_concept, per_passage, full_tokens, full_passages,
+                      raw_forward_s=raw_s * full_tokens / tokens, pooling_s=pooling, d1_s=d1, total_s=pooling + d1)
+
+
+def device_name(device: torch.device) -> str:
+    """The CUDA device's name, or the CPU's model name from /proc/cpuinfo."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return "cpu"
+
+
+def peak_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def install_counter(worker: object) -> None:
+    """In the extractor actor: every pool_concept_group call counts into one ExtractionStats; the peak restarts."""
+    import poolbench.pooler.worker as module
+    from poolbench.extractor.capture import ExtractionStats
+
+    stats = ExtractionStats()
+    original = module.pool_concept_group
+
+    def counted(*args, **kwargs):
+        if kwargs.get("stats") is None:
+            kwargs["stats"] = stats
+        return original(*args, **kwargs)
+
+    module.pool_concept_group = counted
+    worker._scale_stats = stats  # type: ignore[attr-defined]
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def read_counter(worker: object, layers: list[int], strategies: list[str], max_length: int) -> dict:
+    """In the extractor actor: what it counted, its peak memory, and the rows per forward its memory model plans."""
+    from poolbench.extractor.batching import rows_per_forward
+    from poolbench.extractor.capture import model_token_costs, resolve_max_batch_tokens
+    from poolbench.pooler.concept_pooling import strategy_needs
+    from poolbench.pooler.registry import resolve_strategies
+
+    stats, loaded = worker._scale_stats, worker.loaded  # type: ignore[attr-defined]
+    budget = resolve_max_batch_tokens(loaded.model, layers, None)
+    costs = model_token_costs(loaded.model, layers, strategy_needs(resolve_strategies(strategies)))
+    return {"forwards": stats.batches, "passages": stats.passages, "tokens": stats.tokens,
+            "padded_tokens": stats.padded_tokens, "forward_s": stats.forward_seconds, "pool_s": stats.pool_seconds,
+            "device_to_host_s": stats.transfer_seconds, "prepare_s": stats.prepare_seconds,
+            "prepared_ahead": stats.prepared_ahead, "peak_bytes": peak_bytes(loaded.device),
+            "peak_kind": "cuda_max_allocated" if loaded.device.type == "cuda" else "rss",
+            "device_name": device_name(loaded.device), "max_batch_tokens_now": budget,
+            "planned_rows_per_forward": rows_per_forward(costs, budget, max_length)}
+
+
+if __name__ != "__main__":  # imported (tests): the actor has no bench/ on its path, so ship these by value
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@contextlib.contextmanager
+def counted_extractors(read: Callable[[], tuple[list[int], list[str], int]], collected: list[dict]) -> Iterator[None]:
+    """While open, each extractor the run starts counts its pooling, and hands its counts over before it is killed
+    (the fleet's release, once the last concept is pooled); `read` gives the run's layers, strategies, max_length."""
+    import ray
+
+    import poolbench.driver.extractor_fleet as fleet
+    spawner, release = fleet.extractor_spawner, fleet.ExtractorFleet.release
+
+    def counting_spawner(*args, **kwargs):
+        spawn = spawner(*args, **kwargs)
+
+        def spawn_counted():
+            actor = spawn()
+            ray.get(actor.__ray_call__.remote(install_counter))
+            return actor
+        return spawn_counted
+
+    def release_counted(self) -> None:
+        for actor in [] if INTERRUPTED else self.actors:  # interrupted: Ray may be going down, read nothing
+            try:
+                collected.append(ray.get(actor.__ray_call__.remote(read_counter, *read()), timeout=60))
+            except Exception as exc:  # a lost actor: its counts are lost, the run goes on
+                collected.append({"error": str(exc).splitlines()[0]})
+        release(self)
+
+    fleet.extractor_spawner, fleet.ExtractorFleet.release = counting_spawner, release_counted  # type: ignore
+    try:
+        yield
+    finally:
+        fleet.extractor_spawner, fleet.ExtractorFleet.release = spawner, release  # type: ignore
+
+
+def concept_names(spec: str, corpus_size: str) -> list[str]:
+    """`--concepts 2`: the corpus's first two; `--concepts hedging,toxicity`: those."""
+    if spec.isdigit():
+        return list(open_corpus("embedded", corpus_size).concepts[: int(spec)])
+    return [c for c in spec.split(",") if c]
+
+
+class Interrupted(BaseException):
+    """SIGINT (`timeout -s INT` in bench/gpu_measure.sh): stop the run, keep what was measured; a BaseException
+    like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
+
+
+INTERRUPTED: list[bool] = []
+
+
+def on_sigint(_signum: int, _frame: object) -> None:
+    INTERRUPTED.append(True)
+    raise Interrupted
+
+
+def driver_run(args: argparse.Namespace, concepts: list[str], work: Path, per_concept: dict[str, dict],
+               run: dict, counts: list[dict], on_gpu: bool) -> None:
+    """The driver's run, filling `per_concept` (pooling seconds, when pooled and probed, seconds from the start)
+    and `run` as its events come, so an interrupted run leaves what it measured."""
+    cfg = run_config(model=SHAPE_PREFIX + args.shape, dtype=args.dtype, device=args.device,
+                     corpus_size=args.corpus_size, concepts=concepts, max_length=args.max_length, limit=args.limit,
+                     batch_size=args.batch_size, n_bootstrap=args.n_bootstrap, steering=False, reliability=True,
+                     store=str(work / "store"), out=str(work / "run"),
+                     **({"layers": [int(v) for v in args.layers.split(",")]} if args.layers else {}),
+                     **({"strategies": args.strategies.split(",")} if args.strategies else {}))
+    start = time.perf_counter()
+
+    def on_event(event: object) -> None:
+        now = time.perf_counter() - start
+        if isinstance(event, RunPlanned):
+            run.update(layers=list(event.layers), strategies=list(event.strategies), n_layers=event.n_layers,
+                       hidden_size=event.hidden_size, planned_at_s=now)
+        elif isinstance(event, ConceptPooled):
+            per_concept[event.concept].update(pool_s=event.seconds, pooled_at_s=now)
+            print(f"[{now:7.1f} s] pooled {event.concept} in {event.seconds:.1f} s", flush=True)
+        elif isinstance(event, ConceptProbed):
+            per_concept[event.concept]["probed_at_s"] = now
+            print(f"[{now:7.1f} s] probed {event.concept} (D1 with reliability)", flush=True)
+
+    with counted_extractors(lambda: (run["layers"], run["strategies"], args.max_length), counts):
+        results = evaluate_config(cfg, on_event=on_event)
+    # The driver's own rule (driver/probe_gate.py): on CPU the probes wait for the last pooling, on a GPU a
+    # concept's probes start beside the next concept's forwards.
+    beside = beside_the_forward(cfg, on_gpu)
+    gate = max(c["pooled_at_s"] for c in per_concept.values())
+    for c in per_concept.values():
+        c["d1_s"] = c["probed_at_s"] - (c["pooled_at_s"] if beside else gate)
+    timing = results.document.get("timing") or {}
+    d1_start = min(c["pooled_at_s"] for c in per_concept.values()) if beside else gate
+    run.update(pooling_s=sum(c["pool_s"] for c in per_concept.values()),
+               d1_s=max(c["probed_at_s"] for c in per_concept.values()) - d1_start,
+               total_s=float(timing.get("total_s", time.perf_counter() - start)), d1_waits_for_pooling=not beside,
+               d1_records=len(results.cells), cells=len({(c.concept, c.layer, c.strategy) for c in results.cells}))
+
+
+def raw_forward(args: argparse.Namespace, concepts: list[str], per_concept: dict[str, dict]) -> dict:
+    """The plain forward over each concept's passages in the run's padded batches, best of --repeats, in this
+    process before the run (the model is freed after it, so the run's extractor has the device to itself)."""
+    loaded = load_model(SHAPE_PREFIX + args.shape, dtype=args.dtype, device=args.device)
+    corpus = open_corpus("embedded", args.corpus_size, concepts)
+    batches = {c: prepare_batches(loaded.tokenizer, limit_passages(corpus.passages(c), args.limit),
+                                  batch_size=args.batch_size, max_length=args.max_length) for c in concepts}
+    forward_only(loaded.model, batches[concepts[0]][:1])  # warm-up: allocator, kernels
+    if loaded.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(loaded.device)
+    for c, bs in batches.items():
+        per_concept[c].update(passages=sum(len(b.indices) for b in bs),
+                              tokens=sum(int(b.attention_mask.sum()) for b in bs),
+                              padded_tokens=sum(int(b.attention_mask.size) for b in bs),
+                              raw_s=min(forward_only(loaded.model, bs).forward_seconds for _ in range(args.repeats)))
+    raw = {"peak_bytes": peak_bytes(loaded.device), "device": str(loaded.device),
+           "device_name": device_name(loaded.device), "dtype": str(loaded.dtype),
+           "weights_hash": loaded.weights_hash}
+    del loaded, batches
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return raw
+
+
+def measure(args: argparse.Namespace) -> dict:
+    concepts = concept_names(args.concepts, args.corpus_size)
+    started = time.perf_counter()
+    per_concept: dict[str, dict] = {c: {"concept": c} for c in concepts}
+    raw = raw_forward(args, concepts, per_concept)
+    rows = list(per_concept.values())
+    tokens, passages = sum(r["tokens"] for r in rows), sum(r["passages"] for r in rows)
+    raw_s = sum(r["raw_s"] for r in rows)
+    print(f"raw forward: {tokens:,} tokens in {raw_s:.2f} s ({tokens / raw_s:,.0f} tok/s)", flush=True)
+    run: dict = {}
+    counts: list[dict] = []
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with tempfile.TemporaryDirectory(prefix="poolbench-scale-") as tmp:
+            driver_run(args, concepts, Path(tmp), per_concept, run, counts, raw["device"].startswith("cuda"))
+    except Interrupted:
+        pass
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    header = run_header("scale", args, raw["device"])
+    result = {
+        **header, "device": raw["device_name"], "git": header["git_hash"], "shape": args.shape,
+        "model": SHAPE_PREFIX + args.shape, "weights_hash": raw["weights_hash"], "dtype": raw["dtype"],
+        "torch": torch.__version__, "cuda": torch.version.cuda, "complete": "cells" in run,
+        "config": {"concepts": concepts, "corpus_size": args.corpus_size, "max_length": args.max_length,
+                   "limit": args.limit, "batch_size": args.batch_size, "n_bootstrap": args.n_bootstrap,
+                   "reliability": True, "steering": False, "layers": run.get("layers"),
+                   "strategies": run.get("strategies"), "n_layers": run.get("n_layers"),
+                   "hidden_size": run.get("hidden_size"), "cells": run.get("cells"),
+                   "d1_records": run.get("d1_records")},
+        "tokens": tokens, "padded_tokens": sum(r["padded_tokens"] for r in rows), "passages": passages,
+        "per_concept": rows,
+        "raw_forward": {"seconds": raw_s, "tokens_per_s": tokens / raw_s, "repeats": args.repeats},
+        "peak_bytes": {"raw_forward": raw["peak_bytes"],
+                       "kind": "cuda_max_allocated" if raw["device"].startswith("cuda") else "rss",
+                       "note": "the extractor actor's and this process's; the D1 tasks' own processes are not read"},
+        "targets": TARGETS,
+    }
+    if not result["complete"]:
+        result["note"] = "interrupted: per_concept holds what was pooled and probed before the signal"
+        return result
+    counted = [c for c in counts if "error" not in c]
+    forwards = sum(c["forwards"] for c in counted)
+    pooling = {"tokens_per_s": tokens / run["pooling_s"], "over_raw": run["pooling_s"] / raw_s,
+               "tokens_per_s_over_raw": raw_s / run["pooling_s"], "forwards": forwards,
+               "rows_per_forward": sum(c["passages"] for c in counted) / forwards if forwards else None,
+               "forward_padded_tokens": sum(c["padded_tokens"] for c in counted),
+               "planned_rows_per_forward": [c["planned_rows_per_forward"] for c in counted],
+               "extractors": counts}
+    projection = project(tokens, passages, raw_s, run["pooling_s"], run["d1_s"])
+    d1_17 = run["d1_s"] * FULL_CONCEPTS * FULL_PASSAGES / passages
+    result["peak_bytes"]["extractor"] = max((c["peak_bytes"] for c in counted), default=None)
+    return {
+        **result,
+        "seconds": {"pooling": run["pooling_s"], "d1": run["d1_s"], "total": run["total_s"], "raw_forward": raw_s,
+                    "bench_wall": time.perf_counter() - started},
+        "d1_waits_for_pooling": run["d1_waits_for_pooling"], "pooling": pooling, "projection": asdict(projection),
+        "met": {"pooling_over_raw_tokens_per_s_min": pooling["tokens_per_s_over_raw"] >= TARGETS[
+                    "pooling_over_raw_tokens_per_s_min"],
+                "d1_17_concepts_s_max": d1_17 <= TARGETS["d1_17_concepts_s_max"],
+                "total_s_max": projection.total_s <= TARGETS["total_s_max"]},
+    }
+
+
+def report(result: dict) -> None:
+    console = Console()
+    if not result["complete"]:
+        console.print(f"{result['model']} on {result['device']}: {result['note']}")
+        return
+    s, p = result["seconds"], result["projection"]
+    console.print(f"{result['model']} on {result['device']}: {result['tokens']:,} tokens "
+                  f"({result['padded_tokens']:,} padded), {result['passages']} passages, "
+                  f"{len(result['config']['concepts'])} concept(s)")
+    for row in result["per_concept"]:
+        console.print(f"  {row['concept']}: pooling {row['pool_s']:.1f} s, D1 {row['d1_s']:.1f} s, "
+                      f"raw forward {row['raw_s']:.2f} s over {row['tokens']:,} tokens")
+    console.print(f"pooling {s['pooling']:.1f} s ({result['pooling']['tokens_per_s']:,.0f} tok/s, "
+                  f"{result['pooling']['over_raw']:.2f}x raw), D1 {s['d1']:.1f} s, run total {s['total']:.1f} s; "
+                  f"raw forward {s['raw_forward']:.2f} s ({result['raw_forward']['tokens_per_s']:,.0f} tok/s)")
+    console.print(f"projection ({p['note']}) to {p['concepts']} x {p['passages_per_concept']} passages x "
+                  f"{p['tokens_per_passage']} tokens: raw forward {p['raw_forward_s'] / 60:.1f} min, pooling "
+                  f"{p['pooling_s'] / 60:.1f} min, D1 {p['d1_s'] / 60:.1f} min, total {p['total_s'] / 60:.1f} min")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    parser.add_argument("--concepts", default="2", help="how many of the corpus's concepts (first N), or names")
+    parser.add_argument("--corpus-size", default="full", choices=("tiny", "small", "full"))
+    parser.add_argument("--max-length", type=int, default=512)
+    parser.add_argument("--limit", type=int, default=None, help="at most N passages per class and split (run's)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--n-bootstrap", type=int, default=1000)
+    parser.add_argument("--layers", default=None, help="comma list (default: the run's, six for a deep model)")
+    parser.add_argument("--strategies", default=None, help="comma list (default: all 19 of the card)")
+    parser.add_argument("--repeats", type=int, default=1, help="raw forward: best of N")
+    parser.add_argument("--out", type=Path, default=RESULTS / "scale.json")
+    args = parser.parse_args(argv)
+    result = measure(args)
+    report(result)
+    write_result(result, args.out)
+    if not result["complete"]:  # interrupted: Ray's own shutdown may hang on processes the signal reached too
+        sys.stdout.flush()
+        os._exit(130)
+
+
+if __name__ == "__main__":
+    main()

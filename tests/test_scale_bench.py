@@ -1,0 +1,85 @@
+"""bench/scale.py: the driver's own run on a `shape:` model, beside the raw forward, and the projection to PoolBench's
+full size; the projection's arithmetic by hand, the JSON's fields and their consistency on a smoke run."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+
+from scale import project  # noqa: E402
+
+
+def test_the_projection_scales_pooling_and_the_forward_per_token_and_d1_per_passage() -> None:
+    # 1,000 tokens in 10 passages: raw 2 s, pooling 4 s, D1 5 s; the full size is 17 x 2,000 x 400 = 13.6 M tokens
+    # in 34,000 passages: raw 2 x 13,600 = 27,200 s, pooling 4 x 13,600 = 54,400 s, D1 5 x 3,400 = 17,000 s.
+    p = project(1000, 10, 2.0, 4.0, 5.0)
+    assert (p.tokens, p.passages) == (13_600_000, 34_000)
+    assert (p.raw_forward_s, p.pooling_s, p.d1_s, p.total_s) == (27_200.0, 54_400.0, 17_000.0, 71_400.0)
+    assert "projection" in p.note and "not a measurement" in p.note
+    small = project(1000, 10, 2.0, 4.0, 5.0, concepts=2, per_concept=5, per_passage=100)  # 1,000 tokens, 10 passages
+    assert (small.raw_forward_s, small.pooling_s, small.d1_s) == (2.0, 4.0, 5.0)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("scale") / "scale.json"
+    done = subprocess.run([sys.executable, str(BENCH / "scale.py"), "--shape", "smoke", "--device", "cpu",
+                           "--concepts", "2", "--limit", "5", "--max-length", "32", "--layers", "1",
+                           "--strategies", "A1_mean,P1_last", "--n-bootstrap", "20", "--out", str(out)],
+                          cwd=BENCH, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_the_smoke_run_writes_every_stage_beside_the_raw_forward(smoke_run) -> None:
+    r = smoke_run
+    assert r["benchmark"] == "scale" and r["model"] == "shape:smoke" and r["device"] and r["git"] and r["date"]
+    assert r["weights_hash"].startswith("shape-") and r["cuda"] is None and r["dtype"] == "torch.float32"
+    assert r["config"]["concepts"] == ["academic_tone", "bureaucratic"] and r["config"]["layers"] == [1]
+    assert r["config"]["strategies"] == ["A1_mean", "P1_last"] and r["config"]["reliability"] is True
+    # concepts x layers x strategies, read back from the driver's D1 records (a diffmean and a logistic probe each)
+    assert r["config"]["cells"] == 2 * 1 * 2 and r["config"]["d1_records"] == 2 * r["config"]["cells"]
+    rows = r["per_concept"]
+    # --limit 5: five passages per class and split, two classes, two splits
+    assert [row["passages"] for row in rows] == [20, 20] and r["passages"] == 40
+    for key in ("tokens", "padded_tokens"):
+        assert r[key] == sum(row[key] for row in rows) > 0
+    assert r["padded_tokens"] >= r["tokens"]
+    s = r["seconds"]
+    assert s["pooling"] == pytest.approx(sum(row["pool_s"] for row in rows), rel=1e-12)
+    assert s["raw_forward"] == pytest.approx(sum(row["raw_s"] for row in rows), rel=1e-12)
+    assert all(row["pool_s"] > 0 and row["d1_s"] > 0 and row["raw_s"] > 0 for row in rows)
+    # on CPU the D1 stage starts after the last pooling: it ends with the last concept probed
+    assert r["d1_waits_for_pooling"] and s["d1"] == pytest.approx(max(row["d1_s"] for row in rows), rel=1e-12)
+    assert 0 < s["pooling"] + s["d1"] <= s["total"] <= s["bench_wall"]
+    assert r["pooling"]["tokens_per_s"] == pytest.approx(r["tokens"] / s["pooling"], rel=1e-12)
+    assert r["raw_forward"]["tokens_per_s"] == pytest.approx(r["tokens"] / s["raw_forward"], rel=1e-12)
+
+
+def test_the_extractor_counts_its_forwards_on_the_same_tokens_and_the_projection_follows(smoke_run) -> None:
+    r = smoke_run
+    [extractor] = r["pooling"]["extractors"]
+    # the actor pooled exactly the passages and tokens the raw forward timed here
+    assert (extractor["passages"], extractor["tokens"]) == (r["passages"], r["tokens"])
+    assert extractor["forwards"] == r["pooling"]["forwards"] >= 2  # one job per concept on CPU
+    assert r["pooling"]["rows_per_forward"] == r["passages"] / extractor["forwards"]
+    assert extractor["peak_kind"] == r["peak_bytes"]["kind"] == "rss"
+    assert r["peak_bytes"]["extractor"] > 0 and r["peak_bytes"]["raw_forward"] > 0
+    p, s = r["projection"], r["seconds"]
+    full_tokens, full_passages = 17 * 2000 * 400, 17 * 2000
+    assert (p["tokens"], p["passages"]) == (full_tokens, full_passages)
+    assert p["pooling_s"] == pytest.approx(s["pooling"] / r["tokens"] * full_tokens, rel=1e-12)
+    assert p["raw_forward_s"] == pytest.approx(s["raw_forward"] / r["tokens"] * full_tokens, rel=1e-12)
+    assert p["d1_s"] == pytest.approx(s["d1"] / r["passages"] * full_passages, rel=1e-12)
+    assert p["total_s"] == pytest.approx(p["pooling_s"] + p["d1_s"], rel=1e-12)
+    assert "not a measurement" in p["note"]
+    assert all(math.isfinite(v) and v > 0 for v in (p["pooling_s"], p["d1_s"], p["raw_forward_s"]))
+    assert set(r["met"]) == set(r["targets"]) and all(isinstance(v, bool) for v in r["met"].values())

@@ -60,7 +60,7 @@ def results_of(document: dict, leaderboard: dict, paths: dict[str, Path] | None 
 def load_results(path: str | Path) -> Results:
     """A run's --out folder (its latest results.json) or one results*.json file, with the leaderboard written
     beside it (rebuilt from the cells when there is none)."""
-    from poolbench.results.leaderboard import build_leaderboard
+    from poolbench.results.answer.leaderboard import build_leaderboard
 
     path = Path(path)
     results_path = path / "results.json" if path.is_dir() else path
@@ -88,7 +88,7 @@ def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None, strate
     """Run the benchmark as `cfg` says, write results (timestamped and latest) into cfg.out, and return them;
     `fleet` lends extractor workers kept from an earlier model of the same run."""
     from poolbench.driver.pipeline import run_benchmark
-    from poolbench.results.document import write_run_outputs
+    from poolbench.results.documents.document import write_run_outputs
 
     outcome = run_benchmark(cfg, on_event, strategy_modules=tuple(strategy_modules), fleet=fleet)
     paths = write_run_outputs(outcome, Path(cfg.out))
@@ -98,8 +98,8 @@ def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None, strate
         first = document["errors"][0]
         raise StageFailed(f"{first['stage']} failed: {first['message']} (the D1 results are in {paths['results']})")
     if log_samples:
-        from poolbench.results.passage_table import read_run_scores
-        from poolbench.results.samples import write_generations, write_samples
+        from poolbench.results.answer.passage_table import read_run_scores
+        from poolbench.results.exports.samples import write_generations, write_samples
         from poolbench.store.url import open_store
 
         stamp = paths["results_stamped"].stem.removeprefix("results_")
@@ -135,7 +135,7 @@ def evaluate_models(cfg: RunConfig, models: Sequence[str], *, on_event: EventSin
 
     from poolbench.driver.extractor_fleet import ExtractorFleet
     from poolbench.extractor.loading import check_model_reference
-    from poolbench.results.cross_model_outputs import model_folders, write_cross_model_outputs
+    from poolbench.results.documents.cross_model_outputs import model_folders, write_cross_model_outputs
 
     if len(models) < 2:
         raise PoolBenchError(f"a cross-model run needs at least two models, got {len(models)}")
@@ -175,13 +175,13 @@ def evaluate(model: str = EMBEDDED, *, out: str | Path = DEFAULT_RUN_DIR, log_sa
     as `run --capability-task` (its records in the results document's `capability`)."""
     cfg = run_config(model=model, out=str(out), **options)
     if capability_task is not None:
-        from poolbench.results.capability_run import check_capability_task
+        from poolbench.capability.records import check_capability_task
 
         check_capability_task(capability_task, Path(capability_task_dir), steering=cfg.steering)
     results = evaluate_config(cfg, on_event=on_event, strategy_modules=strategy_modules, log_samples=log_samples)
     if capability_task is None:
         return results
-    from poolbench.http.capability_service import run_capability_stage
+    from poolbench.capability.stage import run_capability_stage
 
     paths = results.paths
     run_capability_stage(Path(cfg.out), capability_task, Path(capability_task_dir), n_bootstrap=cfg.n_bootstrap,
@@ -231,7 +231,7 @@ def evaluate_learning_curve(cfg: RunConfig, sizes: Sequence[int | None], *, on_e
     workers are started once for every size."""
     from poolbench.atomic_write import write_json_atomic
     from poolbench.driver.extractor_fleet import ExtractorFleet
-    from poolbench.results.learning_curve import CURVE_FILE, learning_curve
+    from poolbench.results.answer.learning_curve import CURVE_FILE, learning_curve
 
     points = []
     with ExtractorFleet(strategy_modules) as fleet:

@@ -33,7 +33,7 @@ from poolbench.errors import PoolBenchError, without_colours
 
 if TYPE_CHECKING:
     from poolbench.config import RunConfig
-    from poolbench.results.answer import RunAnswer
+    from poolbench.results.answer.answer import RunAnswer
 
 
 app = typer.Typer(cls=RootGroup, add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -181,11 +181,11 @@ def run(
     from poolbench.api import evaluate_config
     from poolbench.cli.board import summary_line
     from poolbench.config import RunConfig
-    from poolbench.results.trackers import log_trackers, tracker_options
+    from poolbench.results.exports.trackers import log_trackers, tracker_options
 
     trackers = tracker_options(wandb_args, mlflow_uri)
     if capability_task is not None:
-        from poolbench.results.capability_run import check_capability_task
+        from poolbench.capability.records import check_capability_task
 
         check_capability_task(capability_task, capability_task_dir, steering=steering)
     models = _split(model) or (EMBEDDED,)
@@ -219,7 +219,7 @@ def run(
     with run_progress(console) as progress:
         results = evaluate_config(cfg, on_event=RunDisplay(progress).show, log_samples=log_samples,
                                   strategy_modules=tuple(str(p) for p in strategy_module or ()))
-    from poolbench.results.answer import read_answer
+    from poolbench.results.answer.answer import read_answer
 
     paths = results.paths
     _capability_stage(paths["results"].parent, capability_task, capability_task_dir, seed=seed,
@@ -246,7 +246,7 @@ def _capability_stage(folder: Path, task: str | None, task_dir: Path, *, seed: i
     """`--capability-task` after a finished run folder; nothing (and no import) when the run did not ask for it."""
     if task is None:
         return
-    from poolbench.http.capability_service import run_capability_stage
+    from poolbench.capability.stage import run_capability_stage
 
     _print_lines(run_capability_stage(folder, task, task_dir, seed=seed, n_bootstrap=n_bootstrap, stamped=stamped))
 
@@ -257,7 +257,7 @@ def _run_models(cfg: RunConfig, models: tuple[str, ...], log_samples: bool, stra
     from poolbench.api import evaluate_models
     from poolbench.cli.board import summary_line
     from poolbench.cli.cross_model_board import cross_model_answer, cross_model_board
-    from poolbench.results.answer import read_answer
+    from poolbench.results.answer.answer import read_answer
 
     with run_progress(console) as progress:
         results = evaluate_models(cfg, models, on_event=RunDisplay(progress).show, log_samples=log_samples,
@@ -276,7 +276,7 @@ def _run_models(cfg: RunConfig, models: tuple[str, ...], log_samples: bool, stra
 
 def _print_answer(answer: RunAnswer) -> None:
     """The run's answer, last: what a person repeats, rendered from the answer.json the run wrote."""
-    from poolbench.results.answer import answer_text
+    from poolbench.results.answer.answer import answer_text
 
     console.print(answer_text(answer), soft_wrap=True, highlight=False, markup=False)
 
@@ -302,7 +302,7 @@ def leaderboard(
         console.print(cross_model_board(board["cross_model"]))
         console.print(cross_model_answer(board["cross_model"]), soft_wrap=True, highlight=False, markup=False)
         return
-    from poolbench.results.answer import ANSWER_FILE, read_answer
+    from poolbench.results.answer.answer import ANSWER_FILE, read_answer
 
     _print_leaderboard(board, read_answer(run_dir / ANSWER_FILE) if (run_dir / ANSWER_FILE).is_file() else None)
 
@@ -381,8 +381,8 @@ def export_submission(
     = False,
 ) -> None:
     """Write one strategy's results in the PoolBench community-submission format."""
-    from poolbench.results.document import write_json_atomic
-    from poolbench.results.submission import (
+    from poolbench.results.documents.document import write_json_atomic
+    from poolbench.results.exports.submission import (
         LEADERBOARD_PROTOCOL,
         build_submission,
         check_protocol,

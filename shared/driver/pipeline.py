@@ -45,7 +45,7 @@ from poolbench.records.events import (
 )
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.run import RunOutcome
-from poolbench.results.tier_estimand import tier_pair_counts
+from poolbench.results.answer.tier_estimand import tier_pair_counts
 from poolbench.steerer.errors import EngineDied
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key, layer_shard_key
@@ -380,7 +380,7 @@ def steer(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellR
           emit: EventSink) -> dict:
     """D2/D3 on the cells the D1 leaderboard picks (the default subset, or every cell with --full)."""
     from poolbench.driver.steering_stage import run_steering_on_ray
-    from poolbench.results.leaderboard import build_leaderboard
+    from poolbench.results.answer.leaderboard import build_leaderboard
 
     return run_steering_on_ray(
         inputs.store, inputs.store_url, inputs.corpus, {p.concept: p.pooled_key for p in run.plans},

@@ -8,7 +8,7 @@ import socket
 from collections.abc import Sequence
 from pathlib import Path
 
-from poolbench.results.capability import CapabilityError, CapabilityRecord, measure_capability
+from poolbench.capability.measure import CapabilityError, CapabilityRecord, measure_capability
 
 
 def _free_port() -> int:
@@ -59,8 +59,8 @@ def run_capability_stage(run_dir: Path, task: str, task_dir: Path, *, stamped: t
                          n_bootstrap: int = 2000, seed: int = 0) -> list[str]:
     """`run --capability-task`: every steered cell of the finished run folder at its alpha* and at 0, recorded in
     the run's documents and answer; the lines to print."""
-    from poolbench.results.capability_run import record_capability, record_sentence, steered_cells
-    from poolbench.results.vector_export import read_run
+    from poolbench.capability.records import record_capability, record_sentence, steered_cells
+    from poolbench.results.exports.vector_export import read_run
 
     doc = read_run(run_dir)
     cells = steered_cells(doc)

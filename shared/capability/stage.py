@@ -1,5 +1,6 @@
-"""The service `capability` and `run --capability-task` score lm-eval tasks against: the run's model and stored
-vectors on a free loopback port behind a random bearer token, started once for every cell and stopped after."""
+"""The capability stage over a finished run (`capability`, `run --capability-task`, `poolbench.evaluate`): lm-eval
+scores each cell against the run's own model and stored vectors, served (poolbench.http.app) on a free loopback port
+behind a random bearer token, started once for every cell and stopped after."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ def results_of(document: dict, leaderboard: dict, paths: dict[str, Path] | None 
 def load_results(path: str | Path) -> Results:
     """A run's --out folder (its latest results.json) or one results*.json file, with the leaderboard written
     beside it (rebuilt from the cells when there is none)."""
-    from poolbench.results.leaderboard import build_leaderboard
+    from poolbench.results.answer.leaderboard import build_leaderboard
 
     path = Path(path)
     results_path = path / "results.json" if path.is_dir() else path
@@ -86,11 +86,11 @@ def load_results(path: str | Path) -> Results:
 
 def check_run_extras(cfg: RunConfig) -> None:
     """What runs after the benchmark (trackers, --capability-task) is checked before it, in one line each."""
-    from poolbench.results.trackers import tracker_options
+    from poolbench.results.exports.trackers import tracker_options
 
     tracker_options(cfg.wandb_args, cfg.mlflow_uri)
     if cfg.capability_task is not None:
-        from poolbench.results.capability_run import check_capability_task
+        from poolbench.capability.records import check_capability_task
 
         check_capability_task(cfg.capability_task, Path(cfg.capability_task_dir), steering=cfg.steering)
 
@@ -101,7 +101,7 @@ def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None,
     it (samples, capability, trackers: cfg's tracking and steering groups), and return them; `fleet` lends
     extractor workers kept from an earlier model of the same run."""
     from poolbench.driver.pipeline import run_benchmark
-    from poolbench.results.document import write_run_outputs
+    from poolbench.results.documents.document import write_run_outputs
 
     outcome = run_benchmark(cfg, on_event, strategy_modules=cfg.strategy_modules, fleet=fleet)
     paths = write_run_outputs(outcome, Path(cfg.out))
@@ -111,8 +111,8 @@ def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None,
         first = document["errors"][0]
         raise StageFailed(f"{first['stage']} failed: {first['message']} (the D1 results are in {paths['results']})")
     if cfg.log_samples:
-        from poolbench.results.passage_table import read_run_scores
-        from poolbench.results.samples import write_generations, write_samples
+        from poolbench.results.answer.passage_table import read_run_scores
+        from poolbench.results.exports.samples import write_generations, write_samples
         from poolbench.store.url import open_store
 
         stamp = paths["results_stamped"].stem.removeprefix("results_")
@@ -132,11 +132,11 @@ def evaluate_config(cfg: RunConfig, *, on_event: EventSink | None = None,
 
 def _after_the_run(cfg: RunConfig, paths: dict[str, Path]) -> list[str]:
     """--capability-task on the finished run folder, then the trackers; the lines each says."""
-    from poolbench.results.trackers import log_trackers, tracker_options
+    from poolbench.results.exports.trackers import log_trackers, tracker_options
 
     lines = []
     if cfg.capability_task is not None:
-        from poolbench.http.capability_service import run_capability_stage
+        from poolbench.capability.stage import run_capability_stage
 
         lines += run_capability_stage(Path(cfg.out), cfg.capability_task, Path(cfg.capability_task_dir),
                                       n_bootstrap=cfg.n_bootstrap, seed=cfg.seed,
@@ -163,7 +163,7 @@ def evaluate_models(cfg: RunConfig, models: Sequence[str], *, on_event: EventSin
 
     from poolbench.driver.extractor_fleet import ExtractorFleet
     from poolbench.extractor.loading import check_model_reference
-    from poolbench.results.cross_model_outputs import model_folders, write_cross_model_outputs
+    from poolbench.results.documents.cross_model_outputs import model_folders, write_cross_model_outputs
 
     if len(models) < 2:
         raise PoolBenchError(f"a cross-model run needs at least two models, got {len(models)}")
@@ -250,7 +250,7 @@ def evaluate_learning_curve(cfg: RunConfig, sizes: Sequence[int | None], *, on_e
     workers are started once for every size."""
     from poolbench.atomic_write import write_json_atomic
     from poolbench.driver.extractor_fleet import ExtractorFleet
-    from poolbench.results.learning_curve import CURVE_FILE, learning_curve
+    from poolbench.results.answer.learning_curve import CURVE_FILE, learning_curve
 
     points = []
     with ExtractorFleet(cfg.strategy_modules) as fleet:

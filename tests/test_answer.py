@@ -9,8 +9,8 @@ import io
 
 import pytest
 
-from poolbench.results.answer import answer_html, answer_text, build_answer
-from poolbench.results.tidy import LONG_COLUMNS, WIDE_COLUMNS, long_rows, to_csv, wide_rows
+from poolbench.results.answer.answer import answer_html, answer_text, build_answer
+from poolbench.results.documents.tidy import LONG_COLUMNS, WIDE_COLUMNS, long_rows, to_csv, wide_rows
 
 CONCEPTS = ("c1", "c2", "c3", "c4")
 # A's held-out AUROC per concept: mean 0.875, sd 0.064550 over 4 concepts, t(0.975, 3) = 3.182446:

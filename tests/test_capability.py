@@ -13,7 +13,7 @@ import torch
 from planted_run import PLANTED, store_planted_table
 from tiny_models import save_tiny_llama
 
-from poolbench.results.capability import CapabilityError, paired_difference
+from poolbench.capability.measure import CapabilityError, paired_difference
 
 # Single-letter choices: near-equal likelihoods on the random tiny model, so steering can reorder them.
 DOCS = [{"question": q, "choices": ["a", "e", "o", "s"], "label": y} for q, y in [

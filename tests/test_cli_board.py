@@ -46,7 +46,7 @@ def row_of(text: str, strategy: str) -> str:
 
 
 def test_printed_leaderboard_shows_the_interval_and_each_verdict_from_the_answer():
-    from poolbench.results.answer import build_answer
+    from poolbench.results.answer.answer import build_answer
 
     leaderboard = board()
     text = rendered(leaderboard, build_answer({"model": {"model_id": "m"}}, leaderboard))
@@ -67,7 +67,7 @@ def test_printed_leaderboard_without_an_answer_says_there_are_no_verdicts():
 
 
 def test_summary_line_by_hand():
-    from poolbench.results.answer import build_answer
+    from poolbench.results.answer.answer import build_answer
 
     leaderboard = board()
     answer = build_answer({"model": {"model_id": "m"}}, leaderboard)
@@ -141,7 +141,7 @@ def outcome(seed: int = 0) -> RunOutcome:
 
 def test_each_run_keeps_timestamped_files_and_results_json_is_the_latest(tmp_path):
     import poolbench
-    from poolbench.results.document import run_stamp, write_run_outputs
+    from poolbench.results.documents.document import run_stamp, write_run_outputs
 
     assert run_stamp(__import__("datetime").datetime(2025, 6, 1, 14, 3, 9, 512345)) == "2025-06-01T14-03-09.512345"
     first = write_run_outputs(outcome(seed=1), tmp_path, stamp="2025-06-01T14-03-09.000001")

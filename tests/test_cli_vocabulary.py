@@ -100,6 +100,6 @@ def test_report_html_names_a_folder():
 def test_importing_the_driver_loads_no_heavy_library():
     code = ("import sys, poolbench.cli.app; "
             "print(sorted(m for m in ('torch', 'ray', 'matplotlib', 'transformers', 'sklearn', 'scipy', 'numpy', "
-            "'minio', 'poolbench.results.report') if m in sys.modules))")
+            "'minio', 'poolbench.results.pages.report') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -9,7 +9,7 @@ import pytest
 
 from poolbench.errors import PoolBenchError
 from poolbench.records.verdicts import EQUIVALENT, NOT_SEPARATED, WORSE
-from poolbench.results.cross_model import ModelBoard, cross_model_table, not_separated_from_best, relative_depth
+from poolbench.results.answer.cross_model import ModelBoard, cross_model_table, not_separated_from_best, relative_depth
 
 
 def board(name: str, n_layers: int, d1: dict[str, list[float]], layers: dict[str, int]) -> ModelBoard:

@@ -11,9 +11,9 @@ from browser import CHROMIUM, assert_drawn, figures_on_screen
 from test_report import write_run
 
 from poolbench.errors import PoolBenchError
-from poolbench.results.cross_model_findings import write_cross_model_findings
-from poolbench.results.cross_model_outputs import write_cross_model_outputs
-from poolbench.results.cross_model_report import write_cross_model_report
+from poolbench.results.documents.cross_model_outputs import write_cross_model_outputs
+from poolbench.results.pages.cross_model_findings import write_cross_model_findings
+from poolbench.results.pages.cross_model_report import write_cross_model_report
 
 FOLDERS = {"small": "small", "deep": "deep"}
 
@@ -65,7 +65,7 @@ def test_cross_model_page_renders_in_headless_chromium(tmp_path: Path) -> None:
 
 
 def test_the_committed_cross_model_findings_page_is_generated_from_its_facts() -> None:
-    from poolbench.results.cross_model_findings import render_cross_model_findings
+    from poolbench.results.pages.cross_model_findings import render_cross_model_findings
 
     docs = Path(__file__).resolve().parents[1] / "docs" / "across-models-run"
     facts = json.loads((docs / "findings.json").read_text())

@@ -10,7 +10,7 @@ from poolbench.driver.breakdowns import d1_by_tier, has_tiers, lexical_by_tier
 from poolbench.prober.passage_scores import concat_scores
 from poolbench.records.breakdowns import TierAurocRecord
 from poolbench.records.d1 import D1CellRecord
-from poolbench.results.tiers import tier_section
+from poolbench.results.answer.tiers import tier_section
 
 
 def _cell(strategy: str, cv: float) -> D1CellRecord:
@@ -109,7 +109,7 @@ def test_results_and_leaderboard_carry_the_tiers(tmp_path):
     from test_cli_board import outcome
 
     from poolbench.records.breakdowns import LexicalTierRecord
-    from poolbench.results.document import write_run_outputs
+    from poolbench.results.documents.document import write_run_outputs
 
     tiers = [TierAurocRecord(strategy=s, layer=2, probe="logistic", tier="hard", auroc=a, ci_low=lo, ci_high=hi,
                              ci_level=0.95, n=16, n_pos=8, n_neg=8, n_concepts=1, n_bootstrap=10, concept_aurocs={})

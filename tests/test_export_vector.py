@@ -15,8 +15,8 @@ from planted_run import PLANTED, D, store_planted_table
 from tolerances import assert_float32_close
 from typer.testing import CliRunner
 
-from poolbench.results.vector_export import ExportError, exported_vector
-from poolbench.results.vector_formats import write_vector
+from poolbench.results.exports.vector_export import ExportError, exported_vector
+from poolbench.results.exports.vector_formats import write_vector
 
 RESIDUAL_NORM = 6.0
 EXPECTED = np.array([3.6, -4.8] + [0.0] * (D - 2))  # RESIDUAL_NORM x (0.6, -0.8, 0, ...), by hand

@@ -67,7 +67,7 @@ register_strategy(StrategySpec(id="X9_held_mean", code="X9", family="other", kin
 def comparable(outcome) -> dict:
     """results.json without what differs between two runs of the same cells: date, timing, the store's path, and
     the cluster section (which jobs ran where and which ran again)."""
-    from poolbench.results.document import results_document
+    from poolbench.results.documents.document import results_document
 
     document = results_document(outcome)
     return {k: v for k, v in document.items() if k not in ("date", "timing", "config", "store", "cluster")}

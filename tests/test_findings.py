@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from poolbench.cli.app import app
 from poolbench.errors import PoolBenchError
-from poolbench.results.findings import findings_facts, render_findings, write_findings
+from poolbench.results.pages.findings import findings_facts, render_findings, write_findings
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 # A number standing alone (not part of a name such as A1_mean, L2 or a hash); the minus may be typographic.

@@ -123,7 +123,7 @@ def test_a_real_reference_passes_on_concept_text_and_fails_shuffled_and_repeated
 def test_the_answer_reports_steering_and_prompting_under_the_guard_the_records_applied():
     """A D2 v4 record whose prompted text is under the perplexity bound (ratio 1.1) but loops (distinct-2 0.2):
     the answer says the prompted text fails, as the record's guard did, and the steered text at alpha* passes."""
-    from poolbench.results.answer import answer_html, build_answer
+    from poolbench.results.answer.answer import answer_html, build_answer
 
     record = {"concept": "c1", "strategy": "A", "layer": 2, "status": "ok", "alpha_star": 0.1, "null_reason": None,
               "fluency_guard": 2.0, "min_distinct_2": 0.5, "reference_model": "embedded-gemma",

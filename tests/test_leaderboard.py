@@ -3,8 +3,8 @@
 import pytest
 
 from poolbench.records.d1 import D1CellRecord
-from poolbench.results.leaderboard import build_leaderboard, leaderboard_rows
-from poolbench.results.submission import build_submission
+from poolbench.results.answer.leaderboard import build_leaderboard, leaderboard_rows
+from poolbench.results.exports.submission import build_submission
 
 
 def cell(concept, layer, strategy, cv, test, lo=None, hi=None, probe="logistic", fb=0.0):

@@ -63,7 +63,7 @@ def test_a_run_with_a_learned_strategy_gives_ordinary_d1_cells_and_leaderboard_r
 
     from poolbench.config import RunConfig
     from poolbench.driver.pipeline import run_benchmark
-    from poolbench.results.document import write_run_outputs
+    from poolbench.results.documents.document import write_run_outputs
 
     cfg = RunConfig(model=str(tiny_llama_dir), corpus="embedded-v1", corpus_size="tiny", concepts=("hedging",),
                     strategies=("A1_mean", "LA3_multimax"), store=str(tmp_path / "store"), n_bootstrap=200,

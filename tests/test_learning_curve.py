@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from poolbench.cli.app import app
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import limit_passages
-from poolbench.results.learning_curve import curve_sentences, curve_table, learning_curve
+from poolbench.results.answer.learning_curve import curve_sentences, curve_table, learning_curve
 
 CONCEPTS = [f"c{i}" for i in range(8)]
 
@@ -75,7 +75,7 @@ def test_the_contenders_page_reads_sites_and_lengths_from_the_axes_run_and_says_
     """The learned-aggregator section from the main run (17 concepts), the site and length sections from a smaller
     run named beside it: the page names that run's concepts and reads its tables, not the main run's (which has
     none). Should fail if the axes sections were read from the main run."""
-    from poolbench.results.contenders import render_contenders
+    from poolbench.results.pages.contenders import render_contenders
 
     def board(concepts, **sections):
         return {"strategies": [{"strategy": "A1_mean", "family": "uniform_aggregation",
@@ -101,7 +101,7 @@ def test_the_contenders_page_reads_sites_and_lengths_from_the_axes_run_and_says_
 
 
 def test_a_run_that_read_passes_back_from_the_store_says_its_time_is_not_their_cost() -> None:
-    from poolbench.results.contenders import wall_time
+    from poolbench.results.pages.contenders import wall_time
 
     computed = {"pooled": 2, "d1": 2, "pooled_skipped": 15, "d1_skipped": 15, "pooled_attn": 17,
                 "pooled_skipped_attn": 0}
@@ -140,7 +140,7 @@ def test_the_learning_curve_and_contenders_page_on_the_tiny_model(tiny_llama_dir
 def test_the_page_says_what_the_curve_read() -> None:
     """The curve runs on another corpus than the main run (full, not small) and on a fixed test subset: the page
     says both, read from the curve's own results.json."""
-    from poolbench.results.contenders import curve_scope
+    from poolbench.results.pages.contenders import curve_scope
 
     doc = {"corpus": {"hash": "8f3ca32e516fabc", "size": "full"}, "config": {"test_limit": 60}, "layers": [17],
            "cells": [{"concept": "hedging"}, {"concept": "academic_tone"}, {"concept": "hedging"}]}

@@ -7,8 +7,8 @@ from poolbench.config import RunConfig
 from poolbench.prober.auroc import AUROC_CI_METHOD
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.run import RunOutcome
-from poolbench.results.document import results_document
-from poolbench.results.metric_text import CI_METHOD_TEXT
+from poolbench.results.documents.document import results_document
+from poolbench.results.documents.metric_text import CI_METHOD_TEXT
 
 
 def _cell(strategy: str, method: str | None, n_folds: int | None = 5) -> D1CellRecord:

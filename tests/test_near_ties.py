@@ -11,9 +11,9 @@ import pytest
 
 from poolbench.prober.auroc import auroc
 from poolbench.records.d1 import D1CellRecord
-from poolbench.results.findings import render_findings
-from poolbench.results.leaderboard import build_leaderboard
-from poolbench.results.near_ties import NEAR_TIE_PAIRS, cv_auroc_step, layer_near_tie
+from poolbench.results.answer.leaderboard import build_leaderboard
+from poolbench.results.answer.near_ties import NEAR_TIE_PAIRS, cv_auroc_step, layer_near_tie
+from poolbench.results.pages.findings import render_findings
 
 
 def test_one_pair_order_moves_a_cv_auroc_by_the_step() -> None:
@@ -70,7 +70,7 @@ def test_the_leaderboard_and_findings_name_a_near_tied_layer_and_only_that() -> 
 
 
 def test_the_report_marks_a_near_tied_layer_beside_it() -> None:
-    from poolbench.results.near_ties import layer_text
+    from poolbench.results.answer.near_ties import layer_text
 
     assert layer_text({"best_layer": 14, "layer_near_tie": {"runner_up": 7, "margin": 0.01,
                                                             "pairs_could_close": 0.0125}}) == "14 (near-tie: 7)"
@@ -84,8 +84,8 @@ def _differences_run(tmp_path: Path, differences: list[float]):
     from poolbench.config import RunConfig
     from poolbench.records.d1 import D1CellRecord
     from poolbench.records.run import RunOutcome
-    from poolbench.results.answer import read_answer
-    from poolbench.results.document import write_run_outputs
+    from poolbench.results.answer.answer import read_answer
+    from poolbench.results.documents.document import write_run_outputs
 
     b = [0.70 + 0.01 * i for i in range(len(differences))]
     values = {"A": [x + d for x, d in zip(b, differences, strict=True)], "B": b}
@@ -124,8 +124,8 @@ def test_a_verdict_one_rank_swap_from_holms_alpha_is_named_a_near_tie(tmp_path: 
     """Six concepts all ahead by 0.05-0.10 (well outside the ROPE): Holm p = 0.031 < 0.05, 'worse than the best';
     one swap of signed ranks gives 0.0625, so the verdict is a near-tie, named in answer.json, the printed answer
     and the findings page. Ten such concepts (the should-fail side): p = 2/1024, one swap 4/1024, no near-tie."""
-    from poolbench.results.answer import answer_text
-    from poolbench.results.findings import findings_facts
+    from poolbench.results.answer.answer import answer_text
+    from poolbench.results.pages.findings import findings_facts
 
     paths, answer = _differences_run(tmp_path / "six", [0.05, 0.06, 0.07, 0.08, 0.09, 0.10])
     assert answer.verdicts is not None
@@ -156,7 +156,7 @@ def test_a_verdict_one_rank_swap_from_holms_alpha_is_named_a_near_tie(tmp_path: 
 def test_findings_carry_no_nemenyi_verdicts() -> None:
     """Nemenyi stays only the critical-difference figure: facts that still hold Nemenyi verdict near-ties (as
     FACTS_VERSION 2 wrote them) render no such section, and near_ties no longer computes them."""
-    from poolbench.results import near_ties
+    from poolbench.results.answer.answer import near_ties
 
     committed = json.loads((Path(__file__).parents[1] / "docs" / "findings.json").read_text())
     old = {"strategy": "B", "beaten": True, "rank_gap": 6.8, "critical_difference": 6.79, "swaps_could_close": 0.12}
@@ -170,8 +170,8 @@ def test_findings_carry_no_nemenyi_verdicts() -> None:
 
 
 def test_the_cross_model_page_names_a_near_tied_layer_choice() -> None:
-    from poolbench.results.cross_model import model_cell_text
-    from poolbench.results.cross_model_findings import render_cross_model_findings
+    from poolbench.results.answer.cross_model import model_cell_text
+    from poolbench.results.pages.cross_model_findings import render_cross_model_findings
 
     tie = {"runner_up": 7, "margin": 0.01, "pairs_could_close": 0.0125}
     cell = {"mean_d1": 0.7, "ci_low": None, "ci_high": None, "rank": 2.0, "best_layer": 14, "relative_depth": 0.54}

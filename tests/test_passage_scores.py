@@ -26,7 +26,7 @@ from poolbench.prober.passage_scores import (
     passage_scores_of,
 )
 from poolbench.records.d1 import D1CellRecord, d1_records_from_table
-from poolbench.results.samples import sample_rows
+from poolbench.results.exports.samples import sample_rows
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import layer_shard_key
 

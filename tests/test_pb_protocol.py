@@ -14,9 +14,9 @@ from poolbench.errors import PoolBenchError
 from poolbench.prober.d1 import cv_auroc
 from poolbench.prober.pb_protocol import bootstrap_aurocs, pb_d1, pb_order
 from poolbench.records.d1 import D1CellRecord
-from poolbench.results.answer import build_answer
-from poolbench.results.leaderboard import build_leaderboard
-from poolbench.results.submission import check_protocol
+from poolbench.results.answer.answer import build_answer
+from poolbench.results.answer.leaderboard import build_leaderboard
+from poolbench.results.exports.submission import check_protocol
 
 
 def test_rows_are_stacked_positives_first_as_the_reference_stacks_them() -> None:

@@ -18,7 +18,7 @@ from poolbench.corpus.source import open_corpus
 from poolbench.driver.pipeline import run_benchmark
 from poolbench.pooler.pooled_table import read_pooled_table
 from poolbench.records.events import ConceptPooled, ConceptProbed, RunEvent, RunPlanned
-from poolbench.results.document import write_run_outputs
+from poolbench.results.documents.document import write_run_outputs
 from poolbench.store.keys import layer_shard_key
 from poolbench.store.url import open_store
 

@@ -11,7 +11,8 @@ from negation_pairs import passages
 
 from poolbench.config import ProbingOptions, RunConfig
 from poolbench.corpus.passage import Passage
-from poolbench.driver.pipeline import RunInputs, plan_cells
+from poolbench.driver.pipeline import plan_cells
+from poolbench.driver.run_plan import RunInputs
 from poolbench.errors import StoreError
 from poolbench.pooler.concept_pooling import pool_concept_tables
 from poolbench.pooler.iti import head_table_key
@@ -82,7 +83,7 @@ def test_float16_refuses_a_value_it_cannot_hold(tmp_path) -> None:
 
 def test_store_dtype_and_layer_name_different_artifacts(tmp_path) -> None:
     model = {"model_id": "m", "weights_hash": "w", "dtype": "torch.float32", "n_layers": 2, "kind": "causal"}
-    from poolbench.driver.pipeline import ConceptPlan
+    from poolbench.driver.run_plan import ConceptPlan
 
     specs = resolve_strategies(["A1_mean"])
     inputs = RunInputs(specs, None, str(tmp_path), LocalStore(tmp_path),  # type: ignore[arg-type]

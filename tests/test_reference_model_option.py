@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from poolbench.cli.app import app
 from poolbench.config import RunConfig
 from poolbench.errors import PoolBenchError
-from poolbench.results.answer import build_answer
-from poolbench.results.findings import findings_facts, render_findings
+from poolbench.results.answer.answer import build_answer
+from poolbench.results.pages.findings import findings_facts, render_findings
 from poolbench.steerer.plan import steering_config
 
 

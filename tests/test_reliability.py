@@ -28,7 +28,7 @@ from poolbench.prober.selectivity import control_labels, control_na_reason, sele
 from poolbench.prober.significance import nemenyi_critical_difference
 from poolbench.prober.win_rate import mean_win_rate
 from poolbench.records.d1 import D1CellRecord
-from poolbench.results.leaderboard import build_leaderboard
+from poolbench.results.answer.leaderboard import build_leaderboard
 
 
 def paired_cell(n_pairs: int, d: int, shift: float, seed: int, prefix: str = "p"):

@@ -13,11 +13,11 @@ from record_samples import d2_record, d3_record, scorer_validity
 from poolbench.errors import PoolBenchError
 from poolbench.prober.reliability import across_cells
 from poolbench.records.d1 import D1CellRecord
-from poolbench.results.leaderboard import build_leaderboard
-from poolbench.results.ranking import group_letters, mean_t_interval, tie_groups
-from poolbench.results.report import render_report, write_report
-from poolbench.results.report_runs import load_runs
-from poolbench.results.report_tables import d2_summary, d2_table, d3_table
+from poolbench.results.answer.leaderboard import build_leaderboard
+from poolbench.results.answer.ranking import group_letters, mean_t_interval, tie_groups
+from poolbench.results.pages.report import render_report, write_report
+from poolbench.results.pages.report_runs import load_runs
+from poolbench.results.pages.report_tables import d2_summary, d2_table, d3_table
 from poolbench.store.local import LocalStore
 
 CONCEPTS = ("hedging", "toxicity", "planning")

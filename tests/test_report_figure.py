@@ -8,8 +8,8 @@ import json
 import pytest
 from test_report import write_run
 
-from poolbench.results.report_figures import layer_curves, probed_layers, series_styles
-from poolbench.results.report_runs import load_runs
+from poolbench.results.pages.report_figures import layer_curves, probed_layers, series_styles
+from poolbench.results.pages.report_runs import load_runs
 
 CARD = {"position_anchored": ("P1_last", "P2_first"),
         "uniform_aggregation": ("A1_mean", "A2_max", "A3_min", "A4_norm_weighted"),

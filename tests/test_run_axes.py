@@ -29,7 +29,7 @@ from poolbench.pooler.registry import resolve_strategies
 from poolbench.prober.d1 import evaluate_d1
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.verdicts import WORSE
-from poolbench.results.axes import answer_sections, length_section, site_section
+from poolbench.results.answer.axes import answer_sections, length_section, site_section
 
 TEXTS = ("The kids ran home after the long game.", "It might rain later, I suppose.",
          "Prices rose sharply in the spring.", "Nobody answered the door that night at all.")
@@ -125,8 +125,8 @@ def test_the_site_section_compares_each_sites_cv_chosen_best_with_the_answers_ve
 def test_a_run_with_three_sites_and_two_lengths_keeps_the_residual_cells(tiny_llama_dir, local_ray, cache,
                                                                          tmp_path) -> None:
     from poolbench.driver.pipeline import run_benchmark
-    from poolbench.results.document import write_run_outputs
-    from poolbench.results.report import write_report
+    from poolbench.results.documents.document import write_run_outputs
+    from poolbench.results.pages.report import write_report
 
     base = dict(model=str(tiny_llama_dir), corpus="embedded-v1", corpus_size="tiny", concepts=("hedging", "toxicity"),
                 strategies=("A1_mean", "A2_max", "P1_last"), store=str(tmp_path / "store"), n_bootstrap=50,

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from test_capability import DOCS, hand_accuracy
 
-from poolbench.results.answer import build_answer, write_answer
-from poolbench.results.capability import CapabilityError, CapabilityRecord
-from poolbench.results.capability_run import check_capability_task, record_capability, steered_cells
+from poolbench.capability.measure import CapabilityError, CapabilityRecord
+from poolbench.capability.records import check_capability_task, record_capability, steered_cells
+from poolbench.results.answer.answer import build_answer, write_answer
 
 DRIVER = [sys.executable, "-c", "from poolbench.cli.app import main; main()"]
 TASK_YAML = ("task: tiny_choice\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {docs}\n"

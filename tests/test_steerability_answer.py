@@ -3,7 +3,7 @@ the correlation with its interval, and what the validation on this model's weigh
 
 from __future__ import annotations
 
-from poolbench.results.answer import answer_text, build_answer
+from poolbench.results.answer.answer import answer_text, build_answer
 from poolbench.steerer.steerability_rank import steerability_agreement
 
 D1 = {"a": 0.9, "b": 0.8, "c": 0.7}

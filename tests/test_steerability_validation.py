@@ -66,7 +66,7 @@ def test_the_validation_runs_on_the_tiny_model_and_its_page_and_record_follow(la
     from poolbench.driver.steerability_stage import validation_key
     from poolbench.driver.steerability_validation import ValidationSettings, run_validation
     from poolbench.extractor.loading import load_model
-    from poolbench.results.steerability_page import steerability_page
+    from poolbench.results.pages.steerability_page import steerability_page
     from poolbench.steerer.worker import SteeringWorker
     from poolbench.store.url import open_store
 

@@ -10,8 +10,8 @@ import pytest
 
 from poolbench.errors import PoolBenchError
 from poolbench.records.d1 import D1CellRecord
-from poolbench.results.leaderboard import build_leaderboard
-from poolbench.results.submission import build_submission
+from poolbench.results.answer.leaderboard import build_leaderboard
+from poolbench.results.exports.submission import build_submission
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "submission_schema.json").read_text())
 

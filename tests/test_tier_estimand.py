@@ -13,10 +13,10 @@ from poolbench.prober.auroc import auroc
 from poolbench.records.breakdowns import TierAurocRecord
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.run import RunOutcome
-from poolbench.results.answer import build_answer
-from poolbench.results.document import write_run_outputs
-from poolbench.results.ranking import mean_t_interval
-from poolbench.results.tier_estimand import estimand_sentence, tier_mixed_ranking, tier_pair_counts
+from poolbench.results.answer.answer import build_answer
+from poolbench.results.answer.ranking import mean_t_interval
+from poolbench.results.answer.tier_estimand import estimand_sentence, tier_mixed_ranking, tier_pair_counts
+from poolbench.results.documents.document import write_run_outputs
 
 CONCEPTS = ("c1", "c2", "c3")
 # A is strong on standard pairs and at chance on hard ones; B is good on both, a little weaker on standard.
@@ -118,9 +118,9 @@ def test_the_leaderboard_and_the_answer_rank_on_the_estimand_with_the_blend_show
     from rich.console import Console
 
     from poolbench.cli.board import leaderboard_table
-    from poolbench.results.answer import read_answer
-    from poolbench.results.findings import findings_facts, render_findings
-    from poolbench.results.leaderboard import build_leaderboard
+    from poolbench.results.answer.answer import read_answer
+    from poolbench.results.answer.leaderboard import build_leaderboard
+    from poolbench.results.pages.findings import findings_facts, render_findings
 
     outcome = _outcome_ranked_both_ways()
     # should-fail: on the blend alone A is first
@@ -171,7 +171,7 @@ def test_a_strategy_without_d1_mix_puts_the_run_on_the_blend_and_the_board_says_
     from rich.console import Console
 
     from poolbench.cli.board import leaderboard_table
-    from poolbench.results.leaderboard import ranked_on_text
+    from poolbench.results.answer.leaderboard import ranked_on_text
 
     outcome = _outcome_ranked_both_ways()
     outcome = replace(outcome, d1_tiers=[r for r in outcome.d1_tiers if r.strategy == "A"])

@@ -14,7 +14,7 @@ import pytest
 from test_report import write_run
 
 from poolbench.errors import PoolBenchError
-from poolbench.results.trackers import (
+from poolbench.results.exports.trackers import (
     Trackers,
     log_mlflow,
     log_trackers,
@@ -177,7 +177,7 @@ def test_a_tiny_run_logs_itself_to_both_trackers(tmp_path, monkeypatch):
 
 def test_without_the_options_neither_tracker_is_imported(run_dir):
     code = ("import sys; from pathlib import Path; import poolbench.cli.app, poolbench.api; "
-            "from poolbench.results.trackers import log_trackers, tracker_options; "
+            "from poolbench.results.exports.trackers import log_trackers, tracker_options; "
             f"assert log_trackers(Path({str(run_dir)!r}), tracker_options(None, None)) == []; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('wandb', 'mlflow')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -31,8 +31,8 @@ from poolbench.prober.verdicts import (
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.run import RunOutcome
 from poolbench.records.verdicts import CONFIRMED, CONTRADICTED, EQUIVALENT, NOT_CONTRADICTED, NOT_SEPARATED, WORSE
-from poolbench.results.answer import ANSWER_FILE, AnswerSection, answer_text, read_answer, write_answer
-from poolbench.results.document import write_run_outputs
+from poolbench.results.answer.answer import ANSWER_FILE, AnswerSection, answer_text, read_answer, write_answer
+from poolbench.results.documents.document import write_run_outputs
 
 SAMPLES = 20_000  # posterior samples (the default): a share p carries binomial sd sqrt(p (1 - p) / SAMPLES)
 
@@ -280,9 +280,9 @@ def test_findings_report_and_printed_leaderboard_render_answer_json(tmp_path):
     from rich.console import Console
 
     from poolbench.cli.board import leaderboard_table
-    from poolbench.results.findings import write_findings
-    from poolbench.results.report import render_report
-    from poolbench.results.report_runs import load_runs
+    from poolbench.results.pages.findings import write_findings
+    from poolbench.results.pages.report import render_report
+    from poolbench.results.pages.report_runs import load_runs
 
     n = 17
     paths = write_run_outputs(run_of({"A": base(n), "B": base(n) - 0.05 + np.resize([0.01, -0.01], n)},

@@ -88,7 +88,7 @@ def score_matrix(records: Iterable[dict], *, metric: str = "test_auroc", probe: 
 def cv_chosen_layers(records: Iterable[dict], probe: str = RELIABILITY_PROBE) -> dict[str, int]:
     """Per strategy, the layer with the highest mean cv_auroc over the concepts run at every one of its layers.
 
-    The leaderboard's rule (results.leaderboard.build_leaderboard), ties to the lower layer: the training
+    The leaderboard's rule (results.answer.leaderboard.build_leaderboard), ties to the lower layer: the training
     split picks the layer, so the held-out scores compared across strategies never chose it.
     """
     scores: dict[str, dict[int, dict[str, float]]] = {}

@@ -34,7 +34,7 @@ from poolbench.errors import PoolBenchError, without_colours
 
 if TYPE_CHECKING:
     from poolbench.config import RunConfig
-    from poolbench.results.answer import RunAnswer
+    from poolbench.results.answer.answer import RunAnswer
 
 
 app = typer.Typer(cls=RootGroup, add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
@@ -85,7 +85,7 @@ def run(**options: object) -> None:
         return
     with run_progress(console) as progress:
         results = evaluate_config(cfg, on_event=RunDisplay(progress).show)
-    from poolbench.results.answer import read_answer
+    from poolbench.results.answer.answer import read_answer
 
     paths = results.paths
     answer = read_answer(paths["answer"])
@@ -113,7 +113,7 @@ def _run_models(cfg: RunConfig, models: tuple[str, ...]) -> None:
     from poolbench.api import evaluate_models
     from poolbench.cli.board import summary_line
     from poolbench.cli.cross_model_board import cross_model_answer, cross_model_board
-    from poolbench.results.answer import read_answer
+    from poolbench.results.answer.answer import read_answer
 
     with run_progress(console) as progress:
         results = evaluate_models(cfg, models, on_event=RunDisplay(progress).show)
@@ -131,7 +131,7 @@ def _run_models(cfg: RunConfig, models: tuple[str, ...]) -> None:
 
 def _print_answer(answer: RunAnswer) -> None:
     """The run's answer, last: what a person repeats, rendered from the answer.json the run wrote."""
-    from poolbench.results.answer import answer_text
+    from poolbench.results.answer.answer import answer_text
 
     console.print(answer_text(answer), soft_wrap=True, highlight=False, markup=False)
 
@@ -157,7 +157,7 @@ def leaderboard(
         console.print(cross_model_board(board["cross_model"]))
         console.print(cross_model_answer(board["cross_model"]), soft_wrap=True, highlight=False, markup=False)
         return
-    from poolbench.results.answer import ANSWER_FILE, read_answer
+    from poolbench.results.answer.answer import ANSWER_FILE, read_answer
 
     _print_leaderboard(board, read_answer(run_dir / ANSWER_FILE) if (run_dir / ANSWER_FILE).is_file() else None)
 
@@ -236,8 +236,8 @@ def export_submission(
     = False,
 ) -> None:
     """Write one strategy's results in the PoolBench community-submission format."""
-    from poolbench.results.document import write_json_atomic
-    from poolbench.results.submission import (
+    from poolbench.results.documents.document import write_json_atomic
+    from poolbench.results.exports.submission import (
         LEADERBOARD_PROTOCOL,
         build_submission,
         check_protocol,

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from poolbench.records.d1 import cv_best_row
-from poolbench.results.leaderboard import RANKED_ON_MIX, ranked_on_text
-from poolbench.results.ranking import mean_t_interval
+from poolbench.results.answer.leaderboard import RANKED_ON_MIX, ranked_on_text
+from poolbench.results.answer.ranking import mean_t_interval
 
 if TYPE_CHECKING:
-    from poolbench.results.answer import RunAnswer
+    from poolbench.results.answer.answer import RunAnswer
 
 CHOSEN = "chosen best"
 

@@ -29,11 +29,11 @@ def capability(
 ) -> None:
     """Score a task at alpha* and alpha = 0 through /v1/completions (lm-eval local-completions) on a loopback
     service; print and record the difference with its 95% interval (capability.json, results.json, answer.json)."""
-    from poolbench.http.capability_service import measure_run_capability
+    from poolbench.capability.measure import CapabilityError
+    from poolbench.capability.records import record_capability, record_sentence
+    from poolbench.capability.stage import measure_run_capability
     from poolbench.pooler.registry import resolve_strategies
-    from poolbench.results.capability import CapabilityError
-    from poolbench.results.capability_run import record_capability, record_sentence
-    from poolbench.results.vector_export import choose_layer, read_run
+    from poolbench.results.exports.vector_export import choose_layer, read_run
 
     doc = read_run(run_dir)
     strategy = resolve_strategies([strategy])[0].id

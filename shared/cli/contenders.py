@@ -1,5 +1,5 @@
 """`learning-curve` and `contenders`: thin CLI shells over poolbench.api.evaluate_learning_curve and
-poolbench.results.contenders (registered in app.py)."""
+poolbench.results.pages.contenders (registered in app.py)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def learning_curve(
     from poolbench.api import evaluate_learning_curve
     from poolbench.cli.run_display import RunDisplay, run_progress
     from poolbench.config import RunConfig
-    from poolbench.results.learning_curve import curve_sentences
+    from poolbench.results.answer.learning_curve import curve_sentences
 
     try:
         layer_list = tuple(int(x) for x in layers.split(",")) if layers else None
@@ -89,7 +89,7 @@ def contenders(
     hand."""
     from rich.console import Console
 
-    from poolbench.results.contenders import write_contenders
+    from poolbench.results.pages.contenders import write_contenders
 
     page = write_contenders(run_dir, curve, out, axes_dir=axes_run)
     Console().print(f"wrote {page} from {run_dir / 'results.json'}", highlight=False, soft_wrap=True)

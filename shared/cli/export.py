@@ -27,8 +27,8 @@ def export_vector(
         help="folder to write <concept>-<strategy>-L<layer>.<format> into; default the run folder")] = None,
 ) -> None:
     """Write one (concept, strategy, layer) steering vector at alpha = 1 with its provenance, for other tools."""
-    from poolbench.results.vector_export import ExportError, exported_vector
-    from poolbench.results.vector_formats import FORMATS, check_expressible, write_vector
+    from poolbench.results.exports.vector_export import ExportError, exported_vector
+    from poolbench.results.exports.vector_formats import FORMATS, check_expressible, write_vector
 
     if fmt not in FORMATS:
         raise ExportError(f"--format: '{fmt}' is not one of {', '.join(FORMATS)}")

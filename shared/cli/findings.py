@@ -1,4 +1,4 @@
-"""`findings`: a thin CLI shell over poolbench.results.findings (register with `app.command("findings")`)."""
+"""`findings`: a thin CLI shell over poolbench.results.pages.findings (register with `app.command("findings")`)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ def findings(run_dir: Annotated[Path, typer.Option("--run", help="a finished run
     leaderboard, the lexical baseline and steering against prompting; no number typed by hand."""
     from rich.console import Console
 
-    from poolbench.results.cross_model_outputs import is_cross_model
-    from poolbench.results.findings import write_findings
+    from poolbench.results.documents.cross_model_outputs import is_cross_model
+    from poolbench.results.pages.findings import write_findings
 
     results = run_dir / "results.json"
     if results.is_file() and is_cross_model(json.loads(results.read_text())):
-        from poolbench.results.cross_model_findings import write_cross_model_findings
+        from poolbench.results.pages.cross_model_findings import write_cross_model_findings
 
         page, facts = write_cross_model_findings(run_dir, out)
     else:

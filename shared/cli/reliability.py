@@ -44,7 +44,7 @@ def _resolve_strategy(name: str, known: list[str]) -> str:
 
 def _best_layers(results: dict) -> dict[str, int]:
     from poolbench.records.d1 import D1CellRecord
-    from poolbench.results.leaderboard import build_leaderboard
+    from poolbench.results.answer.leaderboard import build_leaderboard
 
     cells = [D1CellRecord.from_dict(c) for c in results["cells"]]
     return {row["strategy"]: row["best_layer"] for row in build_leaderboard(cells)["strategies"]}

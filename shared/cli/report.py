@@ -1,4 +1,4 @@
-"""`report`: a thin CLI shell over poolbench.results.report (register with `app.command("report")(report)`)."""
+"""`report`: a thin CLI shell over poolbench.results.pages.report (register with `app.command("report")(report)`)."""
 
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ def report(run: Annotated[Path, typer.Option(help="a run's --out folder, or a fo
     definitions."""
     from rich.console import Console
 
-    from poolbench.results.cross_model_outputs import is_cross_model
-    from poolbench.results.report import write_report
+    from poolbench.results.documents.cross_model_outputs import is_cross_model
+    from poolbench.results.pages.report import write_report
 
     target = report_target(html, run)
     if (run / "results.json").is_file() and is_cross_model(json.loads((run / "results.json").read_text())):
-        from poolbench.results.cross_model_report import write_cross_model_report
+        from poolbench.results.pages.cross_model_report import write_cross_model_report
 
         figures = write_cross_model_report(run, target, store)
     else:

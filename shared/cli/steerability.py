@@ -36,7 +36,7 @@ def validate_steerability(
     """Validate first-order steerability against the exact log-likelihood shift and generation-based D2."""
     from poolbench.driver.steerability_stage import validation_key
     from poolbench.driver.steerability_validation import ValidationSettings, run_validation
-    from poolbench.results.steerability_page import steerability_page
+    from poolbench.results.pages.steerability_page import steerability_page
     from poolbench.store.url import open_store
 
     try:

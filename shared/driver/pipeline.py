@@ -13,7 +13,6 @@ from ray.actor import ActorHandle
 
 from poolbench.config import RunConfig
 from poolbench.corpus.layout import Corpus
-from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import limit_passages, open_corpus, passages_digest
 from poolbench.corpus.validation import validate_corpus
 from poolbench.defaults import PB_PROTOCOL
@@ -47,7 +46,7 @@ from poolbench.records.events import (
 )
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.run import RunOutcome
-from poolbench.results.tier_estimand import tier_pair_counts
+from poolbench.results.answer.tier_estimand import tier_pair_counts
 from poolbench.steerer.errors import EngineDied
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key, layer_shard_key
@@ -58,44 +57,10 @@ from .extractor_fleet import ExtractorFleet, worker_runtime_env
 from .nodes import alive_nodes
 from .probe_gate import ProbeGate, beside_the_forward
 from .ray_messages import plain_ray_messages
+from .run_plan import ConceptPlan, RunInputs, RunPlan
 from .steerability_stage import steerability_section
 from .variants import MAIN, RESIDUAL, Variant, axis_variants
 from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch, poll_actors
-
-
-@dataclass(frozen=True)
-class ConceptPlan:
-    """One concept's unit of work: its passages and, once the model is known, the keys of its artifacts."""
-
-    concept: str
-    passages: list[Passage]
-    corpus_hash: str
-    pooled_key: str = ""
-    d1_key: str = ""
-    dump_key: str | None = None
-    variant: Variant = MAIN  # the activation site and context length its artifacts hold
-
-
-@dataclass(frozen=True)
-class RunInputs:
-    """What a run reads before any model loads, so a bad corpus, strategy or store fails in seconds."""
-
-    specs: list[StrategySpec]
-    corpus: Corpus
-    store_url: str
-    store: ArtifactStore
-    plans: list[ConceptPlan]
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """The cells a run covers once the model is known: layers, strategies, and every concept's keys."""
-
-    model: dict
-    layers: list[int]
-    specs: list[StrategySpec]
-    plans: list[ConceptPlan]
-    variant: Variant = MAIN
 
 
 @dataclass(frozen=True)
@@ -235,103 +200,92 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     """Pool the layer shards that are missing on the extractors, then probe each layer as a D1 task and gather a
     concept's layers into its D1 artifact; stored artifacts are skipped (counts are per concept). On CPU the probes
     wait for the pooling (probe_gate.py); `on_pooled` runs once the last pooling job is done."""
-    store, store_url = inputs.store, inputs.store_url
-    computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
-    plans = {p.concept: p for p in run.plans}
-    probe_task = ray.remote(max_retries=2)(probe_layer_task)
-    parse_task = ray.remote(max_retries=2)(parse_concept_task)
-    runtime_env = worker_runtime_env()
-    metadata = {"model": run.model["model_id"], "weights_hash": run.model["weights_hash"],
-                **{name: str(value) for name, value in run.variant.key_fields().items()}}
-    strategy_ids = [s.id for s in run.specs]
-    unprobed: dict[str, set[int]] = {}
-
-    def pool(group: list[tuple[ConceptPlan, list[int]]]) -> ActorJob[ConceptJob]:
-        tasks = [PoolTask(plan.concept, plan.passages, plan.pooled_key,
-                          {**metadata, "concept": plan.concept, "corpus": plan.corpus_hash}, tuple(layers),
-                          plan.dump_key) for plan, layers in group]
-        key = ConceptJob("pool", tasks[0].concept, group=tuple(t.concept for t in tasks) if len(tasks) > 1 else ())
-        return ActorJob(key, lambda worker: worker.pool_concepts.remote(
-            tasks, strategy_ids, store_url=store_url, batch_size=cfg.batch_size,
-            max_length=run.variant.max_length(cfg.max_length), max_batch_tokens=cfg.max_batch_tokens,
-            store_dtype=cfg.store_dtype, all_layers=run.layers, overlap=cfg.overlap,
-            **({"site": run.variant.site} if run.variant.site != RESIDUAL else {})))
-
-    def stored(key: str) -> bool:
-        """Stored and whole; a corrupt artifact is quarantined, reported and recomputed instead of stopping."""
-        before = len(store.quarantined)
-        whole = store.intact(key)
-        for bad_key, reason in store.quarantined[before:]:
-            emit(ArtifactQuarantined(bad_key, reason))
-        return whole
-
-    def probe(plan: ConceptPlan, layer: int) -> TaskJob[ConceptJob]:
-        return TaskJob(ConceptJob("probe", plan.concept, layer), lambda: probe_task.options(
-            num_cpus=1, runtime_env=runtime_env).remote(
-            store_url, plan.pooled_key, plan.d1_key, plan.concept, layer, cfg.probing,
-            types={p.id: p.domain for p in plan.passages}, tiers={p.id: p.tier for p in plan.passages},
-            corpus_order=tuple(p.id for p in plan.passages)))  # the corpus files' order (load_corpus)
-
-    def gather(plan: ConceptPlan) -> None:
-        gather_layer_d1(store, plan.d1_key, run.layers)
-        computed["d1"] += 1
-        emit(ConceptProbed(plan.concept, skipped=False))
-
-    def probe_unless_stored(plan: ConceptPlan) -> list[Job[ConceptJob]]:
-        if stored(plan.d1_key):
-            computed["d1_skipped"] += 1
-            emit(ConceptProbed(plan.concept, skipped=True))
-            return []
-        todo = [layer for layer in run.layers if not stored(layer_shard_key(plan.d1_key, layer))]
-        if not todo:  # every layer was probed before the driver stopped: only the gathering is left
-            gather(plan)
-            return []
-        unprobed[plan.concept] = set(todo)
-        return [probe(plan, layer) for layer in todo]
-
-    def parse(plan: ConceptPlan) -> TaskJob[ConceptJob]:
-        return TaskJob(ConceptJob("parse", plan.concept), lambda: parse_task.options(
-            num_cpus=1, runtime_env=runtime_env).remote(store_url, plan.concept, plan.passages, plan.corpus_hash))
-
-    groups: list[list[tuple[ConceptPlan, list[int]]]] = []
-    unparsed: dict[str, int] = {}  # concept -> its group, while its parse task runs
-
     on_gpu = str(run.model.get("device", "cpu")).startswith("cuda")
-    gate = ProbeGate[Job[ConceptJob]](beside=beside_the_forward(cfg, on_gpu), on_pooled=on_pooled)
+    concepts = ConceptPass(cfg, run, inputs, emit,
+                           ProbeGate[Job[ConceptJob]](beside=beside_the_forward(cfg, on_gpu), on_pooled=on_pooled))
+    probes, to_pool = concepts.skip_stored()
+    concepts.group_pooling(to_pool, on_gpu, n_extractors=len(queue.actors))
+    jobs = concepts.first_jobs(probes, on_gpu)
+    for key, result in queue.run(jobs, concepts.after, on_wait=lambda: poll_progress(queue.actors, emit)):
+        concepts.tally(key, result, node=queue.last_done_on)
+    return concepts.computed
 
-    def after(key: ConceptJob, _: list[dict] | dict) -> list[Job[ConceptJob]]:
-        if key.stage == "parse":  # a group's pooling starts once every one of its concepts is parsed
-            group = unparsed.pop(key.concept)
-            return [] if group in unparsed.values() else [pool(groups[group])]
+
+PoolGroup = list[tuple[ConceptPlan, list[int]]]  # the concepts one pooling job shares forwards for, with their layers
+
+
+class ConceptPass:
+    """One pooling-and-probing pass over a run plan's concepts on the work queue, in named stages (skip what is
+    stored, group the pooling, start, follow each finished job, tally), and the state those stages share."""
+
+    def __init__(self, cfg: RunConfig, run: RunPlan, inputs: RunInputs, emit: EventSink,
+                 gate: ProbeGate[Job[ConceptJob]]) -> None:
+        self.cfg, self.run, self.inputs, self.emit, self.gate = cfg, run, inputs, emit, gate
+        self.computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
+        self.plans = {p.concept: p for p in run.plans}
+        self.probe_task = ray.remote(max_retries=2)(probe_layer_task)
+        self.parse_task = ray.remote(max_retries=2)(parse_concept_task)
+        self.runtime_env = worker_runtime_env()
+        self.metadata = {"model": run.model["model_id"], "weights_hash": run.model["weights_hash"],
+                         **{name: str(value) for name, value in run.variant.key_fields().items()}}
+        self.strategy_ids = [s.id for s in run.specs]
+        self.unprobed: dict[str, set[int]] = {}  # concept -> its layers whose probe task has not come back
+        self.groups: list[PoolGroup] = []
+        self.unparsed: dict[str, int] = {}  # concept -> its group, while its parse task runs
+
+    def skip_stored(self) -> tuple[list[Job[ConceptJob]], PoolGroup]:
+        """Stage 1: a concept whose pooled shards are all stored goes straight to its probes (none where its D1
+        is stored too); the others, with their missing layers, wait for pooling."""
+        cfg, run = self.cfg, self.run
+        jobs: list[Job[ConceptJob]] = []
+        to_pool: PoolGroup = []
+        for plan in run.plans:
+            needs_dump = plan.dump_key is not None and not self.stored(plan.dump_key)
+            missing = list(run.layers) if needs_dump else \
+                [layer for layer in run.layers if not self.stored(layer_shard_key(plan.pooled_key, layer))]
+            if missing:
+                to_pool.append((plan, missing))
+                continue
+            if not self.stored(plan.pooled_key):  # every shard landed but not the manifest: mark the concept pooled
+                write_pooled_manifest(self.inputs.store, plan.pooled_key, run.layers, cfg.store_dtype)
+            self.computed["pooled_skipped"] += 1
+            self.emit(ConceptPooled(plan.concept, skipped=True))
+            jobs.extend(self.probe_unless_stored(plan))
+        return jobs, to_pool
+
+    def group_pooling(self, to_pool: PoolGroup, on_gpu: bool, n_extractors: int) -> None:
+        """Stage 2: the concepts to pool, grouped so that a group's passages share forwards (pool_groups.py)."""
+        cfg = self.cfg
+        target = 0 if cfg.dump_activations else group_token_target(cfg.concept_group_tokens, on_gpu,
+                                                                    cfg.max_batch_tokens)
+        sizes = [estimated_tokens(plan.passages, cfg.max_length) for plan, _ in to_pool]
+        self.groups.extend([to_pool[i] for i in group] for group in plan_groups(sizes, target, n_extractors))
+
+    def first_jobs(self, probes: list[Job[ConceptJob]], on_gpu: bool) -> list[Job[ConceptJob]]:
+        """Stage 3: the queue's first jobs: each group's parses (spaCy on the CPU cores while the GPU pools the
+        groups before) or its pooling, before the probes of concepts pooled earlier, which the gate may hold."""
+        jobs = self.gate.start(len(self.groups), probes)  # probes of concepts pooled before wait for this pooling too
+        if parse_ahead(self.cfg, self.run.specs, on_gpu):
+            self.unparsed.update({plan.concept: g for g, group in enumerate(self.groups) for plan, _ in group})
+            jobs[:0] = [self.parse(plan) for group in self.groups for plan, _ in group]
+        else:
+            jobs[:0] = [self.pool(group) for group in self.groups]
+        return jobs
+
+    def after(self, key: ConceptJob, _: list[dict] | dict) -> list[Job[ConceptJob]]:
+        """Stage 4, the queue's follow-ups: a group's pooling once every one of its concepts is parsed; a pooled
+        concept's probes (through the gate)."""
+        if key.stage == "parse":
+            group = self.unparsed.pop(key.concept)
+            return [] if group in self.unparsed.values() else [self.pool(self.groups[group])]
         if key.stage != "pool":
             return []
-        return gate.pooled(job for concept in key.concepts for job in probe_unless_stored(plans[concept]))
+        return self.gate.pooled(job for concept in key.concepts
+                                for job in self.probe_unless_stored(self.plans[concept]))
 
-    jobs: list[Job[ConceptJob]] = []
-    to_pool: list[tuple[ConceptPlan, list[int]]] = []
-    for plan in run.plans:
-        needs_dump = plan.dump_key is not None and not stored(plan.dump_key)
-        missing = list(run.layers) if needs_dump else \
-            [layer for layer in run.layers if not stored(layer_shard_key(plan.pooled_key, layer))]
-        if missing:
-            to_pool.append((plan, missing))
-            continue
-        if not stored(plan.pooled_key):  # every shard landed but not the manifest: mark the concept pooled
-            write_pooled_manifest(store, plan.pooled_key, run.layers, cfg.store_dtype)
-        computed["pooled_skipped"] += 1
-        emit(ConceptPooled(plan.concept, skipped=True))
-        jobs.extend(probe_unless_stored(plan))
-    target = 0 if cfg.dump_activations else group_token_target(cfg.concept_group_tokens, on_gpu,
-                                                                cfg.max_batch_tokens)
-    sizes = [estimated_tokens(plan.passages, cfg.max_length) for plan, _ in to_pool]
-    groups.extend([to_pool[i] for i in group] for group in plan_groups(sizes, target, len(queue.actors)))
-    jobs = gate.start(len(groups), jobs)  # the probes of concepts pooled before wait for this run's pooling too
-    if parse_ahead(cfg, run.specs, on_gpu):  # spaCy on the CPU cores while the GPU pools the groups before
-        unparsed.update({plan.concept: g for g, group in enumerate(groups) for plan, _ in group})
-        jobs[:0] = [parse(plan) for group in groups for plan, _ in group]
-    else:
-        jobs[:0] = [pool(group) for group in groups]
-    for key, result in queue.run(jobs, after, on_wait=lambda: poll_progress(queue.actors, emit)):
+    def tally(self, key: ConceptJob, result: list[dict] | dict, node: str) -> None:
+        """Stage 5, each finished job counted and reported; a concept's D1 gathered once its last layer is probed."""
+        computed = self.computed
         if key.stage == "parse":
             computed["parsed_ahead"] = computed.get("parsed_ahead", 0) + int(result["parsed"])
         elif key.stage == "pool":
@@ -340,14 +294,63 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
                 if summary.get("skipped_passages"):  # left out: they did not fit the device even alone (logged)
                     computed["passages_too_big"] = (computed.get("passages_too_big", 0)
                                                     + len(summary["skipped_passages"]))
-                emit(ConceptPooled(summary["concept"], skipped=False, seconds=summary["seconds"],
-                                   node=queue.last_done_on))
+                self.emit(ConceptPooled(summary["concept"], skipped=False, seconds=summary["seconds"], node=node))
         else:
-            left = unprobed[key.concept]
+            left = self.unprobed[key.concept]
             left.discard(int(result["layer"]))
             if not left:
-                gather(plans[key.concept])
-    return computed
+                self.gather(self.plans[key.concept])
+
+    def pool(self, group: PoolGroup) -> ActorJob[ConceptJob]:
+        cfg, run, store_url = self.cfg, self.run, self.inputs.store_url
+        tasks = [PoolTask(plan.concept, plan.passages, plan.pooled_key,
+                          {**self.metadata, "concept": plan.concept, "corpus": plan.corpus_hash}, tuple(layers),
+                          plan.dump_key) for plan, layers in group]
+        key = ConceptJob("pool", tasks[0].concept, group=tuple(t.concept for t in tasks) if len(tasks) > 1 else ())
+        return ActorJob(key, lambda worker: worker.pool_concepts.remote(
+            tasks, self.strategy_ids, store_url=store_url, batch_size=cfg.batch_size,
+            max_length=run.variant.max_length(cfg.max_length), max_batch_tokens=cfg.max_batch_tokens,
+            store_dtype=cfg.store_dtype, all_layers=run.layers, overlap=cfg.overlap,
+            **({"site": run.variant.site} if run.variant.site != RESIDUAL else {})))
+
+    def stored(self, key: str) -> bool:
+        """Stored and whole; a corrupt artifact is quarantined, reported and recomputed instead of stopping."""
+        store = self.inputs.store
+        before = len(store.quarantined)
+        whole = store.intact(key)
+        for bad_key, reason in store.quarantined[before:]:
+            self.emit(ArtifactQuarantined(bad_key, reason))
+        return whole
+
+    def probe(self, plan: ConceptPlan, layer: int) -> TaskJob[ConceptJob]:
+        cfg = self.cfg
+        return TaskJob(ConceptJob("probe", plan.concept, layer), lambda: self.probe_task.options(
+            num_cpus=1, runtime_env=self.runtime_env).remote(
+            self.inputs.store_url, plan.pooled_key, plan.d1_key, plan.concept, layer, cfg.probing,
+            types={p.id: p.domain for p in plan.passages}, tiers={p.id: p.tier for p in plan.passages},
+            corpus_order=tuple(p.id for p in plan.passages)))  # the corpus files' order (load_corpus)
+
+    def gather(self, plan: ConceptPlan) -> None:
+        gather_layer_d1(self.inputs.store, plan.d1_key, self.run.layers)
+        self.computed["d1"] += 1
+        self.emit(ConceptProbed(plan.concept, skipped=False))
+
+    def probe_unless_stored(self, plan: ConceptPlan) -> list[Job[ConceptJob]]:
+        if self.stored(plan.d1_key):
+            self.computed["d1_skipped"] += 1
+            self.emit(ConceptProbed(plan.concept, skipped=True))
+            return []
+        todo = [layer for layer in self.run.layers if not self.stored(layer_shard_key(plan.d1_key, layer))]
+        if not todo:  # every layer was probed before the driver stopped: only the gathering is left
+            self.gather(plan)
+            return []
+        self.unprobed[plan.concept] = set(todo)
+        return [self.probe(plan, layer) for layer in todo]
+
+    def parse(self, plan: ConceptPlan) -> TaskJob[ConceptJob]:
+        return TaskJob(ConceptJob("parse", plan.concept), lambda: self.parse_task.options(
+            num_cpus=1, runtime_env=self.runtime_env).remote(
+            self.inputs.store_url, plan.concept, plan.passages, plan.corpus_hash))
 
 
 def parse_ahead(cfg: RunConfig, specs: Sequence[StrategySpec], on_gpu: bool) -> bool:
@@ -381,7 +384,7 @@ def steer(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellR
           emit: EventSink) -> dict:
     """D2/D3 on the cells the D1 leaderboard picks (the default subset, or every cell with --full)."""
     from poolbench.driver.steering_stage import run_steering_on_ray
-    from poolbench.results.leaderboard import build_leaderboard
+    from poolbench.results.answer.leaderboard import build_leaderboard
 
     return run_steering_on_ray(
         inputs.store, inputs.store_url, inputs.corpus, {p.concept: p.pooled_key for p in run.plans},

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from poolbench.pooler.gradient_sums import read_gradient_table
 from poolbench.pooler.pooled_table import PooledTableView, read_pooled_layer
 from poolbench.records.d1 import D1CellRecord
-from poolbench.results.leaderboard import build_leaderboard
+from poolbench.results.answer.leaderboard import build_leaderboard
 from poolbench.steerer.cell_steerability import SteerabilityCell, cell_steerability
 from poolbench.steerer.steerability_rank import steerability_agreement
 from poolbench.store.artifact_store import ArtifactStore

@@ -11,8 +11,8 @@ import json
 from pathlib import Path
 
 from poolbench.atomic_write import write_json_atomic
-from poolbench.results.answer import AnswerSection, read_answer, write_answer
-from poolbench.results.capability import CapabilityError, CapabilityRecord, defines_task
+from poolbench.capability.measure import CapabilityError, CapabilityRecord, defines_task
+from poolbench.results.answer.answer import AnswerSection, read_answer, write_answer
 
 CAPABILITY_FILE = "capability.json"
 

@@ -18,9 +18,9 @@ from matplotlib.patches import Rectangle
 
 from poolbench.records.scorer import ScorerValidity
 from poolbench.records.steering import D2Record
-from poolbench.results.leaderboard import FALLBACK_FLAG_RATE
-from poolbench.results.ranking import mean_t_interval, tie_groups
-from poolbench.results.report_runs import Run, primary_cells
+from poolbench.results.answer.leaderboard import FALLBACK_FLAG_RATE
+from poolbench.results.answer.ranking import mean_t_interval, tie_groups
+from poolbench.results.pages.report_runs import Run, primary_cells
 
 DPI = 100
 FAMILY_ORDER = ("position_anchored", "uniform_aggregation", "window", "saliency_weighted", "structural_linguistic")

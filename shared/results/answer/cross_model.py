@@ -13,7 +13,7 @@ from scipy.stats import rankdata
 from poolbench.errors import PoolBenchError
 from poolbench.prober.concordance import concordance
 from poolbench.records.verdicts import WORSE
-from poolbench.results.ranking import mean_t_interval
+from poolbench.results.answer.ranking import mean_t_interval
 
 CROSS_MODEL_VERSION = 1
 

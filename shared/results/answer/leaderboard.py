@@ -12,7 +12,7 @@ from poolbench.prober.reliability import cv_best_layer
 from poolbench.prober.verdicts import choose_on_cv
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.lexical import LexicalBaselineRecord
-from poolbench.results.near_ties import cv_auroc_step, layer_near_tie
+from poolbench.results.answer.near_ties import cv_auroc_step, layer_near_tie
 
 PRIMARY_PROBE = "logistic"
 FALLBACK_FLAG_RATE = 0.5

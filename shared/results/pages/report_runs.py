@@ -18,9 +18,9 @@ from poolbench.records.d1 import D1CellRecord
 from poolbench.records.lexical import LexicalBaselineRecord
 from poolbench.records.scorer import ScorerValidity
 from poolbench.records.steering import D2Record, D3Record
-from poolbench.results.answer import RunAnswer, run_answer
-from poolbench.results.leaderboard import PRIMARY_PROBE, build_leaderboard
-from poolbench.results.ranking import CI_LEVEL
+from poolbench.results.answer.answer import RunAnswer, run_answer
+from poolbench.results.answer.leaderboard import PRIMARY_PROBE, build_leaderboard
+from poolbench.results.answer.ranking import CI_LEVEL
 from poolbench.steerer.d2 import paired_delta
 from poolbench.store.url import open_store, run_store_url
 

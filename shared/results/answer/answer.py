@@ -22,11 +22,11 @@ from poolbench.prober.passage_scores import held_out_cells
 from poolbench.prober.verdicts import DEFAULT_ROPE, compare_strategies
 from poolbench.records.d1 import cv_best_row
 from poolbench.records.verdicts import WORSE, StrategyVerdicts
-from poolbench.results.answer_verdicts import choice_sentence, comparison_line, near_tie_text, verdict_sentences
-from poolbench.results.leaderboard import RANKED_ON_BLEND, RANKED_ON_MIX
-from poolbench.results.ranking import MIN_CONCEPTS_FOR_INTERVAL, mean_t_interval
-from poolbench.results.steerability_answer import SteerabilityAnswer, steerability_answer
-from poolbench.results.tier_estimand import estimand_sentence
+from poolbench.results.answer.answer_verdicts import choice_sentence, comparison_line, near_tie_text, verdict_sentences
+from poolbench.results.answer.leaderboard import RANKED_ON_BLEND, RANKED_ON_MIX
+from poolbench.results.answer.ranking import MIN_CONCEPTS_FOR_INTERVAL, mean_t_interval
+from poolbench.results.answer.steerability_answer import SteerabilityAnswer, steerability_answer
+from poolbench.results.answer.tier_estimand import estimand_sentence
 
 ANSWER_FILE = "answer.json"
 ANSWER_VERSION = 1
@@ -343,7 +343,7 @@ def run_answer(run_dir: Path, results: dict, leaderboard: dict) -> RunAnswer:
     path = run_dir / ANSWER_FILE
     if path.is_file():
         return read_answer(path)
-    from poolbench.results.passage_table import read_run_scores
+    from poolbench.results.answer.passage_table import read_run_scores
 
     return build_answer(results, leaderboard, read_run_scores(run_dir))
 

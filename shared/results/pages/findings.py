@@ -13,11 +13,11 @@ from pathlib import Path
 
 from poolbench.atomic_write import write_json_atomic, write_text_atomic
 from poolbench.errors import PoolBenchError
-from poolbench.results.answer import RunAnswer, build_answer, run_answer
-from poolbench.results.leaderboard import ranked_on_text
-from poolbench.results.near_ties import near_tie_sentence
-from poolbench.results.ranking import CI_LEVEL
-from poolbench.results.tidy import wide_rows
+from poolbench.results.answer.answer import RunAnswer, build_answer, run_answer
+from poolbench.results.answer.leaderboard import ranked_on_text
+from poolbench.results.answer.near_ties import near_tie_sentence
+from poolbench.results.answer.ranking import CI_LEVEL
+from poolbench.results.documents.tidy import wide_rows
 
 FACTS_VERSION = 3  # 2: the answer's verdicts against the CV-chosen best; no Nemenyi tie groups; 3: verdicts'
 # near-ties from answer.json (no Nemenyi verdicts), ranked_on, the steering guard

@@ -12,10 +12,10 @@ from poolbench.atomic_write import write_json_atomic, write_text_atomic
 from poolbench.defaults import EMBEDDED, EMBEDDED_GEMMA
 from poolbench.errors import PoolBenchError
 from poolbench.provenance import git_hash, package_versions, utc_now
-from poolbench.results.answer import ANSWER_FILE, read_answer
-from poolbench.results.cross_model import ModelBoard, cross_model_table
-from poolbench.results.document import RESULTS_SCHEMA_VERSION, run_stamp
-from poolbench.results.tidy import to_csv
+from poolbench.results.answer.answer import ANSWER_FILE, read_answer
+from poolbench.results.answer.cross_model import ModelBoard, cross_model_table
+from poolbench.results.documents.document import RESULTS_SCHEMA_VERSION, run_stamp
+from poolbench.results.documents.tidy import to_csv
 
 CROSS_MODEL_KIND = "cross_model"
 BUILT_IN_MODELS = {EMBEDDED: "SmolLM2-135M-Instruct", EMBEDDED_GEMMA: "Gemma-3-270M"}  # what the names load

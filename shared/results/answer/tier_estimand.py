@@ -19,7 +19,7 @@ import numpy as np
 
 from poolbench.corpus.passage import TIERS, Passage
 from poolbench.records.breakdowns import TierAurocRecord
-from poolbench.results.ranking import mean_t_interval
+from poolbench.results.answer.ranking import mean_t_interval
 
 TIER_MIX: dict[str, float] = {"standard": 0.5, "hard": 0.5}
 ESTIMAND = "tier_mixed_d1"

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from poolbench.atomic_write import write_text_atomic
 from poolbench.errors import PoolBenchError
-from poolbench.results.answer import ANSWER_FILE, read_answer
-from poolbench.results.answer_verdicts import comparison_line
-from poolbench.results.axes import interval_text, site_sentences
-from poolbench.results.learning_curve import CURVE_FILE, LEARNED_FAMILY, curve_sentences, curve_table
+from poolbench.results.answer.answer import ANSWER_FILE, read_answer
+from poolbench.results.answer.answer_verdicts import comparison_line
+from poolbench.results.answer.axes import interval_text, site_sentences
+from poolbench.results.answer.learning_curve import CURVE_FILE, LEARNED_FAMILY, curve_sentences, curve_table
 
 PAGE = "contenders.md"
 

@@ -18,11 +18,11 @@ from matplotlib.lines import Line2D
 
 from poolbench.atomic_write import write_text_atomic
 from poolbench.errors import PoolBenchError
-from poolbench.results.cross_model import model_cell_text
-from poolbench.results.cross_model_outputs import is_cross_model
-from poolbench.results.report import PAGE_STYLE, Figure, figure_html, run_section
-from poolbench.results.report_figures import FAMILY_ORDER, png_bytes, series_styles
-from poolbench.results.report_runs import load_runs
+from poolbench.results.answer.cross_model import model_cell_text
+from poolbench.results.documents.cross_model_outputs import is_cross_model
+from poolbench.results.pages.report import PAGE_STYLE, Figure, figure_html, run_section
+from poolbench.results.pages.report_figures import FAMILY_ORDER, png_bytes, series_styles
+from poolbench.results.pages.report_runs import load_runs
 
 MODEL_LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1)))
 MODEL_MARKERS = ("o", "s", "^", "D", "v", "P")

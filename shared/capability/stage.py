@@ -1,5 +1,6 @@
-"""The service `capability` and `run --capability-task` score lm-eval tasks against: the run's model and stored
-vectors on a free loopback port behind a random bearer token, started once for every cell and stopped after."""
+"""The capability stage over a finished run (`capability`, `run --capability-task`, `poolbench.evaluate`): lm-eval
+scores each cell against the run's own model and stored vectors, served (poolbench.http.app) on a free loopback port
+behind a random bearer token, started once for every cell and stopped after."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import socket
 from collections.abc import Sequence
 from pathlib import Path
 
-from poolbench.results.capability import CapabilityError, CapabilityRecord, measure_capability
+from poolbench.capability.measure import CapabilityError, CapabilityRecord, measure_capability
 
 
 def _free_port() -> int:
@@ -59,8 +60,8 @@ def run_capability_stage(run_dir: Path, task: str, task_dir: Path, *, stamped: t
                          n_bootstrap: int = 2000, seed: int = 0) -> list[str]:
     """`run --capability-task`: every steered cell of the finished run folder at its alpha* and at 0, recorded in
     the run's documents and answer; the lines to print."""
-    from poolbench.results.capability_run import record_capability, record_sentence, steered_cells
-    from poolbench.results.vector_export import read_run
+    from poolbench.capability.records import record_capability, record_sentence, steered_cells
+    from poolbench.results.exports.vector_export import read_run
 
     doc = read_run(run_dir)
     cells = steered_cells(doc)

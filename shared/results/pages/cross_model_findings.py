@@ -9,9 +9,9 @@ from pathlib import Path
 
 from poolbench.atomic_write import write_json_atomic, write_text_atomic
 from poolbench.errors import PoolBenchError
-from poolbench.results.cross_model import model_cell_text
-from poolbench.results.findings import _n, _table, findings_facts, render_findings
-from poolbench.results.near_ties import near_tie_sentence
+from poolbench.results.answer.cross_model import model_cell_text
+from poolbench.results.answer.near_ties import near_tie_sentence
+from poolbench.results.pages.findings import _n, _table, findings_facts, render_findings
 
 
 def cross_model_facts(results: dict, run_dir: Path, *, source: str, sha256: str) -> dict:

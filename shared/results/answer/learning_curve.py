@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from poolbench.prober.auroc import ProbeError
 from poolbench.prober.verdicts import DEFAULT_ROPE, choose_on_cv, compare_strategies
 from poolbench.records.verdicts import BETTER, EQUIVALENT, NOT_SEPARATED, WORSE
-from poolbench.results.axes import change_interval, interval_text, mean_interval
+from poolbench.results.answer.axes import change_interval, interval_text, mean_interval
 
 LEARNED_FAMILY = "learned_aggregation"
 CURVE_FILE = "learning_curve.json"

@@ -30,7 +30,7 @@ from typing import Literal
 import numpy as np
 
 from poolbench.atomic_write import atomic_file
-from poolbench.results.vector_export import RESIDUAL_SITES, ExportedVector, ExportError
+from poolbench.results.exports.vector_export import RESIDUAL_SITES, ExportedVector, ExportError
 
 Format = Literal["gguf", "safetensors", "pt"]
 FORMATS: tuple[str, ...] = ("gguf", "safetensors", "pt")

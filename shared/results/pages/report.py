@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from poolbench.atomic_write import write_text_atomic
-from poolbench.results.answer import answer_html, build_answer
-from poolbench.results.axes import axes_html
-from poolbench.results.leaderboard import ranked_on_text
-from poolbench.results.report_figures import (
+from poolbench.results.answer.answer import answer_html, build_answer
+from poolbench.results.answer.axes import axes_html
+from poolbench.results.answer.leaderboard import ranked_on_text
+from poolbench.results.pages.report_figures import (
     alpha_figure,
     bucket_figure,
     cd_figure,
@@ -25,8 +25,8 @@ from poolbench.results.report_figures import (
     layer_curve_figure,
     scorer_figure,
 )
-from poolbench.results.report_runs import Run, friedman_of, load_runs
-from poolbench.results.report_tables import (
+from poolbench.results.pages.report_runs import Run, friedman_of, load_runs
+from poolbench.results.pages.report_tables import (
     bucket_table,
     d2_summary,
     d2_table,

@@ -11,14 +11,14 @@ from poolbench.provenance import git_hash, package_versions, utc_now
 from poolbench.records.d1 import D1CellRecord
 from poolbench.records.run import RunOutcome
 from poolbench.records.steering import SteeringStage
-from poolbench.results.answer import ANSWER_FILE, build_answer, write_answer
-from poolbench.results.axes import answer_sections, length_section, results_section, site_section
-from poolbench.results.leaderboard import build_leaderboard, cells_protocol
-from poolbench.results.metric_text import metric_descriptions
-from poolbench.results.passage_table import write_run_scores
-from poolbench.results.tidy import LONG_COLUMNS, WIDE_COLUMNS, long_rows, to_csv, wide_rows
-from poolbench.results.tier_estimand import tier_mixed_ranking
-from poolbench.results.tiers import tier_section
+from poolbench.results.answer.answer import ANSWER_FILE, build_answer, write_answer
+from poolbench.results.answer.axes import answer_sections, length_section, results_section, site_section
+from poolbench.results.answer.leaderboard import build_leaderboard, cells_protocol
+from poolbench.results.answer.passage_table import write_run_scores
+from poolbench.results.answer.tier_estimand import tier_mixed_ranking
+from poolbench.results.answer.tiers import tier_section
+from poolbench.results.documents.metric_text import metric_descriptions
+from poolbench.results.documents.tidy import LONG_COLUMNS, WIDE_COLUMNS, long_rows, to_csv, wide_rows
 
 RESULTS_SCHEMA_VERSION = 1
 
@@ -106,7 +106,7 @@ def _leaderboard_steering(steering: SteeringStage | None) -> dict:
 
 
 def _axes_sections(outcome: RunOutcome) -> dict:
-    """The sites' and context lengths' sections of the leaderboard (results.axes), empty without the axes."""
+    """The sites' and context lengths' sections of the leaderboard (results.answer.axes), empty without the axes."""
     if not outcome.axis_records:
         return {}
     cfg = outcome.config

@@ -8,7 +8,7 @@ import io
 from collections.abc import Sequence
 
 from poolbench.records.verdicts import StrategyVerdicts
-from poolbench.results.ranking import mean_t_interval
+from poolbench.results.answer.ranking import mean_t_interval
 
 LONG_COLUMNS = ("strategy", "layer", "concept", "metric", "value", "low", "high")
 WIDE_COLUMNS = ("rank", "strategy", "family", "layer", "mean_d1", "low", "high", "d1_mix", "d1_mix_low",

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from poolbench.errors import PoolBenchError
-from poolbench.results.answer import ANSWER_FILE, run_answer
-from poolbench.results.tidy import WIDE_COLUMNS, wide_rows
+from poolbench.results.answer.answer import ANSWER_FILE, run_answer
+from poolbench.results.documents.tidy import WIDE_COLUMNS, wide_rows
 
 # wandb.init's keyword arguments that --wandb-args may set (lm-evaluation-harness's `--wandb_args` passes any);
 # `tags` is a `;`-separated list, the rest strings.
@@ -56,8 +56,8 @@ def parse_wandb_args(text: str) -> dict[str, str | list[str]]:
 
 def tracked_run(run_dir: Path, store: str | None = None) -> TrackedRun:
     """The config, leaderboard table, answer and figures of a written run folder."""
-    from poolbench.results.report import render_report
-    from poolbench.results.report_runs import load_runs
+    from poolbench.results.pages.report import render_report
+    from poolbench.results.pages.report_runs import load_runs
 
     try:
         results = json.loads((run_dir / "results.json").read_text())
@@ -67,7 +67,7 @@ def tracked_run(run_dir: Path, store: str | None = None) -> TrackedRun:
     answer = run_answer(run_dir, results, leaderboard)
     answer_path = run_dir / ANSWER_FILE
     if not answer_path.is_file():  # a run written before answers were stored: write it, the tracker logs a file
-        from poolbench.results.answer import write_answer
+        from poolbench.results.answer.answer import write_answer
 
         write_answer(answer, answer_path)
     config = dict(results.get("config") or {})

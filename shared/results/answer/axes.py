@@ -16,9 +16,9 @@ from poolbench.config import RESIDUAL_SITE as RESIDUAL
 from poolbench.prober.auroc import ProbeError
 from poolbench.prober.verdicts import DEFAULT_ROPE, compare_strategies
 from poolbench.records.d1 import D1CellRecord
-from poolbench.results.answer_verdicts import p_text
-from poolbench.results.leaderboard import PRIMARY_PROBE, build_leaderboard
-from poolbench.results.ranking import mean_t_interval
+from poolbench.results.answer.answer_verdicts import p_text
+from poolbench.results.answer.leaderboard import PRIMARY_PROBE, build_leaderboard
+from poolbench.results.answer.ranking import mean_t_interval
 
 STEERING_NOTE = ("Cells at the attn and mlp sites are not steered: both steering backends add at the block output "
                  "(layers.L.out), so D2/D3 are the residual site's only.")
@@ -172,7 +172,7 @@ def length_sentences(section: dict) -> list[str]:
 
 def answer_sections(leaderboard: dict) -> list:
     """The answer's parts for the axes, read from leaderboard.json's `sites` and `context_lengths`."""
-    from poolbench.results.answer import AnswerSection
+    from poolbench.results.answer.answer import AnswerSection
 
     out = []
     if sites := leaderboard.get("sites"):

@@ -11,10 +11,10 @@ import numpy as np
 
 from poolbench.records.scorer import ScorerValidity
 from poolbench.records.steering import D2Record, D3Record
-from poolbench.results.leaderboard import FALLBACK_FLAG_RATE, PRIMARY_PROBE, RANKED_ON_MIX
-from poolbench.results.near_ties import layer_text
-from poolbench.results.ranking import mean_t_interval
-from poolbench.results.report_runs import Run, friedman_of, primary_cells
+from poolbench.results.answer.leaderboard import FALLBACK_FLAG_RATE, PRIMARY_PROBE, RANKED_ON_MIX
+from poolbench.results.answer.near_ties import layer_text
+from poolbench.results.answer.ranking import mean_t_interval
+from poolbench.results.pages.report_runs import Run, friedman_of, primary_cells
 
 
 def _num(value: object, digits: int = 3) -> str:

@@ -22,6 +22,7 @@ from bench_io import run_header, write_result
 
 from poolbench.corpus.passage import Passage
 from poolbench.pooler.pooled_table import PooledTableBuilder
+from poolbench.prober import batched_cell
 from poolbench.prober.concept_probe import probe_pooled_cells
 
 DOMAINS = 4  # lexical types, so the control task (selectivity) runs as on the real corpus
@@ -70,6 +71,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "d1_cost.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    batched_cell.CPU_THREADS = args.threads
     items = passages(args.n_train, args.n_test)
     types = {p.id: p.domain for p in items}
     layers, per_layer = [], []

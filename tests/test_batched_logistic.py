@@ -151,3 +151,56 @@ def test_batched_cell_on_cuda_equals_its_cpu_twin():
     assert (np.abs(gpu["logistic"].test_scores - cpu["logistic"].test_scores) <= bound).all()
     assert gpu_stats["seed_cv_aurocs"] == cpu_stats["seed_cv_aurocs"]
     np.testing.assert_allclose(gpu_stats["mdl_block_bits"], cpu_stats["mdl_block_bits"], atol=1e-5)
+
+
+def test_s3_head_ranking_builds_its_splitter_once_and_keeps_each_heads_auroc(monkeypatch):
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    from poolbench.prober import supervised
+
+    rng = np.random.default_rng(5)
+    y, groups = np.tile([1, 0], 30), np.repeat(np.arange(30), 2)
+    features = rng.normal(size=(60, 6, 4))
+    features[y == 1, 2, 0] += 2.0  # head 2 carries the concept
+    expected = []
+    for h in range(6):  # the per-head reference: one splitter per head, as before
+        folds = StratifiedGroupKFold(3, shuffle=True, random_state=0).split(features[:, h], y, groups)
+        expected.append(np.mean([supervised.auroc(NewtonLogisticProbe().fit(features[fit, h], y[fit])
+                                                  .decision_function(features[val, h]), y[val])
+                                 for fit, val in folds]))
+    built = []
+
+    class Counting(StratifiedGroupKFold):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(supervised, "StratifiedGroupKFold", Counting)
+    np.testing.assert_array_equal(supervised.head_aurocs(features, y, groups, seed=0), expected)
+    assert len(built) == 1 and int(np.argmax(expected)) == 2
+
+
+def test_probe_pooled_cells_fits_unsupervised_cells_through_the_batched_solver(monkeypatch):
+    from poolbench.corpus.passage import Passage
+    from poolbench.pooler.pooled_table import PooledTableBuilder
+    from poolbench.prober.concept_probe import probe_pooled_cells
+
+    items = [Passage(f"{split}-{i}-{label}", "t", label, f"d{i % 3}", 4, f"{split}-{i}", split, "c")
+             for split, n in (("train", 30), ("test", 10)) for i in range(n) for label in (1, 0)]
+    rng = np.random.default_rng(6)
+    vectors = rng.normal(size=(1, 1, len(items), 12))
+    vectors[0, 0, :, 0] += 1.5 * np.array([p.label for p in items])
+    builder = PooledTableBuilder(items, 12)
+    builder.add(vectors, [2], ["A1_mean"], [p.id for p in items], np.zeros((1, len(items)), bool))
+    table, types = builder.table(), {p.id: p.domain for p in items}
+    before = probe_pooled_cells(table, "c", n_folds=3, n_bootstrap=20, types=types, batched=False)[0]
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a logistic probe was fitted one at a time")
+
+    monkeypatch.setattr(NewtonLogisticProbe, "fit", refuse)
+    records, scores = probe_pooled_cells(table, "c", n_folds=3, n_bootstrap=20, types=types)
+    assert [r.test_auroc for r in records] == [r.test_auroc for r in before]
+    assert [r.cv_auroc for r in records] == [r.cv_auroc for r in before]
+    assert records[0].seed_cv_aurocs == before[0].seed_cv_aurocs
+    assert scores.num_rows == 2 * 80  # 2 probes × (60 train + 20 test passages)

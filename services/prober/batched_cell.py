@@ -9,6 +9,8 @@ very functions the per-fit path uses (auroc, auroc_ci, platt_scaling, the MDL bl
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -36,6 +38,21 @@ from poolbench.prober.seed_spread import SeedSpread
 from poolbench.prober.selectivity import Selectivity, control_labels, control_na_reason
 
 Splits = list[tuple[np.ndarray, np.ndarray]]
+
+
+CPU_THREADS = 1  # torch threads of one cell on a CPU: the driver runs one task per core (bench/README, D1 cost)
+
+
+@contextmanager
+def _cpu_threads(device: torch.device, threads: int | None) -> Iterator[None]:
+    """Torch's intra-op threads set for the cell and restored after (on a CPU, when `threads` is given)."""
+    before = torch.get_num_threads()
+    if device.type == "cpu" and threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def probe_device() -> torch.device:
@@ -68,12 +85,22 @@ def batched_d1_cell(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.n
                     n_seeds: int = 5, device: torch.device | None = None,
                     ci_level: float = 0.95) -> tuple[D1Result, dict]:
     """evaluate_d1(...) and cell_reliability(...) of one cell (records equal within the solver's stopping rule)."""
+    device = device or probe_device()
+    with _cpu_threads(device, CPU_THREADS):
+        return _batched_d1_cell(X_train, y_train, groups_train, X_test, y_test, groups_test, n_folds=n_folds,
+                                seed=seed, n_bootstrap=n_bootstrap, reliability=reliability,
+                                types_train=types_train, n_seeds=n_seeds, device=device, ci_level=ci_level)
+
+
+def _batched_d1_cell(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.ndarray, X_test: np.ndarray,
+                     y_test: np.ndarray, groups_test: np.ndarray, *, n_folds: int, seed: int, n_bootstrap: int,
+                     reliability: bool, types_train: np.ndarray | None, n_seeds: int, device: torch.device,
+                     ci_level: float) -> tuple[D1Result, dict]:
     X_train, y_train, groups_train = check_split("train", X_train, y_train, groups_train)
     X_test, y_test, groups_test = check_split("test", X_test, y_test, groups_test)
     if X_train.shape[1] != X_test.shape[1]:
         raise ProbeError(f"train has {X_train.shape[1]} features but test has {X_test.shape[1]}")
     check_folds(y_train, groups_train, n_folds)
-    device = device or probe_device()
     X = torch.as_tensor(X_train, dtype=torch.float64, device=device)
     splits = stratified_group_splits(y_train, groups_train, n_folds, seed)
     _check_two_classes(y_train, splits, "CV fold")

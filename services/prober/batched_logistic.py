@@ -122,15 +122,20 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
     Xc = X - center
     mean, scale = standardisers(X, member, center)
     pen = scale * scale  # [F, d] the penalty's diagonal in v-units
+    # The factor only shapes the search direction (every step is checked on the float64 objective, and the stop
+    # is the float64 gradient's), so on a CPU it is float32: half the Cholesky, solve and memory traffic, a
+    # direction off by ~cond(B)·eps32 ≈ 1e-3 relative, which the next steps absorb. A GPU's float64 is fast enough.
+    factor_dtype = torch.float32 if dev.type == "cpu" and _FLOAT32_FACTOR_ON_CPU else dt
     if exact:
         ref = pen
-        K = torch.stack([(Xc[idx[f]] / ref[f]) @ Xc[idx[f]].T for f in range(F)])  # [F, M, M]
+        K = torch.stack([((Xc[idx[f]] / ref[f]) @ Xc[idx[f]].T).to(factor_dtype) for f in range(F)])  # [F, M, M]
     else:
         if gram is None:
             gram = shared_gram(X)
         G, ref0 = gram
         ref = ref0.expand(F, -1)
-        K = G[idx[:, :, None], idx[:, None, :]]
+        G_f = G.to(factor_dtype)
+        K = torch.stack([G_f.index_select(0, idx[f]).index_select(1, idx[f]) for f in range(F)])
     eye = torch.eye(idx.shape[1], device=dev, dtype=dt)
     v = torch.zeros(F, X.shape[1], device=dev, dtype=dt)
     c = torch.zeros(F, device=dev, dtype=dt)
@@ -148,10 +153,6 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
         return C * loss.sum(dim=1) + 0.5 * (pen * vv * vv).sum(dim=1)
 
     f_val = objective(z_all, v)
-    # The factor only shapes the search direction (every step is checked on the float64 objective, and the stop
-    # is the float64 gradient's), so on a CPU it is float32: half the Cholesky and solve time, a direction off by
-    # ~cond(B)·eps32 ≈ 1e-3 relative, which the next steps absorb. A GPU's float64 is fast enough to keep.
-    factor_dtype = torch.float32 if dev.type == "cpu" and _FLOAT32_FACTOR_ON_CPU else dt
     L = eye.expand(F, -1, -1).to(factor_dtype)
     factorizations = torch.zeros(F, dtype=torch.int64, device=dev)
     last_grad = torch.full((F,), float("inf"), device=dev, dtype=dt)
@@ -178,8 +179,13 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
             new_curv = C * p * (1 - p) * mask
             curv = torch.where(stale[:, None], new_curv, curv)
             sel = stale.nonzero().squeeze(1)
-            sq = curv[sel].sqrt()
-            L[sel] = torch.linalg.cholesky((eye + sq[:, :, None] * K[sel] * sq[:, None, :]).to(factor_dtype))
+            sq = curv[sel].sqrt().to(factor_dtype)
+            B = (K if len(sel) == F else K[sel]) * (sq[:, :, None] * sq[:, None, :])
+            B.diagonal(dim1=1, dim2=2).add_(1.0)
+            if len(sel) == F:
+                L = torch.linalg.cholesky(B)
+            else:
+                L[sel] = torch.linalg.cholesky(B)
             u[sel] = torch.zeros(len(sel), n, device=dev, dtype=dt).scatter_add_(1, idx[sel], curv[sel]) @ Xc
             factorizations += stale.long()
         s = curv.sqrt()

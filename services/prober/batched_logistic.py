@@ -126,6 +126,7 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
     # is the float64 gradient's), so on a CPU it is float32: half the Cholesky, solve and memory traffic, a
     # direction off by ~cond(B)·eps32 ≈ 1e-3 relative, which the next steps absorb. A GPU's float64 is fast enough.
     factor_dtype = torch.float32 if dev.type == "cpu" and _FLOAT32_FACTOR_ON_CPU else dt
+    G = None
     if exact:
         ref = pen
         K = torch.stack([((Xc[idx[f]] / ref[f]) @ Xc[idx[f]].T).to(factor_dtype) for f in range(F)])  # [F, M, M]
@@ -203,7 +204,11 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
         dv = dv * active[:, None]
         dc = dc * active
         slope = (g_v * dv).sum(dim=1) + g_b * dc
-        dz = Xc @ dv.T + dc  # [n, F]
+        if G is None:
+            dz = Xc @ dv.T + dc  # [n, F]
+        else:  # Xc·Ã⁻¹y = Xc·P̃⁻¹y − G·back: the product with Xc (n·d) becomes one with G (n·n)
+            Xa = (proj - back @ G).reshape(2, F, -1)
+            dz = ((Xa[0] - Xa[1] * dc[:, None]) * active[:, None]).T + dc
         step = torch.ones(F, device=dev, dtype=dt)
         pending = active.clone()
         while True:

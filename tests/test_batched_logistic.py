@@ -45,6 +45,7 @@ def _bound(model: NewtonLogisticProbe, X: np.ndarray, y: np.ndarray) -> np.ndarr
     return radius * np.linalg.norm(A, axis=1)
 
 
+@pytest.mark.numerics
 def test_fit_many_equals_each_fit_l2_logistic_on_its_own_rows():
     X, y, _ = _data(80, 120, 0)
     rng = np.random.default_rng(1)
@@ -62,6 +63,7 @@ def test_fit_many_equals_each_fit_l2_logistic_on_its_own_rows():
             assert (gap <= bound).all(), (f, gap.max(), bound.min())
 
 
+@pytest.mark.numerics
 def test_fit_many_matches_scikit_learn_at_a_tight_tolerance():
     X, y, _ = _data(60, 90, 2)
     Z = (X - X.mean(0)) / X.std(0)
@@ -73,6 +75,7 @@ def test_fit_many_matches_scikit_learn_at_a_tight_tolerance():
     assert (gap <= _bound(ref, X, y)).all()
 
 
+@pytest.mark.numerics
 def test_warm_started_folds_reach_the_same_optimum_with_fewer_factorizations_than_steps():
     X, y, _ = _data(120, 200, 3)
     Xt = torch.as_tensor(X)
@@ -93,6 +96,7 @@ def _cell(n: int = 120, d: int = 150, seed: int = 4):
     return X, y, g, Xt, yt, gt + 10_000, types
 
 
+@pytest.mark.numerics
 def test_batched_cell_records_equal_todays_evaluate_d1_and_cell_reliability():
     X, y, g, Xt, yt, gt, types = _cell()
     result, stats = batched_d1_cell(X, y, g, Xt, yt, gt, n_bootstrap=50, types_train=types)

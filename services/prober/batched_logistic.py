@@ -18,6 +18,9 @@ Arithmetic per cell, n = 1,400 train rows, m ≈ 0.8 n per fold fit, d = 4,096, 
   rule decides where it ends, and it is today's. Cost: F × steps × m³/3 of batched Cholesky plus ~6 GEMMs of
   2 n d F (≈ 0.36 GFLOP) per step: ≈ 60-90 GFLOP a cell, on every core (or the GPU) at once.
 - small fits (MDL's prefixes) get their own exact Gram (`exact=True`): cheap at m ≤ n/2.
+- precision: objective, gradient, stop and scores in float64 on every device; on a CPU the Cholesky factor (the
+  search direction only) is float32, on CUDA float64 (an H100's float64 is ~60 TFLOP/s; nothing to gain).
+Measured (bench/README, "D1 at the width of the machine"): 7.9 CPU-s a cell against 16.0 for the per-fit path.
 
 Equality with today's fits: both stop at |∇F|∞ < tol, so each is within ‖θ − θ*‖₂ ≤ √(d+1)·tol / λ_min(H) of the
 optimum; the L2 term makes λ_min of the w-block ≥ 1, the intercept's curvature is C·Σp(1−p) on top. A passage's

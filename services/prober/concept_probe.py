@@ -17,6 +17,7 @@ from poolbench.pooler.iti import HEADS_META, ITIHeadView, head_table_key, needs_
 from poolbench.pooler.learned import FITS_META, LearnedFoldView, learned_table_key, needs_learned_table
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.prober.auroc import ProbeError
+from poolbench.prober.batched_cell import batched_d1_cell
 from poolbench.prober.d1 import evaluate_d1
 from poolbench.prober.flash import flash_subset, parse_fraction
 from poolbench.prober.learned_cell import learned_fold_cell
@@ -61,9 +62,12 @@ def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
                        tiers: dict[str, str | None] | None = None,
                        protocol: str = DEFAULT_PROTOCOL,
                        learned: pa.Table | None = None,
-                       corpus_order: Sequence[str] | None = None) -> tuple[list[D1CellRecord], pa.Table]:
+                       corpus_order: Sequence[str] | None = None,
+                       batched: bool = True) -> tuple[list[D1CellRecord], pa.Table]:
     """probe_pooled_table's records and, beside them, every cell's per-passage scores of the very fits the
     records report (held-out and out-of-fold, S3's fold-chosen heads included), `tiers` naming each passage's.
+    `batched`: an unsupervised cell's logistic fits run together (batched_cell, on the GPU when present); False is
+    the one-fit-at-a-time reference path, equal within the solver's stopping rule.
     The PB protocol keeps no per-passage scores (its records are CV-only and stand apart from the paired tests)."""
     if protocol == PB_PROTOCOL:
         if corpus_order is None:
@@ -87,11 +91,16 @@ def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
             train_rows = train_rows[kept]
         if supervised is None:
             train, test = cell.take(train_rows), cell.subset("test")
-            result = evaluate_d1(train.X, train.y, train.groups, test.X, test.y, test.groups,
-                                 n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
-            if reliability:
-                types_train = (None if types is None else
-                               np.array([types.get(str(pid), str(pid)) for pid in train.passage_ids]))
+            types_train = (None if types is None or not reliability else
+                           np.array([types.get(str(pid), str(pid)) for pid in train.passage_ids]))
+            if batched:
+                result, stats = batched_d1_cell(train.X, train.y, train.groups, test.X, test.y, test.groups,
+                                                n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
+                                                reliability=reliability, types_train=types_train)
+            else:
+                result = evaluate_d1(train.X, train.y, train.groups, test.X, test.y, test.groups,
+                                     n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
+            if reliability and not batched:
                 stats = cell_reliability(train.X, train.y, train.groups, train.passage_ids, test.X, test.y,
                                          test.groups, seed=seed, n_folds=n_folds, types_train=types_train,
                                          d1_cv_auroc=result.probes["logistic"].cv_auroc)

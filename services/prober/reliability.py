@@ -11,9 +11,9 @@ from threadpoolctl import ThreadpoolController
 from poolbench.prober.auroc import ProbeError
 from poolbench.prober.d1 import check_split
 from poolbench.prober.fast_folds import check_folds
-from poolbench.prober.mdl import online_codelength
-from poolbench.prober.seed_spread import seed_spread
-from poolbench.prober.selectivity import CONTROL_TASK, selectivity
+from poolbench.prober.mdl import OnlineCode, online_codelength
+from poolbench.prober.seed_spread import SeedSpread, seed_spread
+from poolbench.prober.selectivity import CONTROL_TASK, Selectivity, selectivity
 from poolbench.prober.significance import friedman_nemenyi
 from poolbench.prober.win_rate import mean_win_rate
 
@@ -50,6 +50,11 @@ def cell_reliability(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.
         sel = selectivity(X_train, y_train, groups_train, types_train, seed=seed, n_folds=n_folds,
                           true_score=float(spread.cv_aurocs[0]))
         code = online_codelength(X_train, y_train, groups_train, seed=seed)
+    return reliability_stats(spread, sel, code)
+
+
+def reliability_stats(spread: SeedSpread, sel: Selectivity, code: OnlineCode) -> dict:
+    """The record fields of one cell's seed spread, selectivity and MDL code (the batched path's too)."""
     return {
         "reliability_probe": RELIABILITY_PROBE,
         "seed_cv_aurocs": [float(v) for v in spread.cv_aurocs],

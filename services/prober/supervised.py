@@ -41,10 +41,12 @@ def head_aurocs(features: np.ndarray, y: np.ndarray, groups: np.ndarray, seed: i
     n_min = min(int(y.sum()), int((1 - y).sum()), np.unique(groups).size)
     template = make_probe("logistic", seed)
     scores = np.empty(features.shape[1])
+    # the folds depend on labels and groups only: one split serves every head (it was rebuilt per head)
+    folds = (list(StratifiedGroupKFold(INNER_FOLDS, shuffle=True, random_state=seed).split(
+        np.zeros((y.size, 1)), y, groups)) if n_min >= INNER_FOLDS else [])
     for h in range(features.shape[1]):
         X = features[:, h]
         if n_min >= INNER_FOLDS:
-            folds = StratifiedGroupKFold(INNER_FOLDS, shuffle=True, random_state=seed).split(X, y, groups)
             per_fold = []
             for fit, val in folds:
                 if np.unique(y[fit]).size < 2 or np.unique(y[val]).size < 2:

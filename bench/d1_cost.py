@@ -1,0 +1,109 @@
+"""D1 with reliability of one concept: synthetic pooled tables (strategies × layers at width d) through the prober.
+
+`--path batched` probes every cell with the batched solver (batched_cell), `--path per_fit` with today's
+one-fit-at-a-time estimators; `--cells K` times only the first K cells of the first layer and extrapolates to all
+strategies × layers (said so in the JSON). Writes bench/results/d1_cost.json (or --out).
+
+    .venv/bin/python bench/d1_cost.py --path batched --threads 2
+    .venv/bin/python bench/d1_cost.py --path per_fit --cells 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import torch
+from bench_io import run_header, write_result
+
+from poolbench.corpus.passage import Passage
+from poolbench.pooler.pooled_table import PooledTableBuilder
+from poolbench.prober import batched_cell
+from poolbench.prober.concept_probe import probe_pooled_cells
+
+DOMAINS = 4  # lexical types, so the control task (selectivity) runs as on the real corpus
+
+
+def passages(n_train: int, n_test: int) -> list[Passage]:
+    """Matched pairs (one positive, one negative each), DOMAINS lexical types, the corpus's train/test split."""
+    out = []
+    for split, n in (("train", n_train), ("test", n_test)):
+        for i in range(n // 2):
+            for label in (1, 0):
+                out.append(Passage(f"{split}-{i}-{label}", "text", label, f"d{i % DOMAINS}", 400, f"{split}-{i}",
+                                   split, "concept"))
+    return out
+
+
+def layer_table(items: list[Passage], strategies: int, layer: int, d: int, seed: int):
+    """One layer's PooledTable: per strategy an anisotropic Gaussian cloud with a concept direction whose strength
+    grows with the strategy index (AUROCs from ~0.6 to ~0.95), and a per-domain offset (content)."""
+    rng = np.random.default_rng(seed + layer)
+    y = np.array([p.label for p in items], dtype=np.float32)
+    dom = np.array([int(p.domain[1:]) for p in items])
+    vectors = np.empty((1, strategies, len(items), d), dtype=np.float32)
+    scale = rng.uniform(0.3, 3.0, size=d).astype(np.float32)
+    for s in range(strategies):
+        direction = rng.normal(size=d).astype(np.float32) / np.sqrt(d)
+        offsets = rng.normal(size=(DOMAINS, d)).astype(np.float32) * 0.3
+        X = rng.normal(size=(len(items), d)).astype(np.float32) * scale + offsets[dom]
+        vectors[0, s] = X + np.outer(y, direction) * (0.5 + 0.1 * s) * np.sqrt(d) * 0.05
+    builder = PooledTableBuilder(items, d)
+    builder.add(vectors, [layer], [f"S{s:02d}" for s in range(strategies)], [p.id for p in items],
+                np.zeros((strategies, len(items)), bool))
+    return builder.table()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--path", choices=("batched", "per_fit"), default="batched")
+    parser.add_argument("--strategies", type=int, default=19)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--d", type=int, default=4096)
+    parser.add_argument("--n-train", type=int, default=1400)
+    parser.add_argument("--n-test", type=int, default=600)
+    parser.add_argument("--cells", type=int, default=0, help="time only the first K cells of the first layer")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "d1_cost.json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    batched_cell.CPU_THREADS = args.threads
+    items = passages(args.n_train, args.n_test)
+    types = {p.id: p.domain for p in items}
+    layers, per_layer = [], []
+    for layer in range(args.layers):
+        table = layer_table(items, args.strategies, layer, args.d, seed=0)
+        if args.cells:
+            keep = [f"S{s:02d}" for s in range(args.cells)]
+            table = table.filter(pc.is_in(table.column("strategy"), value_set=pc.cast(keep, "string")))
+        start = time.perf_counter()
+        cpu0 = time.process_time()
+        records, _ = probe_pooled_cells(table, "concept", types=types, batched=args.path == "batched")
+        seconds, cpu = time.perf_counter() - start, time.process_time() - cpu0
+        cells = len(records) // 2
+        per_layer.append({"layer": layer, "cells": cells, "seconds": seconds, "cpu_seconds": cpu,
+                          "cv_auroc": [r.cv_auroc for r in records if r.probe == "logistic"],
+                          "mdl_compression": [r.mdl_compression for r in records if r.probe == "logistic"]})
+        layers.append(layer)
+        print(f"layer {layer}: {cells} cells in {seconds:.1f} s ({cpu:.1f} CPU-s)", flush=True)
+        if args.cells:
+            break
+    timed_cells = sum(r["cells"] for r in per_layer)
+    seconds = sum(r["seconds"] for r in per_layer)
+    all_cells = args.strategies * args.layers
+    result = run_header("d1_cost", args, "cpu" if not torch.cuda.is_available() else torch.cuda.get_device_name())
+    result.update({"load_average_after": os.getloadavg(), "timed_cells": timed_cells, "timed_seconds": seconds,
+                   "seconds_per_cell": seconds / timed_cells, "cells": all_cells,
+                   "seconds_all_cells": seconds if timed_cells == all_cells else seconds / timed_cells * all_cells,
+                   "extrapolated": timed_cells != all_cells, "per_layer": per_layer})
+    print(f"{args.path}: {seconds / timed_cells:.2f} s a cell; {all_cells} cells "
+          f"{'≈ ' if result['extrapolated'] else ''}{result['seconds_all_cells'] / 60:.1f} min")
+    write_result(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""One unsupervised cell's D1 logistic probe and its reliability statistics from batched fits (batched_logistic).
+
+The same fits as evaluate_d1 + cell_reliability (the same folds, labels, rows and stopping rule), gathered into a
+handful of fit_many calls: the all-train fit (exact Newton on the shared Gram), every fold of D1 and the seed spread
+warm-started from it, the control task's folds, and one call per MDL block. The statistics are assembled with the
+very functions the per-fit path uses (auroc, auroc_ci, platt_scaling, the MDL block rules), so only the fits move.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from scipy.special import expit
+
+from poolbench.prober.auroc import ProbeError, auroc, auroc_ci
+from poolbench.prober.batched_logistic import fit_many, shared_gram
+from poolbench.prober.d1 import D1Result, ProbeResult, check_split, evaluate_d1
+from poolbench.prober.fast_folds import check_folds, stratified_group_splits
+from poolbench.prober.mdl import (
+    MDL_CALIBRATION_FOLDS,
+    MDL_FRACTIONS,
+    MDL_MIN_BLOCK,
+    MDL_MIN_BLOCKS,
+    OnlineCode,
+    _label_bits,
+    block_ends,
+    even_block_ends,
+    platt_scaling,
+    transmission_order,
+)
+from poolbench.prober.probes import PROBE_NAMES
+from poolbench.prober.reliability import reliability_stats
+from poolbench.prober.seed_spread import SeedSpread
+from poolbench.prober.selectivity import Selectivity, control_labels, control_na_reason
+
+Splits = list[tuple[np.ndarray, np.ndarray]]
+
+
+CPU_THREADS = 1  # torch threads of one cell on a CPU: the driver runs one task per core (bench/README, D1 cost)
+
+
+@contextmanager
+def _cpu_threads(device: torch.device, threads: int | None) -> Iterator[None]:
+    """Torch's intra-op threads set for the cell and restored after (on a CPU, when `threads` is given)."""
+    before = torch.get_num_threads()
+    if device.type == "cpu" and threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def probe_device() -> torch.device:
+    """The probes' device: the GPU when one is present, else the CPU (float64 either way)."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _fold_scores(first: int, splits: Splits, scores: np.ndarray,
+                 y: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(per-fold AUROC, out-of-fold scores, fold of each row) of fits first .. first+K−1 on `splits`."""
+    oof, folds = np.empty(y.size), np.full(y.size, -1, dtype=np.int64)
+    values = np.empty(len(splits))
+    for k, (_, val) in enumerate(splits):
+        oof[val] = scores[first + k, val]
+        folds[val] = k
+        values[k] = auroc(oof[val], y[val])
+    return values, oof, folds
+
+
+def _check_two_classes(y: np.ndarray, splits: Splits, what: str) -> None:
+    for k, (fit, val) in enumerate(splits):
+        if np.unique(y[val]).size < 2 or np.unique(y[fit]).size < 2:
+            raise ProbeError(f"{what} {k} holds one class only" + ("; the pair groups are too lopsided"
+                                                                   if what == "CV fold" else ""))
+
+
+def batched_d1_cell(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.ndarray, X_test: np.ndarray,
+                    y_test: np.ndarray, groups_test: np.ndarray, *, n_folds: int = 5, seed: int = 0,
+                    n_bootstrap: int = 1000, reliability: bool = True, types_train: np.ndarray | None = None,
+                    n_seeds: int = 5, device: torch.device | None = None,
+                    ci_level: float = 0.95) -> tuple[D1Result, dict]:
+    """evaluate_d1(...) and cell_reliability(...) of one cell (records equal within the solver's stopping rule)."""
+    device = device or probe_device()
+    with _cpu_threads(device, CPU_THREADS):
+        return _batched_d1_cell(X_train, y_train, groups_train, X_test, y_test, groups_test, n_folds=n_folds,
+                                seed=seed, n_bootstrap=n_bootstrap, reliability=reliability,
+                                types_train=types_train, n_seeds=n_seeds, device=device, ci_level=ci_level)
+
+
+def _batched_d1_cell(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.ndarray, X_test: np.ndarray,
+                     y_test: np.ndarray, groups_test: np.ndarray, *, n_folds: int, seed: int, n_bootstrap: int,
+                     reliability: bool, types_train: np.ndarray | None, n_seeds: int, device: torch.device,
+                     ci_level: float) -> tuple[D1Result, dict]:
+    X_train, y_train, groups_train = check_split("train", X_train, y_train, groups_train)
+    X_test, y_test, groups_test = check_split("test", X_test, y_test, groups_test)
+    if X_train.shape[1] != X_test.shape[1]:
+        raise ProbeError(f"train has {X_train.shape[1]} features but test has {X_test.shape[1]}")
+    check_folds(y_train, groups_train, n_folds)
+    X = torch.as_tensor(X_train, dtype=torch.float64, device=device)
+    splits = stratified_group_splits(y_train, groups_train, n_folds, seed)
+    _check_two_classes(y_train, splits, "CV fold")
+    seed_splits = [stratified_group_splits(y_train, groups_train, n_folds, seed + k)
+                   for k in range(1, n_seeds)] if reliability else []
+    for s in seed_splits:
+        _check_two_classes(y_train, s, "CV fold")
+    gram = shared_gram(X)
+    every = np.arange(y_train.size)
+    full = fit_many(X, [every], [y_train], gram=gram)
+    fold_rows = [fit for s in [splits, *seed_splits] for fit, _ in s]
+    folds = fit_many(X, fold_rows, [y_train[r] for r in fold_rows], gram=gram, init=full)
+    scores = folds.scores(X).cpu().numpy()
+    fold_aurocs, oof, oof_folds = _fold_scores(0, splits, scores, y_train)
+    test_scores = full.scores(torch.as_tensor(X_test, dtype=torch.float64, device=device))[0].cpu().numpy()
+    ci = auroc_ci(test_scores, y_test, groups_test, ci_level)
+    logistic = ProbeResult(
+        probe="logistic", cv_auroc=float(fold_aurocs.mean()), cv_fold_aurocs=fold_aurocs,
+        test_auroc=auroc(test_scores, y_test), ci_low=ci.low, ci_high=ci.high, n_train=int(y_train.size),
+        n_test=int(y_test.size), n_folds=len(splits), n_bootstrap=n_bootstrap, ci_level=ci_level,
+        oof_scores=oof, test_scores=test_scores, test_pred=(test_scores > 0).astype(np.int64),
+        ci_method=ci.method, ci_degenerate=ci.degenerate, oof_folds=oof_folds)
+    others = tuple(name for name in PROBE_NAMES if name != "logistic")
+    rest = evaluate_d1(X_train, y_train, groups_train, X_test, y_test, groups_test, n_folds=n_folds, seed=seed,
+                       n_bootstrap=n_bootstrap, probes=others, ci_level=ci_level).probes
+    result = D1Result(probes={name: logistic if name == "logistic" else rest[name] for name in PROBE_NAMES},
+                      seed=seed)
+    if not reliability:
+        return result, {}
+    values = [logistic.cv_auroc] + [
+        float(_fold_scores(n_folds * (1 + i), s, scores, y_train)[0].mean())
+        for i, s in enumerate(seed_splits)]
+    spread = SeedSpread(seeds=tuple(seed + k for k in range(n_seeds)), cv_aurocs=np.array(values),
+                        mean=float(np.mean(values)), std=float(np.std(values, ddof=1)))
+    sel = _selectivity(X, y_train, groups_train, types_train, spread.cv_aurocs[0], seed, n_folds, gram, ci_level)
+    return result, reliability_stats(spread, sel, _online_code(X, y_train, groups_train, seed))
+
+
+def _selectivity(X: torch.Tensor, y: np.ndarray, groups: np.ndarray, types: np.ndarray | None, true_score: float,
+                 seed: int, n_folds: int, gram: tuple[torch.Tensor, torch.Tensor], ci_level: float) -> Selectivity:
+    """selectivity.selectivity of D1's probe, its control folds fitted in one batch."""
+    if types is not None and np.asarray(types).shape != y.shape:
+        raise ProbeError(f"selectivity: types {np.asarray(types).shape} and labels {y.shape} differ")
+    reason = control_na_reason(types, groups, n_folds, seed)
+    if reason is not None:
+        return Selectivity(true_score=float(true_score), control_score=None, selectivity=None, na_reason=reason)
+    control = control_labels(np.asarray(types), seed)
+    splits = stratified_group_splits(control, groups, n_folds, seed)
+    _check_two_classes(control, splits, "control CV fold")
+    fit = fit_many(X, [f for f, _ in splits], [control[f] for f, _ in splits], gram=gram)
+    scores = fit.scores(X).cpu().numpy()
+    out, per_fold = np.empty(y.size), []
+    for k, (_, val) in enumerate(splits):
+        s = scores[k, val]
+        per_fold.append(auroc(s, control[val]))
+        out[val] = (s - s.mean()) / (s.std() or 1.0)
+    control_score = float(np.mean(per_fold))
+    ci = auroc_ci(out, control, groups, ci_level)
+    return Selectivity(true_score=float(true_score), control_score=control_score,
+                       selectivity=float(true_score) - control_score, control_ci_low=ci.low, control_ci_high=ci.high)
+
+
+def _online_code(X: torch.Tensor, y: np.ndarray, groups: np.ndarray, seed: int) -> OnlineCode:
+    """mdl.online_codelength at its defaults (D1's probe, calibrated blocks), each block's fold fits in one batch."""
+    order = transmission_order(groups, seed, True)
+    y_o, g_o = y[order], groups[order]
+    sizes = np.diff(np.flatnonzero(np.r_[True, g_o[1:] != g_o[:-1], True]))
+    ends = block_ends(sizes, MDL_FRACTIONS, min(MDL_MIN_BLOCK, y.size // 2))
+    if len(ends) < MDL_MIN_BLOCKS:
+        ends = even_block_ends(sizes, MDL_MIN_BLOCKS)
+    if len(ends) < MDL_MIN_BLOCKS:
+        return OnlineCode(uniform_bits=float(y.size), online_bits=None, compression=None, block_ends=tuple(ends),
+                          block_bits=(), na_reason=f"{sizes.size} pair groups give {len(ends)} blocks; prequential "
+                                                   f"MDL needs >= {MDL_MIN_BLOCKS}")
+    bits = [float(ends[0])]
+    folds = MDL_CALIBRATION_FOLDS
+    for start, end in itertools.pairwise(ends):
+        block = None
+        y_prefix, g_prefix = y_o[:start], g_o[:start]
+        n_pos = int(y_prefix.sum())
+        if (np.unique(y_prefix).size == 2 and min(n_pos, start - n_pos) >= folds
+                and np.unique(g_prefix).size >= folds):
+            splits = stratified_group_splits(y_prefix, g_prefix, folds, seed)
+            if all(np.unique(y_prefix[fit]).size == 2 for fit, _ in splits):
+                sent = X[torch.as_tensor(order[:end], device=X.device)]  # this block's universe: what is sent so far
+                fit = fit_many(sent, [f for f, _ in splits], [y_prefix[f] for f, _ in splits], exact=True)
+                scores = fit.scores(sent).cpu().numpy()
+                oof = np.empty(start)
+                for k, (_, val) in enumerate(splits):
+                    oof[val] = scores[k, val]
+                a, b = platt_scaling(oof, y_prefix)
+                block = _label_bits(np.mean(expit(a * scores[:, start:end] + b), axis=0), y_o[start:end])
+        bits.append(float(end - start) if block is None else block)
+    online = float(sum(bits))
+    return OnlineCode(uniform_bits=float(y.size), online_bits=online, compression=y.size / online,
+                      block_ends=tuple(ends), block_bits=tuple(bits))

@@ -1,0 +1,241 @@
+"""Many L2-logistic fits over the rows of one matrix, solved together as tensor work (torch, any device).
+
+Each fit is `fit_l2_logistic`'s: its rows standardised by their own mean and std, C·Σ logloss + |w|²/2 with an
+unpenalised intercept, stopped once every |gradient entry| < tol (the gradient in float64, as today's). The
+reparametrisation v = w/σ_f, z = (x − μ₀)·v + c (μ₀ the universe's mean) makes every fit a logistic on the SAME
+centred matrix Xc = X − μ₀ with a diagonal penalty ½ Σ σ_f² v²: centring is free (the intercept is unpenalised, so
+c absorbs μ_f − μ₀ exactly) and only the per-fit scale σ_f stays per fit. Scores, gradients and the objective are
+then GEMMs of Xc with all fits' vectors at once ([n, d] × [d, F]).
+
+Arithmetic per cell, n = 1,400 train rows, m ≈ 0.8 n per fold fit, d = 4,096, F = 31 fits on the train rows:
+- today: per fit a Gram Z Zᵀ (2 m² d ≈ 10 GFLOP) and per Newton step a Cholesky (m³/3 ≈ 0.47 GFLOP, ~6 steps):
+  ≈ 31 × 13 ≈ 400 GFLOP a cell, on one core.
+- here: one Gram G = Xc diag(σ₀⁻²) Xcᵀ of the train rows (2 n² d ≈ 16 GFLOP, shared by every fold, seed and
+  control fit); a fold's Newton direction uses H̃ = diag(σ₀²) + XcᵀDXc in place of its H = diag(σ_f²) + XcᵀDXc,
+  whose dual matrix I + S G_ff S is a gather from G (no per-fit Gram). H̃ is SPD, so each step is a descent step
+  (Armijo on the exact objective), and ‖I − H̃⁻¹H‖ ≤ max_k |1 − σ_f,k²/σ₀,k²| (a few % for an 80% fold), so
+  the iteration converges to the same optimum at a linear rate of a few % on top of Newton's; only the stopping
+  rule decides where it ends, and it is today's. Cost: F × steps × m³/3 of batched Cholesky plus ~6 GEMMs of
+  2 n d F (≈ 0.36 GFLOP) per step: ≈ 60-90 GFLOP a cell, on every core (or the GPU) at once.
+- small fits (MDL's prefixes) get their own exact Gram (`exact=True`): cheap at m ≤ n/2.
+- precision: objective, gradient, stop and scores in float64 on every device; on a CPU the Cholesky factor (the
+  search direction only) is float32, on CUDA float64 (an H100's float64 is ~60 TFLOP/s; nothing to gain).
+Measured (bench/README, "D1 at the width of the machine"): 7.9 CPU-s a cell against 16.0 for the per-fit path.
+
+Equality with today's fits: both stop at |∇F|∞ < tol, so each is within ‖θ − θ*‖₂ ≤ √(d+1)·tol / λ_min(H) of the
+optimum; the L2 term makes λ_min of the w-block ≥ 1, the intercept's curvature is C·Σp(1−p) on top. A passage's
+score differs by at most ‖(x̃, 1)‖₂ times twice that; AUROCs are equal unless two scores lie within that gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from poolbench.prober.newton_logistic import LOGISTIC_C
+
+_ARMIJO = 1e-4
+_REFRESH = 0.2  # refactor a fit's Newton matrix unless its gradient fell at least 5-fold in the last step
+_FLOAT32_FACTOR_ON_CPU = True
+_CHUNK_ENTRIES = 16 * 1400 * 1400  # entries of one [F, M, M] dual matrix (~250 MB at float64)
+FIT_COUNTER = {"calls": 0, "fits": 0}  # tests read it: the batched path must not fall back to one fit per call
+
+
+@dataclass(frozen=True)
+class BatchFit:
+    """F fits of one universe X: each fit's standardiser (mean, scale) and standardised (coef, intercept), the
+    Newton steps each took, and the centred parametrisation (v = coef/scale, c) that scores any row cheaply."""
+
+    mean: torch.Tensor  # [F, d]
+    scale: torch.Tensor  # [F, d]
+    coef: torch.Tensor  # [F, d], in standardised units, as NewtonLogisticProbe.coef_
+    intercept: torch.Tensor  # [F]
+    iterations: torch.Tensor  # [F]
+    factorizations: torch.Tensor  # [F] Cholesky factorizations of the fit's Newton matrix
+    center: torch.Tensor  # [d] μ₀
+    v: torch.Tensor  # [F, d]
+    c: torch.Tensor  # [F]
+
+    def scores(self, X: torch.Tensor) -> torch.Tensor:
+        """[F, rows]: every fit's decision score ((x − mean)/scale)·coef + intercept of every row of X."""
+        return ((X - self.center) @ self.v.T + self.c).T
+
+
+def standardisers(X: torch.Tensor, member: torch.Tensor, center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per fit (mean, scale) of its rows as NewtonLogisticProbe takes them (population std, near-constant → 1).
+
+    `member` [F, n] is 1 on a fit's rows; variances are taken about μ₀ and shifted, which loses nothing when μ₀
+    lies near each fit's mean (it is the universe's)."""
+    m = member.sum(dim=1, keepdim=True)
+    Xc = X - center
+    mean_c = (member @ Xc) / m
+    var = ((member @ (Xc * Xc)) / m - mean_c * mean_c).clamp_min(0.0)
+    mean = mean_c + center
+    scale = var.sqrt()
+    eps = float(torch.finfo(X.dtype).eps)
+    return mean, torch.where(scale < 10 * eps * torch.clamp(mean.abs(), min=1.0), torch.ones_like(scale), scale)
+
+
+def _padded(rows: Sequence[np.ndarray], labels: Sequence[np.ndarray], device: torch.device,
+            dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row indices [F, M] (padding points at row 0), a 0/1 mask [F, M] and labels [F, M], M the largest fit."""
+    M = max(len(r) for r in rows)
+    idx = np.zeros((len(rows), M), dtype=np.int64)
+    mask = np.zeros((len(rows), M))
+    y = np.zeros((len(rows), M))
+    for f, (r, lab) in enumerate(zip(rows, labels, strict=True)):
+        idx[f, :len(r)] = r
+        mask[f, :len(r)] = 1.0
+        y[f, :len(r)] = lab
+    as_t = lambda a, t: torch.as_tensor(a, device=device, dtype=t)  # noqa: E731
+    return as_t(idx, torch.int64), as_t(mask, dtype), as_t(y, dtype)
+
+
+def fit_many(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarray], *, C: float = LOGISTIC_C,
+             tol: float = 1e-6, max_iter: int = 200, exact: bool = False,
+             init: BatchFit | None = None, gram: tuple[torch.Tensor, torch.Tensor] | None = None) -> BatchFit:
+    """Fit F L2-logistic probes, fit f on rows `rows[f]` of X [n, d] with 0/1 `labels[f]`, all at once.
+
+    `exact`: each fit's Newton matrix from its own Gram (quadratic convergence; for small fits). Otherwise the
+    shared Gram of all n rows at their common scale (`gram` = (G, σ₀²) when the caller has it) stands in.
+    `init`: a one-fit BatchFit (the all-train fit) whose scores every fit starts from."""
+    FIT_COUNTER["calls"] += 1
+    FIT_COUNTER["fits"] += len(rows)
+    per_chunk = max(1, _CHUNK_ENTRIES // max(len(r) for r in rows) ** 2)
+    if len(rows) > per_chunk:  # the [F, M, M] dual matrices in slices that fit memory
+        parts = [_fit(X, rows[k:k + per_chunk], labels[k:k + per_chunk], C, tol, max_iter, exact, init, gram)
+                 for k in range(0, len(rows), per_chunk)]
+        return BatchFit(*(torch.cat([getattr(p, name) for p in parts]) if name != "center" else parts[0].center
+                          for name in BatchFit.__dataclass_fields__))
+    return _fit(X, rows, labels, C, tol, max_iter, exact, init, gram)
+
+
+def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarray], C: float, tol: float,
+         max_iter: int, exact: bool, init: BatchFit | None,
+         gram: tuple[torch.Tensor, torch.Tensor] | None) -> BatchFit:
+    dev, dt = X.device, X.dtype
+    n, _ = X.shape
+    F = len(rows)
+    idx, mask, y = _padded(rows, labels, dev, dt)
+    member = torch.zeros(F, n, device=dev, dtype=dt).scatter_add_(1, idx, mask)
+    center = X.mean(dim=0)
+    Xc = X - center
+    mean, scale = standardisers(X, member, center)
+    pen = scale * scale  # [F, d] the penalty's diagonal in v-units
+    # The factor only shapes the search direction (every step is checked on the float64 objective, and the stop
+    # is the float64 gradient's), so on a CPU it is float32: half the Cholesky, solve and memory traffic, a
+    # direction off by ~cond(B)·eps32 ≈ 1e-3 relative, which the next steps absorb. A GPU's float64 is fast enough.
+    factor_dtype = torch.float32 if dev.type == "cpu" and _FLOAT32_FACTOR_ON_CPU else dt
+    G = None
+    if exact:
+        ref = pen
+        K = torch.stack([((Xc[idx[f]] / ref[f]) @ Xc[idx[f]].T).to(factor_dtype) for f in range(F)])  # [F, M, M]
+    else:
+        if gram is None:
+            gram = shared_gram(X)
+        G, ref0 = gram
+        ref = ref0.expand(F, -1)
+        G_f = G.to(factor_dtype)
+        K = torch.stack([G_f.index_select(0, idx[f]).index_select(1, idx[f]) for f in range(F)])
+    eye = torch.eye(idx.shape[1], device=dev, dtype=dt)
+    v = torch.zeros(F, X.shape[1], device=dev, dtype=dt)
+    c = torch.zeros(F, device=dev, dtype=dt)
+    if init is not None:
+        v = init.v.expand(F, -1).clone()
+        c = init.c + (init.center - center) @ init.v.T
+        c = c.expand(F).clone()
+    z_all = Xc @ v.T + c  # [n, F]
+    iterations = torch.zeros(F, dtype=torch.int64, device=dev)
+    active = torch.ones(F, dtype=torch.bool, device=dev)
+
+    def objective(z: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
+        zz = z.T.gather(1, idx)
+        loss = (torch.nn.functional.softplus(zz) - y * zz) * mask
+        return C * loss.sum(dim=1) + 0.5 * (pen * vv * vv).sum(dim=1)
+
+    f_val = objective(z_all, v)
+    L = eye.expand(F, -1, -1).to(factor_dtype)
+    factorizations = torch.zeros(F, dtype=torch.int64, device=dev)
+    last_grad = torch.full((F,), float("inf"), device=dev, dtype=dt)
+    u = torch.zeros(F, X.shape[1], device=dev, dtype=dt)
+    curv = torch.zeros_like(mask)
+    for _ in range(max_iter):
+        zz = z_all.T.gather(1, idx)
+        p = torch.sigmoid(zz)
+        r = C * (p - y) * mask  # [F, M]
+        r_full = torch.zeros(F, n, device=dev, dtype=dt).scatter_add_(1, idx, r)
+        xtr = r_full @ Xc  # [F, d]
+        g_b = r.sum(dim=1)
+        g_w = (xtr - (mean - center) * g_b[:, None]) / scale + scale * v  # today's gradient, standardised units
+        grad = torch.maximum(g_w.abs().amax(dim=1), g_b.abs())
+        active &= ~(grad < tol)
+        if not bool(active.any()):
+            break
+        iterations += active.long()
+        # A fit's Newton matrix is refactored when its gradient fell less than _REFRESH-fold in the last step
+        # (curvature still moving); otherwise the last factor serves again: a descent direction either way.
+        stale = active & ((factorizations == 0) | (grad > _REFRESH * last_grad))
+        last_grad = grad
+        if bool(stale.any()):
+            new_curv = C * p * (1 - p) * mask
+            curv = torch.where(stale[:, None], new_curv, curv)
+            sel = stale.nonzero().squeeze(1)
+            sq = curv[sel].sqrt().to(factor_dtype)
+            B = (K if len(sel) == F else K[sel]) * (sq[:, :, None] * sq[:, None, :])
+            B.diagonal(dim1=1, dim2=2).add_(1.0)
+            if len(sel) == F:
+                L = torch.linalg.cholesky(B)
+            else:
+                L[sel] = torch.linalg.cholesky(B)
+            u[sel] = torch.zeros(len(sel), n, device=dev, dtype=dt).scatter_add_(1, idx[sel], curv[sel]) @ Xc
+            factorizations += stale.long()
+        s = curv.sqrt()
+        g_v = xtr + pen * v
+        rhs = torch.cat([g_v, u]) / ref.repeat(2, 1)  # P̃⁻¹ [g_v; u]: [2F, d]
+        proj = (Xc @ rhs.T).T  # [2F, n]
+        idx2, s2 = idx.repeat(2, 1), s.repeat(2, 1)
+        t = (s2 * proj.gather(1, idx2)).reshape(2, F, -1).permute(1, 2, 0)  # [F, M, 2]
+        t = (s[:, :, None] * torch.cholesky_solve(t.to(factor_dtype), L).to(dt)).permute(2, 0, 1).reshape(2 * F, -1)
+        back = torch.zeros(2 * F, n, device=dev, dtype=dt).scatter_add_(1, idx2, t)
+        a_inv = (rhs - (back @ Xc) / ref.repeat(2, 1)).reshape(2, F, -1).permute(1, 2, 0)  # Ã⁻¹ [g_v, u]
+        schur = (curv.sum(dim=1) - (u * a_inv[:, :, 1]).sum(dim=1)).clamp_min(1e-300)
+        dc = (g_b - (u * a_inv[:, :, 0]).sum(dim=1)) / schur
+        dv = a_inv[:, :, 0] - a_inv[:, :, 1] * dc[:, None]
+        dv = dv * active[:, None]
+        dc = dc * active
+        slope = (g_v * dv).sum(dim=1) + g_b * dc
+        if G is None:
+            dz = Xc @ dv.T + dc  # [n, F]
+        else:  # Xc·Ã⁻¹y = Xc·P̃⁻¹y − G·back: the product with Xc (n·d) becomes one with G (n·n)
+            Xa = (proj - back @ G).reshape(2, F, -1)
+            dz = ((Xa[0] - Xa[1] * dc[:, None]) * active[:, None]).T + dc
+        step = torch.ones(F, device=dev, dtype=dt)
+        pending = active.clone()
+        while True:
+            f_new = objective(z_all - step * dz, v - step[:, None] * dv)
+            ok = (f_new <= f_val - _ARMIJO * step * slope) | (step < 1e-10)
+            pending &= ~ok
+            if not bool(pending.any()):
+                break
+            step = torch.where(pending, step * 0.5, step)
+        v = v - step[:, None] * dv
+        c = c - step * dc
+        z_all = z_all - step * dz
+        f_val = torch.where(active, f_new, f_val)
+    coef = scale * v
+    intercept = c + ((mean - center) * v).sum(dim=1)
+    return BatchFit(mean=mean, scale=scale, coef=coef, intercept=intercept, iterations=iterations,
+                    factorizations=factorizations, center=center, v=v, c=c)
+
+
+def shared_gram(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(G, σ₀²): the Gram of the centred rows of X at the all-rows fit's own scale σ₀, so that fit is exact Newton
+    and every other fit of X gathers its dual matrix from G."""
+    center = X.mean(dim=0)
+    _, scale = standardisers(X, torch.ones(1, X.shape[0], device=X.device, dtype=X.dtype), center)
+    ref = scale[0] * scale[0]
+    Xc = X - center
+    return (Xc / ref) @ Xc.T, ref

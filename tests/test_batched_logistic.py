@@ -1,0 +1,210 @@
+"""The batched logistic solver and the batched D1 cell against today's one-fit-at-a-time path and scikit-learn.
+
+Tolerances from the stopping rule: a fit stopped at |∇F|∞ < tol lies within √(d+1)·tol / λ_min(H) of the optimum
+(F is λ_min-strongly convex near it; H at the optimum, where two stopped fits both lie). Two such fits differ by
+twice that, and a passage's score (x̃, 1)·θ by at most ‖(x̃, 1)‖₂ times it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import expit
+from sklearn.linear_model import LogisticRegression
+
+from poolbench.prober import batched_logistic
+from poolbench.prober.batched_cell import batched_d1_cell
+from poolbench.prober.batched_logistic import fit_many, shared_gram
+from poolbench.prober.d1 import evaluate_d1
+from poolbench.prober.newton_logistic import NewtonLogisticProbe
+from poolbench.prober.reliability import cell_reliability
+
+TOL = 1e-6
+
+
+def _data(n: int, d: int, seed: int, shift: float = 0.6) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Matched pairs (pos, neg), anisotropic features with offsets, a concept direction on the first features."""
+    rng = np.random.default_rng(seed)
+    y = np.tile([1, 0], n // 2)
+    X = rng.normal(size=(n, d)) * rng.uniform(0.3, 3.0, size=d) + rng.normal(size=d) * 2
+    X[y == 1, :8] += shift
+    return X, y, np.repeat(np.arange(n // 2), 2)
+
+
+def _bound(model: NewtonLogisticProbe, X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Per row of X: the largest score gap two fits stopped at |∇F|∞ < TOL can show (module docstring)."""
+    Z = (X - model.mean_) / model.scale_
+    p = expit(Z @ model.coef_ + model.intercept_)
+    A = np.c_[Z, np.ones(len(Z))]
+    H = A.T @ (A * (p * (1 - p))[:, None])
+    H[:-1, :-1] += np.eye(Z.shape[1])
+    radius = 2 * math.sqrt(Z.shape[1] + 1) * TOL / np.linalg.eigvalsh(H)[0]
+    return radius * np.linalg.norm(A, axis=1)
+
+
+@pytest.mark.numerics
+def test_fit_many_equals_each_fit_l2_logistic_on_its_own_rows():
+    X, y, _ = _data(80, 120, 0)
+    rng = np.random.default_rng(1)
+    rows = [np.arange(80)] + [np.sort(rng.choice(80, 64, replace=False)) for _ in range(4)] + [np.arange(30)]
+    Xt = torch.as_tensor(X)
+    shared = fit_many(Xt, rows, [y[r] for r in rows])
+    exact = fit_many(Xt, rows, [y[r] for r in rows], exact=True)
+    for f, r in enumerate(rows):
+        ref = NewtonLogisticProbe().fit(X[r], y[r])
+        bound = _bound(ref, X, y)
+        np.testing.assert_allclose(shared.mean[f].numpy(), ref.mean_, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(shared.scale[f].numpy(), ref.scale_, rtol=1e-10)
+        for fit in (shared, exact):
+            gap = np.abs(fit.scores(Xt)[f].numpy() - ref.decision_function(X))
+            assert (gap <= bound).all(), (f, gap.max(), bound.min())
+
+
+@pytest.mark.numerics
+def test_fit_many_matches_scikit_learn_at_a_tight_tolerance():
+    X, y, _ = _data(60, 90, 2)
+    Z = (X - X.mean(0)) / X.std(0)
+    sk = LogisticRegression(C=1.0, tol=1e-12, max_iter=100_000).fit(Z, y)
+    fit = fit_many(torch.as_tensor(X), [np.arange(60)], [y])
+    ref = NewtonLogisticProbe().fit(X, y)
+    # scikit-learn's lbfgs stops at a projected gradient of 1e-12 (its own bound is negligible beside ours)
+    gap = np.abs(fit.scores(torch.as_tensor(X))[0].numpy() - sk.decision_function(Z))
+    assert (gap <= _bound(ref, X, y)).all()
+
+
+@pytest.mark.numerics
+def test_warm_started_folds_reach_the_same_optimum_with_fewer_factorizations_than_steps():
+    X, y, _ = _data(120, 200, 3)
+    Xt = torch.as_tensor(X)
+    gram = shared_gram(Xt)
+    full = fit_many(Xt, [np.arange(120)], [y], gram=gram)
+    rows = [np.setdiff1d(np.arange(120), np.arange(k, 120, 5)) for k in range(5)]
+    warm = fit_many(Xt, rows, [y[r] for r in rows], gram=gram, init=full)
+    for f, r in enumerate(rows):
+        ref = NewtonLogisticProbe().fit(X[r], y[r])
+        assert (np.abs(warm.scores(Xt)[f].numpy() - ref.decision_function(X)) <= _bound(ref, X, y)).all()
+    assert (warm.factorizations <= warm.iterations).all()
+
+
+def _cell(n: int = 120, d: int = 150, seed: int = 4):
+    X, y, g = _data(n, d, seed)
+    Xt, yt, gt = _data(n // 2, d, seed + 100)
+    types = np.array(["a", "b", "c", "d"])[g % 4]
+    return X, y, g, Xt, yt, gt + 10_000, types
+
+
+@pytest.mark.numerics
+def test_batched_cell_records_equal_todays_evaluate_d1_and_cell_reliability():
+    X, y, g, Xt, yt, gt, types = _cell()
+    result, stats = batched_d1_cell(X, y, g, Xt, yt, gt, n_bootstrap=50, types_train=types)
+    old = evaluate_d1(X, y, g, Xt, yt, gt, n_bootstrap=50)
+    old_stats = cell_reliability(X, y, g, np.arange(y.size), Xt, yt, gt, seed=0, types_train=types,
+                                 d1_cv_auroc=old["logistic"].cv_auroc)
+    assert list(result.probes) == list(old.probes)
+    for name in old.probes:
+        new, ref = result[name], old[name]
+        assert new.to_record() == ref.to_record(), name  # AUROCs, CI: no two scores tie within the bound here
+        np.testing.assert_array_equal(new.oof_folds, ref.oof_folds)
+        np.testing.assert_array_equal(new.test_pred, ref.test_pred)
+    ref_model, ref_folds = NewtonLogisticProbe().fit(X, y), old["logistic"].oof_folds
+    assert (np.abs(result["logistic"].test_scores - old["logistic"].test_scores)
+            <= _bound(ref_model, Xt, yt)).all()
+    for k in range(5):  # out-of-fold scores: each fold's fit within its own bound
+        fit, val = np.flatnonzero(ref_folds != k), np.flatnonzero(ref_folds == k)
+        gap = np.abs(result["logistic"].oof_scores[val] - old["logistic"].oof_scores[val])
+        assert (gap <= _bound(NewtonLogisticProbe().fit(X[fit], y[fit]), X[val], y[val])).all()
+    assert stats.keys() == old_stats.keys()
+    for key in ("seed_cv_aurocs", "seed_mean", "seed_std", "selectivity", "control_cv_auroc", "control_ci_low",
+                "control_ci_high", "mdl_block_ends", "mdl_uniform_bits", "selectivity_na_reason", "mdl_na_reason"):
+        assert stats[key] == pytest.approx(old_stats[key], abs=1e-12), key
+    # bits are -log2 σ(a·z + b) summed over a block: they move by ≤ n·|a|·Δz/ln 2 with Δz ≤ the score bound
+    # (~1e-8 here) and Platt's slope |a| < 10, so 1e-5 bits over the whole code
+    np.testing.assert_allclose(stats["mdl_block_bits"], old_stats["mdl_block_bits"], atol=1e-5)
+    assert stats["mdl_compression"] == pytest.approx(old_stats["mdl_compression"], abs=1e-7)
+
+
+def test_batched_cell_fits_in_a_few_solver_calls_and_never_fits_one_probe_at_a_time(monkeypatch):
+    X, y, g, Xt, yt, gt, types = _cell()
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a logistic probe was fitted one at a time")
+
+    monkeypatch.setattr(NewtonLogisticProbe, "fit", refuse)
+    monkeypatch.setitem(batched_logistic.FIT_COUNTER, "calls", 0)
+    monkeypatch.setitem(batched_logistic.FIT_COUNTER, "fits", 0)
+    _, stats = batched_d1_cell(X, y, g, Xt, yt, gt, n_bootstrap=20, types_train=types)
+    blocks = len(stats["mdl_block_ends"]) - 1
+    # all-train, D1 + seed folds, control folds, one call per MDL block; 1 + 25 + 5 + 3 per block fits
+    assert batched_logistic.FIT_COUNTER["calls"] == 3 + blocks
+    assert batched_logistic.FIT_COUNTER["fits"] == 1 + 25 + 5 + 3 * blocks
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_batched_cell_on_cuda_equals_its_cpu_twin():
+    X, y, g, Xt, yt, gt, types = _cell()
+    cpu, cpu_stats = batched_d1_cell(X, y, g, Xt, yt, gt, n_bootstrap=20, types_train=types,
+                                     device=torch.device("cpu"))
+    gpu, gpu_stats = batched_d1_cell(X, y, g, Xt, yt, gt, n_bootstrap=20, types_train=types,
+                                     device=torch.device("cuda"))
+    assert gpu["logistic"].to_record() == cpu["logistic"].to_record()
+    bound = _bound(NewtonLogisticProbe().fit(X, y), Xt, yt)
+    assert (np.abs(gpu["logistic"].test_scores - cpu["logistic"].test_scores) <= bound).all()
+    assert gpu_stats["seed_cv_aurocs"] == cpu_stats["seed_cv_aurocs"]
+    np.testing.assert_allclose(gpu_stats["mdl_block_bits"], cpu_stats["mdl_block_bits"], atol=1e-5)
+
+
+def test_s3_head_ranking_builds_its_splitter_once_and_keeps_each_heads_auroc(monkeypatch):
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    from poolbench.prober import supervised
+
+    rng = np.random.default_rng(5)
+    y, groups = np.tile([1, 0], 30), np.repeat(np.arange(30), 2)
+    features = rng.normal(size=(60, 6, 4))
+    features[y == 1, 2, 0] += 2.0  # head 2 carries the concept
+    expected = []
+    for h in range(6):  # the per-head reference: one splitter per head, as before
+        folds = StratifiedGroupKFold(3, shuffle=True, random_state=0).split(features[:, h], y, groups)
+        expected.append(np.mean([supervised.auroc(NewtonLogisticProbe().fit(features[fit, h], y[fit])
+                                                  .decision_function(features[val, h]), y[val])
+                                 for fit, val in folds]))
+    built = []
+
+    class Counting(StratifiedGroupKFold):
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(supervised, "StratifiedGroupKFold", Counting)
+    np.testing.assert_array_equal(supervised.head_aurocs(features, y, groups, seed=0), expected)
+    assert len(built) == 1 and int(np.argmax(expected)) == 2
+
+
+def test_probe_pooled_cells_fits_unsupervised_cells_through_the_batched_solver(monkeypatch):
+    from poolbench.corpus.passage import Passage
+    from poolbench.pooler.pooled_table import PooledTableBuilder
+    from poolbench.prober.concept_probe import probe_pooled_cells
+
+    items = [Passage(f"{split}-{i}-{label}", "t", label, f"d{i % 3}", 4, f"{split}-{i}", split, "c")
+             for split, n in (("train", 30), ("test", 10)) for i in range(n) for label in (1, 0)]
+    rng = np.random.default_rng(6)
+    vectors = rng.normal(size=(1, 1, len(items), 12))
+    vectors[0, 0, :, 0] += 1.5 * np.array([p.label for p in items])
+    builder = PooledTableBuilder(items, 12)
+    builder.add(vectors, [2], ["A1_mean"], [p.id for p in items], np.zeros((1, len(items)), bool))
+    table, types = builder.table(), {p.id: p.domain for p in items}
+    before = probe_pooled_cells(table, "c", n_folds=3, n_bootstrap=20, types=types, batched=False)[0]
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a logistic probe was fitted one at a time")
+
+    monkeypatch.setattr(NewtonLogisticProbe, "fit", refuse)
+    records, scores = probe_pooled_cells(table, "c", n_folds=3, n_bootstrap=20, types=types)
+    assert [r.test_auroc for r in records] == [r.test_auroc for r in before]
+    assert [r.cv_auroc for r in records] == [r.cv_auroc for r in before]
+    assert records[0].seed_cv_aurocs == before[0].seed_cv_aurocs
+    assert scores.num_rows == 2 * 80  # 2 probes × (60 train + 20 test passages)

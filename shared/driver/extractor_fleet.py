@@ -32,13 +32,21 @@ def worker_runtime_env() -> dict:
     return {"env_vars": env} if env else {}
 
 
+# On a GPU the extractor holds most of its GPU and D1's batched probe tasks share the rest (4 at once beside one
+# extractor); over half, so Ray never packs two extractors onto one GPU. Ray counts shares, not memory: a task's fits
+# take tens of MB (a cell's [n, d] float64 features).
+EXTRACTOR_GPU_SHARE = 0.75
+PROBE_GPU_SHARE = 0.0625
+
+
 def plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:
     """One worker per GPU on a GPU cluster; on CPU one per node with a core to spare for the probe tasks (one on a
     single machine; the probes wait for the pooling there, probe_gate.py), their threads sharing the cluster's
     cores; --num-workers sets the count instead."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if gpus and cfg.device != "cpu":
-        return max(1, min(gpus, n_jobs, cfg.num_workers or gpus)), {"num_gpus": 1, "num_cpus": 1}, None
+        workers = max(1, min(gpus, n_jobs, cfg.num_workers or gpus))
+        return workers, {"num_gpus": EXTRACTOR_GPU_SHARE, "num_cpus": 1}, None
     cpus = max(1, int(ray.cluster_resources().get("CPU", os.cpu_count() or 1)))
     per_node = sum(1 for node in alive_nodes() if node.resources.get("CPU", 0) >= 2) or 1
     workers = max(1, min(cfg.num_workers or per_node, n_jobs))

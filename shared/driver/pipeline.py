@@ -53,7 +53,7 @@ from poolbench.store.keys import artifact_key, layer_shard_key
 from poolbench.store.url import open_store
 
 from .breakdowns import d1_by_bucket, d1_by_tier, lexical_baselines, lexical_by_tier
-from .extractor_fleet import ExtractorFleet, worker_runtime_env
+from .extractor_fleet import PROBE_GPU_SHARE, ExtractorFleet, worker_runtime_env
 from .nodes import alive_nodes
 from .probe_gate import ProbeGate, beside_the_forward
 from .ray_messages import plain_ray_messages
@@ -202,13 +202,21 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     wait for the pooling (probe_gate.py); `on_pooled` runs once the last pooling job is done."""
     on_gpu = str(run.model.get("device", "cpu")).startswith("cuda")
     concepts = ConceptPass(cfg, run, inputs, emit,
-                           ProbeGate[Job[ConceptJob]](beside=beside_the_forward(cfg, on_gpu), on_pooled=on_pooled))
+                           ProbeGate[Job[ConceptJob]](beside=beside_the_forward(cfg, on_gpu), on_pooled=on_pooled),
+                           probe_resources=probe_task_resources(on_gpu))
     probes, to_pool = concepts.skip_stored()
     concepts.group_pooling(to_pool, on_gpu, n_extractors=len(queue.actors))
     jobs = concepts.first_jobs(probes, on_gpu)
     for key, result in queue.run(jobs, concepts.after, on_wait=lambda: poll_progress(queue.actors, emit)):
         concepts.tally(key, result, node=queue.last_done_on)
     return concepts.computed
+
+
+def probe_task_resources(on_gpu: bool) -> dict:
+    """A D1 task's Ray resources: one core, and on a GPU run a share of a GPU (PROBE_GPU_SHARE) beside the
+    extractor's (EXTRACTOR_GPU_SHARE), so the batched fits (prober.batched_cell) run on the device; without a GPU
+    request Ray hides CUDA from the task and its fits would run on one host core."""
+    return {"num_cpus": 1, "num_gpus": PROBE_GPU_SHARE} if on_gpu else {"num_cpus": 1}
 
 
 PoolGroup = list[tuple[ConceptPlan, list[int]]]  # the concepts one pooling job shares forwards for, with their layers
@@ -219,8 +227,9 @@ class ConceptPass:
     stored, group the pooling, start, follow each finished job, tally), and the state those stages share."""
 
     def __init__(self, cfg: RunConfig, run: RunPlan, inputs: RunInputs, emit: EventSink,
-                 gate: ProbeGate[Job[ConceptJob]]) -> None:
+                 gate: ProbeGate[Job[ConceptJob]], probe_resources: dict | None = None) -> None:
         self.cfg, self.run, self.inputs, self.emit, self.gate = cfg, run, inputs, emit, gate
+        self.probe_resources = probe_resources or {"num_cpus": 1}
         self.computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
         self.plans = {p.concept: p for p in run.plans}
         self.probe_task = ray.remote(max_retries=2)(probe_layer_task)
@@ -325,7 +334,7 @@ class ConceptPass:
     def probe(self, plan: ConceptPlan, layer: int) -> TaskJob[ConceptJob]:
         cfg = self.cfg
         return TaskJob(ConceptJob("probe", plan.concept, layer), lambda: self.probe_task.options(
-            num_cpus=1, runtime_env=self.runtime_env).remote(
+            **self.probe_resources, runtime_env=self.runtime_env).remote(
             self.inputs.store_url, plan.pooled_key, plan.d1_key, plan.concept, layer, cfg.probing,
             types={p.id: p.domain for p in plan.passages}, tiers={p.id: p.tier for p in plan.passages},
             corpus_order=tuple(p.id for p in plan.passages)))  # the corpus files' order (load_corpus)

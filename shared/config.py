@@ -54,6 +54,7 @@ class RunConfig(BaseModel):
     allow_weak_scorer: bool = False
     backend: Literal["transformers", "vllm"] = "transformers"
     tensor_parallel_size: int = Field(1, ge=1)  # GPUs per vLLM engine (one steering actor each)
+    vllm_eager: bool = False  # --backend vllm: run the engine eagerly, not compiled (docs/vllm-steering.md)
     flash: str | None = None
     store_dtype: Literal["float32", "float16", "bfloat16"] = "float32"  # pooled vectors in the store
     # D1's protocol: PoolBench's (pair-grouped CV, held-out test) or "pb", the reference leaderboard's (train-split

@@ -148,6 +148,8 @@ def run(
     tensor_parallel_size: Annotated[int, typer.Option(
         help="--backend vllm: GPUs per engine, for a model that does not fit one card (one steering actor each)")]
     = 1,
+    vllm_eager: Annotated[bool, typer.Option(
+        help="--backend vllm: run the engine eagerly (no torch.compile, no CUDA graphs); compiled by default")] = False,
     flash: Annotated[str | None, typer.Option(help="train probes on a stratified, pair-preserving fraction, e.g. 1/32")]
     = None,
     log_samples: Annotated[bool, typer.Option(
@@ -200,7 +202,8 @@ def run(
             address=address, num_workers=num_workers, torch_threads=torch_threads,
             dump_activations=dump_activations, reliability=reliability, steering=steering, full=full,
             allow_weak_scorer=allow_weak_scorer, backend=backend, flash=flash, store_dtype=store_dtype,
-            tensor_parallel_size=tensor_parallel_size, rope=rope, protocol=protocol, reference_model=reference_model,
+            tensor_parallel_size=tensor_parallel_size, vllm_eager=vllm_eager, rope=rope, protocol=protocol,
+            reference_model=reference_model,
             **({"sites": _split(sites)} if sites else {}),
             **({"context_lengths": _lengths(context_lengths)} if context_lengths else {}))
     except ValidationError as exc:

@@ -3,9 +3,12 @@
 Arms (same prompts, same rows, generated tokens only): `hf_generate`, transformers' own sampling `generate` on
 the same rows and chunks, no steering (the ceiling); `transformers_backend`, the project's backend with the whole
 grid in shared batches (per-row deltas, device-side seeded sampling); `transformers_per_alpha`, one call per
-alpha, for the identical-row rate; with `--backend vllm` also `vllm_unsteered` (the engine without hooks) and
-`vllm_steered_grid` (the whole grid in one engine call, per-request slots). The identical-row rate is how many
-grid rows equal the per-alpha call's row token for token: batch invariance as measured on this device and dtype.
+alpha, for the identical-row rate; with `--backend vllm` also `vllm_as_shipped` (a plain `vllm.LLM` with vLLM's
+defaults on the same rows, seeds and token counts, no PoolBench code), `vllm_unsteered` (the backend's engine, every
+row unsteered) and `vllm_steered_grid` (the whole grid in one engine call, per-request slots); `--vllm-eager`
+starts the backend's engine eagerly. Every arm is called once untimed, then timed best of `--repeats`. The
+identical-row rate is how many grid rows equal the per-alpha call's row token for token: batch invariance as
+measured on this device and dtype.
 `--cells N` adds the driver's choice, N cells (the default subset's shape: cells in pairs per concept, the pair at
 two layers, each with its prompted baseline) `transformers_cells_one_call`, every cell's rows in one generate call
 with identical rows once (steerer.generation_rows), against `transformers_cells_per_cell`, one call per cell (and
@@ -72,8 +75,11 @@ def build_shape(shape: str, out: Path, dtype: str, device: str, seed: int = 0) -
 
 def timed_arms(arms: dict[str, Callable[[], list[Generation]]], repeats: int,
                ) -> dict[str, tuple[list[Generation], float]]:
-    """Each arm's answer and best wall time over `repeats` rounds, the arms interleaved within a round, so load
-    from other processes on a shared machine falls on every arm alike and the minimum is the least disturbed."""
+    """Each arm's answer and best wall time over `repeats` rounds after one untimed warm-up call each (a first
+    call pays for lazy set-up, not generation), the arms interleaved within a round, so load from other processes
+    on a shared machine falls on every arm alike and the minimum is the least disturbed."""
+    for fn in arms.values():
+        fn()
     best: dict[str, tuple[list[Generation], float]] = {}
     for _ in range(repeats):
         for name, fn in arms.items():
@@ -112,6 +118,37 @@ def hf_generate(m: LoadedModel, rows: list[str], settings: GenerationSettings, f
         out.extend(Generation(rows[i], "", tuple(ids[i]), tuple(generated[r, width:].tolist()))
                    for r, i in enumerate(chunk))
     return out
+
+
+def as_shipped(path: str, dtype: str, max_model_len: int, gpu_memory_utilization: float, device: str,
+               ) -> Callable[..., list[Generation]]:
+    """vLLM as users run it: a plain `vllm.LLM` with vLLM's own defaults (compiled, CUDA graphs on a GPU, prefix
+    caching), no PoolBench code in the engine; on CPU only what the comparison needs: whole prefills (seeded CPU
+    generators cannot rewind, see vllm_engine.py), a KV cache that leaves the shared node its memory, and the same
+    OpenMP threads as the backend's engine."""
+    import vllm  # pyright: ignore[reportMissingImports]
+
+    from poolbench.steerer.vllm_engine import CPU_BATCHED_TOKENS, available_memory, kv_cache_bytes
+
+    kwargs: dict = {"model": path, "seed": 0, "dtype": dtype, "max_model_len": max_model_len}
+    if device == "cpu":
+        kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(CPU_BATCHED_TOKENS, max_model_len),
+                      kv_cache_memory_bytes=kv_cache_bytes(available_memory()))
+    else:
+        kwargs.update(gpu_memory_utilization=gpu_memory_utilization)
+    llm = vllm.LLM(**kwargs)
+    tok = llm.get_tokenizer()
+
+    def run(rows: list[str], seeds: list[int], settings: GenerationSettings, fmt: str) -> list[Generation]:
+        params = [vllm.SamplingParams(temperature=settings.temperature, top_p=1.0, seed=int(s),
+                                      max_tokens=settings.max_new_tokens, min_tokens=settings.min_tokens,
+                                      skip_special_tokens=True) for s in seeds]
+        ids = encode_prompts(tok, rows, fmt)
+        outs = llm.generate([{"prompt_token_ids": list(i)} for i in ids], params, use_tqdm=False)
+        return [Generation(r, o.outputs[0].text, tuple(o.prompt_token_ids), tuple(o.outputs[0].token_ids))
+                for r, o in zip(rows, outs, strict=True)]
+
+    return run
 
 
 def steering_cells(n: int, prompts: list[str], seeds: list[int], unit_norm: float, hidden: int, layers: list[int],
@@ -160,6 +197,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--vllm-only", action="store_true", help="with --backend vllm: only the vLLM arms")
+    parser.add_argument("--vllm-eager", action="store_true", help="the steering engine in eager mode")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = "cuda" if args.device == "auto" and torch.cuda.is_available() else args.device
@@ -188,25 +227,33 @@ def main(argv: list[str] | None = None) -> dict:
         return lambda: backend.generate_rows(rows, layer=layer, deltas=row_deltas, seeds=row_seeds,
                                              settings=settings, prompt_format=fmt)
 
+    transformers = not (args.vllm_only and args.backend == "vllm")
     arms: dict[str, Callable[[], list[Generation]]] = {
         "hf_generate": lambda: hf_generate(m, rows, settings, fmt),
         "transformers_backend": grid(worker),
         "transformers_per_alpha": lambda: [g for d in deltas for g in worker.generate(
             prompts, layer=layer, delta=d, seeds=seeds, settings=settings, prompt_format=fmt)],
-    }
+    } if transformers else {}
     cell_layers = sorted({layer, min(layer + 1, m.n_layers - 1)})
     cells = steering_cells(args.cells, prompts, seeds, float(np.linalg.norm(unit)), m.hidden_size, cell_layers,
                            alphas)
-    if cells:
+    if cells and transformers:
         arms.update(cell_arms("transformers", worker, cells, settings, fmt))
+    startup: dict[str, float] = {}
     if args.backend == "vllm":
         from poolbench.steerer.vllm_backend import VLLMBackend
 
-        engine = VLLMBackend(str(m.path), dtype=str(m.dtype).removeprefix("torch."),
-                             gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len)
+        dtype = str(m.dtype).removeprefix("torch.")
+        start = time.perf_counter()
+        shipped = as_shipped(str(m.path), dtype, args.max_model_len, args.gpu_memory_utilization, m.device.type)
+        startup["vllm_as_shipped"] = round(time.perf_counter() - start, 1)
+        start = time.perf_counter()
+        engine = VLLMBackend(str(m.path), dtype=dtype, gpu_memory_utilization=args.gpu_memory_utilization,
+                             max_model_len=args.max_model_len, **({"eager": True} if args.vllm_eager else {}))
+        startup["vllm_backend"] = round(time.perf_counter() - start, 1)
+        arms["vllm_as_shipped"] = lambda: shipped(rows, row_seeds, settings, fmt)
 
-        def unsteered() -> list[Generation]:
-            engine.close()  # no hooks at all: the engine as it ships
+        def unsteered() -> list[Generation]:  # the backend's engine, every row slot 0 (the op adds the zero row)
             return engine.generate_rows(rows, layer=layer, deltas=[None] * len(rows), seeds=row_seeds,
                                         settings=settings, prompt_format=fmt)
 
@@ -223,23 +270,30 @@ def main(argv: list[str] | None = None) -> dict:
         "git": header["git_hash"], "shape": args.shape or m.model_id, "dtype": str(m.dtype).removeprefix("torch."),
         "model_id": m.model_id, "layer": layer, "alphas": list(alphas), "prompts": n, "rows": len(rows),
         "max_new_tokens": args.max_new_tokens, "prompt_format": fmt,
-        "arms": {name: arm(*runs[name]) for name in arms},
-        "identical_rows": {"device": str(m.device), "dtype": str(m.dtype).removeprefix("torch."),
-                           "transformers_grid_vs_per_alpha": identical(runs["transformers_backend"][0],
-                                                                       runs["transformers_per_alpha"][0])},
+        "arms": {name: arm(*runs[name]) for name in arms}, "engine_startup_s": startup,
+        "identical_rows": {"device": str(m.device), "dtype": str(m.dtype).removeprefix("torch.")},
         "load_average_1m": os.getloadavg()[0],
     }
+    if transformers:
+        result["identical_rows"]["transformers_grid_vs_per_alpha"] = identical(runs["transformers_backend"][0],
+                                                                             runs["transformers_per_alpha"][0])
     t = {k: v["tokens_per_s"] for k, v in result["arms"].items()}
-    result["ratios"] = {"transformers_backend_over_hf_generate": round(t["transformers_backend"] / t["hf_generate"], 3)}
+    result["ratios"] = {}
+    if transformers:
+        result["ratios"]["transformers_backend_over_hf_generate"] = round(t["transformers_backend"]
+                                                                          / t["hf_generate"], 3)
     if args.backend == "vllm":
         result["ratios"]["vllm_steered_grid_over_unsteered"] = round(t["vllm_steered_grid"] / t["vllm_unsteered"], 3)
+        result["ratios"]["steered_grid_over_as_shipped"] = round(t["vllm_steered_grid"] / t["vllm_as_shipped"], 3)
+        result["ratios"]["backend_unsteered_over_as_shipped"] = round(t["vllm_unsteered"] / t["vllm_as_shipped"], 3)
     if cells:
         flat = [r for rows in cells for r in rows]
         result["cells"] = {"n": len(cells), "layers": cell_layers, "rows": len(flat),
                            "distinct_rows": len(distinct_rows(flat)[0])}
-        result["identical_rows"]["transformers_cells_one_call_vs_per_cell"] = identical(
-            runs["transformers_cells_one_call"][0], runs["transformers_cells_per_cell"][0])
-        for prefix in ("transformers", "vllm") if args.backend == "vllm" else ("transformers",):
+        if transformers:
+            result["identical_rows"]["transformers_cells_one_call_vs_per_cell"] = identical(
+                runs["transformers_cells_one_call"][0], runs["transformers_cells_per_cell"][0])
+        for prefix in (("transformers",) if transformers else ()) + (("vllm",) if args.backend == "vllm" else ()):
             result["ratios"][f"{prefix}_cells_one_call_over_per_cell"] = round(
                 t[f"{prefix}_cells_one_call"] / t[f"{prefix}_cells_per_cell"], 3)
     table = Table(title=f"generate on {result['shape']} ({result['device']}, {result['dtype']}; {len(rows)} rows = "
@@ -249,10 +303,11 @@ def main(argv: list[str] | None = None) -> dict:
     for name, r in result["arms"].items():
         table.add_row(name, str(r["tokens"]), f"{r['seconds']:.2f}", f"{r['tokens_per_s']:.1f}")
     Console().print(table)
-    ident = result["identical_rows"]["transformers_grid_vs_per_alpha"]
-    Console().print(f"ratios {result['ratios']}; grid rows identical to per-alpha rows: "
-                    f"{ident['identical']}/{ident['rows']}")
-    if cells:
+    Console().print(f"ratios {result['ratios']}; engine start-up seconds {startup}")
+    if transformers:
+        ident = result["identical_rows"]["transformers_grid_vs_per_alpha"]
+        Console().print(f"grid rows identical to per-alpha rows: {ident['identical']}/{ident['rows']}")
+    if cells and transformers:
         ident = result["identical_rows"]["transformers_cells_one_call_vs_per_cell"]
         Console().print(f"{len(cells)} cells: {result['cells']['rows']} rows, {result['cells']['distinct_rows']} "
                         f"distinct; one-call rows identical to per-cell rows: {ident['identical']}/{ident['rows']}")

@@ -207,6 +207,9 @@ class SteeringOptions(BaseModel):
         "steering backend: transformers or vllm (GPU or CPU)")] = "transformers"
     tensor_parallel_size: Annotated[int, Field(ge=1), opt(
         "--backend vllm: GPUs per engine, for a model that does not fit one card (one steering actor each)")] = 1
+    vllm_eager: Annotated[bool, opt(
+        "--backend vllm: run the engine eagerly (no torch.compile, no CUDA graphs); compiled by default "
+        "(docs/vllm-steering.md)")] = False
     # The model that judges D2's fluency (poolbench.steerer.fluency): "auto" (the other embedded model), "self" (the
     # steered model), or any model reference --model takes
     reference_model: Annotated[str, Field(min_length=1), opt(

@@ -60,3 +60,16 @@ def test_a_run_with_other_sites_and_lengths_counts_every_concept_pass():
     assert "layers [17], 1 strategies, 1 worker(s), passes main, attn, k4" in text.splitlines()[0]  # not "layers ,"
     counted = [line.split(" (")[0] for line in text.splitlines() if line.startswith("pool:") and "%)" in line]
     assert counted == ["pool: 3/6", "pool: 6/6"]
+
+
+def test_the_steering_engines_start_up_is_one_line():
+    """--backend vllm: each engine's mode and start-up (load, compile, capture) once; transformers actors: nothing."""
+    from poolbench.records.events import SteeringStarted
+
+    stream = io.StringIO()
+    display = RunDisplay(LineProgress(stream, step_pct=25, detail_every_s=30, clock=Clock()))
+    display.show(SteeringStarted(worker_pids=(1,), nodes=("n",)))
+    display.show(SteeringStarted(worker_pids=(1, 2), nodes=("n",), engines=(
+        "vLLM compiled, started in 95.2 s", "vLLM compiled, started in 97.0 s")))
+    assert stream.getvalue() == ("steering engines: vLLM compiled, started in 95.2 s; vLLM compiled, started in "
+                                 "97.0 s\n")

@@ -27,7 +27,7 @@ RUN_OPTIONS: dict[str, object] = {
     "--seed": 0, "--folds": 5, "--n-bootstrap": 1000, "--reliability": True, "--flash": None,
     "--protocol": "poolbench", "--rope": 0.01,
     "--steering": True, "--full": False, "--allow-weak-scorer": False, "--backend": "transformers",
-    "--tensor-parallel-size": 1, "--reference-model": "auto", "--capability-task": None,
+    "--tensor-parallel-size": 1, "--vllm-eager": False, "--reference-model": "auto", "--capability-task": None,
     "--capability-task-dir": Path("tasks"),
     "--store": None, "--out": "runs/default", "--address": None, "--num-workers": None, "--torch-threads": None,
     "--log-samples": False, "--wandb-args": None, "--mlflow-uri": None,
@@ -51,7 +51,8 @@ def test_every_run_option_is_one_config_field_and_the_list_users_rely_on():
     flags = {p.opts[0]: p.secondary_opts for p in run_command().params if p.secondary_opts}
     assert flags == {"--overlap": ["--no-overlap"], "--dump-activations": ["--no-dump-activations"],
                      "--reliability": ["--no-reliability"], "--steering": ["--no-steering"], "--full": ["--no-full"],
-                     "--allow-weak-scorer": ["--no-allow-weak-scorer"], "--log-samples": ["--no-log-samples"]}
+                     "--allow-weak-scorer": ["--no-allow-weak-scorer"], "--vllm-eager": ["--no-vllm-eager"],
+                     "--log-samples": ["--no-log-samples"]}
     # the config's fields that are not options of `run`: the learning curve's sizes
     assert set(RunConfig.model_fields) - set(run_options()) == {"train_limit", "test_limit"}
 

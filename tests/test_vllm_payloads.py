@@ -1,6 +1,7 @@
 """The vLLM backend without vLLM: a stand-in engine cloudpickles every payload the backend sends (as vLLM's
 collective_rpc does across processes) and runs it on CPU stand-in workers whose model runner mirrors vLLM's V1 GPU
-model runner, so the test sees each token's added vector: every request gets its own delta and no other's.
+model runner, with the steering op installed at load as vllm_worker.py does, so the test sees each token's added
+vector: every request gets its own delta and no other's.
 
 The stand-in follows vllm/v1/worker/gpu_model_runner.py as read at vllm-project/vllm@000fc94b754f (the vLLM 0.26
 line; torch 2.11): execute_model updates the persistent batch (_update_states, where _may_reorder_batch may reorder
@@ -15,7 +16,6 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,19 +25,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from poolbench.steerer import vllm_backend
+from poolbench.steerer import vllm_backend, vllm_worker
 from poolbench.steerer.backend import GenerationSettings
 from poolbench.steerer.errors import SteeringError
-from poolbench.steerer.vllm_backend import SLOT_ARG, STATE_ATTR, VLLMBackend
+from poolbench.steerer.vllm_backend import VLLMBackend
+from poolbench.steerer.vllm_worker import SLOT_ARG, STATE_ATTR
 
 D, LAYERS = 8, 3
-
-
-class Mode(Enum):
-    """The names vLLM's CompilationMode and CUDAGraphMode members carry."""
-
-    NONE = 0
-    VLLM_COMPILE = 3
 
 
 class Layer(torch.nn.Module):
@@ -59,7 +53,7 @@ class Model(torch.nn.Module):
         self.model = torch.nn.Module()
         self.model.layers = torch.nn.ModuleList([Layer(None if mixes is None else m) for m in mixes or [None] * LAYERS])
         self.weight = torch.nn.Parameter(torch.zeros(1))
-        self.bypass_hooks = False  # a compiled graph / captured CUDA graph: traced before the hooks existed
+        self.bypass_hooks = False  # a compiled graph / captured CUDA graph traced without the op
 
     def forward(self, n_tokens: int, embeddings: torch.Tensor | None = None) -> torch.Tensor:
         hidden, residual = torch.zeros(n_tokens, D) if embeddings is None else embeddings, None
@@ -76,8 +70,17 @@ class Runner:
         self.max_num_tokens = max_num_tokens
         self.requests: dict = {}  # req_id -> CachedRequestState (sampling_params)
         self.input_batch = SimpleNamespace(req_ids=[])
-        self.compilation_config = SimpleNamespace(mode=Mode.NONE, cudagraph_mode=Mode.NONE)
+        self.model_config = SimpleNamespace(get_hidden_size=lambda: D)
         self.prepared: list[list[int]] = []
+
+    def load(self, slots: int = vllm_backend.DEFAULT_SLOTS) -> Runner:
+        """The worker's load_model: the weights, then the op in every layer (vllm_worker._SteeredWorker)."""
+        vllm_worker.install(self, slots)
+        return self
+
+    def run(self, n: int) -> torch.Tensor:
+        vllm_worker.BUFFERS = getattr(self, STATE_ATTR, None)  # one worker per process in vLLM; several here
+        return self.model(n)
 
     def get_model(self):
         return self.model
@@ -100,7 +103,7 @@ class Runner:
         return self._prepare_inputs(scheduler_output, num_scheduled_tokens)  # an attribute lookup, as vLLM's
 
     def _model_forward(self, num_tokens_padded: int) -> torch.Tensor:
-        return self.model(num_tokens_padded)
+        return self.run(num_tokens_padded)
 
     def execute_model(self, scheduler_output, pad: int = 0) -> dict[str, torch.Tensor]:
         self._update_states(scheduler_output)
@@ -114,7 +117,7 @@ class Runner:
 
     def _dummy_run(self, num_tokens: int) -> torch.Tensor:
         assert num_tokens <= self.max_num_tokens
-        return self.model(num_tokens)
+        return self.run(num_tokens)
 
 
 class Engine:
@@ -122,8 +125,10 @@ class Engine:
     generate() schedules steps under a token budget (chunked prefill, decodes joining prefills) on every worker."""
 
     def __init__(self, tokenizer, runners: list[Runner] | None = None, budget: int = 5, pad: int = 0,
-                 dummy_first: bool = False, same_ranks: bool = True) -> None:
-        self.workers = [SimpleNamespace(model_runner=r) for r in runners or [Runner()]]
+                 dummy_first: bool = False, same_ranks: bool = True, slots: int = vllm_backend.DEFAULT_SLOTS,
+                 ) -> None:
+        self.workers = [SimpleNamespace(model_runner=r if hasattr(r, STATE_ATTR) else r.load(slots))
+                        for r in runners or [Runner()]]
         self.tokenizer = tokenizer
         self.budget, self.pad, self.dummy_first, self.same_ranks = budget, pad, dummy_first, same_ranks
         self.payloads: list = []
@@ -148,7 +153,7 @@ class Engine:
         todo = {r: len(p["prompt_token_ids"]) for r, p in zip(ids, prompts, strict=True)}  # prompt tokens left
         left = {r: p.max_tokens for r, p in zip(ids, params, strict=True)}
         self.seen = {i: [] for i in range(len(prompts))}
-        self.params = params
+        self.params, self.prompts = params, prompts
         if self.dummy_first:  # a DP rank with nothing to run executes a dummy batch
             for w in self.workers:
                 w.model_runner._dummy_run(w.model_runner.max_num_tokens)
@@ -194,6 +199,7 @@ def make_backend(tokenizer_dir: Path, **engine) -> VLLMBackend:
     b = VLLMBackend.__new__(VLLMBackend)
     b.setup(Engine(AutoTokenizer.from_pretrained(tokenizer_dir), **engine), Params,
             SimpleNamespace(hidden_size=D, num_hidden_layers=LAYERS), torch.float32)
+    b.slots = engine.get("slots", vllm_backend.DEFAULT_SLOTS)
     return b
 
 
@@ -212,7 +218,7 @@ def assert_each_row_got(backend: VLLMBackend, deltas) -> None:
 
 def _is_module_level(fn) -> bool:
     return inspect.isfunction(fn) and fn.__qualname__ == fn.__name__ and \
-        getattr(vllm_backend, fn.__name__, None) is fn
+        getattr(vllm_worker, fn.__name__, None) is fn
 
 
 def test_every_payload_is_a_module_function_on_plain_values_and_pickles(backend):
@@ -221,11 +227,9 @@ def test_every_payload_is_a_module_function_on_plain_values_and_pickles(backend)
     settings = GenerationSettings(max_new_tokens=3, greedy=True)
     backend.generate_rows(["a b", "c", "d e f"], layer=1, deltas=deltas, seeds=[0, 1, 2], settings=settings)
     backend.generate(["a"], layer=2, delta=None, seeds=[0], settings=settings)
-    backend.close()
     payloads = backend.llm.payloads
-    # install L1, tables, report; tables, report (nothing steers at L2, so no hook there); remove
-    assert [getattr(p, "func", p).__name__ for p in payloads] == [
-        "install_steering", "set_tables", "steering_report", "set_tables", "steering_report", "remove_steering"]
+    # tables, report; the unsteered call sends nothing (its requests all name slot 0, the zero row)
+    assert [getattr(p, "func", p).__name__ for p in payloads] == ["set_tables", "steering_report"]
     for p in payloads:
         fn = p.func if isinstance(p, functools.partial) else p
         assert _is_module_level(fn), fn
@@ -233,9 +237,6 @@ def test_every_payload_is_a_module_function_on_plain_values_and_pickles(backend)
         assert all(isinstance(a, (int, dict)) for a in args), args
         shipped = cloudpickle.loads(cloudpickle.dumps(p))
         assert (shipped.func if isinstance(p, functools.partial) else shipped) is fn  # by reference, no closure
-    runner = backend.llm.worker.model_runner
-    assert not hasattr(runner, STATE_ATTR) and "_prepare_inputs" not in vars(runner)
-    assert all(not layer._forward_hooks for layer in runner.model.model.layers)
 
 
 def test_an_alpha_grid_in_one_call_steers_each_request_with_its_own_delta(backend):
@@ -250,13 +251,26 @@ def test_an_alpha_grid_in_one_call_steers_each_request_with_its_own_delta(backen
     settings = GenerationSettings(max_new_tokens=4, greedy=True)
     gens = backend.generate_rows([p for _, p in rows], layer=1, deltas=deltas, seeds=list(range(len(rows))),
                                  settings=settings)
-    assert len(gens) == len(rows) and len(backend.llm.payloads) == 3  # install, table, report: one engine call
+    assert len(gens) == len(rows) and len(backend.llm.payloads) == 2  # tables, report: one engine call
     assert_each_row_got(backend, deltas)
     runner = backend.llm.worker.model_runner
     assert any(len(set(step)) > 1 for step in runner.prepared)  # prefill chunks and decodes shared steps
     # The requests named their slots; equal deltas (none here but the zeros) share slot 0.
     slots = [p.extra_args[SLOT_ARG] for p in backend.llm.params]
     assert slots[:len(prompts)] == [0] * len(prompts) and len(set(slots)) == 1 + 3 + 1
+
+
+def test_prefix_cache_salts_keep_kv_of_one_delta_from_another(backend):
+    """vLLM's prefix cache stays on: steered requests carry a salt of their (layer, delta), so KV computed under a
+    delta is reused only under the same delta; unsteered requests carry none and share theirs."""
+    u = np.ones(D, np.float32)
+    backend.generate_rows(["a b"] * 4, layer=[1, 1, 2, 1], deltas=[None, u, u, 2 * u], seeds=[0, 1, 2, 3],
+                          settings=GenerationSettings(max_new_tokens=1, greedy=True))
+    salts = [p.get("cache_salt") for p in backend.llm.prompts]
+    assert salts[0] is None and len({*salts[1:]}) == 3 and all(isinstance(x, str) for x in salts[1:])
+    backend.generate_rows(["c"], layer=1, deltas=[u.copy()], seeds=[0],
+                          settings=GenerationSettings(max_new_tokens=1, greedy=True))
+    assert backend.llm.prompts[0]["cache_salt"] == salts[1]  # the same delta, another call: the same salt
 
 
 def test_padded_forwards_and_tensor_parallel_ranks(tiny_llama_dir):
@@ -271,6 +285,7 @@ def test_padded_forwards_and_tensor_parallel_ranks(tiny_llama_dir):
     for w in b.llm.workers:
         state = getattr(w.model_runner, STATE_ATTR)
         assert state.index.numel() == w.model_runner.max_num_tokens and state.steps > 1
+        assert state.counts.tolist() == [state.steps] * LAYERS  # the op ran once per step in every layer
 
 
 def test_an_unsteered_call_after_a_steered_one_adds_nothing(backend):
@@ -280,14 +295,18 @@ def test_an_unsteered_call_after_a_steered_one_adds_nothing(backend):
     assert all(float(t.abs().sum()) == 0 for t in backend.llm.seen[0])
 
 
-def test_an_unsteered_call_after_close_runs_on_the_engine_as_it_ships(backend):
-    """bench/generate.py's vllm_unsteered arm: close() then generate_rows with no deltas."""
-    settings = GenerationSettings(max_new_tokens=2, greedy=True)
-    backend.generate(["a b"], layer=0, delta=np.ones(D, np.float32), seeds=[0], settings=settings)
-    backend.close()
-    backend.generate_rows(["a b", "c"], layer=0, deltas=[None, None], seeds=[0, 1], settings=settings)
-    assert all(float(t.abs().sum()) == 0 for t in backend.llm.seen[0])
-    assert not hasattr(backend.llm.worker.model_runner, STATE_ATTR)
+def test_a_call_with_more_deltas_than_table_rows_is_split_into_engine_calls(tiny_llama_dir):
+    """A compiled engine's tables have a fixed number of rows: 5 distinct deltas over 3 rows (2 free) run as
+    three engine calls, every row still with its own delta, in the caller's order."""
+    b = make_backend(tiny_llama_dir, slots=3)
+    rng = np.random.default_rng(5)
+    many = [rng.normal(size=D).astype(np.float32) for _ in range(5)]
+    deltas = [many[0], None, many[1], many[0], many[2], many[3], None, many[4]]
+    gens = b.generate_rows([f"p{i}" for i in range(8)], layer=1, deltas=deltas, seeds=list(range(8)),
+                           settings=GenerationSettings(max_new_tokens=2, greedy=True))
+    assert [g.prompt for g in gens] == [f"p{i}" for i in range(8)]
+    assert [getattr(p, "func", p).__name__ for p in b.llm.payloads] == ["set_tables", "steering_report"] * 3
+    assert_each_row_got(b, deltas[7:])  # the last call's rows (the stand-in keeps one call's view)
 
 
 def test_rows_steering_at_different_layers_share_one_call(backend):
@@ -297,8 +316,13 @@ def test_rows_steering_at_different_layers_share_one_call(backend):
     layers, deltas = [0, 2, 2, 0], [u, v, None, v]
     backend.generate_rows(["a", "b c", "d", "e"], layer=layers, deltas=deltas, seeds=[0, 1, 2, 3],
                           settings=GenerationSettings(max_new_tokens=2, greedy=True))
-    assert len(backend.llm.payloads) == 4  # install L0, install L2, tables, report
+    assert len(backend.llm.payloads) == 2  # tables, report
     assert_each_row_got(backend, deltas)
+
+
+def _run_with(runner: Runner, embeddings: torch.Tensor) -> torch.Tensor:
+    vllm_worker.BUFFERS = getattr(runner, STATE_ATTR)
+    return runner.model(embeddings.shape[0], embeddings)
 
 
 def test_adding_to_the_hidden_output_adds_to_the_residual_stream():
@@ -307,7 +331,6 @@ def test_adding_to_the_hidden_output_adds_to_the_residual_stream():
     all, including at the last layer (whose sum the final norm takes)."""
     torch.manual_seed(0)
     mixes = [torch.nn.Sequential(torch.nn.Linear(D, D), torch.nn.Tanh()) for _ in range(LAYERS)]
-    model = Model(mixes)
     embeddings = torch.randn(4, D)
     delta = torch.randn(D)
     for layer in range(LAYERS):
@@ -316,14 +339,13 @@ def test_adding_to_the_hidden_output_adds_to_the_residual_stream():
             stream = stream + mix(stream)
             if at == layer:
                 stream = stream + delta
-        state = vllm_backend.WorkerSteering(index=torch.ones(16, dtype=torch.int64),
-                                            tables={layer: torch.stack([torch.zeros(D), delta])})
-        handle = model.model.layers[layer].register_forward_hook(
-            functools.partial(vllm_backend.steer_hook, state, layer))
+        runner = Runner(Model(mixes)).load()
+        state = getattr(runner, STATE_ATTR)
+        state.tables[layer, 1] = delta
+        state.index[:4] = 1
         with torch.no_grad():
-            steered = model(4, embeddings)
+            steered = _run_with(runner, embeddings)
             torch.testing.assert_close(steered, stream.detach(), rtol=1e-5, atol=1e-5)
-        handle.remove()
 
 
 @pytest.mark.parametrize(("delta", "msg"), [
@@ -364,8 +386,7 @@ def test_missing_vllm_is_one_line_before_any_work(tmp_path, monkeypatch):
 
 def test_dummy_runs_read_slot_zero_and_stay_inside_the_table(tiny_llama_dir):
     """vLLM's _dummy_run calls the model without _prepare_inputs (a DP rank's dummy batch): after a call with a
-    larger table, it must neither steer nor index past the new, smaller table; a forward longer than the index
-    (no real step has one) runs unsteered."""
+    larger table it must not steer with the earlier call's rows, and tokens past the latest step read slot 0."""
     b = make_backend(tiny_llama_dir, dummy_first=True)
     settings = GenerationSettings(max_new_tokens=2, greedy=True)
     rng = np.random.default_rng(4)
@@ -374,8 +395,8 @@ def test_dummy_runs_read_slot_zero_and_stay_inside_the_table(tiny_llama_dir):
     b.generate(["a b"], layer=0, delta=many[0], seeds=[0], settings=settings)  # a 2-row table now
     assert_each_row_got(b, [many[0]])
     runner = b.llm.worker.model_runner
-    n = getattr(runner, STATE_ATTR).index.numel() + 5
-    assert float(runner.get_model()(n)[-5:].abs().sum()) == 0
+    n = getattr(runner, STATE_ATTR).index.numel()
+    assert float(runner.run(n)[2:].abs().sum()) == 0  # past the latest step's tokens: slot 0
 
 
 def test_the_engine_gets_the_v1_model_runner_and_pickled_payloads():
@@ -390,27 +411,19 @@ def test_the_engine_gets_the_v1_model_runner_and_pickled_payloads():
         vllm_backend.engine_environment({"VLLM_ALLOW_INSECURE_SERIALIZATION": "0"})
 
 
-def test_a_runner_the_hooks_cannot_steer_is_one_line_at_install(backend):
-    """Model runner V2 (vllm/v1/worker/gpu/model_runner.py) has no _prepare_inputs/input_batch/requests, and a
-    compiled model never calls hooks added after start-up: both refused before any generation."""
-    v2 = SimpleNamespace(model=Model(), prepare_inputs=lambda *a: None, req_states=None, max_num_tokens=64)
-    backend.llm.workers[0].model_runner = v2
-    one_token = GenerationSettings(max_new_tokens=1)
-    with pytest.raises(SteeringError, match=r"^vLLM's model runner .* has no _prepare_inputs: the steering backend "
-                                            "hooks the V1 GPU model runner") as err:
-        backend.generate(["a"], layer=0, delta=np.ones(D), seeds=[0], settings=one_token)
-    assert "\n" not in str(err.value) and backend.installed == set()
-    for name in ("mode", "cudagraph_mode"):
-        runner = Runner()
-        setattr(runner.compilation_config, name, Mode.VLLM_COMPILE)
-        backend.llm.workers[0].model_runner = runner
-        with pytest.raises(SteeringError, match=rf"compilation_config\.{name}=VLLM_COMPILE: hooks added after"):
-            backend.generate(["a"], layer=0, delta=np.ones(D), seeds=[0], settings=one_token)
-        assert not hasattr(runner, STATE_ATTR) and not runner.model.model.layers[0]._forward_hooks
+def test_an_engine_without_the_steering_worker_is_one_line_at_start():
+    """A worker vLLM started from its own class (worker_cls not PoolBench's): no buffers, no op; refused at start."""
+    worker = SimpleNamespace(model_runner=Runner())
+    assert vllm_worker.steering_info(worker).startswith("no steering buffers: vLLM did not run PoolBench's worker")
+    assert vllm_worker.steering_info(SimpleNamespace(model_runner=Runner().load())) == ""
+    args = vllm_backend.steering_args("cpu", eager=False, slots=7)
+    assert args == {"enforce_eager": False, "worker_cls": "poolbench.steerer.vllm_worker.SteeredCPUWorker",
+                    "additional_config": {"poolbench_steering": {"slots": 7}}}
+    assert vllm_backend.steering_args("cuda", eager=True, slots=7)["worker_cls"].endswith("SteeredGPUWorker")
 
 
 class CompiledRunner(Runner):
-    """A runner whose model runs a graph traced before the hooks were added: it never calls them."""
+    """A runner whose model runs a graph traced (or cached, or captured) without the op: it never runs."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -433,14 +446,14 @@ class MicroBatchRunner(Runner):
 
 
 @pytest.mark.parametrize(("runners", "msg"), [
-    ([CompiledRunner()], r"^vLLM worker 0: the steering hook at layer 1 ran in 0 of \d+ forward steps: the model "
-                         r"runs compiled or from captured CUDA graphs"),
-    ([Runner(), CompiledRunner()], r"^vLLM worker 1: the steering hook at layer 1 ran in 0 of"),
+    ([CompiledRunner()], r"^vLLM worker 0: the steering op at layer 1 ran in 0 of \d+ forward steps: the model vLLM "
+                         r"runs \(compiled, captured or cached\) does not contain it$"),
+    ([Runner(), CompiledRunner()], r"^vLLM worker 1: the steering op at layer 1 ran in 0 of"),
     ([StepWithoutPreparation()], r"^vLLM worker 0 ran the call without the backend's input preparation"),
-    ([MicroBatchRunner()], r"^vLLM worker 0: the hook at layer 1 saw a forward of \d+ tokens in a step of \d+"),
+    ([MicroBatchRunner()], r"^vLLM worker 0: the op at layer \d saw a forward of \d+ tokens in a step of \d+"),
 ])
 def test_a_call_whose_steering_the_engine_skipped_fails_in_one_line(tiny_llama_dir, runners, msg):
-    """The self-check after every call: each worker prepared every step itself and ran every hook in each."""
+    """The self-check after every call: each worker prepared every step itself and its op ran in each."""
     b = make_backend(tiny_llama_dir, runners=runners, same_ranks=False)
     with pytest.raises(SteeringError, match=msg) as err:
         b.generate_rows(["a b c", "d"], layer=1, deltas=[np.ones(D, np.float32), None], seeds=[0, 1],
@@ -451,18 +464,17 @@ def test_a_call_whose_steering_the_engine_skipped_fails_in_one_line(tiny_llama_d
 def test_a_request_naming_a_slot_past_the_table_is_reported():
     """Slots index the call's table on the device; one past it would fault the kernel, so it reads slot 0 and the
     call fails."""
-    runner = Runner()
+    runner = Runner().load(slots=2)
     worker = SimpleNamespace(model_runner=runner)
-    assert vllm_backend.install_steering(0, worker) == ""
     table = np.zeros((2, D), np.float32)
-    assert vllm_backend.set_tables({0: (table.tobytes(), table.shape)}, worker)
+    assert vllm_worker.set_tables({0: (table.tobytes(), table.shape)}, worker)
     params = Params(extra_args={SLOT_ARG: 5})
     runner.execute_model(SimpleNamespace(num_scheduled_tokens={"r": 2}, total_num_scheduled_tokens=2,
                                          scheduled_new_reqs=[SimpleNamespace(req_id="r", sampling_params=params)],
                                          finished_req_ids=[]))
-    report = vllm_backend.steering_report(worker)
-    assert report == {"steps": 1, "covered": [[0, 1]],
-                      "problems": ["a request names slot 5 but the call's tables have 2 rows"]}
-    assert vllm_backend.report_problem([report]) == \
-        "vLLM worker 0: a request names slot 5 but the call's tables have 2 rows"
+    report = vllm_worker.steering_report(worker)
+    assert report == {"steps": 1, "counts": [1] * LAYERS,
+                      "problems": ["a request names slot 5 but the tables have 2 rows"]}
+    assert vllm_backend.report_problem([report], [0]) == \
+        "vLLM worker 0: a request names slot 5 but the tables have 2 rows"
     assert getattr(runner, STATE_ATTR).index[:2].tolist() == [0, 0]

@@ -7,6 +7,7 @@ delta share a slot. Pure torch/numpy: the vLLM backend calls it inside the engin
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -67,3 +68,28 @@ def add_slot_vectors(hidden: torch.Tensor, table: torch.Tensor, index: torch.Ten
     """hidden [tokens, d] (or [..., tokens, d] flattened by the engine) plus each token's table row."""
     n = hidden.shape[-2]
     return hidden + table[index[:n]].to(hidden.dtype)
+
+
+def slot_batches(layers: Sequence[int], deltas: Sequence[np.ndarray | None], capacity: int) -> list[list[int]]:
+    """Rows split, in order, into as few groups as keep each group's distinct (layer, delta) slots within
+    `capacity` (a compiled engine's tables have a fixed number of rows); one group when they all fit."""
+    groups: list[list[int]] = [[]]
+    seen: set[bytes] = set()
+    for i, (layer, d) in enumerate(zip(layers, deltas, strict=True)):
+        key = None if d is None else np.float32(layer).tobytes() + np.ascontiguousarray(d, np.float32).tobytes()
+        if key is not None and key not in seen and len(seen) >= capacity:
+            groups.append([])
+            seen = set()
+        if key is not None:
+            seen.add(key)
+        groups[-1].append(i)
+    return [g for g in groups if g]
+
+
+def delta_salt(layer: int, delta: np.ndarray | None) -> str | None:
+    """A request's prefix-cache salt (vLLM's `cache_salt`): KV computed under one (layer, delta) is reused only by
+    requests steered the same way; unsteered requests share theirs (None)."""
+    if delta is None:
+        return None
+    data = np.float32(layer).tobytes() + np.ascontiguousarray(delta, np.float32).tobytes()
+    return hashlib.blake2b(data, digest_size=16).hexdigest()

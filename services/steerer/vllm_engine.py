@@ -79,7 +79,7 @@ def cpu_thread_bind(threads: int, allowed: set[int]) -> str:
 def engine_args(device: str, *, model_path: str, dtype: str, max_model_len: int | None,
                 gpu_memory_utilization: float, available: int | None = None) -> dict:
     """vllm.LLM's keyword arguments for this device (besides model, seed and parallelism)."""
-    args: dict = {"dtype": dtype, "enforce_eager": True, "enable_prefix_caching": False,
+    args: dict = {"dtype": dtype,
                   "max_model_len": max_model_len}
     if device != "cpu":
         return args | {"gpu_memory_utilization": gpu_memory_utilization}

@@ -19,6 +19,7 @@ from poolbench.records.events import (
     RunPlanned,
     ScorerReady,
     SteeringPlanned,
+    SteeringStarted,
 )
 
 if TYPE_CHECKING:
@@ -78,6 +79,8 @@ class RunDisplay:
                     last=f"{event.concept} (held-out AUROC {event.heldout_auroc:.2f})")
             case JobRetried():
                 self.progress.console.print(event.line, highlight=False, markup=False)
+            case SteeringStarted(engines=engines) if engines:
+                self.progress.console.print(f"steering engines: {'; '.join(engines)}", highlight=False, markup=False)
             case ArtifactQuarantined():
                 self.progress.console.print(f"warning: {event.key} is corrupt ({event.reason}): moved to "
                                             f"quarantine/{event.key}, recomputing", highlight=False)

@@ -401,7 +401,8 @@ def steer(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellR
         full=cfg.full, allow_weak_scorer=cfg.allow_weak_scorer,
         worker_args={"dtype": cfg.dtype, "device": cfg.device, "model_args": dict(cfg.model_args),
                      "torch_threads": threads,
-                     **({"vllm_args": {"dtype": cfg.dtype, "tensor_parallel_size": cfg.tensor_parallel_size}}
+                     **({"vllm_args": {"dtype": cfg.dtype, "tensor_parallel_size": cfg.tensor_parallel_size,
+                                       "eager": cfg.vllm_eager}}
                         if cfg.backend == "vllm" else {})},
         gpus_per_actor=cfg.tensor_parallel_size if cfg.backend == "vllm" else 1,
         emit=emit, seed=cfg.seed, reference_model=cfg.reference_model)
@@ -485,6 +486,8 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
             steering_error = str(exc).splitlines()[0]
     if steering is not None:
         timing["steering_s"] = steering["timing"]["total_s"]
+        if "engine_start_s" in steering["timing"]:  # the slowest vLLM engine's start-up (compile, capture)
+            timing["steering_engine_start_s"] = steering["timing"]["engine_start_s"]
         cluster = cluster.joined(steering.pop("cluster"))
     timing["total_s"] = time.perf_counter() - started
     return replace(outcome_of(cfg, inputs, run, records, computed, timing, steering), lexical=lexical,

@@ -69,7 +69,9 @@ def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, po
     with WorkQueue[tuple[SteeringCell, ...]](actors, spawn=spawn, needs=resource_needs(options), on_retry=emit,
                                              label=group_label) as queue:
         pids = tuple(fetch(process_id(actor), "a steering engine's start") for actor in actors)
-        emit(SteeringStarted(worker_pids=pids, nodes=tuple(queue.nodes())))
+        engines = [e for e in (fetch(engine_info(actor), "a steering engine's start") for actor in actors) if e]
+        emit(SteeringStarted(worker_pids=pids, nodes=tuple(queue.nodes()), engines=tuple(
+            f"vLLM {e['engine']}, started in {e['engine_start_s']:.1f} s" for e in engines)))
         for group, results in queue.run([job(group) for group in groups],
                                         on_wait=lambda: poll_steering(queue.actors, emit)):
             for cell, result in zip(group, results, strict=True):
@@ -79,7 +81,13 @@ def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, po
     return {"scorers": [scorer_record(s) for s in scorers.values()], "d2": d2, "d3": d3,
             "cluster": ClusterActivity().merged("steer", queue.done_on, queue.lost_nodes, queue.retried),
             "steering_config": config.to_record(), "subset": "full" if full else "default",
-            "timing": {"scorers_s": scorer_seconds, "total_s": time.perf_counter() - started}}
+            "timing": {"scorers_s": scorer_seconds, "total_s": time.perf_counter() - started,
+                       **({"engine_start_s": max(e["engine_start_s"] for e in engines)} if engines else {})}}
+
+
+def engine_info(actor):
+    """A ref to the actor's engine mode and start-up seconds (vLLM backend; empty for transformers)."""
+    return actor.__ray_call__.remote(lambda self: getattr(self.backend, "engine_info", dict)())
 
 
 def group_label(group: tuple[SteeringCell, ...]) -> str:

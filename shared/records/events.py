@@ -118,6 +118,7 @@ class SteeringStarted:
 
     worker_pids: tuple[int, ...]
     nodes: tuple[str, ...]
+    engines: tuple[str, ...] = ()  # vLLM engines: each one's mode and start-up (load, compile, capture), one line
 
 
 @dataclass(frozen=True)

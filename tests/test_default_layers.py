@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from poolbench.cli.app import _layers
 from poolbench.config import RunConfig
+from poolbench.config import parse_layers as _layers
 from poolbench.driver.pipeline import default_layers
 
 

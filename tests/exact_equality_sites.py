@@ -23,6 +23,20 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_device_pool_ops.py::test_three_bfloat16_parts_hold_float32_weights_exactly": (
         1, EXACT + ": each bfloat16 part is the exact residual of the ones before, and every partial sum of the "
            "parts fits float32's 24 significant bits", "float32 weights and the sum of their bfloat16 parts"),
+    "test_attention_inflow.py::assert_records_match": (
+        1, COPY + ": both paths gather the layer's own attention output at the last real token, no arithmetic",
+        "the last token's head outputs"),
+    "test_batched_logistic.py::test_batched_cell_records_equal_todays_evaluate_d1_and_cell_reliability": (
+        2, INTS + "; the 0/1 predictions sit further from the threshold than the solvers' stopping-rule bound on this "
+           "cell (the same argument as its AUROCs, said beside them)", "fold indices and 0/1 test predictions"),
+    "test_batched_logistic.py::test_s3_head_ranking_builds_its_splitter_once_and_keeps_each_heads_auroc": (
+        1, SAME + ": the folds of a splitter built once equal those built per head, so each head's fits are the same "
+           "computation", "per-head AUROCs"),
+    "test_model_shapes.py::same_weights": (1, SAME + ": the same seed on the same device draws the same weights",
+                                           "two shape models' parameters"),
+    "test_model_shapes.py::test_a_shape_loads_without_the_embedded_wheel_with_the_same_weights_for_the_same_seed": (
+        1, SAME + ": the caller's generator state, drawn from twice", "the caller's random stream"),
+    "test_s2_memory.py::test_s2_sub_chunks_join_into_the_plain_chunk": (1, INTS, "array shapes"),
     "test_extractor.py::test_hooks_removed_after_exit_and_on_error": (1, SAME, "logits before and after hooks"),
     "test_extractor.py::test_add_hooks_edits_the_residual_stream": (1, SAME, "logits with no-op hooks and none"),
     "test_extractor.py::test_tuple_returning_blocks": (5, EXACT, "a toy block's outputs (3, 10, 1)"),

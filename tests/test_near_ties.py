@@ -156,7 +156,7 @@ def test_a_verdict_one_rank_swap_from_holms_alpha_is_named_a_near_tie(tmp_path: 
 def test_findings_carry_no_nemenyi_verdicts() -> None:
     """Nemenyi stays only the critical-difference figure: facts that still hold Nemenyi verdict near-ties (as
     FACTS_VERSION 2 wrote them) render no such section, and near_ties no longer computes them."""
-    from poolbench.results.answer.answer import near_ties
+    from poolbench.results.answer import near_ties
 
     committed = json.loads((Path(__file__).parents[1] / "docs" / "findings.json").read_text())
     old = {"strategy": "B", "beaten": True, "rank_gap": 6.8, "critical_difference": 6.79, "swaps_could_close": 0.12}

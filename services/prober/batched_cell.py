@@ -27,10 +27,8 @@ from poolbench.prober.mdl import (
     MDL_MIN_BLOCKS,
     OnlineCode,
     _label_bits,
-    block_ends,
-    even_block_ends,
+    block_plan,
     platt_scaling,
-    transmission_order,
 )
 from poolbench.prober.probes import PROBE_NAMES
 from poolbench.prober.reliability import reliability_stats
@@ -165,16 +163,11 @@ def _selectivity(X: torch.Tensor, y: np.ndarray, groups: np.ndarray, types: np.n
 
 def _online_code(X: torch.Tensor, y: np.ndarray, groups: np.ndarray, seed: int) -> OnlineCode:
     """mdl.online_codelength at its defaults (D1's probe, calibrated blocks), each block's fold fits in one batch."""
-    order = transmission_order(groups, seed, True)
+    plan = block_plan(y, groups, seed, True, MDL_FRACTIONS, MDL_MIN_BLOCK, MDL_MIN_BLOCKS)
+    if plan.unplanned is not None:
+        return plan.unplanned
+    order, ends = plan.order, plan.ends
     y_o, g_o = y[order], groups[order]
-    sizes = np.diff(np.flatnonzero(np.r_[True, g_o[1:] != g_o[:-1], True]))
-    ends = block_ends(sizes, MDL_FRACTIONS, min(MDL_MIN_BLOCK, y.size // 2))
-    if len(ends) < MDL_MIN_BLOCKS:
-        ends = even_block_ends(sizes, MDL_MIN_BLOCKS)
-    if len(ends) < MDL_MIN_BLOCKS:
-        return OnlineCode(uniform_bits=float(y.size), online_bits=None, compression=None, block_ends=tuple(ends),
-                          block_bits=(), na_reason=f"{sizes.size} pair groups give {len(ends)} blocks; prequential "
-                                                   f"MDL needs >= {MDL_MIN_BLOCKS}")
     bits = [float(ends[0])]
     folds = MDL_CALIBRATION_FOLDS
     for start, end in itertools.pairwise(ends):

@@ -102,6 +102,32 @@ def even_block_ends(group_sizes: Sequence[int], n_blocks: int) -> list[int]:
     return ends
 
 
+@dataclass(frozen=True)
+class BlockPlan:
+    """The transmission order of a split and the ends of its MDL blocks; `unplanned` says why there are too few."""
+
+    order: np.ndarray
+    ends: list[int]
+    unplanned: OnlineCode | None  # the n/a codelength, where the pair groups give fewer than min_blocks blocks
+
+
+def block_plan(y: np.ndarray, groups: np.ndarray, seed: int, shuffle: bool, fractions: Sequence[float],
+               min_block: int, min_blocks: int) -> BlockPlan:
+    """Order the pair groups for transmission and cut blocks at `fractions` (near-equal blocks where those are too
+    few); one plan for the one-fit-at-a-time codelength and the batched one (prober.batched_cell)."""
+    order = transmission_order(groups, seed, shuffle)
+    ordered = groups[order]
+    sizes = np.diff(np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1], True]))
+    ends = block_ends(sizes, fractions, min(min_block, y.size // 2))
+    if len(ends) < min_blocks:
+        ends = even_block_ends(sizes, min_blocks)
+    if len(ends) >= min_blocks:
+        return BlockPlan(order, ends, None)
+    return BlockPlan(order, ends, OnlineCode(
+        uniform_bits=float(y.size), online_bits=None, compression=None, block_ends=tuple(ends), block_bits=(),
+        na_reason=f"{sizes.size} pair groups give {len(ends)} blocks; prequential MDL needs >= {min_blocks}"))
+
+
 def _label_bits(p_pos: np.ndarray, y: np.ndarray) -> float:
     """Sum of -log2 p(label) given p(label = 1) per passage."""
     return float(-np.sum(np.log2(np.clip(np.where(y == 1, p_pos, 1.0 - p_pos), 1e-300, 1.0))))
@@ -181,16 +207,11 @@ def online_codelength(X: np.ndarray, y: np.ndarray, groups: np.ndarray | None = 
         raise ProbeError(f"MDL: X {X.shape}, y {y.shape}, groups {groups.shape} do not match")
     if not np.all(np.isin(y, (0, 1))):
         raise ProbeError("MDL: labels must be 0/1")
-    order = transmission_order(groups, seed, shuffle)
+    plan = block_plan(y, groups, seed, shuffle, fractions, min_block, min_blocks)
+    if plan.unplanned is not None:
+        return plan.unplanned
+    order, ends = plan.order, plan.ends
     X, y, groups = X[order], y[order], groups[order]
-    sizes = np.diff(np.flatnonzero(np.r_[True, groups[1:] != groups[:-1], True]))
-    ends = block_ends(sizes, fractions, min(min_block, y.size // 2))
-    if len(ends) < min_blocks:
-        ends = even_block_ends(sizes, min_blocks)
-    if len(ends) < min_blocks:
-        return OnlineCode(uniform_bits=float(y.size), online_bits=None, compression=None, block_ends=tuple(ends),
-                          block_bits=(), na_reason=f"{sizes.size} pair groups give {len(ends)} blocks; prequential "
-                                                   f"MDL needs >= {min_blocks}")
     bits = [float(ends[0])]
     for start, end in itertools.pairwise(ends):
         block: float | None = None

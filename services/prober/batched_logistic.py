@@ -35,11 +35,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from poolbench.prober.distinct_rows import score_distinct_rows
 from poolbench.prober.newton_logistic import LOGISTIC_C
 
 _ARMIJO = 1e-4
 _REFRESH = 0.2  # refactor a fit's Newton matrix unless its gradient fell at least 5-fold in the last step
 _FLOAT32_FACTOR_ON_CPU = True
+_SHARED_EXTRA_STEPS = 10  # the shared Gram's extra Newton steps over exact ones, as exact_is_cheaper counts them
 _CHUNK_ENTRIES = 16 * 1400 * 1400  # entries of one [F, M, M] dual matrix (~250 MB at float64)
 FIT_COUNTER = {"calls": 0, "fits": 0}  # tests read it: the batched path must not fall back to one fit per call
 
@@ -60,8 +62,9 @@ class BatchFit:
     c: torch.Tensor  # [F]
 
     def scores(self, X: torch.Tensor) -> torch.Tensor:
-        """[F, rows]: every fit's decision score ((x − mean)/scale)·coef + intercept of every row of X."""
-        return ((X - self.center) @ self.v.T + self.c).T
+        """[F, rows]: every fit's decision score ((x − mean)/scale)·coef + intercept of every row of X, equal rows
+        bit-identically (distinct_rows: a GEMM's tiles would round them apart and AUROC would count the pair)."""
+        return score_distinct_rows(lambda rows: ((rows - self.center) @ self.v.T + self.c).T, X)
 
 
 def standardisers(X: torch.Tensor, member: torch.Tensor, center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,14 +98,17 @@ def _padded(rows: Sequence[np.ndarray], labels: Sequence[np.ndarray], device: to
 
 
 def fit_many(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarray], *, C: float = LOGISTIC_C,
-             tol: float = 1e-6, max_iter: int = 200, exact: bool = False,
+             tol: float = 1e-6, max_iter: int = 200, exact: bool | None = None,
              init: BatchFit | None = None, gram: tuple[torch.Tensor, torch.Tensor] | None = None) -> BatchFit:
     """Fit F L2-logistic probes, fit f on rows `rows[f]` of X [n, d] with 0/1 `labels[f]`, all at once.
 
     `exact`: each fit's Newton matrix from its own Gram (quadratic convergence; for small fits). Otherwise the
     shared Gram of all n rows at their common scale (`gram` = (G, σ₀²) when the caller has it) stands in.
+    None: exact where its Grams cost less than the iterations it saves (exact_is_cheaper).
     `init`: a one-fit BatchFit (the all-train fit) whose scores every fit starts from."""
     FIT_COUNTER["calls"] += 1
+    if exact is None:
+        exact = exact_is_cheaper(X.shape[0], max(len(r) for r in rows))
     FIT_COUNTER["fits"] += len(rows)
     per_chunk = max(1, _CHUNK_ENTRIES // max(len(r) for r in rows) ** 2)
     if len(rows) > per_chunk:  # the [F, M, M] dual matrices in slices that fit memory
@@ -111,6 +117,14 @@ def fit_many(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.nd
         return BatchFit(*(torch.cat([getattr(p, name) for p in parts]) if name != "center" else parts[0].center
                           for name in BatchFit.__dataclass_fields__))
     return _fit(X, rows, labels, C, tol, max_iter, exact, init, gram)
+
+
+def exact_is_cheaper(n: int, m: int) -> bool:
+    """Whether F fits of m of n rows are cheaper with their own Grams (2·F·m²·d, then Newton's ~6 steps) than
+    with the shared one, whose linear rate costs ~_SHARED_EXTRA_STEPS more steps of ~6 GEMMs of 2·n·d·F each:
+    2·m²·d ≤ 12·n·d·steps, i.e. m² ≤ 6·steps·n, d and F cancelling. True for make run's cells (n = 36, m = 29:
+    841 ≤ 2,160; the shared Gram took up to 77 steps there), false from n ≈ 90 on (the full corpus: n = 1,400)."""
+    return m * m <= 6 * _SHARED_EXTRA_STEPS * n
 
 
 def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarray], C: float, tol: float,
@@ -147,6 +161,8 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
         v = init.v.expand(F, -1).clone()
         c = init.c + (init.center - center) @ init.v.T
         c = c.expand(F).clone()
+        cold = _cold_start_stops(Xc, idx, mask, y, mean - center, scale, C, tol)
+        v[cold], c[cold] = 0.0, 0.0
     z_all = Xc @ v.T + c  # [n, F]
     iterations = torch.zeros(F, dtype=torch.int64, device=dev)
     active = torch.ones(F, dtype=torch.bool, device=dev)
@@ -229,6 +245,19 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
     intercept = c + ((mean - center) * v).sum(dim=1)
     return BatchFit(mean=mean, scale=scale, coef=coef, intercept=intercept, iterations=iterations,
                     factorizations=factorizations, center=center, v=v, c=c)
+
+
+def _cold_start_stops(Xc: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor, y: torch.Tensor,
+                      shift: torch.Tensor, scale: torch.Tensor, C: float, tol: float) -> torch.Tensor:
+    """[F] True where a fit's cold start (coef 0, intercept 0: fit_l2_logistic's first point) already meets the
+    stopping rule. Such a fit stays there, as the per-fit path does: a balanced fold whose rows carry no signal has
+    its optimum at 0 and every score tied, while a warm start would stop a stopping rule's width from 0 with scores
+    ~1e-6 apart that AUROC orders (make run: toxicity P2_first fold 1, 0.656 instead of 0.5)."""
+    r = C * (0.5 - y) * mask
+    g_b = r.sum(dim=1)
+    r_full = torch.zeros(len(idx), Xc.shape[0], device=Xc.device, dtype=Xc.dtype).scatter_add_(1, idx, r)
+    g_w = (r_full @ Xc - shift * g_b[:, None]) / scale
+    return torch.maximum(g_w.abs().amax(dim=1), g_b.abs()) < tol
 
 
 def shared_gram(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ from scipy.special import expit
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from poolbench.prober.auroc import ProbeError
+from poolbench.prober.distinct_rows import score_distinct_rows_np
 
 LOGISTIC_C = 1.0  # inverse L2 strength of the one logistic probe (D1 and every reliability statistic)
 _ARMIJO = 1e-4
@@ -101,7 +102,9 @@ class NewtonLogisticProbe(ClassifierMixin, BaseEstimator):
         return self
 
     def decision_function(self, X: np.ndarray) -> np.ndarray:
-        return ((np.asarray(X, dtype=np.float64) - self.mean_) / self.scale_) @ self.coef_ + self.intercept_
+        """Equal rows score bit-identically (distinct_rows): ties stay ties for AUROC."""
+        return score_distinct_rows_np(lambda rows: ((rows - self.mean_) / self.scale_) @ self.coef_ + self.intercept_,
+                                      np.asarray(X, dtype=np.float64))
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         return self.classes_[(self.decision_function(X) > 0).astype(int)]

@@ -12,6 +12,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from poolbench.prober.auroc import ProbeError
+from poolbench.prober.distinct_rows import score_distinct_rows_np
 from poolbench.prober.newton_logistic import LOGISTIC_C, NewtonLogisticProbe
 
 PROBE_NAMES = ("logistic", "diffmean")
@@ -52,7 +53,10 @@ class DiffMeanProbe(ClassifierMixin, BaseEstimator):
         return X @ self.direction_
 
     def decision_function(self, X: np.ndarray) -> np.ndarray:
-        return self.project(X) - self.threshold_
+        """The projection less the midpoint; equal rows score bit-identically (distinct_rows)."""
+        check_is_fitted(self, "direction_")
+        X = validate_data(self, X, dtype=np.float64, reset=False)
+        return score_distinct_rows_np(lambda rows: rows @ self.direction_ - self.threshold_, X)
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         check_is_fitted(self, "direction_")

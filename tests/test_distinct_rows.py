@@ -1,0 +1,76 @@
+"""Equal pooled vectors score bit-identically, and a fold with no signal stays at the probe's cold start: the two
+ways the batched and per-fit D1 paths disagreed on make run's P2_first cells (distinct_rows, batched_logistic)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from poolbench.prober.auroc import auroc
+from poolbench.prober.batched_logistic import fit_many, shared_gram
+from poolbench.prober.distinct_rows import score_distinct_rows, score_distinct_rows_np
+from poolbench.prober.newton_logistic import NewtonLogisticProbe
+from poolbench.prober.probes import DiffMeanProbe
+
+
+def _position_rounded(rows: torch.Tensor) -> torch.Tensor:
+    """A score that, like a GEMM's tiles, rounds a row by where it sits: 1e-9 per position on top of its sum."""
+    return rows.sum(dim=1) + 1e-9 * torch.arange(rows.shape[0], dtype=rows.dtype)
+
+
+def test_equal_rows_get_one_score_wherever_they_sit():
+    X = torch.tensor([[1.0, 2.0], [0.5, 0.5], [1.0, 2.0], [3.0, 0.0], [0.5, 0.5]], dtype=torch.float64)
+    s = score_distinct_rows(_position_rounded, X)
+    assert s[0] == s[2] and s[1] == s[4]
+    assert len(set(s.tolist())) == 3  # distinct rows keep distinct scores
+    # Without the gathering the pair (0, 2) is ordered by position and AUROC counts it: 0.0 instead of 0.5.
+    y = np.array([1, 0, 0, 1, 1])
+    assert auroc(_position_rounded(X)[[0, 2]].numpy(), y[[0, 2]]) == 0.0
+    assert auroc(s[[0, 2]].numpy(), y[[0, 2]]) == 0.5
+    s_np = score_distinct_rows_np(lambda r: _position_rounded(torch.from_numpy(r)).numpy(), X.numpy())
+    np.testing.assert_array_equal(s_np, s.numpy())
+
+
+def test_all_distinct_rows_are_scored_as_given():
+    X = torch.arange(12, dtype=torch.float64).reshape(4, 3)
+    np.testing.assert_array_equal(score_distinct_rows(_position_rounded, X), _position_rounded(X))
+
+
+def test_the_probes_give_equal_rows_equal_scores():
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(6, 40))
+    X = base[rng.integers(0, 6, size=60)]
+    y = np.tile([1, 0], 30)
+    for probe in (NewtonLogisticProbe(), DiffMeanProbe()):
+        s = probe.fit(X, y).decision_function(X)
+        for row in base:
+            same = np.all(row == X, axis=1)
+            assert np.unique(s[same]).size <= 1
+
+
+def _no_signal_fold() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows with a signal overall, and a fold of 8 rows where every vector appears once with each label: that
+    fold's optimum is coef 0, intercept 0 (every score tied, AUROC 0.5 on any rows)."""
+    rng = np.random.default_rng(3)
+    base = rng.normal(size=(4, 30))
+    X_fold = np.repeat(base, 2, axis=0)
+    y_fold = np.tile([1, 0], 4)
+    X_rest = rng.normal(size=(24, 30))
+    y_rest = np.tile([1, 0], 12)
+    X_rest[y_rest == 1, :5] += 1.5
+    return np.r_[X_fold, X_rest], np.r_[y_fold, y_rest], np.arange(8), np.arange(8, 32)
+
+
+def test_a_fold_without_signal_stays_at_the_cold_start_when_warm_started():
+    X, y, fold, rest = _no_signal_fold()
+    Xt = torch.as_tensor(X)
+    gram = shared_gram(Xt)
+    full = fit_many(Xt, [np.arange(len(y))], [y], gram=gram)
+    assert float(full.v.abs().max()) > 1e-3  # the warm start is far from the fold's optimum
+    fit = fit_many(Xt, [fold], [y[fold]], gram=gram, init=full)
+    ref = NewtonLogisticProbe().fit(X[fold], y[fold])
+    assert np.all(ref.coef_ == 0) and ref.intercept_ == 0.0
+    scores = fit.scores(Xt)[0].numpy()
+    assert np.all(scores == 0.0)  # a stop near 0 would leave ~1e-6 scores that AUROC orders
+    assert auroc(scores[rest], y[rest]) == 0.5
+    assert int(fit.iterations[0]) == 0

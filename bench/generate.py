@@ -128,10 +128,13 @@ def as_shipped(path: str, dtype: str, max_model_len: int, gpu_memory_utilization
     OpenMP threads as the backend's engine."""
     import vllm  # pyright: ignore[reportMissingImports]
 
-    from poolbench.steerer.vllm_engine import CPU_BATCHED_TOKENS, available_memory, kv_cache_bytes
+    from poolbench.steerer.vllm_engine import CPU_BATCHED_TOKENS, available_memory, cpu_environment, kv_cache_bytes
 
     kwargs: dict = {"model": path, "seed": 0, "dtype": dtype, "max_model_len": max_model_len}
     if device == "cpu":
+        # Before the engine starts (its processes read the binding): without it vLLM binds its own team, one core
+        # of two here, and this arm ran at half the backend's threads (the 1.86x of bench/README, a905c98).
+        cpu_environment(os.environ, torch.get_num_threads())
         kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(CPU_BATCHED_TOKENS, max_model_len),
                       kv_cache_memory_bytes=kv_cache_bytes(available_memory()))
     else:
@@ -273,6 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
         "arms": {name: arm(*runs[name]) for name in arms}, "engine_startup_s": startup,
         "identical_rows": {"device": str(m.device), "dtype": str(m.dtype).removeprefix("torch.")},
         "load_average_1m": os.getloadavg()[0],
+        "vllm_cpu_omp_threads_bind": os.environ.get("VLLM_CPU_OMP_THREADS_BIND"),  # both vLLM engines' OpenMP team
     }
     if transformers:
         result["identical_rows"]["transformers_grid_vs_per_alpha"] = identical(runs["transformers_backend"][0],

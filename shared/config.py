@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from poolbench.defaults import DEFAULT_PROTOCOL, DEFAULT_RUN_DIR, EMBEDDED, PROTOCOLS, default_store_url
+from poolbench.defaults import DEFAULT_PROTOCOL, DEFAULT_RUN_DIR, EMBEDDED, check_protocol, default_store_url
 from poolbench.errors import PoolBenchError
 
 GroupT = TypeVar("GroupT", bound=BaseModel)
@@ -190,9 +190,7 @@ class ProbingOptions(BaseModel):
     @field_validator("protocol")
     @classmethod
     def _protocol(cls, value: str) -> str:
-        if value not in PROTOCOLS:
-            raise ValueError(f"'{value}' is not one of {', '.join(PROTOCOLS)}")
-        return value
+        return check_protocol(value)
 
 
 class SteeringOptions(BaseModel):

@@ -17,6 +17,13 @@ PB_PROTOCOL = "pb"
 PROTOCOLS = (DEFAULT_PROTOCOL, PB_PROTOCOL)
 
 
+def check_protocol(value: str) -> str:
+    """`value` if it names one of PROTOCOLS (the run config's and a reproduce profile's validator)."""
+    if value not in PROTOCOLS:
+        raise ValueError(f"'{value}' is not one of {', '.join(PROTOCOLS)}")
+    return value
+
+
 def cache_dir() -> Path:
     """Where built models, generated corpora and the default local store live (POOLBENCH_CACHE overrides)."""
     return Path(os.environ.get("POOLBENCH_CACHE", Path.home() / ".cache" / "poolbench"))

@@ -13,9 +13,10 @@ from functools import cache
 from importlib.resources import files
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from poolbench.config import RunConfig
+from poolbench.defaults import DEFAULT_PROTOCOL, check_protocol
 from poolbench.errors import PoolBenchError
 
 PROFILES = {"poolbench-v1": ("poolbench_v1_profile.json", "poolbench_v1_official_d1.json")}
@@ -42,10 +43,15 @@ class ReproduceProfile(BaseModel):
     max_length: int
     dtype: Literal["auto", "float32", "bfloat16", "float16"]
     model_args: dict[str, str]
-    protocol: Literal["poolbench", "pb"]
+    protocol: str  # one of PROTOCOLS (validated below), the run config's own form
     strategies: dict[str, str]  # reference id -> PoolBench id (several may share one: L2 runs as A1_ref_mean)
     not_reproduced: dict[str, str]
     notes: dict[str, str]
+
+    @field_validator("protocol")
+    @classmethod
+    def _protocol(cls, value: str) -> str:
+        return check_protocol(value)
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,7 @@ def check_run(profile: ReproduceProfile, official: dict, model_key: str, leaderb
     """Per reference strategy: our mean D1 at the official run's best layer (the leaderboard's layer curve, the
     mean over concepts of each layer's D1) beside the official number. A board of another protocol is refused."""
     if leaderboard.get("protocol") != profile.protocol:
-        raise PoolBenchError(f"this run's D1 is protocol '{leaderboard.get('protocol') or 'poolbench'}'; the "
+        raise PoolBenchError(f"this run's D1 is protocol '{leaderboard.get('protocol') or DEFAULT_PROTOCOL}'; the "
                              f"official numbers are protocol '{profile.protocol}': rerun with `reproduce`")
     entry = profile_model(profile, model_key)
     board = official["models"][entry.official]

@@ -35,3 +35,31 @@ def test_generate_bench_smoke(tmp_path):
     assert stored["identical_rows"]["transformers_cells_one_call_vs_per_cell"] == {"identical": 66, "rows": 66,
                                                                                    "rate": 1.0}
     assert stored["ratios"]["transformers_cells_one_call_over_per_cell"] > 0
+
+
+def test_the_as_shipped_engine_starts_with_the_backends_openmp_binding(monkeypatch):
+    """The as-shipped arm's engine reads VLLM_CPU_OMP_THREADS_BIND when it starts; without the backend's binding
+    vLLM picks its own (one core of two here) and the arm ran at half the backend's threads (bench/README.md)."""
+    import os
+
+    import pytest
+    import torch
+
+    vllm = pytest.importorskip("vllm")
+    from poolbench.steerer.vllm_engine import THREADS_ENV, cpu_thread_bind
+
+    seen: dict = {}
+
+    class Started(Exception):
+        pass
+
+    def fake_llm(**kwargs):
+        seen.update(bind=os.environ.get(THREADS_ENV), kwargs=kwargs)
+        raise Started
+
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    monkeypatch.setattr(vllm, "LLM", fake_llm)
+    with pytest.raises(Started):
+        generate.as_shipped("model-path", "float32", 512, 0.5, "cpu")
+    assert seen["bind"] == cpu_thread_bind(torch.get_num_threads(), os.sched_getaffinity(0))
+    assert seen["kwargs"]["enable_chunked_prefill"] is False

@@ -55,7 +55,9 @@ class HostBuffers:
                 self._free = [b for b in self._free if b is not buffer]
                 return buffer
             if self._free:  # too small for this chunk: let the largest go, so memory stays bounded
-                self._free.remove(max(self._free, key=lambda b: b.numel()))
+                # by position, not list.remove: that compares tensors with ==, elementwise, and raised whenever the
+                # largest was not first (the order buffers come back in from the table thread)
+                del self._free[max(range(len(self._free)), key=lambda i: self._free[i].numel())]
             self.allocated += 1
         with torch.inference_mode(False):  # a normal tensor: chunks captured with and without grad share it
             return torch.empty(numel, dtype=torch.float32, pin_memory=self.pin)

@@ -32,6 +32,14 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_batched_logistic.py::test_s3_head_ranking_builds_its_splitter_once_and_keeps_each_heads_auroc": (
         1, SAME + ": the folds of a splitter built once equal those built per head, so each head's fits are the same "
            "computation", "per-head AUROCs"),
+    "test_distinct_rows.py::test_equal_rows_get_one_score_wherever_they_sit": (
+        1, COPY + ": the numpy and torch paths gather the same distinct rows' scores, computed by the same score "
+           "function on the same rows", "the numpy path's scores and the torch path's"),
+    "test_distinct_rows.py::test_all_distinct_rows_are_scored_as_given": (
+        1, SAME + ": with no repeated row the score runs on X itself", "the scores with and without the gathering"),
+    "test_distinct_rows.py::test_small_fits_take_own_grams_else_the_shared_one": (
+        2, SAME + ": the path fit_many chose (exact, or the shared Gram after a failed Cholesky) run again by hand",
+        "the chosen fits' vectors and the same path's"),
     "test_model_shapes.py::same_weights": (1, SAME + ": the same seed on the same device draws the same weights",
                                            "two shape models' parameters"),
     "test_model_shapes.py::test_a_shape_loads_without_the_embedded_wheel_with_the_same_weights_for_the_same_seed": (

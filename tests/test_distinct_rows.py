@@ -74,3 +74,29 @@ def test_a_fold_without_signal_stays_at_the_cold_start_when_warm_started():
     assert np.all(scores == 0.0)  # a stop near 0 would leave ~1e-6 scores that AUROC orders
     assert auroc(scores[rest], y[rest]) == 0.5
     assert int(fit.iterations[0]) == 0
+
+
+def test_small_fits_take_own_grams_else_the_shared_one(monkeypatch):
+    """fit_many picks exact Newton (each fit's own Gram) where that is cheap (make run's 36-row cells), and where
+    a fit's own Gram fails its Cholesky (a column almost constant in the fold) the shared Gram's path instead."""
+    from poolbench.prober import batched_logistic
+
+    X, y, _, _ = _no_signal_fold()
+    rows = [np.arange(24), np.arange(8, 32)]
+    Xt = torch.as_tensor(X)
+    assert batched_logistic.exact_is_cheaper(32, 24)
+    assert not batched_logistic.exact_is_cheaper(1400, 1120)
+    chosen = fit_many(Xt, rows, [y[r] for r in rows])
+    exact = fit_many(Xt, rows, [y[r] for r in rows], exact=True)
+    torch.testing.assert_close(chosen.v, exact.v, rtol=0, atol=0)
+    original = batched_logistic._fit
+
+    def own_grams_fail(*args):
+        if args[6]:  # exact
+            raise torch.linalg.LinAlgError("linalg.cholesky: not positive-definite")
+        return original(*args)
+
+    monkeypatch.setattr(batched_logistic, "_fit", own_grams_fail)
+    fallen = fit_many(Xt, rows, [y[r] for r in rows])
+    shared = original(Xt, rows, [y[r] for r in rows], 1.0, 1e-6, 200, False, None, None)
+    torch.testing.assert_close(fallen.v, shared.v, rtol=0, atol=0)

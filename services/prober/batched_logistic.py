@@ -107,8 +107,16 @@ def fit_many(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.nd
     None: exact where its Grams cost less than the iterations it saves (exact_is_cheaper).
     `init`: a one-fit BatchFit (the all-train fit) whose scores every fit starts from."""
     FIT_COUNTER["calls"] += 1
-    if exact is None:
-        exact = exact_is_cheaper(X.shape[0], max(len(r) for r in rows))
+    if exact is None and exact_is_cheaper(X.shape[0], max(len(r) for r in rows)):
+        try:
+            return fit_many(X, rows, labels, C=C, tol=tol, max_iter=max_iter, exact=True, init=init, gram=gram)
+        except torch.linalg.LinAlgError:
+            # A fit's own Gram is built from the universe-centred rows at its own scale: a column nearly constant
+            # in the fit but not in the universe gives it a huge rank-one part that round-off can leave not
+            # positive definite (seen on the tiny model's 8-row folds in float32); the shared Gram, at the
+            # universe's scale, has none. Deterministic: the same inputs take the same path.
+            pass
+    exact = bool(exact)
     FIT_COUNTER["fits"] += len(rows)
     per_chunk = max(1, _CHUNK_ENTRIES // max(len(r) for r in rows) ** 2)
     if len(rows) > per_chunk:  # the [F, M, M] dual matrices in slices that fit memory
@@ -142,7 +150,8 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
     # The factor only shapes the search direction (every step is checked on the float64 objective, and the stop
     # is the float64 gradient's), so on a CPU it is float32: half the Cholesky, solve and memory traffic, a
     # direction off by ~cond(B)·eps32 ≈ 1e-3 relative, which the next steps absorb. A GPU's float64 is fast enough.
-    factor_dtype = torch.float32 if dev.type == "cpu" and _FLOAT32_FACTOR_ON_CPU else dt
+    # An exact (own-Gram) factor is small (m² ≤ 60 n, or MDL's prefixes) and its Gram the worse conditioned: float64.
+    factor_dtype = torch.float32 if dev.type == "cpu" and _FLOAT32_FACTOR_ON_CPU and not exact else dt
     G = None
     if exact:
         ref = pen

@@ -35,12 +35,14 @@ from poolbench.records.d1 import D1CellRecord, d1_records_from_table, d1_records
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import layer_shard_key
 
-D1_VERSION = 8  # 2: per-cell reliability statistics, supervised (S3) cells; 3: Newton logistic probe;
+D1_VERSION = 9  # 2: per-cell reliability statistics, supervised (S3) cells; 3: Newton logistic probe;
 # 4: one D1 artifact per (concept, layer), gathered into the concept's; 5: pair-clustered DeLong CI, type control;
 # 6: every cell's per-passage held-out and out-of-fold scores stored beside its records; 7: a cell's fits batched
 # (batched_cell): make run's mean CV AUROC moved in the third decimal for 5 of 19 strategies (P2_first 0.567 -> 0.577),
 # held-out D1 unchanged, so no stored cell of the per-fit path is read beside the batched ones; 8: equal rows score
 # bit-identically (distinct_rows) and a no-signal fold stays at its cold start: both paths equal again on those cells
+# 9: small cells' own-Gram (exact) factors in float64 with the shared Gram as fallback: 8's float32 factors left 8 of
+# make run's 3,876 cells' CV AUROCs (and MDL) off the per-fit path's; now equal
 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,

@@ -106,7 +106,6 @@ def fit_many(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.nd
     shared Gram of all n rows at their common scale (`gram` = (G, σ₀²) when the caller has it) stands in.
     None: exact where its Grams cost less than the iterations it saves (exact_is_cheaper).
     `init`: a one-fit BatchFit (the all-train fit) whose scores every fit starts from."""
-    FIT_COUNTER["calls"] += 1
     if exact is None and exact_is_cheaper(X.shape[0], max(len(r) for r in rows)):
         try:
             return fit_many(X, rows, labels, C=C, tol=tol, max_iter=max_iter, exact=True, init=init, gram=gram)
@@ -117,6 +116,7 @@ def fit_many(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.nd
             # universe's scale, has none. Deterministic: the same inputs take the same path.
             pass
     exact = bool(exact)
+    FIT_COUNTER["calls"] += 1  # once per call, after the choice above (whose own call counts itself)
     FIT_COUNTER["fits"] += len(rows)
     per_chunk = max(1, _CHUNK_ENTRIES // max(len(r) for r in rows) ** 2)
     if len(rows) > per_chunk:  # the [F, M, M] dual matrices in slices that fit memory

@@ -6,12 +6,19 @@ strategies × layers (said so in the JSON). Writes bench/results/d1_cost.json (o
 
     .venv/bin/python bench/d1_cost.py --path batched --threads 2
     .venv/bin/python bench/d1_cost.py --path per_fit --cells 1
+    python3 bench/d1_cost.py --cells 19 --profile 40       # on a GPU: one layer, and where its seconds go
+
+`--profile N` runs the probing under cProfile and prints its N heaviest functions by own time and by cumulative
+time (on a GPU the fits' kernels run behind the host, so host waits show where the device is the bottleneck).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import time
 from pathlib import Path
 
@@ -58,6 +65,13 @@ def layer_table(items: list[Passage], strategies: int, layer: int, d: int, seed:
     return builder.table()
 
 
+def print_profile(profiler: cProfile.Profile, top: int) -> None:
+    for key in ("tottime", "cumulative"):
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats(key).print_stats(top)
+        print(f"--- cProfile by {key} ---\n{text.getvalue()}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--path", choices=("batched", "per_fit"), default="batched")
@@ -68,6 +82,7 @@ def main() -> None:
     parser.add_argument("--n-test", type=int, default=600)
     parser.add_argument("--cells", type=int, default=0, help="time only the first K cells of the first layer")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--profile", type=int, default=0, help="print cProfile's N heaviest functions")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "d1_cost.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -82,7 +97,13 @@ def main() -> None:
             table = table.filter(pc.is_in(table.column("strategy"), value_set=pc.cast(keep, "string")))
         start = time.perf_counter()
         cpu0 = time.process_time()
+        profiler = cProfile.Profile() if args.profile else None
+        if profiler:
+            profiler.enable()
         records, _ = probe_pooled_cells(table, "concept", types=types, batched=args.path == "batched")
+        if profiler:
+            profiler.disable()
+            print_profile(profiler, args.profile)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu0
         cells = len(records) // 2
         per_layer.append({"layer": layer, "cells": cells, "seconds": seconds, "cpu_seconds": cpu,

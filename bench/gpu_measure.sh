@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Issue 52's GPU measurement in one call, <= 7 minutes: run from the project tree on the lent GPU machine once the
+# Issue 52's GPU measurement in one call, <= 9 minutes: run from the project tree on the lent GPU machine once the
 # kit is unpacked (../shared/gpu/README.md); every result lands in $OUT (at most 8 files come back):
 #   gpu.log (nvidia-smi -L, setup, each step's exit status and seconds), extraction_cost.{json,log},
+#   d1_cost.{json,log} (one layer's 19 cells at d 4,096, n 1,400 train, with cProfile's heaviest functions),
 #   scale.{json,log}, pytest.log.
 # Each step runs under `timeout` (SIGINT first: bench/scale.py then writes what it measured) in a process group of
 # its own, which is cleared after it (the run's Ray processes); a failed step does not stop the next.
@@ -12,8 +13,10 @@
 # Knobs (environment): SHAPE (llama-3.1-8b), DEVICE (cuda), DTYPE (bfloat16 on cuda, float32 on cpu),
 # SCALE_LIMIT (200: at most 200 passages per class and split, 800 of a concept's 2,000, ~100k tokens; `full`: the
 # whole corpus, ~250k tokens a concept, which needs pooling near the issue's target to finish in T_SCALE),
-# SCALE_CONCEPTS (2), TEXTS (64: extraction_cost's texts per concept), REPEATS (1), STAGES (extraction_cost's six),
-# T_EXTRACT / T_SCALE / T_TESTS (170 / 150 / 60 s: each step's limit), GPU_TESTS (the gpu-marked test files; by
+# SCALE_CONCEPTS (2), TEXTS (256: extraction_cost's texts per concept, ~57k tokens in 16-row forwards, so each stage
+# runs seconds, not its first calls), REPEATS (2: best of two, the first warms every path), STAGES (the four the
+# targets name), D1_CELLS (19), T_EXTRACT / T_D1 / T_SCALE / T_TESTS (190 / 90 / 190 / 60 s: each step's limit),
+# GPU_TESTS (the gpu-marked test files; by
 # default every tests/test_*.py that marks one, but test_steerer.py's vLLM engine start (~2.5 min) and
 # test_reproduce.py's 7B run), INSTALL (1: reinstall the project from this tree into /tmp/site first, when the
 # kit's env is there), PYTHON (python3).
@@ -27,15 +30,18 @@ DTYPE=${DTYPE:-$([ "$DEVICE" = cpu ] && echo float32 || echo bfloat16)}
 SCALE_LIMIT=${SCALE_LIMIT:-200}
 [ "$SCALE_LIMIT" = full ] && SCALE_LIMIT=
 SCALE_CONCEPTS=${SCALE_CONCEPTS:-2}
-TEXTS=${TEXTS:-64}
-REPEATS=${REPEATS:-1}
-STAGES=${STAGES:-raw,forward_backward,hidden,attention,gradient,all}
-T_EXTRACT=${T_EXTRACT:-170}
-T_SCALE=${T_SCALE:-150}
+TEXTS=${TEXTS:-256}
+REPEATS=${REPEATS:-2}
+STAGES=${STAGES:-forward_backward,hidden,attention,all}
+D1_CELLS=${D1_CELLS:-19}
+T_EXTRACT=${T_EXTRACT:-190}
+T_D1=${T_D1:-90}
+T_SCALE=${T_SCALE:-190}
 T_TESTS=${T_TESTS:-60}
 PYTHON=${PYTHON:-python3}
 EXTRA_EXTRACT=${EXTRA_EXTRACT:-}   # more options for extraction_cost.py (the CPU check shortens it)
 EXTRA_SCALE=${EXTRA_SCALE:-}       # more options for scale.py
+EXTRA_D1=${EXTRA_D1:-}             # more options for d1_cost.py
 LOG="$OUT/gpu.log"
 started=$SECONDS
 
@@ -70,6 +76,9 @@ torch.version.cuda, 'available', torch.cuda.is_available())" 2>&1 | tee -a "$LOG
 run_step extraction_cost "$T_EXTRACT" "$PYTHON" bench/extraction_cost.py --shape "$SHAPE" --device "$DEVICE" \
   --dtype "$DTYPE" --concepts 2 --texts "$TEXTS" --max-length 512 --pack-to 512 --stages "$STAGES" \
   --repeats "$REPEATS" --out "$OUT/extraction_cost.json" $EXTRA_EXTRACT
+
+run_step d1_cost "$T_D1" "$PYTHON" bench/d1_cost.py --path batched --threads 1 --cells "$D1_CELLS" --profile 40 \
+  --out "$OUT/d1_cost.json" $EXTRA_D1
 
 run_step scale "$T_SCALE" "$PYTHON" bench/scale.py --shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" \
   --concepts "$SCALE_CONCEPTS" --corpus-size full --max-length 512 ${SCALE_LIMIT:+--limit "$SCALE_LIMIT"} \

@@ -74,6 +74,25 @@ def project(tokens: int, passages: int, raw_s: float, pooling_s: float, d1_s: fl
                       raw_forward_s=raw_s * full_tokens / tokens, pooling_s=pooling, d1_s=d1, total_s=pooling + d1)
 
 
+def after_the_first(rows: list[dict]) -> dict | None:
+    """Pooling over the concepts pooled after the first, beside the raw forward over the same tokens: the first
+    concept's pooling holds the extractor's one-off costs (CUDA context, cuBLAS handles, kernels' first launches)
+    that a 17-concept run pays once; None with one concept. The projection from these rates keeps the first
+    concept's measured seconds as they were and scales the warm rate to the other concepts."""
+    pooled = sorted(rows, key=lambda r: r["pooled_at_s"])
+    if len(pooled) < 2:
+        return None
+    first, rest = pooled[0], pooled[1:]
+    tokens = sum(r["tokens"] for r in rest)
+    pool_s, raw_s = sum(r["pool_s"] for r in rest), sum(r["raw_s"] for r in rest)
+    full_tokens = FULL_CONCEPTS * FULL_PASSAGES * FULL_TOKENS
+    projected = first["pool_s"] + pool_s / tokens * max(0, full_tokens - first["tokens"])
+    return {"concepts": [r["concept"] for r in rest], "tokens": tokens, "pool_s": pool_s, "raw_s": raw_s,
+            "tokens_per_s": tokens / pool_s, "tokens_per_s_over_raw": raw_s / pool_s,
+            "projected_pooling_s": projected,
+            "met_pooling_over_raw": raw_s / pool_s >= TARGETS["pooling_over_raw_tokens_per_s_min"]}
+
+
 def device_name(device: torch.device) -> str:
     """The CUDA device's name, or the CPU's model name from /proc/cpuinfo."""
     if device.type == "cuda":
@@ -303,6 +322,7 @@ def measure(args: argparse.Namespace) -> dict:
                "planned_rows_per_forward": [c["planned_rows_per_forward"] for c in counted],
                "extractors": counts}
     projection = project(tokens, passages, raw_s, run["pooling_s"], run["d1_s"])
+    warm = after_the_first(rows)
     d1_17 = run["d1_s"] * FULL_CONCEPTS * FULL_PASSAGES / passages
     result["peak_bytes"]["extractor"] = max((c["peak_bytes"] for c in counted), default=None)
     return {
@@ -310,6 +330,7 @@ def measure(args: argparse.Namespace) -> dict:
         "seconds": {"pooling": run["pooling_s"], "d1": run["d1_s"], "total": run["total_s"], "raw_forward": raw_s,
                     "bench_wall": time.perf_counter() - started},
         "d1_waits_for_pooling": run["d1_waits_for_pooling"], "pooling": pooling, "projection": asdict(projection),
+        "after_the_first": warm,
         "met": {"pooling_over_raw_tokens_per_s_min": pooling["tokens_per_s_over_raw"] >= TARGETS[
                     "pooling_over_raw_tokens_per_s_min"],
                 "d1_17_concepts_s_max": d1_17 <= TARGETS["d1_17_concepts_s_max"],
@@ -332,6 +353,11 @@ def report(result: dict) -> None:
     console.print(f"pooling {s['pooling']:.1f} s ({result['pooling']['tokens_per_s']:,.0f} tok/s, "
                   f"{result['pooling']['over_raw']:.2f}x raw), D1 {s['d1']:.1f} s, run total {s['total']:.1f} s; "
                   f"raw forward {s['raw_forward']:.2f} s ({result['raw_forward']['tokens_per_s']:,.0f} tok/s)")
+    warm = result.get("after_the_first")
+    if warm:
+        console.print(f"after the first concept: pooling {warm['pool_s']:.1f} s over {warm['tokens']:,} tokens "
+                      f"({warm['tokens_per_s']:,.0f} tok/s, {warm['tokens_per_s_over_raw']:.2f} of the raw "
+                      f"forward's rate); projected pooling {warm['projected_pooling_s'] / 60:.1f} min")
     console.print(f"projection ({p['note']}) to {p['concepts']} x {p['passages_per_concept']} passages x "
                   f"{p['tokens_per_passage']} tokens: raw forward {p['raw_forward_s'] / 60:.1f} min, pooling "
                   f"{p['pooling_s'] / 60:.1f} min, D1 {p['d1_s'] / 60:.1f} min, total {p['total_s'] / 60:.1f} min")

@@ -88,6 +88,34 @@ def test_fast_folds_equal_sklearn_stratified_group_kfold():
         assert all(np.array_equal(a[1], b[1]) for a, b in zip(cv_splits(y, g, k, seed), ours, strict=True))
 
 
+def test_fold_sets_are_remembered_by_labels_groups_folds_and_seed(monkeypatch):
+    import poolbench.prober.fast_folds as fast_folds
+    monkeypatch.setattr(fast_folds, "_remembered", type(fast_folds._remembered)())
+    monkeypatch.setattr(fast_folds, "FOLD_CACHE", 3)
+    computed = []
+    assign = fast_folds._assign
+    monkeypatch.setattr(fast_folds, "_assign", lambda *a: computed.append(a[2:]) or assign(*a))
+    y = np.r_[np.ones(20, dtype=int), np.zeros(20, dtype=int)]
+    g = np.r_[np.arange(20), np.arange(20)].astype(str)
+    first = stratified_group_splits(y, g, 5, 0)
+    again = stratified_group_splits(y.copy(), g.copy(), 5, 0)  # equal values, other arrays: remembered
+    assert computed == [(5, 0)] and all(a[1] is b[1] for a, b in zip(first, again, strict=True))
+    with pytest.raises(ValueError, match="read-only"):
+        again[0][1][0] = 99  # no caller can change the folds another cell reads
+    # each of labels, groups (also as objects), fold count and seed is part of the key: each is assigned anew
+    swapped = g.copy()
+    swapped[[0, 1]] = swapped[[1, 0]]
+    sk = StratifiedGroupKFold(n_splits=5, shuffle=True, random_state=0).split(np.zeros((40, 1)), y, swapped)
+    assert all(np.array_equal(a[1], b[1]) for a, b in zip(sk, stratified_group_splits(y, swapped, 5, 0), strict=True))
+    stratified_group_splits(y, g.astype(object), 5, 0)
+    stratified_group_splits(y, g, 4, 0)
+    stratified_group_splits(y, g, 5, 1)
+    assert computed == [(5, 0), (5, 0), (5, 0), (4, 0), (5, 1)]
+    assert len(fast_folds._remembered) == 3  # the oldest left once the cache is full
+    stratified_group_splits(y, g, 5, 0)
+    assert computed[-1] == (5, 0) and len(computed) == 6
+
+
 def test_seed_spread_first_seed_is_d1_cv_auroc():
     X, y, g, _ = paired_cell(40, 12, 1.0, seed=3)
     spread = seed_spread(X, y, g, seed=7, n_seeds=5)

@@ -83,3 +83,29 @@ def test_the_extractor_counts_its_forwards_on_the_same_tokens_and_the_projection
     assert "not a measurement" in p["note"]
     assert all(math.isfinite(v) and v > 0 for v in (p["pooling_s"], p["d1_s"], p["raw_forward_s"]))
     assert set(r["met"]) == set(r["targets"]) and all(isinstance(v, bool) for v in r["met"].values())
+
+
+def test_after_the_first_concept_is_the_later_concepts_rates_and_a_projection_that_keeps_the_first() -> None:
+    from scale import after_the_first
+    # pooled in the order b, a, c (pooled_at_s): the first is b, whatever the config's order
+    rows = [{"concept": "a", "tokens": 1000, "pool_s": 2.0, "raw_s": 1.0, "pooled_at_s": 20.0},
+            {"concept": "b", "tokens": 4000, "pool_s": 30.0, "raw_s": 4.0, "pooled_at_s": 10.0},
+            {"concept": "c", "tokens": 3000, "pool_s": 6.0, "raw_s": 2.0, "pooled_at_s": 30.0}]
+    warm = after_the_first(rows)
+    assert warm["concepts"] == ["a", "c"] and warm["tokens"] == 4000
+    assert (warm["pool_s"], warm["raw_s"]) == (8.0, 3.0)
+    assert warm["tokens_per_s"] == 500.0 and warm["tokens_per_s_over_raw"] == 3.0 / 8.0
+    assert warm["met_pooling_over_raw"] is True  # 0.375 >= 1/3
+    # b's 30 s as measured, then 13.6 M - 4,000 tokens at 8 s / 4,000 tokens
+    assert warm["projected_pooling_s"] == 30.0 + 8.0 / 4000 * (13_600_000 - 4000)
+    assert after_the_first(rows[:1]) is None
+    slow = [dict(r, pool_s=r["pool_s"] * 10) for r in rows]
+    assert after_the_first(slow)["met_pooling_over_raw"] is False  # 3 / 80 of the raw rate
+
+
+def test_the_smoke_run_reports_the_concepts_after_the_first(smoke_run) -> None:
+    r = smoke_run
+    warm = r["after_the_first"]
+    later = sorted(r["per_concept"], key=lambda row: row["pooled_at_s"])[1:]
+    assert warm["concepts"] == [row["concept"] for row in later] and len(later) == 1
+    assert warm["pool_s"] == later[0]["pool_s"] and warm["tokens"] == later[0]["tokens"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 52's GPU measurement in one call, <= 9 minutes: run from the project tree on the lent GPU machine once the
+# Issue 52's GPU measurement in one call, <= 10 minutes: run from the project tree on the lent GPU machine once the
 # kit is unpacked (../shared/gpu/README.md); every result lands in $OUT (at most 8 files come back):
 #   gpu.log (nvidia-smi -L, setup, each step's exit status and seconds), extraction_cost.{json,log},
 #   d1_cost.{json,log} (one layer's 19 cells at d 4,096, n 1,400 train, with cProfile's heaviest functions),
@@ -13,9 +13,10 @@
 # Knobs (environment): SHAPE (llama-3.1-8b), DEVICE (cuda), DTYPE (bfloat16 on cuda, float32 on cpu),
 # SCALE_LIMIT (200: at most 200 passages per class and split, 800 of a concept's 2,000, ~100k tokens; `full`: the
 # whole corpus, ~250k tokens a concept, which needs pooling near the issue's target to finish in T_SCALE),
-# SCALE_CONCEPTS (2), TEXTS (256: extraction_cost's texts per concept, ~57k tokens in 16-row forwards, so each stage
-# runs seconds, not its first calls), REPEATS (2: best of two, the first warms every path), STAGES (the four the
-# targets name), D1_CELLS (19), T_EXTRACT / T_D1 / T_SCALE / T_TESTS (190 / 90 / 190 / 60 s: each step's limit),
+# SCALE_CONCEPTS (2), TEXTS (64: extraction_cost's 512-token texts per concept from the full corpus, ~65k tokens in
+# 16-row forwards, so each stage runs seconds; the small corpus, the issue's baseline, holds 14k tokens: 2 forwards),
+# REPEATS (2: best of two, the first warms every path), STAGES (the four the targets name), D1_CELLS (19),
+# T_EXTRACT / T_D1 / T_SCALE / T_TESTS (200 / 90 / 240 / 60 s: each step's limit),
 # GPU_TESTS (the gpu-marked test files; by
 # default every tests/test_*.py that marks one, but test_steerer.py's vLLM engine start (~2.5 min) and
 # test_reproduce.py's 7B run), INSTALL (1: reinstall the project from this tree into /tmp/site first, when the
@@ -30,13 +31,13 @@ DTYPE=${DTYPE:-$([ "$DEVICE" = cpu ] && echo float32 || echo bfloat16)}
 SCALE_LIMIT=${SCALE_LIMIT:-200}
 [ "$SCALE_LIMIT" = full ] && SCALE_LIMIT=
 SCALE_CONCEPTS=${SCALE_CONCEPTS:-2}
-TEXTS=${TEXTS:-256}
+TEXTS=${TEXTS:-64}
 REPEATS=${REPEATS:-2}
 STAGES=${STAGES:-forward_backward,hidden,attention,all}
 D1_CELLS=${D1_CELLS:-19}
-T_EXTRACT=${T_EXTRACT:-190}
+T_EXTRACT=${T_EXTRACT:-200}
 T_D1=${T_D1:-90}
-T_SCALE=${T_SCALE:-190}
+T_SCALE=${T_SCALE:-240}
 T_TESTS=${T_TESTS:-60}
 PYTHON=${PYTHON:-python3}
 EXTRA_EXTRACT=${EXTRA_EXTRACT:-}   # more options for extraction_cost.py (the CPU check shortens it)
@@ -74,7 +75,7 @@ fi
 torch.version.cuda, 'available', torch.cuda.is_available())" 2>&1 | tee -a "$LOG"
 
 run_step extraction_cost "$T_EXTRACT" "$PYTHON" bench/extraction_cost.py --shape "$SHAPE" --device "$DEVICE" \
-  --dtype "$DTYPE" --concepts 2 --texts "$TEXTS" --max-length 512 --pack-to 512 --stages "$STAGES" \
+  --dtype "$DTYPE" --corpus-size full --concepts 2 --texts "$TEXTS" --max-length 512 --pack-to 512 --stages "$STAGES" \
   --repeats "$REPEATS" --out "$OUT/extraction_cost.json" $EXTRA_EXTRACT
 
 run_step d1_cost "$T_D1" "$PYTHON" bench/d1_cost.py --path batched --threads 1 --cells "$D1_CELLS" --profile 40 \

@@ -377,8 +377,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layers", default=None, help="comma list (default: the run's, six for a deep model)")
     parser.add_argument("--strategies", default=None, help="comma list (default: all 19 of the card)")
     parser.add_argument("--repeats", type=int, default=1, help="raw forward: best of N")
+    parser.add_argument("--probes-per-gpu", type=int, default=None,
+                        help="D1 probe tasks beside one extractor ($POOLBENCH_PROBES_PER_GPU; default the run's 4)")
     parser.add_argument("--out", type=Path, default=RESULTS / "scale.json")
     args = parser.parse_args(argv)
+    if args.probes_per_gpu is not None:
+        from poolbench.driver.extractor_fleet import PROBES_PER_GPU_ENV
+        os.environ[PROBES_PER_GPU_ENV] = str(args.probes_per_gpu)
     result = measure(args)
     report(result)
     write_result(result, args.out)

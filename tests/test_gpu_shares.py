@@ -15,3 +15,22 @@ def test_probe_tasks_take_a_gpu_share_only_on_a_gpu_run():
 def test_four_probes_fit_beside_one_extractor_and_two_extractors_never_share_a_gpu():
     assert EXTRACTOR_GPU_SHARE + 4 * PROBE_GPU_SHARE <= 1.0
     assert 2 * EXTRACTOR_GPU_SHARE > 1.0
+
+
+def test_the_probes_per_gpu_knob_divides_the_room_beside_the_extractor(monkeypatch):
+    import pytest
+
+    from poolbench.driver.extractor_fleet import PROBES_PER_GPU_ENV
+    from poolbench.errors import PoolBenchError
+
+    monkeypatch.setenv(PROBES_PER_GPU_ENV, "1")
+    assert probe_task_resources(True) == {"num_cpus": 1, "num_gpus": 0.25}  # one probe beside the extractor
+    monkeypatch.setenv(PROBES_PER_GPU_ENV, "2")
+    assert probe_task_resources(True)["num_gpus"] == 0.125
+    assert probe_task_resources(False) == {"num_cpus": 1}  # a CPU run asks for no GPU whatever it says
+    for bad in ("0", "-1", "two", "1.5"):
+        monkeypatch.setenv(PROBES_PER_GPU_ENV, bad)
+        with pytest.raises(PoolBenchError, match=f"{PROBES_PER_GPU_ENV}='{bad}'"):
+            probe_task_resources(True)
+    monkeypatch.setenv(PROBES_PER_GPU_ENV, "")
+    assert probe_task_resources(True)["num_gpus"] == PROBE_GPU_SHARE

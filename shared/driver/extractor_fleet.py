@@ -16,6 +16,7 @@ from ray.actor import ActorHandle
 
 from poolbench.compute_thread import with_compute_thread
 from poolbench.config import RunConfig
+from poolbench.errors import PoolBenchError
 from poolbench.pooler.worker import ExtractorWorker
 from poolbench.records.events import EventSink
 
@@ -37,6 +38,21 @@ def worker_runtime_env() -> dict:
 # take tens of MB (a cell's [n, d] float64 features).
 EXTRACTOR_GPU_SHARE = 0.75
 PROBE_GPU_SHARE = 0.0625
+# How many probe tasks run beside one extractor: processes time-slice a GPU (no two run kernels at once without
+# MPS), so more of them fill each other's host gaps but slow the forward beside them (measured on an H200,
+# bench/measured/h200_warm: 15.0 s a concept's pooling with ~4 beside, 10.7 s with fewer). A tuning knob, never a
+# result: the records do not depend on it.
+PROBES_PER_GPU_ENV = "POOLBENCH_PROBES_PER_GPU"
+
+
+def probe_gpu_share() -> float:
+    """A probe task's GPU share: PROBE_GPU_SHARE, or the room beside an extractor over $POOLBENCH_PROBES_PER_GPU."""
+    raw = os.environ.get(PROBES_PER_GPU_ENV)
+    if raw is None or raw == "":
+        return PROBE_GPU_SHARE
+    if not raw.isdigit() or int(raw) < 1:
+        raise PoolBenchError(f"{PROBES_PER_GPU_ENV}={raw!r}: give a whole number of probe tasks per GPU, 1 or more")
+    return (1.0 - EXTRACTOR_GPU_SHARE) / int(raw)
 
 
 def plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:

@@ -53,7 +53,7 @@ from poolbench.store.keys import artifact_key, layer_shard_key
 from poolbench.store.url import open_store
 
 from .breakdowns import d1_by_bucket, d1_by_tier, lexical_baselines, lexical_by_tier
-from .extractor_fleet import PROBE_GPU_SHARE, ExtractorFleet, worker_runtime_env
+from .extractor_fleet import ExtractorFleet, probe_gpu_share, worker_runtime_env
 from .nodes import alive_nodes
 from .probe_gate import ProbeGate, beside_the_forward
 from .ray_messages import plain_ray_messages
@@ -213,10 +213,10 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
 
 
 def probe_task_resources(on_gpu: bool) -> dict:
-    """A D1 task's Ray resources: one core, and on a GPU run a share of a GPU (PROBE_GPU_SHARE) beside the
+    """A D1 task's Ray resources: one core, and on a GPU run a share of a GPU (probe_gpu_share) beside the
     extractor's (EXTRACTOR_GPU_SHARE), so the batched fits (prober.batched_cell) run on the device; without a GPU
     request Ray hides CUDA from the task and its fits would run on one host core."""
-    return {"num_cpus": 1, "num_gpus": PROBE_GPU_SHARE} if on_gpu else {"num_cpus": 1}
+    return {"num_cpus": 1, "num_gpus": probe_gpu_share()} if on_gpu else {"num_cpus": 1}
 
 
 PoolGroup = list[tuple[ConceptPlan, list[int]]]  # the concepts one pooling job shares forwards for, with their layers

@@ -29,6 +29,11 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_batched_logistic.py::test_batched_cell_records_equal_todays_evaluate_d1_and_cell_reliability": (
         2, INTS + "; the 0/1 predictions sit further from the threshold than the solvers' stopping-rule bound on this "
            "cell (the same argument as its AUROCs, said beside them)", "fold indices and 0/1 test predictions"),
+    "test_batched_logistic.py::test_a_fit_stopped_at_max_iter_is_flagged_and_warned_and_one_that_met_the_rule_is_not": (
+        1, SAME + ": max_iter equal to the steps the fit took runs the same steps on the same inputs",
+        "the coefficients of a fit allowed exactly its own steps and of the default one"),
+    "test_reliability.py::test_fold_sets_are_remembered_by_labels_groups_folds_and_seed": (
+        1, INTS, "fold indices of the remembered fold sets and scikit-learn's"),
     "test_batched_logistic.py::test_s3_head_ranking_builds_its_splitter_once_and_keeps_each_heads_auroc": (
         1, SAME + ": the folds of a splitter built once equal those built per head, so each head's fits are the same "
            "computation", "per-head AUROCs"),

@@ -210,3 +210,98 @@ def test_probe_pooled_cells_fits_unsupervised_cells_through_the_batched_solver(m
     assert [r.cv_auroc for r in records] == [r.cv_auroc for r in before]
     assert records[0].seed_cv_aurocs == before[0].seed_cv_aurocs
     assert scores.num_rows == 2 * 80  # 2 probes × (60 train + 20 test passages)
+
+
+def test_a_fit_stopped_at_max_iter_is_flagged_and_warned_and_one_that_met_the_rule_is_not(monkeypatch):
+    import warnings as warnings_module
+
+    from poolbench.prober.newton_logistic import UnconvergedFitWarning, fit_l2_logistic
+
+    X, y, _ = _data(80, 120, 0)
+    rows = [np.arange(80), np.arange(0, 80, 2) + np.tile([0, 1], 20)]
+    Xt = torch.as_tensor(X)
+    with warnings_module.catch_warnings():
+        warnings_module.simplefilter("error", UnconvergedFitWarning)  # none may come from a fit that converges
+        done = fit_many(Xt, rows, [y[r] for r in rows])
+    assert bool(done.converged.all()) and int(done.iterations.max()) >= 2
+    # exactly the steps it needs: the loop ends by exhaustion, the last step's gradient is checked, nothing flagged
+    needed = int(done.iterations.max())
+    before = batched_logistic.FIT_COUNTER["refits"]
+    with warnings_module.catch_warnings():
+        warnings_module.simplefilter("error", UnconvergedFitWarning)
+        just = fit_many(Xt, rows, [y[r] for r in rows], max_iter=needed)
+    assert bool(just.converged.all()) and batched_logistic.FIT_COUNTER["refits"] == before
+    torch.testing.assert_close(just.coef, done.coef, rtol=0, atol=0)
+    # one step short: the batch leaves both fits short of the rule, the per-fit path fits them again and they are
+    # its fits (NewtonLogisticProbe's scores, within the two stopping rules' bound), converged, with no warning
+    with warnings_module.catch_warnings():
+        warnings_module.simplefilter("error", UnconvergedFitWarning)
+        rescued = fit_many(Xt, rows, [y[r] for r in rows], max_iter=1)
+    assert bool(rescued.converged.all()) and batched_logistic.FIT_COUNTER["refits"] == before + 2
+    for f, r in enumerate(rows):
+        ref = NewtonLogisticProbe().fit(X[r], y[r])
+        gap = np.abs(rescued.scores(Xt)[f].numpy() - ref.decision_function(X))
+        assert np.all(gap <= 1e-9 * np.maximum(1.0, np.abs(ref.decision_function(X))))
+    # where the per-fit path cannot either, the fits come back flagged and the call says so
+    monkeypatch.setattr(batched_logistic, "REFIT_MAX_ITER", 1)
+    with pytest.warns(UnconvergedFitWarning, match=r"2 of 2 logistic fits stopped at max_iter=1 .* and again one at"):
+        short = fit_many(Xt, rows, [y[r] for r in rows], max_iter=1)
+    assert not bool(short.converged.any())
+    # the per-fit solver says the same of its own fit
+    Z = (X - X.mean(0)) / X.std(0)
+    with pytest.warns(UnconvergedFitWarning, match=r"1 of 1 logistic fits stopped at max_iter=1"):
+        fit_l2_logistic(Z, y.astype(float), max_iter=1)
+    with warnings_module.catch_warnings():
+        warnings_module.simplefilter("error", UnconvergedFitWarning)
+        fit_l2_logistic(Z, y.astype(float))
+
+
+def test_a_fit_whose_newton_steps_fail_the_line_search_stops_and_is_fitted_one_at_a_time():
+    """MDL's first prefix on make run's frustration layer 12 A2_max, in miniature: 4 rows of a universe where some
+    features are nearly constant within the fit (scale 1e-4) but spread in the universe. The batched Newton matrix is
+    then too ill-conditioned for its steps to descend; before, the line search's last resort took the step anyway and
+    the coefficients went to inf."""
+    rng = np.random.default_rng(7)
+    X = rng.normal(size=(16, 64)) * 3.0
+    rows = [np.arange(4), np.arange(4, 16)]
+    X[:4, :32] = 5.0 + rng.normal(size=(4, 32)) * 1e-4  # near-constant in fit 0, spread in the universe
+    y = np.tile([1, 0], 8)
+    fit = fit_many(torch.as_tensor(X), rows, [y[r] for r in rows], exact=True)
+    assert bool(fit.converged.all()) and bool(torch.isfinite(fit.coef).all())
+    ref = NewtonLogisticProbe().fit(X[rows[0]], y[rows[0]])
+    got = fit.scores(torch.as_tensor(X))[0].numpy()
+    np.testing.assert_allclose(got, ref.decision_function(X), rtol=1e-6, atol=1e-6)
+
+
+def test_the_probe_loop_names_the_cell_of_an_unconverged_fit(caplog):
+    import logging
+    import warnings as warnings_module
+
+    from poolbench.prober.concept_probe import fits_named
+    from poolbench.prober.newton_logistic import UnconvergedFitWarning
+
+    with (caplog.at_level(logging.WARNING, logger="poolbench.prober.concept_probe"),
+          pytest.warns(DeprecationWarning, match="passes through"), fits_named("hedging", 12, "A1_mean")):
+        warnings_module.warn("3 of 31 logistic fits stopped at max_iter=200", UnconvergedFitWarning, stacklevel=1)
+        warnings_module.warn("passes through", DeprecationWarning, stacklevel=1)
+    [record] = [r for r in caplog.records if "max_iter" in r.getMessage()]
+    assert record.getMessage() == "hedging layer 12 A1_mean: 3 of 31 logistic fits stopped at max_iter=200"
+
+
+def test_fits_refactored_beside_one_already_converged_keep_their_own_factors():
+    """A fold with no signal stops at its cold start (every vector once with each label) while two folds with signal
+    take their first Newton factor: each must get its own. The factors once sat in an expanded view of one identity,
+    so writing two of them landed in one shared matrix and both fits stepped with the second's factor (make run: 654
+    MDL fits that could not descend, and 28 calls that stopped at max_iter)."""
+    X, y, _ = _data(80, 120, 0)
+    X2, y2 = np.vstack([X, X]), np.r_[y, 1 - y]
+    rows = [np.arange(160), np.arange(0, 64), np.arange(16, 80)]  # no signal, then two folds of the signal rows
+    labels = [y2[r] for r in rows]
+    Xt = torch.as_tensor(X2)
+    init = fit_many(Xt, [np.arange(80)], [y], exact=True)
+    together = fit_many(Xt, rows, labels, init=init, exact=True)
+    assert together.iterations[0] == 0 and bool(together.converged.all())
+    for f in (1, 2):
+        alone = fit_many(Xt, [rows[f]], [labels[f]], init=init, exact=True)
+        assert int(together.iterations[f]) == int(alone.iterations[0])
+        torch.testing.assert_close(together.coef[f], alone.coef[0], rtol=1e-9, atol=1e-9)

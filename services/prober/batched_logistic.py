@@ -29,6 +29,7 @@ score differs by at most ‖(x̃, 1)‖₂ times twice that; AUROCs are equal un
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,14 +37,17 @@ import numpy as np
 import torch
 
 from poolbench.prober.distinct_rows import score_distinct_rows
-from poolbench.prober.newton_logistic import LOGISTIC_C
+from poolbench.prober.newton_logistic import LOGISTIC_C, NewtonLogisticProbe, UnconvergedFitWarning
 
 _ARMIJO = 1e-4
 _REFRESH = 0.2  # refactor a fit's Newton matrix unless its gradient fell at least 5-fold in the last step
 _FLOAT32_FACTOR_ON_CPU = True
 _SHARED_EXTRA_STEPS = 10  # the shared Gram's extra Newton steps over exact ones, as exact_is_cheaper counts them
+_CANCELLED = 1e13  # E[xc²] − E[xc]² kept fewer than ~3 of float64's 16 digits: take that variance in two passes
 _CHUNK_ENTRIES = 16 * 1400 * 1400  # entries of one [F, M, M] dual matrix (~250 MB at float64)
-FIT_COUNTER = {"calls": 0, "fits": 0}  # tests read it: the batched path must not fall back to one fit per call
+FIT_COUNTER = {"calls": 0, "fits": 0, "refits": 0}  # tests read it: the batched path must not fall back to one fit
+# per call; "refits": fits the batched solver could not bring to its stopping rule, fitted again one at a time
+REFIT_MAX_ITER = 100  # the per-fit path's (fit_l2_logistic's) own
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,7 @@ class BatchFit:
     intercept: torch.Tensor  # [F]
     iterations: torch.Tensor  # [F]
     factorizations: torch.Tensor  # [F] Cholesky factorizations of the fit's Newton matrix
+    converged: torch.Tensor  # [F] bool: the fit met the stopping rule (else it stopped at max_iter)
     center: torch.Tensor  # [d] μ₀
     v: torch.Tensor  # [F, d]
     c: torch.Tensor  # [F]
@@ -70,12 +75,24 @@ class BatchFit:
 def standardisers(X: torch.Tensor, member: torch.Tensor, center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per fit (mean, scale) of its rows as NewtonLogisticProbe takes them (population std, near-constant → 1).
 
-    `member` [F, n] is 1 on a fit's rows; variances are taken about μ₀ and shifted, which loses nothing when μ₀
-    lies near each fit's mean (it is the universe's)."""
+    `member` [F, n] is 1 on a fit's rows; variances are taken about μ₀ and shifted (E[xc²] − E[xc]², GEMMs), which
+    loses nothing where a fit's spread is not tiny beside its offset from μ₀. Where it is (a feature constant or
+    nearly so in a fit but not in the universe: W1_first_k's and P2_first's shared first tokens, MDL's short
+    prefixes), the shift cancels all but round-off, ~eps·E[xc²], and a feature NewtonLogisticProbe finds constant
+    (std 0, scale 1) got a spurious scale ~√eps·|offset|, a different and ill-conditioned problem (make run: 28
+    MDL fit calls stopped at max_iter; frustration layer 12 A2_max's compression 0.0017 off the per-fit path's).
+    Those entries are taken again in two passes about the fit's own mean, as numpy's std takes them."""
     m = member.sum(dim=1, keepdim=True)
     Xc = X - center
     mean_c = (member @ Xc) / m
-    var = ((member @ (Xc * Xc)) / m - mean_c * mean_c).clamp_min(0.0)
+    second = (member @ (Xc * Xc)) / m
+    var = (second - mean_c * mean_c).clamp_min(0.0)
+    lost = var <= _CANCELLED * torch.finfo(X.dtype).eps * second  # [F, d]: the shift kept fewer than ~3 digits
+    for f in lost.any(dim=1).nonzero().flatten().tolist():
+        cols = lost[f].nonzero().flatten()
+        rows = member[f].nonzero().flatten()
+        dev = Xc.index_select(0, rows).index_select(1, cols) - mean_c[f, cols]
+        var[f, cols] = (dev * dev).mean(dim=0)
     mean = mean_c + center
     scale = var.sqrt()
     eps = float(torch.finfo(X.dtype).eps)
@@ -122,9 +139,45 @@ def fit_many(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.nd
     if len(rows) > per_chunk:  # the [F, M, M] dual matrices in slices that fit memory
         parts = [_fit(X, rows[k:k + per_chunk], labels[k:k + per_chunk], C, tol, max_iter, exact, init, gram)
                  for k in range(0, len(rows), per_chunk)]
-        return BatchFit(*(torch.cat([getattr(p, name) for p in parts]) if name != "center" else parts[0].center
-                          for name in BatchFit.__dataclass_fields__))
-    return _fit(X, rows, labels, C, tol, max_iter, exact, init, gram)
+        fit = BatchFit(*(torch.cat([getattr(p, name) for p in parts]) if name != "center" else parts[0].center
+                         for name in BatchFit.__dataclass_fields__))
+    else:
+        fit = _fit(X, rows, labels, C, tol, max_iter, exact, init, gram)
+    if not bool(fit.converged.all()):
+        fit = _refit_one_at_a_time(X, rows, labels, fit, C, tol)
+    short = int((~fit.converged).sum())
+    if short:
+        warnings.warn(f"{short} of {len(rows)} logistic fits stopped at max_iter={max_iter} with |gradient| still "
+                      f">= tol={tol:g}, and again one at a time (max_iter={REFIT_MAX_ITER}): their scores are "
+                      "those of the last step", UnconvergedFitWarning, stacklevel=2)
+    return fit
+
+
+def _refit_one_at_a_time(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarray], fit: BatchFit,
+                         C: float, tol: float) -> BatchFit:
+    """The fits the batched solver left short of its stopping rule, fitted by the per-fit path (NewtonLogisticProbe,
+    each fit's rows centred and scaled by their own statistics) and put back in the batch's parametrisation.
+
+    Why: the batched solver works in the universe's centring; a fit whose features are near-constant in its rows but
+    not in the universe (MDL's 4-row first prefix on A2_max) gets a Newton matrix so ill-conditioned that its steps
+    fail the line search, and the last resort step diverged (make run: 28 MDL fit calls, frustration layer 12
+    A2_max's coefficients inf and its compression 0.0017 off the per-fit path's). The per-fit path is the reference
+    the batched one must equal, so these few fits take it."""
+    out = {name: getattr(fit, name).clone() for name in BatchFit.__dataclass_fields__}
+    for f in (~fit.converged).nonzero().flatten().tolist():
+        FIT_COUNTER["refits"] += 1
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UnconvergedFitWarning)
+            model = NewtonLogisticProbe(C=C, tol=tol, max_iter=REFIT_MAX_ITER).fit(
+                X[torch.as_tensor(rows[f], device=X.device)].cpu().numpy(), np.asarray(labels[f]))
+        as_t = lambda a: torch.as_tensor(a, device=X.device, dtype=X.dtype)  # noqa: E731
+        mean, scale, coef = as_t(model.mean_), as_t(model.scale_), as_t(model.coef_)
+        v = coef / scale
+        out["mean"][f], out["scale"][f], out["coef"][f], out["v"][f] = mean, scale, coef, v
+        out["intercept"][f] = float(model.intercept_)
+        out["c"][f] = float(model.intercept_) + ((fit.center - mean) * v).sum()
+        out["converged"][f] = not any(issubclass(w.category, UnconvergedFitWarning) for w in caught)
+    return BatchFit(**out)
 
 
 def exact_is_cheaper(n: int, m: int) -> bool:
@@ -175,6 +228,7 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
     z_all = Xc @ v.T + c  # [n, F]
     iterations = torch.zeros(F, dtype=torch.int64, device=dev)
     active = torch.ones(F, dtype=torch.bool, device=dev)
+    stalled = torch.zeros(F, dtype=torch.bool, device=dev)
 
     def objective(z: torch.Tensor, vv: torch.Tensor) -> torch.Tensor:
         zz = z.T.gather(1, idx)
@@ -182,20 +236,16 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
         return C * loss.sum(dim=1) + 0.5 * (pen * vv * vv).sum(dim=1)
 
     f_val = objective(z_all, v)
-    L = eye.expand(F, -1, -1).to(factor_dtype)
+    # A tensor of its own, not eye's expanded view: `L[sel] = ...` below writes into it where some fits are already
+    # converged at the first step (a cold start that meets the rule), and a write into an expanded view lands in
+    # the one shared matrix, handing every fit the last one's factor.
+    L = eye.to(factor_dtype).repeat(F, 1, 1)
     factorizations = torch.zeros(F, dtype=torch.int64, device=dev)
     last_grad = torch.full((F,), float("inf"), device=dev, dtype=dt)
     u = torch.zeros(F, X.shape[1], device=dev, dtype=dt)
     curv = torch.zeros_like(mask)
     for _ in range(max_iter):
-        zz = z_all.T.gather(1, idx)
-        p = torch.sigmoid(zz)
-        r = C * (p - y) * mask  # [F, M]
-        r_full = torch.zeros(F, n, device=dev, dtype=dt).scatter_add_(1, idx, r)
-        xtr = r_full @ Xc  # [F, d]
-        g_b = r.sum(dim=1)
-        g_w = (xtr - (mean - center) * g_b[:, None]) / scale + scale * v  # today's gradient, standardised units
-        grad = torch.maximum(g_w.abs().amax(dim=1), g_b.abs())
+        grad, p, xtr, g_b = _gradient(Xc, idx, mask, y, z_all.T.gather(1, idx), mean - center, scale, v, C)
         active &= ~(grad < tol)
         if not bool(active.any()):
             break
@@ -241,19 +291,44 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
         pending = active.clone()
         while True:
             f_new = objective(z_all - step * dz, v - step[:, None] * dv)
-            ok = (f_new <= f_val - _ARMIJO * step * slope) | (step < 1e-10)
-            pending &= ~ok
+            descent = f_new <= f_val - _ARMIJO * step * slope
+            pending &= ~(descent | (step < 1e-10))
             if not bool(pending.any()):
                 break
             step = torch.where(pending, step * 0.5, step)
+        # No step down to 1e-10 decreased the objective: the direction is not a descent direction in floating point
+        # (an ill-conditioned Newton matrix). Such a fit stays where it is and stops, not converged.
+        stuck = active & ~descent
+        if bool(stuck.any()):
+            step = torch.where(stuck, torch.zeros_like(step), step)
+            f_new = torch.where(stuck, f_val, f_new)
+            stalled |= stuck
+            active &= ~stuck
         v = v - step[:, None] * dv
         c = c - step * dc
         z_all = z_all - step * dz
         f_val = torch.where(active, f_new, f_val)
+    else:  # max_iter steps taken: the last one's gradient was never checked
+        grad = _gradient(Xc, idx, mask, y, z_all.T.gather(1, idx), mean - center, scale, v, C)[0]
+        active &= ~(grad < tol)
     coef = scale * v
     intercept = c + ((mean - center) * v).sum(dim=1)
     return BatchFit(mean=mean, scale=scale, coef=coef, intercept=intercept, iterations=iterations,
-                    factorizations=factorizations, center=center, v=v, c=c)
+                    factorizations=factorizations, converged=~active & ~stalled, center=center, v=v, c=c)
+
+
+def _gradient(Xc: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor, y: torch.Tensor, zz: torch.Tensor,
+              shift: torch.Tensor, scale: torch.Tensor, v: torch.Tensor,
+              C: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(|gradient|∞ [F], p [F, M], Xcᵀr [F, d], the intercept's gradient [F]) of every fit at scores zz [F, M] of
+    its rows: fit_l2_logistic's gradient in standardised units, which its stopping rule reads."""
+    p = torch.sigmoid(zz)
+    r = C * (p - y) * mask  # [F, M]
+    r_full = torch.zeros(len(idx), Xc.shape[0], device=Xc.device, dtype=Xc.dtype).scatter_add_(1, idx, r)
+    xtr = r_full @ Xc  # [F, d]
+    g_b = r.sum(dim=1)
+    g_w = (xtr - shift * g_b[:, None]) / scale + scale * v
+    return torch.maximum(g_w.abs().amax(dim=1), g_b.abs()), p, xtr, g_b
 
 
 def _cold_start_stops(Xc: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor, y: torch.Tensor,
@@ -262,11 +337,8 @@ def _cold_start_stops(Xc: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor, y
     stopping rule. Such a fit stays there, as the per-fit path does: a balanced fold whose rows carry no signal has
     its optimum at 0 and every score tied, while a warm start would stop a stopping rule's width from 0 with scores
     ~1e-6 apart that AUROC orders (make run: toxicity P2_first fold 1, 0.656 instead of 0.5)."""
-    r = C * (0.5 - y) * mask
-    g_b = r.sum(dim=1)
-    r_full = torch.zeros(len(idx), Xc.shape[0], device=Xc.device, dtype=Xc.dtype).scatter_add_(1, idx, r)
-    g_w = (r_full @ Xc - shift * g_b[:, None]) / scale
-    return torch.maximum(g_w.abs().amax(dim=1), g_b.abs()) < tol
+    zero = torch.zeros_like(mask)
+    return _gradient(Xc, idx, mask, y, zero, shift, scale, torch.zeros_like(scale), C)[0] < tol
 
 
 def shared_gram(X: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

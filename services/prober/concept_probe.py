@@ -6,7 +6,10 @@ whole concept; what spans layers (the CV-chosen layer, win rate, Friedman) is co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +24,7 @@ from poolbench.prober.batched_cell import batched_d1_cell
 from poolbench.prober.d1 import evaluate_d1
 from poolbench.prober.flash import flash_subset, parse_fraction
 from poolbench.prober.learned_cell import learned_fold_cell
+from poolbench.prober.newton_logistic import UnconvergedFitWarning
 from poolbench.prober.passage_scores import (
     HELDOUT,
     OUT_OF_FOLD,
@@ -35,14 +39,18 @@ from poolbench.records.d1 import D1CellRecord, d1_records_from_table, d1_records
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import layer_shard_key
 
-D1_VERSION = 9  # 2: per-cell reliability statistics, supervised (S3) cells; 3: Newton logistic probe;
+LOG = logging.getLogger(__name__)
+
+D1_VERSION = 10  # 2: per-cell reliability statistics, supervised (S3) cells; 3: Newton logistic probe;
 # 4: one D1 artifact per (concept, layer), gathered into the concept's; 5: pair-clustered DeLong CI, type control;
 # 6: every cell's per-passage held-out and out-of-fold scores stored beside its records; 7: a cell's fits batched
 # (batched_cell): make run's mean CV AUROC moved in the third decimal for 5 of 19 strategies (P2_first 0.567 -> 0.577),
 # held-out D1 unchanged, so no stored cell of the per-fit path is read beside the batched ones; 8: equal rows score
 # bit-identically (distinct_rows) and a no-signal fold stays at its cold start: both paths equal again on those cells
 # 9: small cells' own-Gram (exact) factors in float64 with the shared Gram as fallback: 8's float32 factors left 8 of
-# make run's 3,876 cells' CV AUROCs (and MDL) off the per-fit path's; now equal
+# make run's 3,876 cells' CV AUROCs (and MDL) off the per-fit path's; now equal; 10: a batched fit that cannot reach
+# its stopping rule (its steps fail the line search, or max_iter) is fitted again one at a time: 28 of make run's MDL
+# fit calls had one, frustration layer 12 A2_max's compression 0.0017 off the per-fit path's (coefficients inf)
 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,
@@ -85,52 +93,67 @@ def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
     metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     records = []
     for layer, strategy in view.cells:
-        cell = view.matrix(layer, strategy)
-        supervised = (head_selection_cell(cell, metadata, head_view, layer, strategy, seed)
-                      or learned_fold_cell(cell, metadata, learned_view, layer, strategy))
-        stats: dict = {}
-        train_rows = np.flatnonzero(cell.split == "train")
-        if flash is not None:  # a stratified, pair-preserving fraction of train; test stays whole
-            kept = flash_subset(cell.y[train_rows], cell.groups[train_rows], parse_fraction(flash), seed=seed,
-                                concept=concept, min_per_class=n_folds)
-            train_rows = train_rows[kept]
-        if supervised is None:
-            train, test = cell.take(train_rows), cell.subset("test")
-            types_train = (None if types is None or not reliability else
-                           np.array([types.get(str(pid), str(pid)) for pid in train.passage_ids]))
-            if batched:
-                result, stats = batched_d1_cell(train.X, train.y, train.groups, test.X, test.y, test.groups,
-                                                n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
-                                                reliability=reliability, types_train=types_train)
-            else:
-                result = evaluate_d1(train.X, train.y, train.groups, test.X, test.y, test.groups,
-                                     n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
-            if reliability and not batched:
-                stats = cell_reliability(train.X, train.y, train.groups, train.passage_ids, test.X, test.y,
-                                         test.groups, seed=seed, n_folds=n_folds, types_train=types_train,
-                                         d1_cv_auroc=result.probes["logistic"].cv_auroc)
-        else:  # heads are chosen inside each fold from that fold's training labels only
-            result = evaluate_d1_supervised(
-                supervised, cell.y, cell.groups, train_rows,
-                np.flatnonzero(cell.split == "test"), n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
-        fallback_count = int(cell.fallback.sum())
-        test_rows = np.flatnonzero(cell.split == "test")
-        for probe_name, probe in result.probes.items():
-            for kind, rows, values, folds in ((HELDOUT, test_rows, probe.test_scores, None),
-                                              (OUT_OF_FOLD, train_rows, probe.oof_scores, probe.oof_folds)):
-                scores.append(cell_scores_table(concept, layer, strategy, probe_name, kind, cell.passage_ids[rows],
-                                                cell.groups[rows], cell.y[rows], values, folds=folds, tiers=tiers))
-            records.append(D1CellRecord(
-                concept=concept, layer=layer, strategy=strategy,
-                **probe.to_record(),
-                fallback_count=fallback_count,
-                fallback_rate=fallback_count / len(cell.fallback),
-                heads_selected=getattr(supervised, "chosen", [None])[-1] if supervised is not None else None,
-                # Seeds, selectivity and MDL describe the logistic probe; a supervised cell's features change
-                # per fold, so they are not defined there (None, not a number computed on other features).
-                **{key: (value if probe_name == "logistic" else None) for key, value in stats.items()},
-            ))
+        with fits_named(concept, layer, strategy):
+            cell = view.matrix(layer, strategy)
+            supervised = (head_selection_cell(cell, metadata, head_view, layer, strategy, seed)
+                          or learned_fold_cell(cell, metadata, learned_view, layer, strategy))
+            stats: dict = {}
+            train_rows = np.flatnonzero(cell.split == "train")
+            if flash is not None:  # a stratified, pair-preserving fraction of train; test stays whole
+                kept = flash_subset(cell.y[train_rows], cell.groups[train_rows], parse_fraction(flash), seed=seed,
+                                    concept=concept, min_per_class=n_folds)
+                train_rows = train_rows[kept]
+            if supervised is None:
+                train, test = cell.take(train_rows), cell.subset("test")
+                types_train = (None if types is None or not reliability else
+                               np.array([types.get(str(pid), str(pid)) for pid in train.passage_ids]))
+                if batched:
+                    result, stats = batched_d1_cell(train.X, train.y, train.groups, test.X, test.y, test.groups,
+                                                    n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
+                                                    reliability=reliability, types_train=types_train)
+                else:
+                    result = evaluate_d1(train.X, train.y, train.groups, test.X, test.y, test.groups,
+                                         n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
+                if reliability and not batched:
+                    stats = cell_reliability(train.X, train.y, train.groups, train.passage_ids, test.X, test.y,
+                                             test.groups, seed=seed, n_folds=n_folds, types_train=types_train,
+                                             d1_cv_auroc=result.probes["logistic"].cv_auroc)
+            else:  # heads are chosen inside each fold from that fold's training labels only
+                result = evaluate_d1_supervised(
+                    supervised, cell.y, cell.groups, train_rows,
+                    np.flatnonzero(cell.split == "test"), n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
+            fallback_count = int(cell.fallback.sum())
+            test_rows = np.flatnonzero(cell.split == "test")
+            for probe_name, probe in result.probes.items():
+                for kind, rows, values, folds in ((HELDOUT, test_rows, probe.test_scores, None),
+                                                  (OUT_OF_FOLD, train_rows, probe.oof_scores, probe.oof_folds)):
+                    scores.append(cell_scores_table(concept, layer, strategy, probe_name, kind, cell.passage_ids[rows],
+                                                    cell.groups[rows], cell.y[rows], values, folds=folds, tiers=tiers))
+                records.append(D1CellRecord(
+                    concept=concept, layer=layer, strategy=strategy,
+                    **probe.to_record(),
+                    fallback_count=fallback_count,
+                    fallback_rate=fallback_count / len(cell.fallback),
+                    heads_selected=getattr(supervised, "chosen", [None])[-1] if supervised is not None else None,
+                    # Seeds, selectivity and MDL describe the logistic probe; a supervised cell's features change
+                    # per fold, so they are not defined there (None, not a number computed on other features).
+                    **{key: (value if probe_name == "logistic" else None) for key, value in stats.items()},
+                ))
     return records, concat_scores(scores)
+
+
+@contextlib.contextmanager
+def fits_named(concept: str, layer: int, strategy: str) -> Iterator[None]:
+    """A logistic fit that stopped at max_iter (UnconvergedFitWarning) is logged with the cell it belongs to, once
+    per cell and fit call: the solvers cannot name the cell, and a warning without one tells a user nothing."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", UnconvergedFitWarning)
+        yield
+    for w in caught:
+        if issubclass(w.category, UnconvergedFitWarning):
+            LOG.warning("%s layer %d %s: %s", concept, layer, strategy, w.message)
+        else:  # everything else as it came
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 def pb_records(table: pa.Table, concept: str, corpus_order: Sequence[str]) -> list[D1CellRecord]:

@@ -9,6 +9,8 @@ the optimum with scikit-learn's LogisticRegression at a tight tolerance.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve
 from scipy.special import expit
@@ -19,6 +21,11 @@ from poolbench.prober.distinct_rows import score_distinct_rows_np
 
 LOGISTIC_C = 1.0  # inverse L2 strength of the one logistic probe (D1 and every reliability statistic)
 _ARMIJO = 1e-4
+
+
+class UnconvergedFitWarning(UserWarning):
+    """A logistic fit took max_iter steps without its gradient falling below tol: its scores are the last step's,
+    not the optimum's. The probe loop names the cell (concept_probe); a run never reports such a fit silently."""
 
 
 def _objective(X: np.ndarray, y: np.ndarray, w: np.ndarray, b: float, C: float) -> float:
@@ -59,9 +66,7 @@ def fit_l2_logistic(X: np.ndarray, y: np.ndarray, C: float = LOGISTIC_C, tol: fl
     w, b = (np.zeros(d), 0.0) if init is None else (np.array(init[0], dtype=np.float64), float(init[1]))
     f = _objective(X, y, w, b, C)
     for _ in range(max_iter):
-        p = expit(X @ w + b)
-        r = C * (p - y)
-        g_w, g_b = X.T @ r + w, float(r.sum())
+        p, g_w, g_b = _gradient(X, y, w, b, C)
         if max(float(np.max(np.abs(g_w))), abs(g_b)) < tol:
             break
         dw, db = _newton_direction(X, K, C * p * (1.0 - p), g_w, g_b)
@@ -74,17 +79,30 @@ def fit_l2_logistic(X: np.ndarray, y: np.ndarray, C: float = LOGISTIC_C, tol: fl
                 break
             step *= 0.5
         w, b, f = w_new, b_new, f_new
+    else:  # max_iter steps taken: the last one's gradient was never checked
+        _, g_w, g_b = _gradient(X, y, w, b, C)
+        if max(float(np.max(np.abs(g_w))), abs(g_b)) >= tol:
+            warnings.warn(f"1 of 1 logistic fits stopped at max_iter={max_iter} with |gradient| still >= tol={tol:g}: "
+                          "its scores are those of the last step", UnconvergedFitWarning, stacklevel=2)
     return w, b
+
+
+def _gradient(X: np.ndarray, y: np.ndarray, w: np.ndarray, b: float, C: float) -> tuple[np.ndarray, np.ndarray, float]:
+    """(p, ∇w, ∂b) of C·Σ logloss + |w|²/2 at (w, b)."""
+    p = expit(X @ w + b)
+    r = C * (p - y)
+    return p, X.T @ r + w, float(r.sum())
 
 
 class NewtonLogisticProbe(ClassifierMixin, BaseEstimator):
     """StandardScaler + L2 LogisticRegression(C) in one estimator, fitted by `fit_l2_logistic`."""
 
     def __init__(self, C: float = LOGISTIC_C, tol: float = 1e-6,
-                 init: tuple[np.ndarray, float] | None = None) -> None:
+                 init: tuple[np.ndarray, float] | None = None, max_iter: int = 100) -> None:
         self.C = C
         self.tol = tol
         self.init = init
+        self.max_iter = max_iter
 
     def fit(self, X: np.ndarray, y: np.ndarray) -> NewtonLogisticProbe:
         X = np.asarray(X, dtype=np.float64)
@@ -98,7 +116,7 @@ class NewtonLogisticProbe(ClassifierMixin, BaseEstimator):
                                1.0, scale)
         self.coef_, self.intercept_ = fit_l2_logistic((X - self.mean_) / self.scale_,
                                                       (y == self.classes_[1]), self.C, self.tol,
-                                                      init=self.init)
+                                                      max_iter=self.max_iter, init=self.init)
         return self
 
     def decision_function(self, X: np.ndarray) -> np.ndarray:

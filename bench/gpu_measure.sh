@@ -10,6 +10,10 @@
 #   bash bench/gpu_measure.sh                      # on the GPU, after `. /tmp/gpukit/env` (sourced here if present)
 #   DEVICE=cpu SHAPE=smoke OUT=/tmp/gm bash bench/gpu_measure.sh    # every command line on a CPU, reduced
 #
+# STEPS picks the steps, in this order: extraction_cost d1_cost scale pytest (the default: all four) and
+# scale_probes, which runs scale.py once per value of PROBES_SWEEP ("1 2 4": D1 probe tasks beside the extractor,
+# $POOLBENCH_PROBES_PER_GPU) into scale_p<N>.{json,log}, T_SCALE each: `STEPS=scale_probes` is a call of its own
+# (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back.
 # Knobs (environment): SHAPE (llama-3.1-8b), DEVICE (cuda), DTYPE (bfloat16 on cuda, float32 on cpu),
 # SCALE_LIMIT (200: at most 200 passages per class and split, 800 of a concept's 2,000, ~100k tokens; `full`: the
 # whole corpus, ~250k tokens a concept, which needs pooling near the issue's target to finish in T_SCALE),
@@ -43,6 +47,8 @@ PYTHON=${PYTHON:-python3}
 EXTRA_EXTRACT=${EXTRA_EXTRACT:-}   # more options for extraction_cost.py (the CPU check shortens it)
 EXTRA_SCALE=${EXTRA_SCALE:-}       # more options for scale.py
 EXTRA_D1=${EXTRA_D1:-}             # more options for d1_cost.py
+STEPS=${STEPS:-extraction_cost d1_cost scale pytest}
+PROBES_SWEEP=${PROBES_SWEEP:-1 2 4}
 LOG="$OUT/gpu.log"
 started=$SECONDS
 
@@ -74,20 +80,30 @@ fi
 "$PYTHON" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda',
 torch.version.cuda, 'available', torch.cuda.is_available())" 2>&1 | tee -a "$LOG"
 
-run_step extraction_cost "$T_EXTRACT" "$PYTHON" bench/extraction_cost.py --shape "$SHAPE" --device "$DEVICE" \
+wants() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+wants extraction_cost && run_step extraction_cost "$T_EXTRACT" "$PYTHON" bench/extraction_cost.py --shape "$SHAPE" --device "$DEVICE" \
   --dtype "$DTYPE" --corpus-size full --concepts 2 --texts "$TEXTS" --max-length 512 --pack-to 512 --stages "$STAGES" \
   --repeats "$REPEATS" --out "$OUT/extraction_cost.json" $EXTRA_EXTRACT
 
-run_step d1_cost "$T_D1" "$PYTHON" bench/d1_cost.py --path batched --threads 1 --cells "$D1_CELLS" --profile 40 \
+wants d1_cost && run_step d1_cost "$T_D1" "$PYTHON" bench/d1_cost.py --path batched --threads 1 --cells "$D1_CELLS" --profile 40 \
   --out "$OUT/d1_cost.json" $EXTRA_D1
 
-run_step scale "$T_SCALE" "$PYTHON" bench/scale.py --shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" \
-  --concepts "$SCALE_CONCEPTS" --corpus-size full --max-length 512 ${SCALE_LIMIT:+--limit "$SCALE_LIMIT"} \
-  --out "$OUT/scale.json" $EXTRA_SCALE
+scale_args=(--shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" --concepts "$SCALE_CONCEPTS" --corpus-size full
+            --max-length 512 ${SCALE_LIMIT:+--limit "$SCALE_LIMIT"})
+# shellcheck disable=SC2086
+wants scale && run_step scale "$T_SCALE" "$PYTHON" bench/scale.py "${scale_args[@]}" --out "$OUT/scale.json" $EXTRA_SCALE
+if wants scale_probes; then
+  for n in $PROBES_SWEEP; do
+    # shellcheck disable=SC2086
+    run_step "scale_p$n" "$T_SCALE" "$PYTHON" bench/scale.py "${scale_args[@]}" --probes-per-gpu "$n" \
+      --out "$OUT/scale_p$n.json" $EXTRA_SCALE
+  done
+fi
 
 if [ -z "${GPU_TESTS:-}" ]; then
   GPU_TESTS=$(grep -l "mark\.gpu" tests/test_*.py | grep -v -e test_steerer.py -e test_reproduce.py | tr '\n' ' ')
 fi
 # shellcheck disable=SC2086
-run_step pytest "$T_TESTS" "$PYTHON" -m pytest -p no:cacheprovider -o addopts="-ra" -m "gpu and not slow" $GPU_TESTS
+wants pytest && run_step pytest "$T_TESTS" "$PYTHON" -m pytest -p no:cacheprovider -o addopts="-ra" -m "gpu and not slow" $GPU_TESTS
 note "done in $((SECONDS - started)) s; files: $(cd "$OUT" && ls | tr '\n' ' ')"

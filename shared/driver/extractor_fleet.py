@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import ray
@@ -53,6 +54,18 @@ def probe_gpu_share() -> float:
     if not raw.isdigit() or int(raw) < 1:
         raise PoolBenchError(f"{PROBES_PER_GPU_ENV}={raw!r}: give a whole number of probe tasks per GPU, 1 or more")
     return (1.0 - EXTRACTOR_GPU_SHARE) / int(raw)
+
+
+def _wait_gone(actor: ActorHandle, timeout_s: float = 60.0) -> None:
+    """Until a killed actor answers no more: a call it still takes means the kill has not reached it yet (seen in
+    the test suite under load: a worker answered its pid after release). Gives up quietly after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=max(0.1, deadline - time.monotonic()))
+        except Exception:  # RayActorError once it is dead; a timeout or anything else: stop waiting
+            return
+        time.sleep(0.05)
 
 
 def plan_workers(cfg: RunConfig, n_jobs: int) -> tuple[int, dict, int | None]:
@@ -111,10 +124,13 @@ class ExtractorFleet:
         self.release()
 
     def release(self) -> None:
-        """Kill every worker now (before steering, whose actors want the same GPUs and cores)."""
+        """Kill every worker now and return once each is gone (before steering, whose actors want the same GPUs and
+        cores: ray.kill only asks, and a worker still holding an 8B model's 16 GB would meet the engine's start)."""
         for actor in self.actors:
             with contextlib.suppress(Exception):  # an actor that already died is fine
                 ray.kill(actor, no_restart=True)
+        for actor in self.actors:
+            _wait_gone(actor)
         self.actors, self.held = [], None
 
     def retire(self, queue: WorkQueue) -> None:

@@ -61,7 +61,7 @@ class BatchFit:
     intercept: torch.Tensor  # [F]
     iterations: torch.Tensor  # [F]
     factorizations: torch.Tensor  # [F] Cholesky factorizations of the fit's Newton matrix
-    converged: torch.Tensor  # [F] bool: the fit met the stopping rule (else it stopped at max_iter)
+    converged: torch.Tensor  # [F] bool: the fit met the stopping rule (else max_iter, or no step descended)
     center: torch.Tensor  # [d] μ₀
     v: torch.Tensor  # [F, d]
     c: torch.Tensor  # [F]
@@ -79,9 +79,10 @@ def standardisers(X: torch.Tensor, member: torch.Tensor, center: torch.Tensor) -
     loses nothing where a fit's spread is not tiny beside its offset from μ₀. Where it is (a feature constant or
     nearly so in a fit but not in the universe: W1_first_k's and P2_first's shared first tokens, MDL's short
     prefixes), the shift cancels all but round-off, ~eps·E[xc²], and a feature NewtonLogisticProbe finds constant
-    (std 0, scale 1) got a spurious scale ~√eps·|offset|, a different and ill-conditioned problem (make run: 28
-    MDL fit calls stopped at max_iter; frustration layer 12 A2_max's compression 0.0017 off the per-fit path's).
-    Those entries are taken again in two passes about the fit's own mean, as numpy's std takes them."""
+    (std 0, scale 1) would get a spurious scale ~√eps·|offset|, a different and ill-conditioned problem. Those
+    entries are taken again in two passes about the fit's own mean, as numpy's std takes them. (A guard from the
+    arithmetic, not the cause of the 28 MDL calls short of the stopping rule on make run's stored tables: that was
+    the shared Newton factor, fixed in _fit.)"""
     m = member.sum(dim=1, keepdim=True)
     Xc = X - center
     mean_c = (member @ Xc) / m
@@ -159,10 +160,10 @@ def _refit_one_at_a_time(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Se
     each fit's rows centred and scaled by their own statistics) and put back in the batch's parametrisation.
 
     Why: the batched solver works in the universe's centring; a fit whose features are near-constant in its rows but
-    not in the universe (MDL's 4-row first prefix on A2_max) gets a Newton matrix so ill-conditioned that its steps
-    fail the line search, and the last resort step diverged (make run: 28 MDL fit calls, frustration layer 12
-    A2_max's coefficients inf and its compression 0.0017 off the per-fit path's). The per-fit path is the reference
-    the batched one must equal, so these few fits take it."""
+    not in the universe (MDL's 4-row first prefix on frustration layer 12 A2_max) gets a Newton matrix so
+    ill-conditioned that no step descends, and the line search's old last resort, a 1e-10 step taken anyway, sent
+    its coefficients to inf (MDL compression 1.2131 against the per-fit path's 1.2114). On make run's stored tables
+    this is one fit in all; the per-fit path is the reference the batched one must equal, so such fits take it."""
     out = {name: getattr(fit, name).clone() for name in BatchFit.__dataclass_fields__}
     for f in (~fit.converged).nonzero().flatten().tolist():
         FIT_COUNTER["refits"] += 1

@@ -48,9 +48,10 @@ D1_VERSION = 10  # 2: per-cell reliability statistics, supervised (S3) cells; 3:
 # held-out D1 unchanged, so no stored cell of the per-fit path is read beside the batched ones; 8: equal rows score
 # bit-identically (distinct_rows) and a no-signal fold stays at its cold start: both paths equal again on those cells
 # 9: small cells' own-Gram (exact) factors in float64 with the shared Gram as fallback: 8's float32 factors left 8 of
-# make run's 3,876 cells' CV AUROCs (and MDL) off the per-fit path's; now equal; 10: a batched fit that cannot reach
-# its stopping rule (its steps fail the line search, or max_iter) is fitted again one at a time: 28 of make run's MDL
-# fit calls had one, frustration layer 12 A2_max's compression 0.0017 off the per-fit path's (coefficients inf)
+# make run's 3,876 cells' CV AUROCs (and MDL) off the per-fit path's; now equal; 10: each batched fit keeps its own
+# Newton factor (an expanded view had them share one where a fit was converged from the start: 28 of make run's MDL
+# fit calls ended short of the stopping rule, unreported), and a fit that still cannot reach it is fitted again one
+# at a time (frustration layer 12 A2_max: coefficients inf, MDL compression 0.0017 off the per-fit path's)
 
 
 def probe_pooled_table(table: pa.Table, concept: str, *, n_folds: int = 5, seed: int = 0,

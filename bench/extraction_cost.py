@@ -146,13 +146,15 @@ def run_stage(args: argparse.Namespace) -> dict:
     concepts = packed_passages(loaded.tokenizer, args)
     names = list(concepts)
     jobs = [names[i:i + args.concepts_per_job] for i in range(0, len(names), args.concepts_per_job)]
-    # the raw forward and forward_backward run on the batches of the pooling jobs: a ratio compares like with like
-    batches = {"+".join(job): prepare_batches(loaded.tokenizer, [p for c in job for p in concepts[c]],
-                                              batch_size=args.batch_size, max_length=args.max_length)
-               for job in jobs}
     specs = stage_specs(args.stage)
     needs = strategy_needs(specs)
     budget = resolve_max_batch_tokens(loaded.model, layers, args.max_batch_tokens)
+    # the raw forward and forward_backward run on the batches of the pooling jobs (buckets cut at the budget, as
+    # pool_concept_group cuts them): a ratio compares like with like
+    batches = {"+".join(job): prepare_batches(loaded.tokenizer, [p for c in job for p in concepts[c]],
+                                              batch_size=args.batch_size, max_length=args.max_length,
+                                              max_tokens=budget)
+               for job in jobs}
     parses = {}
     if "parse" in needs:
         store = LocalStore(args.parse_store)

@@ -3,6 +3,7 @@ the forward's round-off (docs/reproducibility.md: another chunking is another co
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -12,17 +13,21 @@ from tolerances import assert_float32_close
 
 from poolbench.corpus.source import limit_passages, open_corpus
 from poolbench.extractor.batching import (
+    CPU_MAX_BATCH_TOKENS,
+    DEFAULT_MAX_BATCH_TOKENS,
     TokenCosts,
+    budget_cap,
     default_max_batch_tokens,
     gradient_rows_per_forward,
+    plan_batches,
     row_chunks,
     rows_per_forward,
     token_costs,
 )
-from poolbench.extractor.capture import ExtractionStats
+from poolbench.extractor.capture import ExtractionStats, model_token_costs, resolve_max_batch_tokens
 from poolbench.extractor.extract import extract_batches
 from poolbench.extractor.loading import load_model
-from poolbench.extractor.padded_batches import prepare_batches
+from poolbench.extractor.padded_batches import prepare_batches, tokenize_passages
 from poolbench.pooler.concept_pooling import pool_concept_tables
 from poolbench.pooler.parses import ParseIndex, load_nlp, parse_table
 from poolbench.pooler.pooled_table import PooledTableView
@@ -62,6 +67,15 @@ def test_default_budget_is_a_quarter_of_free_memory_capped_at_todays_largest_bat
     assert default_max_batch_tokens(4 * 10**9, 100_000) == 8192  # 10,000 would fit
     assert default_max_batch_tokens(10**8, 100_000) == 250
     assert default_max_batch_tokens(0, 100_000) == 1
+
+
+def test_a_cpu_forward_is_cache_sized_and_an_accelerator_forward_memory_sized():
+    """Unless a run names a budget, a CPU forward holds at most CPU_MAX_BATCH_TOKENS padded tokens (faster there:
+    bench/README.md, "Rows per forward on a CPU"), an accelerator's the largest batch its free memory allows."""
+    assert budget_cap("cpu") == CPU_MAX_BATCH_TOKENS == 1024
+    assert budget_cap("cuda") == budget_cap("cuda:1") == DEFAULT_MAX_BATCH_TOKENS == 8192
+    assert default_max_batch_tokens(4 * 10**9, 100_000, cap=budget_cap("cpu")) == 1024
+    assert default_max_batch_tokens(10**8, 100_000, cap=budget_cap("cpu")) == 250  # memory still bounds it
 
 
 def test_token_costs_by_hand():
@@ -202,3 +216,30 @@ def test_run_config_takes_a_positive_budget_or_none():
     assert RunConfig(max_batch_tokens=512).max_batch_tokens == 512
     with pytest.raises(ValidationError):
         RunConfig(max_batch_tokens=0)
+
+
+def test_a_cpu_run_gets_the_cpu_budget_and_its_buckets_are_cut_at_it(tiny):
+    """The default budget of a model on the CPU is the cache-sized one (memory here holds far more), and pooling
+    cuts its length buckets at the budget, not only chunks of one padded length inside them: the padded tokens
+    are exactly those of plan_batches(lengths, batch_size, budget), fewer than 16-row buckets chunked at the
+    budget would pad (the behaviour before; a chunk keeps its bucket's length)."""
+    plain = model_token_costs(tiny.model, [0, 1], frozenset()).plain
+    assert resolve_max_batch_tokens(tiny.model, [0, 1], None) == min(CPU_MAX_BATCH_TOKENS, int(
+        __import__("poolbench.extractor.batching", fromlist=["free_memory_bytes"]).free_memory_bytes("cpu")
+        * 0.25) // plain) == CPU_MAX_BATCH_TOKENS
+    concept = "hedging"
+    full = limit_passages(open_corpus("embedded", "tiny", [concept]).passages(concept), 6)
+    # the tiny corpus's passages all fill 256 tokens: cut each to its own number of words, so lengths differ
+    passages = [dataclasses.replace(p, text=" ".join(p.text.split()[:8 + 5 * i])) for i, p in enumerate(full)]
+    lengths = list(tokenize_passages(tiny.tokenizer, [p.text for p in passages], [p.id for p in passages],
+                                     256).lengths)
+    assert len(set(lengths)) > 12
+    budget = 3 * max(lengths)
+    stats = ExtractionStats()
+    pool_concept_tables(tiny, passages, [0, 1], resolve_strategies(["A1", "P1"]), batch_size=16,
+                        max_batch_tokens=budget, stats=stats)
+    cut = plan_batches(lengths, 16, budget)
+    assert stats.batches == len(cut) and stats.tokens == sum(lengths)
+    assert stats.padded_tokens == sum(len(b) * lengths[b[0]] for b in cut)
+    chunked = sum(lengths[b[0]] * len(b) for b in plan_batches(lengths, 16))  # 16-row buckets, any chunking
+    assert stats.padded_tokens < chunked

@@ -15,6 +15,11 @@ from pathlib import Path
 from poolbench.extractor.attention_inflow import CHUNK_BUDGET_BYTES, recompute_bytes_per_token
 
 DEFAULT_MAX_BATCH_TOKENS = 8192  # batch 32 x 256 tokens, today's largest batch: the budget only ever lowers it
+# On a CPU a forward is fastest at about a thousand padded tokens: beyond that its activations (and S2's saved
+# graph) leave the caches for main memory, and each forward's new large tensors fault in fresh pages. Measured on
+# SmolLM2-135M, 2-core Zen 4 (32 MiB L3), one concept's pooling with every strategy (bench/README.md, "Rows per
+# forward on a CPU"): 36.5 s at this budget's buckets against 46-48 s at 32 rows of ~150 tokens.
+CPU_MAX_BATCH_TOKENS = 1024
 MEMORY_FRACTION = 0.25  # of the free memory one forward may use by default, leaving room for the rest
 FLOAT32_BYTES = 4
 EXTRA_BYTES_FLOOR = 512 * 2**20  # attention maps may always take this much in one forward
@@ -145,9 +150,18 @@ def gradient_rows_per_forward(costs: TokenCosts, max_batch_tokens: int, length: 
 
 def default_max_batch_tokens(free_bytes: int, plain_bytes_per_token: int, *,
                              fraction: float = MEMORY_FRACTION, cap: int = DEFAULT_MAX_BATCH_TOKENS) -> int:
-    """The budget a run gets unless it names one: a fraction of free memory, at most today's largest batch."""
+    """The budget a run gets unless it names one: a fraction of free memory, at most `cap` (today's largest
+    batch on an accelerator, budget_cap's CPU_MAX_BATCH_TOKENS on a CPU)."""
     fits = int(free_bytes * fraction) // max(plain_bytes_per_token, 1)
     return max(1, min(cap, fits))
+
+
+def budget_cap(device: object = "cpu") -> int:
+    """The most padded tokens a default budget gives one forward on this device: the CPU's cache-sized forward,
+    an accelerator's largest batch (its memory, not its caches, bounds it there)."""
+    import torch
+
+    return CPU_MAX_BATCH_TOKENS if torch.device(device).type == "cpu" else DEFAULT_MAX_BATCH_TOKENS  # type: ignore[arg-type]
 
 
 def free_memory_bytes(device: object = "cpu") -> int:

@@ -19,6 +19,7 @@ from poolbench.errors import ExtractionError, PoolBenchError
 from poolbench.extractor.attention_capture import capture_attention
 from poolbench.extractor.batching import (
     TokenCosts,
+    budget_cap,
     default_max_batch_tokens,
     free_memory_bytes,
     gradient_rows_per_forward,
@@ -80,13 +81,14 @@ def model_token_costs(model: nn.Module, layers: Sequence[int], needs: Collection
 
 def resolve_max_batch_tokens(model: nn.Module, layers: Sequence[int], max_batch_tokens: int | None,
                              dtype_out: np.dtype | type = np.float32) -> int:
-    """The budget a run names, or the default from the model's device's free memory now."""
+    """The budget a run names, or the default from the model's device's free memory now, at most its budget_cap."""
     if max_batch_tokens is not None:
         if max_batch_tokens < 1:
             raise ExtractionError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         return int(max_batch_tokens)
     plain = model_token_costs(model, layers, frozenset(), dtype_out).plain
-    return default_max_batch_tokens(free_memory_bytes(next(model.parameters()).device), plain)
+    device = next(model.parameters()).device
+    return default_max_batch_tokens(free_memory_bytes(device), plain, cap=budget_cap(device))
 
 
 def capture_chunks(

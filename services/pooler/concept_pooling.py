@@ -19,7 +19,7 @@ import pyarrow as pa
 from poolbench.config import resolve_overlap
 from poolbench.corpus.passage import Passage
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.extractor.capture import ExtractionStats, capture_chunks
+from poolbench.extractor.capture import ExtractionStats, capture_chunks, resolve_max_batch_tokens
 from poolbench.extractor.loading import LoadedModel
 from poolbench.extractor.padded_batches import PaddedBatch, pad_batches, tokenize_passages
 from poolbench.pooler.chunk_extras import ChunkExtras, concept_text
@@ -109,8 +109,10 @@ def pool_concept_tables(
     `device_pooling=False` or `keep_activations=True` (on_batch then gets each chunk's ActivationBatch, e.g. for
     activation dumps) pool the reference way, token states to the host and numpy `pool_tokens`; otherwise
     on_batch gets the PaddedBatch. `parses` (e.g. the cached artifact) serves strategies that need them;
-    without it they are parsed here. `max_batch_tokens` bounds each forward (None: from free memory); the table
-    is the same whatever it is. Passages that do not fit the device alone are left out, in `skipped`."""
+    without it they are parsed here. `max_batch_tokens` bounds each forward (None: from free memory, at most the
+    device's budget_cap); the table is the same whatever it is up to the forward's round-off (another bucketing is
+    another computation: docs/reproducibility.md). Passages that do not fit the device alone are left out, in
+    `skipped`."""
     concept = passages[0].concept if passages else ""
     member = ConceptPassages(concept, passages, dict(metadata or {}), parses)
     each = None if on_batch is None else (
@@ -154,7 +156,10 @@ def pool_concept_group(
     passages = [p for member in members for p in member.passages]
     owner = np.repeat(np.arange(len(members)), [len(member.passages) for member in members])
     tokens = tokenize_passages(loaded.tokenizer, [p.text for p in passages], [p.id for p in passages], max_length)
-    batches = pad_batches(loaded.tokenizer, tokens, batch_size=batch_size)
+    # Buckets are cut at the budget too, not only chunked within it: a bucket of fewer rows pads less (rows are
+    # sorted by length), and a CPU's budget is small (batching.CPU_MAX_BATCH_TOKENS).
+    budget = resolve_max_batch_tokens(loaded.model, layers, max_batch_tokens)
+    batches = pad_batches(loaded.tokenizer, tokens, batch_size=batch_size, max_tokens=budget)
     starts = np.concatenate([[0], np.cumsum([len(member.passages) for member in members])]).astype(int)
     texts = [concept_text(member.concept, member.passages, tokens, range(starts[i], starts[i + 1]), needs,
                           member.parses) for i, member in enumerate(members)]
@@ -218,7 +223,7 @@ def pool_concept_group(
     with ThreadPoolExecutor(1, thread_name_prefix="poolbench-tables") if overlap else nullcontext() as table_thread:
         pending: Future | None = None
         for chunk, sink in capture_chunks(loaded.model, loaded.decoder_layers, batches, layers, prepare_for=prepare,
-                                          overlap=overlap, needs=needs, max_batch_tokens=max_batch_tokens,
+                                          overlap=overlap, needs=needs, max_batch_tokens=budget,
                                           stats=stats, site=site):
             if table_thread is None:
                 build(chunk, sink)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from poolbench.config import RunConfig
-from poolbench.driver import pipeline, steering_stage
+from poolbench.driver import steering_stage
 from poolbench.steerer.plan import DEFAULT_RUN_CONFIG, FULL_N_PROMPTS, steering_config
 
 
@@ -38,5 +38,5 @@ def test_the_run_seed_reaches_d2_d3_and_the_scorers(monkeypatch):
     inputs = SimpleNamespace(store=None, store_url="unused", corpus=SimpleNamespace(concepts=[]))
     run = SimpleNamespace(plans=[])
     with pytest.raises(Stop):
-        pipeline.steer(RunConfig(seed=11), inputs, run, [], None, lambda event: None)
+        steering_stage.steer(RunConfig(seed=11), inputs, run, [], None, lambda event: None)
     assert seen == {"steering_seed": 11, "scorer_seed": 11}

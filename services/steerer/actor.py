@@ -97,18 +97,19 @@ def actor_count(gpus: int, gpus_per_actor: int, n: int | None) -> int:
 
 
 def steering_spawner(model: str, *, n: int | None = None, backend: str = "transformers",
-                     runtime_env: dict | None = None, gpus_per_actor: int = 1,
+                     runtime_env: dict | None = None, gpus_per_actor: int = 1, cpus_per_actor: float = 1,
                      **worker_args) -> tuple[Callable[[], ActorHandle], dict, int]:
     """What starts one steering actor, its Ray options, and how many the cluster holds: one engine per GPU (per
     `gpus_per_actor` GPUs under tensor parallelism), else `n` CPU actors (default one), spread over the nodes.
-    Ray restarts none: the driver's work queue runs a lost actor's cells again on another one."""
+    Ray restarts none: the driver's work queue runs a lost actor's cells again on another one. `cpus_per_actor`
+    is the CPU Ray counts for it (0 for an engine started beside D1's probe tasks: driver/early_engines.py)."""
     gpus = int(ray.cluster_resources().get("GPU", 0))
     # A second actor thread answers progress() while run_cells runs; the queue still sends one group at a time.
     # torch runs on one thread of the actor's own (poolbench.compute_thread): Ray's threads would give libgomp
     # a team each and throttle them all.
     service = with_compute_thread(SteeringService, COMPUTE_METHODS)
     remote_cls = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)(service)
-    options: dict = {"num_gpus": gpus_per_actor, "num_cpus": 1} if gpus else {"num_cpus": 1}
+    options: dict = {"num_gpus": gpus_per_actor, "num_cpus": cpus_per_actor} if gpus else {"num_cpus": cpus_per_actor}
     if runtime_env:
         options["runtime_env"] = runtime_env
 

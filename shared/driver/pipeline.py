@@ -53,6 +53,7 @@ from poolbench.store.keys import artifact_key, layer_shard_key
 from poolbench.store.url import open_store
 
 from .breakdowns import d1_by_bucket, d1_by_tier, lexical_baselines, lexical_by_tier
+from .early_engines import EarlyEngines, engine_settings, start_ahead
 from .extractor_fleet import ExtractorFleet, probe_gpu_share, worker_runtime_env
 from .nodes import alive_nodes
 from .probe_gate import ProbeGate, beside_the_forward
@@ -200,7 +201,7 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     """Pool the layer shards that are missing on the extractors, then probe each layer as a D1 task and gather a
     concept's layers into its D1 artifact; stored artifacts are skipped (counts are per concept). On CPU the probes
     wait for the pooling (probe_gate.py); `on_pooled` runs once the last pooling job is done."""
-    on_gpu = str(run.model.get("device", "cpu")).startswith("cuda")
+    on_gpu = run.on_gpu
     concepts = ConceptPass(cfg, run, inputs, emit,
                            ProbeGate[Job[ConceptJob]](beside=beside_the_forward(cfg, on_gpu), on_pooled=on_pooled),
                            probe_resources=probe_task_resources(on_gpu))
@@ -389,25 +390,6 @@ def breakdowns(cfg: RunConfig, run: RunPlan, records: list[D1CellRecord], scores
             d1_by_bucket(scores, passages, records, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed))
 
 
-def steer(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellRecord], threads: int | None,
-          emit: EventSink) -> dict:
-    """D2/D3 on the cells the D1 leaderboard picks (the default subset, or every cell with --full)."""
-    from poolbench.driver.steering_stage import run_steering_on_ray
-    from poolbench.results.answer.leaderboard import build_leaderboard
-
-    return run_steering_on_ray(
-        inputs.store, inputs.store_url, inputs.corpus, {p.concept: p.pooled_key for p in run.plans},
-        build_leaderboard(records), model=cfg.model, backend=cfg.backend, runtime_env=worker_runtime_env(),
-        full=cfg.full, allow_weak_scorer=cfg.allow_weak_scorer,
-        worker_args={"dtype": cfg.dtype, "device": cfg.device, "model_args": dict(cfg.model_args),
-                     "torch_threads": threads,
-                     **({"vllm_args": {"dtype": cfg.dtype, "tensor_parallel_size": cfg.tensor_parallel_size,
-                                       "eager": cfg.vllm_eager}}
-                        if cfg.backend == "vllm" else {})},
-        gpus_per_actor=cfg.tensor_parallel_size if cfg.backend == "vllm" else 1,
-        emit=emit, seed=cfg.seed, reference_model=cfg.reference_model)
-
-
 def outcome_of(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellRecord],
                computed: dict[str, int],
                timing: dict[str, float], steering: dict | None) -> RunOutcome:
@@ -435,6 +417,12 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
                   fleet: ExtractorFleet | None = None) -> RunOutcome:
     """Plan every concept's cells, compute only the missing artifacts, collect the D1 records, then steer; a
     `fleet` (a run over several models) lends its workers, which load this model in place of the last."""
+    with EarlyEngines() as early:  # steering engines started as the pooling ends, killed if the run stops first
+        return _benchmark(cfg, on_event, strategy_modules, fleet, early)
+
+
+def _benchmark(cfg: RunConfig, on_event: EventSink | None, strategy_modules: tuple[str, ...],
+               fleet: ExtractorFleet | None, early: EarlyEngines) -> RunOutcome:
     emit = on_event or ignore_event
     started = time.perf_counter()
     load_plugins(strategy_modules)
@@ -457,8 +445,10 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
                 worker_pids=tuple(fetch(ref, "extractor start") for ref in [w.pid.remote() for w in queue.actors]),
                 variants=(MAIN.name, *[v.name for v in axis_variants(cfg)])))
             axes = [plan_cells(cfg, inputs, run.model, variant) for variant in axis_variants(cfg)]
-            # The run's own extractors leave once its last pooling is done: their cores go to the probe tasks.
-            retire = (lambda: workers.retire(queue)) if fleet is None else None
+            # The run's own extractors leave once its last pooling is done: their cores go to the probe tasks, and
+            # on a CPU the steering engines start beside them (early_engines.py).
+            retire = early.after(lambda: workers.retire(queue), start_ahead(cfg, run.on_gpu),
+                                 lambda: engine_settings(cfg, workers.threads)) if fleet is None else None
             computed = execute(cfg, run, inputs, queue, emit, on_pooled=None if axes else retire)
             for axis in axes:  # each other site and context length: one more pooling and probing pass
                 last = retire if axis is axes[-1] else None
@@ -481,7 +471,9 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
     steering, steering_error = None, ""
     if cfg.steering:
         try:
-            steering = steer(cfg, inputs, run, records, threads, emit)
+            from poolbench.driver.steering_stage import steer
+
+            steering = steer(cfg, inputs, run, records, threads, emit, early.take())
         except EngineDied as exc:  # the engine died twice: the run's D1 stands, its steering stage failed
             steering_error = str(exc).splitlines()[0]
     if steering is not None:

@@ -46,3 +46,8 @@ class RunPlan:
     specs: list[StrategySpec]
     plans: list[ConceptPlan]
     variant: Variant = MAIN
+
+    @property
+    def on_gpu(self) -> bool:
+        """Whether the model runs on a CUDA device (the extractor's report of where it loaded it)."""
+        return str(self.model.get("device", "cpu")).startswith("cuda")

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import time
 
+from poolbench.config import RunConfig
 from poolbench.corpus.layout import Corpus
 from poolbench.records.cluster import ClusterActivity
+from poolbench.records.d1 import D1CellRecord
 from poolbench.records.events import (
     CellProgress,
     CellSteered,
@@ -15,9 +17,9 @@ from poolbench.records.events import (
     SteeringPlanned,
     SteeringStarted,
 )
+from poolbench.results.answer.leaderboard import build_leaderboard
 from poolbench.scorer.artifacts import ensure_scorers, scorer_record
 from poolbench.scorer.finetune import ScorerConfig
-from poolbench.steerer.actor import steering_spawner
 from poolbench.steerer.d3 import neighbour_map
 from poolbench.steerer.fluency import AUTO
 from poolbench.steerer.plan import (
@@ -30,15 +32,29 @@ from poolbench.steerer.plan import (
 )
 from poolbench.store.artifact_store import ArtifactStore
 
+from .early_engines import EngineSettings, SteeringEngines, engine_settings, start_engines
 from .nodes import process_id, resource_needs
+from .run_plan import RunInputs, RunPlan
 from .work_queue import ActorJob, WorkQueue, fetch, poll_actors
 
 
+def steer(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1CellRecord], threads: int | None,
+          emit: EventSink, engines: SteeringEngines | None = None) -> dict:
+    """D2/D3 on the cells the D1 leaderboard picks (the default subset, or every cell with --full), on `engines`
+    started ahead (early_engines.py) or on engines started now."""
+    return run_steering_on_ray(
+        inputs.store, inputs.store_url, inputs.corpus, {p.concept: p.pooled_key for p in run.plans},
+        build_leaderboard(records), engine_settings(cfg, threads), full=cfg.full,
+        allow_weak_scorer=cfg.allow_weak_scorer, emit=emit, seed=cfg.seed, reference_model=cfg.reference_model,
+        engines=engines)
+
+
 def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, pooled_keys: dict[str, str],
-                        leaderboard: dict, *, model: str, backend: str, worker_args: dict, runtime_env: dict,
-                        full: bool, allow_weak_scorer: bool, emit: EventSink, seed: int = 0,
-                        gpus_per_actor: int = 1, n_actors: int | None = None, reference_model: str = AUTO) -> dict:
-    """Choose cells from the D1 leaderboard, make sure every needed scorer exists, then run the cells on actors."""
+                        leaderboard: dict, settings: EngineSettings, *, full: bool, allow_weak_scorer: bool,
+                        emit: EventSink, seed: int = 0, reference_model: str = AUTO,
+                        engines: SteeringEngines | None = None) -> dict:
+    """Choose cells from the D1 leaderboard, make sure every needed scorer exists, then run the cells on actors:
+    `engines` started ahead (early_engines.py), or the engines `settings` describes, started now."""
     started = time.perf_counter()
     config = steering_config(full, seed, reference_model)
     concepts = [c for c in corpus.concepts if c in pooled_keys]
@@ -62,9 +78,8 @@ def run_steering_on_ray(store: ArtifactStore, store_url: str, corpus: Corpus, po
             {c: [p.text for p in corpus.passages(c, "train")] for c in own}, config.to_message()))
 
     d2, d3 = [], []
-    spawn, options, count = steering_spawner(model, n=n_actors, backend=backend, runtime_env=runtime_env,
-                                             gpus_per_actor=gpus_per_actor, **worker_args)
-    actors = [spawn() for _ in range(count)]
+    engines = engines if engines is not None else start_engines(settings)
+    spawn, options, actors = engines.spawn, engines.options, engines.actors
     groups = cell_groups(cells, engines=len(actors), per_call=cells_per_call(config))
     with WorkQueue[tuple[SteeringCell, ...]](actors, spawn=spawn, needs=resource_needs(options), on_retry=emit,
                                              label=group_label) as queue:

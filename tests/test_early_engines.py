@@ -1,0 +1,71 @@
+"""On a CPU run the steering engines start when the last pooling job is done, beside D1's probe tasks
+(driver/early_engines.py): Ray counts no CPU for them, the steering stage steers on those very engines, and
+engines a run never hands to its steering stage are killed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import ray
+
+import poolbench.driver.early_engines as early_engines
+from poolbench.api import evaluate_config
+from poolbench.config import RunConfig
+from poolbench.driver.early_engines import EarlyEngines, EngineSettings, start_ahead
+from poolbench.driver.nodes import process_id
+from poolbench.records.events import ConceptPooled, ConceptProbed, SteeringStarted
+
+
+def test_only_a_steering_run_on_a_cpu_starts_ahead():
+    assert start_ahead(RunConfig(steering=True), on_gpu=False)
+    assert not start_ahead(RunConfig(steering=True), on_gpu=True)  # vLLM would take the probes' GPU memory
+    assert not start_ahead(RunConfig(steering=False), on_gpu=False)
+
+
+def test_a_cpu_run_starts_its_engine_as_the_pooling_ends_and_steers_on_it(tiny_llama_dir, local_ray, cache,
+                                                                          tmp_path: Path, monkeypatch):
+    events: list[object] = []
+    started: list[tuple[int, float, int]] = []  # (events seen by then, Ray CPUs per actor, the actor's pid)
+    real = early_engines.start_engines
+
+    def recording(settings: EngineSettings, *, cpus_per_actor: float = 1):
+        engines = real(settings, cpus_per_actor=cpus_per_actor)
+        [actor] = engines.actors
+        started.append((len(events), engines.options["num_cpus"], ray.get(process_id(actor), timeout=120)))
+        return engines
+
+    monkeypatch.setattr(early_engines, "start_engines", recording)
+    cfg = RunConfig(model=str(tiny_llama_dir), corpus="embedded-v1", corpus_size="tiny",
+                    concepts=("imdb_sentiment", "frustration"), strategies=("A1_mean", "P1_last"),
+                    store=str(tmp_path / "store"), out=str(tmp_path / "run"), n_bootstrap=100, torch_threads=1,
+                    reliability=False, steering=True, backend="transformers", allow_weak_scorer=True)
+    result = evaluate_config(cfg, on_event=events.append)
+    [(at, cpus, pid)] = started  # started once, ahead, and Ray counts no CPU for it
+    assert cpus == 0
+    pooled = [i for i, e in enumerate(events) if isinstance(e, ConceptPooled) and not e.skipped]
+    probed = [i for i, e in enumerate(events) if isinstance(e, ConceptProbed) and not e.skipped]
+    assert len(pooled) == len(probed) == 2
+    assert max(pooled) < at <= min(probed)  # after the last pooling, before any concept's D1 is gathered
+    [steering] = [e for e in events if isinstance(e, SteeringStarted)]
+    assert steering.worker_pids == (pid,)  # the stage steered on the engine started ahead, not a new one
+    assert len(result.d2) == 4 and all(r.status == "ok" for r in result.d2)
+
+
+def test_engines_never_handed_over_are_killed_when_the_run_closes(tiny_llama_dir, local_ray, cache):
+    settings = EngineSettings(model=str(tiny_llama_dir), backend="transformers", runtime_env={},
+                              worker_args={"device": "cpu", "torch_threads": 1})
+    with EarlyEngines() as early:
+        early.start(settings)
+        early.start(settings)  # once only
+        engines = early.take()
+        assert engines is not None and early.take() is None
+        [actor] = engines.actors
+        ray.get(process_id(actor), timeout=120)
+        early.start(settings)  # a run that stops after starting them and before its steering stage
+        [kept] = early._engines.actors  # type: ignore[union-attr]
+        ray.get(process_id(kept), timeout=120)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(kept.__ray_ready__.remote(), timeout=60)
+    assert ray.get(actor.__ray_ready__.remote(), timeout=60)  # the one handed over is the stage's to stop
+    ray.kill(actor, no_restart=True)

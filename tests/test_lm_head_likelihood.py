@@ -24,7 +24,14 @@ from transformers import (
 from poolbench.extractor import batching
 from poolbench.extractor.attention_capture import gradient_layer_outputs
 from poolbench.extractor.extract import extract_batches
-from poolbench.extractor.lm_head_likelihood import final_hidden, lm_head, log_likelihood_and_gradient
+from poolbench.extractor.lm_head_likelihood import (
+    LMHead,
+    autograd_head_chunk,
+    final_hidden,
+    lm_head,
+    log_likelihood_and_gradient,
+    plain_head_chunk,
+)
 from poolbench.extractor.loading import load_model
 from poolbench.extractor.padded_batches import PaddedBatch
 
@@ -187,3 +194,40 @@ def test_s2_capture_never_holds_logits_for_every_token(monkeypatch) -> None:
     assert out.extras["gradient_norm"].shape == (2, rows, length)
     # at most one chunk of 8 (t, t+1) pairs has logits at a time; the full path makes [4, 16, V] (64 rows)
     assert 0 < seen.rows <= chunk
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_plain_head_gradient_is_autograds_bit_for_bit(dtype: torch.dtype) -> None:
+    """The in-place gradient of a head without softcap or scale equals autograd's through the same logits bit for
+    bit (score and every gradient element, -0.0 included), also where exp(logit - lse) underflows to 0 (a row of
+    the weight scaled up) and for a bfloat16 model (the float32 logits' gradient cast back before W)."""
+    generator = torch.Generator().manual_seed(8)
+    vocab, width, n = 5000, 48, 300
+    weight = (torch.randn(vocab, width, generator=generator) * 0.1)
+    weight[7] *= 60  # logits far below the log-sum-exp on some rows: their probabilities are exactly 0
+    head = LMHead(weight.to(dtype), torch.randn(vocab, generator=generator).to(dtype), None, 1.0)
+    h = (torch.randn(n, width, generator=generator) * 4).to(dtype)
+    targets = torch.randint(0, vocab, (n,), generator=generator)
+    ref_score, ref_grad = autograd_head_chunk(head, h, targets)
+    score, grad = plain_head_chunk(head, h, targets)
+    bits = torch.int16 if dtype == torch.bfloat16 else torch.int32
+    assert torch.equal(score.view(torch.int32), ref_score.view(torch.int32))
+    assert torch.equal(grad.view(bits), ref_grad.view(bits))
+    probabilities = torch.softmax(torch.nn.functional.linear(h, head.weight, head.bias).float(), dim=-1)
+    assert (probabilities == 0).any()  # the underflow case is really exercised
+
+
+def test_a_softcapped_or_scaled_head_takes_the_autograd_path(monkeypatch) -> None:
+    """Should-fail guard: the in-place path knows no softcap or scale, so such heads never reach it."""
+    import poolbench.extractor.lm_head_likelihood as likelihood
+
+    def refuse(*_args):
+        raise AssertionError("plain_head_chunk used for a head with softcap or scale")
+
+    monkeypatch.setattr(likelihood, "plain_head_chunk", refuse)
+    hidden = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(9))
+    ids, mask = torch.randint(0, 60, (2, 5)), torch.ones(2, 5, dtype=torch.bool)
+    for model in (softcapped_gemma2(), scaled_granite()):
+        log_likelihood_and_gradient(lm_head(model), hidden, ids, mask)
+    with pytest.raises(AssertionError, match="plain_head_chunk used"):
+        log_likelihood_and_gradient(lm_head(tied_llama()), hidden, torch.randint(0, 70, (2, 5)), mask)

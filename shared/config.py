@@ -134,9 +134,11 @@ class ExtractionOptions(BaseModel):
     strategy_modules: Annotated[tuple[str, ...], Field(exclude=True), opt(
         "a .py file registering strategies", name="strategy-module", many=True, cli_type=list[Path] | None,
         parse=parse_paths)] = ()
-    batch_size: Annotated[int, Field(ge=1), opt("passages per forward pass")] = 32
+    batch_size: Annotated[int, Field(ge=1), opt(
+        "passages per forward pass, at most (the token budget may cut fewer)")] = 32
     max_batch_tokens: Annotated[int | None, Field(ge=1), opt(
-        "padded tokens per forward (default: from free memory, at most 8192); results do not change")] = None
+        "padded tokens per forward (default: on a CPU 1024, on a GPU from free memory, at most 8192); results "
+        "equal to round-off (docs/reproducibility.md)")] = None
     # Concepts sharing forwards, up to this many tokens per pooling job; None: on a GPU 16 forwards at the batch
     # budget, on CPU one concept per job; 0: one concept per job everywhere (poolbench.driver.pool_groups).
     concept_group_tokens: Annotated[int | None, Field(ge=0), opt(

@@ -1,6 +1,6 @@
 """On a CPU run the steering engines start when the last pooling job is done, beside D1's probe tasks
-(driver/early_engines.py): Ray counts no CPU for them, the steering stage steers on those very engines, and
-engines a run never hands to its steering stage are killed."""
+(driver/early_engines.py): Ray counts no CPU for them, the steering stage steers on those very engines, and they
+are killed when the run closes, whether the stage took them or not."""
 
 from __future__ import annotations
 
@@ -52,20 +52,21 @@ def test_a_cpu_run_starts_its_engine_as_the_pooling_ends_and_steers_on_it(tiny_l
     assert len(result.d2) == 4 and all(r.status == "ok" for r in result.d2)
 
 
-def test_engines_never_handed_over_are_killed_when_the_run_closes(tiny_llama_dir, local_ray, cache):
+def test_the_engines_are_killed_when_the_run_closes_taken_or_not(tiny_llama_dir, local_ray, cache):
+    """Started once however often asked, handed over once, and killed when the run's context closes: also the
+    ones the steering stage took (a stage that fails before its work queue would leave them running)."""
     settings = EngineSettings(model=str(tiny_llama_dir), backend="transformers", runtime_env={},
                               worker_args={"device": "cpu", "torch_threads": 1})
-    with EarlyEngines() as early:
-        early.start(settings)
-        early.start(settings)  # once only
-        engines = early.take()
-        assert engines is not None and early.take() is None
-        [actor] = engines.actors
-        ray.get(process_id(actor), timeout=120)
-        early.start(settings)  # a run that stops after starting them and before its steering stage
-        [kept] = early._engines.actors  # type: ignore[union-attr]
-        ray.get(process_id(kept), timeout=120)
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(kept.__ray_ready__.remote(), timeout=60)
-    assert ray.get(actor.__ray_ready__.remote(), timeout=60)  # the one handed over is the stage's to stop
-    ray.kill(actor, no_restart=True)
+    for take in (False, True):
+        with EarlyEngines() as early:
+            early.start(settings)
+            early.start(settings)  # once only
+            engines = early.take() if take else None
+            assert take == (engines is not None)
+            if take:
+                assert early.take() is None  # handed over once
+            [actor] = early._engines.actors  # type: ignore[union-attr]
+            assert engines is None or engines.actors == [actor]
+            ray.get(process_id(actor), timeout=120)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.__ray_ready__.remote(), timeout=60)

@@ -86,13 +86,14 @@ def test_worker_killed_mid_task_is_restarted_and_the_run_matches_an_undisturbed_
     plugin = tmp_path / "held_strategy.py"
     plugin.write_text(HELD_PLUGIN.format(hook=str(hook)))
     strategies = ("A1_mean", "P1_last", "X9_held_mean")
-    grouping = {"concept_group_tokens": group_tokens}
+    # a budget of 32 of the tiny corpus's 256-token passages (a CPU's default, 1,024 tokens, would cut 4-row forwards)
+    grouping = {"concept_group_tokens": group_tokens, "max_batch_tokens": 32 * 256}
     try:
         calm = run_benchmark(config(tiny_llama_dir, str(tmp_path / "calm"), strategies=strategies, **grouping),
                              strategy_modules=(str(plugin),))
     finally:
         unregister_strategy("X9_held_mean")
-    sizes = calm.corpus["passages"].values()  # one weights call per forward of 32 passages (no budget cut here)
+    sizes = calm.corpus["passages"].values()  # one weights call per forward of 32 passages (the budget above)
     forwards = -(-sum(sizes) // 32) if group_tokens else sum(-(-n // 32) for n in sizes)
     assert len((hook / "calls").read_text().split()) == forwards
     (hook / "calls").unlink()

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from poolbench import api
-from poolbench.driver import pipeline
+from poolbench.driver import steering_stage
 from poolbench.errors import StageFailed
 from poolbench.steerer.errors import EngineDied
 
@@ -25,7 +25,7 @@ def test_a_dead_engine_fails_steering_and_keeps_d1(tiny_llama_dir, local_ray, ca
         steered.append(True)
         raise EngineDied(CAUSE)
 
-    monkeypatch.setattr(pipeline, "steer", dies)
+    monkeypatch.setattr(steering_stage, "steer", dies)  # pipeline imports it when it steers
     out = tmp_path / "run"
     with pytest.raises(StageFailed) as err:
         api.evaluate(model=str(tiny_llama_dir), corpus="embedded-v1", corpus_size="tiny", concepts=["hedging"],

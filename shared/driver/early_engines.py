@@ -22,7 +22,7 @@ from ray.actor import ActorHandle
 
 from poolbench.config import RunConfig
 
-from .extractor_fleet import worker_runtime_env
+from .extractor_fleet import wait_gone, worker_runtime_env
 
 
 @dataclass(frozen=True)
@@ -75,11 +75,13 @@ def start_ahead(cfg: RunConfig, on_gpu: bool) -> bool:
 
 
 class EarlyEngines:
-    """A run's steering engines started ahead of the steering stage. A context: engines the stage never took (a
-    run that failed or stopped between) are killed when it closes."""
+    """A run's steering engines started ahead of the steering stage. A context that kills them when it closes,
+    whether the stage took them or not: the stage's work queue kills its actors too, but a stage that fails
+    before its queue (a scorer, a cell plan) must not leave an engine holding its memory and cores."""
 
     def __init__(self) -> None:
         self._engines: SteeringEngines | None = None
+        self._taken = False
 
     def start(self, settings: EngineSettings) -> None:
         """Start the engines now (once), beside whatever probe tasks still run: Ray counts no CPU for them."""
@@ -97,15 +99,20 @@ class EarlyEngines:
         return pooled
 
     def take(self) -> SteeringEngines | None:
-        """The engines started ahead, handed over (None if none were): the steering stage now owns them."""
-        engines, self._engines = self._engines, None
-        return engines
+        """The engines started ahead, for the steering stage (None if none were, or they were taken before)."""
+        if self._taken:
+            return None
+        self._taken = True
+        return self._engines
 
     def __enter__(self) -> EarlyEngines:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        engines = self.take()
-        for actor in engines.actors if engines is not None else []:
-            with contextlib.suppress(Exception):  # one that already died is fine
+        engines, self._engines = self._engines, None
+        actors = engines.actors if engines is not None else []
+        for actor in actors:
+            with contextlib.suppress(Exception):  # one the stage's queue already killed is fine
                 ray.kill(actor, no_restart=True)
+        for actor in actors:  # ray.kill only asks: return once each is gone, its memory and cores free
+            wait_gone(actor)

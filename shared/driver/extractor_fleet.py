@@ -56,7 +56,7 @@ def probe_gpu_share() -> float:
     return (1.0 - EXTRACTOR_GPU_SHARE) / int(raw)
 
 
-def _wait_gone(actor: ActorHandle, timeout_s: float = 60.0) -> None:
+def wait_gone(actor: ActorHandle, timeout_s: float = 60.0) -> None:
     """Until a killed actor answers no more: a call it still takes means the kill has not reached it yet (seen in
     the test suite under load: a worker answered its pid after release). Gives up quietly after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
@@ -130,7 +130,7 @@ class ExtractorFleet:
             with contextlib.suppress(Exception):  # an actor that already died is fine
                 ray.kill(actor, no_restart=True)
         for actor in self.actors:
-            _wait_gone(actor)
+            wait_gone(actor)
         self.actors, self.held = [], None
 
     def retire(self, queue: WorkQueue) -> None:

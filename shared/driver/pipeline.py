@@ -417,7 +417,7 @@ def run_benchmark(cfg: RunConfig, on_event: EventSink | None = None, strategy_mo
                   fleet: ExtractorFleet | None = None) -> RunOutcome:
     """Plan every concept's cells, compute only the missing artifacts, collect the D1 records, then steer; a
     `fleet` (a run over several models) lends its workers, which load this model in place of the last."""
-    with EarlyEngines() as early:  # steering engines started as the pooling ends, killed if the run stops first
+    with EarlyEngines() as early:  # steering engines started as the pooling ends, killed when the run closes
         return _benchmark(cfg, on_event, strategy_modules, fleet, early)
 
 

@@ -35,6 +35,7 @@ from rich.console import Console
 
 from poolbench.api import evaluate_config, run_config
 from poolbench.corpus.source import limit_passages, open_corpus
+from poolbench.driver.pipeline import default_layers
 from poolbench.driver.probe_gate import beside_the_forward
 from poolbench.extractor.capture import resolve_max_batch_tokens
 from poolbench.extractor.forward_baselines import forward_only
@@ -253,7 +254,8 @@ def raw_forward(args: argparse.Namespace, concepts: list[str], per_concept: dict
     process before the run (the model is freed after it, so the run's extractor has the device to itself)."""
     loaded = load_model(SHAPE_PREFIX + args.shape, dtype=args.dtype, device=args.device)
     corpus = open_corpus("embedded", args.corpus_size, concepts)
-    budget = resolve_max_batch_tokens(loaded.model, list(range(loaded.n_layers)), None)  # the run's bucket cut
+    layers = [int(v) for v in args.layers.split(",")] if args.layers else default_layers(loaded.n_layers)
+    budget = resolve_max_batch_tokens(loaded.model, layers, None)  # the budget the run's pooling cuts buckets at
     batches = {c: prepare_batches(loaded.tokenizer, limit_passages(corpus.passages(c), args.limit),
                                   batch_size=args.batch_size, max_length=args.max_length, max_tokens=budget)
                for c in concepts}

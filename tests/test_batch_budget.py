@@ -15,9 +15,11 @@ from poolbench.corpus.source import limit_passages, open_corpus
 from poolbench.extractor.batching import (
     CPU_MAX_BATCH_TOKENS,
     DEFAULT_MAX_BATCH_TOKENS,
+    MEMORY_FRACTION,
     TokenCosts,
     budget_cap,
     default_max_batch_tokens,
+    free_memory_bytes,
     gradient_rows_per_forward,
     plan_batches,
     row_chunks,
@@ -224,9 +226,8 @@ def test_a_cpu_run_gets_the_cpu_budget_and_its_buckets_are_cut_at_it(tiny):
     are exactly those of plan_batches(lengths, batch_size, budget), fewer than 16-row buckets chunked at the
     budget would pad (the behaviour before; a chunk keeps its bucket's length)."""
     plain = model_token_costs(tiny.model, [0, 1], frozenset()).plain
-    assert resolve_max_batch_tokens(tiny.model, [0, 1], None) == min(CPU_MAX_BATCH_TOKENS, int(
-        __import__("poolbench.extractor.batching", fromlist=["free_memory_bytes"]).free_memory_bytes("cpu")
-        * 0.25) // plain) == CPU_MAX_BATCH_TOKENS
+    assert resolve_max_batch_tokens(tiny.model, [0, 1], None) == min(
+        CPU_MAX_BATCH_TOKENS, int(free_memory_bytes("cpu") * MEMORY_FRACTION) // plain) == CPU_MAX_BATCH_TOKENS
     concept = "hedging"
     full = limit_passages(open_corpus("embedded", "tiny", [concept]).passages(concept), 6)
     # the tiny corpus's passages all fill 256 tokens: cut each to its own number of words, so lengths differ

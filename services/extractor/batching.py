@@ -18,7 +18,7 @@ DEFAULT_MAX_BATCH_TOKENS = 8192  # batch 32 x 256 tokens, today's largest batch:
 # On a CPU a forward is fastest at about a thousand padded tokens: beyond that its activations (and S2's saved
 # graph) leave the caches for main memory, and each forward's new large tensors fault in fresh pages. Measured on
 # SmolLM2-135M, 2-core Zen 4 (32 MiB L3), one concept's pooling with every strategy (bench/README.md, "Rows per
-# forward on a CPU"): 36.5 s at this budget's buckets against 46-48 s at 32 rows of ~150 tokens.
+# forward on a CPU"): 35.2 s at this budget's buckets against 46-48 s at 32 rows of ~150 tokens.
 CPU_MAX_BATCH_TOKENS = 1024
 MEMORY_FRACTION = 0.25  # of the free memory one forward may use by default, leaving room for the rest
 FLOAT32_BYTES = 4

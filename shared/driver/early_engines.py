@@ -13,16 +13,14 @@ next model's pooling, which an engine would slow.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import ray
 from ray.actor import ActorHandle
 
 from poolbench.config import RunConfig
 
-from .extractor_fleet import wait_gone, worker_runtime_env
+from .extractor_fleet import kill_and_wait, worker_runtime_env
 
 
 @dataclass(frozen=True)
@@ -110,9 +108,4 @@ class EarlyEngines:
 
     def __exit__(self, *exc_info: object) -> None:
         engines, self._engines = self._engines, None
-        actors = engines.actors if engines is not None else []
-        for actor in actors:
-            with contextlib.suppress(Exception):  # one the stage's queue already killed is fine
-                ray.kill(actor, no_restart=True)
-        for actor in actors:  # ray.kill only asks: return once each is gone, its memory and cores free
-            wait_gone(actor)
+        kill_and_wait(engines.actors if engines is not None else [])  # those the stage's queue killed too

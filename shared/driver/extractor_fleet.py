@@ -56,7 +56,17 @@ def probe_gpu_share() -> float:
     return (1.0 - EXTRACTOR_GPU_SHARE) / int(raw)
 
 
-def wait_gone(actor: ActorHandle, timeout_s: float = 60.0) -> None:
+def kill_and_wait(actors: Sequence[ActorHandle]) -> None:
+    """Kill every actor and return once each is gone: ray.kill only asks, and one still holding a model's memory
+    and cores would meet whatever starts next. An actor that already died is fine."""
+    for actor in actors:
+        with contextlib.suppress(Exception):
+            ray.kill(actor, no_restart=True)
+    for actor in actors:
+        _wait_gone(actor)
+
+
+def _wait_gone(actor: ActorHandle, timeout_s: float = 60.0) -> None:
     """Until a killed actor answers no more: a call it still takes means the kill has not reached it yet (seen in
     the test suite under load: a worker answered its pid after release). Gives up quietly after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
@@ -126,11 +136,7 @@ class ExtractorFleet:
     def release(self) -> None:
         """Kill every worker now and return once each is gone (before steering, whose actors want the same GPUs and
         cores: ray.kill only asks, and a worker still holding an 8B model's 16 GB would meet the engine's start)."""
-        for actor in self.actors:
-            with contextlib.suppress(Exception):  # an actor that already died is fine
-                ray.kill(actor, no_restart=True)
-        for actor in self.actors:
-            wait_gone(actor)
+        kill_and_wait(self.actors)
         self.actors, self.held = [], None
 
     def retire(self, queue: WorkQueue) -> None:

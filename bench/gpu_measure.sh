@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 52's GPU measurement in one call, <= 10 minutes: run from the project tree on the lent GPU machine once the
 # kit is unpacked (../shared/gpu/README.md); every result lands in $OUT (at most 8 files come back):
-#   gpu.log (nvidia-smi -L, setup, each step's exit status and seconds), extraction_cost.{json,log},
+#   gpu.log (nvidia-smi -L, setup, each step's exit status and seconds) and results.tar (BUNDLE=0: loose files)
+#   holding each step's files: extraction_cost.{json,log},
 #   d1_cost.{json,log} (one layer's 19 cells at d 4,096, n 1,400 train, with cProfile's heaviest functions),
 #   scale.{json,log}, pytest.log.
 # Each step runs under `timeout` (SIGINT first: bench/scale.py then writes what it measured) in a process group of
@@ -10,10 +11,12 @@
 #   bash bench/gpu_measure.sh                      # on the GPU, after `. /tmp/gpukit/env` (sourced here if present)
 #   DEVICE=cpu SHAPE=smoke OUT=/tmp/gm bash bench/gpu_measure.sh    # every command line on a CPU, reduced
 #
-# STEPS picks the steps, in this order: extraction_cost d1_cost scale pytest (the default: all four) and
+# STEPS picks the steps, in this order: pytest d1_cost d1_parallel extraction_cost scale (the default: all five) and
 # scale_probes, which runs scale.py once per value of PROBES_SWEEP ("1 2 4": D1 probe tasks beside the extractor,
 # $POOLBENCH_PROBES_PER_GPU) into scale_p<N>.{json,log}, T_SCALE each: `STEPS=scale_probes` is a call of its own
-# (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back.
+# (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back. d1_parallel runs
+# d1_parallel.py once per value of D1_PROCS ("4 16": D1 probe processes at once on the GPU, D1P_CELLS cells each,
+# T_D1P each) into d1_p<N>.{json,log}.
 # Knobs (environment): SHAPE (llama-3.1-8b), DEVICE (cuda), DTYPE (bfloat16 on cuda, float32 on cpu),
 # SCALE_LIMIT (200: at most 200 passages per class and split, 800 of a concept's 2,000, ~100k tokens; `full`: the
 # whole corpus, ~250k tokens a concept, which needs pooling near the issue's target to finish in T_SCALE),
@@ -47,7 +50,11 @@ PYTHON=${PYTHON:-python3}
 EXTRA_EXTRACT=${EXTRA_EXTRACT:-}   # more options for extraction_cost.py (the CPU check shortens it)
 EXTRA_SCALE=${EXTRA_SCALE:-}       # more options for scale.py
 EXTRA_D1=${EXTRA_D1:-}             # more options for d1_cost.py
-STEPS=${STEPS:-extraction_cost d1_cost scale pytest}
+STEPS=${STEPS:-pytest d1_cost d1_parallel extraction_cost scale}
+D1_PROCS=${D1_PROCS:-4 16}
+D1P_CELLS=${D1P_CELLS:-10}
+T_D1P=${T_D1P:-75}
+EXTRA_D1P=${EXTRA_D1P:-}           # more options for d1_parallel.py
 PROBES_SWEEP=${PROBES_SWEEP:-1 2 4}
 LOG="$OUT/gpu.log"
 started=$SECONDS
@@ -65,6 +72,18 @@ run_step() {
   rc=$?
   kill -KILL -- "-$pid" 2>/dev/null || true  # what the step left behind in its group (Ray's processes)
   note "step $name: exit $rc in $((SECONDS - t0)) s$([ "$rc" = 124 ] && echo ' (timed out)')"
+  bundle
+}
+
+# bundle: every file in $OUT but gpu.log appended to $OUT/results.tar and removed, so however many steps run, at
+# most 8 files come back (the device tool's limit) and a run killed mid-step still returns what finished.
+bundle() {
+  [ "${BUNDLE:-1}" = 1 ] || return 0
+  local f
+  for f in "$OUT"/*; do
+    case "$(basename "$f")" in gpu.log | results.tar) continue ;; esac
+    [ -f "$f" ] && tar -rf "$OUT/results.tar" -C "$OUT" "$(basename "$f")" && rm -f "$f"
+  done
 }
 
 note "PoolBench GPU measurement at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ)"
@@ -82,12 +101,25 @@ torch.version.cuda, 'available', torch.cuda.is_available())" 2>&1 | tee -a "$LOG
 
 wants() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
-wants extraction_cost && run_step extraction_cost "$T_EXTRACT" "$PYTHON" bench/extraction_cost.py --shape "$SHAPE" --device "$DEVICE" \
-  --dtype "$DTYPE" --corpus-size full --concepts 2 --texts "$TEXTS" --max-length 512 --pack-to 512 --stages "$STAGES" \
-  --repeats "$REPEATS" --out "$OUT/extraction_cost.json" $EXTRA_EXTRACT
+if [ -z "${GPU_TESTS:-}" ]; then
+  GPU_TESTS=$(grep -l "mark\.gpu" tests/test_*.py | grep -v -e test_steerer.py -e test_reproduce.py | tr '\n' ' ')
+fi
+# shellcheck disable=SC2086
+wants pytest && run_step pytest "$T_TESTS" "$PYTHON" -m pytest -p no:cacheprovider -o addopts="-ra" -m "gpu and not slow" $GPU_TESTS
 
 wants d1_cost && run_step d1_cost "$T_D1" "$PYTHON" bench/d1_cost.py --path batched --threads 1 --cells "$D1_CELLS" --profile 40 \
   --out "$OUT/d1_cost.json" $EXTRA_D1
+if wants d1_parallel; then
+  for n in $D1_PROCS; do
+    # shellcheck disable=SC2086
+    run_step "d1_p$n" "$T_D1P" "$PYTHON" bench/d1_parallel.py --processes "$n" --cells "$D1P_CELLS" \
+      --out "$OUT/d1_p$n.json" $EXTRA_D1P
+  done
+fi
+
+wants extraction_cost && run_step extraction_cost "$T_EXTRACT" "$PYTHON" bench/extraction_cost.py --shape "$SHAPE" --device "$DEVICE" \
+  --dtype "$DTYPE" --corpus-size full --concepts 2 --texts "$TEXTS" --max-length 512 --pack-to 512 --stages "$STAGES" \
+  --repeats "$REPEATS" --out "$OUT/extraction_cost.json" $EXTRA_EXTRACT
 
 scale_args=(--shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" --concepts "$SCALE_CONCEPTS" --corpus-size full
             --max-length 512 ${SCALE_LIMIT:+--limit "$SCALE_LIMIT"})
@@ -100,10 +132,4 @@ if wants scale_probes; then
       --out "$OUT/scale_p$n.json" $EXTRA_SCALE
   done
 fi
-
-if [ -z "${GPU_TESTS:-}" ]; then
-  GPU_TESTS=$(grep -l "mark\.gpu" tests/test_*.py | grep -v -e test_steerer.py -e test_reproduce.py | tr '\n' ' ')
-fi
-# shellcheck disable=SC2086
-wants pytest && run_step pytest "$T_TESTS" "$PYTHON" -m pytest -p no:cacheprovider -o addopts="-ra" -m "gpu and not slow" $GPU_TESTS
 note "done in $((SECONDS - started)) s; files: $(cd "$OUT" && ls | tr '\n' ' ')"

@@ -165,6 +165,10 @@ def test_batched_cell_on_cuda_equals_its_cpu_twin():
     gpu, gpu_stats = batched_d1_cell(X, y, g, Xt, yt, gt, n_bootstrap=20, types_train=types,
                                      device=torch.device("cuda"))
     assert gpu["logistic"].to_record() == cpu["logistic"].to_record()
+    assert gpu["diffmean"].to_record() == cpu["diffmean"].to_record()  # diffmean_batched's GEMMs against the estimator
+    np.testing.assert_array_equal(gpu["diffmean"].oof_folds, cpu["diffmean"].oof_folds)
+    np.testing.assert_allclose(gpu["diffmean"].test_scores, cpu["diffmean"].test_scores, rtol=0,
+                               atol=1e-9 * np.abs(cpu["diffmean"].test_scores).max())
     bound = _bound(NewtonLogisticProbe().fit(X, y), Xt, yt)
     assert (np.abs(gpu["logistic"].test_scores - cpu["logistic"].test_scores) <= bound).all()
     assert gpu_stats["seed_cv_aurocs"] == cpu_stats["seed_cv_aurocs"]

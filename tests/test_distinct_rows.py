@@ -4,11 +4,12 @@ ways the batched and per-fit D1 paths disagreed on make run's P2_first cells (di
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from poolbench.prober.auroc import auroc
 from poolbench.prober.batched_logistic import fit_many, shared_gram
-from poolbench.prober.distinct_rows import score_distinct_rows, score_distinct_rows_np
+from poolbench.prober.distinct_rows import _distinct, distinct_by_hash, score_distinct_rows, score_distinct_rows_np
 from poolbench.prober.newton_logistic import NewtonLogisticProbe
 from poolbench.prober.probes import DiffMeanProbe
 
@@ -100,3 +101,52 @@ def test_small_fits_take_own_grams_else_the_shared_one(monkeypatch):
     fallen = fit_many(Xt, rows, [y[r] for r in rows])
     shared = original(Xt, rows, [y[r] for r in rows], 1.0, 1e-6, 200, False, None, None)
     torch.testing.assert_close(fallen.v, shared.v, rtol=0, atol=0)
+
+
+def _same_partition(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Two inverse maps group the rows alike: each group of one is exactly a group of the other."""
+    pairs = set(zip(a.tolist(), b.tolist(), strict=True))
+    return len(pairs) == len(set(a.tolist())) == len(set(b.tolist()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_row_hashes_group_rows_as_torch_unique_does(dtype):
+    """The GPU's distinct rows (distinct_by_hash) against torch.unique(dim=0), here on the CPU: the same groups,
+    -0.0 and 0.0 one value, every row its group's values."""
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(40, 300, generator=gen).to(dtype)
+    base[5, :7] = 0.0
+    base[6] = base[5]
+    base[6, :7] = -0.0  # equal to row 5 as values, other bits
+    X = base[torch.randint(0, 40, (500,), generator=gen)]
+    distinct, inverse = distinct_by_hash(X)
+    ref, ref_inverse = torch.unique(X, dim=0, return_inverse=True)
+    assert distinct.shape == ref.shape == (39, 300)  # 40 bases, two of them equal
+    assert _same_partition(inverse, ref_inverse)
+    assert torch.equal(distinct.index_select(0, inverse), X)
+    assert distinct_by_hash(base[:5]) is None  # every row distinct: score X as given
+
+
+def test_a_hash_collision_of_unequal_rows_falls_back_to_the_exact_grouping(monkeypatch):
+    from poolbench.prober import distinct_rows
+
+    X = torch.tensor([[1.0, 2.0], [3.0, 4.0], [1.0, 2.0], [5.0, 6.0]], dtype=torch.float64)
+    monkeypatch.setattr(distinct_rows, "row_hashes", lambda rows: torch.zeros(rows.shape[0], dtype=torch.int64))
+    distinct, inverse = distinct_by_hash(X)  # one hash for all: only the check can tell the rows apart
+    assert distinct.shape == (3, 2) and _same_partition(inverse, torch.tensor([0, 1, 0, 2]))
+    monkeypatch.setattr(distinct_rows, "row_hashes", lambda rows: torch.tensor([0, 0, 1, 2]))
+    assert distinct_by_hash(X[[0, 1, 3]]) is None  # a collision among all-distinct rows: still none to gather
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_distinct_rows_on_cuda_group_as_the_cpu_does():
+    gen = torch.Generator().manual_seed(1)
+    X = torch.randn(30, 4096, generator=gen, dtype=torch.float64)[torch.randint(0, 30, (1400,), generator=gen)]
+    on_gpu = _distinct(X.cuda())
+    on_cpu = _distinct(X)
+    assert on_gpu is not None and on_cpu is not None
+    assert _same_partition(on_gpu[1].cpu(), on_cpu[1])
+    s = score_distinct_rows(lambda rows: rows @ torch.ones(4096, device="cuda", dtype=rows.dtype), X.cuda()).cpu()
+    for k in range(30):
+        assert s[on_cpu[1] == k].unique().numel() == 1

@@ -19,6 +19,7 @@ from scipy.special import expit
 from poolbench.prober.auroc import ProbeError, auroc, auroc_ci
 from poolbench.prober.batched_logistic import fit_many, shared_gram
 from poolbench.prober.d1 import D1Result, ProbeResult, check_split, evaluate_d1
+from poolbench.prober.diffmean_batched import diffmean_scores
 from poolbench.prober.fast_folds import check_folds, stratified_group_splits
 from poolbench.prober.mdl import (
     MDL_CALIBRATION_FOLDS,
@@ -39,6 +40,10 @@ Splits = list[tuple[np.ndarray, np.ndarray]]
 
 
 CPU_THREADS = 1  # torch threads of one cell on a CPU: the driver runs one task per core (bench/README, D1 cost)
+# Devices whose cells fit DiffMean's folds batched beside the logistic ones (diffmean_batched): a GPU, where the host
+# estimator was ~28% of a cell; a CPU keeps the estimator (the same arithmetic on the same host, and make run's
+# records to the last bit).
+DIFFMEAN_ON_DEVICE = ("cuda",)
 
 
 @contextmanager
@@ -68,6 +73,19 @@ def _fold_scores(first: int, splits: Splits, scores: np.ndarray,
         folds[val] = k
         values[k] = auroc(oof[val], y[val])
     return values, oof, folds
+
+
+def _probe_result(name: str, splits: Splits, scores: np.ndarray, y: np.ndarray, test_scores: np.ndarray,
+                  y_test: np.ndarray, groups_test: np.ndarray, n_bootstrap: int, ci_level: float) -> ProbeResult:
+    """evaluate_d1's ProbeResult from the fold fits' scores [folds, n] and the all-train fit's test scores."""
+    fold_aurocs, oof, oof_folds = _fold_scores(0, splits, scores, y)
+    ci = auroc_ci(test_scores, y_test, groups_test, ci_level)
+    return ProbeResult(
+        probe=name, cv_auroc=float(fold_aurocs.mean()), cv_fold_aurocs=fold_aurocs,
+        test_auroc=auroc(test_scores, y_test), ci_low=ci.low, ci_high=ci.high, n_train=int(y.size),
+        n_test=int(y_test.size), n_folds=len(splits), n_bootstrap=n_bootstrap, ci_level=ci_level,
+        oof_scores=oof, test_scores=test_scores, test_pred=(test_scores > 0).astype(np.int64),
+        ci_method=ci.method, ci_degenerate=ci.degenerate, oof_folds=oof_folds)
 
 
 def _check_two_classes(y: np.ndarray, splits: Splits, what: str) -> None:
@@ -112,20 +130,19 @@ def _batched_d1_cell(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.
     fold_rows = [fit for s in [splits, *seed_splits] for fit, _ in s]
     folds = fit_many(X, fold_rows, [y_train[r] for r in fold_rows], gram=gram, init=full)
     scores = folds.scores(X).cpu().numpy()
-    fold_aurocs, oof, oof_folds = _fold_scores(0, splits, scores, y_train)
-    test_scores = full.scores(torch.as_tensor(X_test, dtype=torch.float64, device=device))[0].cpu().numpy()
-    ci = auroc_ci(test_scores, y_test, groups_test, ci_level)
-    logistic = ProbeResult(
-        probe="logistic", cv_auroc=float(fold_aurocs.mean()), cv_fold_aurocs=fold_aurocs,
-        test_auroc=auroc(test_scores, y_test), ci_low=ci.low, ci_high=ci.high, n_train=int(y_train.size),
-        n_test=int(y_test.size), n_folds=len(splits), n_bootstrap=n_bootstrap, ci_level=ci_level,
-        oof_scores=oof, test_scores=test_scores, test_pred=(test_scores > 0).astype(np.int64),
-        ci_method=ci.method, ci_degenerate=ci.degenerate, oof_folds=oof_folds)
-    others = tuple(name for name in PROBE_NAMES if name != "logistic")
-    rest = evaluate_d1(X_train, y_train, groups_train, X_test, y_test, groups_test, n_folds=n_folds, seed=seed,
-                       n_bootstrap=n_bootstrap, probes=others, ci_level=ci_level).probes
-    result = D1Result(probes={name: logistic if name == "logistic" else rest[name] for name in PROBE_NAMES},
-                      seed=seed)
+    X_test_t = torch.as_tensor(X_test, dtype=torch.float64, device=device)
+    test_scores = full.scores(X_test_t)[0].cpu().numpy()
+    found = {"logistic": _probe_result("logistic", splits, scores, y_train, test_scores, y_test, groups_test,
+                                       n_bootstrap, ci_level)}
+    if device.type in DIFFMEAN_ON_DEVICE:  # the DiffMean folds as two GEMMs where the features are
+        dm_train, dm_test = diffmean_scores(X, [fit for fit, _ in splits] + [every], y_train, X_test_t)
+        found["diffmean"] = _probe_result("diffmean", splits, dm_train.cpu().numpy(), y_train,
+                                          dm_test[-1].cpu().numpy(), y_test, groups_test, n_bootstrap, ci_level)
+    else:  # on a CPU the estimator itself, as make run's records were computed
+        found.update(evaluate_d1(X_train, y_train, groups_train, X_test, y_test, groups_test, n_folds=n_folds,
+                                 seed=seed, n_bootstrap=n_bootstrap, probes=("diffmean",), ci_level=ci_level).probes)
+    result = D1Result(probes={name: found[name] for name in PROBE_NAMES}, seed=seed)
+    logistic = found["logistic"]
     if not reliability:
         return result, {}
     values = [logistic.cv_auroc] + [

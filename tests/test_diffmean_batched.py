@@ -72,3 +72,20 @@ def test_a_cell_through_the_device_branch_keeps_every_diffmean_record(monkeypatc
     np.testing.assert_array_equal(new.test_pred, ref.test_pred)
     model = DiffMeanProbe().fit(X, y)
     assert (np.abs(new.test_scores - ref.test_scores) <= _round_off(X, np.arange(y.size), model, Xt)).all()
+
+
+def test_a_gpu_cell_keeps_its_host_to_the_one_core_its_task_holds():
+    """On a GPU the cell's host work runs on one thread (torch's and the BLAS/OpenMP pools), restored after; a CPU
+    cell keeps its CPU_THREADS torch threads and the pools as they are. Needs no GPU: only the device's type is read."""
+    from threadpoolctl import threadpool_info
+
+    before = torch.get_num_threads()
+    with batched_cell._host_threads(torch.device("cuda"), batched_cell.CPU_THREADS):
+        assert torch.get_num_threads() == 1
+        assert all(pool["num_threads"] == 1 for pool in threadpool_info())
+    assert torch.get_num_threads() == before
+    pools = {pool["filepath"]: pool["num_threads"] for pool in threadpool_info()}
+    with batched_cell._host_threads(torch.device("cpu"), 2):
+        assert torch.get_num_threads() == 2
+        assert {pool["filepath"]: pool["num_threads"] for pool in threadpool_info()} == pools
+    assert torch.get_num_threads() == before

@@ -8,6 +8,8 @@ very functions the per-fit path uses (auroc, auroc_ci, platt_scaling, the MDL bl
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +17,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 from scipy.special import expit
+from threadpoolctl import threadpool_limits
 
 from poolbench.prober.auroc import ProbeError, auroc, auroc_ci
 from poolbench.prober.batched_logistic import fit_many, shared_gram
@@ -47,19 +50,32 @@ DIFFMEAN_ON_DEVICE = ("cuda",)
 
 
 @contextmanager
-def _cpu_threads(device: torch.device, threads: int | None) -> Iterator[None]:
-    """Torch's intra-op threads set for the cell and restored after (on a CPU, when `threads` is given)."""
+def _host_threads(device: torch.device, threads: int | None) -> Iterator[None]:
+    """The cell's host threads, restored after. On a CPU torch's intra-op threads are `threads` (when given). On a
+    GPU the host only dispatches and does numpy's share, on the one core the task holds: torch's threads and the
+    BLAS/OpenMP pools are 1. Why: on an H100 (bench/measured/h100_session20/) one layer's cells in one process
+    took 45.5 CPU-s in 10.1 s with the pools at their defaults, and 8 or 16 such processes kept 13-16 of the 16
+    cores busy at 3.6 cells/s, no faster than 4 (3.3). Ray gives a task OMP_NUM_THREADS, which a pool started
+    before it was set does not read; this limit holds whoever started the pools."""
     before = torch.get_num_threads()
-    if device.type == "cpu" and threads:
-        torch.set_num_threads(threads)
+    if device.type == "cpu":
+        if threads:
+            torch.set_num_threads(threads)
+        pools = contextlib.nullcontext()
+    else:
+        torch.set_num_threads(1)
+        pools = threadpool_limits(limits=1)
     try:
-        yield
+        with pools:
+            yield
     finally:
         torch.set_num_threads(before)
 
 
+@functools.cache
 def probe_device() -> torch.device:
-    """The probes' device: the GPU when one is present, else the CPU (float64 either way)."""
+    """The probes' device: the GPU when one is present, else the CPU (float64 either way). Asked once a process:
+    torch.cuda.is_available() took 10 ms a cell on an H100 (its device count, 2% of a cell's host time)."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -102,7 +118,7 @@ def batched_d1_cell(X_train: np.ndarray, y_train: np.ndarray, groups_train: np.n
                     ci_level: float = 0.95) -> tuple[D1Result, dict]:
     """evaluate_d1(...) and cell_reliability(...) of one cell (records equal within the solver's stopping rule)."""
     device = device or probe_device()
-    with _cpu_threads(device, CPU_THREADS):
+    with _host_threads(device, CPU_THREADS):
         return _batched_d1_cell(X_train, y_train, groups_train, X_test, y_test, groups_test, n_folds=n_folds,
                                 seed=seed, n_bootstrap=n_bootstrap, reliability=reliability,
                                 types_train=types_train, n_seeds=n_seeds, device=device, ci_level=ci_level)

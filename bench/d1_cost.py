@@ -29,7 +29,7 @@ from bench_io import run_header, write_result
 
 from poolbench.corpus.passage import Passage
 from poolbench.pooler.pooled_table import PooledTableBuilder
-from poolbench.prober import batched_cell
+from poolbench.prober import batched_cell, concept_probe
 from poolbench.prober.concept_probe import probe_pooled_cells
 
 DOMAINS = 4  # lexical types, so the control task (selectivity) runs as on the real corpus
@@ -83,10 +83,14 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=0, help="time only the first K cells of the first layer")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", type=int, default=0, help="print cProfile's N heaviest functions")
+    parser.add_argument("--cells-per-call", type=int, default=0,
+                        help="cells of a layer probed in one batched call (default: the device's, 1 on a CPU)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "d1_cost.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     batched_cell.CPU_THREADS = args.threads
+    if args.cells_per_call:
+        concept_probe.cells_per_call = lambda _device: args.cells_per_call
     items = passages(args.n_train, args.n_test)
     types = {p.id: p.domain for p in items}
     layers, per_layer = [], []

@@ -15,7 +15,7 @@
 # scale_probes, which runs scale.py once per value of PROBES_SWEEP ("1 2 4": D1 probe tasks beside the extractor,
 # $POOLBENCH_PROBES_PER_GPU) into scale_p<N>.{json,log}, T_SCALE each: `STEPS=scale_probes` is a call of its own
 # (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back. d1_parallel runs
-# d1_parallel.py once per value of D1_PROCS ("4 16": D1 probe processes at once on the GPU, D1P_CELLS cells each,
+# d1_parallel.py once per value of D1_PROCS ("2 8": D1 probe processes at once on the GPU, D1P_CELLS (19) cells each,
 # T_D1P each) into d1_p<N>.{json,log}.
 # Knobs (environment): SHAPE (llama-3.1-8b), DEVICE (cuda), DTYPE (bfloat16 on cuda, float32 on cpu),
 # SCALE_LIMIT (200: at most 200 passages per class and split, 800 of a concept's 2,000, ~100k tokens; `full`: the
@@ -51,8 +51,8 @@ EXTRA_EXTRACT=${EXTRA_EXTRACT:-}   # more options for extraction_cost.py (the CP
 EXTRA_SCALE=${EXTRA_SCALE:-}       # more options for scale.py
 EXTRA_D1=${EXTRA_D1:-}             # more options for d1_cost.py
 STEPS=${STEPS:-pytest d1_cost d1_parallel extraction_cost scale}
-D1_PROCS=${D1_PROCS:-4 16}
-D1P_CELLS=${D1P_CELLS:-10}
+D1_PROCS=${D1_PROCS:-2 8}
+D1P_CELLS=${D1P_CELLS:-19}
 T_D1P=${T_D1P:-75}
 EXTRA_D1P=${EXTRA_D1P:-}           # more options for d1_parallel.py
 PROBES_SWEEP=${PROBES_SWEEP:-1 2 4}

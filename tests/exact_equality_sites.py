@@ -29,6 +29,13 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_batched_logistic.py::test_batched_cell_records_equal_todays_evaluate_d1_and_cell_reliability": (
         2, INTS + "; the 0/1 predictions sit further from the threshold than the solvers' stopping-rule bound on this "
            "cell (the same argument as its AUROCs, said beside them)", "fold indices and 0/1 test predictions"),
+    "test_batched_logistic.py::test_batched_cell_on_cuda_equals_its_cpu_twin": (
+        1, INTS, "the fold that scored each passage, GPU against CPU"),
+    "test_diffmean_batched.py::test_a_cell_through_the_device_branch_keeps_every_diffmean_record": (
+        2, INTS + "; the 0/1 predictions sit further from 0 than the two paths' round-off on this cell",
+        "fold indices and 0/1 test predictions"),
+    "test_distinct_rows.py::test_row_hashes_group_rows_as_torch_unique_does": (
+        1, COPY + ": each row's group representative gathered back, no arithmetic", "the rows and their gathers"),
     "test_batched_logistic.py::test_a_fit_stopped_at_max_iter_is_flagged_and_warned_and_one_that_met_the_rule_is_not": (
         1, SAME + ": max_iter equal to the steps the fit took runs the same steps on the same inputs",
         "the coefficients of a fit allowed exactly its own steps and of the default one"),

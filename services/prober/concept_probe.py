@@ -10,6 +10,8 @@ import contextlib
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,8 +22,8 @@ from poolbench.pooler.iti import HEADS_META, ITIHeadView, head_table_key, needs_
 from poolbench.pooler.learned import FITS_META, LearnedFoldView, learned_table_key, needs_learned_table
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.prober.auroc import ProbeError
-from poolbench.prober.batched_cell import batched_d1_cell
-from poolbench.prober.d1 import evaluate_d1
+from poolbench.prober.batched_cell import batched_d1_cells, cells_per_call, probe_device
+from poolbench.prober.d1 import D1Result, evaluate_d1
 from poolbench.prober.flash import flash_subset, parse_fraction
 from poolbench.prober.learned_cell import learned_fold_cell
 from poolbench.prober.newton_logistic import UnconvergedFitWarning
@@ -92,55 +94,111 @@ def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
     head_view = ITIHeadView(heads) if heads is not None else None
     learned_view = LearnedFoldView(learned) if learned is not None else None
     metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
-    records = []
+    cells = []
     for layer, strategy in view.cells:
-        with fits_named(concept, layer, strategy):
-            cell = view.matrix(layer, strategy)
+        cell = view.matrix(layer, strategy)
+        with fits_named(concept, layer, strategy):  # S3's head ranking fits probes too
             supervised = (head_selection_cell(cell, metadata, head_view, layer, strategy, seed)
                           or learned_fold_cell(cell, metadata, learned_view, layer, strategy))
-            stats: dict = {}
-            train_rows = np.flatnonzero(cell.split == "train")
-            if flash is not None:  # a stratified, pair-preserving fraction of train; test stays whole
-                kept = flash_subset(cell.y[train_rows], cell.groups[train_rows], parse_fraction(flash), seed=seed,
-                                    concept=concept, min_per_class=n_folds)
-                train_rows = train_rows[kept]
-            if supervised is None:
-                train, test = cell.take(train_rows), cell.subset("test")
-                types_train = (None if types is None or not reliability else
-                               np.array([types.get(str(pid), str(pid)) for pid in train.passage_ids]))
-                if batched:
-                    result, stats = batched_d1_cell(train.X, train.y, train.groups, test.X, test.y, test.groups,
-                                                    n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap,
-                                                    reliability=reliability, types_train=types_train)
-                else:
-                    result = evaluate_d1(train.X, train.y, train.groups, test.X, test.y, test.groups,
-                                         n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
-                if reliability and not batched:
+        train_rows = np.flatnonzero(cell.split == "train")
+        if flash is not None:  # a stratified, pair-preserving fraction of train; test stays whole
+            kept = flash_subset(cell.y[train_rows], cell.groups[train_rows], parse_fraction(flash), seed=seed,
+                                concept=concept, min_per_class=n_folds)
+            train_rows = train_rows[kept]
+        train, test = cell.take(train_rows), cell.subset("test")
+        types_train = (None if types is None or not reliability or supervised is not None else
+                       np.array([types.get(str(pid), str(pid)) for pid in train.passage_ids]))
+        cells.append(_Cell(layer, strategy, cell, supervised, train_rows, train, test, types_train))
+    options = {"n_folds": n_folds, "seed": seed, "n_bootstrap": n_bootstrap}
+    outcomes = _batched_outcomes(concept, cells, reliability=reliability, **options) if batched else {}
+    records = []
+    for i, c in enumerate(cells):
+        layer, strategy, cell, supervised, train_rows = c.layer, c.strategy, c.cell, c.supervised, c.train_rows
+        stats: dict = {}
+        with fits_named(concept, layer, strategy):
+            if i in outcomes:
+                result, stats = outcomes[i]
+            elif supervised is None:
+                train, test = c.train, c.test
+                result = evaluate_d1(train.X, train.y, train.groups, test.X, test.y, test.groups, **options)
+                if reliability:
                     stats = cell_reliability(train.X, train.y, train.groups, train.passage_ids, test.X, test.y,
-                                             test.groups, seed=seed, n_folds=n_folds, types_train=types_train,
+                                             test.groups, seed=seed, n_folds=n_folds, types_train=c.types_train,
                                              d1_cv_auroc=result.probes["logistic"].cv_auroc)
             else:  # heads are chosen inside each fold from that fold's training labels only
-                result = evaluate_d1_supervised(
-                    supervised, cell.y, cell.groups, train_rows,
-                    np.flatnonzero(cell.split == "test"), n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap)
-            fallback_count = int(cell.fallback.sum())
-            test_rows = np.flatnonzero(cell.split == "test")
-            for probe_name, probe in result.probes.items():
-                for kind, rows, values, folds in ((HELDOUT, test_rows, probe.test_scores, None),
-                                                  (OUT_OF_FOLD, train_rows, probe.oof_scores, probe.oof_folds)):
-                    scores.append(cell_scores_table(concept, layer, strategy, probe_name, kind, cell.passage_ids[rows],
-                                                    cell.groups[rows], cell.y[rows], values, folds=folds, tiers=tiers))
-                records.append(D1CellRecord(
-                    concept=concept, layer=layer, strategy=strategy,
-                    **probe.to_record(),
-                    fallback_count=fallback_count,
-                    fallback_rate=fallback_count / len(cell.fallback),
-                    heads_selected=getattr(supervised, "chosen", [None])[-1] if supervised is not None else None,
-                    # Seeds, selectivity and MDL describe the logistic probe; a supervised cell's features change
-                    # per fold, so they are not defined there (None, not a number computed on other features).
-                    **{key: (value if probe_name == "logistic" else None) for key, value in stats.items()},
-                ))
+                result = evaluate_d1_supervised(supervised, cell.y, cell.groups, train_rows,
+                                                np.flatnonzero(cell.split == "test"), **options)
+        fallback_count = int(cell.fallback.sum())
+        test_rows = np.flatnonzero(cell.split == "test")
+        for probe_name, probe in result.probes.items():
+            for kind, rows, values, folds in ((HELDOUT, test_rows, probe.test_scores, None),
+                                              (OUT_OF_FOLD, train_rows, probe.oof_scores, probe.oof_folds)):
+                scores.append(cell_scores_table(concept, layer, strategy, probe_name, kind, cell.passage_ids[rows],
+                                                cell.groups[rows], cell.y[rows], values, folds=folds, tiers=tiers))
+            records.append(D1CellRecord(
+                concept=concept, layer=layer, strategy=strategy,
+                **probe.to_record(),
+                fallback_count=fallback_count,
+                fallback_rate=fallback_count / len(cell.fallback),
+                heads_selected=getattr(supervised, "chosen", [None])[-1] if supervised is not None else None,
+                # Seeds, selectivity and MDL describe the logistic probe; a supervised cell's features change
+                # per fold, so they are not defined there (None, not a number computed on other features).
+                **{key: (value if probe_name == "logistic" else None) for key, value in stats.items()},
+            ))
     return records, concat_scores(scores)
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """One (layer, strategy) cell's rows as D1 probes them: its matrix, train (after flash) and test views, the
+    supervised features (S3, learned) where it has them, the train passages' lexical types."""
+
+    layer: int
+    strategy: str
+    cell: Any
+    supervised: Any
+    train_rows: np.ndarray
+    train: Any
+    test: Any
+    types_train: np.ndarray | None
+
+
+def _batched_outcomes(concept: str, cells: Sequence[_Cell], *, n_folds: int, seed: int, n_bootstrap: int,
+                      reliability: bool) -> dict[int, tuple[D1Result, dict]]:
+    """(D1Result, reliability stats) of every unsupervised cell by the batched solver, by the cell's index: cells of
+    one layer with the same passages, labels, pairs, types and width go to batched_d1_cells together, at most
+    cells_per_call(device) at once (on a CPU one: each cell's records as make run's)."""
+    per_call = cells_per_call(probe_device())
+    groups: list[list[int]] = []
+    for i, c in enumerate(cells):
+        if c.supervised is not None:
+            continue
+        group = next((g for g in groups if len(g) < per_call and _same_rows(cells[g[0]], c)), None)
+        if group is None:
+            groups.append([i])
+        else:
+            group.append(i)
+    out = {}
+    for group in groups:
+        first = cells[group[0]]
+        with fits_named(concept, first.layer, "+".join(cells[i].strategy for i in group)):
+            found = batched_d1_cells([cells[i].train.X for i in group], first.train.y, first.train.groups,
+                                     [cells[i].test.X for i in group], first.test.y, first.test.groups,
+                                     n_folds=n_folds, seed=seed, n_bootstrap=n_bootstrap, reliability=reliability,
+                                     types_train=first.types_train)
+        out.update(zip(group, found, strict=True))
+    return out
+
+
+def _same_rows(a: _Cell, b: _Cell) -> bool:
+    """Whether two cells can be probed in one batch: one layer, the same train and test rows (labels, pairs, lexical
+    types) and one feature width."""
+    same = a.layer == b.layer and a.train.X.shape[1] == b.train.X.shape[1] == b.test.X.shape[1]
+    arrays = ((a.train.y, b.train.y), (a.train.groups, b.train.groups), (a.test.y, b.test.y),
+              (a.test.groups, b.test.groups))
+    types = (a.types_train is None and b.types_train is None) or (
+        a.types_train is not None and b.types_train is not None and np.array_equal(a.types_train, b.types_train))
+    return same and types and all(x.shape == y.shape and np.array_equal(x, y) for x, y in arrays)
 
 
 @contextlib.contextmanager

@@ -34,11 +34,15 @@ def worker_runtime_env() -> dict:
     return {"env_vars": env} if env else {}
 
 
-# On a GPU the extractor holds most of its GPU and D1's batched probe tasks share the rest (4 at once beside one
-# extractor); over half, so Ray never packs two extractors onto one GPU. Ray counts shares, not memory: a task's fits
-# take tens of MB (a cell's [n, d] float64 features).
+# On a GPU the extractor holds most of its GPU and D1's batched probe tasks share the rest (2 at once beside one
+# extractor, 8 on a GPU of their own once the pooling is done); over half, so Ray never packs two extractors onto one
+# GPU. Ray counts shares, not memory: a task probes a layer's cells in one batch (batched_cell.CELLS_PER_CALL_CUDA),
+# ~7 GB of float64 tensors at the full corpus's n = 1,400, d = 4,096 (counted from the shapes, not measured), so 8
+# of them hold ~56 of an H100's 80 GB, 2 beside an extractor's ≤ 50 GB ~64. Why
+# not more: one process's batch is a few launches per Newton step for all its cells; with one cell a call (before),
+# 4, 8 and 16 processes on an H100 probed 3.3, 3.6 and 3.6 cells/s (bench/measured/h100_session20).
 EXTRACTOR_GPU_SHARE = 0.75
-PROBE_GPU_SHARE = 0.0625
+PROBE_GPU_SHARE = 0.125
 # How many probe tasks run beside one extractor: processes time-slice a GPU (no two run kernels at once without
 # MPS), so more of them fill each other's host gaps but slow the forward beside them (measured on an H200,
 # bench/measured/h200_warm: 15.0 s a concept's pooling with ~4 beside, 10.7 s with fewer). A tuning knob, never a

@@ -15,6 +15,7 @@ time (on a GPU the fits' kernels run behind the host, so host waits show where t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import os
@@ -26,10 +27,11 @@ import numpy as np
 import pyarrow.compute as pc
 import torch
 from bench_io import run_header, write_result
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from poolbench.corpus.passage import Passage
 from poolbench.pooler.pooled_table import PooledTableBuilder
-from poolbench.prober import batched_cell, concept_probe
+from poolbench.prober import batched_cell, batched_logistic, concept_probe
 from poolbench.prober.concept_probe import probe_pooled_cells
 
 DOMAINS = 4  # lexical types, so the control task (selectivity) runs as on the real corpus
@@ -65,6 +67,22 @@ def layer_table(items: list[Passage], strategies: int, layer: int, d: int, seed:
     return builder.table()
 
 
+class OpCounter(TorchDispatchMode):
+    """Counts the torch ops the probing dispatches (on a GPU each is a launch or a host-side op) and among them the
+    ones that wait for the device (a tensor read as a Python number or a mask's nonzero)."""
+
+    SYNCS = ("aten._local_scalar_dense", "aten.nonzero", "aten.item")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = self.syncs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        self.syncs += str(func.overloadpacket) in self.SYNCS
+        return func(*args, **(kwargs or {}))
+
+
 def print_profile(profiler: cProfile.Profile, top: int) -> None:
     for key in ("tottime", "cumulative"):
         text = io.StringIO()
@@ -83,6 +101,10 @@ def main() -> None:
     parser.add_argument("--cells", type=int, default=0, help="time only the first K cells of the first layer")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", type=int, default=0, help="print cProfile's N heaviest functions")
+    parser.add_argument("--count-ops", action="store_true",
+                        help="count the torch ops and host syncs (item/bool/nonzero) the probing dispatches")
+    parser.add_argument("--cuda-slices", action="store_true",
+                        help="slice the fits' dual matrices as on a GPU (to count a GPU's ops on a CPU)")
     parser.add_argument("--cells-per-call", type=int, default=0,
                         help="cells of a layer probed in one batched call (default: the device's, 1 on a CPU)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "d1_cost.json")
@@ -91,6 +113,8 @@ def main() -> None:
     batched_cell.CPU_THREADS = args.threads
     if args.cells_per_call:
         concept_probe.cells_per_call = lambda _device: args.cells_per_call
+    if args.cuda_slices:
+        batched_logistic._CHUNK_ENTRIES = batched_logistic._CHUNK_ENTRIES_CUDA
     items = passages(args.n_train, args.n_test)
     types = {p.id: p.domain for p in items}
     layers, per_layer = [], []
@@ -102,15 +126,21 @@ def main() -> None:
         start = time.perf_counter()
         cpu0 = time.process_time()
         profiler = cProfile.Profile() if args.profile else None
+        ops = OpCounter() if args.count_ops else contextlib.nullcontext()
         if profiler:
             profiler.enable()
-        records, _ = probe_pooled_cells(table, "concept", types=types, batched=args.path == "batched")
+        with ops:
+            records, _ = probe_pooled_cells(table, "concept", types=types, batched=args.path == "batched")
         if profiler:
             profiler.disable()
             print_profile(profiler, args.profile)
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu0
         cells = len(records) // 2
+        if isinstance(ops, OpCounter):
+            print(f"layer {layer}: {ops.ops / cells:,.0f} torch ops and {ops.syncs / cells:,.0f} host syncs a cell",
+                  flush=True)
         per_layer.append({"layer": layer, "cells": cells, "seconds": seconds, "cpu_seconds": cpu,
+                          **({"torch_ops": ops.ops, "host_syncs": ops.syncs} if isinstance(ops, OpCounter) else {}),
                           "cv_auroc": [r.cv_auroc for r in records if r.probe == "logistic"],
                           "mdl_compression": [r.mdl_compression for r in records if r.probe == "logistic"]})
         layers.append(layer)

@@ -79,8 +79,8 @@ class BatchFit:
         bit-identically (distinct_rows: a GEMM's tiles would round them apart and AUROC would count the pair).
         For B cells, X [B, rows, d] and [B, F, rows], each cell's rows scored by its own fits."""
         if self.center.ndim == 2:
-            return torch.stack([self.cell(b).scores(X[b]) for b in range(X.shape[0])])
-        return score_distinct_rows(lambda rows: ((rows - self.center) @ self.v.T + self.c).T, X)
+            return torch.stack([_scores(self.center[b], self.v[b], self.c[b], X[b]) for b in range(X.shape[0])])
+        return _scores(self.center, self.v, self.c, X)
 
     def cell(self, b: int) -> BatchFit:
         """Cell b's fits of a B-cell BatchFit, as a one-universe BatchFit."""
@@ -89,6 +89,11 @@ class BatchFit:
     def cells(self) -> BatchFit:
         """This one-universe BatchFit as a batch of one cell."""
         return BatchFit(*(getattr(self, name)[None] for name in BatchFit.__dataclass_fields__))
+
+
+def _scores(center: torch.Tensor, v: torch.Tensor, c: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """[F, rows] (x − μ₀)·v + c of the distinct rows of X, spread back to X's rows."""
+    return score_distinct_rows(lambda rows: ((rows - center) @ v.T + c).T, X)
 
 
 def standardisers(X: torch.Tensor, member: torch.Tensor, center: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,8 +251,9 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
     G = None
     if exact:
         ref = pen
-        K = torch.stack([torch.stack([((Xc[b, idx[f]] / ref[b, f]) @ Xc[b, idx[f]].T).to(factor_dtype)
-                                      for f in range(F)]) for b in range(cells)])  # [B, F, M, M]
+        own = [Xc.index_select(1, idx[f]) for f in range(F)]  # each fit's rows of every cell, [B, M, d]
+        K = torch.stack([((rows / ref[:, f, None, :]) @ rows.transpose(1, 2)).to(factor_dtype)
+                         for f, rows in enumerate(own)], dim=1)  # [B, F, M, M]
     else:
         if gram is None:
             gram = shared_gram(X)

@@ -2,9 +2,8 @@
 # Issue 52's GPU measurement in one call, <= 10 minutes: run from the project tree on the lent GPU machine once the
 # kit is unpacked (../shared/gpu/README.md); every result lands in $OUT (at most 8 files come back):
 #   gpu.log (nvidia-smi -L, setup, each step's exit status and seconds) and results.tar (BUNDLE=0: loose files)
-#   holding each step's files: extraction_cost.{json,log},
-#   d1_cost.{json,log} (one layer's 19 cells at d 4,096, n 1,400 train, with cProfile's heaviest functions),
-#   scale.{json,log}, pytest.log.
+#   holding each step's files: pytest.log, d1_cost.{json,log} (one layer's 19 cells at d 4,096, n 1,400 train, with
+#   cProfile's heaviest functions), d1_p<N>.{json,log}, extraction_cost.{json,log}, scale.{json,log}.
 # Each step runs under `timeout` (SIGINT first: bench/scale.py then writes what it measured) in a process group of
 # its own, which is cleared after it (the run's Ray processes); a failed step does not stop the next.
 #
@@ -23,7 +22,8 @@
 # SCALE_CONCEPTS (2), TEXTS (64: extraction_cost's 512-token texts per concept from the full corpus, ~65k tokens in
 # 16-row forwards, so each stage runs seconds; the small corpus, the issue's baseline, holds 14k tokens: 2 forwards),
 # REPEATS (2: best of two, the first warms every path), STAGES (the four the targets name), D1_CELLS (19),
-# T_EXTRACT / T_D1 / T_SCALE / T_TESTS (200 / 90 / 240 / 60 s: each step's limit),
+# T_TESTS / T_D1 / T_D1P / T_EXTRACT / T_SCALE (45 / 45 / 60 each / 210 / 200 s: each step's limit, 620 s in all; on
+# the H100, bench/measured/h100_session20, the steps took 27, 22, 26-35 a sweep value, ~220 and 183 s),
 # GPU_TESTS (the gpu-marked test files; by
 # default every tests/test_*.py that marks one, but test_steerer.py's vLLM engine start (~2.5 min) and
 # test_reproduce.py's 7B run), INSTALL (1: reinstall the project from this tree into /tmp/site first, when the
@@ -42,10 +42,10 @@ TEXTS=${TEXTS:-64}
 REPEATS=${REPEATS:-2}
 STAGES=${STAGES:-forward_backward,hidden,attention,all}
 D1_CELLS=${D1_CELLS:-19}
-T_EXTRACT=${T_EXTRACT:-200}
-T_D1=${T_D1:-90}
-T_SCALE=${T_SCALE:-240}
-T_TESTS=${T_TESTS:-60}
+T_EXTRACT=${T_EXTRACT:-210}
+T_D1=${T_D1:-45}
+T_SCALE=${T_SCALE:-200}
+T_TESTS=${T_TESTS:-45}
 PYTHON=${PYTHON:-python3}
 EXTRA_EXTRACT=${EXTRA_EXTRACT:-}   # more options for extraction_cost.py (the CPU check shortens it)
 EXTRA_SCALE=${EXTRA_SCALE:-}       # more options for scale.py
@@ -53,7 +53,7 @@ EXTRA_D1=${EXTRA_D1:-}             # more options for d1_cost.py
 STEPS=${STEPS:-pytest d1_cost d1_parallel extraction_cost scale}
 D1_PROCS=${D1_PROCS:-2 8}
 D1P_CELLS=${D1P_CELLS:-19}
-T_D1P=${T_D1P:-75}
+T_D1P=${T_D1P:-60}
 EXTRA_D1P=${EXTRA_D1P:-}           # more options for d1_parallel.py
 PROBES_SWEEP=${PROBES_SWEEP:-1 2 4}
 LOG="$OUT/gpu.log"

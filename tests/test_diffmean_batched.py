@@ -85,7 +85,8 @@ def test_a_gpu_cell_keeps_its_host_to_the_one_core_its_task_holds():
         assert all(pool["num_threads"] == 1 for pool in threadpool_info())
     assert torch.get_num_threads() == before
     pools = {pool["filepath"]: pool["num_threads"] for pool in threadpool_info()}
-    with batched_cell._host_threads(torch.device("cpu"), 2):
-        assert torch.get_num_threads() == 2
+    with batched_cell._host_threads(torch.device("cpu"), None):  # no thread count given: nothing set
         assert {pool["filepath"]: pool["num_threads"] for pool in threadpool_info()} == pools
+    with batched_cell._host_threads(torch.device("cpu"), 2):  # torch's own threads only (its OpenMP pool with them)
+        assert torch.get_num_threads() == 2
     assert torch.get_num_threads() == before

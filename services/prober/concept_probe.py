@@ -11,7 +11,6 @@ import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,12 +19,12 @@ from poolbench.config import ProbingOptions
 from poolbench.defaults import DEFAULT_PROTOCOL, PB_PROTOCOL
 from poolbench.pooler.iti import HEADS_META, ITIHeadView, head_table_key, needs_head_table
 from poolbench.pooler.learned import FITS_META, LearnedFoldView, learned_table_key, needs_learned_table
-from poolbench.pooler.pooled_table import PooledTableView
+from poolbench.pooler.pooled_table import PooledMatrix, PooledTableView
 from poolbench.prober.auroc import ProbeError
 from poolbench.prober.batched_cell import batched_d1_cells, cells_per_call, probe_device
 from poolbench.prober.d1 import D1Result, evaluate_d1
 from poolbench.prober.flash import flash_subset, parse_fraction
-from poolbench.prober.learned_cell import learned_fold_cell
+from poolbench.prober.learned_cell import LearnedFoldCell, learned_fold_cell
 from poolbench.prober.newton_logistic import UnconvergedFitWarning
 from poolbench.prober.passage_scores import (
     HELDOUT,
@@ -36,7 +35,7 @@ from poolbench.prober.passage_scores import (
 )
 from poolbench.prober.pb_protocol import PB_CI_METHOD, corpus_rows, pb_d1
 from poolbench.prober.reliability import cell_reliability
-from poolbench.prober.supervised import evaluate_d1_supervised, head_selection_cell
+from poolbench.prober.supervised import HeadSelectionCell, evaluate_d1_supervised, head_selection_cell
 from poolbench.records.d1 import D1CellRecord, d1_records_from_table, d1_records_table
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import layer_shard_key
@@ -155,11 +154,11 @@ class _Cell:
 
     layer: int
     strategy: str
-    cell: Any
-    supervised: Any
+    cell: PooledMatrix
+    supervised: HeadSelectionCell | LearnedFoldCell | None
     train_rows: np.ndarray
-    train: Any
-    test: Any
+    train: PooledMatrix
+    test: PooledMatrix
     types_train: np.ndarray | None
 
 

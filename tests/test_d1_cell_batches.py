@@ -59,6 +59,7 @@ def _probe(monkeypatch, per_call: int):
     return records, scores, ops.count, dict(batched_logistic.FIT_COUNTER)
 
 
+@pytest.mark.numerics  # MDL's 1e-7 (float64 bits, test_batched_logistic's figure) held under every kernel profile
 def test_a_layers_cells_probed_together_keep_each_cells_records(monkeypatch):
     alone, alone_scores, _, _ = _probe(monkeypatch, 1)
     together, together_scores, _, _ = _probe(monkeypatch, len(STRATEGIES))

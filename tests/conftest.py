@@ -71,6 +71,21 @@ def cache(monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
+@pytest.fixture
+def two_torch_threads() -> Iterator[None]:
+    """torch at two threads for the test (CI's cores), then as before: a bit-equality that rests on how a CPU
+    kernel splits its elements among threads (logsumexp_rows) is checked at a thread count it holds for, on any
+    machine."""
+    import torch
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 @pytest.fixture(scope="session")
 def moto_s3() -> Iterator[MotoServer]:
     """A moto S3 server in a child process for the whole session, terminated at the end."""

@@ -41,8 +41,21 @@ SITES: dict[str, tuple[int, str, str]] = {
         "the coefficients of a fit allowed exactly its own steps and of the default one"),
     "test_lm_head_likelihood.py::test_the_plain_head_gradient_is_autograds_bit_for_bit": (
         2, SAME + ": the in-place path runs autograd's own backward formulas elementwise in the same order (exp of "
-           "x - lse, negation, + 1 at the target, the cast back, grad @ W), so no rounding is reordered",
+           "x - lse, negation, + 1 at the target, the cast back, grad @ W), so no rounding is reordered; its "
+           "logsumexp_rows reduces each row as torch.logsumexp does, at the two threads the test pins",
         "the chunk's score and gradient, by hand and by autograd"),
+    "test_logsumexp_rows.py::test_same_bits_as_torch_at_vocabulary_widths": (
+        1, SAME + ": blocks of rows run torch.logsumexp's own ops; a CPU reduces each row alone either way, and at "
+           "widths that are multiples of 64 on two threads every thread's share of the exp is whole SIMD vectors",
+        "logsumexp_rows and torch.logsumexp"),
+    "test_logsumexp_rows.py::test_same_bits_with_one_and_two_threads_and_small_blocks": (
+        2, SAME + ": as above, on one and on two threads, float32 and float64", "logsumexp_rows and torch.logsumexp"),
+    "test_logsumexp_rows.py::test_infinite_rows_as_torch_gives_them": (
+        1, SAME + ": as above; infinite maxes are zeroed before the shift, in torch's order",
+        "logsumexp_rows and torch.logsumexp with infinite rows"),
+    "test_logsumexp_rows.py::test_other_inputs_are_torchs_own_call": (
+        3, SAME + ": a single block, bfloat16 and a strided input are handed to torch.logsumexp itself",
+        "logsumexp_rows and torch.logsumexp"),
     "test_reliability.py::test_fold_sets_are_remembered_by_labels_groups_folds_and_seed": (
         1, INTS, "fold indices of the remembered fold sets and scikit-learn's"),
     "test_batched_logistic.py::test_s3_head_ranking_builds_its_splitter_once_and_keeps_each_heads_auroc": (

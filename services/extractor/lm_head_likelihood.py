@@ -21,6 +21,7 @@ from torch import nn
 
 from poolbench.errors import ExtractionError
 from poolbench.extractor.batching import chunk_tokens_for
+from poolbench.extractor.logsumexp_rows import logsumexp_rows
 
 
 @dataclass(frozen=True)
@@ -131,12 +132,13 @@ def plain_head_chunk(head: LMHead, h: torch.Tensor, targets: torch.Tensor) -> tu
     own buffer, in the very operations autograd runs (logsumexp's backward is grad * exp(x - lse) with grad -1; the
     gather's is a scatter of ones; the cast's, a cast back), then the linear's backward, grad @ W. Autograd's
     version allocated a zeroed [chunk, V] tensor for the gather and two more for logsumexp's backward: ~0.4 s of
-    every 1,024 tokens of SmolLM2's 49k-word head on this CPU (bench/README.md)."""
+    every 1,024 tokens of SmolLM2's 49k-word head on this CPU (bench/README.md). The log-sum-exp itself is
+    logsumexp_rows: torch.logsumexp's bits where each thread's share is whole SIMD vectors (its docstring)."""
     with torch.no_grad():
         raw = head.logits(h)
         logits = raw.float()  # the same tensor for a float32 model: the in-place steps below then reuse it
         picked = logits.gather(-1, targets[:, None]).squeeze(-1)
-        lse = torch.logsumexp(logits, dim=-1)
+        lse = logsumexp_rows(logits)
         score = (picked - lse).sum()
         grad_logits = logits.sub_(lse[:, None]).exp_().neg_()
         grad_logits.scatter_add_(-1, targets[:, None], torch.ones_like(picked)[:, None])

@@ -11,6 +11,7 @@ import torch
 
 from poolbench.extractor.hook_points import capture_layer_outputs
 from poolbench.extractor.loading import LoadedModel
+from poolbench.extractor.logsumexp_rows import logsumexp_rows
 
 from .backend import Generation
 
@@ -101,9 +102,10 @@ def continuation_nll(loaded: LoadedModel, generations: Sequence[Generation], *, 
         # -log p(t) = logsumexp(logits) - logits[t], on every kept row (a padding row's value is dropped): 2e-6
         # nats from float64 on random Gemma-width logits where cross_entropy's log-softmax gives 5e-5 (0.14 s more
         # per 1,000 rows); a transposed [N, V, K] view took 3.6x as long and summed less exactly still.
+        # logsumexp_rows: torch.logsumexp's bits without its [N, V] temporary (0.3 s of every 1,024-token chunk).
         flat = target.reshape(-1)
         picked = logits.gather(1, flat.clamp_min(0).unsqueeze(1)).squeeze(1)
-        losses = torch.where(flat != -100, torch.logsumexp(logits, dim=-1) - picked, 0.0).reshape(target.shape)
+        losses = torch.where(flat != -100, logsumexp_rows(logits) - picked, 0.0).reshape(target.shape)
         nll[rows] = losses.sum(dim=1).double().numpy()
         n_tok[rows] = (target != -100).sum(dim=1).numpy()
     return nll, n_tok

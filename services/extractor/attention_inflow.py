@@ -6,6 +6,12 @@ repeated). Scores are the exact products of the model-dtype q and k summed in fl
 on CUDA, float32 copies elsewhere), and the softmax's max and sum are float32: the result is today's float32
 recomputation up to float32 round-off. Rounding the scores to bf16 instead would move each probability by up to
 |score|·2^-8 of itself, a change of S1/S3's stored vectors, so it is not done.
+
+In a causal layer a chunk's scores stop at its last query's own key: the keys after it receive nothing from the
+chunk, whatever the mask, so about half of a layer's score work is never done. That holds for a mask that is
+causal (sdpa's padded bool mask, an additive one, a sliding window); `later_keys_allowed` tells on the device
+whether a mask lets a real query see a later key, and the capture stops with an error where one did (a model whose
+"causal" layers attend forward cannot be trimmed, and would otherwise lose that share silently).
 """
 
 from __future__ import annotations
@@ -91,8 +97,9 @@ def attention_inflow(query: torch.Tensor, key: torch.Tensor, query_mask: torch.T
     offset = n_k - n_q
     for start in range(0, n_q, chunk):
         stop = min(start + chunk, n_q)
-        # Causal with no mask: keys past the chunk's last query + offset receive nothing, so are not computed.
-        n_used = min(n_k, stop + offset) if mask is None and rule.causal else n_k
+        # Causal: keys past the chunk's last query + offset receive nothing, so are not computed (a given mask is
+        # causal too, which the capture checks with later_keys_allowed).
+        n_used = min(n_k, stop + offset) if rule.causal else n_k
         positions = torch.arange(start, stop, device=query.device)[None]
         scores = _scores(q[:, :, :, start:stop], keys_t[:, :, :n_used], rule, float32_out)
         rows = None if mask is None else mask[:, :, start:stop, :n_used]
@@ -104,6 +111,20 @@ def attention_inflow(query: torch.Tensor, key: torch.Tensor, query_mask: torch.T
     n_real = real.sum(dim=1).clamp(min=1).to(torch.float32)
     mean = total.view(batch, n_heads, n_k) / n_real[:, None, None]
     return Inflow(mean=mean, last=_last_row(q, keys_t, last_index, offset, mask, key_ok, rule, float32_out))
+
+
+def later_keys_allowed(mask: torch.Tensor, query_mask: torch.Tensor, n_q: int, n_k: int) -> torch.Tensor:
+    """A 0-dim bool tensor on the mask's device: whether `mask` (bool, True attends, or additive float) lets a real
+    query (query_mask [B, Tq]) attend a key after its own position (keys aligned to the queries' end, as a cache
+    would put them). An additive mask blocks with -inf or its dtype's lowest value (transformers' eager masks): a
+    score plus that is far below exp's underflow, so such a key's probability is exactly 0 untrimmed too. No host
+    sync: the caller reads it once the forward is done."""
+    full = _broadcast_mask(mask, n_q, n_k)
+    allowed = full if full.dtype == torch.bool else full > torch.finfo(full.dtype).min / 2
+    offset = n_k - n_q
+    later = torch.arange(n_k, device=mask.device) > torch.arange(n_q, device=mask.device)[:, None] + offset
+    real = query_mask.to(device=mask.device, dtype=torch.bool)[:, :n_q]
+    return (allowed & later & real[:, None, :, None]).any()
 
 
 def _broadcast_mask(mask: torch.Tensor, n_q: int, n_k: int) -> torch.Tensor:

@@ -23,6 +23,9 @@ measures the reference hand-off (token states to the host, numpy pooling) for a 
 1: one concept per job, the CPU default), so with many small concepts the forwards stay full across concept ends;
 each stage reports the forwards it ran and their padded tokens. --overlap on|off|auto prepares the next chunk's
 text extras and weights on a background thread beside the forward (auto: on CUDA only, the run's default).
+--profile runs each pooling stage once more under torch.profiler (after the timed repeats, which run without it):
+the capture's phases (attention inflow, per-layer pooling, S2's head and backward, tables, ...) with their host and
+device milliseconds, the heaviest ops, kernel launches and device waits (bench/stage_profile.py).
 Writes bench/results/extraction_cost.json (top-level device, git, shape, ratios beside the detail).
 """
 
@@ -43,6 +46,7 @@ from bench_io import add_model_options, run_header, write_result
 from model_shapes import SHAPES
 from rich.console import Console
 from rich.table import Table
+from stage_profile import phase_line, profiled_stage
 
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import open_corpus
@@ -203,8 +207,9 @@ def run_stage(args: argparse.Namespace) -> dict:
             stage()
             stage_s.append(time.perf_counter() - start)
             stage_cpu.append(time.process_time() - cpu)
-    tokens = sum(int(b.attention_mask.sum()) for bs in batches.values() for b in bs)
     fastest = split[stage_s.index(min(stage_s))] if split else {}
+    traced = profiled_stage(stage, device) if args.profile and args.stage != "raw" else None
+    tokens = sum(int(b.attention_mask.sum()) for bs in batches.values() for b in bs)
     padded = sum(b.attention_mask.size for bs in batches.values() for b in bs)
     lengths = sorted({b.input_ids.shape[1] for bs in batches.values() for b in bs})
     costs = model_token_costs(loaded.model, layers, {"gradient"} if args.stage == "forward_backward" else needs)
@@ -227,6 +232,7 @@ def run_stage(args: argparse.Namespace) -> dict:
         "n_layers": loaded.n_layers, "hidden_size": loaded.hidden_size, "layers": layers,
         "dtype": str(loaded.dtype), "device": str(device),
         "repeats": {"raw_s": raw_s, "stage_s": stage_s, "raw_cpu_s": raw_cpu, "stage_cpu_s": stage_cpu},
+        **({"profile": traced} if traced is not None else {}),
     }
 
 
@@ -249,8 +255,13 @@ def measure(args: argparse.Namespace) -> dict:
                            "--child-out", str(out)]
                 subprocess.run(command, check=True)
                 results[stage] = json.loads(out.read_text())
-            Console().print(f"{stage}: {results[stage]['seconds']:.2f} s, {results[stage]['over_raw']:.3f}x raw, "
-                            f"peak {results[stage]['peak_bytes'] / 2**30:.2f} GiB")
+            done = results[stage]
+            split = ", ".join(f"{k.removesuffix('_s')} {v:.3f}" for k, v in done["seconds_split"].items())
+            Console().print(f"{stage}: {done['seconds']:.2f} s, {done['over_raw']:.3f}x raw, "
+                            f"peak {done['peak_bytes'] / 2**30:.2f} GiB" + (f"; split (s): {split}" if split else ""),
+                            soft_wrap=True)
+            if "profile" in done:
+                Console().print(f"{stage}: {phase_line(done['profile'])}", soft_wrap=True)
     header = run_header("extraction_cost", args, results[stages[0]]["device"])
     summary = {}
     for stage in ("hidden", "attention"):
@@ -326,6 +337,9 @@ def main() -> None:
                         help="concepts pooled in shared forwards per job (1: one concept per job, the CPU default)")
     parser.add_argument("--overlap", default="auto", choices=sorted(OVERLAP),
                         help="prepare the next chunk beside the forward: on, off, or auto (on CUDA only)")
+    parser.add_argument("--profile", action="store_true",
+                        help="one more repeat of each pooling stage under torch.profiler: phases, heaviest ops, "
+                             "kernel launches and device waits in the JSON (stage_profile.py)")
     parser.add_argument("--in-process", action="store_true", help="every stage in this process (smoke tests)")
     parser.add_argument("--stage", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--parse-store", default=None, help=argparse.SUPPRESS)

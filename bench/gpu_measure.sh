@@ -21,7 +21,8 @@
 # whole corpus, ~250k tokens a concept, which needs pooling near the issue's target to finish in T_SCALE),
 # SCALE_CONCEPTS (2), TEXTS (64: extraction_cost's 512-token texts per concept from the full corpus, ~65k tokens in
 # 16-row forwards, so each stage runs seconds; the small corpus, the issue's baseline, holds 14k tokens: 2 forwards),
-# REPEATS (2: best of two, the first warms every path), STAGES (the four the targets name), D1_CELLS (19),
+# REPEATS (2: best of two, the first warms every path), STAGES (the four the targets name), D1_CELLS (19), PROFILE
+# (1: each extraction_cost stage once more under torch.profiler, its time by phase of the capture, ~1 stage more),
 # T_TESTS / T_D1 / T_D1P / T_EXTRACT / T_SCALE (45 / 45 / 60 each / 210 / 200 s: each step's limit, 620 s in all; on
 # the H100, bench/measured/h100_session20, the steps took 27, 22, 26-35 a sweep value, ~220 and 183 s),
 # GPU_TESTS (the gpu-marked test files; by
@@ -48,6 +49,7 @@ T_SCALE=${T_SCALE:-200}
 T_TESTS=${T_TESTS:-45}
 PYTHON=${PYTHON:-python3}
 EXTRA_EXTRACT=${EXTRA_EXTRACT:-}   # more options for extraction_cost.py (the CPU check shortens it)
+PROFILE=${PROFILE:-1}              # 1: extraction_cost's stages once more under torch.profiler (--profile)
 EXTRA_SCALE=${EXTRA_SCALE:-}       # more options for scale.py
 EXTRA_D1=${EXTRA_D1:-}             # more options for d1_cost.py
 STEPS=${STEPS:-pytest d1_cost d1_parallel extraction_cost scale}
@@ -119,7 +121,7 @@ fi
 
 wants extraction_cost && run_step extraction_cost "$T_EXTRACT" "$PYTHON" bench/extraction_cost.py --shape "$SHAPE" --device "$DEVICE" \
   --dtype "$DTYPE" --corpus-size full --concepts 2 --texts "$TEXTS" --max-length 512 --pack-to 512 --stages "$STAGES" \
-  --repeats "$REPEATS" --out "$OUT/extraction_cost.json" $EXTRA_EXTRACT
+  --repeats "$REPEATS" $([ "$PROFILE" = 1 ] && echo --profile) --out "$OUT/extraction_cost.json" $EXTRA_EXTRACT
 
 scale_args=(--shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" --concepts "$SCALE_CONCEPTS" --corpus-size full
             --max-length 512 ${SCALE_LIMIT:+--limit "$SCALE_LIMIT"})

@@ -43,3 +43,22 @@ def test_the_bench_pools_several_concepts_per_job_with_the_next_chunk_prepared_a
     assert result["forwards"] == {"raw": 3, "hidden": 3} and hidden["prepared_ahead"] == 2
     assert hidden["forward_padded_tokens"] == result["stages"]["raw"]["forward_padded_tokens"]
     assert result["seconds_split"]["hidden"]["prepare_s"] > 0
+
+
+def test_the_profiled_repeat_says_which_phase_of_the_capture_took_the_time(tmp_path) -> None:
+    """--profile: one more repeat of each pooling stage under torch.profiler, its time by phase of the capture
+    (every layer's attention inflow and pooling counted), the heaviest ops; the timed repeats carry no profile."""
+    out = tmp_path / "cost.json"
+    run = subprocess.run([sys.executable, str(BENCH), "--shape", "tiny", "--texts", "2", "--stages", "raw,attention",
+                          "--max-length", "48", "--repeats", "1", "--threads", "1", "--device", "cpu", "--in-process",
+                          "--profile", "--out", str(out)], check=True, cwd=BENCH.parent, capture_output=True, text=True)
+    result = json.loads(out.read_text())
+    profile = result["stages"]["attention"]["profile"]
+    forwards, layers = result["forwards"]["attention"], len(result["config"]["layers"])
+    phases = profile["phases"]
+    assert phases["attention_inflow"]["calls"] == phases["pool_layer"]["calls"] == forwards * layers == 3
+    assert phases["pool_finish"]["calls"] == forwards and phases["head_tables"]["calls"] == layers
+    assert all(p["host_ms"] > 0 for p in phases.values()) and "s2_head" not in phases
+    assert profile["kernel_launches"] == 0 and profile["device_busy_ms"] == 0  # no CUDA here
+    assert any(row["op"] == "aten::bmm" for row in profile["top_host_ops"])
+    assert "profile" not in result["stages"]["raw"] and "attention: profiled" in run.stdout

@@ -19,9 +19,11 @@ or token states on the host path) and host work (parses, tables, the rest).
 in ../shared/gpu/random_model.py) directly on --device in --dtype, with a fixed seed and the tokenizer the package
 ships (`--model shape:NAME`): no download, and throughput does not depend on weight values. --pooling host
 measures the reference hand-off (token states to the host, numpy pooling) for a before/after on the same machine.
---concepts-per-job N pools N concepts per job in shared forwards (pool_concept_group, as a GPU run groups them;
-1: one concept per job, the CPU default), so with many small concepts the forwards stay full across concept ends;
-each stage reports the forwards it ran and their padded tokens. --overlap on|off|auto prepares the next chunk's
+--concepts-per-job N pools N concepts per job in shared forwards (pool_concept_group), so with many small concepts
+the forwards stay full across concept ends; auto (the default) groups them as the driver does (pool_groups: on a GPU
+consecutive concepts up to 16 forwards' worth of the batch budget, on a CPU one concept a job), so a job's fixed
+host work (its first chunk's preparation, its last chunk's tables) weighs what it weighs in a run. Each stage
+reports its jobs, the forwards it ran and their padded tokens. --overlap on|off|auto prepares the next chunk's
 text extras and weights on a background thread beside the forward (auto: on CUDA only, the run's default).
 --profile runs each pooling stage once more under torch.profiler (after the timed repeats, which run without it):
 the capture's phases (attention inflow, per-layer pooling, S2's head and backward, tables, ...) with their host and
@@ -50,6 +52,7 @@ from stage_profile import phase_line, profiled_stage
 
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import open_corpus
+from poolbench.driver.pool_groups import estimated_tokens, group_token_target, plan_groups
 from poolbench.extractor.batching import rows_per_forward
 from poolbench.extractor.capture import ExtractionStats, model_token_costs, resolve_max_batch_tokens
 from poolbench.extractor.forward_baselines import forward_backward, forward_only
@@ -134,6 +137,17 @@ def packed_passages(tokenizer, args: argparse.Namespace) -> dict[str, list[Passa
     return out
 
 
+def job_groups(concepts: dict[str, list[Passage]], args: argparse.Namespace, device: torch.device) -> list[list[str]]:
+    """The concepts of each pooling job: --concepts-per-job N consecutive ones, or (auto) the driver's groups."""
+    names = list(concepts)
+    if args.concepts_per_job != "auto":
+        n = int(args.concepts_per_job)
+        return [names[i:i + n] for i in range(0, len(names), n)]
+    target = group_token_target(None, device.type == "cuda", args.max_batch_tokens)
+    sizes = [estimated_tokens(concepts[name], args.max_length) for name in names]
+    return [[names[i] for i in group] for group in plan_groups(sizes, target)]
+
+
 def peak_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
@@ -148,8 +162,7 @@ def run_stage(args: argparse.Namespace) -> dict:
     loaded = open_model(args)
     layers = [int(v) for v in args.layers.split(",")] if args.layers else list(range(loaded.n_layers))
     concepts = packed_passages(loaded.tokenizer, args)
-    names = list(concepts)
-    jobs = [names[i:i + args.concepts_per_job] for i in range(0, len(names), args.concepts_per_job)]
+    jobs = job_groups(concepts, args, loaded.device)
     specs = stage_specs(args.stage)
     needs = strategy_needs(specs)
     budget = resolve_max_batch_tokens(loaded.model, layers, args.max_batch_tokens)
@@ -224,7 +237,7 @@ def run_stage(args: argparse.Namespace) -> dict:
         "load_average_1m": os.getloadavg()[0],
         "peak_bytes": peak_bytes(device), "peak_kind": "cuda_max_allocated" if device.type == "cuda" else "rss",
         "seconds_split": fastest, "pooling": args.pooling, "device_name": device_name(device),
-        "concepts_per_job": args.concepts_per_job, "overlap": args.overlap,
+        "concepts_per_job": args.concepts_per_job, "jobs": jobs, "overlap": args.overlap,
         "forwards": pooled.batches if pooled else sum(len(bs) for bs in batches.values()),
         "forward_padded_tokens": pooled.padded_tokens if pooled else padded,
         "prepared_ahead": pooled.prepared_ahead if pooled else 0,
@@ -283,7 +296,7 @@ def measure(args: argparse.Namespace) -> dict:
     return {
         "device": any_stage["device_name"], "git": header["git_hash"], "shape": args.shape or args.model,
         "ratios": ratios, "torch": torch.__version__, "cuda": torch.version.cuda, "pooling": args.pooling,
-        "concepts_per_job": args.concepts_per_job, "overlap": args.overlap,
+        "concepts_per_job": args.concepts_per_job, "jobs": any_stage["jobs"], "overlap": args.overlap,
         "forwards": {name: stage["forwards"] for name, stage in results.items()},
         "peak_device_bytes": {name: stage["peak_bytes"] for name, stage in results.items()},
         "tokens_per_s": {name: stage["tokens_per_s"] for name, stage in results.items()},
@@ -304,7 +317,8 @@ def report(result: dict, out: Path) -> None:
     cfg = result["config"]
     table = Table(title=f"extraction cost on {cfg['model']} ({cfg['tokens']} tokens, {len(cfg['layers'])} layers, "
                         f"{cfg['dtype']}, budget {cfg['max_batch_tokens']} tokens/forward, "
-                        f"{result['concepts_per_job']} concept(s) per job, overlap {result['overlap']})")
+                        f"{len(result['jobs'])} job(s) (--concepts-per-job {result['concepts_per_job']}), "
+                        f"overlap {result['overlap']})")
     for column in ("stage", "tok/s", "tok/CPU-s", "x raw", "x raw (CPU time)", "peak GiB", "forwards",
                    "padded tokens", "rows/forward"):
         table.add_column(column)
@@ -333,7 +347,7 @@ def main() -> None:
                         help="a random-init Llama of this published shape instead of --model")
     parser.add_argument("--pooling", default="device", choices=("device", "host"),
                         help="pool inside the capture on the model's device, or the reference host hand-off")
-    parser.add_argument("--concepts-per-job", type=int, default=1,
+    parser.add_argument("--concepts-per-job", default="auto",
                         help="concepts pooled in shared forwards per job (1: one concept per job, the CPU default)")
     parser.add_argument("--overlap", default="auto", choices=sorted(OVERLAP),
                         help="prepare the next chunk beside the forward: on, off, or auto (on CUDA only)")
@@ -348,8 +362,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.pack_to is None:
         args.pack_to = args.max_length
-    if args.concepts_per_job < 1:
-        parser.error("--concepts-per-job must be >= 1")
+    if args.concepts_per_job != "auto" and (not args.concepts_per_job.isdigit() or int(args.concepts_per_job) < 1):
+        parser.error("--concepts-per-job: a whole number >= 1, or auto (the driver's grouping)")
     if args.stage is not None:
         args.child_out.write_text(json.dumps(run_stage(args)))
         return

@@ -37,7 +37,7 @@ def test_the_bench_pools_several_concepts_per_job_with_the_next_chunk_prepared_a
                     "--max-length", "48", "--repeats", "1", "--threads", "1", "--device", "cpu", "--in-process",
                     "--out", str(out)], check=True, cwd=BENCH.parent, capture_output=True)
     result = json.loads(out.read_text())
-    assert result["concepts_per_job"] == 3 and result["overlap"] == "on"
+    assert result["concepts_per_job"] == "3" and result["overlap"] == "on" and len(result["jobs"]) == 1
     hidden = result["stages"]["hidden"]
     # 9 passages in one job: batches of 4, 4 and 1 rows, where one job per concept would run 3 x (3 rows)
     assert result["forwards"] == {"raw": 3, "hidden": 3} and hidden["prepared_ahead"] == 2
@@ -62,3 +62,30 @@ def test_the_profiled_repeat_says_which_phase_of_the_capture_took_the_time(tmp_p
     assert profile["kernel_launches"] == 0 and profile["device_busy_ms"] == 0  # no CUDA here
     assert any(row["op"] == "aten::bmm" for row in profile["top_host_ops"])
     assert "profile" not in result["stages"]["raw"] and "attention: profiled" in run.stdout
+
+
+def test_auto_groups_the_jobs_as_the_driver_does(tmp_path) -> None:
+    """--concepts-per-job auto (the default) takes the driver's groups: on a CPU one concept a job; the GPU's rule
+    (consecutive concepts up to 16 forwards of the budget) on the same estimates groups these three into one."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import extraction_cost
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    import argparse
+
+    import torch
+
+    from poolbench.corpus.passage import Passage
+
+    def passages(concept: str, n: int) -> list[Passage]:
+        return [Passage(id=f"{concept}{i}", text="w" * 400, label=i % 2, domain="d", token_count=100,
+                        matched_pair_id=f"{concept}{i // 2}", split="train", concept=concept) for i in range(n)]
+
+    concepts = {"a": passages("a", 40), "b": passages("b", 40), "c": passages("c", 10)}
+    args = argparse.Namespace(concepts_per_job="auto", max_batch_tokens=500, max_length=512)
+    assert extraction_cost.job_groups(concepts, args, torch.device("cpu")) == [["a"], ["b"], ["c"]]
+    # 16 forwards x 500 tokens = 8,000 tokens a group: a (4,000) and b (4,000) fill one, c starts the next
+    assert extraction_cost.job_groups(concepts, args, torch.device("cuda")) == [["a", "b"], ["c"]]
+    assert extraction_cost.job_groups(concepts, argparse.Namespace(**{**vars(args), "concepts_per_job": "2"}),
+                                      torch.device("cpu")) == [["a", "b"], ["c"]]

@@ -190,3 +190,74 @@ def test_worker_shards_by_layer_a_d1_task_reads_one_and_resume_fills_only_the_ga
     want = probe_pooled_table(rounded, "negation", n_folds=3, n_bootstrap=20, reliability=False)
     got = d1_records_from_table(store.get_table(layer_shard_key("d1/h", 1)))
     assert [r.to_dict() for r in got] == [r.to_dict() for r in want]
+
+
+def synthetic_pooled(layers: list[int], big_layer: int | None = None):
+    """A concept's tables as the capture leaves them (several chunks a layer) with S3's head tables; `big_layer`
+    holds a value float16 cannot."""
+    from poolbench.pooler.iti import ITIHeadTableBuilder
+    from poolbench.pooler.worker import _Pooled
+
+    data = passages(6, "train") + passages(3, "test")  # 12 passages: matched pairs
+    rng = np.random.default_rng(1)
+    builder = PooledTableBuilder(data, 8)
+    heads = {layer: ITIHeadTableBuilder(8) for layer in layers}
+    for start in (0, 4, 8):
+        ids = [p.id for p in data[start:start + 4]]
+        values = rng.standard_normal((len(layers), 2, len(ids), 8)).astype(np.float32)
+        if big_layer is not None:
+            values[layers.index(big_layer), 0, 0, 0] = 7e4
+        builder.add(values, layers, ["A1_mean", "S3_iti_probe"], ids, np.zeros((2, len(ids)), bool))
+        for layer in layers:
+            heads[layer].add("S3_iti_probe", [layer], ids, rng.standard_normal((1, len(ids), 3, 8)).astype(np.float32),
+                             rng.standard_normal((1, len(ids), 3, 2)).astype(np.float32))
+    return _Pooled(builder.layer_tables({"concept": "c"}), {layer: h.table() for layer, h in heads.items()}, (), 0,
+                   0.0, None)
+
+
+class WriteOrder(LocalStore):
+    """A LocalStore that records each object as it is written, from whichever thread."""
+
+    def __init__(self, root) -> None:
+        super().__init__(root)
+        self.written: list[str] = []
+
+    def _write(self, name, data, sha256, metadata) -> None:
+        super()._write(name, data, sha256, metadata)
+        self.written.append(name)
+
+
+def test_shards_written_on_several_threads_are_the_objects_one_thread_writes(tmp_path) -> None:
+    """ExtractorWorker._store on 3 writer threads: every object byte for byte as on one (same checksums), each
+    layer's head table stored before its shard, the manifest last; shard_writers caps at the layers."""
+    from poolbench.pooler.worker import PoolTask, shard_writers
+
+    layers = [0, 2, 5, 7]
+    done = synthetic_pooled(layers)
+    task = PoolTask("c", [], "pooled/c", {}, tuple(layers))
+    stores = {n: WriteOrder(tmp_path / f"w{n}") for n in (1, 3)}
+    for n, store in stores.items():
+        summary = ExtractorWorker._store(store, task, layers, done, "bfloat16", layers, writers=n)
+        assert summary["layers"] == layers and summary["rows"] == sum(t.num_rows for t in done.tables.values())
+    one, three = stores[1], stores[3]
+    assert sorted(one.written) == sorted(three.written) and len(one.written) == 2 * len(layers) + 1
+    for name in one.written:
+        assert (tmp_path / "w1" / name).read_bytes() == (tmp_path / "w3" / name).read_bytes(), name
+    for layer in layers:
+        shard = layer_shard_key("pooled/c", layer)
+        assert three.written.index(f"{head_table_key(shard)}.arrow") < three.written.index(f"{shard}.arrow")
+    assert three.written[-1] == "pooled/c.json" and pooled_layers(three, "pooled/c") == layers
+    assert shard_writers(4, None) >= 1 and shard_writers(4, 9) == 4 and shard_writers(0, 3) == 1
+
+
+def test_a_layer_float16_cannot_hold_stops_the_concept_before_any_write(tmp_path) -> None:
+    """Every layer is encoded before any object is written, on any number of threads: a value float16 cannot
+    hold in one layer leaves the store empty, and the error names the concept and that layer."""
+    from poolbench.pooler.worker import PoolTask
+
+    layers = [0, 1, 2]
+    store = WriteOrder(tmp_path / "s")
+    with pytest.raises(StoreError, match=r"concept c layer 2 A1_mean: pooled value 70000 exceeds"):
+        ExtractorWorker._store(store, PoolTask("c", [], "pooled/c", {}, tuple(layers)), layers,
+                               synthetic_pooled(layers, big_layer=2), "float16", layers, writers=3)
+    assert store.written == []

@@ -90,6 +90,32 @@ def test_table_round_trip_with_provenance_in_schema(artifact_store: ArtifactStor
     assert artifact_store.get_metadata(KEY) == {"weights": "ab12", "layer": "3"}
 
 
+def library_ipc_bytes(table: pa.Table) -> bytes:
+    """pyarrow's own way: a growing output stream, its buffer copied out."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("shape", ["chunked", "empty", "one-row"])
+def test_a_table_serialises_to_the_librarys_bytes_in_one_exact_buffer(shape: str) -> None:
+    """table_to_ipc_bytes sizes its buffer with a counting pass: the bytes are pyarrow's own, byte for byte (so
+    every stored checksum stays as it was), for several record batches, strings, nulls, fixed-size lists and
+    schema metadata; a read-only view, round-tripping through ipc_bytes_to_table."""
+    from poolbench.store.arrow_tables import ipc_bytes_to_table, table_to_ipc_bytes
+
+    vectors = pa.FixedSizeListArray.from_arrays(pa.array([float(i) / 7 for i in range(30)], pa.float32()), 3)
+    whole = pa.table({"id": [f"p{i}" if i % 4 else None for i in range(10)], "v": vectors},
+                     metadata={"poolbench.concept": "tone"})
+    table = {"chunked": pa.concat_tables([whole.slice(0, 3), whole.slice(3, 6), whole.slice(9)]),
+             "empty": whole.slice(0, 0), "one-row": whole.slice(4, 1)}[shape]
+    view = table_to_ipc_bytes(table)
+    assert view.readonly and bytes(view) == library_ipc_bytes(table)
+    assert ipc_bytes_to_table(view).equals(table)
+    assert hashlib.sha256(view).hexdigest() == hashlib.sha256(library_ipc_bytes(table)).hexdigest()
+
+
 def test_overwrite_replaces(artifact_store: ArtifactStore) -> None:
     artifact_store.put_bytes(KEY, b"one")
     artifact_store.put_bytes(KEY, b"two", metadata={"v": "2"})

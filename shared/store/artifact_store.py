@@ -112,7 +112,7 @@ class ArtifactStore(ABC):
         """Where the store lives, for messages and logs."""
 
     @abstractmethod
-    def _write(self, name: str, data: bytes, sha256: str, metadata: dict[str, str]) -> None:
+    def _write(self, name: str, data: bytes | memoryview, sha256: str, metadata: dict[str, str]) -> None:
         """Store ``data`` under ``name`` atomically: readers see the old object or the new one, whole."""
 
     @abstractmethod
@@ -332,7 +332,7 @@ class ArtifactStore(ABC):
 
     # ---- shared plumbing ----
 
-    def _put(self, key: str, suffix: str, data: bytes, metadata: Mapping[str, str] | None) -> None:
+    def _put(self, key: str, suffix: str, data: bytes | memoryview, metadata: Mapping[str, str] | None) -> None:
         validate_key(key)
         self._write(key + suffix, data, sha256_bytes(data), _check_metadata(metadata))
 

@@ -85,7 +85,7 @@ def layer_shard_key(key: str, layer: int) -> str:
     return artifact_key(key.split("/", 1)[0], of=key, layer=int(layer))
 
 
-def sha256_bytes(data: bytes) -> str:
+def sha256_bytes(data: bytes | memoryview) -> str:
     """Hex sha256 of an in-memory payload."""
     return hashlib.sha256(data).hexdigest()
 

@@ -50,7 +50,7 @@ class LocalStore(ArtifactStore):
     def _sidecar(path: Path) -> Path:
         return path.with_name(path.name + SIDECAR_SUFFIX)
 
-    def _write(self, name: str, data: bytes, sha256: str, metadata: dict[str, str]) -> None:
+    def _write(self, name: str, data: bytes | memoryview, sha256: str, metadata: dict[str, str]) -> None:
         path = self._path(name)
         sidecar = self._sidecar(path)
         info = json.dumps({"sha256": sha256, "metadata": metadata}, sort_keys=True).encode("utf-8")

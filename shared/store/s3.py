@@ -180,7 +180,7 @@ class S3Store(ArtifactStore):
             out[META_METADATA] = json.dumps(metadata, sort_keys=True, ensure_ascii=True)
         return out
 
-    def _write(self, name: str, data: bytes, sha256: str, metadata: dict[str, str]) -> None:
+    def _write(self, name: str, data: bytes | memoryview, sha256: str, metadata: dict[str, str]) -> None:
         suffix = name[name.rfind(".") :]
         content_type = _CONTENT_TYPES.get(suffix, "application/octet-stream")
         with self._errors(f"writing {name}"):

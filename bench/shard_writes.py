@@ -1,0 +1,87 @@
+"""A pooled concept's store writes, as the extractor does them after its last forward: every layer's PooledTable
+shard and its S3 ITIHeadTable (ExtractorWorker._store, encode and combine included), on 1 and on N writer threads.
+
+At the full corpus one concept at d 4,096 is ~3.7 GB of pooled vectors and ~6.5 GB of per-head vectors over 6
+layers; on the H100 (bench/measured/h100_session20) the driver's gap between two concepts' pooling held ~13 s of
+these writes for 800 passages, the GPU idle meanwhile. Synthetic vectors (the bytes' values do not change the
+cost), real builders and a real LocalStore in --store (a temporary folder by default: the disk it is on is what
+gets measured). Writes bench/results/shard_writes.json.
+
+    .venv/bin/python bench/shard_writes.py --passages 400 --writers 1,2
+    python3 bench/shard_writes.py --passages 2000 --writers 1,4,8 --store /tmp/shards    # a GPU host, full corpus
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from bench_io import run_header, write_result
+
+from poolbench.corpus.passage import Passage
+from poolbench.pooler.iti import ITIHeadTableBuilder
+from poolbench.pooler.pooled_table import PooledTableBuilder
+from poolbench.pooler.worker import ExtractorWorker, PoolTask, _Pooled
+from poolbench.store.local import LocalStore
+
+
+def synthetic_concept(passages: int, layers: list[int], strategies: int, heads: int, head_dim: int, d: int,
+                      chunk: int = 32) -> _Pooled:
+    """A concept's tables built chunk by chunk through the pooling's own builders, as the capture fills them."""
+    rng = np.random.default_rng(0)
+    items = [Passage(id=f"p{i}", text="", label=i % 2, domain="d", token_count=400, matched_pair_id=f"m{i // 2}",
+                     split="train" if i % 10 < 7 else "test", concept="c") for i in range(passages)]
+    pooled = PooledTableBuilder(items, d)
+    head_builders = {layer: ITIHeadTableBuilder(d) for layer in layers}
+    ids = [f"s{s}" for s in range(strategies)]
+    for start in range(0, passages, chunk):
+        rows = [p.id for p in items[start:start + chunk]]
+        vectors = rng.standard_normal((len(layers), strategies, len(rows), d), dtype=np.float32)
+        pooled.add(vectors, layers, ids, rows, np.zeros((strategies, len(rows)), dtype=bool))
+        for layer in layers:
+            per_head = rng.standard_normal((1, len(rows), heads, d), dtype=np.float32)
+            outputs = rng.standard_normal((1, len(rows), heads, head_dim), dtype=np.float32)
+            head_builders[layer].add("S3_iti_probe", [layer], rows, per_head, outputs)
+    tables = pooled.layer_tables({"concept": "c"})
+    return _Pooled(tables, {layer: b.table() for layer, b in head_builders.items()}, (), 0, 0.0, None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--passages", type=int, default=400)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--strategies", type=int, default=19, help="PooledTable rows a passage and layer")
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--d", type=int, default=4096)
+    parser.add_argument("--writers", default="1,2", help="comma list of writer thread counts, each timed")
+    parser.add_argument("--repeats", type=int, default=2, help="best of")
+    parser.add_argument("--store", type=Path, default=None, help="folder for the stores (default: a temporary one)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "shard_writes.json")
+    args = parser.parse_args()
+    layers = list(range(args.layers))
+    concept = synthetic_concept(args.passages, layers, args.strategies, args.heads, args.head_dim, args.d)
+    nbytes = sum(t.nbytes for t in concept.tables.values()) + sum(t.nbytes for t in (concept.heads or {}).values())
+    result = run_header("shard_writes", args, "cpu")
+    result.update(bytes=nbytes, runs={})
+    with tempfile.TemporaryDirectory(dir=args.store) as root:
+        for repeat in range(args.repeats):
+            for writers in (int(w) for w in args.writers.split(",")):
+                store = LocalStore(Path(root) / f"w{writers}-r{repeat}")
+                task = PoolTask("c", [], "pooled/c", {}, tuple(layers))
+                start = time.perf_counter()
+                ExtractorWorker._store(store, task, layers, concept, "float32", layers, writers=writers)
+                seconds = time.perf_counter() - start
+                result["runs"].setdefault(str(writers), []).append(seconds)
+                rate = nbytes / 1e9 / seconds
+                print(f"{writers} writer(s): {nbytes / 1e9:.2f} GB in {seconds:.2f} s ({rate:.2f} GB/s)", flush=True)
+    result["best_s"] = {w: min(s) for w, s in result["runs"].items()}
+    result["gb_per_s"] = {w: nbytes / 1e9 / s for w, s in result["best_s"].items()}
+    write_result(result, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -261,3 +261,69 @@ def test_a_layer_float16_cannot_hold_stops_the_concept_before_any_write(tmp_path
         ExtractorWorker._store(store, PoolTask("c", [], "pooled/c", {}, tuple(layers)), layers,
                                synthetic_pooled(layers, big_layer=2), "float16", layers, writers=3)
     assert store.written == []
+
+
+def test_an_actor_pools_its_next_job_while_the_first_ones_shards_are_written(tiny_llama_dir, tmp_path,
+                                                                             monkeypatch) -> None:
+    """The extractor actor's class (compute thread for the forwards, the caller's thread for the writes) given two
+    jobs at once, as a GPU's queue gives them: the second job's forwards start before the first job's writes end,
+    every forward runs on the one compute thread, and each job's shards are its own."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from poolbench.compute_thread import with_compute_thread
+    from poolbench.driver.extractor_fleet import COMPUTE_METHODS
+    from poolbench.pooler.worker import PoolTask
+
+    events: list[tuple[str, str, float]] = []
+    compute_threads: set[int] = set()
+    first_written = threading.Event()
+    original_compute, original_store = ExtractorWorker._compute_group, ExtractorWorker._store
+
+    def compute(self, tasks, *args, **kwargs):
+        compute_threads.add(threading.get_ident())
+        events.append(("compute start", tasks[0].concept, time.monotonic()))
+        try:
+            return original_compute(self, tasks, *args, **kwargs)
+        finally:
+            events.append(("compute end", tasks[0].concept, time.monotonic()))
+
+    def store(store_, task, *args, **kwargs):
+        events.append(("write start", task.concept, time.monotonic()))
+        if task.concept == "first":  # hold the first job's writes until the second job's forwards have begun
+            assert first_written.wait(60)
+        summary = original_store(store_, task, *args, **kwargs)
+        events.append(("write end", task.concept, time.monotonic()))
+        return summary
+
+    monkeypatch.setattr(ExtractorWorker, "_compute_group", compute)
+    monkeypatch.setattr(ExtractorWorker, "_store", staticmethod(store))
+    worker = with_compute_thread(ExtractorWorker, COMPUTE_METHODS)(
+        str(tiny_llama_dir))
+    data = passages(4, "train") + passages(2, "test")
+    url = str(tmp_path / "store")
+
+    def job(concept: str) -> list[dict]:
+        task = PoolTask(concept, data, f"pooled/{concept}", {"concept": concept}, (0, 1))
+        result = worker.pool_concepts([task], ["A1_mean", "P1_last"], store_url=url, batch_size=4, max_length=48)
+        return result
+
+    def wait_for(what: str, concept: str) -> None:
+        deadline = time.monotonic() + 90
+        while not any(e[:2] == (what, concept) for e in events) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    with ThreadPoolExecutor(2) as callers:
+        first = callers.submit(job, "first")
+        wait_for("compute end", "first")
+        second = callers.submit(job, "second")
+        wait_for("compute start", "second")  # with the writes on the compute thread: never, until the 60 s hold ends
+        first_written.set()
+        summaries = {s["concept"]: s for s in first.result() + second.result()}
+    order = [(what, concept) for what, concept, _ in sorted(events, key=lambda e: e[2])]
+    assert order.index(("compute start", "second")) < order.index(("write end", "first"))
+    assert len(compute_threads) == 1 and threading.get_ident() not in compute_threads
+    store_ = LocalStore(tmp_path / "store")
+    for concept in ("first", "second"):
+        assert summaries[concept]["layers"] == [0, 1] and pooled_layers(store_, f"pooled/{concept}") == [0, 1]

@@ -122,6 +122,62 @@ def test_a_single_actor_runs_jobs_in_submission_order(local_ray):
     assert keys == ["j0", "j1", "j2", "j3", "j4"]
 
 
+def concurrent_actors(*names: str, concurrency: int = 2) -> list:
+    cls = ray.remote(num_cpus=0, max_concurrency=concurrency)(Sleeper)
+    return [cls.remote(name) for name in names]
+
+
+def test_an_actor_with_two_slots_holds_a_second_job_while_the_first_runs(local_ray, tmp_path):
+    """One actor, two slots (a GPU extractor's queue): j1 is sent while j0 still runs and finishes first; the rest
+    follow in order as slots free up. One slot (the default) would wait for j0 and never open its gate."""
+    [actor] = concurrent_actors("only")
+    gate = tmp_path / "j1-done"
+    done = []
+    with WorkQueue([actor], slots=2) as queue:
+        for key, _ in queue.run([work("j0", gate), work("j1"), work("j2"), work("j3")]):
+            done.append(key)
+            if key == "j1":
+                gate.touch()
+    assert done[0] == "j1" and sorted(done) == ["j0", "j1", "j2", "j3"]
+
+
+def test_a_second_slot_is_not_taken_while_another_actor_may_go_idle(local_ray, tmp_path):
+    """Two actors, two slots each, three jobs: j0 and j1 take each actor's first slot; j2 waits for a free actor
+    rather than take a second slot (only one job waits, fewer than the actors), so it runs on b, which finished j1,
+    while a still holds j0. Taking a's second slot early would leave j2 behind j0 and b idle."""
+    handles = concurrent_actors("a", "b")
+    assert ray.get([h.ping.remote() for h in handles]) == ["a", "b"]
+    gate = tmp_path / "j2-done"
+    done = []
+    with WorkQueue(handles, slots=2) as queue:
+        for key, result in queue.run([work("j0", gate), work("j1"), work("j2")]):
+            done.append((key, result[1]))
+            if key == "j2":
+                gate.touch()
+    assert done == [("j1", "b"), ("j2", "b"), ("j0", "a")]
+
+
+def test_both_jobs_of_a_lost_two_slot_actor_run_again_on_one_replacement(local_ray, tmp_path):
+    """The actor dies holding two jobs: each comes back once, one replacement is started (not one a job), with
+    two slots of its own."""
+    [first] = concurrent_actors("first")
+    marker = str(tmp_path / "died")
+    gate = tmp_path / "gate"
+    spawned: list = []
+
+    def spawn():
+        spawned.append(concurrent_actors("replacement")[0])
+        gate.touch()
+        return spawned[-1]
+
+    jobs = [work("j0", gate), ActorJob("j1", lambda actor: actor.die_once.remote("j1", marker)), work("j2")]
+    retried: list[JobRetried] = []
+    with WorkQueue([first], spawn=spawn, needs={"CPU": 0.5}, slots=2, on_retry=retried.append) as queue:
+        done = dict(queue.run(jobs))
+    assert done == {"j0": ("j0", "replacement"), "j1": ("j1", "replacement"), "j2": ("j2", "replacement")}
+    assert len(spawned) == 1 and sorted(r.job for r in retried) == ["j0", "j1"]
+
+
 def test_follow_ups_run_as_tasks_after_their_job(local_ray):
     task = ray.remote(num_cpus=0)(double)
     jobs: list = [ActorJob(("pool", n), lambda actor, n=n: actor.work.remote(n)) for n in (3, 5)]

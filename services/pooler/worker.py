@@ -115,8 +115,24 @@ class ExtractorWorker:
 
         Shards already stored are left as they are and their layers not pooled again, so a job retried after its
         worker died mid-way writes only what the first attempt did not (a dump pools every layer it is given).
-        `site` is the activation site every task's shards hold (extractor.site_hooks; its key says so)."""
+        `site` is the activation site every task's shards hold (extractor.site_hooks; its key says so).
+
+        The forwards (`_compute_group`) and the writes are two steps: an actor runs the first on its compute
+        thread and the second on the calling thread (extractor_fleet), so with a second job already sent to it
+        (a GPU run's queue sends two) the next job's forwards run while this one's shards are written."""
         store = open_store(store_url)
+        work, pooled, seconds = self._compute_group(tasks, strategies, store=store, batch_size=batch_size,
+                                                    max_length=max_length, max_batch_tokens=max_batch_tokens,
+                                                    overlap=overlap, site=site)
+        layers = list(all_layers) if all_layers is not None else None
+        group = [t.concept for t, missing in work if missing]
+        return [{**self._store(store, task, missing, pooled.get(task.key), store_dtype, layers or list(task.layers)),
+                 "group_seconds": seconds, "group": group} for task, missing in work]
+
+    def _compute_group(self, tasks: Sequence[PoolTask], strategies: Sequence[str], *, store: ArtifactStore,
+                       batch_size: int, max_length: int, max_batch_tokens: int | None, overlap: bool | None,
+                       site: str) -> tuple[list[tuple[PoolTask, list[int]]], dict[str, _Pooled], float]:
+        """Each task's missing layers, the group's pooled tables (nothing written yet) and the seconds it took."""
         specs = resolve_strategies(list(strategies))
         start = time.perf_counter()
         work: list[tuple[PoolTask, list[int]]] = []
@@ -133,10 +149,7 @@ class ExtractorWorker:
             raise PoolBenchError(f"concept {dumps[0].concept}: an activation dump is pooled alone, not in a group")
         pooled = self._pool(pooling, specs, store, batch_size=batch_size, max_length=max_length,
                             max_batch_tokens=max_batch_tokens, overlap=overlap, site=site) if pooling else {}
-        seconds = time.perf_counter() - start
-        layers = list(all_layers) if all_layers is not None else None
-        return [{**self._store(store, task, missing, pooled.get(task.key), store_dtype, layers or list(task.layers)),
-                 "group_seconds": seconds, "group": [t.concept for t, _ in pooling]} for task, missing in work]
+        return work, pooled, time.perf_counter() - start
 
     @staticmethod
     def _store(store: ArtifactStore, task: PoolTask, missing: list[int], done: _Pooled | None,

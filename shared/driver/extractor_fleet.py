@@ -48,6 +48,11 @@ PROBE_GPU_SHARE = 0.125
 # bench/measured/h200_warm: 15.0 s a concept's pooling with ~4 beside, 10.7 s with fewer). A tuning knob, never a
 # result: the records do not depend on it.
 PROBES_PER_GPU_ENV = "POOLBENCH_PROBES_PER_GPU"
+# Pooling jobs a GPU extractor holds at once: the second one's forwards run while the first one's shards are written
+# (~10 GB a concept at the full corpus and d 4,096, seconds of host work with the GPU idle otherwise). A CPU
+# extractor takes one: its cores are the forward's, and the writes are small beside it.
+JOB_SLOTS_GPU = 2
+COMPUTE_METHODS = ("pool_concept", "_compute_group", "switch_model")  # an extractor's methods on its compute thread
 
 
 def probe_gpu_share() -> float:
@@ -106,11 +111,12 @@ def extractor_spawner(cfg: RunConfig, resources: dict, threads: int | None,
                       strategy_modules: Sequence[str]) -> Callable[[], ActorHandle]:
     """Starts one extractor actor (loading the model once, on a node the SPREAD strategy picks so one node's loss
     takes as few workers as possible); the work queue retries a job whose worker died, so Ray restarts nothing."""
-    # A second actor thread answers progress() while pool_concept runs; the queue still sends one job at a time.
-    # torch runs on one thread of the actor's own (poolbench.compute_thread): Ray's threads would give libgomp
-    # a team each and throttle them all.
-    pooling = with_compute_thread(ExtractorWorker, ("pool_concept", "pool_concepts", "switch_model"))
-    worker_cls = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=2)(pooling)
+    # Actor threads: progress() answers while a job runs, and a GPU's queue sends a second job (JOB_SLOTS_GPU) whose
+    # forwards start once the first job's are done, while its shards are written. torch runs on one thread of the
+    # actor's own (poolbench.compute_thread): Ray's threads would give libgomp a team each and throttle them all;
+    # a job's writes (pyarrow, hashing, files) run on the calling Ray thread.
+    pooling = with_compute_thread(ExtractorWorker, COMPUTE_METHODS)
+    worker_cls = ray.remote(max_restarts=0, max_task_retries=0, max_concurrency=1 + JOB_SLOTS_GPU)(pooling)
     options = {**resources, "runtime_env": worker_runtime_env(), "scheduling_strategy": "SPREAD"}
     return lambda: worker_cls.options(**options).remote(  # type: ignore[attr-defined]
         **model_load_args(cfg), torch_threads=threads, strategy_modules=tuple(strategy_modules))
@@ -163,8 +169,9 @@ class ExtractorFleet:
         if not self.actors:
             self.actors = [spawn() for _ in range(n_workers)]
         self.held = model_load_args(cfg)
+        slots = JOB_SLOTS_GPU if resources.get("num_gpus") else 1
         queue = WorkQueue(self.actors, spawn=spawn, needs=resource_needs(resources), task_needs={"CPU": 1},
-                          on_retry=emit, own_actors=False)
+                          on_retry=emit, own_actors=False, slots=slots)
         try:
             with queue:
                 yield queue

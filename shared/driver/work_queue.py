@@ -112,13 +112,16 @@ class WorkQueue(Generic[K]):
     cluster a second actor on the surviving node would take the cores the probe tasks wait for); `needs` is one
     actor's resource request, so the queue can tell that no alive node could hold a replacement and stop;
     `own_actors=False` leaves the actors alive (replacements included) when the queue closes, for an owner that
-    hands them to the next queue (the extractors of a run over several models)."""
+    hands them to the next queue (the extractors of a run over several models). `slots`: jobs an actor holds at
+    once (its max_concurrency must allow them): a second one is sent only while at least as many jobs wait as
+    there are actors, so no actor idles at the end while another still holds a job it took early."""
 
     def __init__(self, actors: Sequence[ActorHandle] = (), *, spawn: Callable[[], ActorHandle] | None = None,
                  needs: Mapping[str, float] | None = None, on_retry: Callable[[JobRetried], None] | None = None,
                  label: Callable[[K], str] = str, max_attempts: int = MAX_ATTEMPTS,
-                 task_needs: Mapping[str, float] | None = None, own_actors: bool = True) -> None:
+                 task_needs: Mapping[str, float] | None = None, own_actors: bool = True, slots: int = 1) -> None:
         self.actors = list(actors)
+        self.slots = max(1, slots)
         self.own_actors = own_actors
         self.spawn, self.needs, self.label, self.max_attempts = spawn, dict(needs or {}), label, max_attempts
         self.task_needs = dict(task_needs or {})  # one task's resources: tasks no alive node can run stop the run
@@ -185,7 +188,8 @@ class WorkQueue(Generic[K]):
         `on_retry`); any other error stops the run: the worker's PoolBenchError, or a one-line WorkQueueError.
         """
         waiting: deque[ActorJob[K]] = deque()
-        idle = deque(self.actors)
+        idle = deque(actor for _ in range(self.slots) for actor in self.actors)  # an entry per free slot
+        busy: Counter[int] = Counter()  # id(actor) -> its jobs in flight
         running = self._running
         starting: dict[ray.ObjectRef, ActorHandle] = {}  # replacement actors, until their model is loaded
         attempts: dict[int, int] = {}
@@ -212,11 +216,22 @@ class WorkQueue(Generic[K]):
                 running[job.start()] = (job, None)
             else:
                 assert actor is not None
+                busy[id(actor)] += 1
                 running[job.call(actor)] = (job, actor)
 
         def dispatch() -> None:
             while waiting and idle:
-                start(waiting.popleft(), idle.popleft())
+                actor = next((a for a in idle if not busy[id(a)]), None)
+                if actor is None:  # only second slots are free: used while every actor will get a job anyway
+                    if len(waiting) < len(self.actors):
+                        return
+                    actor = idle[0]
+                idle.remove(actor)
+                start(waiting.popleft(), actor)
+
+        def finished(actor: ActorHandle) -> None:
+            busy[id(actor)] -= 1
+            idle.append(actor)
 
         def lose(actor: ActorHandle) -> None:
             """Drop a lost actor (and every idle one on a node that is gone too); replace them if none is left."""
@@ -224,8 +239,9 @@ class WorkQueue(Generic[K]):
             for other in [actor, *[a for a in idle if self.node_of(a) in dead]]:
                 if other in self.actors:
                     self.actors.remove(other)
-                if other in idle:
+                while other in idle:
                     idle.remove(other)
+                busy.pop(id(other), None)
                 with contextlib.suppress(Exception):
                     ray.kill(other, no_restart=True)
             if not self.actors:
@@ -273,7 +289,7 @@ class WorkQueue(Generic[K]):
                 except WorkerLost:
                     lose(actor)
                     continue
-                idle.append(actor)
+                idle.extend([actor] * self.slots)
                 dispatch()
                 continue
             try:
@@ -284,7 +300,7 @@ class WorkQueue(Generic[K]):
                 continue
             self.last_done_on = ""
             if actor is not None:
-                idle.append(actor)
+                finished(actor)
                 self.last_done_on = self.node_of(actor) or "unknown"
                 self.done_on[self.last_done_on] += 1
             dispatch()

@@ -23,6 +23,16 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_device_pool_ops.py::test_three_bfloat16_parts_hold_float32_weights_exactly": (
         1, EXACT + ": each bfloat16 part is the exact residual of the ones before, and every partial sum of the "
            "parts fits float32's 24 significant bits", "float32 weights and the sum of their bfloat16 parts"),
+    "test_gpu_shaped_run_on_cpu.py::test_the_gpu_plan_with_two_jobs_an_extractor_gives_the_cpu_plans_records": (
+        1, SAME + ": the GPU plan on a CPU pools the same batches (one concept a job) with the same kernels on one "
+           "thread (the CPU plan's torch_threads 1, the module's OMP_NUM_THREADS 1 for the GPU plan's actor) and "
+           "probes one cell a call as the CPU plan does; only where the work runs differs",
+        "every D1 record of the two plans"),
+    "test_pooled_shards.py::test_shards_written_on_several_threads_are_the_objects_one_thread_writes": (
+        1, COPY + ": the same tables encoded and serialised on one thread or three", "the stored files' bytes"),
+    "test_store.py::test_a_table_serialises_to_the_librarys_bytes_in_one_exact_buffer": (
+        1, COPY + ": one table serialised by pyarrow's IPC writer into a sized buffer or a growing stream",
+        "the serialised bytes"),
     "test_attention_inflow.py::assert_records_match": (
         1, COPY + ": both paths gather the layer's own attention output at the last real token, no arithmetic",
         "the last token's head outputs"),

@@ -348,7 +348,8 @@ def main() -> None:
     parser.add_argument("--pooling", default="device", choices=("device", "host"),
                         help="pool inside the capture on the model's device, or the reference host hand-off")
     parser.add_argument("--concepts-per-job", default="auto",
-                        help="concepts pooled in shared forwards per job (1: one concept per job, the CPU default)")
+                        help="concepts pooled in shared forwards per job: N, or auto (the driver's groups: on a GPU "
+                             "up to 16 forwards' worth, on a CPU one concept a job)")
     parser.add_argument("--overlap", default="auto", choices=sorted(OVERLAP),
                         help="prepare the next chunk beside the forward: on, off, or auto (on CUDA only)")
     parser.add_argument("--profile", action="store_true",

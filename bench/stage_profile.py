@@ -35,7 +35,7 @@ PHASES: dict[str, tuple[str, str]] = {
 }
 PREFIX = "phase:"
 LAUNCHES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx")
-WAITS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy", "cudaMemcpyAsync")
+WAITS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize", "cudaMemcpy")  # host blocks
 
 
 def _annotated(name: str, fn: Callable) -> Callable:

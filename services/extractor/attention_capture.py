@@ -83,7 +83,7 @@ def _record(route: _Route, module: nn.Module, query: torch.Tensor, key: torch.Te
     if rule.causal and attention_mask is not None and id(attention_mask) not in route.later_keys:
         route.later_keys[id(attention_mask)] = (
             route.layer, attention_mask,
-            later_keys_allowed(attention_mask, route.query_mask.to(query.device), query.shape[2], key.shape[2]))
+            later_keys_allowed(attention_mask, route.query_mask, query.shape[2], key.shape[2]))
     inflow = attention_inflow(query, key, route.query_mask, last, rule)
     record = {"inflow": inflow.mean, "inflow_last": inflow.last}  # [B, H, Tk] each
     if route.head_outputs:

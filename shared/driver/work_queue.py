@@ -189,7 +189,6 @@ class WorkQueue(Generic[K]):
         """
         waiting: deque[ActorJob[K]] = deque()
         idle = deque(actor for _ in range(self.slots) for actor in self.actors)  # an entry per free slot
-        busy: Counter[int] = Counter()  # id(actor) -> its jobs in flight
         running = self._running
         starting: dict[ray.ObjectRef, ActorHandle] = {}  # replacement actors, until their model is loaded
         attempts: dict[int, int] = {}
@@ -216,22 +215,17 @@ class WorkQueue(Generic[K]):
                 running[job.start()] = (job, None)
             else:
                 assert actor is not None
-                busy[id(actor)] += 1
                 running[job.call(actor)] = (job, actor)
 
         def dispatch() -> None:
             while waiting and idle:
-                actor = next((a for a in idle if not busy[id(a)]), None)
+                actor = next((a for a in idle if idle.count(a) == self.slots), None)  # one with no job in flight
                 if actor is None:  # only second slots are free: used while every actor will get a job anyway
                     if len(waiting) < len(self.actors):
                         return
                     actor = idle[0]
                 idle.remove(actor)
                 start(waiting.popleft(), actor)
-
-        def finished(actor: ActorHandle) -> None:
-            busy[id(actor)] -= 1
-            idle.append(actor)
 
         def lose(actor: ActorHandle) -> None:
             """Drop a lost actor (and every idle one on a node that is gone too); replace them if none is left."""
@@ -241,7 +235,6 @@ class WorkQueue(Generic[K]):
                     self.actors.remove(other)
                 while other in idle:
                     idle.remove(other)
-                busy.pop(id(other), None)
                 with contextlib.suppress(Exception):
                     ray.kill(other, no_restart=True)
             if not self.actors:
@@ -300,7 +293,7 @@ class WorkQueue(Generic[K]):
                 continue
             self.last_done_on = ""
             if actor is not None:
-                finished(actor)
+                idle.append(actor)
                 self.last_done_on = self.node_of(actor) or "unknown"
                 self.done_on[self.last_done_on] += 1
             dispatch()

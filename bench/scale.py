@@ -235,6 +235,7 @@ def driver_run(args: argparse.Namespace, concepts: list[str], work: Path, per_co
 
     with counted_extractors(lambda: (run["layers"], run["strategies"], args.max_length), counts):
         results = evaluate_config(cfg, on_event=on_event)
+    run["store_bytes"] = store_bytes_by_kind(work / "store")
     # The driver's own rule (driver/probe_gate.py): on CPU the probes wait for the last pooling, on a GPU a
     # concept's probes start beside the next concept's forwards.
     beside = beside_the_forward(cfg, on_gpu)
@@ -247,6 +248,28 @@ def driver_run(args: argparse.Namespace, concepts: list[str], work: Path, per_co
                d1_s=max(c["probed_at_s"] for c in per_concept.values()) - d1_start,
                total_s=float(timing.get("total_s", time.perf_counter() - start)), d1_waits_for_pooling=not beside,
                d1_records=len(results.cells), cells=len({(c.concept, c.layer, c.strategy) for c in results.cells}))
+
+
+POOLED_KINDS = ("pooled", "iti_heads", "gradient_sums", "learned_folds")  # what a concept's pooling stores
+
+
+def store_bytes_by_kind(root: Path) -> dict[str, int]:
+    """The run's store on disk, bytes per artifact kind (a key's first part is its folder), sidecars included."""
+    sizes: dict[str, int] = {}
+    for path in root.rglob("*"):
+        if path.is_file():
+            kind = path.relative_to(root).parts[0]
+            sizes[kind] = sizes.get(kind, 0) + path.stat().st_size
+    return dict(sorted(sizes.items()))
+
+
+def store_projection(by_kind: dict[str, int], passages: int) -> dict:
+    """The pooled artifacts' bytes a passage (at the run's layers), and at the full benchmark's 17 x 2,000."""
+    pooled = sum(n for kind, n in by_kind.items() if kind in POOLED_KINDS)
+    per_passage = pooled / passages
+    return {"bytes_by_kind": by_kind, "pooled_bytes": pooled, "pooled_bytes_per_passage": per_passage,
+            "projected_pooled_gb": per_passage * FULL_CONCEPTS * FULL_PASSAGES / 1e9,
+            "note": "the run's layers and strategies at its --store-dtype (float32); measured on disk"}
 
 
 def raw_forward(args: argparse.Namespace, concepts: list[str], per_concept: dict[str, dict]) -> dict:
@@ -335,7 +358,7 @@ def measure(args: argparse.Namespace) -> dict:
         "seconds": {"pooling": run["pooling_s"], "d1": run["d1_s"], "total": run["total_s"], "raw_forward": raw_s,
                     "bench_wall": time.perf_counter() - started},
         "d1_waits_for_pooling": run["d1_waits_for_pooling"], "pooling": pooling, "projection": asdict(projection),
-        "after_the_first": warm,
+        "after_the_first": warm, "store": store_projection(run["store_bytes"], passages),
         "met": {"pooling_over_raw_tokens_per_s_min": pooling["tokens_per_s_over_raw"] >= TARGETS[
                     "pooling_over_raw_tokens_per_s_min"],
                 "d1_17_concepts_s_max": d1_17 <= TARGETS["d1_17_concepts_s_max"],
@@ -366,6 +389,10 @@ def report(result: dict) -> None:
     console.print(f"projection ({p['note']}) to {p['concepts']} x {p['passages_per_concept']} passages x "
                   f"{p['tokens_per_passage']} tokens: raw forward {p['raw_forward_s'] / 60:.1f} min, pooling "
                   f"{p['pooling_s'] / 60:.1f} min, D1 {p['d1_s'] / 60:.1f} min, total {p['total_s'] / 60:.1f} min")
+    store = result["store"]
+    console.print(f"store: pooled artifacts {store['pooled_bytes'] / 1e9:.2f} GB "
+                  f"({store['pooled_bytes_per_passage'] / 1e6:.2f} MB a passage), projected "
+                  f"{store['projected_pooled_gb']:.1f} GB for {p['concepts']} x {p['passages_per_concept']} passages")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ these writes for 800 passages, the GPU idle meanwhile. Synthetic vectors (the by
 cost), real builders and a real LocalStore in --store (a temporary folder by default: the disk it is on is what
 gets measured). Writes bench/results/shard_writes.json.
 
-    .venv/bin/python bench/shard_writes.py --passages 400 --writers 1,2
+    .venv/bin/python bench/shard_writes.py --passages 400 --writers 1,2 [--store-dtype bfloat16]
     python3 bench/shard_writes.py --passages 2000 --writers 1,4,8 --store /tmp/shards    # a GPU host, full corpus
 """
 
@@ -59,6 +59,8 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=4096)
     parser.add_argument("--writers", default="1,2", help="comma list of writer thread counts, each timed")
     parser.add_argument("--repeats", type=int, default=2, help="best of")
+    parser.add_argument("--store-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                        help="the run's --store-dtype: 16 bits encode the vectors first (S3's heads too)")
     parser.add_argument("--store", type=Path, default=None, help="folder for the stores (default: a temporary one)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "shard_writes.json")
     args = parser.parse_args()
@@ -73,11 +75,14 @@ def main() -> None:
                 store = LocalStore(Path(root) / f"w{writers}-r{repeat}")
                 task = PoolTask("c", [], "pooled/c", {}, tuple(layers))
                 start = time.perf_counter()
-                ExtractorWorker._store(store, task, layers, concept, "float32", layers, writers=writers)
+                ExtractorWorker._store(store, task, layers, concept, args.store_dtype, layers, writers=writers)
                 seconds = time.perf_counter() - start
                 result["runs"].setdefault(str(writers), []).append(seconds)
+                on_disk = sum(f.stat().st_size for f in store.root.rglob("*") if f.is_file())
+                result["bytes_on_disk"] = on_disk
                 rate = nbytes / 1e9 / seconds
-                print(f"{writers} writer(s): {nbytes / 1e9:.2f} GB in {seconds:.2f} s ({rate:.2f} GB/s)", flush=True)
+                print(f"{writers} writer(s): {nbytes / 1e9:.2f} GB of float32 tables in {seconds:.2f} s "
+                      f"({rate:.2f} GB/s), {on_disk / 1e9:.2f} GB on disk at {args.store_dtype}", flush=True)
     result["best_s"] = {w: min(s) for w, s in result["runs"].items()}
     result["gb_per_s"] = {w: nbytes / 1e9 / s for w, s in result["best_s"].items()}
     write_result(result, args.out)

@@ -107,7 +107,13 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_pooled_shards.py::test_probing_layer_by_layer_equals_probing_the_whole_concept": (
         2, SAME + "; D1 is computed per cell", "D1 records of one table probed whole and layer by layer"),
     "test_pooled_shards.py::test_worker_shards_by_layer_a_d1_task_reads_one_and_resume_fills_only_the_gap": (
-        4, SAME + "; then a stored round trip or a float16 cast", "D1 records, a stored shard, float16 vectors"),
+        6, SAME + "; then a stored round trip or a 16-bit cast", "D1 records, a stored shard, float16 vectors, a "
+           "bfloat16 store's D1 records against the same tables rounded in memory, its stored head table"),
+    "test_pooled_shards.py::test_a_16_bit_store_holds_s3s_head_vectors_at_16_bits_and_their_outputs_at_32": (
+        2, COPY + ": the head vectors rounded to bfloat16 by the store or by torch's cast, the outputs copied",
+        "a stored head table's vectors and outputs"),
+    "test_pooled_shards.py::test_bfloat16_bits_and_the_float16_range_check_read_in_blocks": (
+        1, INTS + ": bfloat16 bit patterns from one integer formula, in blocks or whole", "uint16 bits"),
     "test_pooled_table.py::test_round_trip_places_every_vector": (3, EXACT, "small-integer vectors, labels, flags"),
     "test_pooled_table.py::test_head_table_keeps_each_head_at_its_own_width_and_reorders_to_the_pooled_rows": (
         2, EXACT, "small-integer head vectors"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import jsonschema
@@ -16,6 +17,7 @@ from slow_strategy import write_slow_mean
 from poolbench.config import RunConfig
 from poolbench.corpus.source import open_corpus
 from poolbench.driver.pipeline import run_benchmark
+from poolbench.errors import StoreError
 from poolbench.pooler.pooled_table import read_pooled_table
 from poolbench.records.events import ConceptPooled, ConceptProbed, RunEvent, RunPlanned
 from poolbench.results.documents.document import write_run_outputs
@@ -122,6 +124,14 @@ def test_a_run_killed_between_layer_shards_recomputes_only_the_missing_ones(tiny
     stamps = [path.stat().st_mtime_ns for path in kept]
     for key in (pooled, layer_shard_key(pooled, 1), d1, layer_shard_key(d1, 1)):
         store.delete(key)
+    # First on a disk too small for toxicity's layer 1 (its vectors' bytes): one line, before any forward.
+    real_usage = shutil.disk_usage
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(shutil, "disk_usage", lambda path: real_usage(path)._replace(free=1_000))
+        with pytest.raises(StoreError, match=r"the pooling left \(1 concept, 72 passages\) needs at least "
+                                             r"27648 bytes and its disk has 1000 bytes free"):
+            run_benchmark(cfg)
+    assert not store.exists(layer_shard_key(pooled, 1)) and not store.exists(pooled)
     resumed = run_benchmark(cfg)
     assert resumed.computed == {"pooled": 1, "d1": 1, "pooled_skipped": 1, "d1_skipped": 1}
     assert [path.stat().st_mtime_ns for path in kept] == stamps

@@ -7,6 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+import torch
 from negation_pairs import passages
 
 from poolbench.config import ProbingOptions, RunConfig
@@ -15,7 +16,7 @@ from poolbench.driver.pipeline import plan_cells
 from poolbench.driver.run_plan import RunInputs
 from poolbench.errors import StoreError
 from poolbench.pooler.concept_pooling import pool_concept_tables
-from poolbench.pooler.iti import head_table_key
+from poolbench.pooler.iti import encode_head_table, head_table_key
 from poolbench.pooler.pooled_table import (
     PooledTableBuilder,
     PooledTableView,
@@ -91,6 +92,11 @@ def test_store_dtype_and_layer_name_different_artifacts(tmp_path) -> None:
     keys = {d: plan_cells(RunConfig(store_dtype=d, strategies=("A1_mean",)), inputs, model).plans[0]
             for d in ("float32", "float16", "bfloat16")}
     assert len({p.pooled_key for p in keys.values()}) == 3 and len({p.d1_key for p in keys.values()}) == 3
+    # A float32 store's key is what it was before 16-bit stores held S3's head vectors at 16 bits (its bytes did
+    # not change); the 16-bit stores' keys are new (before: pooled/a0f5e9af..., pooled/e7c12cf6...).
+    assert {d: p.pooled_key for d, p in keys.items()} == {"float32": "pooled/58250ab7295f36032b9800325940b23c",
+                                                          "float16": "pooled/f367b38c71a3a6f35c72c497880c1db2",
+                                                          "bfloat16": "pooled/029b0a78a6bf77d1699d57c578809e30"}
     f32 = keys["float32"].pooled_key
     shards = [layer_shard_key(f32, layer) for layer in (0, 1)]
     assert all(s.startswith("pooled/") for s in shards) and len({f32, *shards}) == 3
@@ -191,10 +197,26 @@ def test_worker_shards_by_layer_a_d1_task_reads_one_and_resume_fills_only_the_ga
     got = d1_records_from_table(store.get_table(layer_shard_key("d1/h", 1)))
     assert [r.to_dict() for r in got] == [r.to_dict() for r in want]
 
+    # A bfloat16 store with S3: D1 chooses heads and probes on the stored per-head vectors, rounded as stored.
+    worker.pool_concept("negation", data, [1], ["P1_last", "S3_iti_probe"], store_url=store_url, key="pooled/b",
+                        metadata={"concept": "negation"}, batch_size=8, max_length=64, store_dtype="bfloat16")
+    probe_layer_task(store_url, "pooled/b", "d1/b", "negation", 1,
+        ProbingOptions(n_folds=3, seed=0, n_bootstrap=20, reliability=False))
+    out = pool_concept_tables(worker.loaded, data, [1], [get_strategy("P1_last"), get_strategy("S3_iti_probe")],
+                              batch_size=8, max_length=64)
+    assert out.heads is not None
+    want = probe_pooled_table(encode_vectors(out.pooled, "bfloat16"), "negation", n_folds=3, n_bootstrap=20,
+                              reliability=False, heads=encode_head_table(out.heads, "bfloat16"))
+    got = d1_records_from_table(store.get_table(layer_shard_key("d1/b", 1)))
+    assert [r.to_dict() for r in got] == [r.to_dict() for r in want]
+    stored = store.get_table(head_table_key(layer_shard_key("pooled/b", 1)))
+    assert stored.schema.field("pooled").type.value_type == pa.uint16()
+    assert stored.equals(encode_head_table(out.heads, "bfloat16").combine_chunks())
 
-def synthetic_pooled(layers: list[int], big_layer: int | None = None):
+
+def synthetic_pooled(layers: list[int], big_layer: int | None = None, big_head_layer: int | None = None):
     """A concept's tables as the capture leaves them (several chunks a layer) with S3's head tables; `big_layer`
-    holds a value float16 cannot."""
+    holds a value float16 cannot, `big_head_layer` one in head 2's pooled vector of its last chunk."""
     from poolbench.pooler.iti import ITIHeadTableBuilder
     from poolbench.pooler.worker import _Pooled
 
@@ -209,7 +231,10 @@ def synthetic_pooled(layers: list[int], big_layer: int | None = None):
             values[layers.index(big_layer), 0, 0, 0] = 7e4
         builder.add(values, layers, ["A1_mean", "S3_iti_probe"], ids, np.zeros((2, len(ids)), bool))
         for layer in layers:
-            heads[layer].add("S3_iti_probe", [layer], ids, rng.standard_normal((1, len(ids), 3, 8)).astype(np.float32),
+            head_values = rng.standard_normal((1, len(ids), 3, 8)).astype(np.float32)
+            if layer == big_head_layer and start == 8:
+                head_values[0, 1, 2, 5] = -9e4
+            heads[layer].add("S3_iti_probe", [layer], ids, head_values,
                              rng.standard_normal((1, len(ids), 3, 2)).astype(np.float32))
     return _Pooled(builder.layer_tables({"concept": "c"}), {layer: h.table() for layer, h in heads.items()}, (), 0,
                    0.0, None)
@@ -250,17 +275,66 @@ def test_shards_written_on_several_threads_are_the_objects_one_thread_writes(tmp
     assert shard_writers(4, None) >= 1 and shard_writers(4, 9) == 4 and shard_writers(0, 3) == 1
 
 
-def test_a_layer_float16_cannot_hold_stops_the_concept_before_any_write(tmp_path) -> None:
+@pytest.mark.parametrize(("layers", "big", "message"), [
+    ([0, 1, 2], {"big_layer": 2}, r"concept c layer 2 A1_mean: pooled value 70000 exceeds"),
+    ([0, 4], {"big_head_layer": 4}, r"concept c layer 4 S3_iti_probe head 2: pooled value 90000 exceeds"),
+])
+def test_a_value_float16_cannot_hold_stops_the_concept_before_any_write(tmp_path, layers, big, message) -> None:
     """Every layer is encoded before any object is written, on any number of threads: a value float16 cannot
-    hold in one layer leaves the store empty, and the error names the concept and that layer."""
+    hold in one layer's PooledTable or in one of S3's per-head vectors (stored at the store's dtype too) leaves the
+    store empty, and the error names the concept, the layer, the strategy (and the head)."""
     from poolbench.pooler.worker import PoolTask
 
-    layers = [0, 1, 2]
     store = WriteOrder(tmp_path / "s")
-    with pytest.raises(StoreError, match=r"concept c layer 2 A1_mean: pooled value 70000 exceeds"):
+    with pytest.raises(StoreError, match=message):
         ExtractorWorker._store(store, PoolTask("c", [], "pooled/c", {}, tuple(layers)), layers,
-                               synthetic_pooled(layers, big_layer=2), "float16", layers, writers=3)
+                               synthetic_pooled(layers, **big), "float16", layers, writers=3)
     assert store.written == []
+
+
+def test_a_16_bit_store_holds_s3s_head_vectors_at_16_bits_and_their_outputs_at_32(tmp_path) -> None:
+    """The head vectors are most of a concept's bytes at d 4,096 (32 a passage and layer); a bfloat16 store keeps
+    them as bfloat16 bits (float32 rounded to nearest even, read back as float32), each head's output as it was."""
+    from poolbench.pooler.iti import ITIHeadView
+    from poolbench.pooler.worker import PoolTask
+
+    layers = [0, 3]
+    done = synthetic_pooled(layers)
+    sizes = {}
+    for dtype in ("float32", "bfloat16"):
+        store = LocalStore(tmp_path / dtype)
+        ExtractorWorker._store(store, PoolTask("c", [], "pooled/c", {}, tuple(layers)), layers, done, dtype, layers)
+        stored = store.get_table(head_table_key(layer_shard_key("pooled/c", 3)))
+        want_type = pa.uint16() if dtype == "bfloat16" else pa.float32()
+        assert stored.schema.field("pooled").type == pa.list_(want_type, 8)
+        assert stored.schema.field("output").type == pa.list_(pa.float32(), 2)
+        built = done.heads[3]
+        ids = np.array([p for p in dict.fromkeys(built.column("passage_id").to_pylist())])
+        got, want = ITIHeadView(stored).cell(3, "S3_iti_probe", ids), ITIHeadView(built).cell(3, "S3_iti_probe", ids)
+        rounded = want[0] if dtype == "float32" else \
+            torch.from_numpy(want[0]).to(torch.bfloat16).to(torch.float32).numpy()
+        np.testing.assert_array_equal(got[0], rounded)
+        np.testing.assert_array_equal(got[1], want[1])
+        assert dtype == "float32" or not np.array_equal(got[0], want[0])  # the rounding is there to see
+        sizes[dtype] = stored.column("pooled").combine_chunks().values.nbytes
+    assert sizes == {"float32": 12 * 3 * 8 * 4, "bfloat16": 12 * 3 * 8 * 2}  # 12 passages x 3 heads x d 8
+
+
+def test_bfloat16_bits_and_the_float16_range_check_read_in_blocks(monkeypatch) -> None:
+    """Both walk the vectors a block at a time (S3's head vectors are ~1 GB a layer at the full corpus); blocks
+    that split rows give the bits and the first bad row that one pass over the whole array gives."""
+    import poolbench.pooler.pooled_table as pooled_table
+
+    rng = np.random.default_rng(3)
+    X = (rng.standard_normal((7, 5)) * 1e4).astype(np.float32)
+    X[0, 0], X[1, 1], X[2, 2], X[5, 3] = np.inf, -0.0, np.float32(1 + 2.0**-8), 7e4
+    bits = X.view(np.uint32).astype(np.uint64)
+    whole = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    for block in (3, 5, 11, 1 << 20):
+        monkeypatch.setattr(pooled_table, "_BLOCK", block)
+        np.testing.assert_array_equal(pooled_table.bfloat16_bits(X), whole)
+        assert pooled_table._first_row_over(X[1:], 65504.0) == 4  # row 5 of X; row 0's inf is left out
+        assert pooled_table._first_row_over(X[6:], 65504.0) is None
 
 
 def test_an_actor_pools_its_next_job_while_the_first_ones_shards_are_written(tiny_llama_dir, tmp_path,

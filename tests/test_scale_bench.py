@@ -83,6 +83,13 @@ def test_the_extractor_counts_its_forwards_on_the_same_tokens_and_the_projection
     assert "not a measurement" in p["note"]
     assert all(math.isfinite(v) and v > 0 for v in (p["pooling_s"], p["d1_s"], p["raw_forward_s"]))
     assert set(r["met"]) == set(r["targets"]) and all(isinstance(v, bool) for v in r["met"].values())
+    # The store as it stands on disk: the two strategies' float32 vectors (40 passages x 2 x d 64) and more (ids,
+    # Arrow's framing, manifests, sidecars), no S3 head tables; projected per passage to 17 x 2,000.
+    store = r["store"]
+    assert {"pooled", "d1"} <= set(store["bytes_by_kind"]) and "iti_heads" not in store["bytes_by_kind"]
+    assert store["pooled_bytes"] == store["bytes_by_kind"]["pooled"] > 40 * 2 * 64 * 4
+    assert store["pooled_bytes_per_passage"] == store["pooled_bytes"] / 40
+    assert store["projected_pooled_gb"] == pytest.approx(store["pooled_bytes_per_passage"] * 34_000 / 1e9, rel=1e-12)
 
 
 def test_after_the_first_concept_is_the_later_concepts_rates_and_a_projection_that_keeps_the_first() -> None:

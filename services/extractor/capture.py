@@ -60,14 +60,25 @@ def sync_device(model: nn.Module) -> None:
         torch.cuda.synchronize(device)
 
 
+def text_config(model: nn.Module):
+    """The config of the model's text stack (a multimodal config's text part), or None."""
+    config = getattr(model, "config", None)
+    return config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+
+
+def attention_heads(model: nn.Module) -> tuple[int, int]:
+    """(query heads, head dim) of the model's attention, from its config."""
+    text = text_config(model)
+    heads = int(getattr(text, "num_attention_heads", 1) or 1)
+    return heads, int(getattr(text, "head_dim", 0) or int(getattr(text, "hidden_size", 0) or 0) // heads)
+
+
 def model_token_costs(model: nn.Module, layers: Sequence[int], needs: Collection[str],
                       dtype_out: np.dtype | type = np.float32) -> TokenCosts:
     """The budget's per-token bytes for this model's shape, dtype and attention implementation."""
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    text = text_config(model)
     hidden = int(getattr(text, "hidden_size", 0) or 0)
-    heads = int(getattr(text, "num_attention_heads", 1) or 1)
-    head_dim = int(getattr(text, "head_dim", 0) or hidden // heads)
+    heads, head_dim = attention_heads(model)
     kv_heads = int(getattr(text, "num_key_value_heads", 0) or heads)
     parameter = next(model.parameters())
     return token_costs(

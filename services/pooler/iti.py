@@ -20,6 +20,7 @@ import torch
 
 from poolbench.errors import StoreError
 from poolbench.extractor.activations import ActivationBatch
+from poolbench.pooler.pooled_table import StoreDtype, decode_vectors, encode_vectors
 from poolbench.pooler.saliency import attention_inflow_weights
 from poolbench.pooler.spec import StrategySpec
 from poolbench.store.keys import artifact_key
@@ -58,6 +59,13 @@ def iti_head_schema(hidden_size: int, head_dim: int) -> pa.Schema:
             pa.field("output", pa.list_(pa.float32(), head_dim)),
         ]
     )
+
+
+def encode_head_table(table: pa.Table, store_dtype: StoreDtype, where: str = "") -> pa.Table:
+    """An ITIHeadTable with its heads' pooled vectors stored as `store_dtype`, as the PooledTable's are: at d 4,096
+    they are 32 pooled vectors a passage and layer, most of a concept's bytes. Each head's own output stays float32
+    (1/32 of those bytes): the per-head probes that choose the heads read it."""
+    return encode_vectors(table, store_dtype, where, column="pooled")
 
 
 def selects_heads(spec: StrategySpec) -> bool:
@@ -111,8 +119,8 @@ class ITIHeadView:
     """Decodes an ITIHeadTable once and hands out one (layer, strategy) cell's heads in a given passage order."""
 
     def __init__(self, table: pa.Table) -> None:
-        self._pooled = _decode(table, "pooled")
-        self._outputs = _decode(table, "output")
+        self._pooled = decode_vectors(table, "pooled")  # float32, or the run's 16-bit store dtype
+        self._outputs = decode_vectors(table, "output")
         self._cols = {name: table.column(name).to_numpy(zero_copy_only=False)
                       for name in ("passage_id", "layer", "strategy", "head")}
         self._metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
@@ -137,11 +145,6 @@ class ITIHeadView:
         rows = rows[order]
         pooled = self._pooled[rows].reshape(n, n_heads, -1).transpose(1, 0, 2)
         return pooled, self._outputs[rows].reshape(n, n_heads, -1)
-
-
-def _decode(table: pa.Table, column: str) -> np.ndarray:
-    values = table.column(column).combine_chunks()
-    return values.values.to_numpy(zero_copy_only=False).reshape(len(values), values.type.list_size)
 
 
 SPECS = (

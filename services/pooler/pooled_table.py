@@ -44,15 +44,24 @@ def pooled_schema(hidden_size: int, store_dtype: StoreDtype = "float32") -> pa.S
     )
 
 
-def _vector_field(hidden_size: int, store_dtype: StoreDtype) -> pa.Field:
+def _vector_field(hidden_size: int, store_dtype: StoreDtype, name: str = "vector") -> pa.Field:
     value_type = {"float32": pa.float32(), "float16": pa.float16(), "bfloat16": pa.uint16()}[store_dtype]
-    return pa.field("vector", pa.list_(value_type, hidden_size), metadata={DTYPE_META: store_dtype.encode()})
+    return pa.field(name, pa.list_(value_type, hidden_size), metadata={DTYPE_META: store_dtype.encode()})
+
+
+_BLOCK = 1 << 20  # values converted at a time: S3's head vectors are ~1 GB a layer at the full corpus and d 4,096
 
 
 def bfloat16_bits(X: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns (uint16), rounded to nearest, ties to even, as torch and XLA do."""
-    bits = np.ascontiguousarray(X, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    """float32 -> bfloat16 bit patterns (uint16), rounded to nearest, ties to even, as torch and XLA do.
+
+    In blocks of _BLOCK values: the rounding needs 64-bit integers, four times the input's bytes at once otherwise."""
+    flat = np.ascontiguousarray(X, dtype=np.float32).reshape(-1).view(np.uint32)
+    out = np.empty(flat.shape, dtype=np.uint16)
+    for start in range(0, flat.size, _BLOCK):
+        bits = flat[start:start + _BLOCK].astype(np.uint64)
+        out[start:start + _BLOCK] = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return out.reshape(np.shape(X))
 
 
 def bfloat16_values(bits: np.ndarray) -> np.ndarray:
@@ -60,19 +69,19 @@ def bfloat16_values(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
-def vector_dtype(table: pa.Table) -> StoreDtype:
+def vector_dtype(table: pa.Table, column: str = "vector") -> StoreDtype:
     """The dtype a table's stored vectors stand for (tables from before 16-bit storage are float32)."""
-    meta = table.schema.field("vector").metadata or {}
+    meta = table.schema.field(column).metadata or {}
     name = meta.get(DTYPE_META, b"float32").decode()
     if name not in STORE_DTYPES:
         raise StoreError(f"PooledTable: unknown vector dtype {name!r}")
     return cast(StoreDtype, name)
 
 
-def stored_values(table: pa.Table) -> np.ndarray:
-    """The vector column's stored values [N, d] (float32, float16 or uint16 bits); no copy for a one-chunk column,
+def stored_values(table: pa.Table, column: str = "vector") -> np.ndarray:
+    """A vector column's stored values [N, d] (float32, float16 or uint16 bits); no copy for a one-chunk column,
     which is how shards are written, so a reader holds the vectors once."""
-    vector = table.column("vector").combine_chunks()
+    vector = table.column(column).combine_chunks()
     return vector.values.to_numpy(zero_copy_only=False).reshape(-1, vector.type.list_size)
 
 
@@ -81,32 +90,44 @@ def as_float32(values: np.ndarray, dtype: StoreDtype) -> np.ndarray:
     return bfloat16_values(values) if dtype == "bfloat16" else values.astype(np.float32, copy=False)
 
 
-def decode_vectors(table: pa.Table) -> np.ndarray:
-    """The vector column as float32 [N, d], whatever dtype it is stored in."""
-    return as_float32(stored_values(table), vector_dtype(table))
+def decode_vectors(table: pa.Table, column: str = "vector") -> np.ndarray:
+    """A vector column as float32 [N, d], whatever dtype it is stored in."""
+    return as_float32(stored_values(table, column), vector_dtype(table, column))
 
 
-def encode_vectors(table: pa.Table, store_dtype: StoreDtype, where: str = "") -> pa.Table:
-    """The same table with its vectors stored as `store_dtype`; a value float16 cannot hold stops here."""
-    if vector_dtype(table) == store_dtype:
+def encode_vectors(table: pa.Table, store_dtype: StoreDtype, where: str = "", column: str = "vector") -> pa.Table:
+    """The same table with the vectors of `column` stored as `store_dtype` (a PooledTable's "vector", an
+    ITIHeadTable's "pooled"); a value float16 cannot hold stops here, naming its layer, strategy (and head)."""
+    if vector_dtype(table, column) == store_dtype:
         return table
-    X = decode_vectors(table)
+    X = decode_vectors(table, column)
     dim = X.shape[1]
     if store_dtype == "float16":
-        too_big = np.abs(X) > _FLOAT16_MAX
-        if too_big.any():
-            row = int(np.flatnonzero(too_big.any(axis=1))[0])
-            raise StoreError(f"{where}layer {table.column('layer')[row]} {table.column('strategy')[row]}: pooled "
-                             f"value {float(np.abs(X).max()):.6g} exceeds float16's {_FLOAT16_MAX:.0f}; "
-                             "use --store-dtype bfloat16 or float32")
+        row = _first_row_over(X, _FLOAT16_MAX)
+        if row is not None:
+            head = f" head {table.column('head')[row]}" if "head" in table.column_names else ""
+            raise StoreError(f"{where}layer {table.column('layer')[row]} {table.column('strategy')[row]}{head}: "
+                             f"pooled value {float(np.abs(X[row]).max()):.6g} exceeds float16's "
+                             f"{_FLOAT16_MAX:.0f}; use --store-dtype bfloat16 or float32")
         flat = pa.array(X.astype(np.float16).reshape(-1), pa.float16())
     elif store_dtype == "bfloat16":
         flat = pa.array(bfloat16_bits(X).reshape(-1), pa.uint16())
     else:
         flat = pa.array(X.reshape(-1), pa.float32())
-    field = _vector_field(dim, store_dtype)
-    column = pa.FixedSizeListArray.from_arrays(flat, dim)
-    return table.set_column(table.schema.get_field_index("vector"), field, column)
+    field = _vector_field(dim, store_dtype, column)
+    values = pa.FixedSizeListArray.from_arrays(flat, dim)
+    return table.set_column(table.schema.get_field_index(column), field, values)
+
+
+def _first_row_over(X: np.ndarray, limit: float) -> int | None:
+    """The first row of X [N, d] holding a value beyond +-limit, None where none does; a block of rows at a time,
+    so no temporary of X's size."""
+    step = max(1, _BLOCK // max(X.shape[1], 1))
+    for start in range(0, X.shape[0], step):
+        bad = np.abs(X[start:start + step]) > limit
+        if bad.any():
+            return start + int(np.flatnonzero(bad.any(axis=1))[0])
+    return None
 
 
 class PooledTableBuilder:

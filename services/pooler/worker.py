@@ -23,11 +23,12 @@ from poolbench.corpus.passage import Passage
 from poolbench.errors import PoolBenchError
 from poolbench.extractor.activation_dump import activation_dump_table
 from poolbench.extractor.activations import ActivationBatch
+from poolbench.extractor.capture import attention_heads
 from poolbench.extractor.loading import load_model
 from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, strategy_needs
 from poolbench.pooler.gradient_sums import gradient_table_key
-from poolbench.pooler.iti import head_table_key
+from poolbench.pooler.iti import encode_head_table, head_table_key
 from poolbench.pooler.learned import learned_table_key
 from poolbench.pooler.parse_task import concept_parses
 from poolbench.pooler.parses import ParseIndex
@@ -38,6 +39,7 @@ from poolbench.pooler.registry import (
     resolve_strategies,
 )
 from poolbench.pooler.spec import StrategySpec
+from poolbench.pooler.stored_size import vector_bytes_per_passage_layer
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import layer_shard_key
 from poolbench.store.url import open_store
@@ -89,6 +91,13 @@ class ExtractorWorker:
         m = self.loaded
         return {"model_id": m.model_id, "weights_hash": m.weights_hash, "n_layers": m.n_layers,
                 "hidden_size": m.hidden_size, "kind": m.kind, "dtype": str(m.dtype), "device": str(m.device)}
+
+    def stored_bytes_per_passage_layer(self, strategies: Sequence[str], store_dtype: StoreDtype) -> int:
+        """The vector bytes one passage's pooling adds to one layer's stored objects with this model (a lower
+        bound: stored_size), so the driver can check the store's room before the first forward."""
+        heads, head_dim = attention_heads(self.loaded.model)
+        return vector_bytes_per_passage_layer(resolve_strategies(list(strategies)), self.loaded.hidden_size, heads,
+                                              head_dim, store_dtype)
 
     def pool_concept(self, concept: str, passages: Sequence[Passage], layers: Sequence[int],
                      strategies: Sequence[str], *, store_url: str, key: str, metadata: dict[str, str],
@@ -164,15 +173,20 @@ class ExtractorWorker:
         if done is None:
             shards: dict[int, pa.Table] = {}
         else:
+            where = f"concept {task.concept} "
             with ThreadPoolExecutor(shard_writers(len(missing), writers), "poolbench-shards") as pool:
                 # Every shard is encoded before any is written: a value float16 cannot hold stops the concept whole.
-                encoded = pool.map(lambda layer: encode_vectors(done.tables[layer], store_dtype,
-                                                                f"concept {task.concept} ").combine_chunks(), missing)
-                shards = dict(zip(missing, encoded, strict=True))
+                encoded = list(pool.map(lambda layer: (
+                    encode_vectors(done.tables[layer], store_dtype, where).combine_chunks(),
+                    None if done.heads is None else encode_head_table(done.heads[layer], store_dtype, where)),
+                    missing))
+                shards = {layer: table for layer, (table, _) in zip(missing, encoded, strict=True)}
+                heads = {layer: table for layer, (_, table) in zip(missing, encoded, strict=True)}
                 if done.dump is not None:
                     assert task.dump_key is not None
                     store.put_table(task.dump_key, done.dump)
-                list(pool.map(lambda item: _write_layer(store, task.key, item[0], item[1], done), shards.items()))
+                list(pool.map(lambda layer: _write_layer(store, task.key, layer, shards[layer], heads[layer], done),
+                              missing))
         if shards or not store.exists(task.key):
             write_pooled_manifest(store, task.key, all_layers, store_dtype)
         skipped = done.skipped if done is not None else ()
@@ -243,11 +257,12 @@ def shard_writers(layers: int, requested: int | None = None) -> int:
     return max(1, min(wanted, layers))
 
 
-def _write_layer(store: ArtifactStore, key: str, layer: int, table: pa.Table, done: _Pooled) -> None:
+def _write_layer(store: ArtifactStore, key: str, layer: int, table: pa.Table, heads: pa.Table | None,
+                 done: _Pooled) -> None:
     """One layer's objects, its PooledTable shard last: a stored shard means its companions are stored too."""
     shard_key = layer_shard_key(key, layer)
-    if done.heads is not None:
-        store.put_table(head_table_key(shard_key), done.heads[layer])
+    if heads is not None:
+        store.put_table(head_table_key(shard_key), heads)
     if done.gradients is not None and layer in done.gradients:
         store.put_table(gradient_table_key(shard_key), done.gradients[layer])
     if done.learned is not None:

@@ -60,6 +60,7 @@ from .probe_gate import ProbeGate, beside_the_forward
 from .ray_messages import plain_ray_messages
 from .run_plan import ConceptPlan, RunInputs, RunPlan
 from .steerability_stage import steerability_section
+from .store_room import check_store_room
 from .variants import MAIN, RESIDUAL, Variant, axis_variants
 from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch, poll_actors
 
@@ -186,7 +187,10 @@ def plan_cells(cfg: RunConfig, inputs: RunInputs, model: dict, variant: Variant 
             "pooled", model=model["model_id"], weights=model["weights_hash"], dtype=model["dtype"],
             layers=layers, strategies=strategy_fps, concept=plan.concept, corpus=plan.corpus_hash,
             passages=passages_digest(plan.passages), max_length=variant.max_length(cfg.max_length),
-            store_dtype=cfg.store_dtype, version=POOL_VERSION, **variant.key_fields())
+            store_dtype=cfg.store_dtype, version=POOL_VERSION, **variant.key_fields(),
+            # A 16-bit store holds S3's per-head vectors at 16 bits too (before, at float32): other bytes, another
+            # key. A float32 store's bytes did not change, and neither does its key.
+            **({"head_vectors": cfg.store_dtype} if cfg.store_dtype != "float32" else {}))
         d1_key = artifact_key("d1", pooled=pooled_key, n_folds=cfg.n_folds, seed=cfg.seed,
                               n_bootstrap=cfg.n_bootstrap, version=D1_VERSION,
                               reliability=RELIABILITY_VERSION if cfg.reliability else None, flash=cfg.flash,
@@ -206,6 +210,8 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
                            ProbeGate[Job[ConceptJob]](beside=beside_the_forward(cfg, on_gpu), on_pooled=on_pooled),
                            probe_resources=probe_task_resources(on_gpu))
     probes, to_pool = concepts.skip_stored()
+    check_store_room(inputs.store, to_pool, lambda: fetch(queue.actors[0].stored_bytes_per_passage_layer.remote(
+        [s.id for s in run.specs], cfg.store_dtype), "extractor"), cfg.store_dtype)
     concepts.group_pooling(to_pool, on_gpu, n_extractors=len(queue.actors))
     jobs = concepts.first_jobs(probes, on_gpu)
     for key, result in queue.run(jobs, concepts.after, on_wait=lambda: poll_progress(queue.actors, emit)):

@@ -20,10 +20,17 @@ import torch
 
 from poolbench.errors import StoreError
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.pooler.pooled_table import StoreDtype, decode_vectors, encode_vectors
+from poolbench.pooler.pooled_table import (
+    StoreDtype,
+    decode_vectors,
+    encode_vectors,
+    holds_one_table,
+    pooled_layers,
+)
 from poolbench.pooler.saliency import attention_inflow_weights
 from poolbench.pooler.spec import StrategySpec
-from poolbench.store.keys import artifact_key
+from poolbench.store.artifact_store import ArtifactStore
+from poolbench.store.keys import artifact_key, layer_shard_key
 
 HEAD_FRACTION = 0.25
 HEADS_META = ":heads"  # PooledTable metadata "<strategy>:heads" = head count: its ITIHeadTable must come along
@@ -33,6 +40,18 @@ FRACTION_META = ":head_fraction"  # ITIHeadTable metadata "<strategy>:head_fract
 def head_table_key(pooled_key: str) -> str:
     """The ITIHeadTable artifact that belongs to the PooledTable stored under `pooled_key`."""
     return artifact_key("iti_heads", pooled=pooled_key)
+
+
+def read_head_table(store: ArtifactStore, key: str, layers: Sequence[int] | None = None) -> pa.Table:
+    """S3's ITIHeadTable for the concept under `key`, its layer shards' head tables joined (or the one table of
+    the unsharded layout), for readers that span layers as power and flash-check do."""
+    if layers is None and holds_one_table(store, key):
+        return store.get_table(head_table_key(key))
+    chosen = pooled_layers(store, key) if layers is None else list(layers)
+    tables = [store.get_table(head_table_key(layer_shard_key(key, layer))) for layer in chosen]
+    if not tables:
+        raise StoreError(f"{key}: no layers to read")
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
 def head_vectors(batch: ActivationBatch) -> tuple[np.ndarray, np.ndarray]:

@@ -261,7 +261,7 @@ def read_pooled_layer(store: ArtifactStore, key: str, layer: int) -> pa.Table:
 
 def stored_layers(store: ArtifactStore, key: str) -> list[int]:
     """The layers stored under `key`, sharded (its manifest) or in the one table written before sharding."""
-    if _holds_table(store, key):
+    if holds_one_table(store, key):
         return sorted(int(v) for v in pc.unique(store.get_table(key).column("layer")).to_pylist())
     return pooled_layers(store, key)
 
@@ -269,7 +269,7 @@ def stored_layers(store: ArtifactStore, key: str) -> list[int]:
 def read_pooled_table(store: ArtifactStore, key: str, layers: Sequence[int] | None = None) -> pa.Table:
     """The concept's shards (every layer, or `layers`) as one table, for readers that span layers; a key that
     holds one whole table (stores written before sharding, POOL_VERSION < 3) is read as it is."""
-    if _holds_table(store, key):
+    if holds_one_table(store, key):
         table = store.get_table(key)
         return table if layers is None else table.filter(pc.is_in(table.column("layer"), pa.array(list(layers))))
     chosen = pooled_layers(store, key) if layers is None else list(layers)
@@ -279,21 +279,7 @@ def read_pooled_table(store: ArtifactStore, key: str, layers: Sequence[int] | No
     return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
-def read_head_table(store: ArtifactStore, key: str, layers: Sequence[int] | None = None) -> pa.Table:
-    """S3's ITIHeadTable for the concept under `key`, its layer shards' head tables joined (or the one table of
-    the unsharded layout), for readers that span layers as power and flash-check do."""
-    from poolbench.pooler.iti import head_table_key
-
-    if layers is None and _holds_table(store, key):
-        return store.get_table(head_table_key(key))
-    chosen = pooled_layers(store, key) if layers is None else list(layers)
-    tables = [store.get_table(head_table_key(layer_shard_key(key, layer))) for layer in chosen]
-    if not tables:
-        raise StoreError(f"{key}: no layers to read")
-    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
-
-
-def _holds_table(store: ArtifactStore, key: str) -> bool:
+def holds_one_table(store: ArtifactStore, key: str) -> bool:
     """True when `key` holds something other than a manifest: the one table of the unsharded layout."""
     try:
         store.get_json(key)

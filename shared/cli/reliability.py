@@ -52,8 +52,8 @@ def _best_layers(results: dict) -> dict[str, int]:
 
 def _pooled(results: dict, store, concept: str):
     """The concept's stored PooledTable (and ITIHeadTable, for S3), named by the run's results.json."""
-    from poolbench.pooler.iti import needs_head_table
-    from poolbench.pooler.pooled_table import read_head_table, read_pooled_table
+    from poolbench.pooler.iti import needs_head_table, read_head_table
+    from poolbench.pooler.pooled_table import read_pooled_table
     from poolbench.prober.power import ConceptCells
 
     artifacts = results.get("artifacts", {})

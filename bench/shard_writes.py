@@ -49,6 +49,37 @@ def synthetic_concept(passages: int, layers: list[int], strategies: int, heads: 
     return _Pooled(tables, {layer: b.table() for layer, b in head_builders.items()}, (), 0, 0.0, None)
 
 
+def anonymous_bytes() -> int:
+    """This process's anonymous resident memory (RssAnon): a private copy counts, a mapped file's pages do not."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def read_back(store: LocalStore, layers: list[int], repeats: int) -> dict:
+    """Every layer's shard and head table read as a D1 task reads them (sha256 checked), interleaved: copied into
+    the process (read_bytes, as before session 23) and mapped (get_table now); seconds and anonymous memory held."""
+    from poolbench.pooler.iti import head_table_key
+    from poolbench.store.arrow_tables import ipc_bytes_to_table
+    from poolbench.store.keys import layer_shard_key
+
+    keys = [k for layer in layers for k in (layer_shard_key("pooled/c", layer), head_table_key(layer_shard_key(
+        "pooled/c", layer)))]
+    ways = {"copied": lambda key: ipc_bytes_to_table(store._get(key, ".arrow").data), "mapped": store.get_table}
+    out: dict[str, dict[str, list[float]]] = {way: {"seconds": [], "anonymous_bytes": []} for way in ways}
+    for _ in range(repeats):
+        for way, read in ways.items():
+            before, start = anonymous_bytes(), time.perf_counter()
+            tables = [read(key) for key in keys]
+            out[way]["seconds"].append(time.perf_counter() - start)
+            out[way]["anonymous_bytes"].append(anonymous_bytes() - before)
+            print(f"read back {way}: {sum(t.nbytes for t in tables) / 1e9:.2f} GB in {out[way]['seconds'][-1]:.2f} s,"
+                  f" {out[way]['anonymous_bytes'][-1] / 1e9:.2f} GB of anonymous memory held", flush=True)
+            del tables
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--passages", type=int, default=400)
@@ -62,6 +93,8 @@ def main() -> None:
     parser.add_argument("--store-dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                         help="the run's --store-dtype: 16 bits encode the vectors first (S3's heads too)")
     parser.add_argument("--store", type=Path, default=None, help="folder for the stores (default: a temporary one)")
+    parser.add_argument("--read-back", action="store_true",
+                        help="then read every table back as a D1 task does, copied (before) and mapped (now)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "shard_writes.json")
     args = parser.parse_args()
     layers = list(range(args.layers))
@@ -83,6 +116,8 @@ def main() -> None:
                 rate = nbytes / 1e9 / seconds
                 print(f"{writers} writer(s): {nbytes / 1e9:.2f} GB of float32 tables in {seconds:.2f} s "
                       f"({rate:.2f} GB/s), {on_disk / 1e9:.2f} GB on disk at {args.store_dtype}", flush=True)
+            if args.read_back:
+                result["reads"] = read_back(store, layers, args.repeats)
     result["best_s"] = {w: min(s) for w, s in result["runs"].items()}
     result["gb_per_s"] = {w: nbytes / 1e9 / s for w, s in result["best_s"].items()}
     write_result(result, args.out)

@@ -30,6 +30,8 @@ SITES: dict[str, tuple[int, str, str]] = {
         "every D1 record of the two plans"),
     "test_pooled_shards.py::test_shards_written_on_several_threads_are_the_objects_one_thread_writes": (
         1, COPY + ": the same tables encoded and serialised on one thread or three", "the stored files' bytes"),
+    "test_store.py::test_a_folder_stores_table_lies_in_its_file_mapped_into_memory": (
+        2, COPY + ": a table stored and read back from its mapped file", "the table read, before and after a rewrite"),
     "test_store.py::test_a_table_serialises_to_the_librarys_bytes_in_one_exact_buffer": (
         1, COPY + ": one table serialised by pyarrow's IPC writer into a sized buffer or a growing stream",
         "the serialised bytes"),

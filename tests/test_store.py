@@ -402,3 +402,22 @@ def test_hash_directory_is_stable_and_sensitive(tmp_path: Path) -> None:
     assert hash_directory(d, patterns=["*.safetensors"]) != weights_only  # names count
     with pytest.raises(StoreError, match=r"no files matching \['\*.gguf'\]"):
         hash_directory(d, patterns=["*.gguf"])
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads Linux's /proc/self/maps")
+def test_a_folder_stores_table_lies_in_its_file_mapped_into_memory(tmp_path: Path) -> None:
+    """A D1 task's layer of an 8B model is ~1.7 GB: get_table maps the file instead of copying it, so the table's
+    values lie inside the file's mapping (with read_bytes they lie in a private copy); rewritten under the same key,
+    the old table keeps the file it mapped and the next read gets the new one."""
+    store = LocalStore(tmp_path)
+    table = pa.table({"v": pa.array(range(1 << 16), pa.float64())})
+    store.put_table("t/a", table)
+    got = store.get_table("t/a")
+    assert got.equals(table)
+    address = got.column("v").chunks[0].buffers()[1].address
+    path = str(tmp_path / "t" / "a.arrow")
+    spans = [line.split()[0].split("-") for line in Path("/proc/self/maps").read_text().splitlines()
+             if line.endswith(path)]
+    assert any(int(low, 16) <= address < int(high, 16) for low, high in spans)
+    store.put_table("t/a", pa.table({"v": pa.array([1.5, 2.5])}))
+    assert got.equals(table) and store.get_table("t/a").column("v").to_pylist() == [1.5, 2.5]

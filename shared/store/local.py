@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+import pyarrow as pa
+
 from poolbench.atomic_write import atomic_file
 from poolbench.errors import StoreError
 from poolbench.store.artifact_store import SUFFIX_DIR, TMP_PREFIX, ArtifactStore, StoredObject
@@ -87,6 +89,26 @@ class LocalStore(ArtifactStore):
             return None
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        sha, meta = self._info(path)
+        return StoredObject(data, sha, meta)
+
+    def _read_mapped(self, name: str) -> StoredObject | None:
+        """The object's file mapped read-only into memory: its pages are the OS's file cache, shared, never a
+        private copy. Safe because a stored file is never changed in place (a write renames a new file over it, a
+        delete unlinks it: a mapping keeps the file it opened)."""
+        path = self._path(name)
+        if not path.is_file():
+            return None
+        try:
+            mapped = pa.memory_map(str(path))
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc}") from exc
+        try:
+            data = memoryview(mapped.read_buffer())  # the buffer keeps the mapping alive after close
+        finally:
+            mapped.close()
         sha, meta = self._info(path)
         return StoredObject(data, sha, meta)
 

@@ -116,8 +116,8 @@ def main() -> None:
                 rate = nbytes / 1e9 / seconds
                 print(f"{writers} writer(s): {nbytes / 1e9:.2f} GB of float32 tables in {seconds:.2f} s "
                       f"({rate:.2f} GB/s), {on_disk / 1e9:.2f} GB on disk at {args.store_dtype}", flush=True)
-            if args.read_back:
-                result["reads"] = read_back(store, layers, args.repeats)
+        if args.read_back:  # the last store written, read back --repeats times
+            result["reads"] = read_back(store, layers, args.repeats)
     result["best_s"] = {w: min(s) for w, s in result["runs"].items()}
     result["gb_per_s"] = {w: nbytes / 1e9 / s for w, s in result["best_s"].items()}
     write_result(result, args.out)

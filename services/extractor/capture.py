@@ -30,6 +30,7 @@ from poolbench.extractor.batching import (
 from poolbench.extractor.gradient_saliency import gradient_forward
 from poolbench.extractor.hook_points import capture_layer_outputs
 from poolbench.extractor.layer_sinks import LayerExtras, LayerSink, SinkT
+from poolbench.extractor.model_config import attention_heads, text_config
 from poolbench.extractor.padded_batches import PaddedBatch, model_inputs
 from poolbench.extractor.site_hooks import check_sites, site_module
 
@@ -58,19 +59,6 @@ def sync_device(model: nn.Module) -> None:
     device = next(model.parameters()).device
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def text_config(model: nn.Module):
-    """The config of the model's text stack (a multimodal config's text part), or None."""
-    config = getattr(model, "config", None)
-    return config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
-
-
-def attention_heads(model: nn.Module) -> tuple[int, int]:
-    """(query heads, head dim) of the model's attention, from its config."""
-    text = text_config(model)
-    heads = int(getattr(text, "num_attention_heads", 1) or 1)
-    return heads, int(getattr(text, "head_dim", 0) or int(getattr(text, "hidden_size", 0) or 0) // heads)
 
 
 def model_token_costs(model: nn.Module, layers: Sequence[int], needs: Collection[str],

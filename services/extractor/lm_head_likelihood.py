@@ -22,6 +22,7 @@ from torch import nn
 from poolbench.errors import ExtractionError
 from poolbench.extractor.batching import chunk_tokens_for
 from poolbench.extractor.logsumexp_rows import logsumexp_rows
+from poolbench.extractor.model_config import text_config
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,7 @@ def lm_head(model: nn.Module) -> LMHead:
     """The model's LM head, or one line saying it has none (S2 needs a causal LM's log-likelihood)."""
     owner = causal_lm(model)
     head = owner.get_output_embeddings()  # type: ignore[operator]
-    config = getattr(owner, "config", None)
-    text = config.get_text_config() if config is not None and hasattr(config, "get_text_config") else config
+    text = text_config(owner)
     softcap = getattr(text, "final_logit_softcapping", None)
     multiplier = float(getattr(text, "logit_scale", None) or 1.0) / float(getattr(text, "logits_scaling", None) or 1.0)
     return LMHead(head.weight, getattr(head, "bias", None), float(softcap) if softcap else None, multiplier)

@@ -23,8 +23,8 @@ from poolbench.corpus.passage import Passage
 from poolbench.errors import PoolBenchError
 from poolbench.extractor.activation_dump import activation_dump_table
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.extractor.capture import attention_heads
 from poolbench.extractor.loading import load_model
+from poolbench.extractor.model_config import attention_heads
 from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, strategy_needs
 from poolbench.pooler.gradient_sums import gradient_table_key
@@ -176,17 +176,15 @@ class ExtractorWorker:
             where = f"concept {task.concept} "
             with ThreadPoolExecutor(shard_writers(len(missing), writers), "poolbench-shards") as pool:
                 # Every shard is encoded before any is written: a value float16 cannot hold stops the concept whole.
-                encoded = list(pool.map(lambda layer: (
+                encoded = dict(zip(missing, pool.map(lambda layer: (
                     encode_vectors(done.tables[layer], store_dtype, where).combine_chunks(),
                     None if done.heads is None else encode_head_table(done.heads[layer], store_dtype, where)),
-                    missing))
-                shards = {layer: table for layer, (table, _) in zip(missing, encoded, strict=True)}
-                heads = {layer: table for layer, (_, table) in zip(missing, encoded, strict=True)}
+                    missing), strict=True))
+                shards = {layer: table for layer, (table, _) in encoded.items()}
                 if done.dump is not None:
                     assert task.dump_key is not None
                     store.put_table(task.dump_key, done.dump)
-                list(pool.map(lambda layer: _write_layer(store, task.key, layer, shards[layer], heads[layer], done),
-                              missing))
+                list(pool.map(lambda layer: _write_layer(store, task.key, layer, *encoded[layer], done), missing))
         if shards or not store.exists(task.key):
             write_pooled_manifest(store, task.key, all_layers, store_dtype)
         skipped = done.skipped if done is not None else ()

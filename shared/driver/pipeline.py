@@ -211,7 +211,7 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
                            probe_resources=probe_task_resources(on_gpu))
     probes, to_pool = concepts.skip_stored()
     check_store_room(inputs.store, to_pool, lambda: fetch(queue.actors[0].stored_bytes_per_passage_layer.remote(
-        [s.id for s in run.specs], cfg.store_dtype), "extractor"), cfg.store_dtype)
+        concepts.strategy_ids, cfg.store_dtype), "extractor"), cfg.store_dtype)
     concepts.group_pooling(to_pool, on_gpu, n_extractors=len(queue.actors))
     jobs = concepts.first_jobs(probes, on_gpu)
     for key, result in queue.run(jobs, concepts.after, on_wait=lambda: poll_progress(queue.actors, emit)):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 
@@ -156,6 +158,33 @@ def test_ensure_builds_once_into_the_cache(tmp_path: Path, monkeypatch: pytest.M
     assert em.ensure_tiny_model() == path
     monkeypatch.setattr(em, "tiny_training_texts", lambda: TEXTS[:201])
     assert em.tiny_model_dir(TEXTS[:201], em.DEFAULT_CONFIG, cache_dir=tmp_path) != path
+
+
+def test_callers_asking_at_once_build_it_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two callers that both find no model (a barrier holds each one after its look) train it once: the second
+    waits for the first one's lock and returns its directory. Without the lock both train."""
+    monkeypatch.setattr(em, "DEFAULT_CONFIG", em.TinyModelConfig(**{**TOY, "steps": 2}))
+    monkeypatch.setattr(em, "tiny_training_texts", lambda: TEXTS[:200])
+    both_looked = threading.Barrier(2, timeout=60)
+    real_dir, real_build = em.tiny_model_dir, em.build_tiny_model
+    builds: list[Path] = []
+
+    def looked(*args: object, **kwargs: object) -> Path:
+        out = real_dir(*args, **kwargs)
+        assert not (out / em.BUILD_INFO_FILE).exists()
+        both_looked.wait()
+        return out
+
+    def counted(out_dir: Path, *args: object, **kwargs: object) -> em.BuildReport:
+        builds.append(out_dir)
+        return real_build(out_dir, *args, **kwargs)
+
+    monkeypatch.setattr(em, "tiny_model_dir", looked)
+    monkeypatch.setattr(em, "build_tiny_model", counted)
+    with ThreadPoolExecutor(2) as pool:
+        paths = list(pool.map(lambda _: em.ensure_tiny_model(tmp_path), range(2)))
+    assert paths[0] == paths[1] and builds == [paths[0]]
+    assert (paths[0] / em.BUILD_INFO_FILE).is_file()
 
 
 @pytest.mark.slow

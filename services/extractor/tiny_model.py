@@ -11,6 +11,7 @@ CPU kind and `threads` (training pins the thread count, seeds a forked RNG and e
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -281,17 +282,29 @@ def tiny_model_ready(cache_dir: str | Path | None = None) -> bool:
 
 
 def ensure_tiny_model(cache_dir: str | Path | None = None) -> Path:
-    """The tiny model's directory, built first if missing (minutes on 2 CPU cores, once per recipe)."""
+    """The tiny model's directory, built first if missing (minutes on 2 CPU cores, once per recipe).
+
+    Processes that ask at once (the extractors of a run on one machine, a test session's background build and a
+    test) build it once: the first holds an exclusive lock beside the directory while it trains, the others wait
+    for the lock and then find the model built, instead of each training the same weights for minutes."""
     texts = tiny_training_texts()
     out_dir = tiny_model_dir(texts, DEFAULT_CONFIG, cache_dir=cache_dir)
     if (out_dir / BUILD_INFO_FILE).is_file():
         return out_dir
-    log.info("building the tiny model into %s (once; a few minutes on CPU)", out_dir)
-    try:
-        report = build_tiny_model(out_dir, texts, config=DEFAULT_CONFIG)
-        log.info("tiny model built in %.0f s, held-out perplexity %.2f", report.train_seconds,
-                 report.heldout_perplexity)
-    except OSError:
-        if not (out_dir / BUILD_INFO_FILE).is_file():  # unless a concurrent build renamed its dir first
-            raise
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = out_dir.parent / f".{out_dir.name}.lock"
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        if (out_dir / BUILD_INFO_FILE).is_file():  # built by whoever held the lock before
+            return out_dir
+        log.info("building the tiny model into %s (once; a few minutes on CPU)", out_dir)
+        try:
+            report = build_tiny_model(out_dir, texts, config=DEFAULT_CONFIG)
+            log.info("tiny model built in %.0f s, held-out perplexity %.2f", report.train_seconds,
+                     report.heldout_perplexity)
+        except OSError:
+            # a file system whose locks do not hold across machines: another build renamed its directory first
+            if not (out_dir / BUILD_INFO_FILE).is_file():
+                raise
+        lock_path.unlink(missing_ok=True)  # whoever comes later finds the model first and never looks for it
     return out_dir

@@ -23,7 +23,8 @@ pytest_plugins = ["skip_policy"]
 
 _SESSION_CACHE_ENV = "_POOLBENCH_TEST_SESSION_CACHE"
 TRAINED_TINY = "trained_tiny"
-_TINY_BUILD = "import os; os.nice(10)\nfrom poolbench.extractor.tiny_model import ensure_tiny_model; ensure_tiny_model()"
+_TINY_BUILD = ("import os; os.nice(10)\n"
+               "from poolbench.extractor.tiny_model import ensure_tiny_model; ensure_tiny_model()")
 _background: list[subprocess.Popen] = []
 
 

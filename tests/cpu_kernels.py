@@ -14,9 +14,12 @@ PROFILE_ENV = "POOLBENCH_CPU_PROFILE"
 # Per profile: the environment that selects torch's, MKL's and oneDNN's kernels, and what torch reports once it
 # obeys. numpy's SIMD loops are held by NPY_DISABLE_CPU_FEATURES, built per run from numpy's own dispatch list:
 # numpy 2.3 names each extension (AVX2, AVX512_SKX, ...), numpy 2.4 names x86-64 levels (X86_V3, X86_V4, ...).
+# numpy's and scipy's OpenBLAS (scipy's LAPACK makes the batched solver's CPU factors) by OPENBLAS_CORETYPE.
 PROFILES: dict[str, dict[str, str]] = {
-    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
-    "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2",
+             "OPENBLAS_CORETYPE": "Haswell"},
+    "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2", "ONEDNN_MAX_CPU_ISA": "SSE41",
+                "OPENBLAS_CORETYPE": "Nehalem"},
     "chunked": {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "POOLBENCH_TEST_MAX_BATCH_TOKENS": "24"},
 }
 REBLOCKED = {"chunked"}  # profiles that install tests/reblocked.py (the conftest does, before anything runs)
@@ -49,11 +52,23 @@ def profile_mismatches(profile: str) -> list[str]:
     numpy_has, numpy_allowed = set(numpy_dispatch()), NUMPY_DISPATCH[profile]
     if numpy_allowed is not None and not numpy_has <= numpy_allowed:
         wrong.append(f"numpy dispatches to {sorted(numpy_has)}, beyond {sorted(numpy_allowed)}")
+    wrong.extend(openblas_mismatches(PROFILES[profile].get("OPENBLAS_CORETYPE")))
     if profile in REBLOCKED:
         from reblocked import reblocking_mismatches
 
         wrong.extend(reblocking_mismatches())
     return wrong
+
+
+def openblas_mismatches(coretype: str | None) -> list[str]:
+    """Each OpenBLAS loaded (numpy's, scipy's) that does not run `coretype`'s kernels (none asked: nothing)."""
+    if coretype is None:
+        return []
+    import scipy.linalg  # noqa: F401  (loads scipy's OpenBLAS beside numpy's)
+    from threadpoolctl import threadpool_info
+
+    return [f"{lib['filepath']} runs {lib['architecture']} kernels, not {coretype}" for lib in threadpool_info()
+            if lib["internal_api"] == "openblas" and lib["architecture"] != coretype]
 
 
 def numpy_dispatch() -> list[str]:

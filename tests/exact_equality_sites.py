@@ -35,6 +35,9 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_store.py::test_a_table_serialises_to_the_librarys_bytes_in_one_exact_buffer": (
         1, COPY + ": one table serialised by pyarrow's IPC writer into a sized buffer or a growing stream",
         "the serialised bytes"),
+    "test_lapack_factors.py::test_factors_in_place_equal_torch_s_and_keep_the_upper_triangle": (
+        1, COPY + ": the strict upper triangle LAPACK must leave as it found it, against the input's copy",
+        "the matrices' strict upper triangles"),
     "test_attention_inflow.py::assert_records_match": (
         1, COPY + ": both paths gather the layer's own attention output at the last real token, no arithmetic",
         "the last token's head outputs"),

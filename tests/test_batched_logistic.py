@@ -19,6 +19,7 @@ from poolbench.prober import batched_logistic
 from poolbench.prober.batched_cell import batched_d1_cell
 from poolbench.prober.batched_logistic import fit_many, shared_gram
 from poolbench.prober.d1 import evaluate_d1
+from poolbench.prober.lapack_factors import factor_in_place
 from poolbench.prober.newton_logistic import NewtonLogisticProbe
 from poolbench.prober.reliability import cell_reliability
 
@@ -324,3 +325,34 @@ def test_fits_refactored_beside_one_already_converged_keep_their_own_factors():
         ref = NewtonLogisticProbe().fit(X2[rows[f]], labels[f])
         gap = np.abs(together.scores(Xt)[f].numpy() - alone.scores(Xt)[0].numpy())
         assert np.all(gap <= _bound(ref, X2, y2))
+
+
+@pytest.mark.numerics
+def test_a_cpu_s_float32_factors_are_made_in_place_by_lapack_beside_a_fit_already_converged(monkeypatch):
+    """The shared-Gram path on a CPU factors in float32 with lapack_factors (torch's Cholesky copies and zeroes
+    each batch around the factorization: ~10% of a cell, bench/README), also when only some fits are refactored
+    (the no-signal fold stops at its cold start), and its fits stop where the per-fit path's do."""
+    real_cholesky, calls = torch.linalg.cholesky, {"in_place": 0}
+
+    def float64_only(A, *args, **kwargs):
+        assert A.dtype == torch.float64, "a float32 CPU factor went through torch.linalg.cholesky"
+        return real_cholesky(A, *args, **kwargs)
+
+    def counted(A):
+        calls["in_place"] += 1
+        return factor_in_place(A)
+
+    monkeypatch.setattr(torch.linalg, "cholesky", float64_only)
+    monkeypatch.setattr(batched_logistic, "factor_in_place", counted)
+    X, y, _ = _data(80, 120, 0)
+    X2, y2 = np.vstack([X, X]), np.r_[y, 1 - y]
+    rows = [np.arange(160), np.arange(0, 64), np.arange(16, 80)]
+    labels = [y2[r] for r in rows]
+    Xt = torch.as_tensor(X2)
+    init = fit_many(Xt, [np.arange(80)], [y], exact=False)
+    together = fit_many(Xt, rows, labels, init=init, exact=False)
+    assert calls["in_place"] >= 2 and together.iterations[0] == 0 and bool(together.converged.all())
+    for f in (1, 2):
+        ref = NewtonLogisticProbe().fit(X2[rows[f]], labels[f])
+        gap = np.abs(together.scores(Xt)[f].numpy() - ref.decision_function(X2))
+        assert np.all(gap <= _bound(ref, X2, y2) + _evaluation_gap(ref, together, f, X2))

@@ -19,7 +19,8 @@ Arithmetic per cell, n = 1,400 train rows, m ≈ 0.8 n per fold fit, d = 4,096, 
   2 n d F (≈ 0.36 GFLOP) per step: ≈ 60-90 GFLOP a cell, on every core (or the GPU) at once.
 - small fits (MDL's prefixes) get their own exact Gram (`exact=True`): cheap at m ≤ n/2.
 - precision: objective, gradient, stop and scores in float64 on every device; on a CPU the Cholesky factor (the
-  search direction only) is float32, on CUDA float64 (an H100's float64 is ~60 TFLOP/s; nothing to gain).
+  search direction only) is float32, made and solved in place by scipy's LAPACK (lapack_factors: torch's copies
+  around each factorization cost ~10% of a cell), on CUDA float64 (an H100's float64 is ~60 TFLOP/s).
 Measured (bench/README, "D1 at the width of the machine"): 7.9 CPU-s a cell against 16.0 for the per-fit path.
 
 Cells: X may be [B, n, d], B cells (strategies of one layer) whose fits share their rows and labels, only the
@@ -43,6 +44,7 @@ import numpy as np
 import torch
 
 from poolbench.prober.distinct_rows import score_distinct_rows
+from poolbench.prober.lapack_factors import factor_in_place, solve
 from poolbench.prober.newton_logistic import LOGISTIC_C, NewtonLogisticProbe, UnconvergedFitWarning
 
 _ARMIJO = 1e-4
@@ -248,6 +250,10 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
     # direction off by ~cond(B)·eps32 ≈ 1e-3 relative, which the next steps absorb. A GPU's float64 is fast enough.
     # An exact (own-Gram) factor is small (m² ≤ 60 n, or MDL's prefixes) and its Gram the worse conditioned: float64.
     factor_dtype = torch.float32 if dev.type == "cpu" and _FLOAT32_FACTOR_ON_CPU and not exact else dt
+    # Those float32 factors are made and used in place by LAPACK (lapack_factors: torch's CPU Cholesky copies and
+    # zeroes each [F, M, M] batch around the factorization); the exact path's float64 ones stay torch's, so make
+    # run's fits (all exact) keep their bits.
+    in_place = dev.type == "cpu" and factor_dtype == torch.float32
     G = None
     if exact:
         ref = pen
@@ -311,10 +317,11 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
             sq = curv.reshape(P, M)[sel].sqrt().to(factor_dtype)
             Bm = (K if len(sel) == P else K[sel]) * (sq[:, :, None] * sq[:, None, :])
             Bm.diagonal(dim1=1, dim2=2).add_(1.0)
+            factors = factor_in_place(Bm) if in_place else torch.linalg.cholesky(Bm)
             if len(sel) == P:
-                L = torch.linalg.cholesky(Bm)
+                L = factors
             else:
-                L[sel] = torch.linalg.cholesky(Bm)
+                L[sel] = factors
             if cells == 1:  # the stale fits' rows only (one cell: a plain GEMM of them)
                 f_sel = sel
                 u[0, f_sel] = torch.zeros(len(sel), n, device=dev, dtype=dt).scatter_add_(
@@ -329,7 +336,8 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
         proj = (Xc @ rhs.transpose(1, 2)).transpose(1, 2)  # [B, 2F, n]
         s2 = s.repeat(1, 2, 1)
         t = (s2 * proj.gather(2, idx2)).reshape(cells, 2, F, M).permute(0, 2, 3, 1).reshape(P, M, 2)
-        t = (s.reshape(P, M, 1) * torch.cholesky_solve(t.to(factor_dtype), L).to(dt))  # [B·F, M, 2]
+        t = t.to(factor_dtype).contiguous()
+        t = (s.reshape(P, M, 1) * (solve(L, t) if in_place else torch.cholesky_solve(t, L)).to(dt))  # [B·F, M, 2]
         t = t.reshape(cells, F, M, 2).permute(0, 3, 1, 2).reshape(cells, 2 * F, M)
         back = torch.zeros(cells, 2 * F, n, device=dev, dtype=dt).scatter_add_(2, idx2, t)
         a_inv = (rhs - (back @ Xc) / ref2).reshape(cells, 2, F, d).permute(0, 2, 3, 1)  # Ã⁻¹ [g_v, u]

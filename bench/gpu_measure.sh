@@ -25,6 +25,10 @@
 # (1: each extraction_cost stage once more under torch.profiler, its time by phase of the capture, ~1 stage more),
 # T_TESTS / T_D1 / T_D1P / T_EXTRACT / T_SCALE (45 / 45 / 60 each / 210 / 200 s: each step's limit, 620 s in all; on
 # the H100, bench/measured/h100_session20, the steps took 27, 22, 26-35 a sweep value, ~220 and 183 s),
+# BUDGET (560 s: the whole script's wall clock from its start; a step's limit is cut to what is left of it, less the
+# 5 s SIGKILL grace, and a step with under MIN_STEP (30) s left is skipped and said so, so the call ends inside the
+# device tool's 600 s with every step's files bundled; a step the tool killed mid-run would lose scale.py's JSON,
+# which it writes on SIGINT. Give it the call's 600 s less the unpack and project install before the script),
 # GPU_TESTS (the gpu-marked test files; by
 # default every tests/test_*.py that marks one, but test_steerer.py's vLLM engine start (~2.5 min) and
 # test_reproduce.py's 7B run), INSTALL (1: reinstall the project from this tree into /tmp/site first, when the
@@ -58,15 +62,24 @@ D1P_CELLS=${D1P_CELLS:-19}
 T_D1P=${T_D1P:-60}
 EXTRA_D1P=${EXTRA_D1P:-}           # more options for d1_parallel.py
 PROBES_SWEEP=${PROBES_SWEEP:-1 2 4}
+BUDGET=${BUDGET:-560}
+MIN_STEP=${MIN_STEP:-30}
 LOG="$OUT/gpu.log"
 started=$SECONDS
 
 note() { echo "[$((SECONDS - started)) s] $*" | tee -a "$LOG"; }
 
-# run_step NAME LIMIT_S COMMAND...: its output tee'd to $OUT/NAME.log; SIGINT at the limit, SIGKILL 5 s later.
+# run_step NAME LIMIT_S COMMAND...: its output tee'd to $OUT/NAME.log; SIGINT at the limit (cut to what is left of
+# BUDGET), SIGKILL 5 s later; skipped, and said so, when under MIN_STEP s of the budget are left.
 run_step() {
-  local name=$1 limit=$2 t0=$SECONDS rc
+  local name=$1 limit=$2 t0=$SECONDS rc left
   shift 2
+  left=$((BUDGET - (SECONDS - started) - 5))
+  if [ "$left" -lt "$MIN_STEP" ]; then
+    note "step $name skipped: $((left + 5)) s of the ${BUDGET} s budget left (limit ${limit} s)"
+    return 0
+  fi
+  [ "$left" -lt "$limit" ] && { note "step $name: limit ${limit} s cut to ${left} s (the budget)"; limit=$left; }
   note "step $name (limit ${limit} s): $*"
   setsid timeout -s INT -k 5 "$limit" "$@" > >(tee "$OUT/$name.log") 2>&1 &
   local pid=$!

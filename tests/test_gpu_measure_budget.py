@@ -1,0 +1,51 @@
+"""bench/gpu_measure.sh keeps inside its BUDGET: the device tool kills a call at 600 s without a signal the steps
+could act on (scale.py writes its JSON on SIGINT), so each step's limit is cut to what is left and a step with too
+little left is skipped, said so in gpu.log. The steps here are a stand-in interpreter that sleeps until interrupted:
+the script's own control flow, timed in whole seconds, with no GPU and no model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sleeper(tmp_path: Path) -> Path:
+    """A PYTHON for the script: answers its version probe, and otherwise sleeps until its step's SIGINT."""
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\n[ "$1" = -c ] && { echo "python fake torch none"; exit 0; }\nexec sleep 60\n')
+    fake.chmod(0o755)
+    return fake
+
+
+def test_a_step_is_cut_to_the_budget_and_one_with_too_little_left_is_skipped(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": str(_sleeper(tmp_path)), "DEVICE": "cpu", "SHAPE": "smoke",
+           "STEPS": "d1_cost extraction_cost scale", "BUDGET": "12", "MIN_STEP": "3", "T_D1": "1", "PROFILE": "0"}
+    started = time.monotonic()
+    subprocess.run(["bash", str(ROOT / "bench" / "gpu_measure.sh")], env=env, check=True, capture_output=True,
+                   timeout=60)
+    elapsed = time.monotonic() - started
+    log = (out / "gpu.log").read_text()
+    assert "step d1_cost (limit 1 s)" in log  # under the budget: its own limit
+    assert "step extraction_cost: limit 210 s cut to" in log, log
+    assert "step scale skipped:" in log, log
+    assert elapsed < 12 + 3, elapsed  # the whole call inside the budget (whole-second clock, the 5 s grace unused)
+    with tarfile.open(out / "results.tar") as bundle:
+        assert {"d1_cost.log", "extraction_cost.log"} <= set(bundle.getnames())
+    assert sorted(p.name for p in out.iterdir()) == ["gpu.log", "results.tar"]
+
+
+def test_without_a_budget_to_cut_every_step_keeps_its_own_limit(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": str(_sleeper(tmp_path)), "DEVICE": "cpu", "SHAPE": "smoke",
+           "STEPS": "d1_cost scale", "BUDGET": "60", "T_D1": "1", "T_SCALE": "1"}
+    subprocess.run(["bash", str(ROOT / "bench" / "gpu_measure.sh")], env=env, check=True, capture_output=True,
+                   timeout=60)
+    log = (out / "gpu.log").read_text()
+    assert "step d1_cost (limit 1 s)" in log and "step scale (limit 1 s)" in log, log
+    assert "cut to" not in log and "skipped" not in log

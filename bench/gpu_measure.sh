@@ -28,7 +28,8 @@
 # BUDGET (560 s: the whole script's wall clock from its start; a step's limit is cut to what is left of it, less the
 # 5 s SIGKILL grace, and a step with under MIN_STEP (30) s left is skipped and said so, so the call ends inside the
 # device tool's 600 s with every step's files bundled; a step the tool killed mid-run would lose scale.py's JSON,
-# which it writes on SIGINT. Give it the call's 600 s less the unpack and project install before the script),
+# which it writes on SIGINT. Give it the call's limit less the unpack before the script: 600 s, or the device
+# status's budget_left_s where less device time is left),
 # GPU_TESTS (the gpu-marked test files; by
 # default every tests/test_*.py that marks one, but test_steerer.py's vLLM engine start (~2.5 min) and
 # test_reproduce.py's 7B run), INSTALL (1: reinstall the project from this tree into /tmp/site first, when the

@@ -19,7 +19,8 @@
 # Knobs (environment): SHAPE (llama-3.1-8b), DEVICE (cuda), DTYPE (bfloat16 on cuda, float32 on cpu),
 # SCALE_LIMIT (200: at most 200 passages per class and split, 800 of a concept's 2,000, ~100k tokens; `full`: the
 # whole corpus, ~250k tokens a concept, which needs pooling near the issue's target to finish in T_SCALE),
-# SCALE_CONCEPTS (2), TEXTS (64: extraction_cost's 512-token texts per concept from the full corpus, ~65k tokens in
+# SCALE_CONCEPTS (2), SCALE_REPEATS (2: scale.py's raw forward best of two a concept; one pass left session 20's two
+# concepts 1.5x apart over equal tokens, bench/measured/h100_session20), TEXTS (64: extraction_cost's 512-token texts per concept from the full corpus, ~65k tokens in
 # 16-row forwards, so each stage runs seconds; the small corpus, the issue's baseline, holds 14k tokens: 2 forwards),
 # REPEATS (2: best of two, the first warms every path), STAGES (the four the targets name), D1_CELLS (19), PROFILE
 # (1: each extraction_cost stage once more under torch.profiler, its time by phase of the capture, ~1 stage more),
@@ -44,6 +45,7 @@ DTYPE=${DTYPE:-$([ "$DEVICE" = cpu ] && echo float32 || echo bfloat16)}
 SCALE_LIMIT=${SCALE_LIMIT:-200}
 [ "$SCALE_LIMIT" = full ] && SCALE_LIMIT=
 SCALE_CONCEPTS=${SCALE_CONCEPTS:-2}
+SCALE_REPEATS=${SCALE_REPEATS:-2}
 TEXTS=${TEXTS:-64}
 REPEATS=${REPEATS:-2}
 STAGES=${STAGES:-forward_backward,hidden,attention,all}
@@ -138,7 +140,7 @@ wants extraction_cost && run_step extraction_cost "$T_EXTRACT" "$PYTHON" bench/e
   --repeats "$REPEATS" $([ "$PROFILE" = 1 ] && echo --profile) --out "$OUT/extraction_cost.json" $EXTRA_EXTRACT
 
 scale_args=(--shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" --concepts "$SCALE_CONCEPTS" --corpus-size full
-            --max-length 512 ${SCALE_LIMIT:+--limit "$SCALE_LIMIT"})
+            --max-length 512 --repeats "$SCALE_REPEATS" ${SCALE_LIMIT:+--limit "$SCALE_LIMIT"})
 # shellcheck disable=SC2086
 wants scale && run_step scale "$T_SCALE" "$PYTHON" bench/scale.py "${scale_args[@]}" --out "$OUT/scale.json" $EXTRA_SCALE
 if wants scale_probes; then

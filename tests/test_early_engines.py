@@ -70,3 +70,22 @@ def test_the_engines_are_killed_when_the_run_closes_taken_or_not(tiny_llama_dir,
             ray.get(process_id(actor), timeout=120)
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.__ray_ready__.remote(), timeout=60)
+
+
+def test_each_engine_started_ahead_loads_the_fluency_guards_reference_model(tiny_llama_dir, local_ray, cache):
+    """The reference model loads on the engine's actor as soon as its engine is up (beside D1's last probes),
+    so the steering stage's guard finds it loaded; "self" loads nothing beside the steered model."""
+    for reference, loaded in ((str(tiny_llama_dir), [str(tiny_llama_dir)]), ("self", [])):
+        settings = EngineSettings(model=str(tiny_llama_dir), backend="transformers", runtime_env={},
+                                  worker_args={"device": "cpu", "torch_threads": 1}, reference_model=reference)
+        with EarlyEngines() as early:
+            early.start(settings)
+            assert ray.get(early._prepared, timeout=120) == [None]
+            [actor] = early.take().actors  # type: ignore[union-attr]
+            assert ray.get(actor.__ray_call__.remote(lambda self: list(self._references)), timeout=60) == loaded
+
+
+def test_a_run_hands_its_reference_model_option_to_the_engines_it_starts_ahead():
+    cfg = RunConfig(steering=True, reference_model="embedded-gemma")
+    assert early_engines.engine_settings(cfg, threads=1).reference_model == "embedded-gemma"
+    assert early_engines.engine_settings(RunConfig(steering=True), threads=1).reference_model == "auto"

@@ -22,6 +22,7 @@ from poolbench.steerer.fluency import (
     reference_model_for,
 )
 from poolbench.steerer.measures import reference_nll
+from poolbench.steerer.worker import SteeringWorker
 
 N = 10  # prompts: 5 choose alpha*, 5 report it (3 a half let one odd passage swing the ratio past 2)
 
@@ -104,6 +105,30 @@ def test_on_concept_text_passes_and_a_repeated_token_fails_through_d2(tiny_llama
     on_concept, unsteered = _corpus_texts()
     assert _through_d2(loaded, unsteered, on_concept) == ("chosen", True, True)
     assert _through_d2(loaded, unsteered, ["idiot " * 24] * N) == ("no_alpha_fluent", False, False)
+
+
+def test_a_reference_loaded_ahead_is_the_one_the_guard_reads_and_a_bad_one_is_reported_by_the_guard(
+        tiny_llama_dir, monkeypatch):
+    """SteeringWorker.prepare_reference (an early engine's load, driver/early_engines.py) loads what
+    reference_nll then reads, with the same NLLs as a load at the guard's first call; a reference that cannot load
+    is one line from prepare_reference (nobody waits for it) and raises at the guard's own call."""
+    import poolbench.steerer.worker as worker_module
+
+    texts = ["The plan failed again and again.", "A quiet walk by the river."]
+    ref = str(tiny_llama_dir)
+    cold = SteeringWorker(load_model(ref, device="cpu")).reference_nll(texts, ref)
+    worker = SteeringWorker(load_model(ref, device="cpu"))
+    assert worker.prepare_reference(ref) is None
+    loads = []
+    monkeypatch.setattr(worker_module, "load_model", lambda *a, **k: loads.append(a) or pytest.fail("loaded again"))
+    warm = worker.reference_nll(texts, ref)
+    assert loads == [] and [a.tolist() for a in warm] == [a.tolist() for a in cold]
+    monkeypatch.undo()
+    missing = str(tiny_llama_dir / "no-such-model")
+    line = worker.prepare_reference(missing)
+    assert line and "no-such-model" in line and "\n" not in line
+    with pytest.raises(Exception, match="no-such-model"):
+        worker.reference_nll(texts, missing)
 
 
 @pytest.mark.slow

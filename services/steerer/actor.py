@@ -27,7 +27,7 @@ from .worker import SteeringWorker
 
 # What touches the model; progress() and info() answer from Ray's other thread meanwhile.
 COMPUTE_METHODS = ("run_cells", "generate", "generate_rows", "residual_norm", "residual_norms", "nll", "reference_nll",
-                   "relevance")
+                   "prepare_reference", "relevance")
 
 
 class SteeringService(SteeringWorker):

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from poolbench.errors import PoolBenchError
 from poolbench.extractor.loading import LoadedModel, load_model
 
 from .backend import Generation, GenerationSettings, SteeringBackend
@@ -84,12 +85,28 @@ class SteeringWorker:
 
     def reference_nll(self, texts: Sequence[str], option: str = AUTO) -> tuple[np.ndarray, np.ndarray]:
         """Each text's NLL alone under the reference model, loaded once on this worker's device (float32)."""
+        return reference_nll(self.reference_model(option), texts)
+
+    def reference_model(self, option: str = AUTO) -> LoadedModel:
+        """The fluency guard's reference model (this worker's own for "self"), loaded on the first call. Called
+        ahead by a CPU run's early engines (early_engines.py): the load, ~5 s of one core and a 1 GB read that the
+        page cache may not hold, then runs beside D1's last probes, not between generation and the guard."""
         name = self.reference_name(option)
         if name == SELF:
-            return reference_nll(self.loaded, texts)
+            return self.loaded
         if name not in self._references:
             self._references[name] = load_model(name, dtype="float32", device=str(self.loaded.device))
-        return reference_nll(self._references[name], texts)
+        return self._references[name]
+
+    def prepare_reference(self, option: str = AUTO) -> str | None:
+        """Load the reference model now (reference_model): None, or the one line saying why it could not. Called
+        with no one waiting for it, so a model that fails to load is reported where the run reports steering
+        errors, by the guard's own call, which loads it again and raises."""
+        try:
+            self.reference_model(option)
+        except PoolBenchError as exc:
+            return str(exc)
+        return None
 
     def relevance(self, prompts: Sequence[str], continuations: Sequence[str]) -> np.ndarray:
         if self._embedder is None:

@@ -33,6 +33,7 @@ class EngineSettings:
     worker_args: dict
     gpus_per_actor: int = 1
     n_actors: int | None = None
+    reference_model: str = "auto"  # the fluency guard's reference (RunConfig.reference_model), loaded ahead
 
 
 def engine_settings(cfg: RunConfig, threads: int | None) -> EngineSettings:
@@ -44,7 +45,7 @@ def engine_settings(cfg: RunConfig, threads: int | None) -> EngineSettings:
                      "torch_threads": threads,
                      **({"vllm_args": {"dtype": cfg.dtype, "tensor_parallel_size": cfg.tensor_parallel_size,
                                        "eager": cfg.vllm_eager}} if vllm else {})},
-        gpus_per_actor=cfg.tensor_parallel_size if vllm else 1)
+        gpus_per_actor=cfg.tensor_parallel_size if vllm else 1, reference_model=cfg.reference_model)
 
 
 @dataclass
@@ -79,12 +80,18 @@ class EarlyEngines:
 
     def __init__(self) -> None:
         self._engines: SteeringEngines | None = None
+        self._prepared: list = []  # the reference loads (each answers None, or why it could not load)
         self._taken = False
 
     def start(self, settings: EngineSettings) -> None:
-        """Start the engines now (once), beside whatever probe tasks still run: Ray counts no CPU for them."""
+        """Start the engines now (once), beside whatever probe tasks still run: Ray counts no CPU for them. Each
+        then loads the fluency guard's reference model (SteeringWorker.prepare_reference), queued behind its
+        engine's start: the load (a 1 GB file that this CPU's page cache did not hold, bench/README.md) runs
+        beside D1's last probes instead of in the steering stage, between generation and the guard."""
         if self._engines is None:
             self._engines = start_engines(settings, cpus_per_actor=0)
+            self._prepared = [actor.prepare_reference.remote(settings.reference_model)
+                              for actor in self._engines.actors]
 
     def after(self, retire: Callable[[], None], ahead: bool, settings: Callable[[], EngineSettings]
               ) -> Callable[[], None]:

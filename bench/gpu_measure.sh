@@ -20,8 +20,9 @@
 # SCALE_LIMIT (200: at most 200 passages per class and split, 800 of a concept's 2,000, ~100k tokens; `full`: the
 # whole corpus, ~250k tokens a concept, which needs pooling near the issue's target to finish in T_SCALE),
 # SCALE_CONCEPTS (2), SCALE_REPEATS (2: scale.py's raw forward best of two a concept; one pass left session 20's two
-# concepts 1.5x apart over equal tokens, bench/measured/h100_session20), TEXTS (64: extraction_cost's 512-token texts per concept from the full corpus, ~65k tokens in
-# 16-row forwards, so each stage runs seconds; the small corpus, the issue's baseline, holds 14k tokens: 2 forwards),
+# concepts 1.5x apart over equal tokens, bench/measured/h100_session20), TEXTS (64: extraction_cost's 512-token
+# texts per concept from the full corpus, ~65k tokens in 16-row forwards, so each stage runs seconds; the small
+# corpus, the issue's baseline, holds 14k tokens: 2 forwards),
 # REPEATS (2: best of two, the first warms every path), STAGES (the four the targets name), D1_CELLS (19), PROFILE
 # (1: each extraction_cost stage once more under torch.profiler, its time by phase of the capture, ~1 stage more),
 # T_TESTS / T_D1 / T_D1P / T_EXTRACT / T_SCALE (45 / 45 / 60 each / 210 / 200 s: each step's limit, 620 s in all; on

@@ -22,15 +22,20 @@ def _sleeper(tmp_path: Path) -> Path:
     return fake
 
 
-def test_a_step_is_cut_to_the_budget_and_one_with_too_little_left_is_skipped(tmp_path):
+def _measure(tmp_path: Path, **knobs: str) -> tuple[Path, str, float]:
+    """Run the script on the stand-in with these knobs: ($OUT, gpu.log's text, the call's seconds)."""
     out = tmp_path / "out"
     env = {**os.environ, "OUT": str(out), "PYTHON": str(_sleeper(tmp_path)), "DEVICE": "cpu", "SHAPE": "smoke",
-           "STEPS": "d1_cost extraction_cost scale", "BUDGET": "12", "MIN_STEP": "3", "T_D1": "1", "PROFILE": "0"}
+           **knobs}
     started = time.monotonic()
     subprocess.run(["bash", str(ROOT / "bench" / "gpu_measure.sh")], env=env, check=True, capture_output=True,
                    timeout=60)
-    elapsed = time.monotonic() - started
-    log = (out / "gpu.log").read_text()
+    return out, (out / "gpu.log").read_text(), time.monotonic() - started
+
+
+def test_a_step_is_cut_to_the_budget_and_one_with_too_little_left_is_skipped(tmp_path):
+    out, log, elapsed = _measure(tmp_path, STEPS="d1_cost extraction_cost scale", BUDGET="12", MIN_STEP="3",
+                                 T_D1="1", PROFILE="0")
     assert "step d1_cost (limit 1 s)" in log  # under the budget: its own limit
     assert "step extraction_cost: limit 210 s cut to" in log, log
     assert "step scale skipped:" in log, log
@@ -43,11 +48,6 @@ def test_a_step_is_cut_to_the_budget_and_one_with_too_little_left_is_skipped(tmp
 
 
 def test_without_a_budget_to_cut_every_step_keeps_its_own_limit(tmp_path):
-    out = tmp_path / "out"
-    env = {**os.environ, "OUT": str(out), "PYTHON": str(_sleeper(tmp_path)), "DEVICE": "cpu", "SHAPE": "smoke",
-           "STEPS": "d1_cost scale", "BUDGET": "60", "T_D1": "1", "T_SCALE": "1"}
-    subprocess.run(["bash", str(ROOT / "bench" / "gpu_measure.sh")], env=env, check=True, capture_output=True,
-                   timeout=60)
-    log = (out / "gpu.log").read_text()
+    _, log, _ = _measure(tmp_path, STEPS="d1_cost scale", BUDGET="60", T_D1="1", T_SCALE="1")
     assert "step d1_cost (limit 1 s)" in log and "step scale (limit 1 s)" in log, log
     assert "cut to" not in log and "skipped" not in log

@@ -1,9 +1,9 @@
 """Which strategies does the data separate from the best? The best is chosen on training CV only; every other strategy
 then gets one verdict against it from tests that generalise over concepts: Wilcoxon's signed-rank test with Holm's
 step-down (scipy; Holm as statsmodels computes it) and the Bayesian signed-rank test with a region of practical
-equivalence (baycomp; Benavoli et al., JMLR 2017). Beside them: a paired bootstrap over matched pairs (on these
-concepts only) and a confidence set for the best from bootstrap rank intervals over concepts. Arrays in, records out;
-no I/O."""
+equivalence (baycomp's samples, from its vectorised twin signed_rank_posterior; Benavoli et al., JMLR 2017). Beside
+them: a paired bootstrap over matched pairs (on these concepts only) and a confidence set for the best from bootstrap
+rank intervals over concepts. Arrays in, records out; no I/O."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 
 import numpy as np
-from baycomp import SignedRankTest
 from scipy.stats import nct, norm, rankdata, wilcoxon
 from scipy.stats import t as t_dist
 
 from poolbench.prober.auroc import ProbeError, auroc_batch, group_bootstrap_weights
 from poolbench.prober.passage_scores import HeldOutCell
+from poolbench.prober.signed_rank_posterior import signed_rank_probs
 from poolbench.records.d1 import choose_on_cv
 from poolbench.records.verdicts import (
     BETTER,
@@ -128,12 +128,12 @@ def _near_tie(verdict: str, mean_d: float, p_rope: float, holm_p: float, swapped
 
 def bayesian_signed_rank(best: np.ndarray, other: np.ndarray, rope: float, *, nsamples: int = POSTERIOR_SAMPLES,
                          seed: int = 0) -> tuple[float, float, float]:
-    """(P(best better), P(equivalent within ±rope), P(other better)) from baycomp's Bayesian signed-rank test:
-    the share of posterior samples in which each region holds the most mass."""
-    p_other, p_rope, p_best = SignedRankTest.probs(np.asarray(other, dtype=np.float64),
-                                                   np.asarray(best, dtype=np.float64), rope=rope,
-                                                   nsamples=nsamples, random_state=seed)
-    return float(p_best), float(p_rope), float(p_other)
+    """(P(best better), P(equivalent within ±rope), P(other better)) from baycomp's Bayesian signed-rank test
+    (its samples, bit for bit, from signed_rank_posterior): the share of posterior samples in which each region
+    holds the most mass."""
+    p_other, p_rope, p_best = signed_rank_probs(np.asarray(other, dtype=np.float64),
+                                                np.asarray(best, dtype=np.float64), rope, nsamples=nsamples, seed=seed)
+    return p_best, p_rope, p_other
 
 
 def concepts_to_separate(differences: np.ndarray, alpha: float, power: float = TARGET_POWER) -> int | None:

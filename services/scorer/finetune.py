@@ -55,6 +55,10 @@ class MeanPoolClassifier(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **extra: torch.Tensor
                 ) -> torch.Tensor:
         hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask, **extra).last_hidden_state
+        return self.pooled_logit(hidden, attention_mask)
+
+    def pooled_logit(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """The logit from the encoder's last states [B, T, d] (shared_trunk.py calls it on states it ran)."""
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
         return self.head(self.dropout(pooled)).squeeze(-1)

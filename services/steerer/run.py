@@ -24,6 +24,7 @@ import pyarrow as pa
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.records.steering import D2Record, D3Record, SteeringResult
 from poolbench.scorer.scorer_model import ScorerModel
+from poolbench.scorer.shared_trunk import score_texts
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key
 
@@ -279,7 +280,8 @@ def finish_cell(store: ArtifactStore, worker: SteeringWorker, prepared: Prepared
     gens_by_alpha = [flat[i * n:(i + 1) * n] for i in range(n_a)]
     pgens = flat[n_a * n:]
     texts = [g.text for row in gens_by_alpha for g in row]
-    scores = {c: scorers[c].score(texts).reshape(n_a, n) for c in prepared.scorer_concepts}
+    scores = {c: p.reshape(n_a, n) for c, p in score_texts({c: scorers[c] for c in prepared.scorer_concepts},
+                                                             texts).items()}
     nll, n_tok = all_nll[:n_a * n].reshape(n_a, n), all_tok[:n_a * n].reshape(n_a, n)
     relevance = worker.relevance([g.prompt for row in gens_by_alpha for g in row], texts).reshape(n_a, n)
     distinct = distinct_rows(texts).reshape(n_a, n)

@@ -19,7 +19,8 @@ from poolbench.defaults import PB_PROTOCOL
 from poolbench.driver.local_ray import init_local_ray
 from poolbench.driver.pool_groups import estimated_tokens, group_token_target, plan_groups
 from poolbench.errors import CorpusError, PoolBenchError
-from poolbench.extractor.loading import check_model_reference, local_model_dir, model_ready
+from poolbench.extractor.loading import check_model_reference, local_model_dir, model_ready, weight_files
+from poolbench.extractor.page_cache import read_ahead
 from poolbench.pooler.concept_pooling import POOL_VERSION, strategy_needs
 from poolbench.pooler.parse_task import parse_concept_task
 from poolbench.pooler.pooled_table import write_pooled_manifest
@@ -131,7 +132,7 @@ def read_inputs(cfg: RunConfig) -> RunInputs:
 
 def prepare_model(cfg: RunConfig, emit: EventSink) -> None:
     """Check the model reference; convert (GGUF, the embedded SmolLM2) or train (tiny) it once, here, so the
-    workers load a plain local folder."""
+    workers load a plain local folder, and start reading its weights into the page cache (page_cache.py)."""
     check_model_reference(cfg.model, dict(cfg.model_args))
     from poolbench.steerer.fluency import AUTO, SELF
 
@@ -142,7 +143,8 @@ def prepare_model(cfg: RunConfig, emit: EventSink) -> None:
             raise PoolBenchError(f"--reference-model: {exc}") from None
     if not model_ready(cfg.model):
         emit(ModelBuilding(cfg.model))
-    local_model_dir(cfg.model)
+    if (folder := local_model_dir(cfg.model)) is not None:  # the extractor's first read, while Ray starts
+        read_ahead(weight_files(folder))
 
 
 DEFAULT_LAYER_COUNT = 6

@@ -151,6 +151,20 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_verdicts.py::test_holm_twin_equals_statsmodels_and_a_hand_computation": (
         1, SAME + "; both multiply the same sorted p by the same integers, take the running maximum and cap at 1",
         "Holm-adjusted p, holm_adjusted against statsmodels' multipletests"),
+    "test_signed_rank_posterior.py::test_equal_to_baycomp_bit_for_bit": (
+        1, SAME + ": the twin draws the same Dirichlet weights from the same RandomState call, forms the same "
+           "element-wise outer products and reduces each draw's (n+1)^2 contiguous products with numpy's same "
+           "pairwise sum that baycomp's np.sum over the draw's matrix uses", "posterior samples, twin against baycomp"),
+    "test_signed_rank_posterior.py::test_blocks_do_not_change_the_sums": (
+        2, SAME + ": each draw's row is reduced alone, so the block a draw falls in changes no operation",
+        "posterior samples in blocks of one draw and of all, and against baycomp"),
+    "test_shared_trunk.py::test_equal_to_each_scorer_alone_with_the_frozen_block_run_once": (
+        1, SAME + ": the frozen blocks have equal weights and run on the same batch (same texts, order, padding, "
+           "threads) once instead of once per scorer; each scorer's own top block and head then run on those bits",
+        "each scorer's probabilities, shared trunk against the scorer alone"),
+    "test_shared_trunk.py::test_a_scorer_with_other_frozen_weights_or_no_training_record_is_scored_alone": (
+        1, SAME + ": as in the test above, for the scorers that share; the others run exactly ScorerModel.score",
+        "each scorer's probabilities, score_texts against the scorer alone"),
     "test_sampling.py::test_a_rows_noise_ignores_its_batch_and_follows_seed_and_step": (
         2, "elementwise noise from integer keys: each entry is its own computation, with no reduction across the "
            "batch", "a row's Gumbel noise alone and in a batch"),

@@ -75,11 +75,9 @@ def test_the_files_are_in_the_page_cache_after_the_read(weights):
 
 def test_nothing_is_read_when_the_files_would_not_fit(weights, monkeypatch):
     total = sum(p.stat().st_size for p in weights)
-    monkeypatch.setattr(page_cache, "available_memory", lambda: int(total / page_cache.MEMORY_SHARE) - 1)
+    monkeypatch.setattr(page_cache, "free_memory_bytes", lambda device: int(total / page_cache.MEMORY_SHARE) - 1)
     assert read_ahead(weights) is None
-    monkeypatch.setattr(page_cache, "available_memory", lambda: None)  # no /proc/meminfo: no guess either
-    assert read_ahead(weights) is None
-    monkeypatch.setattr(page_cache, "available_memory", lambda: int(total / page_cache.MEMORY_SHARE))
+    monkeypatch.setattr(page_cache, "free_memory_bytes", lambda device: int(total / page_cache.MEMORY_SHARE))
     thread = read_ahead(weights)
     assert thread is not None
     thread.join(timeout=60)
@@ -92,11 +90,6 @@ def test_a_vanished_file_is_skipped_without_an_error(weights, tmp_path):
     assert thread is not None
     thread.join(timeout=60)
     assert not thread.is_alive()
-
-
-def test_available_memory_reads_meminfo():
-    free = page_cache.available_memory()
-    assert free is not None and 0 < free < 2**50
 
 
 def test_the_driver_reads_ahead_the_folder_its_workers_load(tiny_llama_dir, monkeypatch):

@@ -16,19 +16,10 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from poolbench.extractor.batching import free_memory_bytes
+
 CHUNK_BYTES = 8 * 2**20
-MEMORY_SHARE = 0.5  # read ahead only what fits in this share of the memory the kernel calls available
-
-
-def available_memory() -> int | None:
-    """MemAvailable from /proc/meminfo in bytes; None where there is no such file (not Linux)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+MEMORY_SHARE = 0.5  # read ahead only what fits in this share of the host's free memory (its cgroup's, if less)
 
 
 def _read_through(paths: Sequence[Path]) -> None:
@@ -44,15 +35,15 @@ def _read_through(paths: Sequence[Path]) -> None:
 
 def read_ahead(paths: Sequence[Path]) -> threading.Thread | None:
     """Start a daemon thread reading `paths` once through, into the page cache; None (nothing started) when there
-    is nothing to read or the files would take more than MEMORY_SHARE of the available memory."""
+    is nothing to read or the files would take more than MEMORY_SHARE of the host's free memory (the page cache
+    counts against a cgroup's limit too)."""
     sizes = []
     for path in paths:
         try:
             sizes.append(os.stat(path).st_size)
         except OSError:
             continue
-    free = available_memory()
-    if not sizes or free is None or sum(sizes) > MEMORY_SHARE * free:
+    if not sizes or sum(sizes) > MEMORY_SHARE * free_memory_bytes("cpu"):
         return None
     thread = threading.Thread(target=_read_through, args=(list(paths),), name="poolbench-read-ahead", daemon=True)
     thread.start()

@@ -26,7 +26,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (make install adds vll
 
 from poolbench.steerer.errors import SteeringError
 from poolbench.steerer.vllm_backend import VLLMBackend
-from poolbench.steerer.vllm_worker import STATE_ATTR
+from poolbench.steerer.vllm_worker import CPU_WARM_UP_TOKENS, STATE_ATTR, warm_up_report
 
 pytestmark = pytest.mark.trained_tiny  # the session builds the tiny model beside earlier tests
 
@@ -89,6 +89,14 @@ def test_the_default_engine_is_compiled_with_the_op_in_its_graph(engine):
     config = engine.llm.llm_engine.vllm_config.compilation_config
     assert engine.engine_info()["engine"] == "compiled" and config.mode.name != "NONE"
     assert engine.engine_info()["engine_start_s"] > 0
+
+
+def test_the_cpu_engine_warmed_up_on_a_small_step(engine):
+    """vLLM's warm-up forward ran at CPU_WARM_UP_TOKENS, not max_num_batched_tokens; the compiled engine's
+    continuations equal the eager engine's (next test), so the graph it compiled is the one it needs."""
+    config = engine.llm.llm_engine.vllm_config.scheduler_config
+    assert config.max_num_batched_tokens > CPU_WARM_UP_TOKENS
+    assert engine.llm.collective_rpc(warm_up_report) == [CPU_WARM_UP_TOKENS]
 
 
 def test_compiled_greedy_steered_rows_equal_the_eager_engine_s_token_for_token(tiny, engine, eager_engine):

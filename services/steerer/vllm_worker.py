@@ -19,6 +19,14 @@ import torch
 CONFIG_KEY = "poolbench_steering"  # in vllm_config.additional_config: {"slots": N}; part of vLLM's config hash
 OP_NAMESPACE = "poolbench"
 SLOT_ARG = "poolbench_slot"
+# A CPU engine's warm-up ("to generate the graph for the generic shape") is vLLM's memory-profiling forward over
+# max_num_batched_tokens dummy tokens: 16,384 here (vllm_engine.CPU_BATCHED_TOKENS), ~4.4 TFLOP of SmolLM2 and
+# 35-45 s of an idle 2-core machine's engine start, beside D1's tail in make run. The graph it compiles is the
+# same from a smaller step in the same compile range, and the CPU engine's KV cache is sized explicitly, not from
+# that forward's peak: so a CPU engine warms up on this many tokens (make run's generations compared equal, table
+# for table; bench/README.md).
+CPU_WARM_UP_TOKENS = 1024
+WARM_UP_ATTR = "poolbench_warm_up_tokens"
 
 
 @dataclass
@@ -152,6 +160,31 @@ def install(runner, slots: int) -> None:
     setattr(runner, STATE_ATTR, BUFFERS)
 
 
+def warm_up_tokens(runner, cap: int = CPU_WARM_UP_TOKENS) -> int:
+    """The warm-up step's tokens: `cap`, but inside the compile range that holds the engine's largest step (vLLM
+    compiles a graph per range), so the warm-up compiles the graph the full-size step compiled."""
+    top = int(runner.max_num_tokens)
+    endpoints = getattr(runner.compilation_config, "compile_ranges_endpoints", None) or []
+    lower = max([int(e) + 1 for e in endpoints if int(e) < top], default=1)
+    return min(top, max(lower, cap))
+
+
+def small_warm_up(runner, warm_up) -> None:
+    """Run the runner's own warm-up with its step size cut to warm_up_tokens for the call, and note the size."""
+    saved = runner.max_num_tokens
+    runner.max_num_tokens = warm_up_tokens(runner)
+    try:
+        warm_up()
+        setattr(runner, WARM_UP_ATTR, runner.max_num_tokens)
+    finally:
+        runner.max_num_tokens = saved
+
+
+def warm_up_report(worker) -> int | None:
+    """The tokens this worker's warm-up ran (None where it kept vLLM's own, as a GPU worker does)."""
+    return getattr(worker.model_runner, WARM_UP_ATTR, None)
+
+
 def set_tables(tables: dict[int, tuple[bytes, tuple[int, int]]], worker) -> bool:
     """The call's rows into the tables, in place (float32 bytes and shape per steered layer; the latest call's
     rows zeroed first, row 0 never written), and the call's counts started afresh."""
@@ -195,10 +228,15 @@ class _SteeredWorker:
     vllm_config: Any
     model_runner: Any
 
+    warm_up_small: bool = False  # the CPU worker's (see CPU_WARM_UP_TOKENS); a GPU's warm-up sizes its memory
+
     def load_model(self, *args, **kwargs):
         super().load_model(*args, **kwargs)  # pyright: ignore[reportAttributeAccessIssue]
         settings = (self.vllm_config.additional_config or {}).get(CONFIG_KEY) or {}
         install(self.model_runner, int(settings.get("slots", 128)))
+        runner = self.model_runner
+        if self.warm_up_small and hasattr(runner, "warming_up_model"):
+            runner.warming_up_model = functools.partial(small_warm_up, runner, runner.warming_up_model)
 
 
 def __getattr__(name: str):
@@ -206,13 +244,13 @@ def __getattr__(name: str):
     if name == "SteeredCPUWorker":
         from vllm.v1.worker.cpu_worker import CPUWorker  # pyright: ignore[reportMissingImports]
 
-        base = CPUWorker
+        base, extra = CPUWorker, {"warm_up_small": True}
     elif name == "SteeredGPUWorker":
         from vllm.v1.worker.gpu_worker import Worker  # pyright: ignore[reportMissingImports]
 
-        base = Worker
+        base, extra = Worker, {}
     else:
         raise AttributeError(name)
-    cls = type(name, (_SteeredWorker, base), {"__module__": __name__})
+    cls = type(name, (_SteeredWorker, base), {"__module__": __name__, **extra})
     globals()[name] = cls
     return cls

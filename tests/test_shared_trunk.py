@@ -41,6 +41,7 @@ def _count_first_block(scorer: ScorerModel, calls: dict[str, int], name: str):
     return block.register_forward_hook(lambda *_: calls.__setitem__(name, calls.get(name, 0) + 1))
 
 
+@pytest.mark.numerics  # also under other kernel sets and row-blocked GEMMs (make test's CPU profiles)
 def test_equal_to_each_scorer_alone_with_the_frozen_block_run_once(scorers):
     alone = {name: s.score(TEXTS, batch_size=4) for name, s in scorers.items()}
     assert len({a.tobytes() for a in alone.values()}) == 3  # three different classifiers, not one

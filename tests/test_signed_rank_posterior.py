@@ -20,6 +20,7 @@ def _cases():
         yield rounded, np.round(rounded + rng.normal(0.0, 0.02, n), 2)
 
 
+@pytest.mark.numerics  # numpy's reductions under other kernel sets too (make test's CPU profiles)
 @pytest.mark.parametrize("rope", [0.01, 0.005])
 def test_equal_to_baycomp_bit_for_bit(rope):
     for seed, (x, y) in enumerate(_cases()):
@@ -29,6 +30,7 @@ def test_equal_to_baycomp_bit_for_bit(rope):
         assert signed_rank_probs(x, y, rope, nsamples=3000, seed=seed) == want
 
 
+@pytest.mark.numerics
 def test_blocks_do_not_change_the_sums(monkeypatch):
     # A block of one draw and a block of every draw: the same numbers, so the block size is only about memory.
     rng = np.random.default_rng(5)

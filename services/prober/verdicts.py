@@ -131,8 +131,7 @@ def bayesian_signed_rank(best: np.ndarray, other: np.ndarray, rope: float, *, ns
     """(P(best better), P(equivalent within ±rope), P(other better)) from baycomp's Bayesian signed-rank test
     (its samples, bit for bit, from signed_rank_posterior): the share of posterior samples in which each region
     holds the most mass."""
-    p_other, p_rope, p_best = signed_rank_probs(np.asarray(other, dtype=np.float64),
-                                                np.asarray(best, dtype=np.float64), rope, nsamples=nsamples, seed=seed)
+    p_other, p_rope, p_best = signed_rank_probs(other, best, rope, nsamples=nsamples, seed=seed)
     return p_best, p_rope, p_other
 
 

@@ -8,7 +8,7 @@ with AutoModel), `scorer_head.safetensors` (the linear head on mean-pooled token
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -56,15 +56,20 @@ class ScorerModel:
         save_file({k: v.contiguous() for k, v in self.model.head.state_dict().items()}, folder / HEAD_FILE)
         (folder / SCORER_INFO_FILE).write_text(json.dumps(self.info, indent=1, sort_keys=True) + "\n")
 
-    @torch.no_grad()
-    def score(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-        """Probabilities [len(texts)] in input order; texts are length-sorted into batches to pad little."""
+    def batches(self, texts: Sequence[str], batch_size: int = 64) -> Iterator[tuple[np.ndarray, dict]]:
+        """(positions in `texts`, tokenized batch) in scoring order: length-sorted so each batch pads little.
+        shared_trunk.py batches the same way, so its probabilities are score's bit for bit."""
         texts = list(texts)
-        out = np.empty(len(texts), dtype=np.float64)
         order = np.argsort([len(t) for t in texts], kind="stable")
         for i in range(0, len(order), batch_size):
             idx = order[i:i + batch_size]
-            enc = self.tokenizer([texts[j] for j in idx], padding=True, truncation=True,
-                                 max_length=self.max_length, return_tensors="pt")
+            yield idx, self.tokenizer([texts[j] for j in idx], padding=True, truncation=True,
+                                      max_length=self.max_length, return_tensors="pt")
+
+    @torch.no_grad()
+    def score(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """Probabilities [len(texts)] in input order."""
+        out = np.empty(len(texts), dtype=np.float64)
+        for idx, enc in self.batches(texts, batch_size):
             out[idx] = torch.sigmoid(self.model(**enc).float()).numpy()
         return out

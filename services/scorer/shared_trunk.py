@@ -48,8 +48,9 @@ def _config(scorer: ScorerModel) -> dict:
 
 
 def _same_trunk(a: ScorerModel, b: ScorerModel, start: int) -> bool:
-    if (trained_from(b) != start or a.max_length != b.max_length
-            or type(a.model.encoder) is not type(b.model.encoder) or _config(a) != _config(b)):
+    """Whether b's frozen part (below block `start`, where both start training) computes what a's does."""
+    if (a.max_length != b.max_length or type(a.model.encoder) is not type(b.model.encoder)
+            or _config(a) != _config(b)):
         return False
     tok_a, tok_b = a.tokenizer.backend_tokenizer, b.tokenizer.backend_tokenizer  # type: ignore[attr-defined]
     if tok_a.to_str() != tok_b.to_str():
@@ -78,19 +79,15 @@ def _score_group(scorers: Sequence[ScorerModel], texts: list[str], batch_size: i
     start = trained_from(lead)
     assert start is not None
     outs = [np.empty(len(texts), dtype=np.float64) for _ in scorers]
-    order = np.argsort([len(t) for t in texts], kind="stable")  # ScorerModel.score's batches, so its bits
-    for i in range(0, len(order), batch_size):
-        idx = order[i:i + batch_size]
-        enc = lead.tokenizer([texts[j] for j in idx], padding=True, truncation=True,  # type: ignore[operator]
-                             max_length=lead.max_length, return_tensors="pt")
+    followers = [(s, find_decoder_layers(s.model.encoder, int(s.model.encoder.config.num_hidden_layers)), out)
+                 for s, out in zip(scorers[1:], outs[1:], strict=True)]
+    for idx, enc in lead.batches(texts, batch_size):  # ScorerModel.score's batches, so its bits
         states = lead.model.encoder(**enc, output_hidden_states=True)
         outs[0][idx] = torch.sigmoid(lead.model.pooled_logit(states.last_hidden_state, enc["attention_mask"])
                                      .float()).numpy()
         cached = {"hidden": states.hidden_states[start]}
-        for scorer, out in zip(scorers[1:], outs[1:], strict=True):
-            encoder = scorer.model.encoder
-            layers = find_decoder_layers(encoder, int(encoder.config.num_hidden_layers))
-            with _run_from_block(encoder, layers, start, cached):
+        for scorer, layers, out in followers:
+            with _run_from_block(scorer.model.encoder, layers, start, cached):
                 out[idx] = torch.sigmoid(scorer.model(**enc).float()).numpy()
     return outs
 

@@ -67,8 +67,11 @@ from poolbench.store.local import LocalStore
 
 STAGES = ("raw", "forward_backward", "hidden", "attention", "gradient", "all")
 OPT_IN_STAGES = ("learned",)
-TARGETS = {"hidden_over_raw": 1.15, "attention_over_raw": 1.4, "all_over_forward_backward": 1.2,
-           "all_peak_rss_gb": 3.0}
+# Issue 52's targets (one H100, the 8B shape); until session 28 attention and all read 1.4 and 1.2, an earlier
+# issue's, and forward + backward had none. The host's 3 GB peak is the CPU run's own (issue 21).
+TARGETS = {"hidden_over_raw": 1.15, "attention_over_raw": 1.5, "forward_backward_over_raw": 3.0,
+           "all_over_forward_backward": 1.3, "all_peak_rss_gb": 3.0}
+TARGETS_SOURCE = "issue 52 (one H100, the 8B shape, bf16); all_peak_rss_gb: issue 21 (the host's peak on a CPU)"
 TARGETS.update({f"{key}_cpu": value for key, value in list(TARGETS.items()) if "over" in key})
 HIDDEN_NEEDS = frozenset({"parse", "corpus"})
 OVERLAP = {"auto": None, "on": True, "off": False}
@@ -277,7 +280,7 @@ def measure(args: argparse.Namespace) -> dict:
                 Console().print(f"{stage}: {phase_line(done['profile'])}", soft_wrap=True)
     header = run_header("extraction_cost", args, results[stages[0]]["device"])
     summary = {}
-    for stage in ("hidden", "attention"):
+    for stage in ("hidden", "attention", "forward_backward"):
         if stage in results:
             summary[f"{stage}_over_raw"] = results[stage]["over_raw"]
             summary[f"{stage}_over_raw_cpu"] = results[stage]["cpu_over_raw"]
@@ -308,7 +311,7 @@ def measure(args: argparse.Namespace) -> dict:
         "raw_tokens_per_s": any_stage["tokens"] / results.get("raw", any_stage)["raw_seconds"],
         "stages": results,
         "summary": summary,
-        "targets": TARGETS,
+        "targets": TARGETS, "targets_source": TARGETS_SOURCE,
         "met": {k: summary[k] <= TARGETS[k] for k in summary},
     }
 

@@ -22,6 +22,14 @@ def test_the_shape_bench_writes_device_versions_ratios_and_the_seconds_split(tmp
     assert set(result["ratios"]) == {"hidden_vs_forward", "attention_vs_forward", "all_vs_fwd_bwd",
                                      "fwd_bwd_vs_forward"}
     assert all(math.isfinite(v) and v > 0 for v in result["ratios"].values())
+    # issue 52's targets, forward + backward's among them, each judged on the ratio the JSON reports
+    assert {k: result["targets"][k] for k in ("hidden_over_raw", "attention_over_raw", "forward_backward_over_raw",
+                                              "all_over_forward_backward")} == {
+        "hidden_over_raw": 1.15, "attention_over_raw": 1.5, "forward_backward_over_raw": 3.0,
+        "all_over_forward_backward": 1.3}
+    assert "issue 52" in result["targets_source"]
+    assert result["summary"]["forward_backward_over_raw"] == result["ratios"]["fwd_bwd_vs_forward"]
+    assert result["met"]["forward_backward_over_raw"] == (result["ratios"]["fwd_bwd_vs_forward"] <= 3.0)
     assert set(result["tokens_per_s"]) == {"raw", "forward_backward", "hidden", "attention", "gradient", "all"}
     assert all(v > 0 for v in result["peak_device_bytes"].values())
     for stage in ("hidden", "attention", "gradient", "all"):

@@ -9,6 +9,8 @@
 #
 #   bash bench/gpu_measure.sh                      # on the GPU, after `. /tmp/gpukit/env` (sourced here if present)
 #   DEVICE=cpu SHAPE=smoke OUT=/tmp/gm bash bench/gpu_measure.sh    # every command line on a CPU, reduced
+# The wheels come from bench/gpu_kit.sh: `bench` (2 calls: every step but scale, which needs Ray and is then skipped,
+# said so in gpu.log) or `full` (5 calls).
 #
 # STEPS picks the steps, in this order: pytest d1_cost d1_parallel extraction_cost scale (the default: all five) and
 # scale_probes, which runs scale.py once per value of PROBES_SWEEP ("1 2 4": D1 probe tasks beside the extractor,
@@ -119,6 +121,12 @@ fi
 torch.version.cuda, 'available', torch.cuda.is_available())" 2>&1 | tee -a "$LOG"
 
 wants() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+
+# scale.py runs the driver, which needs Ray: the short lease's kit (bench/gpu_kit.sh bench) carries none.
+if { wants scale || wants scale_probes; } && ! "$PYTHON" -c "import ray" 2>/dev/null; then
+  note "steps scale and scale_probes skipped: Ray does not import here (bench/gpu_kit.sh full carries it)"
+  STEPS=" $STEPS "; STEPS=${STEPS// scale_probes / }; STEPS=${STEPS// scale / }
+fi
 
 if [ -z "${GPU_TESTS:-}" ]; then
   GPU_TESTS=$(grep -l "mark\.gpu" tests/test_*.py | grep -v -e test_steerer.py -e test_reproduce.py | tr '\n' ' ')

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def _sleeper(tmp_path: Path) -> Path:
     """A PYTHON for the script: answers its version probe, and otherwise sleeps until its step's SIGINT."""
     fake = tmp_path / "python"
-    fake.write_text('#!/bin/sh\n[ "$1" = -c ] && { echo "python fake torch none"; exit 0; }\nexec sleep 60\n')
+    fake.write_text('#!/bin/sh\n[ "$1" = -c ] && [ -n "$NO_RAY" ] && [ "$2" = "import ray" ] && exit 1\n'
+                    '[ "$1" = -c ] && { echo "python fake torch none"; exit 0; }\nexec sleep 60\n')
     fake.chmod(0o755)
     return fake
 
@@ -51,3 +52,12 @@ def test_without_a_budget_to_cut_every_step_keeps_its_own_limit(tmp_path):
     _, log, _ = _measure(tmp_path, STEPS="d1_cost scale", BUDGET="60", T_D1="1", T_SCALE="1")
     assert "step d1_cost (limit 1 s)" in log and "step scale (limit 1 s)" in log, log
     assert "cut to" not in log and "skipped" not in log
+
+
+def test_without_ray_the_driver_steps_are_skipped_and_said_so(tmp_path):
+    """The short lease's kit (bench/gpu_kit.sh bench) carries no Ray: scale.py would fail at its import after the
+    call had spent its setup, so the script drops scale and scale_probes up front and names why."""
+    _, log, _ = _measure(tmp_path, STEPS="d1_cost scale scale_probes", BUDGET="60", T_D1="1", T_SCALE="1",
+                         NO_RAY="1")
+    assert "steps scale and scale_probes skipped: Ray does not import here" in log, log
+    assert "step d1_cost (limit 1 s)" in log and "step scale " not in log and "step scale_p" not in log, log

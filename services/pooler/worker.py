@@ -9,10 +9,12 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import socket
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -23,6 +25,7 @@ from poolbench.corpus.passage import Passage
 from poolbench.errors import PoolBenchError
 from poolbench.extractor.activation_dump import activation_dump_table
 from poolbench.extractor.activations import ActivationBatch
+from poolbench.extractor.batching import free_memory_bytes
 from poolbench.extractor.loading import load_model
 from poolbench.extractor.model_config import attention_heads
 from poolbench.extractor.padded_batches import PaddedBatch
@@ -91,6 +94,13 @@ class ExtractorWorker:
         m = self.loaded
         return {"model_id": m.model_id, "weights_hash": m.weights_hash, "n_layers": m.n_layers,
                 "hidden_size": m.hidden_size, "kind": m.kind, "dtype": str(m.dtype), "device": str(m.device)}
+
+    def host_room(self) -> dict:
+        """The host this worker runs on (its boot id: Ray nodes in containers on one machine share its memory) and
+        the memory available there, so the driver fits pooling jobs to it before the first forward (host_room)."""
+        boot_id = Path("/proc/sys/kernel/random/boot_id")
+        return {"host": boot_id.read_text().strip() if boot_id.exists() else socket.gethostname(),
+                "available": free_memory_bytes("cpu")}
 
     def stored_bytes_per_passage_layer(self, strategies: Sequence[str], store_dtype: StoreDtype) -> int:
         """The vector bytes one passage's pooling adds to one layer's stored objects with this model (a lower
@@ -185,7 +195,7 @@ class ExtractorWorker:
                     assert task.dump_key is not None
                     store.put_table(task.dump_key, done.dump)
                 list(pool.map(lambda layer: _write_layer(store, task.key, layer, *encoded[layer], done), missing))
-        if shards or not store.exists(task.key):
+        if task.manifest and (shards or not store.exists(task.key)):
             write_pooled_manifest(store, task.key, all_layers, store_dtype)
         skipped = done.skipped if done is not None else ()
         for passage_id, n_tokens in skipped:
@@ -279,6 +289,7 @@ class PoolTask:
     metadata: dict[str, str]
     layers: tuple[int, ...]
     dump_key: str | None = None
+    manifest: bool = True  # False for a pass over some of the concept's layers: the driver writes it after the last
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from poolbench.records.events import (
     ConceptProgress,
     JobRetried,
     ModelBuilding,
+    PoolingFitted,
     RunEvent,
     RunPlanned,
     ScorerReady,
@@ -77,7 +78,7 @@ class RunDisplay:
             case ScorerReady():
                 bar(self.tasks["scorer"], advance=1,
                     last=f"{event.concept} (held-out AUROC {event.heldout_auroc:.2f})")
-            case JobRetried():
+            case JobRetried() | PoolingFitted():
                 self.progress.console.print(event.line, highlight=False, markup=False)
             case SteeringStarted(engines=engines) if engines:
                 self.progress.console.print(f"steering engines: {'; '.join(engines)}", highlight=False, markup=False)

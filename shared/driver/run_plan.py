@@ -51,3 +51,6 @@ class RunPlan:
     def on_gpu(self) -> bool:
         """Whether the model runs on a CUDA device (the extractor's report of where it loaded it)."""
         return str(self.model.get("device", "cpu")).startswith("cuda")
+
+
+PoolGroup = list[tuple[ConceptPlan, list[int]]]  # the concepts one pooling job shares forwards for, with their layers

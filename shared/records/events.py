@@ -38,6 +38,19 @@ class RunPlanned:
 
 
 @dataclass(frozen=True)
+class PoolingFitted:
+    """The pooling plan was cut to fit the extractors' host memory (driver.host_room): what was cut, in order."""
+
+    steps: tuple[str, ...]
+    budget: int  # bytes an extractor's jobs may hold
+
+    @property
+    def line(self) -> str:
+        return (f"pooling fitted to {self.budget / 1e9:.1f} GB of host memory an extractor: "
+                f"{'; '.join(self.steps)}")
+
+
+@dataclass(frozen=True)
 class ConceptPooled:
     """A concept's PooledTable exists: pooled now (`seconds` of work, on `node`) or found in the store (`skipped`)."""
 
@@ -175,7 +188,8 @@ class JobRetried:
                 "on": self.on}
 
 
-RunEvent = (ArtifactQuarantined | JobRetried | ModelBuilding | RunPlanned | ConceptPooled | ConceptProgress
+RunEvent = (ArtifactQuarantined | JobRetried | ModelBuilding | RunPlanned | PoolingFitted | ConceptPooled
+            | ConceptProgress
             | CellProgress | ConceptProbed
             | SteeringPlanned | SteeringStarted | ScorerReady | CellSteered)
 EventSink = Callable[[RunEvent], None]

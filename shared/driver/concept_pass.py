@@ -1,0 +1,241 @@
+"""One pooling-and-probing pass over a run plan's concepts on the work queue: what is stored is skipped, the rest is
+grouped into pooling jobs fitted to the extractors' host memory (host_room.py), and each finished job's concepts
+go on to their D1 probes (through the probe gate) and are counted."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import ray
+
+from poolbench.config import RunConfig
+from poolbench.driver.pool_groups import estimated_tokens, group_token_target, plan_groups
+from poolbench.pooler.concept_pooling import strategy_needs
+from poolbench.pooler.parse_task import parse_concept_task
+from poolbench.pooler.pooled_table import write_pooled_manifest
+from poolbench.pooler.spec import StrategySpec
+from poolbench.pooler.worker import PoolTask
+from poolbench.prober.concept_probe import gather_layer_d1, probe_layer_task
+from poolbench.records.events import ArtifactQuarantined, ConceptPooled, ConceptProbed, EventSink, PoolingFitted
+from poolbench.store.keys import layer_shard_key
+
+from .extractor_fleet import probe_gpu_share, worker_runtime_env
+from .host_room import VectorBytes, extractor_budget, fit_host_room
+from .probe_gate import ProbeGate, beside_the_forward
+from .run_plan import ConceptPlan, PoolGroup, RunInputs, RunPlan
+from .variants import RESIDUAL
+from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch
+
+
+@dataclass(frozen=True)
+class ConceptJob:
+    """A work-queue key: pool the missing layers of a concept (or of a group of concepts sharing forwards, named
+    in `group`) on an extractor, or probe one layer (D1) of a concept in a task."""
+
+    stage: str
+    concept: str
+    layer: int | None = None
+    group: tuple[str, ...] = ()
+
+    @property
+    def concepts(self) -> tuple[str, ...]:
+        return self.group or (self.concept,)
+
+    def __str__(self) -> str:
+        return f"{self.stage} {'+'.join(self.concepts)}" + (f" layer {self.layer}" if self.layer is not None else "")
+
+
+def probe_task_resources(on_gpu: bool) -> dict:
+    """A D1 task's Ray resources: one core, and on a GPU run a share of a GPU (probe_gpu_share) beside the
+    extractor's (EXTRACTOR_GPU_SHARE), so the batched fits (prober.batched_cell) run on the device; without a GPU
+    request Ray hides CUDA from the task and its fits would run on one host core."""
+    return {"num_cpus": 1, "num_gpus": probe_gpu_share()} if on_gpu else {"num_cpus": 1}
+
+
+class ConceptPass:
+    """One pooling-and-probing pass over a run plan's concepts on the work queue, in named stages (skip what is
+    stored, group the pooling, fit it to the hosts' memory, start, follow each finished job, tally), and the state
+    those stages share."""
+
+    def __init__(self, cfg: RunConfig, run: RunPlan, inputs: RunInputs, emit: EventSink,
+                 gate: ProbeGate[Job[ConceptJob]], probe_resources: dict | None = None) -> None:
+        self.cfg, self.run, self.inputs, self.emit, self.gate = cfg, run, inputs, emit, gate
+        self.probe_resources = probe_resources or {"num_cpus": 1}
+        self.computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
+        self.plans = {p.concept: p for p in run.plans}
+        self.probe_task = ray.remote(max_retries=2)(probe_layer_task)
+        self.parse_task = ray.remote(max_retries=2)(parse_concept_task)
+        self.runtime_env = worker_runtime_env()
+        self.metadata = {"model": run.model["model_id"], "weights_hash": run.model["weights_hash"],
+                         **{name: str(value) for name, value in run.variant.key_fields().items()}}
+        self.strategy_ids = [s.id for s in run.specs]
+        self.unprobed: dict[str, set[int]] = {}  # concept -> its layers whose probe task has not come back
+        self.groups: list[PoolGroup] = []
+        self.unparsed: set[str] = set()  # concepts whose parse task runs
+        self.unsent: list[int] = []  # groups waiting for their concepts' parses
+        self.passes_left: dict[str, int] = {}  # concept -> its pooling passes not yet done (host_room.py)
+        self.pass_seconds: dict[str, float] = {}
+
+    def skip_stored(self) -> tuple[list[Job[ConceptJob]], PoolGroup]:
+        """Stage 1: a concept whose pooled shards are all stored goes straight to its probes (none where its D1
+        is stored too); the others, with their missing layers, wait for pooling."""
+        cfg, run = self.cfg, self.run
+        jobs: list[Job[ConceptJob]] = []
+        to_pool: PoolGroup = []
+        for plan in run.plans:
+            needs_dump = plan.dump_key is not None and not self.stored(plan.dump_key)
+            missing = list(run.layers) if needs_dump else \
+                [layer for layer in run.layers if not self.stored(layer_shard_key(plan.pooled_key, layer))]
+            if missing:
+                to_pool.append((plan, missing))
+                continue
+            if not self.stored(plan.pooled_key):  # every shard landed but not the manifest: mark the concept pooled
+                write_pooled_manifest(self.inputs.store, plan.pooled_key, run.layers, cfg.store_dtype)
+            self.computed["pooled_skipped"] += 1
+            self.emit(ConceptPooled(plan.concept, skipped=True))
+            jobs.extend(self.probe_unless_stored(plan))
+        return jobs, to_pool
+
+    def group_pooling(self, to_pool: PoolGroup, on_gpu: bool, n_extractors: int) -> None:
+        """Stage 2: the concepts to pool, grouped so that a group's passages share forwards (pool_groups.py)."""
+        cfg = self.cfg
+        target = 0 if cfg.dump_activations else group_token_target(cfg.concept_group_tokens, on_gpu,
+                                                                    cfg.max_batch_tokens)
+        sizes = [estimated_tokens(plan.passages, cfg.max_length) for plan, _ in to_pool]
+        self.groups.extend([to_pool[i] for i in group] for group in plan_groups(sizes, target, n_extractors))
+
+    def fit_to_host(self, queue: WorkQueue[ConceptJob]) -> None:
+        """Stage 2b: the jobs, and how many an extractor holds at once, fitted to the memory of the extractors'
+        hosts (host_room.py); what was cut is said in one event. An activation dump's concept is pooled whole
+        (its dump holds every layer of its one job), as before."""
+        if not self.groups or not queue.actors or self.cfg.dump_activations:
+            return
+        rooms = [fetch(ref, "extractor") for ref in [actor.host_room.remote() for actor in queue.actors]]
+        held, encoded = (fetch(queue.actors[0].stored_bytes_per_passage_layer.remote(self.strategy_ids, dtype),
+                               "extractor") for dtype in ("float32", self.cfg.store_dtype))
+        plan = fit_host_room(self.groups, VectorBytes(held, encoded), extractor_budget(rooms), queue.slots)
+        self.groups, queue.slots = plan.groups, plan.slots
+        self.passes_left = dict(plan.passes)
+        if plan.steps:
+            self.computed["pooled_in_passes"] = len(plan.passes)
+            self.emit(PoolingFitted(plan.steps, plan.budget))
+
+    def first_jobs(self, probes: list[Job[ConceptJob]], on_gpu: bool) -> list[Job[ConceptJob]]:
+        """Stage 3: the queue's first jobs: each group's parses (spaCy on the CPU cores while the GPU pools the
+        groups before) or its pooling, before the probes of concepts pooled earlier, which the gate may hold."""
+        jobs = self.gate.start(len(self.groups), probes)  # probes of concepts pooled before wait for this pooling too
+        if parse_ahead(self.cfg, self.run.specs, on_gpu):
+            concepts = dict.fromkeys(plan.concept for group in self.groups for plan, _ in group)  # once, in order
+            self.unparsed, self.unsent = set(concepts), list(range(len(self.groups)))
+            jobs[:0] = [self.parse(self.plans[concept]) for concept in concepts]
+        else:
+            jobs[:0] = [self.pool(group) for group in self.groups]
+        return jobs
+
+    def after(self, key: ConceptJob, _: list[dict] | dict) -> list[Job[ConceptJob]]:
+        """Stage 4, the queue's follow-ups: a group's pooling once every one of its concepts is parsed; a pooled
+        concept's probes (through the gate)."""
+        if key.stage == "parse":
+            self.unparsed.discard(key.concept)
+            ready = [g for g in self.unsent if not any(plan.concept in self.unparsed for plan, _ in self.groups[g])]
+            self.unsent = [g for g in self.unsent if g not in ready]
+            return [self.pool(self.groups[g]) for g in ready]
+        if key.stage != "pool":
+            return []
+        return self.gate.pooled(job for concept in key.concepts if not self.passes_left.get(concept)
+                                for job in self.probe_unless_stored(self.plans[concept]))
+
+    def tally(self, key: ConceptJob, result: list[dict] | dict, node: str) -> None:
+        """Stage 5, each finished job counted and reported; a concept's D1 gathered once its last layer is probed."""
+        computed = self.computed
+        if key.stage == "parse":
+            computed["parsed_ahead"] = computed.get("parsed_ahead", 0) + int(result["parsed"])
+        elif key.stage == "pool":
+            for summary in result:  # one per concept of the job
+                if not self.last_pass(summary):
+                    continue
+                computed["pooled"] += 1
+                if summary.get("skipped_passages"):  # left out: they did not fit the device even alone (logged)
+                    computed["passages_too_big"] = (computed.get("passages_too_big", 0)
+                                                    + len(summary["skipped_passages"]))
+                seconds = self.pass_seconds.pop(summary["concept"], summary["seconds"])  # a split one's passes
+                self.emit(ConceptPooled(summary["concept"], skipped=False, seconds=seconds, node=node))
+        else:
+            left = self.unprobed[key.concept]
+            left.discard(int(result["layer"]))
+            if not left:
+                self.gather(self.plans[key.concept])
+
+    def last_pass(self, summary: dict) -> bool:
+        """Whether a pooling job's summary completes its concept: always, but where the concept is pooled in passes
+        over its layers; its last pass writes the manifest here (no pass names every layer) and sums the seconds."""
+        concept = summary["concept"]
+        if concept not in self.passes_left:
+            return True
+        self.passes_left[concept] -= 1
+        self.pass_seconds[concept] = self.pass_seconds.get(concept, 0.0) + summary["seconds"]
+        if self.passes_left[concept] > 0:
+            return False
+        plan = self.plans[concept]
+        write_pooled_manifest(self.inputs.store, plan.pooled_key, self.run.layers, self.cfg.store_dtype)
+        return True
+
+    def pool(self, group: PoolGroup) -> ActorJob[ConceptJob]:
+        cfg, run, store_url = self.cfg, self.run, self.inputs.store_url
+        tasks = [PoolTask(plan.concept, plan.passages, plan.pooled_key,
+                          {**self.metadata, "concept": plan.concept, "corpus": plan.corpus_hash}, tuple(layers),
+                          plan.dump_key, manifest=plan.concept not in self.passes_left) for plan, layers in group]
+        key = ConceptJob("pool", tasks[0].concept, group=tuple(t.concept for t in tasks) if len(tasks) > 1 else ())
+        return ActorJob(key, lambda worker: worker.pool_concepts.remote(
+            tasks, self.strategy_ids, store_url=store_url, batch_size=cfg.batch_size,
+            max_length=run.variant.max_length(cfg.max_length), max_batch_tokens=cfg.max_batch_tokens,
+            store_dtype=cfg.store_dtype, all_layers=run.layers, overlap=cfg.overlap,
+            **({"site": run.variant.site} if run.variant.site != RESIDUAL else {})))
+
+    def stored(self, key: str) -> bool:
+        """Stored and whole; a corrupt artifact is quarantined, reported and recomputed instead of stopping."""
+        store = self.inputs.store
+        before = len(store.quarantined)
+        whole = store.intact(key)
+        for bad_key, reason in store.quarantined[before:]:
+            self.emit(ArtifactQuarantined(bad_key, reason))
+        return whole
+
+    def probe(self, plan: ConceptPlan, layer: int) -> TaskJob[ConceptJob]:
+        cfg = self.cfg
+        return TaskJob(ConceptJob("probe", plan.concept, layer), lambda: self.probe_task.options(
+            **self.probe_resources, runtime_env=self.runtime_env).remote(
+            self.inputs.store_url, plan.pooled_key, plan.d1_key, plan.concept, layer, cfg.probing,
+            types={p.id: p.domain for p in plan.passages}, tiers={p.id: p.tier for p in plan.passages},
+            corpus_order=tuple(p.id for p in plan.passages)))  # the corpus files' order (load_corpus)
+
+    def gather(self, plan: ConceptPlan) -> None:
+        gather_layer_d1(self.inputs.store, plan.d1_key, self.run.layers)
+        self.computed["d1"] += 1
+        self.emit(ConceptProbed(plan.concept, skipped=False))
+
+    def probe_unless_stored(self, plan: ConceptPlan) -> list[Job[ConceptJob]]:
+        if self.stored(plan.d1_key):
+            self.computed["d1_skipped"] += 1
+            self.emit(ConceptProbed(plan.concept, skipped=True))
+            return []
+        todo = [layer for layer in self.run.layers if not self.stored(layer_shard_key(plan.d1_key, layer))]
+        if not todo:  # every layer was probed before the driver stopped: only the gathering is left
+            self.gather(plan)
+            return []
+        self.unprobed[plan.concept] = set(todo)
+        return [self.probe(plan, layer) for layer in todo]
+
+    def parse(self, plan: ConceptPlan) -> TaskJob[ConceptJob]:
+        return TaskJob(ConceptJob("parse", plan.concept), lambda: self.parse_task.options(
+            num_cpus=1, runtime_env=self.runtime_env).remote(
+            self.inputs.store_url, plan.concept, plan.passages, plan.corpus_hash))
+
+
+def parse_ahead(cfg: RunConfig, specs: Sequence[StrategySpec], on_gpu: bool) -> bool:
+    """Parse concepts in CPU tasks ahead of their pooling jobs where strategies need parses and the text work
+    overlaps the forward (on a GPU unless --no-overlap; on CPU only with --overlap, which then shares the cores)."""
+    return "parse" in strategy_needs(specs) and beside_the_forward(cfg, on_gpu)
+
+

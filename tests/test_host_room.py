@@ -1,0 +1,116 @@
+"""Pooling jobs fitted to the extractors' host memory before the first forward: cheapest cut first (groups into
+single concepts, two jobs an extractor into one, a concept's layers into passes), a concept of which one layer does
+not fit stops the run with one line, and a concept pooled in passes gets the records of one pooled whole."""
+
+from __future__ import annotations
+
+import pytest
+from negation_pairs import passages
+
+from poolbench.config import RunConfig
+from poolbench.driver import concept_pass
+from poolbench.driver.host_room import HOST_SHARE, VectorBytes, extractor_budget, fit_host_room
+from poolbench.driver.pipeline import run_benchmark
+from poolbench.driver.run_plan import ConceptPlan
+from poolbench.errors import PoolBenchError
+from poolbench.pooler.pooled_table import pooled_layers
+from poolbench.pooler.registry import resolve_strategies
+from poolbench.pooler.stored_size import vector_bytes_per_passage_layer
+from poolbench.pooler.worker import ExtractorWorker
+from poolbench.records.events import ConceptPooled, PoolingFitted, RunEvent
+from poolbench.store.local import LocalStore
+
+
+def concept(name: str, n_passages: int, layers: list[int]) -> tuple[ConceptPlan, list[int]]:
+    return ConceptPlan(name, passages(n_passages // 2, "train"), f"h-{name}"), layers
+
+
+def test_a_plan_that_fits_is_left_as_it_is_and_the_bytes_are_the_vectors_and_their_encoded_copies() -> None:
+    per = VectorBytes(held=100, encoded=50)
+    groups = [[concept("a", 10, [0, 1]), concept("b", 10, [0, 1])]]
+    assert per.job(groups[0]) == 150 * 10 * 2 * 2
+    plan = fit_host_room(groups, per, budget=2 * 6000, slots=2)
+    assert (plan.groups, plan.slots, plan.passes, plan.steps) == (groups, 2, {}, ())
+
+
+def test_each_cut_is_taken_only_when_the_one_before_does_not_fit() -> None:
+    per = VectorBytes(held=1, encoded=1)
+    a, b = concept("a", 10, [0, 1, 2, 3]), concept("b", 10, [0, 1, 2, 3])  # 80 bytes a concept, 160 the pair
+    # two slots of single concepts fit 160
+    split = fit_host_room([[a, b]], per, budget=160, slots=2)
+    assert split.groups == [[a], [b]] and split.slots == 2 and split.passes == {}
+    assert split.steps == ("concepts sharing forwards pooled one a job",)
+    # one job an extractor: 80 fits 80
+    one = fit_host_room([[a, b]], per, budget=80, slots=2)
+    assert one.groups == [[a], [b]] and one.slots == 1 and one.passes == {}
+    # passes: 3 layers' 60 bytes fit 79, the 4th is a pass of its own
+    passes = fit_host_room([[a], [b]], per, budget=79, slots=2)
+    assert passes.slots == 1 and passes.passes == {"a": 2, "b": 2}
+    assert [[(plan.concept, layers) for plan, layers in group] for group in passes.groups] == [
+        [("a", [0, 1, 2])], [("a", [3])], [("b", [0, 1, 2])], [("b", [3])]]
+    assert passes.steps[-1].startswith("2 concept(s) pooled in passes over their layers")
+    # a concept that fits is not cut although another one is
+    small = concept("s", 2, [0, 1, 2, 3])
+    mixed = fit_host_room([[a], [small]], per, budget=40, slots=1)
+    assert [[(p.concept, layers) for p, layers in g] for g in mixed.groups] == [
+        [("a", [0, 1])], [("a", [2, 3])], [("s", [0, 1, 2, 3])]]
+
+
+def test_a_concept_of_which_one_layer_does_not_fit_stops_the_run_with_one_line() -> None:
+    with pytest.raises(PoolBenchError) as err:
+        fit_host_room([[concept("toxicity", 2000, [0, 5])]], VectorBytes(868_352, 868_352), budget=3_000_000_000,
+                      slots=2)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("concept toxicity: one layer's pooled vectors (2000 passages)")
+    assert "need at least 3.5 GB of host memory while written, and an extractor has 3.0 GB" in message
+    assert "fewer strategies" in message
+
+
+def test_extractors_on_one_host_share_its_memory_and_the_smallest_share_is_the_budget() -> None:
+    rooms = [{"host": "h1", "available": 100_000}, {"host": "h1", "available": 100_000},
+             {"host": "h2", "available": 120_000}]
+    assert extractor_budget(rooms) == int(HOST_SHARE * 100_000 / 2)
+    assert extractor_budget([{"host": "h2", "available": 120_000}]) == int(HOST_SHARE * 120_000)
+
+
+def test_the_8b_full_benchmark_at_every_layer_is_pooled_in_two_passes_on_a_128_gb_host() -> None:
+    """The 19 card strategies on an 8B shape at the full corpus (2,000 passages a concept), float32 store: at 6
+    layers two jobs of ~20.8 GB fit HOST_SHARE of 128 GB as planned; at all 32 one job is ~111 GB, so an extractor
+    holds one at a time and pools each concept in two passes (29 layers, then 3)."""
+    f32 = vector_bytes_per_passage_layer(resolve_strategies(None), 4096, 32, 128, "float32")
+    per = VectorBytes(f32, f32)
+    budget = extractor_budget([{"host": "gpu-box", "available": 128_000_000_000}])
+    six = fit_host_room([[concept(c, 2000, [0, 6, 12, 19, 25, 31])] for c in ("a", "b")], per, budget, slots=2)
+    assert six.steps == () and six.slots == 2 and round(per.job(six.groups[0]) / 1e9, 1) == 20.8
+    every = fit_host_room([[concept(c, 2000, list(range(32)))] for c in ("a", "b")], per, budget, slots=2)
+    assert every.slots == 1 and every.passes == {"a": 2, "b": 2}
+    assert [len(layers) for group in every.groups for _, layers in group] == [29, 3, 29, 3]
+
+
+STRATEGIES = ("A1_mean", "P1_last", "S3_iti_probe")
+
+
+def run(model, store, events: list[RunEvent] | None = None):
+    cfg = RunConfig(model=str(model), corpus="embedded-v1", corpus_size="tiny", concepts=("hedging", "toxicity"),
+                    strategies=STRATEGIES, store=str(store), n_bootstrap=50, torch_threads=1, steering=False,
+                    device="cpu")
+    return run_benchmark(cfg, events.append if events is not None else None)
+
+
+def test_concepts_pooled_in_layer_passes_get_the_records_of_concepts_pooled_whole(tiny_llama_dir, cache, tmp_path,
+                                                                                   monkeypatch):
+    whole = run(tiny_llama_dir, tmp_path / "whole")
+    assert len(whole.layers) >= 2 and "pooled_in_passes" not in whole.computed
+    per = ExtractorWorker(str(tiny_llama_dir)).stored_bytes_per_passage_layer(list(STRATEGIES), "float32")
+    one_layer = 2 * per * max(whole.corpus["passages"].values())  # held and encoded: one layer of the larger
+    monkeypatch.setattr(concept_pass, "extractor_budget", lambda rooms: one_layer)
+    events: list[RunEvent] = []
+    split = run(tiny_llama_dir, tmp_path / "split", events)
+    assert split.computed["pooled_in_passes"] >= 1 and split.computed["pooled"] == 2
+    [fitted] = [e for e in events if isinstance(e, PoolingFitted)]
+    assert fitted.budget == one_layer and "pooled in passes over their layers" in fitted.line
+    assert sorted(e.concept for e in events if isinstance(e, ConceptPooled)) == ["hedging", "toxicity"]
+    assert [r.to_dict() for r in split.records] == [r.to_dict() for r in whole.records]
+    store = LocalStore(tmp_path / "split")
+    for artifacts in split.artifacts.values():  # the driver's manifest names every layer
+        assert pooled_layers(store, artifacts["pooled"]) == list(split.layers)

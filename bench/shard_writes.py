@@ -24,7 +24,7 @@ from bench_io import run_header, write_result
 from poolbench.corpus.passage import Passage
 from poolbench.pooler.iti import ITIHeadTableBuilder
 from poolbench.pooler.pooled_table import PooledTableBuilder
-from poolbench.pooler.worker import ExtractorWorker, PoolTask, _Pooled
+from poolbench.pooler.worker import ExtractorWorker, PoolTask, _Pooled, shard_writers
 from poolbench.store.local import LocalStore
 
 
@@ -55,6 +55,54 @@ def anonymous_bytes() -> int:
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def peak_anonymous_bytes(work, every_s: float = 0.005) -> tuple[object, int]:
+    """work()'s result and the most anonymous memory this process held while it ran (sampled every `every_s`)."""
+    import threading
+
+    peak, done = [anonymous_bytes()], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], anonymous_bytes())
+            done.wait(every_s)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        result = work()
+    finally:
+        done.set()
+        sampler.join()
+    return result, max(peak[0], anonymous_bytes())
+
+
+def memory_against_the_plan(args: argparse.Namespace, layers: list[int]) -> dict:
+    """A concept's host memory as the pooling job holds it (its builders' tables) and at its peak while written,
+    against what driver/host_room.py plans for it (VectorBytes: WRITE_PEAK times the vectors held at float32, and
+    JOB_FIXED), so the plan is checked against the process it describes."""
+    from poolbench.driver.host_room import JOB_FIXED, WRITE_PEAK
+
+    held_per = 4 * ((args.strategies + args.heads) * args.d + args.heads * args.head_dim)  # stored_size's count
+    planned_held = held_per * args.passages * len(layers)
+    planned_peak = WRITE_PEAK * planned_held + JOB_FIXED
+    base = anonymous_bytes()
+    concept, built_peak = peak_anonymous_bytes(lambda: synthetic_concept(
+        args.passages, layers, args.strategies, args.heads, args.head_dim, args.d))
+    held = anonymous_bytes() - base
+    with tempfile.TemporaryDirectory(dir=args.store) as root:
+        task = PoolTask("c", [], "pooled/c", {}, tuple(layers))
+        _, write_peak = peak_anonymous_bytes(lambda: ExtractorWorker._store(
+            LocalStore(Path(root)), task, layers, concept, args.store_dtype, layers, writers=args.memory_writers))
+    out = {"writers": shard_writers(len(layers), args.memory_writers), "planned_held_bytes": planned_held,
+           "planned_peak_bytes": planned_peak, "held_bytes": held, "build_peak_bytes": built_peak - base,
+           "write_peak_bytes": write_peak - base}
+    print(f"memory: held {held / 1e9:.2f} GB (planned {planned_held / 1e9:.2f}), peak while building "
+          f"{out['build_peak_bytes'] / 1e9:.2f} GB, while written on {out['writers']} writer(s) "
+          f"{out['write_peak_bytes'] / 1e9:.2f} GB = {out['write_peak_bytes'] / held:.2f}x the vectors "
+          f"(planned {planned_peak / 1e9:.2f} GB)", flush=True)
+    return out
 
 
 def read_back(store: LocalStore, layers: list[int], repeats: int) -> dict:
@@ -95,9 +143,18 @@ def main() -> None:
     parser.add_argument("--store", type=Path, default=None, help="folder for the stores (default: a temporary one)")
     parser.add_argument("--read-back", action="store_true",
                         help="then read every table back as a D1 task does, copied (before) and mapped (now)")
+    parser.add_argument("--memory", action="store_true",
+                        help="only the host memory a concept holds and peaks at while written, against the driver's "
+                             "plan for it (driver/host_room.py)")
+    parser.add_argument("--memory-writers", type=int, default=None,
+                        help="writer threads in --memory (default: the extractor's own, one a layer up to the cores)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "shard_writes.json")
     args = parser.parse_args()
     layers = list(range(args.layers))
+    if args.memory:
+        write_result({**run_header("shard_writes", args, "cpu"), "memory": memory_against_the_plan(args, layers)},
+                     args.out)
+        return
     concept = synthetic_concept(args.passages, layers, args.strategies, args.heads, args.head_dim, args.d)
     nbytes = sum(t.nbytes for t in concept.tables.values()) + sum(t.nbytes for t in (concept.heads or {}).values())
     result = run_header("shard_writes", args, "cpu")

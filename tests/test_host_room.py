@@ -9,7 +9,7 @@ from negation_pairs import passages
 
 from poolbench.config import RunConfig
 from poolbench.driver import concept_pass
-from poolbench.driver.host_room import HOST_SHARE, VectorBytes, extractor_budget, fit_host_room
+from poolbench.driver.host_room import HOST_SHARE, JOB_FIXED, VectorBytes, extractor_budget, fit_host_room
 from poolbench.driver.pipeline import run_benchmark
 from poolbench.driver.run_plan import ConceptPlan
 from poolbench.errors import PoolBenchError
@@ -25,44 +25,44 @@ def concept(name: str, n_passages: int, layers: list[int]) -> tuple[ConceptPlan,
     return ConceptPlan(name, passages(n_passages // 2, "train"), f"h-{name}"), layers
 
 
-def test_a_plan_that_fits_is_left_as_it_is_and_the_bytes_are_the_vectors_and_their_encoded_copies() -> None:
-    per = VectorBytes(held=100, encoded=50)
+def test_a_plan_that_fits_is_left_as_it_is_and_a_job_is_its_vectors_times_the_write_peak() -> None:
+    per = VectorBytes(held=100, fixed=0)
     groups = [[concept("a", 10, [0, 1]), concept("b", 10, [0, 1])]]
-    assert per.job(groups[0]) == 150 * 10 * 2 * 2
-    plan = fit_host_room(groups, per, budget=2 * 6000, slots=2)
+    assert per.job(groups[0]) == 3 * 100 * 10 * 2 * 2 == 12_000
+    plan = fit_host_room(groups, per, budget=2 * 12_000, slots=2)
     assert (plan.groups, plan.slots, plan.passes, plan.steps) == (groups, 2, {}, ())
 
 
 def test_each_cut_is_taken_only_when_the_one_before_does_not_fit() -> None:
-    per = VectorBytes(held=1, encoded=1)
-    a, b = concept("a", 10, [0, 1, 2, 3]), concept("b", 10, [0, 1, 2, 3])  # 80 bytes a concept, 160 the pair
-    # two slots of single concepts fit 160
-    split = fit_host_room([[a, b]], per, budget=160, slots=2)
+    per = VectorBytes(held=2, fixed=0)  # 6 bytes a passage and layer at the write peak
+    a, b = concept("a", 10, [0, 1, 2, 3]), concept("b", 10, [0, 1, 2, 3])  # 240 bytes a concept, 480 the pair
+    # two slots of single concepts fit 480
+    split = fit_host_room([[a, b]], per, budget=480, slots=2)
     assert split.groups == [[a], [b]] and split.slots == 2 and split.passes == {}
     assert split.steps == ("concepts sharing forwards pooled one a job",)
-    # one job an extractor: 80 fits 80
-    one = fit_host_room([[a, b]], per, budget=80, slots=2)
+    # one job an extractor: 240 fits 240
+    one = fit_host_room([[a, b]], per, budget=240, slots=2)
     assert one.groups == [[a], [b]] and one.slots == 1 and one.passes == {}
-    # passes: 3 layers' 60 bytes fit 79, the 4th is a pass of its own
-    passes = fit_host_room([[a], [b]], per, budget=79, slots=2)
+    # passes: 3 layers' 180 bytes fit 239, the 4th is a pass of its own
+    passes = fit_host_room([[a], [b]], per, budget=239, slots=2)
     assert passes.slots == 1 and passes.passes == {"a": 2, "b": 2}
     assert [[(plan.concept, layers) for plan, layers in group] for group in passes.groups] == [
         [("a", [0, 1, 2])], [("a", [3])], [("b", [0, 1, 2])], [("b", [3])]]
     assert passes.steps[-1].startswith("2 concept(s) pooled in passes over their layers")
     # a concept that fits is not cut although another one is
     small = concept("s", 2, [0, 1, 2, 3])
-    mixed = fit_host_room([[a], [small]], per, budget=40, slots=1)
+    mixed = fit_host_room([[a], [small]], per, budget=120, slots=1)
     assert [[(p.concept, layers) for p, layers in g] for g in mixed.groups] == [
         [("a", [0, 1])], [("a", [2, 3])], [("s", [0, 1, 2, 3])]]
 
 
 def test_a_concept_of_which_one_layer_does_not_fit_stops_the_run_with_one_line() -> None:
     with pytest.raises(PoolBenchError) as err:
-        fit_host_room([[concept("toxicity", 2000, [0, 5])]], VectorBytes(868_352, 868_352), budget=3_000_000_000,
+        fit_host_room([[concept("toxicity", 2000, [0, 5])]], VectorBytes(868_352, fixed=0), budget=5_000_000_000,
                       slots=2)
     message = str(err.value)
     assert "\n" not in message and message.startswith("concept toxicity: one layer's pooled vectors (2000 passages)")
-    assert "need at least 3.5 GB of host memory while written, and an extractor has 3.0 GB" in message
+    assert "need at least 5.2 GB of host memory while written, and an extractor has 5.0 GB" in message
     assert "fewer strategies" in message
 
 
@@ -74,17 +74,18 @@ def test_extractors_on_one_host_share_its_memory_and_the_smallest_share_is_the_b
 
 
 def test_the_8b_full_benchmark_at_every_layer_is_pooled_in_two_passes_on_a_128_gb_host() -> None:
-    """The 19 card strategies on an 8B shape at the full corpus (2,000 passages a concept), float32 store: at 6
-    layers two jobs of ~20.8 GB fit HOST_SHARE of 128 GB as planned; at all 32 one job is ~111 GB, so an extractor
-    holds one at a time and pools each concept in two passes (29 layers, then 3)."""
+    """The 19 card strategies on an 8B shape at the full corpus (2,000 passages a concept): its vectors are 10.4 GB
+    at 6 layers, so two jobs of 31.4 GB at their write peak fit HOST_SHARE of 128 GB as planned; at all 32 one job
+    is 166.9 GB, so an extractor holds one at a time and pools each concept in two passes (19 layers, then 13)."""
     f32 = vector_bytes_per_passage_layer(resolve_strategies(None), 4096, 32, 128, "float32")
-    per = VectorBytes(f32, f32)
+    per = VectorBytes(f32)
     budget = extractor_budget([{"host": "gpu-box", "available": 128_000_000_000}])
     six = fit_host_room([[concept(c, 2000, [0, 6, 12, 19, 25, 31])] for c in ("a", "b")], per, budget, slots=2)
-    assert six.steps == () and six.slots == 2 and round(per.job(six.groups[0]) / 1e9, 1) == 20.8
+    assert six.steps == () and six.slots == 2 and round(per.job(six.groups[0]) / 1e9, 1) == 31.4
     every = fit_host_room([[concept(c, 2000, list(range(32)))] for c in ("a", "b")], per, budget, slots=2)
     assert every.slots == 1 and every.passes == {"a": 2, "b": 2}
-    assert [len(layers) for group in every.groups for _, layers in group] == [29, 3, 29, 3]
+    assert round(per.job([concept("a", 2000, list(range(32)))]) / 1e9, 1) == 166.9
+    assert [len(layers) for group in every.groups for _, layers in group] == [19, 13, 19, 13]
 
 
 STRATEGIES = ("A1_mean", "P1_last", "S3_iti_probe")
@@ -102,7 +103,7 @@ def test_concepts_pooled_in_layer_passes_get_the_records_of_concepts_pooled_whol
     whole = run(tiny_llama_dir, tmp_path / "whole")
     assert len(whole.layers) >= 2 and "pooled_in_passes" not in whole.computed
     per = ExtractorWorker(str(tiny_llama_dir)).stored_bytes_per_passage_layer(list(STRATEGIES), "float32")
-    one_layer = 2 * per * max(whole.corpus["passages"].values())  # held and encoded: one layer of the larger
+    one_layer = 3 * per * max(whole.corpus["passages"].values()) + JOB_FIXED  # one layer of the larger, its peak
     monkeypatch.setattr(concept_pass, "extractor_budget", lambda rooms: one_layer)
     events: list[RunEvent] = []
     split = run(tiny_llama_dir, tmp_path / "split", events)
@@ -114,3 +115,26 @@ def test_concepts_pooled_in_layer_passes_get_the_records_of_concepts_pooled_whol
     store = LocalStore(tmp_path / "split")
     for artifacts in split.artifacts.values():  # the driver's manifest names every layer
         assert pooled_layers(store, artifacts["pooled"]) == list(split.layers)
+
+
+def test_a_job_written_to_the_store_stays_within_the_write_peak_the_plan_counts(tmp_path) -> None:
+    """The plan counts a job at WRITE_PEAK times its float32 vectors; the process that writes one (the pooling's own
+    builders, then ExtractorWorker._store on one writer a layer, a 16-bit store: the most it holds, bench/README.md)
+    must stay under it. An extra copy of the vectors in the write path fails here."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from poolbench.driver.host_room import JOB_FIXED, WRITE_PEAK
+
+    bench = Path(__file__).parents[1] / "bench" / "shard_writes.py"
+    out = tmp_path / "memory.json"
+    subprocess.run([sys.executable, str(bench), "--memory", "--passages", "100", "--d", "4096", "--layers", "6",
+                    "--memory-writers", "6", "--store-dtype", "bfloat16", "--store", str(tmp_path), "--out", str(out)],
+                   check=True, capture_output=True, cwd=bench.parent)
+    memory = json.loads(out.read_text())["memory"]
+    assert memory["writers"] == 6
+    assert abs(memory["held_bytes"] - memory["planned_held_bytes"]) < 0.1 * memory["planned_held_bytes"]
+    assert memory["held_bytes"] < memory["write_peak_bytes"] <= memory["planned_peak_bytes"]
+    assert memory["planned_peak_bytes"] == WRITE_PEAK * memory["planned_held_bytes"] + JOB_FIXED

@@ -9,8 +9,8 @@ an hour into the run. So the plan is fitted to the memory available to each extr
 extractors on that host), cheapest step first: (1) a group of concepts sharing forwards is cut into single
 concepts; (2) an extractor holds one job instead of two; (3) a concept is pooled in passes over its layers, each
 pass its own forwards (the forward repeated: slower, never killed), its manifest written by the driver after the
-last. A concept of which one layer alone does not fit stops the run with one line. Counts are lower bounds
-(stored_size: the vectors' payload), so a plan that fits is never cut.
+last. A concept of which one layer alone does not fit stops the run with one line. The bytes are the vectors'
+payload (stored_size) times the peak a job was measured to reach over them while written (VectorBytes).
 """
 
 from __future__ import annotations
@@ -25,16 +25,28 @@ from .store_room import size
 
 HOST_SHARE = 0.8  # of an extractor's available memory its jobs may hold: the rest is Ray's, D1 tasks', Arrow's
 
+WRITE_PEAK = 3  # a job's peak host memory while written, over its float32 vectors (see VectorBytes)
+JOB_FIXED = 1 << 27  # and what a job holds whatever its size (Arrow's pool, the writers' threads): ~0.04-0.15 GB
+
+
 @dataclass(frozen=True)
 class VectorBytes:
-    """A passage's vectors at one layer: as the job holds them (float32) and as it encodes them for the store."""
+    """A passage's pooled vectors at one layer as a job holds them (float32, whatever the store's dtype), and what a
+    job holds at its peak: WRITE_PEAK times that. While a job writes, beside its vectors V: every layer's encoded
+    table (at most V: a float32 store copies the rows' table, not the heads'; a 16-bit one holds V/2), each writer's
+    serialised buffer of the table it writes (at most V with one writer a layer, V/2 at 16 bits) and, at 16 bits,
+    each writer's float32 copy of the layer it encodes (at most V): 3V either way. Measured (bench/shard_writes.py
+    --memory, one writer a layer, 6 layers, bench/README.md): 2.01-2.03x (float32) and 2.30-2.33x (bfloat16) at
+    400 passages and d 4,096, 2.53-2.57x (bfloat16) at 100; at 120 passages and d 1,024 (0.17 GB of vectors) 2.68-3.27x:
+    there the fixed costs (`fixed`, JOB_FIXED) weigh as much as the bound's slack."""
 
     held: int
-    encoded: int
+    fixed: int = JOB_FIXED
 
     def job(self, group: PoolGroup) -> int:
-        """What a job holds at its peak, while it writes: every vector, and every layer's encoded copy."""
-        return (self.held + self.encoded) * sum(len(plan.passages) * len(layers) for plan, layers in group)
+        """What a job holds at its peak, while it writes."""
+        rows = sum(len(plan.passages) * len(layers) for plan, layers in group)
+        return WRITE_PEAK * self.held * rows + self.fixed
 
 
 @dataclass(frozen=True)

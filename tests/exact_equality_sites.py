@@ -23,6 +23,11 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_device_pool_ops.py::test_three_bfloat16_parts_hold_float32_weights_exactly": (
         1, EXACT + ": each bfloat16 part is the exact residual of the ones before, and every partial sum of the "
            "parts fits float32's 24 significant bits", "float32 weights and the sum of their bfloat16 parts"),
+    "test_host_room.py::test_concepts_pooled_in_layer_passes_get_the_records_of_concepts_pooled_whole": (
+        1, SAME + ": a pass pools some of the layers from the same batches (the tiny model's budget is the CPU's "
+           "cap, whatever the layers) with the same kernels up to its deepest layer, so each layer's vectors come "
+           "from the ops they come from pooled whole; where a pass's budget differs (a GPU) they agree to round-off "
+           "(docs/reproducibility.md)", "every D1 record of the run in passes and the run pooled whole"),
     "test_gpu_shaped_run_on_cpu.py::test_the_gpu_plan_with_two_jobs_an_extractor_gives_the_cpu_plans_records": (
         1, SAME + ": the GPU plan on a CPU pools the same batches (one concept a job) with the same kernels on one "
            "thread (the CPU plan's torch_threads 1, the module's OMP_NUM_THREADS 1 for the GPU plan's actor) and "

@@ -83,8 +83,12 @@ def memory_against_the_plan(args: argparse.Namespace, layers: list[int]) -> dict
     against what driver/host_room.py plans for it (VectorBytes: WRITE_PEAK times the vectors held at float32, and
     JOB_FIXED), so the plan is checked against the process it describes."""
     from poolbench.driver.host_room import JOB_FIXED, WRITE_PEAK
+    from poolbench.pooler.registry import resolve_strategies
+    from poolbench.pooler.stored_size import vector_bytes_per_passage_layer
 
-    held_per = 4 * ((args.strategies + args.heads) * args.d + args.heads * args.head_dim)  # stored_size's count
+    # the synthetic concept's rows as the driver counts them: S3 (its heads) and plain rows for the others
+    specs = [*resolve_strategies(["A1_mean"]) * (args.strategies - 1), *resolve_strategies(["S3_iti_probe"])]
+    held_per = vector_bytes_per_passage_layer(specs, args.d, args.heads, args.head_dim, "float32")
     planned_held = held_per * args.passages * len(layers)
     planned_peak = WRITE_PEAK * planned_held + JOB_FIXED
     base = anonymous_bytes()

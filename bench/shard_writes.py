@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,7 @@ from poolbench.corpus.passage import Passage
 from poolbench.pooler.iti import ITIHeadTableBuilder
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.pooler.worker import ExtractorWorker, PoolTask, _Pooled, shard_writers
+from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.local import LocalStore
 
 
@@ -47,6 +49,12 @@ def synthetic_concept(passages: int, layers: list[int], strategies: int, heads: 
             head_builders[layer].add("S3_iti_probe", [layer], rows, per_head, outputs)
     tables = pooled.layer_tables({"concept": "c"})
     return _Pooled(tables, {layer: b.table() for layer, b in head_builders.items()}, (), 0, 0.0, None)
+
+
+def whole(concept: _Pooled) -> _Pooled:
+    """The concept with dicts of its own: _store lets go of each layer's tables as it writes them (a job's memory
+    falls as it writes), and a timed repeat writes the same tables again."""
+    return replace(concept, tables=dict(concept.tables), heads=dict(concept.heads or {}))
 
 
 def anonymous_bytes() -> int:
@@ -78,19 +86,31 @@ def peak_anonymous_bytes(work, every_s: float = 0.005) -> tuple[object, int]:
     return result, max(peak[0], anonymous_bytes())
 
 
+class BufferedFolder(LocalStore):
+    """A folder store that serialises each table in memory first, as an S3 store does (ArtifactStore's way): the
+    write path's memory with a buffered store, measured without an S3 server."""
+
+    buffers_tables = True
+
+    def _write_table(self, name, table, metadata) -> None:
+        ArtifactStore._write_table(self, name, table, metadata)
+
+
 def memory_against_the_plan(args: argparse.Namespace, layers: list[int]) -> dict:
     """A concept's host memory as the pooling job holds it (its builders' tables) and at its peak while written,
-    against what driver/host_room.py plans for it (VectorBytes: WRITE_PEAK times the vectors held at float32, and
-    JOB_FIXED), so the plan is checked against the process it describes."""
-    from poolbench.driver.host_room import JOB_FIXED, WRITE_PEAK
+    against what driver/host_room.py plans for it (VectorBytes: the vectors held at float32, what the writers add
+    beside them, JOB_FIXED), so the plan is checked against the process it describes."""
+    from poolbench.driver.host_room import VectorBytes
     from poolbench.pooler.registry import resolve_strategies
-    from poolbench.pooler.stored_size import vector_bytes_per_passage_layer
+    from poolbench.pooler.stored_size import vector_bytes_per_passage_layer, write_copy_bytes_per_passage_layer
 
     # the synthetic concept's rows as the driver counts them: S3 (its heads) and plain rows for the others
     specs = [*resolve_strategies(["A1_mean"]) * (args.strategies - 1), *resolve_strategies(["S3_iti_probe"])]
-    held_per = vector_bytes_per_passage_layer(specs, args.d, args.heads, args.head_dim, "float32")
-    planned_held = held_per * args.passages * len(layers)
-    planned_peak = WRITE_PEAK * planned_held + JOB_FIXED
+    shape = (specs, args.d, args.heads, args.head_dim)
+    store_kind = BufferedFolder if args.buffered else LocalStore
+    per = VectorBytes(vector_bytes_per_passage_layer(*shape, "float32"),
+                      write_copy_bytes_per_passage_layer(*shape, args.store_dtype, store_kind.buffers_tables))
+    planned_held, planned_peak = per.held * args.passages * len(layers), per.peak(args.passages * len(layers))
     base = anonymous_bytes()
     concept, built_peak = peak_anonymous_bytes(lambda: synthetic_concept(
         args.passages, layers, args.strategies, args.heads, args.head_dim, args.d))
@@ -98,14 +118,14 @@ def memory_against_the_plan(args: argparse.Namespace, layers: list[int]) -> dict
     with tempfile.TemporaryDirectory(dir=args.store) as root:
         task = PoolTask("c", [], "pooled/c", {}, tuple(layers))
         _, write_peak = peak_anonymous_bytes(lambda: ExtractorWorker._store(
-            LocalStore(Path(root)), task, layers, concept, args.store_dtype, layers, writers=args.memory_writers))
-    out = {"writers": shard_writers(len(layers), args.memory_writers), "planned_held_bytes": planned_held,
-           "planned_peak_bytes": planned_peak, "held_bytes": held, "build_peak_bytes": built_peak - base,
-           "write_peak_bytes": write_peak - base}
+            store_kind(Path(root)), task, layers, concept, args.store_dtype, layers, writers=args.memory_writers))
+    out = {"writers": shard_writers(len(layers), args.memory_writers), "buffered": args.buffered,
+           "planned_held_bytes": planned_held, "planned_peak_bytes": planned_peak, "held_bytes": held,
+           "build_peak_bytes": built_peak - base, "write_peak_bytes": write_peak - base}
     print(f"memory: held {held / 1e9:.2f} GB (planned {planned_held / 1e9:.2f}), peak while building "
           f"{out['build_peak_bytes'] / 1e9:.2f} GB, while written on {out['writers']} writer(s) "
           f"{out['write_peak_bytes'] / 1e9:.2f} GB = {out['write_peak_bytes'] / held:.2f}x the vectors "
-          f"(planned {planned_peak / 1e9:.2f} GB)", flush=True)
+          f"(planned {planned_peak / 1e9:.2f} GB = {planned_peak / planned_held:.2f}x)", flush=True)
     return out
 
 
@@ -150,6 +170,8 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true",
                         help="only the host memory a concept holds and peaks at while written, against the driver's "
                              "plan for it (driver/host_room.py)")
+    parser.add_argument("--buffered", action="store_true",
+                        help="in --memory, a folder store that serialises each table in memory first, as S3 does")
     parser.add_argument("--memory-writers", type=int, default=None,
                         help="writer threads in --memory (default: the extractor's own, one a layer up to the cores)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "shard_writes.json")
@@ -169,7 +191,8 @@ def main() -> None:
                 store = LocalStore(Path(root) / f"w{writers}-r{repeat}")
                 task = PoolTask("c", [], "pooled/c", {}, tuple(layers))
                 start = time.perf_counter()
-                ExtractorWorker._store(store, task, layers, concept, args.store_dtype, layers, writers=writers)
+                ExtractorWorker._store(store, task, layers, whole(concept), args.store_dtype, layers,
+                                       writers=writers)
                 seconds = time.perf_counter() - start
                 result["runs"].setdefault(str(writers), []).append(seconds)
                 on_disk = sum(f.stat().st_size for f in store.root.rglob("*") if f.is_file())

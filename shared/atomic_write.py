@@ -22,22 +22,33 @@ def fsync_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path, *, prefix: str | None = None, mode: int = 0o644) -> Iterator[IO[bytes]]:
-    """A binary file handle whose contents replace `path` only if the block finishes (temp file in the same
-    folder, fsync, os.replace, fsync of the folder); an exception leaves `path` as it was and no temp behind."""
+def atomic_path(path: Path, *, prefix: str | None = None, mode: int = 0o644) -> Iterator[Path]:
+    """The path of a temp file whose contents replace `path` only if the block finishes (in the same folder,
+    fsync, os.replace, fsync of the folder), for a writer that opens the file itself (Arrow's native file); an
+    exception leaves `path` as it was and no temp behind. The block must have closed the file when it ends."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix or f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
+        yield Path(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, *, prefix: str | None = None, mode: int = 0o644) -> Iterator[IO[bytes]]:
+    """A binary file handle whose contents replace `path` only if the block finishes (atomic_path)."""
+    with atomic_path(path, prefix=prefix, mode=mode) as tmp, open(tmp, "wb") as fh:
+        yield fh
 
 
 def write_text_atomic(path: Path, text: str) -> None:

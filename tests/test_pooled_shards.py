@@ -20,10 +20,12 @@ from poolbench.pooler.iti import encode_head_table, head_table_key
 from poolbench.pooler.pooled_table import (
     PooledTableBuilder,
     PooledTableView,
+    bfloat16_bits,
     decode_vectors,
     encode_vectors,
     pooled_layers,
     read_pooled_table,
+    stored_values,
 )
 from poolbench.pooler.registry import get_strategy, resolve_strategies
 from poolbench.pooler.worker import ExtractorWorker
@@ -80,6 +82,41 @@ def test_float16_refuses_a_value_it_cannot_hold(tmp_path) -> None:
     with pytest.raises(StoreError, match="layer 3 P2_first: pooled value 70000 exceeds float16's 65504"):
         encode_vectors(table, "float16")
     assert decode_vectors(encode_vectors(table, "bfloat16"))[0, 0] == 70144.0  # 0x4789 << 16: no overflow
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_encoding_a_layer_chunk_by_chunk_equals_converting_its_whole_column(dtype) -> None:
+    """A job's layer table comes as one slice a strategy and batch (chunks at offsets into each batch's buffer);
+    encode_vectors converts them into one output buffer with no float32 copy of the column. The result must be
+    the whole column converted at once (numpy's float16 cast; bfloat16_bits), in one chunk, the other columns as
+    they were; S3's head table too (its outputs untouched)."""
+    pooled = synthetic_pooled([0, 3])
+    for table, column in ((pooled.tables[3], "vector"), (pooled.heads[3], "pooled")):
+        assert table.column(column).num_chunks >= 3
+        X = decode_vectors(table, column)
+        stored = encode_vectors(table, dtype, column=column)
+        assert stored.column(column).num_chunks == 1
+        want = X.astype(np.float16) if dtype == "float16" else bfloat16_bits(X)
+        np.testing.assert_array_equal(stored_values(stored, column), want)
+        assert stored.drop_columns([column]).equals(table.drop_columns([column]))
+        np.testing.assert_array_equal(decode_vectors(encode_vectors(stored, "float32", column=column), column),
+                                      decode_vectors(stored, column))  # back to float32: the values it stands for
+
+
+def test_a_value_float16_cannot_hold_in_a_later_chunk_is_named_by_its_own_row() -> None:
+    """The check runs chunk by chunk: the row it names is the chunk's offset plus its row there. Here only the
+    last batch's P2_first row holds 1e5, and the first rows of the layer are A1_mean's: a check that forgot the
+    offset would name A1_mean."""
+    data = (passages(6, "train") + passages(3, "test"))[:12]
+    builder = PooledTableBuilder(data, 4)
+    for start in (0, 4, 8):
+        values = np.zeros((1, 2, 4, 4), np.float32)
+        if start == 8:
+            values[0, 1, 3, 2] = 1e5
+        builder.add(values, [7], ["A1_mean", "P2_first"], [p.id for p in data[start:start + 4]],
+                    np.zeros((2, 4), bool))
+    with pytest.raises(StoreError, match="layer 7 P2_first: pooled value 100000 exceeds float16's 65504"):
+        encode_vectors(builder.layer_tables()[7], "float16")
 
 
 def test_store_dtype_and_layer_name_different_artifacts(tmp_path) -> None:
@@ -247,8 +284,8 @@ class WriteOrder(LocalStore):
         super().__init__(root)
         self.written: list[str] = []
 
-    def _write(self, name, data, sha256, metadata) -> None:
-        super()._write(name, data, sha256, metadata)
+    def _commit(self, name, metadata, fill) -> None:
+        super()._commit(name, metadata, fill)
         self.written.append(name)
 
 
@@ -258,12 +295,14 @@ def test_shards_written_on_several_threads_are_the_objects_one_thread_writes(tmp
     from poolbench.pooler.worker import PoolTask, shard_writers
 
     layers = [0, 2, 5, 7]
-    done = synthetic_pooled(layers)
+    rows = sum(t.num_rows for t in synthetic_pooled(layers).tables.values())
     task = PoolTask("c", [], "pooled/c", {}, tuple(layers))
     stores = {n: WriteOrder(tmp_path / f"w{n}") for n in (1, 3)}
     for n, store in stores.items():
+        done = synthetic_pooled(layers)
         summary = ExtractorWorker._store(store, task, layers, done, "bfloat16", layers, writers=n)
-        assert summary["layers"] == layers and summary["rows"] == sum(t.num_rows for t in done.tables.values())
+        assert summary["layers"] == layers and summary["rows"] == rows
+        assert done.tables == {} and done.heads == {}  # each layer let go of once written (host_room.VectorBytes)
     one, three = stores[1], stores[3]
     assert sorted(one.written) == sorted(three.written) and len(one.written) == 2 * len(layers) + 1
     for name in one.written:
@@ -280,7 +319,7 @@ def test_shards_written_on_several_threads_are_the_objects_one_thread_writes(tmp
     ([0, 4], {"big_head_layer": 4}, r"concept c layer 4 S3_iti_probe head 2: pooled value 90000 exceeds"),
 ])
 def test_a_value_float16_cannot_hold_stops_the_concept_before_any_write(tmp_path, layers, big, message) -> None:
-    """Every layer is encoded before any object is written, on any number of threads: a value float16 cannot
+    """Every layer is checked before any object is written, on any number of threads: a value float16 cannot
     hold in one layer's PooledTable or in one of S3's per-head vectors (stored at the store's dtype too) leaves the
     store empty, and the error names the concept, the layer, the strategy (and the head)."""
     from poolbench.pooler.worker import PoolTask
@@ -299,16 +338,16 @@ def test_a_16_bit_store_holds_s3s_head_vectors_at_16_bits_and_their_outputs_at_3
     from poolbench.pooler.worker import PoolTask
 
     layers = [0, 3]
-    done = synthetic_pooled(layers)
     sizes = {}
     for dtype in ("float32", "bfloat16"):
         store = LocalStore(tmp_path / dtype)
-        ExtractorWorker._store(store, PoolTask("c", [], "pooled/c", {}, tuple(layers)), layers, done, dtype, layers)
+        built = synthetic_pooled(layers).heads[3]  # the same tables as the ones written (a seeded generator)
+        ExtractorWorker._store(store, PoolTask("c", [], "pooled/c", {}, tuple(layers)), layers,
+                               synthetic_pooled(layers), dtype, layers)
         stored = store.get_table(head_table_key(layer_shard_key("pooled/c", 3)))
         want_type = pa.uint16() if dtype == "bfloat16" else pa.float32()
         assert stored.schema.field("pooled").type == pa.list_(want_type, 8)
         assert stored.schema.field("output").type == pa.list_(pa.float32(), 2)
-        built = done.heads[3]
         ids = np.array([p for p in dict.fromkeys(built.column("passage_id").to_pylist())])
         got, want = ITIHeadView(stored).cell(3, "S3_iti_probe", ids), ITIHeadView(built).cell(3, "S3_iti_probe", ids)
         rounded = want[0] if dtype == "float32" else \

@@ -82,3 +82,25 @@ def test_needs_head_table_reads_the_pooled_metadata():
     builder = PooledTableBuilder(PASSAGES, hidden_size=3)
     assert not needs_head_table(builder.table({"concept": "c"}))
     assert needs_head_table(builder.table({"concept": "c", "S3_iti_probe:heads": "4"}))
+
+
+def test_each_layer_owns_a_copy_of_its_rows():
+    """A pooler's vectors are views of a host buffer that the next chunk overwrites, and the writer frees a layer's
+    table as soon as it is written: so each layer's rows are copied into a buffer of their own. Overwriting the
+    input after `add` changes no table, and no two layers' vectors share memory (one buffer over every layer would
+    stay held until the job's last layer is written)."""
+    builder = PooledTableBuilder(PASSAGES, hidden_size=3)
+    vecs = np.arange(3 * 2 * 4 * 3, dtype=np.float32).reshape(3, 2, 4, 3)  # L=3, S=2, B'=4 (2 of them ours)
+    want = vecs.copy()
+    builder.add(vecs, [0, 5, 9], ["A1_mean", "P1_last"], ["p3", "p1"], np.zeros((2, 2), bool), rows=np.array([3, 1]))
+    vecs[:] = -1.0
+    tables = builder.layer_tables()
+    views = {layer: [chunk.flatten().to_numpy() for chunk in table.column("vector").chunks]
+             for layer, table in tables.items()}
+    for li, layer in enumerate((0, 5, 9)):
+        m = PooledTableView(tables[layer]).matrix(layer, "P1_last")
+        assert list(m.passage_ids) == ["p3", "p1"]
+        np.testing.assert_array_equal(m.X, want[li, 1, [3, 1]])
+        for other in (0, 5, 9):
+            if other != layer:
+                assert not any(np.shares_memory(a, b) for a in views[layer] for b in views[other])

@@ -116,6 +116,28 @@ def test_a_table_serialises_to_the_librarys_bytes_in_one_exact_buffer(shape: str
     assert hashlib.sha256(view).hexdigest() == hashlib.sha256(library_ipc_bytes(table)).hexdigest()
 
 
+def test_a_table_is_stored_as_the_librarys_bytes_in_every_backend(artifact_store: ArtifactStore,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder store writes a table straight into its file (no serialised copy in memory: a layer's shard of an
+    8B model is GBs), an S3 store serialises it first: either way the object is pyarrow's IPC file, byte for
+    byte, with the schema's provenance, and its recorded sha256 is those bytes' (so a key's object is the same
+    whichever store holds it)."""
+    from poolbench.store import artifact_store as base
+    from poolbench.store.arrow_tables import with_provenance
+
+    vectors = pa.FixedSizeListArray.from_arrays(pa.array([float(i) / 3 for i in range(24)], pa.float32()), 4)
+    whole = pa.table({"id": [f"p{i}" for i in range(6)], "v": vectors})
+    table = pa.concat_tables([whole.slice(0, 2), whole.slice(2, 4)])
+    want = library_ipc_bytes(with_provenance(table, {"layer": "3"}))
+    if isinstance(artifact_store, LocalStore):  # the folder store never serialises into memory
+        monkeypatch.setattr(base, "table_to_ipc_bytes", lambda t: pytest.fail("serialised in memory"))
+    artifact_store.put_table(KEY, table, metadata={"layer": "3"})
+    stored = artifact_store._read(f"{KEY}.arrow")
+    assert stored is not None and bytes(stored.data) == want
+    assert stored.sha256 == hashlib.sha256(want).hexdigest()
+    assert artifact_store.get_table(KEY).equals(with_provenance(table, {"layer": "3"}))
+
+
 def test_overwrite_replaces(artifact_store: ArtifactStore) -> None:
     artifact_store.put_bytes(KEY, b"one")
     artifact_store.put_bytes(KEY, b"two", metadata={"v": "2"})

@@ -207,15 +207,16 @@ def pool_concept_group(
             ids = pooled.passage_ids if rows is None else [pooled.passage_ids[r] for r in rows]
             if gradients is not None and tee is not None:
                 gradients[i].add(tee, rows)
-            builders[i].add(_take(pooled.vectors, rows, 2), pooled.layers, pooled.strategy_ids, ids,
-                            _take(pooled.fallback, rows, 1))
+            builders[i].add(pooled.vectors, pooled.layers, pooled.strategy_ids, ids,
+                            _take(pooled.fallback, rows, 1), rows)  # copies each layer's rows out of the buffer
             for spec in supervised:
                 assert pooler.heads is not None
-                per_head, outputs = (_take(part, rows, 1) for part in pooler.heads)
+                per_head, outputs = pooler.heads
                 metadata[i][f"{spec.id}{HEADS_META}"] = str(per_head.shape[2])
                 head_metadata[i][f"{spec.id}{FRACTION_META}"] = str(spec.param("head_fraction"))
-                for j, layer in enumerate(pooled.layers):
-                    heads[i][int(layer)].add(spec.id, [layer], ids, per_head[j:j + 1], outputs[j:j + 1])
+                for j, layer in enumerate(pooled.layers):  # a copy a layer: each layer's table owns its memory
+                    heads[i][int(layer)].add(spec.id, [layer], ids, _take(per_head[j:j + 1], rows, 1),
+                                             _take(outputs[j:j + 1], rows, 1))
         stats.pool_seconds += pooler.pool_seconds
         stats.transfer_seconds += pooler.transfer_seconds
         pooler.release()

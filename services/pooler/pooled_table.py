@@ -26,6 +26,8 @@ STORE_DTYPES: tuple[StoreDtype, ...] = ("float32", "float16", "bfloat16")
 DTYPE_META = b"poolbench.dtype"  # field metadata of "vector": the dtype the stored bits stand for
 MANIFEST_FORMAT = "pooled-shards-1"
 _FLOAT16_MAX = float(np.finfo(np.float16).max)
+_ARROW_VALUES = {"float32": pa.float32(), "float16": pa.float16(), "bfloat16": pa.uint16()}  # each dtype's bits
+_NUMPY_VALUES = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 
 
 def pooled_schema(hidden_size: int, store_dtype: StoreDtype = "float32") -> pa.Schema:
@@ -45,8 +47,8 @@ def pooled_schema(hidden_size: int, store_dtype: StoreDtype = "float32") -> pa.S
 
 
 def _vector_field(hidden_size: int, store_dtype: StoreDtype, name: str = "vector") -> pa.Field:
-    value_type = {"float32": pa.float32(), "float16": pa.float16(), "bfloat16": pa.uint16()}[store_dtype]
-    return pa.field(name, pa.list_(value_type, hidden_size), metadata={DTYPE_META: store_dtype.encode()})
+    return pa.field(name, pa.list_(_ARROW_VALUES[store_dtype], hidden_size),
+                    metadata={DTYPE_META: store_dtype.encode()})
 
 
 _BLOCK = 1 << 20  # values converted at a time: S3's head vectors are ~1 GB a layer at the full corpus and d 4,096
@@ -97,26 +99,49 @@ def decode_vectors(table: pa.Table, column: str = "vector") -> np.ndarray:
 
 def encode_vectors(table: pa.Table, store_dtype: StoreDtype, where: str = "", column: str = "vector") -> pa.Table:
     """The same table with the vectors of `column` stored as `store_dtype` (a PooledTable's "vector", an
-    ITIHeadTable's "pooled"); a value float16 cannot hold stops here, naming its layer, strategy (and head)."""
+    ITIHeadTable's "pooled") in one chunk; a value float16 cannot hold stops here, naming its layer, strategy (and
+    head). Chunk by chunk into one output buffer: no float32 copy of the column beside the table (a job's builders
+    leave it in a chunk a batch), so a 16-bit layer costs its writer half its float32 bytes while encoded."""
     if vector_dtype(table, column) == store_dtype:
         return table
-    X = decode_vectors(table, column)
-    dim = X.shape[1]
-    if store_dtype == "float16":
+    check_float16(table, store_dtype, where, column)
+    chunks = table.column(column).chunks
+    dim = table.schema.field(column).type.list_size
+    out = np.empty(table.num_rows * dim, dtype=_NUMPY_VALUES[store_dtype])
+    start = 0
+    for chunk in chunks:
+        X = as_float32(chunk_values(chunk), vector_dtype(table, column))
+        stop = start + X.size
+        if store_dtype == "bfloat16":
+            out[start:stop] = bfloat16_bits(X).reshape(-1)
+        else:
+            out[start:stop] = X.reshape(-1)
+        start = stop
+    values = pa.FixedSizeListArray.from_arrays(pa.array(out, _ARROW_VALUES[store_dtype]), dim)
+    return table.set_column(table.schema.get_field_index(column), _vector_field(dim, store_dtype, column), values)
+
+
+def chunk_values(chunk: pa.FixedSizeListArray) -> np.ndarray:
+    """One chunk of a vector column as its stored values [n, d], no copy (`flatten` honours a slice's offset)."""
+    return chunk.flatten().to_numpy(zero_copy_only=False).reshape(-1, chunk.type.list_size)
+
+
+def check_float16(table: pa.Table, store_dtype: StoreDtype, where: str = "", column: str = "vector") -> None:
+    """Stop, naming the row's layer, strategy (and head), where a vector of `column` holds a value float16 cannot:
+    chunk by chunk, a block of rows at a time, so no copy of the column. Nothing to check for other dtypes."""
+    if store_dtype != "float16" or vector_dtype(table, column) == "float16":
+        return
+    offset = 0
+    for chunk in table.column(column).chunks:
+        X = as_float32(chunk_values(chunk), vector_dtype(table, column))
         row = _first_row_over(X, _FLOAT16_MAX)
         if row is not None:
-            head = f" head {table.column('head')[row]}" if "head" in table.column_names else ""
-            raise StoreError(f"{where}layer {table.column('layer')[row]} {table.column('strategy')[row]}{head}: "
-                             f"pooled value {float(np.abs(X[row]).max()):.6g} exceeds float16's "
-                             f"{_FLOAT16_MAX:.0f}; use --store-dtype bfloat16 or float32")
-        flat = pa.array(X.astype(np.float16).reshape(-1), pa.float16())
-    elif store_dtype == "bfloat16":
-        flat = pa.array(bfloat16_bits(X).reshape(-1), pa.uint16())
-    else:
-        flat = pa.array(X.reshape(-1), pa.float32())
-    field = _vector_field(dim, store_dtype, column)
-    values = pa.FixedSizeListArray.from_arrays(flat, dim)
-    return table.set_column(table.schema.get_field_index(column), field, values)
+            head = f" head {table.column('head')[offset + row]}" if "head" in table.column_names else ""
+            raise StoreError(f"{where}layer {table.column('layer')[offset + row]} "
+                             f"{table.column('strategy')[offset + row]}{head}: pooled value "
+                             f"{float(np.abs(X[row]).max()):.6g} exceeds float16's {_FLOAT16_MAX:.0f}; "
+                             "use --store-dtype bfloat16 or float32")
+        offset += len(chunk)
 
 
 def _first_row_over(X: np.ndarray, limit: float) -> int | None:
@@ -148,30 +173,34 @@ class PooledTableBuilder:
         strategy_ids: Sequence[str],
         passage_ids: Sequence[str],
         fallback: np.ndarray,
+        rows: np.ndarray | None = None,
     ) -> None:
-        """Add one pooled batch (vectors [L, S, B, d], fallback [S, B])."""
-        n_layers, n_strategies, batch, dim = vectors.shape
+        """Add one pooled batch (vectors [L, S, B', d] of which `rows` are these passages', all where None;
+        fallback [S, B]). Each layer's vectors are copied into a buffer of their own: a pooler's arrays are views of a
+        host buffer that later chunks reuse, and a layer's table that owns its memory is freed once it is written,
+        not when the job's last layer is (ExtractorWorker._store)."""
+        n_strategies, batch = len(strategy_ids), len(passage_ids)
+        dim = vectors.shape[-1]
         passages = [self._by_id[pid] for pid in passage_ids]
-        rows = n_layers * n_strategies * batch
-        flat = np.ascontiguousarray(vectors, dtype=np.float32).reshape(rows * dim)
-        tile = n_layers * n_strategies
+        schema = pooled_schema(self._hidden_size)
         columns = {
-            "passage_id": pa.array([p.id for p in passages] * tile, pa.string()),
-            "label": pa.array(np.tile([p.label for p in passages], tile).astype(np.int8)),
-            "split": pa.array([p.split for p in passages] * tile, pa.string()),
-            "group": pa.array([p.group for p in passages] * tile, pa.string()),
-            "layer": pa.array(np.repeat(np.asarray(layers, dtype=np.int16), n_strategies * batch)),
-            "strategy": pa.array(np.tile(np.repeat(np.asarray(strategy_ids, dtype=object), batch), n_layers),
-                                 pa.string()),
-            "fallback": pa.array(np.tile(np.asarray(fallback, dtype=bool).reshape(-1), n_layers)),
-            "vector": pa.FixedSizeListArray.from_arrays(pa.array(flat, pa.float32()), dim),
+            "passage_id": pa.array([p.id for p in passages] * n_strategies, pa.string()),
+            "label": pa.array(np.tile([p.label for p in passages], n_strategies).astype(np.int8)),
+            "split": pa.array([p.split for p in passages] * n_strategies, pa.string()),
+            "group": pa.array([p.group for p in passages] * n_strategies, pa.string()),
+            "strategy": pa.array(np.repeat(np.asarray(strategy_ids, dtype=object), batch), pa.string()),
+            "fallback": pa.array(np.asarray(fallback, dtype=bool).reshape(-1)),
         }
-        record = pa.RecordBatch.from_pydict(columns, schema=pooled_schema(self._hidden_size))
         for i, layer in enumerate(layers):
+            own = np.array(vectors[i], dtype=np.float32) if rows is None else \
+                np.take(vectors[i], rows, axis=1).astype(np.float32, copy=False)
+            record = pa.RecordBatch.from_pydict({
+                **columns, "layer": pa.array(np.full(n_strategies * batch, layer, dtype=np.int16)),
+                "vector": pa.FixedSizeListArray.from_arrays(pa.array(own.reshape(-1), pa.float32()), dim)},
+                schema=schema)
             per_strategy = self._chunks.setdefault(int(layer), {})
             for s, strategy in enumerate(strategy_ids):
-                start = (i * n_strategies + s) * batch
-                per_strategy.setdefault(strategy, []).append(record.slice(start, batch))
+                per_strategy.setdefault(strategy, []).append(record.slice(s * batch, batch))
 
     def _batches(self, layer: int) -> list[pa.RecordBatch]:
         return [chunk for chunks in self._chunks[layer].values() for chunk in chunks]

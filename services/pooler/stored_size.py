@@ -37,3 +37,18 @@ def vector_bytes_per_passage_layer(specs: Sequence[StrategySpec], hidden_size: i
     if any("gradient" in spec.needs for spec in specs):
         total += hidden_size * FLOAT32
     return total
+
+
+def write_copy_bytes_per_passage_layer(specs: Sequence[StrategySpec], hidden_size: int, n_heads: int,
+                                       head_dim: int, store_dtype: StoreDtype, buffered: bool) -> int:
+    """What a job's writers hold beside its float32 vectors at most, per passage and layer (one writer a layer, all
+    at once), as ExtractorWorker._store writes: a writer lets go of a layer's float32 table once it has its
+    encoded or single-chunk copy. At 16 bits, the encoded copy of a layer's larger table (half its float32 bytes)
+    before its float32 table goes, then that copy and, where the store serialises a table in memory first
+    (`buffered`: S3), its buffer: at most half the vectors. At float32 into a folder store (written straight into
+    its file), the PooledTable rows' single-chunk copy (S3's head tables are written as they are); into a buffered
+    store, that copy or a table's serialised buffer: at most the vectors again."""
+    held = vector_bytes_per_passage_layer(specs, hidden_size, n_heads, head_dim, "float32")
+    if store_dtype != "float32":
+        return held // 2
+    return held if buffered else len(specs) * hidden_size * FLOAT32

@@ -35,14 +35,14 @@ from poolbench.pooler.iti import encode_head_table, head_table_key
 from poolbench.pooler.learned import learned_table_key
 from poolbench.pooler.parse_task import concept_parses
 from poolbench.pooler.parses import ParseIndex
-from poolbench.pooler.pooled_table import StoreDtype, encode_vectors, write_pooled_manifest
+from poolbench.pooler.pooled_table import StoreDtype, check_float16, encode_vectors, write_pooled_manifest
 from poolbench.pooler.registry import (
     load_entry_point_strategies,
     load_strategy_module,
     resolve_strategies,
 )
 from poolbench.pooler.spec import StrategySpec
-from poolbench.pooler.stored_size import vector_bytes_per_passage_layer
+from poolbench.pooler.stored_size import vector_bytes_per_passage_layer, write_copy_bytes_per_passage_layer
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import layer_shard_key
 from poolbench.store.url import open_store
@@ -108,6 +108,16 @@ class ExtractorWorker:
         heads, head_dim = attention_heads(self.loaded.model)
         return vector_bytes_per_passage_layer(resolve_strategies(list(strategies)), self.loaded.hidden_size, heads,
                                               head_dim, store_dtype)
+
+    def host_bytes_per_passage_layer(self, strategies: Sequence[str], store_dtype: StoreDtype,
+                                     buffered: bool) -> tuple[int, int]:
+        """The bytes one passage's pooling holds at one layer on this host until written (float32), and what the
+        writes add beside them at most (stored_size.write_copy_bytes_per_passage_layer): the driver fits the jobs
+        to the host's memory from them (driver/host_room.py)."""
+        heads, head_dim = attention_heads(self.loaded.model)
+        specs, d = resolve_strategies(list(strategies)), self.loaded.hidden_size
+        return (vector_bytes_per_passage_layer(specs, d, heads, head_dim, "float32"),
+                write_copy_bytes_per_passage_layer(specs, d, heads, head_dim, store_dtype, buffered))
 
     def pool_concept(self, concept: str, passages: Sequence[Passage], layers: Sequence[int],
                      strategies: Sequence[str], *, store_url: str, key: str, metadata: dict[str, str],
@@ -179,33 +189,32 @@ class ExtractorWorker:
         Layers are encoded and written on `writers` threads (shard_writers()): at the full corpus a concept's shards
         are ~10 GB at d 4,096 (S3's per-head vectors are 32 of a pooled vector), and one thread serialising,
         hashing and fsyncing them in turn held an H100's extractor ~13 s a concept of 800 passages. Each object is
-        atomic on its own and the manifest comes last, so a failure anywhere leaves the concept unpooled."""
-        if done is None:
-            shards: dict[int, pa.Table] = {}
-        else:
+        atomic on its own and the manifest comes last, so a failure anywhere leaves the concept unpooled. `done`
+        is consumed: each layer's tables leave it as they are written (the host's memory falls as the job writes)."""
+        written: dict[int, tuple[int, int]] = {}  # a written layer's rows and fallback rows
+        if done is not None:
             where = f"concept {task.concept} "
+            for layer in missing:  # a value float16 cannot hold stops the concept before any shard is written
+                check_float16(done.tables[layer], store_dtype, where)
+                if done.heads is not None:
+                    check_float16(done.heads[layer], store_dtype, where, "pooled")
+            if done.dump is not None:
+                assert task.dump_key is not None
+                store.put_table(task.dump_key, done.dump)
             with ThreadPoolExecutor(shard_writers(len(missing), writers), "poolbench-shards") as pool:
-                # Every shard is encoded before any is written: a value float16 cannot hold stops the concept whole.
-                encoded = dict(zip(missing, pool.map(lambda layer: (
-                    encode_vectors(done.tables[layer], store_dtype, where).combine_chunks(),
-                    None if done.heads is None else encode_head_table(done.heads[layer], store_dtype, where)),
-                    missing), strict=True))
-                shards = {layer: table for layer, (table, _) in encoded.items()}
-                if done.dump is not None:
-                    assert task.dump_key is not None
-                    store.put_table(task.dump_key, done.dump)
-                list(pool.map(lambda layer: _write_layer(store, task.key, layer, *encoded[layer], done), missing))
-        if task.manifest and (shards or not store.exists(task.key)):
+                rows = pool.map(lambda layer: _write_layer(store, task.key, layer, done, store_dtype, where), missing)
+                written = dict(zip(missing, rows, strict=True))
+        if task.manifest and (written or not store.exists(task.key)):
             write_pooled_manifest(store, task.key, all_layers, store_dtype)
         skipped = done.skipped if done is not None else ()
         for passage_id, n_tokens in skipped:
             logger.warning("concept %s: passage %s (%d tokens) does not fit the device alone; skipped",
                            task.concept, passage_id, n_tokens)
-        return {"concept": task.concept, "key": task.key, "layers": list(shards),
-                "rows": sum(t.num_rows for t in shards.values()), "tokens": done.tokens if done is not None else 0,
+        return {"concept": task.concept, "key": task.key, "layers": list(written),
+                "rows": sum(rows for rows, _ in written.values()), "tokens": done.tokens if done is not None else 0,
                 "seconds": done.seconds if done is not None else 0.0,
                 "skipped_passages": [{"id": pid, "tokens": n} for pid, n in skipped],
-                "fallback_rows": sum(int(pc.sum(t.column("fallback")).as_py() or 0) for t in shards.values())}
+                "fallback_rows": sum(fallback for _, fallback in written.values())}
 
     def _pool(self, work: Sequence[tuple[PoolTask, list[int]]], specs: list[StrategySpec], store: ArtifactStore,
               *, batch_size: int, max_length: int, max_batch_tokens: int | None,
@@ -265,17 +274,22 @@ def shard_writers(layers: int, requested: int | None = None) -> int:
     return max(1, min(wanted, layers))
 
 
-def _write_layer(store: ArtifactStore, key: str, layer: int, table: pa.Table, heads: pa.Table | None,
-                 done: _Pooled) -> None:
-    """One layer's objects, its PooledTable shard last: a stored shard means its companions are stored too."""
+def _write_layer(store: ArtifactStore, key: str, layer: int, done: _Pooled, store_dtype: StoreDtype,
+                 where: str) -> tuple[int, int]:
+    """One layer's objects, its PooledTable shard last (a stored shard means its companions are stored too); its
+    rows and fallback rows. Each table is encoded here and the job's float32 copy of it let go as soon as it is, so
+    while a job writes it holds its vectors and what its writers hold at once (host_room.VectorBytes), not every
+    layer encoded beside them."""
     shard_key = layer_shard_key(key, layer)
-    if heads is not None:
-        store.put_table(head_table_key(shard_key), heads)
+    if done.heads is not None:
+        store.put_table(head_table_key(shard_key), encode_head_table(done.heads.pop(layer), store_dtype, where))
     if done.gradients is not None and layer in done.gradients:
         store.put_table(gradient_table_key(shard_key), done.gradients[layer])
     if done.learned is not None:
         store.put_table(learned_table_key(shard_key), done.learned[layer])
+    table = encode_vectors(done.tables.pop(layer), store_dtype, where).combine_chunks()
     store.put_table(shard_key, table)
+    return table.num_rows, int(pc.sum(table.column("fallback")).as_py() or 0)
 
 
 @dataclass(frozen=True)

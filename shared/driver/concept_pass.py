@@ -112,8 +112,9 @@ class ConceptPass:
         if not self.groups or not queue.actors or self.cfg.dump_activations:
             return
         rooms = [fetch(ref, "extractor") for ref in [actor.host_room.remote() for actor in queue.actors]]
-        held = fetch(queue.actors[0].stored_bytes_per_passage_layer.remote(self.strategy_ids, "float32"), "extractor")
-        plan = fit_host_room(self.groups, VectorBytes(held), extractor_budget(rooms), queue.slots)
+        held, copied = fetch(queue.actors[0].host_bytes_per_passage_layer.remote(
+            self.strategy_ids, self.cfg.store_dtype, self.inputs.store.buffers_tables), "extractor")
+        plan = fit_host_room(self.groups, VectorBytes(held, copied), extractor_budget(rooms), queue.slots)
         self.groups, queue.slots = plan.groups, plan.slots
         self.passes_left = dict(plan.passes)
         if plan.steps:

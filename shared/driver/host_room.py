@@ -1,7 +1,7 @@
 """Room in the extractor host's memory for its pooling jobs, planned before the first forward.
 
 A pooling job holds its concepts' pooled vectors on the host until it writes them (float32, whatever the store's
-dtype), and while writing it holds each layer's encoded copy beside them; a GPU extractor holds two jobs at once
+dtype), and while writing, what its writers encode and serialise beside them; a GPU extractor holds two jobs at once
 (extractor_fleet.JOB_SLOTS_GPU: the next job's forwards run while this one's shards are written). At the full
 corpus an 8B model's concept is ~10 GB at 6 layers, ~55 GB at all 32 (S3's per-head vectors are most of it): two
 such jobs with their copies are more than many a GPU machine's host memory, and the kernel would kill the extractor
@@ -10,7 +10,7 @@ extractors on that host), cheapest step first: (1) a group of concepts sharing f
 concepts; (2) an extractor holds one job instead of two; (3) a concept is pooled in passes over its layers, each
 pass its own forwards (the forward repeated: slower, never killed), its manifest written by the driver after the
 last. A concept of which one layer alone does not fit stops the run with one line. The bytes are the vectors'
-payload (stored_size) times the peak a job was measured to reach over them while written (VectorBytes).
+payload (stored_size) times the peak the write path's copies can reach over them (VectorBytes; measured too).
 """
 
 from __future__ import annotations
@@ -25,28 +25,27 @@ from .store_room import size
 
 HOST_SHARE = 0.8  # of an extractor's available memory its jobs may hold: the rest is Ray's, D1 tasks', Arrow's
 
-WRITE_PEAK = 3  # a job's peak host memory while written, over its float32 vectors (see VectorBytes)
-JOB_FIXED = 1 << 27  # and what a job holds whatever its size (Arrow's pool, the writers' threads): ~0.04-0.15 GB
+JOB_FIXED = 1 << 27  # what a job holds whatever its size (Arrow's pool, the writers' threads): ~0.04-0.15 GB
 
 
 @dataclass(frozen=True)
 class VectorBytes:
-    """A passage's pooled vectors at one layer as a job holds them (float32, whatever the store's dtype), and what a
-    job holds at its peak: WRITE_PEAK times that. While a job writes, beside its vectors V: every layer's encoded
-    table (at most V: a float32 store copies the rows' table, not the heads'; a 16-bit one holds V/2), each writer's
-    serialised buffer of the table it writes (at most V with one writer a layer, V/2 at 16 bits) and, at 16 bits,
-    each writer's float32 copy of the layer it encodes (at most V): 3V either way. Measured (bench/shard_writes.py
-    --memory, one writer a layer, 6 layers, bench/README.md): 2.01-2.03x (float32) and 2.30-2.33x (bfloat16) at
-    400 passages and d 4,096, 2.53-2.57x (bfloat16) at 100; at 120 passages and d 1,024 (0.17 GB of vectors) 2.68-3.27x:
-    there the fixed costs (`fixed`, JOB_FIXED) weigh as much as the bound's slack."""
+    """A passage's pooled vectors at one layer as a job holds them until written (`held`: float32, whatever the
+    store's dtype) and what its writers add beside them at most (`copied`, counted from the write path by
+    stored_size.write_copy_bytes_per_passage_layer): each layer's tables own their memory and a writer lets go of
+    a layer's float32 tables as it encodes them, so a job peaks at its vectors plus its writers' copies, not every
+    layer encoded beside them. Measured against the count: bench/shard_writes.py --memory (bench/README.md)."""
 
     held: int
+    copied: int
     fixed: int = JOB_FIXED
 
+    def peak(self, rows: int) -> int:
+        """What a job of `rows` (passage, layer) rows holds at its peak, while it writes."""
+        return (self.held + self.copied) * rows + self.fixed
+
     def job(self, group: PoolGroup) -> int:
-        """What a job holds at its peak, while it writes."""
-        rows = sum(len(plan.passages) * len(layers) for plan, layers in group)
-        return WRITE_PEAK * self.held * rows + self.fixed
+        return self.peak(sum(len(plan.passages) * len(layers) for plan, layers in group))
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,8 @@ def _safe_relpath(rel: str, key: str) -> PurePosixPath:
 class ArtifactStore(ABC):
     """Backend-neutral API: backends only move named objects; this class owns format and integrity."""
 
+    buffers_tables = True  # a table is serialised in memory before it is written (see _write_table)
+
     def __init__(self) -> None:
         self.quarantined: list[tuple[str, str]] = []
 
@@ -178,8 +180,15 @@ class ArtifactStore(ABC):
 
     def put_table(self, key: str, table: pa.Table, metadata: Mapping[str, str] | None = None) -> None:
         """Store an Arrow table; ``metadata`` also goes into its schema metadata so it is self-describing."""
+        validate_key(key)
         meta = _check_metadata(metadata)
-        self._put(key, SUFFIX_TABLE, table_to_ipc_bytes(with_provenance(table, meta)), meta)
+        self._write_table(key + SUFFIX_TABLE, with_provenance(table, meta), meta)
+
+    def _write_table(self, name: str, table: pa.Table, metadata: dict[str, str]) -> None:
+        """Store a table as its Arrow IPC file's bytes, atomically; by default serialised in memory first (a
+        backend that can write it straight into its object, LocalStore, needs no copy of the table's bytes)."""
+        data = table_to_ipc_bytes(table)
+        self._write(name, data, sha256_bytes(data), metadata)
 
     def get_table(self, key: str) -> pa.Table:
         """The stored table, checked against its sha256; a folder store's table lies in its file mapped into

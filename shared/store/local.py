@@ -13,9 +13,11 @@ from typing import IO
 
 import pyarrow as pa
 
-from poolbench.atomic_write import atomic_file
+from poolbench.atomic_write import atomic_file, atomic_path
 from poolbench.errors import StoreError
+from poolbench.store.arrow_tables import write_ipc_file
 from poolbench.store.artifact_store import SUFFIX_DIR, TMP_PREFIX, ArtifactStore, StoredObject
+from poolbench.store.keys import sha256_file
 
 SIDECAR_SUFFIX = ".poolbench-meta.json"
 LOCAL_PREFIX = "local:"  # how describe() names a folder store (made absolute); results.json records it
@@ -33,6 +35,8 @@ class LocalStore(ArtifactStore):
     rename is the commit point, so a failed first write leaves nothing visible, and a failed rewrite puts
     the old sidecar back. A hard crash inside a rewrite of different bytes reads as corrupt, never as
     wrong data (keys are content-determined, so rewrites normally carry the same bytes anyway)."""
+
+    buffers_tables = False  # written straight into their files (_write_table)
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         super().__init__()
@@ -53,26 +57,48 @@ class LocalStore(ArtifactStore):
         return path.with_name(path.name + SIDECAR_SUFFIX)
 
     def _write(self, name: str, data: bytes | memoryview, sha256: str, metadata: dict[str, str]) -> None:
+        def fill(tmp: Path) -> str:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+            return sha256
+
+        self._commit(name, metadata, fill)
+
+    def _write_table(self, name: str, table: pa.Table, metadata: dict[str, str]) -> None:
+        """Straight into the object's file, hashed from the page cache after: no serialised copy of the table in
+        memory (a layer's shard of an 8B model is GBs, and an extractor writes several at once: host_room.py)."""
+        def fill(tmp: Path) -> str:
+            write_ipc_file(table, tmp)
+            return sha256_file(tmp)
+
+        self._commit(name, metadata, fill)
+
+    def _commit(self, name: str, metadata: dict[str, str], fill: Callable[[Path], str]) -> None:
+        """Store an object atomically: `fill` writes its temp file and returns its sha256, the sidecar is written
+        next, the temp file renamed into place last (the commit point); a failure after the sidecar puts the old
+        one back (or removes it), and one before leaves everything as it was."""
         path = self._path(name)
         sidecar = self._sidecar(path)
-        info = json.dumps({"sha256": sha256, "metadata": metadata}, sort_keys=True).encode("utf-8")
         try:
             old_info = sidecar.read_bytes() if path.exists() else None
         except OSError:
             old_info = None
+        sidecar_written = False
         try:
-            _atomic_write(sidecar, lambda f: f.write(info))
-            try:
-                _atomic_write(path, lambda f: f.write(data))
-            except BaseException:
+            with atomic_path(path, prefix=TMP_PREFIX) as tmp:
+                info = json.dumps({"sha256": fill(tmp), "metadata": metadata}, sort_keys=True).encode("utf-8")
+                _atomic_write(sidecar, lambda f: f.write(info))
+                sidecar_written = True
+        except BaseException as exc:
+            if sidecar_written:
                 with contextlib.suppress(OSError):
                     if old_info is None:
                         sidecar.unlink()
                     else:
                         _atomic_write(sidecar, lambda f: f.write(old_info))
-                raise
-        except OSError as exc:
-            raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
+            if isinstance(exc, OSError):
+                raise StoreError(f"cannot write {path}: {exc.strerror or exc}") from exc
+            raise
 
     def _info(self, path: Path) -> tuple[str | None, dict[str, str]]:
         try:

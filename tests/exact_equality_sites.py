@@ -37,6 +37,8 @@ SITES: dict[str, tuple[int, str, str]] = {
         1, COPY + ": the same tables encoded and serialised on one thread or three", "the stored files' bytes"),
     "test_store.py::test_a_folder_stores_table_lies_in_its_file_mapped_into_memory": (
         2, COPY + ": a table stored and read back from its mapped file", "the table read, before and after a rewrite"),
+    "test_store.py::test_a_table_is_stored_as_the_librarys_bytes_in_every_backend": (
+        1, COPY, "a stored table read back against the table with its provenance"),
     "test_store.py::test_a_table_serialises_to_the_librarys_bytes_in_one_exact_buffer": (
         1, COPY + ": one table serialised by pyarrow's IPC writer into a sized buffer or a growing stream",
         "the serialised bytes"),
@@ -124,7 +126,11 @@ SITES: dict[str, tuple[int, str, str]] = {
         "a stored head table's vectors and outputs"),
     "test_pooled_shards.py::test_bfloat16_bits_and_the_float16_range_check_read_in_blocks": (
         1, INTS + ": bfloat16 bit patterns from one integer formula, in blocks or whole", "uint16 bits"),
+    "test_pooled_shards.py::test_encoding_a_layer_chunk_by_chunk_equals_converting_its_whole_column": (
+        3, COPY + ": float16 and bfloat16 casts of the same values, chunk by chunk or whole, and their decoding back "
+           "to float32", "16-bit bits, the other columns, float32 values"),
     "test_pooled_table.py::test_round_trip_places_every_vector": (3, EXACT, "small-integer vectors, labels, flags"),
+    "test_pooled_table.py::test_each_layer_owns_a_copy_of_its_rows": (1, COPY, "a layer's vectors and the input's"),
     "test_pooled_table.py::test_head_table_keeps_each_head_at_its_own_width_and_reorders_to_the_pooled_rows": (
         2, EXACT, "small-integer head vectors"),
     "test_pooler.py::test_pool_tokens_equals_pool_naive_on_random_padded_batches": (1, INTS, "fallback flags"),

@@ -8,7 +8,7 @@ ITIHeadTable (poolbench.pooler.iti), sharded the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, cast
 
@@ -100,23 +100,17 @@ def decode_vectors(table: pa.Table, column: str = "vector") -> np.ndarray:
 def encode_vectors(table: pa.Table, store_dtype: StoreDtype, where: str = "", column: str = "vector") -> pa.Table:
     """The same table with the vectors of `column` stored as `store_dtype` (a PooledTable's "vector", an
     ITIHeadTable's "pooled") in one chunk; a value float16 cannot hold stops here, naming its layer, strategy (and
-    head). Chunk by chunk into one output buffer: no float32 copy of the column beside the table (a job's builders
-    leave it in a chunk a batch), so a 16-bit layer costs its writer half its float32 bytes while encoded."""
+    head). Chunk by chunk into one output buffer, checked in the same pass: no float32 copy of the column beside
+    the table (a job's builders leave it in a chunk a batch), so a 16-bit layer costs its writer half its float32
+    bytes while encoded."""
     if vector_dtype(table, column) == store_dtype:
         return table
-    check_float16(table, store_dtype, where, column)
-    chunks = table.column(column).chunks
     dim = table.schema.field(column).type.list_size
     out = np.empty(table.num_rows * dim, dtype=_NUMPY_VALUES[store_dtype])
-    start = 0
-    for chunk in chunks:
-        X = as_float32(chunk_values(chunk), vector_dtype(table, column))
-        stop = start + X.size
-        if store_dtype == "bfloat16":
-            out[start:stop] = bfloat16_bits(X).reshape(-1)
-        else:
-            out[start:stop] = X.reshape(-1)
-        start = stop
+    for offset, X in _float32_chunks(table, column):
+        if store_dtype == "float16":
+            _stop_over_float16(table, offset, X, where)
+        out[offset * dim:(offset + len(X)) * dim] = (bfloat16_bits(X) if store_dtype == "bfloat16" else X).reshape(-1)
     values = pa.FixedSizeListArray.from_arrays(pa.array(out, _ARROW_VALUES[store_dtype]), dim)
     return table.set_column(table.schema.get_field_index(column), _vector_field(dim, store_dtype, column), values)
 
@@ -126,22 +120,34 @@ def chunk_values(chunk: pa.FixedSizeListArray) -> np.ndarray:
     return chunk.flatten().to_numpy(zero_copy_only=False).reshape(-1, chunk.type.list_size)
 
 
+def _float32_chunks(table: pa.Table, column: str) -> Iterator[tuple[int, np.ndarray]]:
+    """Each chunk of a vector column as float32 [n, d] (no copy where stored at float32) with the table row it
+    starts at."""
+    dtype, offset = vector_dtype(table, column), 0
+    for chunk in table.column(column).chunks:
+        yield offset, as_float32(chunk_values(chunk), dtype)
+        offset += len(chunk)
+
+
 def check_float16(table: pa.Table, store_dtype: StoreDtype, where: str = "", column: str = "vector") -> None:
     """Stop, naming the row's layer, strategy (and head), where a vector of `column` holds a value float16 cannot:
     chunk by chunk, a block of rows at a time, so no copy of the column. Nothing to check for other dtypes."""
     if store_dtype != "float16" or vector_dtype(table, column) == "float16":
         return
-    offset = 0
-    for chunk in table.column(column).chunks:
-        X = as_float32(chunk_values(chunk), vector_dtype(table, column))
-        row = _first_row_over(X, _FLOAT16_MAX)
-        if row is not None:
-            head = f" head {table.column('head')[offset + row]}" if "head" in table.column_names else ""
-            raise StoreError(f"{where}layer {table.column('layer')[offset + row]} "
-                             f"{table.column('strategy')[offset + row]}{head}: pooled value "
-                             f"{float(np.abs(X[row]).max()):.6g} exceeds float16's {_FLOAT16_MAX:.0f}; "
-                             "use --store-dtype bfloat16 or float32")
-        offset += len(chunk)
+    for offset, X in _float32_chunks(table, column):
+        _stop_over_float16(table, offset, X, where)
+
+
+def _stop_over_float16(table: pa.Table, offset: int, X: np.ndarray, where: str) -> None:
+    """Raise for the first row of the chunk X (the table's rows from `offset`) that float16 cannot hold."""
+    row = _first_row_over(X, _FLOAT16_MAX)
+    if row is None:
+        return
+    at = offset + row
+    head = f" head {table.column('head')[at]}" if "head" in table.column_names else ""
+    raise StoreError(f"{where}layer {table.column('layer')[at]} {table.column('strategy')[at]}{head}: pooled value "
+                     f"{float(np.abs(X[row]).max()):.6g} exceeds float16's {_FLOAT16_MAX:.0f}; "
+                     "use --store-dtype bfloat16 or float32")
 
 
 def _first_row_over(X: np.ndarray, limit: float) -> int | None:

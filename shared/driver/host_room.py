@@ -10,7 +10,7 @@ extractors on that host), cheapest step first: (1) a group of concepts sharing f
 concepts; (2) an extractor holds one job instead of two; (3) a concept is pooled in passes over its layers, each
 pass its own forwards (the forward repeated: slower, never killed), its manifest written by the driver after the
 last. A concept of which one layer alone does not fit stops the run with one line. The bytes are the vectors'
-payload (stored_size) times the peak the write path's copies can reach over them (VectorBytes; measured too).
+payload (stored_size) plus what the write path's copies can add to them (VectorBytes; measured too).
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ run's padded batches, its model freed before the run starts. SIGINT stops the ru
 (torch.cuda.max_memory_allocated on a GPU, its RSS on CPU) through Ray's `__ray_call__` (bench instrumentation
 only: nothing in the run changes). The projection to 17 concepts x 2,000 passages x 400 tokens multiplies the
 measured per-token rates (pooling, raw forward) and the per-passage D1 rate by that size: a projection, not a
-measurement. Writes bench/results/scale.json (--out).
+measurement; with two or more concepts `total_after_the_first` projects from the concepts pooled after the first
+(the one-off start paid once, D1 beside the forwards where the driver runs it so), and the total's target is judged
+on it (`met_total_from`). Writes bench/results/scale.json (--out).
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ TARGETS = {"pooling_over_raw_tokens_per_s_min": 1 / 3, "d1_17_concepts_s_max": 3
 
 @dataclass(frozen=True)
 class Projection:
-    """The full benchmark's seconds from measured rates: pooling and the raw forward per token, D1 per passage (its
-    fits grow with the passages, not their length); `total_s` runs D1 after the pooling (a GPU probes beside it)."""
+    """The full benchmark's seconds from the run's mean rates: pooling and the raw forward per token, D1 per passage
+    (its fits grow with the passages, not their length). An upper bound: the first concept's one-off start is
+    scaled with its tokens, and `total_s` runs all of D1 after the pooling (a GPU probes beside it);
+    total_after_the_first is the warm model."""
 
     concepts: int
     passages_per_concept: int
@@ -93,6 +97,29 @@ def after_the_first(rows: list[dict]) -> dict | None:
             "tokens_per_s": tokens / pool_s, "tokens_per_s_over_raw": raw_s / pool_s,
             "projected_pooling_s": projected,
             "met_pooling_over_raw": raw_s / pool_s >= TARGETS["pooling_over_raw_tokens_per_s_min"]}
+
+
+def total_after_the_first(rows: list[dict], warm: dict | None, d1_beside: bool, serial_d1_s: float) -> dict | None:
+    """The full benchmark's wall clock on the warm model: the pooling as after_the_first projects it (the first
+    concept's one-off start paid once), then the D1 that is left when the last concept is pooled.
+
+    On a GPU a concept's probes run beside the next concept's forwards (driver/probe_gate.py), so only the last
+    concept's D1 adds to the pooling, as long as every concept's D1, scaled to a full concept's passages, takes no
+    longer than a full concept's warm pooling (`d1_keeps_pace`); otherwise, and where D1 waits for the pooling (a
+    CPU), the whole D1 projection (`serial_d1_s`) is added. D1 scales per passage, as in `project`: its fits grow
+    faster than that with n, and its fixed costs (process and CUDA starts, reading the tables) slower. None with
+    one concept."""
+    if warm is None:
+        return None
+    per_full_concept = FULL_PASSAGES * FULL_TOKENS / warm["tokens_per_s"]
+    scaled = [(r["probed_at_s"] - r["pooled_at_s"]) * FULL_PASSAGES / r["passages"] for r in rows]
+    last = max(range(len(rows)), key=lambda i: rows[i]["pooled_at_s"])
+    keeps_pace = d1_beside and max(scaled) <= per_full_concept
+    d1_after = scaled[last] if keeps_pace else serial_d1_s
+    return {"pooling_s": warm["projected_pooling_s"], "full_concept_pooling_s": per_full_concept,
+            "d1_per_full_concept_s": max(scaled), "d1_keeps_pace": keeps_pace, "d1_after_pooling_s": d1_after,
+            "total_s": warm["projected_pooling_s"] + d1_after,
+            "note": "a projection from the concepts pooled after the first, not a measurement"}
 
 
 def device_name(device: torch.device) -> str:
@@ -351,18 +378,22 @@ def measure(args: argparse.Namespace) -> dict:
                "extractors": counts}
     projection = project(tokens, passages, raw_s, run["pooling_s"], run["d1_s"])
     warm = after_the_first(rows)
+    warm_total = total_after_the_first(rows, warm, not run["d1_waits_for_pooling"], projection.d1_s)
     d1_17 = run["d1_s"] * FULL_CONCEPTS * FULL_PASSAGES / passages
+    total = warm_total["total_s"] if warm_total else projection.total_s
     result["peak_bytes"]["extractor"] = max((c["peak_bytes"] for c in counted), default=None)
     return {
         **result,
         "seconds": {"pooling": run["pooling_s"], "d1": run["d1_s"], "total": run["total_s"], "raw_forward": raw_s,
                     "bench_wall": time.perf_counter() - started},
         "d1_waits_for_pooling": run["d1_waits_for_pooling"], "pooling": pooling, "projection": asdict(projection),
-        "after_the_first": warm, "store": store_projection(run["store_bytes"], passages),
+        "after_the_first": warm, "total_after_the_first": warm_total,
+        "store": store_projection(run["store_bytes"], passages),
         "met": {"pooling_over_raw_tokens_per_s_min": pooling["tokens_per_s_over_raw"] >= TARGETS[
                     "pooling_over_raw_tokens_per_s_min"],
                 "d1_17_concepts_s_max": d1_17 <= TARGETS["d1_17_concepts_s_max"],
-                "total_s_max": projection.total_s <= TARGETS["total_s_max"]},
+                "total_s_max": total <= TARGETS["total_s_max"]},
+        "met_total_from": "total_after_the_first" if warm_total else "projection",
     }
 
 
@@ -389,6 +420,12 @@ def report(result: dict) -> None:
     console.print(f"projection ({p['note']}) to {p['concepts']} x {p['passages_per_concept']} passages x "
                   f"{p['tokens_per_passage']} tokens: raw forward {p['raw_forward_s'] / 60:.1f} min, pooling "
                   f"{p['pooling_s'] / 60:.1f} min, D1 {p['d1_s'] / 60:.1f} min, total {p['total_s'] / 60:.1f} min")
+    outlook = result.get("total_after_the_first")
+    if outlook:
+        console.print(f"projection from the concepts after the first ({outlook['note']}): pooling "
+                      f"{outlook['pooling_s'] / 60:.1f} min, then D1 {outlook['d1_after_pooling_s'] / 60:.1f} min "
+                      f"({'the last concept' if outlook['d1_keeps_pace'] else 'all of it'}), total "
+                      f"{outlook['total_s'] / 60:.1f} min")
     store = result["store"]
     console.print(f"store: pooled artifacts {store['pooled_bytes'] / 1e9:.2f} GB "
                   f"({store['pooled_bytes_per_passage'] / 1e6:.2f} MB a passage), projected "

@@ -110,9 +110,40 @@ def test_after_the_first_concept_is_the_later_concepts_rates_and_a_projection_th
     assert after_the_first(slow)["met_pooling_over_raw"] is False  # 3 / 80 of the raw rate
 
 
+def test_the_warm_total_adds_the_last_concepts_d1_only_while_d1_keeps_pace_beside_the_forwards() -> None:
+    from scale import after_the_first, total_after_the_first
+    rows = [{"concept": "a", "tokens": 1000, "passages": 100, "pool_s": 2.0, "raw_s": 1.0, "pooled_at_s": 20.0,
+             "probed_at_s": 25.0},
+            {"concept": "b", "tokens": 4000, "passages": 400, "pool_s": 30.0, "raw_s": 4.0, "pooled_at_s": 10.0,
+             "probed_at_s": 40.0},
+            {"concept": "c", "tokens": 3000, "passages": 200, "pool_s": 6.0, "raw_s": 2.0, "pooled_at_s": 30.0,
+             "probed_at_s": 36.0}]
+    warm = after_the_first(rows)  # 500 tok/s after the first: a full concept (2,000 x 400 tokens) pools in 1,600 s
+    pooling = 30.0 + 8.0 / 4000 * (13_600_000 - 4000)
+    # D1 per full concept (2,000 passages): a 5 s x 20 = 100, b 30 s x 5 = 150, c 6 s x 10 = 60; c is pooled last
+    beside = total_after_the_first(rows, warm, True, 9999.0)
+    assert beside["full_concept_pooling_s"] == 1600.0 and beside["d1_per_full_concept_s"] == 150.0
+    assert beside["d1_keeps_pace"] is True and beside["d1_after_pooling_s"] == 60.0
+    assert beside["pooling_s"] == pooling and beside["total_s"] == pooling + 60.0
+    assert "not a measurement" in beside["note"]
+    # D1 after the pooling (a CPU run): all of it is added
+    waits = total_after_the_first(rows, warm, False, 9999.0)
+    assert waits["d1_keeps_pace"] is False and waits["total_s"] == pooling + 9999.0
+    # b's D1 scaled to a full concept (400 s x 5 = 2,000 s) outlasts a full concept's pooling: all of D1 again
+    slow = [dict(r, probed_at_s=410.0) if r["concept"] == "b" else r for r in rows]
+    lagging = total_after_the_first(slow, warm, True, 9999.0)
+    assert lagging["d1_keeps_pace"] is False and lagging["total_s"] == pooling + 9999.0
+    assert total_after_the_first(rows[:1], after_the_first(rows[:1]), True, 1.0) is None
+
+
 def test_the_smoke_run_reports_the_concepts_after_the_first(smoke_run) -> None:
     r = smoke_run
     warm = r["after_the_first"]
     later = sorted(r["per_concept"], key=lambda row: row["pooled_at_s"])[1:]
     assert warm["concepts"] == [row["concept"] for row in later] and len(later) == 1
     assert warm["pool_s"] == later[0]["pool_s"] and warm["tokens"] == later[0]["tokens"]
+    # a CPU run's D1 waits for the pooling: the warm total adds all of the projected D1, and judges the target
+    total = r["total_after_the_first"]
+    assert total["d1_keeps_pace"] is False and r["met_total_from"] == "total_after_the_first"
+    assert total["total_s"] == pytest.approx(warm["projected_pooling_s"] + r["projection"]["d1_s"], rel=1e-12)
+    assert r["met"]["total_s_max"] == (total["total_s"] <= r["targets"]["total_s_max"])

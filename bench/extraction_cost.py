@@ -253,15 +253,32 @@ def run_stage(args: argparse.Namespace) -> dict:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    """Every stage in a child process of this script; the parent parses once so children read cached parses."""
+    """Every stage in a child process of this script; the parent parses once so children read cached parses.
+
+    After each stage the document so far is written to --out ("complete": false, the stages left named), so a run
+    stopped by a signal or a time limit (a lent GPU's call: bench/gpu_measure.sh) keeps every stage it finished;
+    an interrupted stage itself leaves nothing."""
     stages = args.stages.split(",")
+    results: dict[str, dict] = {}
+    try:
+        _run_stages(args, stages, results)
+    except KeyboardInterrupt:
+        if not results:
+            raise
+        left = [stage for stage in stages if stage not in results]
+        Console().print(f"interrupted: {', '.join(results)} measured, {', '.join(left)} not")
+        return {**summarise(args, results), "complete": False, "stages_left": left}
+    return {**summarise(args, results), "complete": True, "stages_left": []}
+
+
+def _run_stages(args: argparse.Namespace, stages: list[str], results: dict[str, dict]) -> None:
+    """The stages in order into `results`, the partial document written after each but the last."""
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = load_tokenizer(f"{SHAPE_PREFIX}{args.shape}") if args.shape else open_model(args, "cpu").tokenizer
         store = LocalStore(tmp)
         for ps in packed_passages(tokenizer, args).values():
             cached_parse_table(store, [p.text for p in ps], [p.id for p in ps], corpus_hash="bench",
                                passages_digest=ids_digest([p.id for p in ps]))
-        results = {}
         for stage in stages:
             if args.in_process:  # one process for every stage (smoke tests): peak memory is then cumulative
                 results[stage] = run_stage(argparse.Namespace(**{**vars(args), "stage": stage, "parse_store": tmp}))
@@ -278,6 +295,14 @@ def measure(args: argparse.Namespace) -> dict:
                             soft_wrap=True)
             if "profile" in done:
                 Console().print(f"{stage}: {phase_line(done['profile'])}", soft_wrap=True)
+            left = stages[stages.index(stage) + 1:]
+            if left:
+                write_result({**summarise(args, results), "complete": False, "stages_left": left}, args.out)
+
+
+def summarise(args: argparse.Namespace, results: dict[str, dict]) -> dict:
+    """The JSON document from the stages measured so far (the ratios of a stage not yet run are null)."""
+    stages = list(results)
     header = run_header("extraction_cost", args, results[stages[0]]["device"])
     summary = {}
     for stage in ("hidden", "attention", "forward_backward"):
@@ -371,7 +396,10 @@ def main() -> None:
     if args.stage is not None:
         args.child_out.write_text(json.dumps(run_stage(args)))
         return
-    report(measure(args), args.out)
+    result = measure(args)
+    report(result, args.out)
+    if not result["complete"]:
+        sys.exit(130)  # interrupted: what was measured is written, the exit says it is not all
 
 
 if __name__ == "__main__":

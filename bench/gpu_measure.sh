@@ -16,8 +16,8 @@
 # scale_probes, which runs scale.py once per value of PROBES_SWEEP ("1 2 4": D1 probe tasks beside the extractor,
 # $POOLBENCH_PROBES_PER_GPU) into scale_p<N>.{json,log}, T_SCALE each: `STEPS=scale_probes` is a call of its own
 # (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back. d1_parallel runs
-# d1_parallel.py once per value of D1_PROCS ("2 8": D1 probe processes at once on the GPU, D1P_CELLS (19) cells each,
-# T_D1P each) into d1_p<N>.{json,log}.
+# d1_parallel.py once per value of D1_PROCS ("8": D1 probe processes at once on the GPU, the driver's most a GPU,
+# D1P_CELLS (19) cells each, T_D1P each; 16 ran out of an H100's memory) into d1_p<N>.{json,log}.
 # Knobs (environment): SHAPE (llama-3.1-8b), DEVICE (cuda), DTYPE (bfloat16 on cuda, float32 on cpu),
 # SCALE_LIMIT (200: at most 200 passages per class and split, 800 of a concept's 2,000, ~100k tokens; `full`: the
 # whole corpus, ~250k tokens a concept, which needs pooling near the issue's target to finish in T_SCALE),
@@ -27,8 +27,9 @@
 # corpus, the issue's baseline, holds 14k tokens: 2 forwards),
 # REPEATS (2: best of two, the first warms every path), STAGES (the four the targets name), D1_CELLS (19), PROFILE
 # (1: each extraction_cost stage once more under torch.profiler, its time by phase of the capture, ~1 stage more),
-# T_TESTS / T_D1 / T_D1P / T_EXTRACT / T_SCALE (45 / 45 / 60 each / 210 / 200 s: each step's limit, 620 s in all; on
-# the H100, bench/measured/h100_session20, the steps took 27, 22, 26-35 a sweep value, ~220 and 183 s),
+# T_TESTS / T_D1 / T_D1P / T_EXTRACT / T_SCALE (45 / 45 / 60 each / 280 / 200 s: each step's limit, 630 s in all; on
+# the H100, bench/measured/h100_session30, the steps took 22, 13, 28, over 212 (three of the four stages profiled
+# in 212 s; extraction_cost writes its JSON after each stage) and 149 s),
 # BUDGET (560 s: the whole script's wall clock from its start; a step's limit is cut to what is left of it, less the
 # 5 s SIGKILL grace, and a step with under MIN_STEP (30) s left is skipped and said so, so the call ends inside the
 # device tool's 600 s with every step's files bundled; a step the tool killed mid-run would lose scale.py's JSON,
@@ -53,7 +54,7 @@ TEXTS=${TEXTS:-64}
 REPEATS=${REPEATS:-2}
 STAGES=${STAGES:-forward_backward,hidden,attention,all}
 D1_CELLS=${D1_CELLS:-19}
-T_EXTRACT=${T_EXTRACT:-210}
+T_EXTRACT=${T_EXTRACT:-280}
 T_D1=${T_D1:-45}
 T_SCALE=${T_SCALE:-200}
 T_TESTS=${T_TESTS:-45}
@@ -63,7 +64,7 @@ PROFILE=${PROFILE:-1}              # 1: extraction_cost's stages once more under
 EXTRA_SCALE=${EXTRA_SCALE:-}       # more options for scale.py
 EXTRA_D1=${EXTRA_D1:-}             # more options for d1_cost.py
 STEPS=${STEPS:-pytest d1_cost d1_parallel extraction_cost scale}
-D1_PROCS=${D1_PROCS:-2 8}
+D1_PROCS=${D1_PROCS:-8}
 D1P_CELLS=${D1P_CELLS:-19}
 T_D1P=${T_D1P:-60}
 EXTRA_D1P=${EXTRA_D1P:-}           # more options for d1_parallel.py

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 BENCH = Path(__file__).parents[1] / "bench" / "extraction_cost.py"
@@ -17,6 +20,7 @@ def test_the_shape_bench_writes_device_versions_ratios_and_the_seconds_split(tmp
                     "--repeats", "1", "--threads", "1", "--device", "cpu", "--in-process", "--out", str(out)],
                    check=True, cwd=BENCH.parent, capture_output=True)
     result = json.loads(out.read_text())
+    assert result["complete"] is True and result["stages_left"] == []
     assert result["shape"] == "tiny" and result["device"] and result["git"]
     assert result["torch"] and result["cuda"] is None and result["pooling"] == "device"
     assert set(result["ratios"]) == {"hidden_vs_forward", "attention_vs_forward", "all_vs_fwd_bwd",
@@ -97,3 +101,26 @@ def test_auto_groups_the_jobs_as_the_driver_does(tmp_path) -> None:
     assert extraction_cost.job_groups(concepts, args, torch.device("cuda")) == [["a", "b"], ["c"]]
     assert extraction_cost.job_groups(concepts, argparse.Namespace(**{**vars(args), "concepts_per_job": "2"}),
                                       torch.device("cpu")) == [["a", "b"], ["c"]]
+
+
+def test_a_run_interrupted_after_its_first_stage_keeps_that_stage_and_names_the_rest(tmp_path) -> None:
+    """A lent GPU's call ends with SIGINT at its limit (bench/gpu_measure.sh, `timeout -s INT` to the process group):
+    the stages finished by then are in --out, marked incomplete with the stages left, and the exit is 130. Before,
+    the JSON was written once at the end: a limit inside the last stage lost the three before it."""
+    out = tmp_path / "cost.json"
+    run = subprocess.Popen([sys.executable, str(BENCH), "--shape", "tiny", "--texts", "2", "--max-length", "48",
+                            "--stages", "raw,hidden,attention,all", "--repeats", "3", "--threads", "1", "--device",
+                            "cpu", "--in-process", "--out", str(out)], cwd=BENCH.parent, start_new_session=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not out.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert out.exists(), run.communicate()[0][-3000:]
+    os.killpg(run.pid, signal.SIGINT)
+    output, _ = run.communicate(timeout=300)
+    assert run.returncode == 130, output[-3000:]
+    result = json.loads(out.read_text())
+    assert result["complete"] is False and "raw" in result["stages"]
+    assert result["stages_left"] and result["stages_left"][-1] == "all"
+    assert list(result["stages"]) + result["stages_left"] == ["raw", "hidden", "attention", "all"]
+    assert result["ratios"]["all_vs_fwd_bwd"] is None and "interrupted:" in output

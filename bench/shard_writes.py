@@ -87,8 +87,8 @@ def peak_anonymous_bytes(work, every_s: float = 0.005) -> tuple[object, int]:
 
 
 class BufferedFolder(LocalStore):
-    """A folder store that serialises each table in memory first, as an S3 store does (ArtifactStore's way): the
-    write path's memory with a buffered store, measured without an S3 server."""
+    """A folder store that serialises each table in memory first (ArtifactStore's way, an S3 store's before session
+    30): the write path's memory with a buffered store, measured without an S3 server."""
 
     buffers_tables = True
 
@@ -171,7 +171,8 @@ def main() -> None:
                         help="only the host memory a concept holds and peaks at while written, against the driver's "
                              "plan for it (driver/host_room.py)")
     parser.add_argument("--buffered", action="store_true",
-                        help="in --memory, a folder store that serialises each table in memory first, as S3 does")
+                        help="in --memory, a folder store that serialises each table in memory first (the base "
+                             "ArtifactStore's way)")
     parser.add_argument("--memory-writers", type=int, default=None,
                         help="writer threads in --memory (default: the extractor's own, one a layer up to the cores)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "shard_writes.json")

@@ -19,6 +19,7 @@ from poolbench.pooler.stored_size import vector_bytes_per_passage_layer, write_c
 from poolbench.pooler.worker import ExtractorWorker
 from poolbench.records.events import ConceptPooled, PoolingFitted, RunEvent
 from poolbench.store.local import LocalStore
+from poolbench.store.s3 import S3Store
 
 
 def concept(name: str, n_passages: int, layers: list[int]) -> tuple[ConceptPlan, list[int]]:
@@ -78,8 +79,9 @@ def test_the_8b_full_benchmark_at_every_layer_fits_a_128_gb_host_one_job_at_a_ti
     """The 19 card strategies on an 8B shape at the full corpus (2,000 passages a concept): 868,352 float32 bytes a
     passage and layer, 311,296 of them PooledTable rows. Into a folder store at float32 a job peaks at its vectors
     plus its rows' single-chunk copy: two jobs of 14.3 GB at 6 layers fit HOST_SHARE of 128 GB as planned, and at
-    all 32 one job (75.6 GB) at a time, no passes. A store that serialises tables in memory (S3) adds the vectors
-    again: 111.3 GB at 32 layers, two passes a concept (28 layers, then 4); a 16-bit store half of them: 83.5 GB."""
+    all 32 one job (75.6 GB) at a time, no passes; an S3 store likewise (it spools each table to a file and uploads
+    that). A store that serialises tables in memory adds the vectors again: 111.3 GB at 32 layers, two passes a
+    concept (28 layers, then 4); a 16-bit store half of them: 83.5 GB."""
     specs = resolve_strategies(None)
     shape = (specs, 4096, 32, 128)
     f32 = vector_bytes_per_passage_layer(*shape, "float32")
@@ -95,9 +97,11 @@ def test_the_8b_full_benchmark_at_every_layer_fits_a_128_gb_host_one_job_at_a_ti
     one = fit_host_room(every, folder, budget, slots=2)
     assert one.slots == 1 and one.passes == {} and round(folder.job(every[0]) / 1e9, 1) == 75.6
     assert round(half.job(every[0]) / 1e9, 1) == 83.5 and fit_host_room(every, half, budget, slots=2).passes == {}
-    s3 = fit_host_room(every, buffered, budget, slots=2)
-    assert s3.slots == 1 and s3.passes == {"a": 2, "b": 2} and round(buffered.job(every[0]) / 1e9, 1) == 111.3
-    assert [len(layers) for group in s3.groups for _, layers in group] == [28, 4, 28, 4]
+    assert S3Store.buffers_tables is False and LocalStore.buffers_tables is False
+    in_memory = fit_host_room(every, buffered, budget, slots=2)
+    assert in_memory.slots == 1 and in_memory.passes == {"a": 2, "b": 2}
+    assert round(buffered.job(every[0]) / 1e9, 1) == 111.3
+    assert [len(layers) for group in in_memory.groups for _, layers in group] == [28, 4, 28, 4]
 
 
 STRATEGIES = ("A1_mean", "P1_last", "S3_iti_probe")

@@ -5,14 +5,16 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from minio import Minio
 from pydantic import BaseModel
-from s3_server import ACCESS_KEY, REGION, SECRET_KEY
+from s3_server import ACCESS_KEY, REGION, SECRET_KEY, s3_store_on
 
 from poolbench.errors import PoolBenchError, StoreError
 from poolbench.store.artifact_store import ArtifactStore
@@ -118,10 +120,10 @@ def test_a_table_serialises_to_the_librarys_bytes_in_one_exact_buffer(shape: str
 
 def test_a_table_is_stored_as_the_librarys_bytes_in_every_backend(artifact_store: ArtifactStore,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """A folder store writes a table straight into its file (no serialised copy in memory: a layer's shard of an
-    8B model is GBs), an S3 store serialises it first: either way the object is pyarrow's IPC file, byte for
-    byte, with the schema's provenance, and its recorded sha256 is those bytes' (so a key's object is the same
-    whichever store holds it)."""
+    """A folder store writes a table straight into its file, an S3 store into a spool file it uploads (no
+    serialised copy in memory either way: a layer's shard of an 8B model is GBs): the object is pyarrow's IPC file,
+    byte for byte, with the schema's provenance, and its recorded sha256 is those bytes' (so a key's object is the
+    same whichever store holds it)."""
     from poolbench.store import artifact_store as base
     from poolbench.store.arrow_tables import with_provenance
 
@@ -129,13 +131,57 @@ def test_a_table_is_stored_as_the_librarys_bytes_in_every_backend(artifact_store
     whole = pa.table({"id": [f"p{i}" for i in range(6)], "v": vectors})
     table = pa.concat_tables([whole.slice(0, 2), whole.slice(2, 4)])
     want = library_ipc_bytes(with_provenance(table, {"layer": "3"}))
-    if isinstance(artifact_store, LocalStore):  # the folder store never serialises into memory
-        monkeypatch.setattr(base, "table_to_ipc_bytes", lambda t: pytest.fail("serialised in memory"))
+    monkeypatch.setattr(base, "table_to_ipc_bytes", lambda t: pytest.fail("serialised in memory"))
+    assert artifact_store.buffers_tables is False  # what the host fit counts (driver/host_room.py)
     artifact_store.put_table(KEY, table, metadata={"layer": "3"})
     stored = artifact_store._read(f"{KEY}.arrow")
     assert stored is not None and bytes(stored.data) == want
     assert stored.sha256 == hashlib.sha256(want).hexdigest()
     assert artifact_store.get_table(KEY).equals(with_provenance(table, {"layer": "3"}))
+
+
+def test_an_s3_table_over_a_part_goes_up_in_parts_from_its_spool_and_reads_back_whole(moto_s3, tmp_path,
+                                                                                       monkeypatch) -> None:
+    """A 13 MB table (minio's parts are 5 MiB at least) is uploaded from its spool file in three parts (S3 names a
+    multipart object's ETag "<md5 of the parts' md5s>-<parts>"), the spool is gone after, and the object is the
+    library's bytes with their sha256."""
+    from poolbench.store import artifact_store as base
+    from poolbench.store.arrow_tables import with_provenance
+
+    spool = tmp_path / "spool"  # its own: the system's is shared with whatever else runs
+    spool.mkdir()
+    store = s3_store_on(moto_s3)
+    store.spool_dir = str(spool)
+    monkeypatch.setattr(base, "table_to_ipc_bytes", lambda t: pytest.fail("serialised in memory"))
+    values = np.arange(13 * 2**20 // 4, dtype=np.float32) / 7
+    table = pa.table({"v": pa.FixedSizeListArray.from_arrays(pa.array(values), 1024)})
+    store.put_table(KEY, table, metadata={"layer": "5"})
+    want = library_ipc_bytes(with_provenance(table, {"layer": "5"}))
+    stat = store._client.stat_object(store.bucket, store._object(f"{KEY}.arrow"))
+    assert stat.size == len(want) > 2 * 5 * 2**20 and stat.etag.endswith("-3"), (stat.size, stat.etag)
+    assert stat.content_type == "application/vnd.apache.arrow.file"
+    assert list(spool.iterdir()) == []
+    stored = store._read(f"{KEY}.arrow")
+    assert stored is not None and bytes(stored.data) == want and stored.sha256 == hashlib.sha256(want).hexdigest()
+    assert store.get_table(KEY).equals(with_provenance(table, {"layer": "5"}))
+
+
+def test_an_s3_store_whose_spool_cannot_take_a_table_writes_it_from_memory_and_says_so(moto_s3, tmp_path,
+                                                                                      caplog) -> None:
+    """A spool that is not a folder (full or unwritable likewise): the table is serialised in memory as before,
+    stored whole with its sha256, and the log says once where the spool failed."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("x")
+    store = s3_store_on(moto_s3)
+    store.spool_dir = str(not_a_folder)
+    table = pa.table({"v": pa.array([1.5, -2.0], pa.float32())})
+    with caplog.at_level(logging.WARNING, logger="poolbench.store.s3"):
+        store.put_table(KEY, table)
+        store.put_table(KEY + "-2", table)
+    assert store.get_table(KEY).column("v").to_pylist() == [1.5, -2.0]
+    assert store.get_table(KEY + "-2").num_rows == 2
+    said = [r.getMessage() for r in caplog.records if "could not spool" in r.getMessage()]
+    assert len(said) == 1 and str(not_a_folder) in said[0] and "serialised in memory" in said[0]
 
 
 def test_overwrite_replaces(artifact_store: ArtifactStore) -> None:

@@ -45,9 +45,10 @@ def write_copy_bytes_per_passage_layer(specs: Sequence[StrategySpec], hidden_siz
     at once), as ExtractorWorker._store writes: a writer lets go of a layer's float32 table once it has its
     encoded or single-chunk copy. At 16 bits, the encoded copy of a layer's larger table (half its float32 bytes)
     before its float32 table goes, then that copy and, where the store serialises a table in memory first
-    (`buffered`: S3), its buffer: at most half the vectors. At float32 into a folder store (written straight into
-    its file), the PooledTable rows' single-chunk copy (S3's head tables are written as they are); into a buffered
-    store, that copy or a table's serialised buffer: at most the vectors again."""
+    (`buffered`: ArtifactStore's own way; the folder and S3 stores write a file, S3's a spool it uploads), its
+    buffer: at most half the vectors. At float32 into a file (the folder's or S3's spool), the PooledTable rows'
+    single-chunk copy (S3 the strategy's head tables are written as they are); into a buffered store, that copy or
+    a table's serialised buffer: at most the vectors again."""
     held = vector_bytes_per_passage_layer(specs, hidden_size, n_heads, head_dim, "float32")
     if store_dtype != "float32":
         return held // 2

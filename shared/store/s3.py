@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import contextlib
-import io
 import json
+import logging
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import certifi
+import pyarrow as pa
 import urllib3
 from minio import Minio
 from minio.error import InvalidResponseError, MinioException, S3Error
 
 from poolbench.errors import StoreError
+from poolbench.store.arrow_tables import write_ipc_file
 from poolbench.store.artifact_store import SUFFIX_JSON, SUFFIX_TABLE, ArtifactStore, StoredObject
+from poolbench.store.keys import sha256_file
+
+logger = logging.getLogger(__name__)
 
 META_SHA256 = "poolbench-sha256"
 META_METADATA = "poolbench-metadata"
@@ -61,10 +67,19 @@ def _network_failure(exc: BaseException) -> str:
 class S3Store(ArtifactStore):
     """Artifacts as objects ``<prefix><name>`` in one bucket; sha256 and metadata ride in object metadata.
 
-    A single put_object is atomic on S3 (the object appears whole or not at all); directory artifacts rely
-    on their manifest being written last. The HTTP client retries only a couple of times with short
-    timeouts, so a dead or hung endpoint fails within `worst_case_s` (under 30 s by default) instead of minutes.
+    A single put_object is atomic on S3 (the object appears whole or not at all), and so is a multipart upload
+    (the object appears when it completes; minio aborts one that fails); directory artifacts rely on their
+    manifest being written last. The HTTP client retries only a couple of times with short timeouts, so a dead or
+    hung endpoint fails within `worst_case_s` (under 30 s by default) instead of minutes.
+
+    Tables are spooled: written into a temporary file in `spool_dir` (default: the system's, $TMPDIR), hashed
+    from the page cache and uploaded from the file a part at a time, so no serialised copy of a table is held in
+    memory (a pooling job's layer of an 8B model at the full corpus is GBs, and an extractor writes several at
+    once: driver/host_room.py counts it so). Where the spool cannot take a table, the table is serialised in
+    memory instead (the base class's way) and the log says so once.
     """
+
+    buffers_tables = False  # spooled to a file and uploaded from it (_write_table)
 
     def __init__(
         self,
@@ -79,8 +94,11 @@ class S3Store(ArtifactStore):
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         retries: int = DEFAULT_RETRIES,
+        spool_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
+        self.spool_dir = None if spool_dir is None else os.fspath(spool_dir)
+        self._spool_failed = False
         self.connect_timeout_s, self.read_timeout_s, self.retries = connect_timeout_s, read_timeout_s, retries
         parts = urlsplit(endpoint if "://" in endpoint else f"//{endpoint}")
         if parts.scheme not in ("", "http", "https") or not parts.netloc or parts.path.strip("/"):
@@ -187,11 +205,40 @@ class S3Store(ArtifactStore):
             self._client.put_object(
                 self.bucket,
                 self._object(name),
-                io.BytesIO(data),
+                pa.BufferReader(data),  # read a part at a time from the caller's buffer: io.BytesIO copied it whole
                 len(data),
                 content_type=content_type,
                 metadata=self._object_metadata(sha256, metadata),
             )
+
+    def _write_table(self, name: str, table: pa.Table, metadata: dict[str, str]) -> None:
+        """Spool, hash, upload (the class docstring says why); the uploaded bytes are the file's, the sha256 too."""
+        try:
+            spool = tempfile.TemporaryDirectory(dir=self.spool_dir, prefix="poolbench-s3-spool-")
+        except OSError as exc:
+            self._unspooled(name, exc)
+            super()._write_table(name, table, metadata)
+            return
+        with spool as folder:
+            path = Path(folder) / "table.arrow"
+            try:
+                write_ipc_file(table, path)
+                sha256 = sha256_file(path)
+            except OSError as exc:  # no room, no permission: the table still goes, from memory
+                path.unlink(missing_ok=True)
+                self._unspooled(name, exc)
+                super()._write_table(name, table, metadata)
+                return
+            with self._errors(f"writing {name}"):
+                self._client.fput_object(self.bucket, self._object(name), str(path),
+                                         content_type=_CONTENT_TYPES[SUFFIX_TABLE],
+                                         metadata=self._object_metadata(sha256, metadata))
+
+    def _unspooled(self, name: str, exc: OSError) -> None:
+        if not self._spool_failed:
+            self._spool_failed = True
+            logger.warning("S3 store: could not spool %s in %s (%s); tables are serialised in memory instead",
+                           name, self.spool_dir or tempfile.gettempdir(), " ".join(str(exc).split()))
 
     def _read(self, name: str) -> StoredObject | None:
         with self._errors(f"reading {name}"):

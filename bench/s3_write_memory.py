@@ -1,0 +1,121 @@
+"""An S3 store's memory while it writes a table: spooled to a file and uploaded from it (S3Store._write_table, the
+default since session 30) against serialised in memory first (ArtifactStore._write_table, S3's way before), on a
+real S3 server (moto_server, started here on 127.0.0.1 as a child process; its memory is its own).
+
+The table is a pooled layer's shape: `--rows` float32 vectors of width `--d` (default 100,000 x 1,024: 410 MB).
+The writing process's anonymous memory (RssAnon, /proc/self/status) is sampled every 5 ms on a thread; the peak
+over what it held before the write is what the write added. `--paths` picks the paths (both by default), each run
+`--repeats` times in turn on its own key; `peak_over_table` is each path's largest. Run one path a process for its
+first write alone: pyarrow's memory pool keeps what a write freed, so a later write in the same process can reuse it
+and read as less. Writes bench/results/s3_write_memory.json (--out).
+
+    .venv/bin/python bench/s3_write_memory.py --rows 100000 --d 1024 --paths in_memory --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from bench_io import RESULTS, run_header, write_result
+from minio import Minio
+
+from poolbench.store.artifact_store import ArtifactStore
+from poolbench.store.s3 import S3Store
+
+KEY, SECRET, REGION = "poolbench-bench", "poolbench-bench-secret", "us-east-1"
+
+
+def rss_anon() -> int:
+    """This process's anonymous resident memory in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no RssAnon in /proc/self/status")
+
+
+def peak_during(write) -> tuple[int, float]:
+    """(the most anonymous memory seen above the level before `write`, its seconds), sampled every 5 ms."""
+    base, peak, done = rss_anon(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_anon())
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    write()
+    seconds = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    return max(peak[0], rss_anon()) - base, seconds
+
+
+def moto(port: int) -> subprocess.Popen:
+    script = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or ""
+    cmd = [script] if script else [sys.executable, "-m", "moto.server"]
+    proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}", timeout=1).close()
+            return proc
+        except urllib.error.HTTPError:
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("moto_server did not answer")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--d", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--paths", default="spooled,in_memory", help="comma list: spooled, in_memory")
+    parser.add_argument("--port", type=int, default=5390)
+    parser.add_argument("--out", type=Path, default=RESULTS / "s3_write_memory.json")
+    args = parser.parse_args()
+    values = np.random.default_rng(0).standard_normal(args.rows * args.d, dtype=np.float32)
+    table = pa.table({"vector": pa.FixedSizeListArray.from_arrays(pa.array(values), args.d)})
+    del values
+    server = moto(args.port)
+    try:
+        Minio(f"127.0.0.1:{args.port}", access_key=KEY, secret_key=SECRET, secure=False,
+              region=REGION).make_bucket("bench")
+        store = S3Store("bench", "", f"http://127.0.0.1:{args.port}", access_key=KEY, secret_key=SECRET,
+                        region=REGION, read_timeout_s=120.0)
+        every = {"spooled": lambda key: store.put_table(key, table),
+                 "in_memory": lambda key: ArtifactStore._write_table(store, key + ".arrow", table, {})}
+        paths = {name: every[name] for name in args.paths.split(",")}
+        runs: dict[str, list[dict]] = {name: [] for name in paths}
+        for repeat in range(args.repeats):
+            for name, write in paths.items():
+                added, seconds = peak_during(lambda: write(f"{name}-{repeat}"))  # noqa: B023
+                runs[name].append({"added_bytes": added, "seconds": seconds})
+                print(f"{name}: +{added / 1e6:,.0f} MB ({added / table.nbytes:.2f}x the table) in {seconds:.2f} s",
+                      flush=True)
+        for name in paths:  # both paths store the same table, read back whole
+            assert store.get_table(f"{name}-0").equals(table)
+    finally:
+        server.kill()
+        server.wait()
+    write_result({**run_header("s3_write_memory", args, "cpu"), "table_bytes": table.nbytes,
+                  "runs": runs, "peak_over_table": {name: max(r["added_bytes"] for r in rs) / table.nbytes
+                                                    for name, rs in runs.items()}}, args.out)
+
+
+if __name__ == "__main__":
+    main()

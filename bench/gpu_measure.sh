@@ -12,7 +12,8 @@
 # The wheels come from bench/gpu_kit.sh: `bench` (2 calls: every step but scale, which needs Ray and is then skipped,
 # said so in gpu.log) or `full` (5 calls).
 #
-# STEPS picks the steps, in this order: pytest d1_cost d1_parallel extraction_cost scale (the default: all five) and
+# STEPS picks the steps, in this order: pytest inflow d1_cost d1_parallel extraction_cost scale (the default: all six;
+# inflow is bench/inflow_by_backward.py, S1/S3's inflow by sdpa's backward against today's, T_INFLOW (45 s)) and
 # scale_probes, which runs scale.py once per value of PROBES_SWEEP ("1 2 4": D1 probe tasks beside the extractor,
 # $POOLBENCH_PROBES_PER_GPU) into scale_p<N>.{json,log}, T_SCALE each: `STEPS=scale_probes` is a call of its own
 # (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back. d1_parallel runs
@@ -63,7 +64,9 @@ EXTRA_EXTRACT=${EXTRA_EXTRACT:-}   # more options for extraction_cost.py (the CP
 PROFILE=${PROFILE:-1}              # 1: extraction_cost's stages once more under torch.profiler (--profile)
 EXTRA_SCALE=${EXTRA_SCALE:-}       # more options for scale.py
 EXTRA_D1=${EXTRA_D1:-}             # more options for d1_cost.py
-STEPS=${STEPS:-pytest d1_cost d1_parallel extraction_cost scale}
+STEPS=${STEPS:-pytest inflow d1_cost d1_parallel extraction_cost scale}
+T_INFLOW=${T_INFLOW:-45}
+INFLOW_ARGS=${INFLOW_ARGS:-$([ "$DEVICE" = cpu ] && echo "--rows 2 --length 128")}  # inflow's shape: 16 x 512 on a GPU
 D1_PROCS=${D1_PROCS:-8}
 D1P_CELLS=${D1P_CELLS:-19}
 T_D1P=${T_D1P:-60}
@@ -134,6 +137,10 @@ if [ -z "${GPU_TESTS:-}" ]; then
 fi
 # shellcheck disable=SC2086
 wants pytest && run_step pytest "$T_TESTS" "$PYTHON" -m pytest -p no:cacheprovider -o addopts="-ra" -m "gpu and not slow" $GPU_TESTS
+
+# shellcheck disable=SC2086
+wants inflow && run_step inflow "$T_INFLOW" "$PYTHON" bench/inflow_by_backward.py --device "$DEVICE" --dtype "$DTYPE" \
+  --out "$OUT/inflow.json" $INFLOW_ARGS
 
 wants d1_cost && run_step d1_cost "$T_D1" "$PYTHON" bench/d1_cost.py --path batched --threads 1 --cells "$D1_CELLS" --profile 40 \
   --out "$OUT/d1_cost.json" $EXTRA_D1

@@ -1,0 +1,132 @@
+"""A candidate for S1/S3's attention inflow, timed against today's on one device: the attention each key receives
+from the real queries, Σ_i w_i P_ij, is exactly the values' gradient of the attention output, dV = Pᵀ·dO, for
+dO = w on every value column, whatever the values are. So one forward and one backward of the fused attention
+kernel (scaled_dot_product_attention: flash or memory-efficient on CUDA, no [T, T] map in memory) give the inflow
+that attention_inflow.attention_inflow recomputes today from its chunks of float32 scores (~15 kernels a query
+chunk, 2.7 ms a layer on the H100 at 16 x 512 tokens: 37% of the raw forward, bench/measured/h100_session30).
+
+The catch, and why this is a bench and not the capture's path yet: a fused kernel works in the model's dtype: in
+bf16 each P_ij goes into the dV product rounded to bf16 and dV comes out in bf16, so the inflow moves by up to a few
+parts in 2^9 of itself (S1/S3's stored vectors with it), where today's path is float32 to round-off. Issue 52 allows
+the model's dtype within a derived bound; this measures the speed and the difference so the next GPU lease can say
+whether it is worth a recorded switch. The last query's row (attention_inflow's `last`) is one query a passage and
+stays as it is; grouped-query heads get their key heads repeated (the inflow is per query head).
+
+    python bench/inflow_by_backward.py --device cuda --dtype bfloat16            # 8B heads, 16 x 512 tokens
+    .venv/bin/python bench/inflow_by_backward.py --device cpu --dtype float32 --rows 2 --length 128
+Writes bench/results/inflow_by_backward.json (--out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from bench_io import RESULTS, run_header, write_result
+
+from poolbench.extractor.attention_capture import last_real_index
+from poolbench.extractor.attention_inflow import ScoreRule, attention_inflow
+
+SHAPES = {"llama-3.1-8b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}  # query heads, key heads, head size
+
+
+def inflow_by_backward(query: torch.Tensor, key: torch.Tensor, query_mask: torch.Tensor, scaling: float
+                       ) -> torch.Tensor:
+    """Mean inflow [B, H, Tk] float32 over the real queries of a causal layer (keys aligned with the queries),
+    padding keys receiving nothing: attention_inflow's `mean`, through sdpa's backward."""
+    batch, heads, length, head_dim = query.shape
+    real = query_mask.to(device=query.device, dtype=torch.bool)
+    keys = key.repeat_interleave(heads // key.shape[1], dim=1)
+    mask = None
+    if not bool(real.all()):  # padding keys blocked; a query that sees no key sees all (its weight is 0 anyway)
+        allowed = torch.ones(length, length, dtype=torch.bool, device=query.device).tril()[None] & real[:, None, :]
+        mask = (allowed | ~allowed.any(-1, keepdim=True))[:, None]
+    with torch.inference_mode(False), torch.enable_grad():
+        q, k = query.clone(), keys.clone()  # the capture's forwards run in inference mode: normal tensors here
+        values = torch.zeros_like(q, requires_grad=True)
+        out = F.scaled_dot_product_attention(q, k, values, attn_mask=mask, is_causal=mask is None, scale=scaling)
+        weights = real.to(query.dtype)[:, None, :, None].expand(batch, heads, length, head_dim)
+        (grad,) = torch.autograd.grad(out, values, grad_outputs=weights.contiguous())
+    n_real = real.sum(dim=1).clamp(min=1).to(torch.float32)
+    return grad[..., 0].float() / n_real[:, None, None]
+
+
+def inputs(rows: int, shape: tuple[int, int, int], length: int, dtype: torch.dtype, device: str, padded: bool):
+    heads, kv_heads, head_dim = shape
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(rows, heads, length, head_dim, generator=generator).to(device=device, dtype=dtype)
+    key = torch.randn(rows, kv_heads, length, head_dim, generator=generator).to(device=device, dtype=dtype)
+    real = torch.ones(rows, length, dtype=torch.bool, device=device)
+    if padded:
+        real[1:, : length // 4] = False  # left padding, as the extractor pads
+    return query, key, real
+
+
+def timed(call, device: str, repeats: int) -> float:
+    """The fastest of `repeats` calls, the device synchronised around each."""
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first warms the kernels
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def compare(rows: int, shape: tuple[int, int, int], length: int, dtype: torch.dtype, device: str, padded: bool,
+            repeats: int) -> dict:
+    query, key, real = inputs(rows, shape, length, dtype, device, padded)
+    scaling = shape[2] ** -0.5
+    mask = None
+    if padded:  # today's path is handed sdpa's 4-D bool mask in a padded batch
+        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+        mask = (causal[None] & real[:, None, :])[:, None]
+    rule = ScoreRule(scaling=scaling, softcap=None, causal=True, mask=mask)
+    last = last_real_index(real)
+    with torch.inference_mode():
+        query, key = query.clone(), key.clone()  # inference tensors, as the capture's forwards hand them
+        today = attention_inflow(query, key, real, last, rule).mean
+        candidate = inflow_by_backward(query, key, real, scaling)
+        seconds_today = timed(lambda: attention_inflow(query, key, real, last, rule), device, repeats)
+        seconds_candidate = timed(lambda: inflow_by_backward(query, key, real, scaling), device, repeats)
+    keys_real = real[:, None, :].expand_as(today)
+    diff = (candidate - today).abs()
+    relative = diff[keys_real] / today[keys_real].abs().clamp(min=torch.finfo(torch.float32).tiny)
+    big = today[keys_real].abs() >= 1e-3 * float(today.abs().max())  # where the inflow is not round-off itself
+    return {"rows": rows, "length": length, "padded": padded, "heads": shape,
+            "seconds_today": seconds_today, "seconds_candidate": seconds_candidate,
+            "speedup": seconds_today / seconds_candidate,
+            "max_abs_difference": float(diff.max()), "max_inflow": float(today.abs().max()),
+            "max_relative_difference_where_inflow_over_1e-3_of_max": float(relative[big].max()),
+            "padding_keys_candidate_max": float(candidate[~keys_real].abs().max()) if padded else 0.0}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--shape", default="llama-3.1-8b", choices=sorted(SHAPES))
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULTS / "inflow_by_backward.json")
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    cases = [compare(args.rows, SHAPES[args.shape], args.length, dtype, args.device, padded, args.repeats)
+             for padded in (False, True)]
+    for case in cases:
+        print(f"{'padded' if case['padded'] else 'packed'}: today {case['seconds_today'] * 1e3:.2f} ms, by the "
+              f"backward {case['seconds_candidate'] * 1e3:.2f} ms ({case['speedup']:.2f}x); largest relative "
+              f"difference {case['max_relative_difference_where_inflow_over_1e-3_of_max']:.2e}", flush=True)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
+    write_result({**run_header("inflow_by_backward", args, name), "device_name": name, "cases": cases}, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,6 +1,8 @@
 """An S3 store's memory while it writes a table: spooled to a file and uploaded from it (S3Store._write_table, the
 default since session 30) against serialised in memory first (ArtifactStore._write_table, S3's way before), on a
-real S3 server (moto_server, started here on 127.0.0.1 as a child process; its memory is its own).
+real S3 server (moto_server, started here on 127.0.0.1 as a child process; its memory is its own); and while it
+reads one back: downloaded into a spool file and mapped (`read_mapped`, get_table since session 30) against read
+whole into memory (`read_whole`, S3Store._read, get_table's way before; the table held until the sample ends).
 
 The table is a pooled layer's shape: `--rows` float32 vectors of width `--d` (default 100,000 x 1,024: 410 MB).
 The writing process's anonymous memory (RssAnon, /proc/self/status) is sampled every 5 ms on a thread; the peak
@@ -29,6 +31,7 @@ import pyarrow as pa
 from bench_io import RESULTS, run_header, write_result
 from minio import Minio
 
+from poolbench.store.arrow_tables import ipc_bytes_to_table
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.s3 import S3Store
 
@@ -84,7 +87,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--d", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--paths", default="spooled,in_memory", help="comma list: spooled, in_memory")
+    parser.add_argument("--paths", default="spooled,in_memory",
+                        help="comma list: spooled, in_memory, read_mapped, read_whole")
     parser.add_argument("--port", type=int, default=5390)
     parser.add_argument("--out", type=Path, default=RESULTS / "s3_write_memory.json")
     args = parser.parse_args()
@@ -97,18 +101,25 @@ def main() -> None:
               region=REGION).make_bucket("bench")
         store = S3Store("bench", "", f"http://127.0.0.1:{args.port}", access_key=KEY, secret_key=SECRET,
                         region=REGION, read_timeout_s=120.0)
+        held: list[pa.Table] = []  # a read's table, kept until its sample ends
         every = {"spooled": lambda key: store.put_table(key, table),
-                 "in_memory": lambda key: ArtifactStore._write_table(store, key + ".arrow", table, {})}
+                 "in_memory": lambda key: ArtifactStore._write_table(store, key + ".arrow", table, {}),
+                 "read_mapped": lambda key: held.append(store.get_table("stored")),
+                 "read_whole": lambda key: held.append(ipc_bytes_to_table(store._read("stored.arrow").data))}
         paths = {name: every[name] for name in args.paths.split(",")}
+        if any(name.startswith("read") for name in paths):
+            store.put_table("stored", table)
         runs: dict[str, list[dict]] = {name: [] for name in paths}
         for repeat in range(args.repeats):
             for name, write in paths.items():
                 added, seconds = peak_during(lambda: write(f"{name}-{repeat}"))  # noqa: B023
+                assert not held or held[-1].equals(table)
+                held.clear()
                 runs[name].append({"added_bytes": added, "seconds": seconds})
                 print(f"{name}: +{added / 1e6:,.0f} MB ({added / table.nbytes:.2f}x the table) in {seconds:.2f} s",
                       flush=True)
-        for name in paths:  # both paths store the same table, read back whole
-            assert store.get_table(f"{name}-0").equals(table)
+        for name in paths:  # the write paths store the same table, read back whole
+            assert name.startswith("read") or store.get_table(f"{name}-0").equals(table)
     finally:
         server.kill()
         server.wait()

@@ -75,8 +75,9 @@ class S3Store(ArtifactStore):
     Tables are spooled: written into a temporary file in `spool_dir` (default: the system's, $TMPDIR), hashed
     from the page cache and uploaded from the file a part at a time, so no serialised copy of a table is held in
     memory (a pooling job's layer of an 8B model at the full corpus is GBs, and an extractor writes several at
-    once: driver/host_room.py counts it so). Where the spool cannot take a table, the table is serialised in
-    memory instead (the base class's way) and the log says so once.
+    once: driver/host_room.py counts it so); a table is read back the same way, downloaded into the spool and
+    mapped (_read_mapped). Where the spool cannot take a table, it goes through memory instead (the base class's
+    way) and the log says so once.
     """
 
     buffers_tables = False  # spooled to a file and uploaded from it (_write_table)
@@ -237,8 +238,8 @@ class S3Store(ArtifactStore):
     def _unspooled(self, name: str, exc: OSError) -> None:
         if not self._spool_failed:
             self._spool_failed = True
-            logger.warning("S3 store: could not spool %s in %s (%s); tables are serialised in memory instead",
-                           name, self.spool_dir or tempfile.gettempdir(), " ".join(str(exc).split()))
+            logger.warning("S3 store: could not spool %s in %s (%s); tables are written and read through memory "
+                           "instead", name, self.spool_dir or tempfile.gettempdir(), " ".join(str(exc).split()))
 
     def _read(self, name: str) -> StoredObject | None:
         with self._errors(f"reading {name}"):
@@ -254,6 +255,35 @@ class S3Store(ArtifactStore):
             finally:
                 response.close()
                 response.release_conn()
+
+    def _read_mapped(self, name: str) -> StoredObject | None:
+        """Downloaded into a spool file, mapped read-only into memory and unlinked: a table's bytes are the OS's
+        file cache (the mapping keeps the unlinked file), not a private copy (a D1 task's layer of an 8B model at
+        the full corpus is ~1.7 GB, and several tasks read at once). Where the spool cannot take it: _read."""
+        try:
+            spool = tempfile.TemporaryDirectory(dir=self.spool_dir, prefix="poolbench-s3-spool-")
+        except OSError as exc:
+            self._unspooled(name, exc)
+            return self._read(name)
+        with spool as folder:
+            path = Path(folder) / "object"
+            try:
+                with self._errors(f"reading {name}"):
+                    try:
+                        stat = self._client.fget_object(self.bucket, self._object(name), str(path))
+                    except S3Error as exc:
+                        if exc.code in _MISSING_CODES:
+                            return None
+                        raise
+                mapped = pa.memory_map(str(path))
+            except OSError as exc:  # no room, no permission (network failures arrive as StoreError)
+                self._unspooled(name, exc)
+                return self._read(name)
+            try:
+                data = memoryview(mapped.read_buffer())  # the buffer keeps the mapping alive after close
+            finally:
+                mapped.close()
+        return self._headers_to_info(stat.metadata, data)
 
     def _read_info(self, name: str) -> StoredObject | None:
         with self._errors(f"checking {name}"):

@@ -9,7 +9,6 @@ bench/results/attention_recompute.json.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import time
 import weakref
@@ -17,7 +16,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from bench_io import run_header, write_result
+from bench_io import run_header, tests_module, write_result
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -26,13 +25,8 @@ from poolbench.extractor.attention_capture import _record, _Route, last_real_ind
 
 
 def reference_record():
-    """The old float32 path, from the tests' copy (tests/ is no package)."""
-    path = Path(__file__).parents[1] / "tests" / "attention_reference.py"
-    spec = importlib.util.spec_from_file_location("attention_reference", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.fp32_reference_record
+    """The old float32 path, from the tests' copy."""
+    return tests_module("attention_reference").fp32_reference_record
 
 SHAPES = {"smollm2-135m": (9, 3, 64), "llama-3.1-8b": (32, 8, 128)}  # query heads, key heads, head size
 
@@ -72,14 +66,19 @@ class AllocationMeter(TorchDispatchMode):
             del self.holders[pointer]
 
 
-def inputs(rows: int, shape: tuple[int, int, int], length: int, dtype: torch.dtype):
+def inputs(rows: int, shape: tuple[int, int, int], length: int, dtype: torch.dtype, device: str = "cpu",
+           padded: bool = True):
+    """Seeded q/k of the head shape, the real-token mask and sdpa's causal 4-D bool mask; `padded`: every row but
+    the first left-padded by a quarter, as the extractor pads (else every token real, and no mask: is_causal)."""
     heads, kv_heads, head_dim = shape
     generator = torch.Generator().manual_seed(0)
-    query = torch.randn(rows, heads, length, head_dim, generator=generator).to(dtype)
-    key = torch.randn(rows, kv_heads, length, head_dim, generator=generator).to(dtype)
-    real = torch.ones(rows, length, dtype=torch.bool)
-    real[1:, : length // 4] = False  # left padding, as the extractor pads
-    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    query = torch.randn(rows, heads, length, head_dim, generator=generator).to(device=device, dtype=dtype)
+    key = torch.randn(rows, kv_heads, length, head_dim, generator=generator).to(device=device, dtype=dtype)
+    real = torch.ones(rows, length, dtype=torch.bool, device=device)
+    if not padded:
+        return query, key, real, None
+    real[1:, : length // 4] = False
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
     return query, key, real, (causal[None] & real[:, None, :])[:, None]
 
 

@@ -1,14 +1,27 @@
-"""What every bench script shares: the model/batching options and writing its result JSON."""
+"""What every bench script shares: the model/batching options, writing its result JSON, the tests' helpers."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 from pathlib import Path
+from types import ModuleType
 
 from rich.console import Console
 
 RESULTS = Path(__file__).parent / "results"
+
+
+def tests_module(name: str) -> ModuleType:
+    """A module of tests/ (no package: loaded from its file), so a bench measures against what the tests hold (a
+    reference implementation, their real S3 server) instead of a copy of it."""
+    path = Path(__file__).parents[1] / "tests" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:

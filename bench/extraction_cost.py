@@ -279,7 +279,7 @@ def _run_stages(args: argparse.Namespace, stages: list[str], results: dict[str, 
         for ps in packed_passages(tokenizer, args).values():
             cached_parse_table(store, [p.text for p in ps], [p.id for p in ps], corpus_hash="bench",
                                passages_digest=ids_digest([p.id for p in ps]))
-        for stage in stages:
+        for done_count, stage in enumerate(stages, start=1):
             if args.in_process:  # one process for every stage (smoke tests): peak memory is then cumulative
                 results[stage] = run_stage(argparse.Namespace(**{**vars(args), "stage": stage, "parse_store": tmp}))
             else:
@@ -295,7 +295,7 @@ def _run_stages(args: argparse.Namespace, stages: list[str], results: dict[str, 
                             soft_wrap=True)
             if "profile" in done:
                 Console().print(f"{stage}: {phase_line(done['profile'])}", soft_wrap=True)
-            left = stages[stages.index(stage) + 1:]
+            left = stages[done_count:]
             if left:
                 write_result({**summarise(args, results), "complete": False, "stages_left": left}, args.out)
 

@@ -25,12 +25,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from attention_recompute import SHAPES, inputs
 from bench_io import RESULTS, run_header, write_result
 
 from poolbench.extractor.attention_capture import last_real_index
 from poolbench.extractor.attention_inflow import ScoreRule, attention_inflow
-
-SHAPES = {"llama-3.1-8b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}  # query heads, key heads, head size
 
 
 def inflow_by_backward(query: torch.Tensor, key: torch.Tensor, query_mask: torch.Tensor, scaling: float
@@ -54,17 +53,6 @@ def inflow_by_backward(query: torch.Tensor, key: torch.Tensor, query_mask: torch
     return grad[..., 0].float() / n_real[:, None, None]
 
 
-def inputs(rows: int, shape: tuple[int, int, int], length: int, dtype: torch.dtype, device: str, padded: bool):
-    heads, kv_heads, head_dim = shape
-    generator = torch.Generator().manual_seed(0)
-    query = torch.randn(rows, heads, length, head_dim, generator=generator).to(device=device, dtype=dtype)
-    key = torch.randn(rows, kv_heads, length, head_dim, generator=generator).to(device=device, dtype=dtype)
-    real = torch.ones(rows, length, dtype=torch.bool, device=device)
-    if padded:
-        real[1:, : length // 4] = False  # left padding, as the extractor pads
-    return query, key, real
-
-
 def timed(call, device: str, repeats: int) -> float:
     """The fastest of `repeats` calls, the device synchronised around each."""
     best = float("inf")
@@ -81,12 +69,8 @@ def timed(call, device: str, repeats: int) -> float:
 
 def compare(rows: int, shape: tuple[int, int, int], length: int, dtype: torch.dtype, device: str, padded: bool,
             repeats: int) -> dict:
-    query, key, real = inputs(rows, shape, length, dtype, device, padded)
+    query, key, real, mask = inputs(rows, shape, length, dtype, device, padded)  # sdpa's mask in a padded batch
     scaling = shape[2] ** -0.5
-    mask = None
-    if padded:  # today's path is handed sdpa's 4-D bool mask in a padded batch
-        causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-        mask = (causal[None] & real[:, None, :])[:, None]
     rule = ScoreRule(scaling=scaling, softcap=None, causal=True, mask=mask)
     last = last_real_index(real)
     with torch.inference_mode():

@@ -17,25 +17,19 @@ and read as less. Writes bench/results/s3_write_memory.json (--out).
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-from bench_io import RESULTS, run_header, write_result
-from minio import Minio
+from bench_io import RESULTS, run_header, tests_module, write_result
 
 from poolbench.store.arrow_tables import ipc_bytes_to_table
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.s3 import S3Store
 
-KEY, SECRET, REGION = "poolbench-bench", "poolbench-bench-secret", "us-east-1"
+S3_SERVER = tests_module("s3_server")  # the tests' real S3 server, started the same way
 
 
 def rss_anon() -> int:
@@ -65,23 +59,6 @@ def peak_during(write) -> tuple[int, float]:
     return max(peak[0], rss_anon()) - base, seconds
 
 
-def moto(port: int) -> subprocess.Popen:
-    script = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or ""
-    cmd = [script] if script else [sys.executable, "-m", "moto.server"]
-    proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}", timeout=1).close()
-            return proc
-        except urllib.error.HTTPError:
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("moto_server did not answer")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
@@ -89,18 +66,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--paths", default="spooled,in_memory",
                         help="comma list: spooled, in_memory, read_mapped, read_whole")
-    parser.add_argument("--port", type=int, default=5390)
+    parser.add_argument("--port", type=int, default=None, help="moto_server's (default: a free one)")
     parser.add_argument("--out", type=Path, default=RESULTS / "s3_write_memory.json")
     args = parser.parse_args()
     values = np.random.default_rng(0).standard_normal(args.rows * args.d, dtype=np.float32)
     table = pa.table({"vector": pa.FixedSizeListArray.from_arrays(pa.array(values), args.d)})
     del values
-    server = moto(args.port)
+    server = S3_SERVER.MotoServer(args.port)
+    server.start()
     try:
-        Minio(f"127.0.0.1:{args.port}", access_key=KEY, secret_key=SECRET, secure=False,
-              region=REGION).make_bucket("bench")
-        store = S3Store("bench", "", f"http://127.0.0.1:{args.port}", access_key=KEY, secret_key=SECRET,
-                        region=REGION, read_timeout_s=120.0)
+        store = S3Store(server.make_bucket("bench"), "", server.endpoint, access_key=S3_SERVER.ACCESS_KEY,
+                        secret_key=S3_SERVER.SECRET_KEY, region=S3_SERVER.REGION, read_timeout_s=120.0)
         held: list[pa.Table] = []  # a read's table, kept until its sample ends
         every = {"spooled": lambda key: store.put_table(key, table),
                  "in_memory": lambda key: ArtifactStore._write_table(store, key + ".arrow", table, {}),
@@ -121,8 +97,7 @@ def main() -> None:
         for name in paths:  # the write paths store the same table, read back whole
             assert name.startswith("read") or store.get_table(f"{name}-0").equals(table)
     finally:
-        server.kill()
-        server.wait()
+        server.stop()
     write_result({**run_header("s3_write_memory", args, "cpu"), "table_bytes": table.nbytes,
                   "runs": runs, "peak_over_table": {name: max(r["added_bytes"] for r in rs) / table.nbytes
                                                     for name, rs in runs.items()}}, args.out)

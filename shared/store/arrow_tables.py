@@ -49,6 +49,16 @@ def write_ipc_file(table: pa.Table, path: str | os.PathLike[str]) -> None:
         writer.write_table(table)
 
 
+def map_file(path: str | os.PathLike[str]) -> memoryview:
+    """A file's bytes mapped read-only into memory: the OS's file cache, shared, never a private copy; the mapping
+    outlives the call (and an unlink of the file). OSError as pyarrow raises it when the file cannot be mapped."""
+    mapped = pa.memory_map(os.fspath(path))
+    try:
+        return memoryview(mapped.read_buffer())  # the buffer keeps the mapping alive after close
+    finally:
+        mapped.close()
+
+
 def ipc_bytes_to_table(data: bytes | memoryview) -> pa.Table:
     """Read a table written by :func:`table_to_ipc_bytes`."""
     with pa.ipc.open_file(pa.BufferReader(data)) as reader:

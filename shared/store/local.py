@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from poolbench.atomic_write import atomic_file, atomic_path
 from poolbench.errors import StoreError
-from poolbench.store.arrow_tables import write_ipc_file
+from poolbench.store.arrow_tables import map_file, write_ipc_file
 from poolbench.store.artifact_store import SUFFIX_DIR, TMP_PREFIX, ArtifactStore, StoredObject
 from poolbench.store.keys import sha256_file
 
@@ -126,15 +126,11 @@ class LocalStore(ArtifactStore):
         if not path.is_file():
             return None
         try:
-            mapped = pa.memory_map(str(path))
+            data = map_file(path)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc}") from exc
-        try:
-            data = memoryview(mapped.read_buffer())  # the buffer keeps the mapping alive after close
-        finally:
-            mapped.close()
         sha, meta = self._info(path)
         return StoredObject(data, sha, meta)
 

@@ -18,7 +18,7 @@ from minio import Minio
 from minio.error import InvalidResponseError, MinioException, S3Error
 
 from poolbench.errors import StoreError
-from poolbench.store.arrow_tables import write_ipc_file
+from poolbench.store.arrow_tables import map_file, write_ipc_file
 from poolbench.store.artifact_store import SUFFIX_JSON, SUFFIX_TABLE, ArtifactStore, StoredObject
 from poolbench.store.keys import sha256_file
 
@@ -214,26 +214,34 @@ class S3Store(ArtifactStore):
 
     def _write_table(self, name: str, table: pa.Table, metadata: dict[str, str]) -> None:
         """Spool, hash, upload (the class docstring says why); the uploaded bytes are the file's, the sha256 too."""
+        with self._spool(name) as folder:
+            if folder is not None:
+                path = folder / "table.arrow"
+                try:
+                    write_ipc_file(table, path)
+                    sha256 = sha256_file(path)
+                except OSError as exc:  # no room, no permission: the table still goes, from memory
+                    self._unspooled(name, exc)
+                else:
+                    with self._errors(f"writing {name}"):
+                        self._client.fput_object(self.bucket, self._object(name), str(path),
+                                                 content_type=_CONTENT_TYPES[SUFFIX_TABLE],
+                                                 metadata=self._object_metadata(sha256, metadata))
+                    return
+        super()._write_table(name, table, metadata)
+
+    @contextlib.contextmanager
+    def _spool(self, name: str) -> Iterator[Path | None]:
+        """A temporary folder in `spool_dir` for one object, removed after; None (said once) where none can be
+        made, and the caller goes through memory."""
         try:
             spool = tempfile.TemporaryDirectory(dir=self.spool_dir, prefix="poolbench-s3-spool-")
         except OSError as exc:
             self._unspooled(name, exc)
-            super()._write_table(name, table, metadata)
+            yield None
             return
         with spool as folder:
-            path = Path(folder) / "table.arrow"
-            try:
-                write_ipc_file(table, path)
-                sha256 = sha256_file(path)
-            except OSError as exc:  # no room, no permission: the table still goes, from memory
-                path.unlink(missing_ok=True)
-                self._unspooled(name, exc)
-                super()._write_table(name, table, metadata)
-                return
-            with self._errors(f"writing {name}"):
-                self._client.fput_object(self.bucket, self._object(name), str(path),
-                                         content_type=_CONTENT_TYPES[SUFFIX_TABLE],
-                                         metadata=self._object_metadata(sha256, metadata))
+            yield Path(folder)
 
     def _unspooled(self, name: str, exc: OSError) -> None:
         if not self._spool_failed:
@@ -260,30 +268,21 @@ class S3Store(ArtifactStore):
         """Downloaded into a spool file, mapped read-only into memory and unlinked: a table's bytes are the OS's
         file cache (the mapping keeps the unlinked file), not a private copy (a D1 task's layer of an 8B model at
         the full corpus is ~1.7 GB, and several tasks read at once). Where the spool cannot take it: _read."""
-        try:
-            spool = tempfile.TemporaryDirectory(dir=self.spool_dir, prefix="poolbench-s3-spool-")
-        except OSError as exc:
-            self._unspooled(name, exc)
-            return self._read(name)
-        with spool as folder:
-            path = Path(folder) / "object"
-            try:
-                with self._errors(f"reading {name}"):
-                    try:
-                        stat = self._client.fget_object(self.bucket, self._object(name), str(path))
-                    except S3Error as exc:
-                        if exc.code in _MISSING_CODES:
-                            return None
-                        raise
-                mapped = pa.memory_map(str(path))
-            except OSError as exc:  # no room, no permission (network failures arrive as StoreError)
-                self._unspooled(name, exc)
-                return self._read(name)
-            try:
-                data = memoryview(mapped.read_buffer())  # the buffer keeps the mapping alive after close
-            finally:
-                mapped.close()
-        return self._headers_to_info(stat.metadata, data)
+        with self._spool(name) as folder:
+            if folder is not None:
+                path = folder / "object"
+                try:
+                    with self._errors(f"reading {name}"):
+                        try:
+                            stat = self._client.fget_object(self.bucket, self._object(name), str(path))
+                        except S3Error as exc:
+                            if exc.code in _MISSING_CODES:
+                                return None
+                            raise
+                    return self._headers_to_info(stat.metadata, map_file(path))
+                except OSError as exc:  # no room, no permission (network failures arrive as StoreError)
+                    self._unspooled(name, exc)
+        return self._read(name)
 
     def _read_info(self, name: str) -> StoredObject | None:
         with self._errors(f"checking {name}"):

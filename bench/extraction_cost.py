@@ -56,6 +56,7 @@ from poolbench.driver.pool_groups import estimated_tokens, group_token_target, p
 from poolbench.extractor.batching import rows_per_forward
 from poolbench.extractor.capture import ExtractionStats, model_token_costs, resolve_max_batch_tokens
 from poolbench.extractor.forward_baselines import forward_backward, forward_only
+from poolbench.extractor.inflow_kernel import kernel_wanted
 from poolbench.extractor.loading import LoadedModel, load_model, load_tokenizer
 from poolbench.extractor.model_shapes import SHAPE_PREFIX
 from poolbench.extractor.padded_batches import prepare_batches
@@ -244,6 +245,9 @@ def run_stage(args: argparse.Namespace) -> dict:
         "forwards": pooled.batches if pooled else sum(len(bs) for bs in batches.values()),
         "forward_padded_tokens": pooled.padded_tokens if pooled else padded,
         "prepared_ahead": pooled.prepared_ahead if pooled else 0,
+        # S1/S3's mean inflow: the Triton kernel (CUDA) or the chunked path (POOLBENCH_INFLOW_KERNEL=off forces it)
+        "attention_inflow": None if "attention" not in needs else
+        "kernel" if kernel_wanted(device) else "chunks",
         "max_batch_tokens": budget, "rows_per_forward": {str(n): rows_per_forward(costs, budget, n) for n in lengths},
         "n_layers": loaded.n_layers, "hidden_size": loaded.hidden_size, "layers": layers,
         "dtype": str(loaded.dtype), "device": str(device),

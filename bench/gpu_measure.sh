@@ -13,7 +13,8 @@
 # said so in gpu.log) or `full` (5 calls).
 #
 # STEPS picks the steps, in this order: pytest inflow d1_cost d1_parallel extraction_cost scale (the default: all six;
-# inflow is bench/inflow_by_backward.py, S1/S3's inflow by sdpa's backward against today's, T_INFLOW (45 s)) and
+# inflow is bench/inflow_by_backward.py, S1/S3's inflow by the Triton kernel and by sdpa's backward against the
+# chunked path's, T_INFLOW (45 s); the extraction stages take the kernel unless POOLBENCH_INFLOW_KERNEL=off) and
 # scale_probes, which runs scale.py once per value of PROBES_SWEEP ("1 2 4": D1 probe tasks beside the extractor,
 # $POOLBENCH_PROBES_PER_GPU) into scale_p<N>.{json,log}, T_SCALE each: `STEPS=scale_probes` is a call of its own
 # (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back. d1_parallel runs

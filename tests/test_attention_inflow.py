@@ -23,7 +23,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import Gemma2Config, Gemma2ForCausalLM
 
-from poolbench.extractor import attention_capture, attention_inflow
+from poolbench.extractor import attention_capture, attention_inflow, inflow_kernel
 from poolbench.extractor.attention_capture import _Route, capture_attention, last_real_index
 
 
@@ -275,8 +275,10 @@ def test_memory_model_is_linear_in_the_chunk_not_quadratic_in_length() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_gpu_chunked_inflow_equals_its_cpu_twin(dtype) -> None:
-    """On CUDA the bf16 scores come from a float32-output product: the same exact products, other sums."""
+def test_gpu_chunked_inflow_equals_its_cpu_twin(monkeypatch, dtype) -> None:
+    """On CUDA the bf16 scores come from a float32-output product: the same exact products, other sums. The
+    chunked path is the kernel's fallback there (tests/test_inflow_kernel.py tests the kernel), so it is forced."""
+    monkeypatch.setenv(inflow_kernel.ENV, "off")
     query, key, real = synthetic(4, 32, 8, 512, 128, dtype, seed=3)
     index = torch.arange(512)
     mask = ((index[None, :] <= index[:, None])[None] & real[:, None, :])[:, None]

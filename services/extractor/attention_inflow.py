@@ -1,5 +1,8 @@
 """Attention each key receives (S1, S3), from one layer's queries, keys and mask, a chunk of queries at a time.
 
+On CUDA the mean over queries comes from a Triton kernel instead (inflow_kernel: no map in memory at all, the same
+float32 quantity to round-off), except for softcapped layers; this chunked path is its fallback and the CPU's.
+
 Only [B, H, chunk, T] of the probability map exists at once, the chunk chosen so its temporaries stay within
 CHUNK_BUDGET_BYTES; grouped-query heads share their key head through a reshape of the queries (K is never
 repeated). Scores are the exact products of the model-dtype q and k summed in float32 (a float32-output product
@@ -19,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from . import inflow_kernel
 
 FLOAT32_BYTES = 4
 CHUNK_BUDGET_BYTES = 256 * 2**20  # one query chunk's temporaries on a GPU, whatever the batch: few, large kernels
@@ -92,15 +97,36 @@ def attention_inflow(query: torch.Tensor, key: torch.Tensor, query_mask: torch.T
     real = query_mask.to(device=query.device, dtype=torch.bool)
     key_ok = real[:, :n_k]
     mask = None if rule.mask is None else _broadcast_mask(rule.mask, n_q, n_k)
-    chunk = chunk or query_chunk(batch, n_heads, n_q, n_k, chunk_budget(query.device))
-    total = torch.zeros(batch * n_heads, 1, n_k, dtype=torch.float32, device=query.device)
+    last = _last_row(q, keys_t, last_index, n_k - n_q, mask, key_ok, rule, float32_out)
+    if chunk is None and _kernel_serves(query, n_k, rule):
+        try:
+            return Inflow(mean=inflow_kernel.mean_inflow(query, key, real, rule.scaling, rule.causal, rule.mask),
+                          last=last)
+        except inflow_kernel.compile_errors() as error:  # pragma: no cover - a GPU's Triton that rejects it
+            inflow_kernel.kernel_failed(error)
+    return Inflow(mean=_chunked_mean(q, keys_t, real, key_ok, mask, rule, float32_out, chunk), last=last)
+
+
+def _kernel_serves(query: torch.Tensor, n_k: int, rule: ScoreRule) -> bool:
+    """Whether the Triton kernel (inflow_kernel) computes this layer's mean inflow: on CUDA with Triton, no
+    softcap, keys aligned with the queries (no cache)."""
+    return not rule.softcap and n_k == query.shape[2] and inflow_kernel.kernel_wanted(query.device)
+
+
+def _chunked_mean(q: torch.Tensor, keys_t: torch.Tensor, real: torch.Tensor, key_ok: torch.Tensor,
+                  mask: torch.Tensor | None, rule: ScoreRule, float32_out: bool, chunk: int | None) -> torch.Tensor:
+    """The mean inflow [B, H, Tk] a query chunk at a time (float32 scores and probabilities of one chunk)."""
+    batch, n_kv, group, n_q, _ = q.shape
+    n_heads, n_k = n_kv * group, keys_t.shape[-1]
+    chunk = chunk or query_chunk(batch, n_heads, n_q, n_k, chunk_budget(q.device))
+    total = torch.zeros(batch * n_heads, 1, n_k, dtype=torch.float32, device=q.device)
     offset = n_k - n_q
     for start in range(0, n_q, chunk):
         stop = min(start + chunk, n_q)
         # Causal: keys past the chunk's last query + offset receive nothing, so are not computed (a given mask is
         # causal too, which the capture checks with later_keys_allowed).
         n_used = min(n_k, stop + offset) if rule.causal else n_k
-        positions = torch.arange(start, stop, device=query.device)[None]
+        positions = torch.arange(start, stop, device=q.device)[None]
         scores = _scores(q[:, :, :, start:stop], keys_t[:, :, :n_used], rule, float32_out)
         rows = None if mask is None else mask[:, :, start:stop, :n_used]
         probs, alive = _probabilities(scores, positions, offset, rows, key_ok[:, :n_used], rule)
@@ -109,8 +135,7 @@ def attention_inflow(query: torch.Tensor, key: torch.Tensor, query_mask: torch.T
         total[:, :, :n_used].baddbmm_(weights, probs.view(batch * n_heads, stop - start, n_used))
         del scores, probs  # before the next chunk's scores exist
     n_real = real.sum(dim=1).clamp(min=1).to(torch.float32)
-    mean = total.view(batch, n_heads, n_k) / n_real[:, None, None]
-    return Inflow(mean=mean, last=_last_row(q, keys_t, last_index, offset, mask, key_ok, rule, float32_out))
+    return total.view(batch, n_heads, n_k) / n_real[:, None, None]
 
 
 def later_keys_allowed(mask: torch.Tensor, query_mask: torch.Tensor, n_q: int, n_k: int) -> torch.Tensor:

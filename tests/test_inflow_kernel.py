@@ -1,0 +1,133 @@
+"""The attention inflow kernel (extractor/inflow_kernel.py): its values under Triton's interpreter on this CPU
+(tests/interpreted_inflow_kernel.py, in a process of its own), its compilation for an H100 (sm_90) by this
+machine's Triton, when the capture takes it and when it falls back to the chunked path, and on a GPU its values
+against the CPU's float32 maps."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from attention_reference import fp32_reference_record
+from test_attention_inflow import assert_records_match, route_for, score_scale, synthetic
+
+from poolbench.extractor import attention_capture, attention_inflow, inflow_kernel
+
+TESTS = Path(__file__).parent
+
+
+def test_the_kernel_equals_the_float32_maps_under_the_interpreter() -> None:
+    """tests/interpreted_inflow_kernel.py: every mask form, grouped heads, odd head sizes, three tiles, a real
+    model's sdpa and eager layers, fp32 / bf16 / fp16, each through the kernel (counted) within the bound."""
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", inflow_kernel.ENV: "on"}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                           str(TESTS / "interpreted_inflow_kernel.py")], cwd=TESTS.parent, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "17 passed" in done.stdout, done.stdout[-2000:]
+
+
+def test_the_kernel_compiles_for_an_h100() -> None:
+    """Triton builds every pass and mask form to an sm_90 cubin here, without a GPU: a kernel the interpreter
+    runs but the compiler refuses (a tile shape, a type) fails on this CPU, not on a rented H100."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    inflow_kernel._triton()
+    kernel = inflow_kernel.compiled_kernel()
+    pointers = {"Q": "*bf16", "K": "*bf16", "MASK": "*u8", "REAL": "*u8", "ROW_MAX": "*fp32", "ROW_SUM": "*fp32",
+                "OUT": "*fp32"}
+    names = kernel.arg_names
+    scalars = {name: "i32" for name in names[len(pointers):names.index("scaling")]}
+    cases = [(step, kind, "tf32", 128) for step in range(3) for kind in range(3)]
+    cases += [(2, 2, "ieee", 64), (0, 1, "tf32", 256)]  # a float32 model; Gemma's 256-wide heads (32 x 32 tiles)
+    for step, kind, precision, head_dim in cases:
+        block_m, block_n, block_d = inflow_kernel.block_sizes(head_dim)
+        constants = {"PASS": step, "CAUSAL": True, "MASK_KIND": kind, "PRECISION": precision,
+                     "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": block_d}
+        types = {**pointers, **scalars, "scaling": "fp32", **dict.fromkeys(constants, "constexpr")}
+        if precision == "ieee":
+            types.update(Q="*fp32", K="*fp32", MASK="*fp32")
+        source = ASTSource(kernel, types, constexprs={(names.index(k),): v for k, v in constants.items()})
+        built = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"enable_fp_fusion": False})
+        assert built.asm["cubin"] and ".target sm_90" in built.asm["ptx"], (step, kind, precision)
+
+
+def test_the_capture_takes_the_kernel_on_cuda_only_unless_told(monkeypatch) -> None:
+    monkeypatch.delenv(inflow_kernel.ENV, raising=False)
+    has_triton = inflow_kernel._triton() is not None
+    assert inflow_kernel.kernel_wanted(torch.device("cuda")) is has_triton
+    assert not inflow_kernel.kernel_wanted(torch.device("cpu"))
+    monkeypatch.setenv(inflow_kernel.ENV, "off")
+    assert not inflow_kernel.kernel_wanted(torch.device("cuda"))
+    monkeypatch.setenv(inflow_kernel.ENV, "on")
+    assert inflow_kernel.kernel_wanted(torch.device("cpu")) is has_triton
+    monkeypatch.setenv(inflow_kernel.ENV, "yes")
+    with pytest.raises(ValueError, match="POOLBENCH_INFLOW_KERNEL='yes': expected one of auto, off, on"):
+        inflow_kernel.kernel_wanted(torch.device("cuda"))
+
+
+def test_a_kernel_that_does_not_compile_falls_back_once_with_a_warning(monkeypatch, caplog) -> None:
+    """A GPU whose Triton refuses the kernel: the layer is computed in chunks (the same record the chunked path
+    gives), one warning names the error, and the process does not try the kernel again."""
+    pytest.importorskip("triton")
+    from triton.runtime.errors import OutOfResources
+
+    monkeypatch.setattr(inflow_kernel, "_FAILED", [])
+    monkeypatch.setattr(inflow_kernel, "kernel_wanted", lambda device: not inflow_kernel._FAILED)
+    tried = []
+
+    def refuses(*args, **kwargs):
+        tried.append(1)
+        raise OutOfResources(300_000, 232_448, "shared memory")
+
+    monkeypatch.setattr(inflow_kernel, "mean_inflow", refuses)
+    query, key, real = synthetic(2, 4, 2, 12, 8, torch.float32)
+    module = SimpleNamespace(is_causal=True)
+    with caplog.at_level(logging.WARNING, logger=inflow_kernel.__name__):
+        routes = [route_for(real) for _ in range(2)]
+        for route in routes:
+            attention_capture._record(route, module, query, key, None, None, {})
+    old = route_for(real)
+    fp32_reference_record(old, module, query, key, None, None, {})
+    assert tried == [1] and len(caplog.records) == 1 and "OutOfResources" in caplog.text
+    for route in routes:
+        assert_records_match(route.out[0], old.out[0], score_scale(query, key, {}), 12, 8, "fallback")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpu_kernel_equals_the_float32_maps(monkeypatch, dtype) -> None:
+    """Llama-3.1-8B's heads (32 over 8 key heads of 128), 4 x 512 tokens, padded: on CUDA the capture's mean inflow
+    comes from the kernel (counted), equal to the CPU's float32 maps within the bound, with and without sdpa's
+    bool mask; the kernel's launches do not synchronise."""
+    monkeypatch.delenv(inflow_kernel.ENV, raising=False)
+    calls = []
+    mean_inflow = inflow_kernel.mean_inflow
+    monkeypatch.setattr(inflow_kernel, "mean_inflow", lambda *a, **k: calls.append(1) or mean_inflow(*a, **k))
+    query, key, real = synthetic(4, 32, 8, 512, 128, dtype, seed=3)
+    causal = (torch.ones(512, 512, dtype=torch.bool).tril()[None] & real[:, None, :])[:, None]
+    module = SimpleNamespace(is_causal=True)
+    for given in (None, causal):
+        old, gpu = route_for(real), route_for(real.cuda())
+        fp32_reference_record(old, module, query, key, given, None, {})
+        attention_capture._record(gpu, module, query.cuda(), key.cuda(), None if given is None else given.cuda(),
+                                  None, {})
+        on_gpu = {name: value.cpu() for name, value in gpu.out[0].items()}
+        assert_records_match(on_gpu, old.out[0], score_scale(query, key, {}), 512, 128, f"gpu kernel {dtype}")
+    assert len(calls) == 2 and not inflow_kernel._FAILED
+    torch.cuda.set_sync_debug_mode("error")  # the kernel's three launches never wait for the device
+    try:
+        mean_inflow(query.cuda(), key.cuda(), real.cuda(), 0.1, True, causal.cuda())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert attention_inflow._kernel_serves(query.cuda(), 512, attention_inflow.ScoreRule(0.1, None, True, None))

@@ -20,15 +20,24 @@ import torch
 from attention_reference import fp32_reference_record
 from test_attention_inflow import MODELS, assert_records_match, compared_capture, route_for, score_scale, synthetic
 
-from poolbench.extractor import attention_capture, inflow_kernel
+from poolbench.extractor import attention_capture, attention_inflow, inflow_kernel
 from poolbench.extractor.attention_capture import capture_attention
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run by tests/test_inflow_kernel.py (TRITON_INTERPRET=1)"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_the_kernel_passes_the_check_the_capture_runs_first(dtype) -> None:
+    """attention_inflow.kernel_agrees: the kernel against the chunked path on its seeded case, within the bound."""
+    assert attention_inflow.kernel_agrees(torch.device("cpu"), dtype) and not inflow_kernel._FAILED
+
+
 @pytest.fixture
 def kernel_calls(monkeypatch) -> list:
-    """The calls that reached the kernel (the capture's fallback to the chunked path would pass silently else)."""
+    """The calls that reached the kernel for a record (the capture's fallback to the chunked path would pass
+    silently else); the capture's agreement check, once a dtype, runs before they are counted."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert attention_inflow.kernel_agrees(torch.device("cpu"), dtype)
     calls = []
     mean_inflow = inflow_kernel.mean_inflow
 

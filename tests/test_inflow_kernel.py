@@ -31,7 +31,7 @@ def test_the_kernel_equals_the_float32_maps_under_the_interpreter() -> None:
                            str(TESTS / "interpreted_inflow_kernel.py")], cwd=TESTS.parent, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "17 passed" in done.stdout, done.stdout[-2000:]
+    assert "20 passed" in done.stdout, done.stdout[-2000:]
 
 
 def test_the_kernel_compiles_for_an_h100() -> None:
@@ -75,21 +75,19 @@ def test_the_capture_takes_the_kernel_on_cuda_only_unless_told(monkeypatch) -> N
         inflow_kernel.kernel_wanted(torch.device("cuda"))
 
 
-def test_a_kernel_that_does_not_compile_falls_back_once_with_a_warning(monkeypatch, caplog) -> None:
-    """A GPU whose Triton refuses the kernel: the layer is computed in chunks (the same record the chunked path
-    gives), one warning names the error, and the process does not try the kernel again."""
-    pytest.importorskip("triton")
-    from triton.runtime.errors import OutOfResources
-
+def refused_kernel(monkeypatch, caplog, kernel) -> tuple[list, str]:
+    """Two layers recorded with `kernel` standing in for the Triton kernel (wanted on this CPU): each record is the
+    chunked path's (the float32 maps' within the bound), and what the kernel was asked and the warnings said."""
     monkeypatch.setattr(inflow_kernel, "_FAILED", [])
+    monkeypatch.setattr(attention_inflow, "_KERNEL_AGREES", {})
     monkeypatch.setattr(inflow_kernel, "kernel_wanted", lambda device: not inflow_kernel._FAILED)
-    tried = []
+    asked = []
 
-    def refuses(*args, **kwargs):
-        tried.append(1)
-        raise OutOfResources(300_000, 232_448, "shared memory")
+    def counted(*args, **kwargs):
+        asked.append(args[0].shape)
+        return kernel(*args, **kwargs)
 
-    monkeypatch.setattr(inflow_kernel, "mean_inflow", refuses)
+    monkeypatch.setattr(inflow_kernel, "mean_inflow", counted)
     query, key, real = synthetic(2, 4, 2, 12, 8, torch.float32)
     module = SimpleNamespace(is_causal=True)
     with caplog.at_level(logging.WARNING, logger=inflow_kernel.__name__):
@@ -98,9 +96,48 @@ def test_a_kernel_that_does_not_compile_falls_back_once_with_a_warning(monkeypat
             attention_capture._record(route, module, query, key, None, None, {})
     old = route_for(real)
     fp32_reference_record(old, module, query, key, None, None, {})
-    assert tried == [1] and len(caplog.records) == 1 and "OutOfResources" in caplog.text
     for route in routes:
         assert_records_match(route.out[0], old.out[0], score_scale(query, key, {}), 12, 8, "fallback")
+    assert len(caplog.records) == 1
+    return asked, caplog.text
+
+
+def test_a_kernel_that_does_not_compile_falls_back_once_with_a_warning(monkeypatch, caplog) -> None:
+    """A GPU whose Triton refuses the kernel: the layer is computed in chunks, one warning names the error, and
+    the process does not try the kernel again."""
+    pytest.importorskip("triton")
+    from triton.runtime.errors import OutOfResources
+
+    def refuses(*args, **kwargs):
+        raise OutOfResources(300_000, 232_448, "shared memory")
+
+    asked, said = refused_kernel(monkeypatch, caplog, refuses)
+    assert asked == [(2, 4, 80, 64)] and "OutOfResources" in said  # the check's first call, then never again
+
+
+def test_a_kernel_that_computes_otherwise_is_refused_before_it_records(monkeypatch, caplog) -> None:
+    """A kernel that compiles but is off by 1% of the inflow (a GPU or Triton that computes it otherwise; the
+    check's bound is 1.5e-3 of the largest inflow on its case, 1.4e-4 of 0.094): the check on its seeded case
+    (both mask forms) finds it beyond the round-off bound, warns once with both numbers, and no record comes from
+    it. The chunked path itself passes the check."""
+    chunked = attention_inflow.attention_inflow
+
+    def off(query, key, real, scaling, causal, mask):
+        rule = attention_inflow.ScoreRule(scaling, None, causal, mask)
+        return chunked(query, key, real, attention_inflow.last_real_index(real), rule, chunk=7).mean * 1.01
+
+    asked, said = refused_kernel(monkeypatch, caplog, off)
+    assert asked == [(2, 4, 80, 64)] * 2  # the check's case with and without a mask; never a record's (2, 4, 12, 8)
+    assert "differs from the chunked path by" in said and "over the round-off bound" in said
+    monkeypatch.setattr(attention_inflow, "_KERNEL_AGREES", {})
+    monkeypatch.setattr(inflow_kernel, "_FAILED", [])
+
+    def same(query, key, real, scaling, causal, mask):
+        rule = attention_inflow.ScoreRule(scaling, None, causal, mask)
+        return chunked(query, key, real, attention_inflow.last_real_index(real), rule, chunk=7).mean
+
+    monkeypatch.setattr(inflow_kernel, "mean_inflow", same)
+    assert attention_inflow.kernel_agrees(torch.device("cpu"), torch.bfloat16) and not inflow_kernel._FAILED
 
 
 @pytest.mark.gpu

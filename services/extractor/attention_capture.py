@@ -26,7 +26,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from poolbench.errors import PoolBenchError
 
-from .attention_inflow import ScoreRule, attention_inflow, later_keys_allowed
+from .attention_inflow import ScoreRule, attention_inflow, last_real_index, later_keys_allowed
 from .hook_points import _hidden_of, _with_hidden
 
 CAPTURE_PREFIX = "poolbench_capture_"
@@ -111,12 +111,6 @@ def _configs(model: nn.Module, decoder_layers: Sequence[nn.Module]) -> list:
         if config is not None and hasattr(config, "_attn_implementation_internal"):
             found[id(config)] = config
     return list(found.values())
-
-
-def last_real_index(mask: torch.Tensor) -> torch.Tensor:
-    """[B] index of each row's last real token, for left or right padding."""
-    length = mask.shape[1]
-    return length - 1 - torch.argmax(mask.flip(1).to(torch.int8), dim=1)
 
 
 @contextmanager

@@ -98,12 +98,9 @@ def attention_inflow(query: torch.Tensor, key: torch.Tensor, query_mask: torch.T
     key_ok = real[:, :n_k]
     mask = None if rule.mask is None else _broadcast_mask(rule.mask, n_q, n_k)
     last = _last_row(q, keys_t, last_index, n_k - n_q, mask, key_ok, rule, float32_out)
-    if chunk is None and _kernel_serves(query, n_k, rule):
-        try:
-            return Inflow(mean=inflow_kernel.mean_inflow(query, key, real, rule.scaling, rule.causal, rule.mask),
-                          last=last)
-        except inflow_kernel.compile_errors() as error:  # pragma: no cover - a GPU's Triton that rejects it
-            inflow_kernel.kernel_failed(error)
+    if chunk is None and _kernel_serves(query, n_k, rule) and kernel_agrees(query.device, query.dtype):
+        return Inflow(mean=inflow_kernel.mean_inflow(query, key, real, rule.scaling, rule.causal, rule.mask),
+                      last=last)
     return Inflow(mean=_chunked_mean(q, keys_t, real, key_ok, mask, rule, float32_out, chunk), last=last)
 
 
@@ -111,6 +108,51 @@ def _kernel_serves(query: torch.Tensor, n_k: int, rule: ScoreRule) -> bool:
     """Whether the Triton kernel (inflow_kernel) computes this layer's mean inflow: on CUDA with Triton, no
     softcap, keys aligned with the queries (no cache)."""
     return not rule.softcap and n_k == query.shape[2] and inflow_kernel.kernel_wanted(query.device)
+
+
+_KERNEL_AGREES: dict[tuple[str, torch.dtype], bool] = {}
+
+
+def kernel_agrees(device: torch.device, dtype: torch.dtype) -> bool:
+    """Once a process for each device and dtype, before the kernel computes a record there: the kernel and this
+    chunked path on a seeded case (two tiles each way, grouped heads, left padding, sdpa's bool mask and none),
+    within the round-off both paths share, |Δ| <= 4·eps32·(1 + 2S)·√(Dh + Tk + Tq) with S the largest
+    scaling·Σ|q_i k_i| (tests/test_attention_inflow.py derives it). A kernel that does not compile, or compiles and
+    computes otherwise on some GPU or Triton, gives one warning and the chunked path for the rest of the process:
+    never a silently different S1/S3. A few milliseconds and one wait for the device, once."""
+    key = (str(device), dtype)
+    if key not in _KERNEL_AGREES:
+        generator = torch.Generator().manual_seed(0)
+        query = torch.randn(2, 4, 80, 64, generator=generator).to(dtype)
+        keys = torch.randn(2, 2, 80, 64, generator=generator).to(dtype)
+        real = torch.ones(2, 80, dtype=torch.bool)
+        real[0, :30] = False
+        causal = (torch.ones(80, 80, dtype=torch.bool).tril()[None] & real[:, None, :])[:, None]
+        products = query.double().abs() @ keys.double().abs().repeat_interleave(2, dim=1).transpose(-1, -2)
+        bound = 4 * torch.finfo(torch.float32).eps * (1 + 2 * 0.125 * float(products.max())) * (64 + 80 + 80) ** 0.5
+        try:
+            worst = 0.0
+            for mask in (None, causal.to(device)):
+                q, k, r = query.to(device), keys.to(device), real.to(device)
+                by_kernel = inflow_kernel.mean_inflow(q, k, r, 0.125, True, mask)
+                by_chunks = attention_inflow(q, k, r, last_real_index(r), ScoreRule(0.125, None, True, mask),
+                                             chunk=16).mean
+                worst = max(worst, float((by_kernel - by_chunks).abs().max()))
+            agrees = worst <= bound  # False for a NaN too
+            if not agrees:
+                inflow_kernel.kernel_failed(ValueError(f"it differs from the chunked path by {worst:.3g} on {device} "
+                                                       f"in {dtype}, over the round-off bound {bound:.3g}"))
+        except inflow_kernel.compile_errors() as error:
+            inflow_kernel.kernel_failed(error)
+            agrees = False
+        _KERNEL_AGREES[key] = agrees
+    return _KERNEL_AGREES[key]
+
+
+def last_real_index(mask: torch.Tensor) -> torch.Tensor:
+    """[B] index of each row's last real token, for left or right padding."""
+    length = mask.shape[1]
+    return length - 1 - torch.argmax(mask.flip(1).to(torch.int8), dim=1)
 
 
 def _chunked_mean(q: torch.Tensor, keys_t: torch.Tensor, real: torch.Tensor, key_ok: torch.Tensor,

@@ -170,15 +170,16 @@ def kernel_wanted(device: torch.device) -> bool:
     return (choice == "on" or device.type == "cuda") and _triton() is not None
 
 
-_FAILED: list[str] = []  # the first compile failure's message: the process keeps to the chunked path after it
+_FAILED: list[str] = []  # why the kernel was refused: the process keeps to the chunked path after it
 
 
 def kernel_failed(error: Exception) -> None:
-    """Note a compile failure once: the capture falls back to the chunked path (same quantity, its own
-    round-off) for the rest of the process, with one warning naming the error."""
+    """Refuse the kernel for the rest of the process, once, with one warning naming why (it did not compile, or
+    attention_inflow.kernel_agrees found it computing otherwise): the capture takes the chunked path, the same
+    quantity to its own round-off."""
     if not _FAILED:
         _FAILED.append(f"{type(error).__name__}: {error}")
-        logger.warning("attention inflow kernel did not compile (%s); using the chunked path", _FAILED[0])
+        logger.warning("attention inflow kernel refused (%s); using the chunked path", _FAILED[0])
 
 
 def block_sizes(head_dim: int) -> tuple[int, int, int]:

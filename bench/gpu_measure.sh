@@ -14,7 +14,10 @@
 #
 # STEPS picks the steps, in this order: pytest inflow d1_cost d1_parallel extraction_cost scale (the default: all six;
 # inflow is bench/inflow_by_backward.py, S1/S3's inflow by the Triton kernel and by sdpa's backward against the
-# chunked path's, T_INFLOW (45 s); the extraction stages take the kernel unless POOLBENCH_INFLOW_KERNEL=off) and
+# chunked path's, T_INFLOW (45 s); the extraction stages take the kernel unless POOLBENCH_INFLOW_KERNEL=off), the
+# opt-in extraction_chunks (extraction_cost's CHUNK_STAGES, "attention", with the inflow in chunks, no profile:
+# extraction_chunks.{json,log}, T_EXTRACT: the kernel's A/B at stage level, `STEPS="extraction_cost
+# extraction_chunks" STAGES=attention,all CHUNK_STAGES=attention,all PROFILE=0`), and
 # scale_probes, which runs scale.py once per value of PROBES_SWEEP ("1 2 4": D1 probe tasks beside the extractor,
 # $POOLBENCH_PROBES_PER_GPU) into scale_p<N>.{json,log}, T_SCALE each: `STEPS=scale_probes` is a call of its own
 # (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back. d1_parallel runs
@@ -73,6 +76,7 @@ D1P_CELLS=${D1P_CELLS:-19}
 T_D1P=${T_D1P:-60}
 EXTRA_D1P=${EXTRA_D1P:-}           # more options for d1_parallel.py
 PROBES_SWEEP=${PROBES_SWEEP:-1 2 4}
+CHUNK_STAGES=${CHUNK_STAGES:-attention}
 BUDGET=${BUDGET:-560}
 MIN_STEP=${MIN_STEP:-30}
 LOG="$OUT/gpu.log"
@@ -153,9 +157,15 @@ if wants d1_parallel; then
   done
 fi
 
-wants extraction_cost && run_step extraction_cost "$T_EXTRACT" "$PYTHON" bench/extraction_cost.py --shape "$SHAPE" --device "$DEVICE" \
-  --dtype "$DTYPE" --corpus-size full --concepts 2 --texts "$TEXTS" --max-length 512 --pack-to 512 --stages "$STAGES" \
-  --repeats "$REPEATS" $([ "$PROFILE" = 1 ] && echo --profile) --out "$OUT/extraction_cost.json" $EXTRA_EXTRACT
+extract_args=(--shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" --corpus-size full --concepts 2 --texts "$TEXTS"
+              --max-length 512 --pack-to 512 --repeats "$REPEATS")
+# shellcheck disable=SC2086
+wants extraction_cost && run_step extraction_cost "$T_EXTRACT" "$PYTHON" bench/extraction_cost.py "${extract_args[@]}" \
+  --stages "$STAGES" $([ "$PROFILE" = 1 ] && echo --profile) --out "$OUT/extraction_cost.json" $EXTRA_EXTRACT
+# The same stages with S1/S3's inflow in query chunks (the kernel's fallback), for the A/B on one warm machine
+# shellcheck disable=SC2086
+wants extraction_chunks && POOLBENCH_INFLOW_KERNEL=off run_step extraction_chunks "$T_EXTRACT" "$PYTHON" \
+  bench/extraction_cost.py "${extract_args[@]}" --stages "$CHUNK_STAGES" --out "$OUT/extraction_chunks.json" $EXTRA_EXTRACT
 
 scale_args=(--shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" --concepts "$SCALE_CONCEPTS" --corpus-size full
             --max-length 512 --repeats "$SCALE_REPEATS" ${SCALE_LIMIT:+--limit "$SCALE_LIMIT"})

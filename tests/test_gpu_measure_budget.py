@@ -61,3 +61,22 @@ def test_without_ray_the_driver_steps_are_skipped_and_said_so(tmp_path):
                          NO_RAY="1")
     assert "steps scale and scale_probes skipped: Ray does not import here" in log, log
     assert "step d1_cost (limit 1 s)" in log and "step scale " not in log and "step scale_p" not in log, log
+
+
+def test_the_chunked_inflow_step_runs_the_stages_with_the_kernel_off(tmp_path):
+    """extraction_chunks, the kernel's A/B at stage level: extraction_cost again on CHUNK_STAGES, with
+    POOLBENCH_INFLOW_KERNEL=off in its environment only (the step before it keeps the kernel)."""
+    seen = tmp_path / "seen"
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\n[ "$1" = -c ] && { echo "python fake torch none"; exit 0; }\n'
+                    f'echo "${{POOLBENCH_INFLOW_KERNEL:-auto}} $*" >> {seen}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": str(fake), "DEVICE": "cpu", "SHAPE": "smoke",
+           "STEPS": "extraction_cost extraction_chunks", "PROFILE": "0", "CHUNK_STAGES": "attention,all"}
+    env.pop("POOLBENCH_INFLOW_KERNEL", None)
+    subprocess.run(["bash", str(ROOT / "bench" / "gpu_measure.sh")], env=env, check=True, capture_output=True,
+                   timeout=60)
+    first, second = seen.read_text().splitlines()
+    assert first.startswith("auto bench/extraction_cost.py ") and "--stages forward_backward,hidden" in first
+    assert second.startswith("off bench/extraction_cost.py ") and "--stages attention,all" in second
+    assert "--out " + str(tmp_path / "out" / "extraction_chunks.json") in second

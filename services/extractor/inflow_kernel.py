@@ -53,7 +53,7 @@ def _inflow_kernel(Q, K, MASK, REAL, ROW_MAX, ROW_SUM, OUT,
                    BLOCK_D: tl.constexpr):
     """One program: passage b, head h (key head h // group), the outer block of queries (passes 0, 1) or keys
     (pass 2); walks the inner axis in tiles. Row stats are [B·H, n_q] float32; OUT [B·H, n_k] float32."""
-    bh = tl.program_id(0)
+    bh = tl.program_id(0).to(tl.int64)  # offsets in 64 bits: a [B, 1, T, T] mask passes 2^31 elements at 16 x 12k
     outer = tl.program_id(1)
     b = bh // n_heads
     h = bh % n_heads

@@ -28,8 +28,10 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run by tests/test_inflow_kern
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 def test_the_kernel_passes_the_check_the_capture_runs_first(dtype) -> None:
-    """attention_inflow.kernel_agrees: the kernel against the chunked path on its seeded case, within the bound."""
+    """attention_inflow.kernel_agrees: the kernel against the chunked path on its seeded case, within the bound,
+    uncapped and softcapped."""
     assert attention_inflow.kernel_agrees(torch.device("cpu"), dtype) and not inflow_kernel._FAILED
+    assert attention_inflow.kernel_agrees(torch.device("cpu"), dtype, 2.0) and not inflow_kernel._FAILED
 
 
 @pytest.fixture
@@ -37,7 +39,8 @@ def kernel_calls(monkeypatch) -> list:
     """The calls that reached the kernel for a record (the capture's fallback to the chunked path would pass
     silently else); the capture's agreement check, once a dtype, runs before they are counted."""
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        assert attention_inflow.kernel_agrees(torch.device("cpu"), dtype)
+        for softcap in (None, 2.0, 3.0):  # Gemma 2's cap, and this file's window-float case's
+            assert attention_inflow.kernel_agrees(torch.device("cpu"), dtype, softcap)
     calls = []
     mean_inflow = inflow_kernel.mean_inflow
 
@@ -67,7 +70,7 @@ def test_kernel_record_equals_the_reference_for_every_mask_form(kernel_calls, gi
              "window-bool": window_mask(70, 9)[None, None],
              "window-float": torch.zeros(70, 70, dtype=dtype).masked_fill(~window_mask(70, 9), float("-inf"))[None]}
     module = SimpleNamespace(is_causal=given != "bidirectional")
-    kwargs = {"scaling": 0.3} if given == "window-float" else {}
+    kwargs = {"scaling": 0.3, "softcap": 3.0} if given == "window-float" else {}  # Gemma 2's cap
     new, old = route_for(real), route_for(real)
     attention_capture._record(new, module, query, key, masks[given], None, kwargs)
     fp32_reference_record(old, module, query, key, masks[given], None, kwargs)
@@ -117,9 +120,21 @@ def test_a_real_model_through_the_kernel(monkeypatch, kernel_calls, dtype) -> No
         assert_records_match(new, old, scale, n_q, head_dim, f"llama {dtype}")
 
 
-def test_a_softcapped_layer_keeps_to_the_chunked_path(kernel_calls) -> None:
-    """Gemma 2's logit softcap is not in the kernel: its layers are computed in chunks, as before."""
-    query, key, real = synthetic(1, 4, 2, 10, 8, torch.float32)
-    route = route_for(real)
-    attention_capture._record(route, SimpleNamespace(is_causal=True), query, key, None, None, {"softcap": 2.0})
-    assert kernel_calls == [] and route.out[0]["inflow"].shape == (1, 4, 10)
+def test_gemma2_softcapped_layers_through_the_kernel(monkeypatch, kernel_calls) -> None:
+    """Gemma 2 in miniature (logits softcapped at 2, so the cap bites; a sliding window every other layer, its
+    scaling from query_pre_attn_scalar): its layers' records come from the kernel, the float32 maps' within the
+    bound with the softcap's term."""
+    model = MODELS["gemma2"](torch.float32)
+    layers = model.model.layers
+    ids = torch.randint(3, 50, (3, 12), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(3, 12, dtype=torch.bool)
+    mask[1, :5] = False
+    mask[2, 8:] = False
+    seen = compared_capture(monkeypatch, budget=14 * 3 * 4 * 12 * 5)
+    for impl in ("sdpa", "eager"):
+        model.config._attn_implementation = impl
+        with capture_attention(model, layers, range(len(layers)), mask, head_outputs=True), torch.no_grad():
+            model(input_ids=ids, attention_mask=mask.long(), position_ids=(mask.long().cumsum(-1) - 1).clamp(min=0))
+    assert len(kernel_calls) == len(seen) == 2 * len(layers)
+    for new, old, scale, n_q, head_dim, _ in seen:
+        assert_records_match(new, old, scale, n_q, head_dim, "gemma2")

@@ -31,7 +31,7 @@ def test_the_kernel_equals_the_float32_maps_under_the_interpreter() -> None:
                            str(TESTS / "interpreted_inflow_kernel.py")], cwd=TESTS.parent, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "20 passed" in done.stdout, done.stdout[-2000:]
+    assert "20 passed" in done.stdout  # with the check of each dtype, done.stdout[-2000:]
 
 
 def test_the_kernel_compiles_for_an_h100() -> None:
@@ -49,13 +49,13 @@ def test_the_kernel_compiles_for_an_h100() -> None:
     scalars = {name: "i32" for name in names[len(pointers):names.index("scaling")]}
     # every pass with sdpa's bool mask, each other mask form in a pass (a form's code is the same in each pass, ~1 s
     # a build), a float32 model, Gemma's 256-wide heads (32 x 32 tiles)
-    cases = [(step, 1, "tf32", 128) for step in range(3)] + [(2, 0, "tf32", 128), (1, 2, "tf32", 128)]
-    cases += [(2, 2, "ieee", 64), (0, 1, "tf32", 256)]
-    for step, kind, precision, head_dim in cases:
+    cases = [(step, 1, False, "tf32", 128) for step in range(3)] + [(2, 0, False, "tf32", 128)]
+    cases += [(1, 2, True, "tf32", 128), (2, 2, False, "ieee", 64), (0, 1, False, "tf32", 256)]  # softcap: Gemma 2
+    for step, kind, softcap, precision, head_dim in cases:
         block_m, block_n, block_d = inflow_kernel.block_sizes(head_dim)
-        constants = {"PASS": step, "CAUSAL": True, "MASK_KIND": kind, "PRECISION": precision,
+        constants = {"PASS": step, "CAUSAL": True, "MASK_KIND": kind, "SOFTCAP": softcap, "PRECISION": precision,
                      "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": block_d}
-        types = {**pointers, **scalars, "scaling": "fp32", **dict.fromkeys(constants, "constexpr")}
+        types = {**pointers, **scalars, "scaling": "fp32", "softcap": "fp32", **dict.fromkeys(constants, "constexpr")}
         if precision == "ieee":
             types.update(Q="*fp32", K="*fp32", MASK="*fp32")
         source = ASTSource(kernel, types, constexprs={(names.index(k),): v for k, v in constants.items()})
@@ -124,8 +124,8 @@ def test_a_kernel_that_computes_otherwise_is_refused_before_it_records(monkeypat
     it. The chunked path itself passes the check."""
     chunked = attention_inflow.attention_inflow
 
-    def off(query, key, real, scaling, causal, mask):
-        rule = attention_inflow.ScoreRule(scaling, None, causal, mask)
+    def off(query, key, real, scaling, causal, mask, softcap=None):
+        rule = attention_inflow.ScoreRule(scaling, softcap, causal, mask)
         return chunked(query, key, real, attention_inflow.last_real_index(real), rule, chunk=7).mean * 1.01
 
     asked, said = refused_kernel(monkeypatch, caplog, off)
@@ -134,12 +134,13 @@ def test_a_kernel_that_computes_otherwise_is_refused_before_it_records(monkeypat
     monkeypatch.setattr(attention_inflow, "_KERNEL_AGREES", {})
     monkeypatch.setattr(inflow_kernel, "_FAILED", [])
 
-    def same(query, key, real, scaling, causal, mask):
-        rule = attention_inflow.ScoreRule(scaling, None, causal, mask)
+    def same(query, key, real, scaling, causal, mask, softcap=None):
+        rule = attention_inflow.ScoreRule(scaling, softcap, causal, mask)
         return chunked(query, key, real, attention_inflow.last_real_index(real), rule, chunk=7).mean
 
     monkeypatch.setattr(inflow_kernel, "mean_inflow", same)
     assert attention_inflow.kernel_agrees(torch.device("cpu"), torch.bfloat16) and not inflow_kernel._FAILED
+    assert attention_inflow.kernel_agrees(torch.device("cpu"), torch.bfloat16, 2.0) and not inflow_kernel._FAILED
 
 
 @pytest.mark.gpu
@@ -148,7 +149,8 @@ def test_a_kernel_that_computes_otherwise_is_refused_before_it_records(monkeypat
 def test_gpu_kernel_equals_the_float32_maps(monkeypatch, dtype) -> None:
     """Llama-3.1-8B's heads (32 over 8 key heads of 128), 4 x 512 tokens, padded: on CUDA the capture's mean inflow
     comes from the kernel (counted), equal to the CPU's float32 maps within the bound, with and without sdpa's
-    bool mask; the kernel's launches do not synchronise."""
+    bool mask and Gemma 2's softcap; the kernel's launches do not synchronise."""
+    monkeypatch.setattr(attention_inflow, "_KERNEL_AGREES", {})  # its checks counted below
     monkeypatch.delenv(inflow_kernel.ENV, raising=False)
     calls = []
     mean_inflow = inflow_kernel.mean_inflow
@@ -157,13 +159,14 @@ def test_gpu_kernel_equals_the_float32_maps(monkeypatch, dtype) -> None:
     causal = (torch.ones(512, 512, dtype=torch.bool).tril()[None] & real[:, None, :])[:, None]
     module = SimpleNamespace(is_causal=True)
     for given in (None, causal):
-        old, gpu = route_for(real), route_for(real.cuda())
-        fp32_reference_record(old, module, query, key, given, None, {})
-        attention_capture._record(gpu, module, query.cuda(), key.cuda(), None if given is None else given.cuda(),
-                                  None, {})
-        on_gpu = {name: value.cpu() for name, value in gpu.out[0].items()}
-        assert_records_match(on_gpu, old.out[0], score_scale(query, key, {}), 512, 128, f"gpu kernel {dtype}")
-    assert len(calls) == 2 and not inflow_kernel._FAILED
+        for kwargs in ({}, {"softcap": 50.0}):  # Gemma-2-9B's attention logit cap
+            old, gpu = route_for(real), route_for(real.cuda())
+            fp32_reference_record(old, module, query, key, given, None, kwargs)
+            attention_capture._record(gpu, module, query.cuda(), key.cuda(),
+                                      None if given is None else given.cuda(), None, kwargs)
+            on_gpu = {name: value.cpu() for name, value in gpu.out[0].items()}
+            assert_records_match(on_gpu, old.out[0], score_scale(query, key, kwargs), 512, 128, f"gpu {dtype}")
+    assert len(calls) == 4 + 4 and not inflow_kernel._FAILED  # each record's, and the two checks' two each
     torch.cuda.set_sync_debug_mode("error")  # the kernel's three launches never wait for the device
     try:
         mean_inflow(query.cuda(), key.cuda(), real.cuda(), 0.1, True, causal.cuda())

@@ -1,7 +1,7 @@
 """Attention each key receives (S1, S3), from one layer's queries, keys and mask, a chunk of queries at a time.
 
 On CUDA the mean over queries comes from a Triton kernel instead (inflow_kernel: no map in memory at all, the same
-float32 quantity to round-off), except for softcapped layers; this chunked path is its fallback and the CPU's.
+float32 quantity to round-off); this chunked path is its fallback and the CPU's.
 
 Only [B, H, chunk, T] of the probability map exists at once, the chunk chosen so its temporaries stay within
 CHUNK_BUDGET_BYTES; grouped-query heads share their key head through a reshape of the queries (K is never
@@ -98,29 +98,30 @@ def attention_inflow(query: torch.Tensor, key: torch.Tensor, query_mask: torch.T
     key_ok = real[:, :n_k]
     mask = None if rule.mask is None else _broadcast_mask(rule.mask, n_q, n_k)
     last = _last_row(q, keys_t, last_index, n_k - n_q, mask, key_ok, rule, float32_out)
-    if chunk is None and _kernel_serves(query, n_k, rule) and kernel_agrees(query.device, query.dtype):
-        return Inflow(mean=inflow_kernel.mean_inflow(query, key, real, rule.scaling, rule.causal, rule.mask),
-                      last=last)
+    if chunk is None and _kernel_serves(query, n_k) and kernel_agrees(query.device, query.dtype, rule.softcap):
+        return Inflow(mean=inflow_kernel.mean_inflow(query, key, real, rule.scaling, rule.causal, rule.mask,
+                                                     rule.softcap), last=last)
     return Inflow(mean=_chunked_mean(q, keys_t, real, key_ok, mask, rule, float32_out, chunk), last=last)
 
 
-def _kernel_serves(query: torch.Tensor, n_k: int, rule: ScoreRule) -> bool:
-    """Whether the Triton kernel (inflow_kernel) computes this layer's mean inflow: on CUDA with Triton, no
-    softcap, keys aligned with the queries (no cache)."""
-    return not rule.softcap and n_k == query.shape[2] and inflow_kernel.kernel_wanted(query.device)
+def _kernel_serves(query: torch.Tensor, n_k: int) -> bool:
+    """Whether the Triton kernel (inflow_kernel) computes this layer's mean inflow: on CUDA with Triton, keys
+    aligned with the queries (no cache)."""
+    return n_k == query.shape[2] and inflow_kernel.kernel_wanted(query.device)
 
 
-_KERNEL_AGREES: dict[tuple[str, torch.dtype], bool] = {}
+_KERNEL_AGREES: dict[tuple[str, torch.dtype, float | None], bool] = {}
 
 
-def kernel_agrees(device: torch.device, dtype: torch.dtype) -> bool:
-    """Once a process for each device and dtype, before the kernel computes a record there: the kernel and this
-    chunked path on a seeded case (two tiles each way, grouped heads, left padding, sdpa's bool mask and none),
-    within the round-off both paths share, |Δ| <= 4·eps32·(1 + 2S)·√(Dh + Tk + Tq) with S the largest
-    scaling·Σ|q_i k_i| (tests/test_attention_inflow.py derives it). A kernel that does not compile, or compiles and
-    computes otherwise on some GPU or Triton, gives one warning and the chunked path for the rest of the process:
-    never a silently different S1/S3. A few milliseconds and one wait for the device, once."""
-    key = (str(device), dtype)
+def kernel_agrees(device: torch.device, dtype: torch.dtype, softcap: float | None = None) -> bool:
+    """Once a process for each device, dtype and softcap, before the kernel computes a record there: the kernel
+    and this chunked path on a seeded case (two tiles each way, grouped heads, left padding, sdpa's bool mask and
+    none, the softcap), within the round-off both paths share, |Δ| <= 4·eps32·(1 + 2(S + c))·√(Dh + Tk + Tq) with
+    S the largest scaling·Σ|q_i k_i| and c the softcap (tests/test_attention_inflow.py derives it). A kernel that
+    does not compile, or compiles and computes otherwise on some GPU or Triton, gives one warning and the chunked
+    path for the rest of the process: never a silently different S1/S3. A few milliseconds and one wait for the
+    device, once."""
+    key = (str(device), dtype, softcap or None)
     if key not in _KERNEL_AGREES:
         generator = torch.Generator().manual_seed(0)
         query = torch.randn(2, 4, 80, 64, generator=generator).to(dtype)
@@ -129,13 +130,14 @@ def kernel_agrees(device: torch.device, dtype: torch.dtype) -> bool:
         real[0, :30] = False
         causal = (torch.ones(80, 80, dtype=torch.bool).tril()[None] & real[:, None, :])[:, None]
         products = query.double().abs() @ keys.double().abs().repeat_interleave(2, dim=1).transpose(-1, -2)
-        bound = 4 * torch.finfo(torch.float32).eps * (1 + 2 * 0.125 * float(products.max())) * (64 + 80 + 80) ** 0.5
+        scale = 1 + 2 * (0.125 * float(products.max()) + (softcap or 0.0))
+        bound = 4 * torch.finfo(torch.float32).eps * scale * (64 + 80 + 80) ** 0.5
         try:
             worst = 0.0
             for mask in (None, causal.to(device)):
                 q, k, r = query.to(device), keys.to(device), real.to(device)
-                by_kernel = inflow_kernel.mean_inflow(q, k, r, 0.125, True, mask)
-                by_chunks = attention_inflow(q, k, r, last_real_index(r), ScoreRule(0.125, None, True, mask),
+                by_kernel = inflow_kernel.mean_inflow(q, k, r, 0.125, True, mask, softcap)
+                by_chunks = attention_inflow(q, k, r, last_real_index(r), ScoreRule(0.125, softcap, True, mask),
                                              chunk=16).mean
                 worst = max(worst, float((by_kernel - by_chunks).abs().max()))
             agrees = worst <= bound  # False for a NaN too

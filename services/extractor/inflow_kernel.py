@@ -17,9 +17,11 @@ result is today's float32 recomputation up to float32 round-off, within the boun
 derives. Three passes form each score three times: the score work is ~0.1 of a layer's attention FLOPs, what is
 saved is memory traffic.
 
-Not covered, left to the chunked path: a logit softcap (Gemma 2: its tanh would need another implementation than
-torch's), keys not aligned with the queries (a cache), and devices without Triton. On the CPU the same kernel runs
-under Triton's interpreter (TRITON_INTERPRET=1; tests only: slow).
+Gemma 2's logit softcap c·tanh(s/c) comes between the scaling and the mask, as in the chunked path; tanh is taken
+as (1 - e)/(1 + e) with e = exp(-2|s/c|) (Triton has no portable tanh): a few float32 roundings of a value at most 1,
+times c, which the bound's c term covers. Not covered, left to the chunked path: keys not aligned with the queries
+(a cache), and devices without Triton. On the CPU the same kernel runs under Triton's interpreter
+(TRITON_INTERPRET=1; tests only: slow).
 """
 
 from __future__ import annotations
@@ -47,8 +49,8 @@ _LAUNCH = {"enable_fp_fusion": False}
 
 def _inflow_kernel(Q, K, MASK, REAL, ROW_MAX, ROW_SUM, OUT,
                    sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_t, sk_d, sm_b, sm_h, sm_q, sm_k, sr_b, sr_t,
-                   n_heads, group, n_q, n_k, offset, head_dim, scaling,
-                   PASS: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr,
+                   n_heads, group, n_q, n_k, offset, head_dim, scaling, softcap,
+                   PASS: tl.constexpr, CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, SOFTCAP: tl.constexpr,
                    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr):
     """One program: passage b, head h (key head h // group), the outer block of queries (passes 0, 1) or keys
@@ -90,6 +92,10 @@ def _inflow_kernel(Q, K, MASK, REAL, ROW_MAX, ROW_SUM, OUT,
         k = tl.load(K + b * sk_b + kv * sk_h + cols[None, :] * sk_t + dims[:, None] * sk_d,
                     mask=in_k[None, :] & (dims[:, None] < head_dim), other=0.0).to(tl.float32)
         scores = tl.dot(q, k, input_precision=PRECISION) * scaling
+        if SOFTCAP:
+            capped = scores / softcap
+            e = tl.exp(-2.0 * tl.abs(capped))
+            scores = tl.where(capped < 0, -1.0, 1.0) * ((1.0 - e) / (1.0 + e)) * softcap
         key_real = tl.load(REAL + b * sr_b + cols * sr_t, mask=in_k, other=0) != 0
         allowed = in_q[:, None] & key_real[None, :]
         if CAUSAL:
@@ -191,11 +197,11 @@ def block_sizes(head_dim: int) -> tuple[int, int, int]:
 
 
 def mean_inflow(query: torch.Tensor, key: torch.Tensor, real: torch.Tensor, scaling: float, causal: bool,
-                mask: torch.Tensor | None) -> torch.Tensor:
+                mask: torch.Tensor | None, softcap: float | None = None) -> torch.Tensor:
     """Mean inflow [B, H, Tk] float32 over the real queries that see some key (attention_inflow's `mean`), from
     query [B, H, Tq, Dh], key [B, KVH, Tk, Dh] (any strides), real [B, Tq] bool (real queries; key j is real where
     real[:, j]), and `mask` broadcastable to [B, H, Tq, Tk] (bool, True attends; or additive float) or None.
-    Keys are aligned to the queries' end (offset Tk - Tq, 0 without a cache)."""
+    Keys are aligned to the queries' end (offset Tk - Tq, 0 without a cache); `softcap` caps the scaled scores."""
     batch, n_heads, n_q, head_dim = query.shape
     n_kv, n_k = key.shape[1], key.shape[2]
     device = query.device
@@ -218,11 +224,12 @@ def mean_inflow(query: torch.Tensor, key: torch.Tensor, real: torch.Tensor, scal
     precision = "ieee" if query.dtype == torch.float32 else "tf32"
     kernel = compiled_kernel()
     common = (query, key, given, real_bytes, row_max, row_sum, out, *query.stride(), *key.stride(), *mask_strides,
-              *real_bytes.stride(), n_heads, n_heads // n_kv, n_q, n_k, n_k - n_q, head_dim, float(scaling))
+              *real_bytes.stride(), n_heads, n_heads // n_kv, n_q, n_k, n_k - n_q, head_dim, float(scaling),
+              float(softcap or 1.0))
     for step, blocks in ((PASS_MAX, block_m), (PASS_SUM, block_m), (PASS_INFLOW, block_n)):
         length = n_k if step == PASS_INFLOW else n_q
         grid = (batch * n_heads, -(-length // blocks))
-        kernel[grid](*common, PASS=step, CAUSAL=causal, MASK_KIND=kind, PRECISION=precision,
+        kernel[grid](*common, PASS=step, CAUSAL=causal, MASK_KIND=kind, SOFTCAP=bool(softcap), PRECISION=precision,
                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, **_LAUNCH)
     n_real = real.sum(dim=1).clamp(min=1).to(torch.float32)
     return out.view(batch, n_heads, n_k) / n_real[:, None, None]

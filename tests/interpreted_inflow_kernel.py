@@ -18,10 +18,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 from attention_reference import fp32_reference_record
-from test_attention_inflow import MODELS, assert_records_match, compared_capture, route_for, score_scale, synthetic
+from test_attention_inflow import assert_records_match, real_model_records, route_for, score_scale, synthetic
 
 from poolbench.extractor import attention_capture, attention_inflow, inflow_kernel
-from poolbench.extractor.attention_capture import capture_attention
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run by tests/test_inflow_kernel.py (TRITON_INTERPRET=1)"
 
@@ -100,41 +99,14 @@ def test_a_passage_of_padding_alone_receives_and_gives_nothing(kernel_calls) -> 
     assert float(route.out[0]["inflow"][1].abs().max()) == 0
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_a_real_model_through_the_kernel(monkeypatch, kernel_calls, dtype) -> None:
-    """A random Llama's sdpa and eager attention (their own masks: bool, additive), left and right padding: every
-    layer's record the float32 maps' within the bound, computed by the kernel."""
-    model = MODELS["llama"](dtype)
-    layers = model.model.layers
-    ids = torch.randint(3, 50, (3, 12), generator=torch.Generator().manual_seed(2))
-    mask = torch.ones(3, 12, dtype=torch.bool)
-    mask[1, :5] = False
-    mask[2, 8:] = False
-    seen = compared_capture(monkeypatch, budget=14 * 3 * 4 * 12 * 5)
-    for impl in ("sdpa", "eager"):
-        model.config._attn_implementation = impl
-        with capture_attention(model, layers, range(len(layers)), mask, head_outputs=True), torch.no_grad():
-            model(input_ids=ids, attention_mask=mask.long(), position_ids=(mask.long().cumsum(-1) - 1).clamp(min=0))
-    assert len(kernel_calls) == len(seen) == 2 * len(layers)
+@pytest.mark.parametrize(("name", "dtype"), [("llama", torch.float32), ("llama", torch.bfloat16),
+                                           ("gemma2", torch.float32)], ids=["llama-fp32", "llama-bf16", "gemma2-fp32"])
+def test_a_real_model_through_the_kernel(monkeypatch, kernel_calls, name: str, dtype) -> None:
+    """A random Llama's and a Gemma 2 in miniature's sdpa and eager attention (their own masks: bool, additive;
+    Gemma's logits softcapped at 2 so the cap bites, a sliding window every other layer, its scaling from
+    query_pre_attn_scalar), left and right padding: every layer's record the float32 maps' within the bound (with
+    the softcap's term), computed by the kernel."""
+    seen, n_layers = real_model_records(monkeypatch, name, dtype)
+    assert len(kernel_calls) == len(seen) == 2 * n_layers
     for new, old, scale, n_q, head_dim, _ in seen:
-        assert_records_match(new, old, scale, n_q, head_dim, f"llama {dtype}")
-
-
-def test_gemma2_softcapped_layers_through_the_kernel(monkeypatch, kernel_calls) -> None:
-    """Gemma 2 in miniature (logits softcapped at 2, so the cap bites; a sliding window every other layer, its
-    scaling from query_pre_attn_scalar): its layers' records come from the kernel, the float32 maps' within the
-    bound with the softcap's term."""
-    model = MODELS["gemma2"](torch.float32)
-    layers = model.model.layers
-    ids = torch.randint(3, 50, (3, 12), generator=torch.Generator().manual_seed(2))
-    mask = torch.ones(3, 12, dtype=torch.bool)
-    mask[1, :5] = False
-    mask[2, 8:] = False
-    seen = compared_capture(monkeypatch, budget=14 * 3 * 4 * 12 * 5)
-    for impl in ("sdpa", "eager"):
-        model.config._attn_implementation = impl
-        with capture_attention(model, layers, range(len(layers)), mask, head_outputs=True), torch.no_grad():
-            model(input_ids=ids, attention_mask=mask.long(), position_ids=(mask.long().cumsum(-1) - 1).clamp(min=0))
-    assert len(kernel_calls) == len(seen) == 2 * len(layers)
-    for new, old, scale, n_q, head_dim, _ in seen:
-        assert_records_match(new, old, scale, n_q, head_dim, "gemma2")
+        assert_records_match(new, old, scale, n_q, head_dim, f"{name} {dtype}")

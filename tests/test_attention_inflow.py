@@ -79,23 +79,31 @@ def gemma2(dtype: torch.dtype) -> Gemma2ForCausalLM:
 MODELS = {"llama": lambda dtype: random_llama().to(dtype), "gemma2": gemma2}
 
 
-@pytest.mark.numerics
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_chunked_inflow_equals_the_float32_maps_in_real_models(monkeypatch, name: str, dtype) -> None:
+def real_model_records(monkeypatch, name: str, dtype) -> tuple[list, int]:
+    """Every layer of MODELS[name] run through sdpa and eager attention (their own masks: bool, additive), 3 rows
+    of 12 tokens with left and right padding, 5 queries a chunk (3 chunks, a partial one): compared_capture's
+    (record, float32 maps' record, scale, Tq, Dh, mask) per layer and implementation, and the model's layers."""
     model = MODELS[name](dtype)
     layers = model.model.layers
     ids = torch.randint(3, 50, (3, 12), generator=torch.Generator().manual_seed(2))
     mask = torch.ones(3, 12, dtype=torch.bool)
     mask[1, :5] = False  # left padding
     mask[2, 8:] = False  # right padding
-    seen = compared_capture(monkeypatch, budget=14 * 3 * 4 * 12 * 5)  # 5 queries a chunk: 3 chunks, a partial one
+    seen = compared_capture(monkeypatch, budget=14 * 3 * 4 * 12 * 5)
     for impl in ("sdpa", "eager"):
         model.config._attn_implementation = impl
         with capture_attention(model, layers, range(len(layers)), mask, head_outputs=True), torch.no_grad():
             model(input_ids=ids, attention_mask=mask.long(), position_ids=(mask.long().cumsum(-1) - 1).clamp(min=0))
+    return seen, len(layers)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_chunked_inflow_equals_the_float32_maps_in_real_models(monkeypatch, name: str, dtype) -> None:
+    seen, n_layers = real_model_records(monkeypatch, name, dtype)
     masks = {type(m).__name__ if m is None else str(m.dtype) for *_, m in seen}
-    assert len(seen) == 2 * len(layers) and masks >= {"torch.bool", str(dtype)}  # sdpa's bool, eager's additive
+    assert len(seen) == 2 * n_layers and masks >= {"torch.bool", str(dtype)}  # sdpa's bool, eager's additive
     for new, old, scale, n_q, head_dim, _ in seen:
         assert_records_match(new, old, scale, n_q, head_dim, f"{name} {dtype}")
         assert float(new["inflow"][1, :, :5].abs().max()) == 0  # padding keys receive nothing

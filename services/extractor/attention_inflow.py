@@ -99,8 +99,8 @@ def attention_inflow(query: torch.Tensor, key: torch.Tensor, query_mask: torch.T
     mask = None if rule.mask is None else _broadcast_mask(rule.mask, n_q, n_k)
     last = _last_row(q, keys_t, last_index, n_k - n_q, mask, key_ok, rule, float32_out)
     if chunk is None and _kernel_serves(query, n_k) and kernel_agrees(query.device, query.dtype, rule.softcap):
-        return Inflow(mean=inflow_kernel.mean_inflow(query, key, real, rule.scaling, rule.causal, rule.mask,
-                                                     rule.softcap), last=last)
+        return Inflow(mean=inflow_kernel.mean_inflow(query, key, real, rule.scaling, rule.causal, mask, rule.softcap),
+                      last=last)
     return Inflow(mean=_chunked_mean(q, keys_t, real, key_ok, mask, rule, float32_out, chunk), last=last)
 
 
@@ -132,10 +132,10 @@ def kernel_agrees(device: torch.device, dtype: torch.dtype, softcap: float | Non
         products = query.double().abs() @ keys.double().abs().repeat_interleave(2, dim=1).transpose(-1, -2)
         scale = 1 + 2 * (0.125 * float(products.max()) + (softcap or 0.0))
         bound = 4 * torch.finfo(torch.float32).eps * scale * (64 + 80 + 80) ** 0.5
+        q, k, r = query.to(device), keys.to(device), real.to(device)
         try:
             worst = 0.0
             for mask in (None, causal.to(device)):
-                q, k, r = query.to(device), keys.to(device), real.to(device)
                 by_kernel = inflow_kernel.mean_inflow(q, k, r, 0.125, True, mask, softcap)
                 by_chunks = attention_inflow(q, k, r, last_real_index(r), ScoreRule(0.125, softcap, True, mask),
                                              chunk=16).mean

@@ -78,8 +78,10 @@ def _inflow_kernel(Q, K, MASK, REAL, ROW_MAX, ROW_SUM, OUT,
     row_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
     row_sum = tl.full([BLOCK_M], 0.0, tl.float32)
     total = tl.full([BLOCK_N], 0.0, tl.float32)
-    if PASS == 1:
+    shift = tl.full([BLOCK_M], 0.0, tl.float32)
+    if PASS == 1:  # the block's rows are fixed: their max, and the shift a row that sees no key takes, once
         row_max = tl.load(ROW_MAX + bh * n_q + rows, mask=rows < n_q, other=float("-inf"))
+        shift = tl.where(row_max == float("-inf"), 0.0, row_max)
     for inner in range(lo, hi, inner_step):
         if PASS == 2:
             rows = inner + tl.arange(0, BLOCK_M)
@@ -113,7 +115,7 @@ def _inflow_kernel(Q, K, MASK, REAL, ROW_MAX, ROW_SUM, OUT,
         if PASS == 0:
             row_max = tl.maximum(row_max, tl.max(scores, axis=1))
         elif PASS == 1:
-            row_sum += tl.sum(tl.exp(scores - tl.where(row_max == float("-inf"), 0.0, row_max)[:, None]), axis=1)
+            row_sum += tl.sum(tl.exp(scores - shift[:, None]), axis=1)
         else:
             row_max = tl.load(ROW_MAX + bh * n_q + rows, mask=in_q, other=float("-inf"))
             row_sum = tl.load(ROW_SUM + bh * n_q + rows, mask=in_q, other=0.0)
@@ -200,22 +202,20 @@ def mean_inflow(query: torch.Tensor, key: torch.Tensor, real: torch.Tensor, scal
                 mask: torch.Tensor | None, softcap: float | None = None) -> torch.Tensor:
     """Mean inflow [B, H, Tk] float32 over the real queries that see some key (attention_inflow's `mean`), from
     query [B, H, Tq, Dh], key [B, KVH, Tk, Dh] (any strides), real [B, Tq] bool (real queries; key j is real where
-    real[:, j]), and `mask` broadcastable to [B, H, Tq, Tk] (bool, True attends; or additive float) or None.
-    Keys are aligned to the queries' end (offset Tk - Tq, 0 without a cache); `softcap` caps the scaled scores."""
+    real[:, j]), and `mask` [Bm, Hm, Tq, Tk] with size-1 dims to broadcast (as attention_inflow's _broadcast_mask
+    hands it; bool, True attends, or additive float) or None. Keys are aligned to the queries' end (offset Tk - Tq,
+    0 without a cache); `softcap` caps the scaled scores."""
     batch, n_heads, n_q, head_dim = query.shape
     n_kv, n_k = key.shape[1], key.shape[2]
     device = query.device
     real = real.to(device=device, dtype=torch.bool)
-    real_bytes = real.view(torch.uint8) if real.is_contiguous() else real.to(torch.uint8)
+    real_bytes = _bytes(real)
     kind, given = MASK_NONE, real_bytes  # an unused pointer where no mask is given
     if mask is not None:
-        given = mask[..., :n_k]
-        while given.ndim < 4:
-            given = given.unsqueeze(0)
-        given = given.expand(batch, n_heads, n_q, n_k)
+        given = mask.expand(batch, n_heads, n_q, n_k)
         kind = MASK_BOOL if given.dtype == torch.bool else MASK_ADDITIVE
         if kind == MASK_BOOL:
-            given = given.view(torch.uint8) if given.is_contiguous() else given.to(torch.uint8)
+            given = _bytes(given)
     mask_strides = given.stride() if kind != MASK_NONE else (0, 0, 0, 0)
     row_max = torch.empty(batch * n_heads, n_q, dtype=torch.float32, device=device)
     row_sum = torch.empty_like(row_max)
@@ -233,3 +233,8 @@ def mean_inflow(query: torch.Tensor, key: torch.Tensor, real: torch.Tensor, scal
                      BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, **_LAUNCH)
     n_real = real.sum(dim=1).clamp(min=1).to(torch.float32)
     return out.view(batch, n_heads, n_k) / n_real[:, None, None]
+
+
+def _bytes(flags: torch.Tensor) -> torch.Tensor:
+    """A bool tensor as uint8 for the kernel's loads: a view where its strides allow, else a copy."""
+    return flags.view(torch.uint8) if flags.is_contiguous() else flags.to(torch.uint8)

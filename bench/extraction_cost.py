@@ -245,6 +245,8 @@ def run_stage(args: argparse.Namespace) -> dict:
         "forwards": pooled.batches if pooled else sum(len(bs) for bs in batches.values()),
         "forward_padded_tokens": pooled.padded_tokens if pooled else padded,
         "prepared_ahead": pooled.prepared_ahead if pooled else 0,
+        # chunks finished after the next one was enqueued (overlap with a device pooler: every chunk)
+        "finished_late": pooled.finished_late if pooled else 0,
         # S1/S3's mean inflow: the Triton kernel (CUDA) or the chunked path (POOLBENCH_INFLOW_KERNEL=off forces it)
         "attention_inflow": None if "attention" not in needs else
         "kernel" if kernel_wanted(device) else "chunks",

@@ -18,6 +18,11 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_alignment_parses.py::test_parses_are_cached_by_corpus_hash_and_reused": (1, INTS, "a cached parse table"),
     "test_batch_budget.py::test_chunks_of_a_batch_hold_what_the_whole_batch_holds_up_to_round_off": (
         1, INTS, "attention masks of the chunks and the whole batch"),
+    "test_capture_pipeline.py::_assert_identical": (
+        1, SAME + ": finishing a chunk after the next one is enqueued moves host calls in time; the chunks, "
+           "kernels and inputs are the same", "every pooled, S3 head and S2 gradient table, overlap on and off"),
+    "test_capture_pipeline.py::test_gradient_sums_reach_the_host_through_launched": (
+        1, COPY + " of small integers", "S2's gradient sums after GradientTee.launched's copy to the host"),
     "test_device_pool.py::assert_same": (2, INTS + "; head outputs gathered at the last token (a copy)",
                                          "fallback flags, the last token's head outputs"),
     "test_device_pool_ops.py::test_three_bfloat16_parts_hold_float32_weights_exactly": (

@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Generic, NoReturn
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from poolbench.extractor.batching import (
 )
 from poolbench.extractor.gradient_saliency import gradient_forward
 from poolbench.extractor.hook_points import capture_layer_outputs
-from poolbench.extractor.layer_sinks import LayerExtras, LayerSink, SinkT
+from poolbench.extractor.layer_sinks import LaunchedSink, LayerExtras, SinkT
 from poolbench.extractor.model_config import attention_heads, text_config
 from poolbench.extractor.padded_batches import PaddedBatch, model_inputs
 from poolbench.extractor.site_hooks import check_sites, site_module
@@ -51,6 +52,7 @@ class ExtractionStats:
     transfer_seconds: float = 0.0  # waiting for pooled vectors (or token states) to reach the host
     prepare_seconds: float = 0.0  # making chunks' sinks ready on the host (text extras, weights), either thread
     prepared_ahead: int = 0  # chunks whose preparation ran on the background thread, beside an earlier forward
+    finished_late: int = 0  # chunks finished after the next chunk's forward was enqueued (overlap)
     skipped: list[tuple[str, int]] = field(default_factory=list)  # (passage id, tokens) too big for the device
     skipped_indices: list[int] = field(default_factory=list)  # the same passages' indices in the batches' plan
 
@@ -116,6 +118,11 @@ def capture_chunks(
     work and returns the function that makes its sink on this thread. With `overlap`, the next chunk's
     prepare_for runs on a background thread while this chunk's forward runs (torch releases the GIL in its ops);
     a preparation is used only for the very chunk it was made for, never for the halves of a chunk cut after it.
+    With `overlap`, a LaunchedSink is also finished one chunk late: the next chunk's forward is enqueued first,
+    then this chunk's copies are waited for and it comes out, so the host's work between two chunks (finishing
+    one, handing it to its tables, making the next sink, enqueueing its first layers) runs while the device is
+    still busy, where a device-wide wait after every chunk left the device idle through it. Chunks come out in
+    order either way, with the same values.
 
     `site` (site_hooks.SITES) is the tensor each layer hands: the block output (residual) or its attention or MLP
     sub-block's output; attention extras (S1, S3) are read from the blocks whatever the site.
@@ -132,21 +139,22 @@ def capture_chunks(
         [site_module(block, layer, site) for layer, block in enumerate(decoder_layers)]
     free = free_memory_bytes(next(model.parameters()).device) if "gradient" in needs else 0
     plan = _ChunkPlan(iter(batches), costs, budget, free)
+    in_flight: _InFlight[SinkT] | None = None  # a chunk enqueued, finished after the next one is enqueued (overlap)
     with _Preparer(prepare, overlap, stats) as preparer:
         while (entry := plan.next()) is not None:
             batch_index, chunk = entry
-            sink = None
             try:
                 make = preparer.take(chunk)
                 upcoming = plan.peek()
                 if upcoming is not None:
                     preparer.ahead(upcoming)
                 sink = make()
-                _capture_chunk(model, decoder_layers, chunk, layers, sink, stats=stats, stop_early=stop_early,
-                               needs=needs, site_modules=site_modules,
-                               gradient_rows=plan.gradient_rows(chunk.input_ids.shape[1]))
+                launched = _launch_chunk(model, decoder_layers, chunk, layers, sink, batch_index,
+                                         stop_early=stop_early, needs=needs, site_modules=site_modules,
+                                         gradient_rows=plan.gradient_rows(chunk.input_ids.shape[1]))
+                # its copies start behind this chunk's work, so it can be finished late
+                late = overlap and isinstance(sink, LaunchedSink) and sink.launched()
             except torch.OutOfMemoryError:
-                sink = None
                 _release(model)
                 n = len(chunk.indices)
                 if n > 1:
@@ -160,13 +168,38 @@ def capture_chunks(
                     stats.skipped_indices.append(chunk.indices[0])
                 continue
             except RuntimeError as exc:
-                if "CUDA" not in str(exc) or isinstance(exc, PoolBenchError):
-                    raise
-                raise ExtractionError(
-                    f"CUDA error in the capture (forward and pooling) of batch {batch_index} ({len(chunk.indices)} "
-                    f"passages from {chunk.passage_ids[0]!r}, {chunk.input_ids.shape[1]} tokens): "
-                    f"{str(exc).splitlines()[0]}") from exc
-            yield chunk, sink
+                _raise_cuda_error(exc, batch_index, chunk)
+            if late:  # the chunk before it is finished now, while this one runs
+                if in_flight is not None:
+                    yield _finish_chunk(model, in_flight, stats, late=True)
+                in_flight = launched
+                continue
+            if in_flight is not None:  # a sink that cannot finish late: the one before it first, in order
+                yield _finish_chunk(model, in_flight, stats, late=True)
+                in_flight = None
+            yield _finish_chunk(model, launched, stats, late=False)
+        if in_flight is not None:
+            yield _finish_chunk(model, in_flight, stats, late=True)
+
+
+@dataclass
+class _InFlight(Generic[SinkT]):
+    """A chunk whose forward (and backward) is enqueued: what its finish needs."""
+
+    batch_index: int
+    chunk: PaddedBatch
+    sink: SinkT
+    launch_seconds: float
+
+
+def _raise_cuda_error(exc: RuntimeError, batch_index: int, chunk: PaddedBatch) -> NoReturn:
+    """A CUDA error of the capture as one line naming the batch; any other error as it was."""
+    if "CUDA" not in str(exc) or isinstance(exc, PoolBenchError):
+        raise exc
+    raise ExtractionError(
+        f"CUDA error in the capture (forward and pooling) of batch {batch_index} ({len(chunk.indices)} "
+        f"passages from {chunk.passage_ids[0]!r}, {chunk.input_ids.shape[1]} tokens): "
+        f"{str(exc).splitlines()[0]}") from exc
 
 
 def _unprepared(sink_for: Callable[[PaddedBatch], SinkT], chunk: PaddedBatch) -> Callable[[], SinkT]:
@@ -293,13 +326,13 @@ def _release(model: nn.Module) -> None:
         torch.cuda.empty_cache()
 
 
-def _capture_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch: PaddedBatch,
-                   layers: tuple[int, ...], sink: LayerSink, *, stats: ExtractionStats | None,
-                   stop_early: bool, needs: frozenset[str], site_modules: Sequence[nn.Module],
-                   gradient_rows: int = 0) -> None:
-    """One forward (and, for S2, one backward per sub-chunk of `gradient_rows` rows) over one chunk; each layer's
-    site output (`site_modules[L]`'s output: the block itself for the residual site) goes to `sink` with its
-    extras, for the whole chunk at once."""
+def _launch_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch: PaddedBatch,
+                  layers: tuple[int, ...], sink: SinkT, batch_index: int, *, stop_early: bool,
+                  needs: frozenset[str], site_modules: Sequence[nn.Module], gradient_rows: int = 0
+                  ) -> _InFlight[SinkT]:
+    """One forward (and, for S2, one backward per sub-chunk of `gradient_rows` rows) over one chunk, enqueued; each
+    layer's site output (`site_modules[L]`'s output: the block itself for the residual site) goes to `sink` with
+    its extras, for the whole chunk at once. Nothing here waits for the device."""
     start = time.perf_counter()
     gradient = "gradient" in needs
     n_rows = len(batch.indices)
@@ -313,17 +346,35 @@ def _capture_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch:
         del parts
     else:
         _run_rows(model, decoder_layers, batch, layers, needs, site_modules, stop_early, sink=sink)
-    sync_device(model)
-    converted = time.perf_counter()
-    sink.finish()
+    return _InFlight(batch_index, batch, sink, time.perf_counter() - start)
+
+
+def _finish_chunk(model: nn.Module, chunk: _InFlight[SinkT], stats: ExtractionStats | None, *, late: bool
+                  ) -> tuple[PaddedBatch, SinkT]:
+    """Wait for an enqueued chunk's work and count it. Finished late (a LaunchedSink), `finish` waits for the
+    chunk's own event and all of it counts as forward seconds (its own work after the wait is a few views);
+    otherwise the whole device is waited for first (the forward's seconds) and `finish` is convert seconds."""
+    start = time.perf_counter()
+    try:
+        if not late:
+            sync_device(model)
+        converted = time.perf_counter()
+        chunk.sink.finish()
+    except RuntimeError as exc:
+        _raise_cuda_error(exc, chunk.batch_index, chunk.chunk)
     done = time.perf_counter()
+    if late:
+        converted = done
     if stats is not None:
+        batch = chunk.chunk
         stats.batches += 1
-        stats.passages += n_rows
+        stats.passages += len(batch.indices)
         stats.tokens += int(batch.attention_mask.sum())
         stats.padded_tokens += batch.attention_mask.size
-        stats.forward_seconds += converted - start
+        stats.forward_seconds += chunk.launch_seconds + converted - start
         stats.convert_seconds += done - converted
+        stats.finished_late += late
+    return chunk.chunk, chunk.sink
 
 
 def _run_rows(model: nn.Module, decoder_layers: Sequence[nn.Module], batch: PaddedBatch, layers: tuple[int, ...],

@@ -4,7 +4,7 @@ reference sink that copies every layer to the host as an ActivationBatch."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import torch
@@ -29,6 +29,18 @@ class LayerSink(Protocol):
     def __call__(self, layer: int, hidden: torch.Tensor, extras: LayerExtras) -> None: ...
 
     def finish(self) -> None: ...
+
+
+@runtime_checkable
+class LaunchedSink(Protocol):
+    """A sink that may be finished one chunk late: `launched` runs once the chunk's forward (and backward) is
+    enqueued and starts every copy `finish` will read (page-locked, non-blocking) behind one event, so `finish`
+    waits for this chunk's work alone, not for a later chunk's forward enqueued after it; it returns False where
+    `finish` cannot wait that way (a tee around a sink that copies with blocking copies). The capture then
+    enqueues the next chunk before it finishes this one, and the device never waits for the host between
+    chunks (capture.capture_chunks with `overlap`)."""
+
+    def launched(self) -> bool: ...
 
 
 SinkT = TypeVar("SinkT", bound=LayerSink)

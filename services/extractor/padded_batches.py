@@ -158,9 +158,9 @@ def model_inputs(model: nn.Module, batch: PaddedBatch) -> dict[str, torch.Tensor
     tokenizers' default."""
     device = next(model.parameters()).device
     accepted = inspect.signature(model.forward).parameters
-    mask = torch.from_numpy(batch.attention_mask).to(device=device, dtype=torch.long)
+    mask = _to_device(batch.attention_mask, device).to(torch.long)
     inputs: dict[str, torch.Tensor | bool] = {
-        "input_ids": torch.from_numpy(batch.input_ids).to(device),
+        "input_ids": _to_device(batch.input_ids, device),
         "attention_mask": mask,
         "output_hidden_states": False,
     }
@@ -169,3 +169,13 @@ def model_inputs(model: nn.Module, batch: PaddedBatch) -> dict[str, torch.Tensor
     if batch.left_padded and "position_ids" in accepted:
         inputs["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
     return inputs
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """An input array on the device. To CUDA through page-locked memory, non-blocking: a copy from pageable
+    memory waits for everything already enqueued on the stream, so a chunk's inputs would wait for the chunk
+    before it to end (the capture enqueues the next chunk before it finishes the last: capture.capture_chunks)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array))
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

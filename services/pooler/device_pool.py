@@ -160,6 +160,8 @@ class DevicePooler:
         self._views: dict[str, torch.Tensor] = {}
         self._out: torch.Tensor | None = None  # [S, B, d] float32 on the device (CUDA), reused at every layer
         self._filled: torch.Tensor | None = None
+        self._launched = False
+        self._event: torch.cuda.Event | None = None
         self.release: Callable[[], None] = lambda: None
         assert (KEEP, SKIP, AUTO) == (0, 1, 2)  # the rows of _fixed_rules, then the norm rule, then attention
 
@@ -293,18 +295,30 @@ class DevicePooler:
                                        else self._fixed_rules[KEEP])
         return choices.gather(0, pick[:, :, None].expand(-1, -1, dim)).float()
 
-    def finish(self) -> None:
-        """Wait for this chunk's copies (an event, not the whole device), check the device-side weights, and hold
-        the chunk's pooled vectors (views of the host buffer)."""
-        start = time.perf_counter()
+    def launched(self) -> bool:
+        """Every layer is enqueued: the flags' copy goes behind them and one event marks the chunk's last copy,
+        so `finish` may come after a later chunk is enqueued and still wait for this chunk alone. The device
+        scratch is let go here (the allocator reuses it in stream order) so a chunk finished late holds none."""
         assert self._host is not None
         flags = self._views["flags"]
         flags.copy_(torch.cat([self._fallback.flatten(), self._bad]).float(), non_blocking=True)
         if self.device.type == "cuda":
-            event = torch.cuda.Event()
-            event.record()
-            event.synchronize()
+            self._event = torch.cuda.Event()
+            self._event.record()
         self._filled = self._out = None
+        self._launched = True
+        return True
+
+    def finish(self) -> None:
+        """Wait for this chunk's copies (its event, not the whole device), check the device-side weights, and
+        hold the chunk's pooled vectors (views of the host buffer)."""
+        start = time.perf_counter()
+        if not self._launched:
+            self.launched()
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        flags = self._views["flags"]
         plan, batch = self._plan, len(self.chunk.passage_ids)
         values = flags.numpy() != 0
         bad = values[len(plan.weighted) * batch:]

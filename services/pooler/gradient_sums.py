@@ -16,7 +16,7 @@ import pyarrow as pa
 import torch
 
 from poolbench.errors import StoreError
-from poolbench.extractor.layer_sinks import LayerExtras, LayerSink
+from poolbench.extractor.layer_sinks import LaunchedSink, LayerExtras, LayerSink
 from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key, layer_shard_key
@@ -59,6 +59,8 @@ class GradientTee:
         self.sums: np.ndarray | None = None
         self.norm_sums: np.ndarray | None = None
         self.norm_counts = self._keep.sum(axis=1).astype(np.int32)
+        self._host: tuple[torch.Tensor, torch.Tensor] | None = None  # the sums on the host, once launched
+        self._event: torch.cuda.Event | None = None  # their copies' end, where the inner sink records none
 
     @torch.no_grad()
     def __call__(self, layer: int, hidden: torch.Tensor, extras: LayerExtras) -> None:
@@ -71,13 +73,37 @@ class GradientTee:
             extras = {name: value for name, value in extras.items() if name != GRADIENT_SUM}
         self.inner(layer, hidden, extras)
 
-    def finish(self) -> None:
-        self.inner.finish()
+    def launched(self) -> bool:
+        """The sums' copies to the host go behind the chunk's work (page-locked on CUDA, non-blocking), then the
+        inner sink's own copies and event, so one wait in `finish` covers both (layer_sinks.LaunchedSink); False
+        where the inner sink cannot be finished late."""
         self.layers = tuple(sorted(self._taken))
+        pin = False
         if self.layers:
-            self.sums = np.stack([self._taken[layer][0].cpu().numpy() for layer in self.layers])
-            self.norm_sums = np.stack([self._taken[layer][1].cpu().numpy() for layer in self.layers])
+            sums = torch.stack([self._taken[layer][0] for layer in self.layers])
+            norm_sums = torch.stack([self._taken[layer][1] for layer in self.layers])
+            pin = sums.is_cuda
+            self._host = (torch.empty(sums.shape, dtype=sums.dtype, pin_memory=pin).copy_(sums, non_blocking=pin),
+                          torch.empty(norm_sums.shape, dtype=norm_sums.dtype, pin_memory=pin
+                                      ).copy_(norm_sums, non_blocking=pin))
         self._taken = {}
+        if isinstance(self.inner, LaunchedSink):
+            return self.inner.launched()  # its event, recorded after the sums' copies on one stream, covers them
+        if pin:
+            self._event = torch.cuda.Event()
+            self._event.record()
+        return False
+
+    def finish(self) -> None:
+        if self._host is None and self._taken:
+            self.launched()
+        self.inner.finish()
+        if self._event is not None:
+            self._event.synchronize()
+            self._event = None
+        if self._host is not None:
+            self.sums, self.norm_sums = self._host[0].numpy(), self._host[1].numpy()
+            self._host = None
 
 
 class GradientTableBuilder:

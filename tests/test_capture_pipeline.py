@@ -1,0 +1,173 @@
+"""The capture finishes a chunk one chunk late (capture.capture_chunks with `overlap`): the next chunk's forward is
+enqueued before this one's copies are waited for, and nothing waits for the whole device between chunks, so the
+host's work between two chunks runs while the device is busy. On a CPU the order of calls shows it (a CPU runs
+each op as it is called, so the overlap itself needs a GPU: the gpu-marked test and bench/extraction_cost.py); the
+tables are the same computation either way, so they are compared exactly."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from negation_pairs import passages
+
+import poolbench.extractor.capture as capture
+from poolbench.extractor.capture import ExtractionStats, capture_chunks
+from poolbench.extractor.loading import LoadedModel, load_model
+from poolbench.extractor.padded_batches import PaddedBatch, prepare_batches
+from poolbench.pooler.concept_pooling import ConceptPassages, PooledConcept, pool_concept_group
+from poolbench.pooler.device_pool import DevicePooler, HostPooler, prepare_chunk_pooler
+from poolbench.pooler.gradient_sums import GradientTee
+from poolbench.pooler.registry import list_strategies, resolve_strategies
+
+TEXTS = ["one short text", "a second and slightly longer text", "three", "the fourth text is the longest of all",
+         "five five", "six is here"]
+
+
+def _record_calls(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module) -> tuple[list[str], list[int]]:
+    """Every forward, launched() and finish() of the run in order (F/L/X with the chunk's first passage id), and
+    how many times the capture waited for the whole device."""
+    events: list[str] = []
+    syncs: list[int] = []
+    forward = model.forward
+
+    def forward_recorded(*args, **kwargs):
+        events.append("F")
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", forward_recorded)
+    for name, tag in (("launched", "L"), ("finish", "X")):
+        original = getattr(DevicePooler, name)
+
+        def recorded(self, original=original, tag=tag):
+            events.append(f"{tag}{self.chunk.passage_ids[0]}")
+            return original(self)
+
+        monkeypatch.setattr(DevicePooler, name, recorded)
+    monkeypatch.setattr(capture, "sync_device", lambda model: syncs.append(1))
+    return events, syncs
+
+
+def _batches(loaded: LoadedModel) -> list[PaddedBatch]:
+    batches = prepare_batches(loaded.tokenizer, TEXTS, ids=[f"p{i}" for i in range(len(TEXTS))], batch_size=2)
+    assert len(batches) == 3
+    return batches
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("tee", [False, True], ids=["pooler", "gradient_tee"])
+def test_with_overlap_the_next_chunk_is_enqueued_before_this_one_is_finished(tiny_llama_dir, monkeypatch,
+                                                                             overlap, tee) -> None:
+    """Also for S2's GradientTee around the pooler (the sink a run with S2 hands the capture)."""
+    loaded = load_model(str(tiny_llama_dir))
+    batches = _batches(loaded)
+    first = [b.passage_ids[0] for b in batches]
+    events, syncs = _record_calls(monkeypatch, loaded.model)
+    stats = ExtractionStats()
+
+    def prepare(chunk: PaddedBatch):
+        make = prepare_chunk_pooler(list_strategies()[:3], chunk, [0, 1], {}, torch.device("cpu"))
+        return (lambda: GradientTee(make(), chunk)) if tee else make
+
+    out = list(capture_chunks(loaded.model, loaded.decoder_layers, batches, [0, 1], stats=stats, overlap=overlap,
+                              prepare_for=prepare))
+    a, b, c = first
+    if overlap:  # chunk k finished only after chunk k+1 is enqueued, and never a device-wide wait
+        assert events == ["F", f"L{a}", "F", f"L{b}", f"X{a}", "F", f"L{c}", f"X{b}", f"X{c}"]
+        assert syncs == []
+    else:  # each chunk waited for and finished before the next one starts (launched inside finish)
+        assert events == ["F", f"X{a}", f"L{a}", "F", f"X{b}", f"L{b}", "F", f"X{c}", f"L{c}"]
+        assert len(syncs) == 3
+    assert [chunk.passage_ids for chunk, _ in out] == [b.passage_ids for b in batches]  # in order either way
+    poolers = [sink.inner if isinstance(sink, GradientTee) else sink for _, sink in out]
+    assert all(p.pooled is not None and p.chunk is chunk for (chunk, _), p in zip(out, poolers, strict=True))
+    assert stats.batches == 3 and stats.passages == len(TEXTS)
+    assert stats.finished_late == (3 if overlap else 0)
+
+
+@pytest.mark.parametrize("tee", [False, True], ids=["host_pooler", "gradient_tee"])
+def test_a_sink_that_cannot_finish_late_is_finished_at_once_and_in_order(tiny_llama_dir, monkeypatch, tee) -> None:
+    """The host pooler copies token states with a blocking copy in `finish`: finished late it would wait for the
+    next chunk's forward as well (and hold two chunks' token states on the device), so the capture waits for the
+    device and finishes it before the next forward; S2's tee around it says so (launched() is False)."""
+    loaded = load_model(str(tiny_llama_dir))
+    batches = _batches(loaded)
+    events, syncs = _record_calls(monkeypatch, loaded.model)
+    finished: list[str] = []
+    host_finish = HostPooler.finish
+    monkeypatch.setattr(HostPooler, "finish", lambda self: (finished.append(self.chunk_id), host_finish(self)))
+
+    def make(chunk: PaddedBatch):
+        def sink() -> HostPooler:
+            pooler = HostPooler(list_strategies()[:3], chunk, [0], {})
+            pooler.chunk_id = chunk.passage_ids[0]  # type: ignore[attr-defined]
+            return GradientTee(pooler, chunk) if tee else pooler
+        return sink
+
+    out = list(capture_chunks(loaded.model, loaded.decoder_layers, batches, [0], prepare_for=make, overlap=True))
+    assert events == ["F", "F", "F"] and finished == [b.passage_ids[0] for b in batches]
+    assert len(syncs) == 3 and [chunk.passage_ids for chunk, _ in out] == [b.passage_ids for b in batches]
+
+
+def _assert_identical(late: PooledConcept, at_once: PooledConcept) -> None:
+    """Every table of a concept's pooling, bit for bit: vectors, S3's heads, S2's gradient sums."""
+    kinds = [(late.layers, at_once.layers), (late.layer_heads, at_once.layer_heads),
+             (late.layer_gradients, at_once.layer_gradients)]
+    for tables, expected in kinds:
+        assert tables is not None and expected is not None and list(tables) == list(expected)
+        for layer, table in tables.items():
+            assert isinstance(table, pa.Table)
+            assert table.equals(expected[layer], check_metadata=True), f"layer {layer}"
+
+
+def test_finishing_late_pools_the_same_tables_bit_for_bit(tiny_llama_dir) -> None:
+    """Every strategy (S2's gradient sums through GradientTee.launched, S3's heads), two concepts sharing
+    forwards of two rows: the same kernels on the same chunks, only the order of the host's calls differs."""
+    loaded = load_model(str(tiny_llama_dir))
+    members = [ConceptPassages("negation", passages(6, "train") + passages(3, "test")),
+               ConceptPassages("other", [replace(p, concept="other", text=p.text.upper())
+                                         for p in passages(4, "train") + passages(2, "test")])]
+    specs = resolve_strategies(None)
+    assert {s.code for s in specs} >= {"S2", "S3"}
+    runs = [pool_concept_group(loaded, members, [0, 1], specs, batch_size=2, max_length=48, overlap=overlap)
+            for overlap in (True, False)]
+    for late, at_once in zip(*runs, strict=True):
+        _assert_identical(late, at_once)
+        assert late.layer_gradients is not None
+        sums = late.layer_gradients[1].column("gradient_sum").combine_chunks().values.to_numpy()
+        assert np.abs(sums).max() > 0  # the gradient sums really came through the late path
+
+
+def test_gradient_sums_reach_the_host_through_launched(tiny_llama_dir) -> None:
+    """GradientTee.launched stacks and copies every layer's sums; finish hands them over as [L, B, d]."""
+    loaded = load_model(str(tiny_llama_dir))
+    batch = _batches(loaded)[0]
+    inner = prepare_chunk_pooler(list_strategies()[:1], batch, [0, 1], {}, torch.device("cpu"))()
+    tee = GradientTee(inner, batch)
+    hidden = torch.arange(2 * batch.input_ids.shape[1] * 4, dtype=torch.float32).reshape(2, -1, 4)
+    for layer in (1, 0):
+        tee(layer, torch.zeros(2, batch.input_ids.shape[1], loaded.hidden_size),
+            {"gradient_sum": hidden[:, 0, :] + layer})
+    tee.launched()
+    tee.finish()
+    assert tee.layers == (0, 1) and tee.sums is not None and tee.sums.shape == (2, 2, 4)
+    assert np.array_equal(tee.sums[1], hidden[:, 0, :].numpy() + 1)  # small integers: exact
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_finishing_late_waits_for_no_device_and_pools_the_same_tables(tiny_llama_dir, monkeypatch) -> None:
+    loaded = load_model(str(tiny_llama_dir), device="cuda")
+    members = [ConceptPassages("negation", passages(6, "train") + passages(3, "test"))]
+    specs = resolve_strategies(None)
+    syncs: list[int] = []
+    synced = capture.sync_device
+    monkeypatch.setattr(capture, "sync_device", lambda model: (syncs.append(1), synced(model)))
+    [late] = pool_concept_group(loaded, members, [0, 1], specs, batch_size=2, max_length=48, overlap=True)
+    assert syncs == []
+    [at_once] = pool_concept_group(loaded, members, [0, 1], specs, batch_size=2, max_length=48, overlap=False)
+    assert len(syncs) >= 5
+    _assert_identical(late, at_once)

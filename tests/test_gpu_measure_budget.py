@@ -63,20 +63,36 @@ def test_without_ray_the_driver_steps_are_skipped_and_said_so(tmp_path):
     assert "step d1_cost (limit 1 s)" in log and "step scale " not in log and "step scale_p" not in log, log
 
 
-def test_the_chunked_inflow_step_runs_the_stages_with_the_kernel_off(tmp_path):
-    """extraction_chunks, the kernel's A/B at stage level: extraction_cost again on CHUNK_STAGES, with
-    POOLBENCH_INFLOW_KERNEL=off in its environment only (the step before it keeps the kernel)."""
+def _extraction_lines(tmp_path, **env_extra: str) -> list[str]:
+    """The command lines gpu_measure.sh runs extraction_cost with (a fake python records each, after the inflow
+    kernel setting of its environment)."""
     seen = tmp_path / "seen"
     fake = tmp_path / "python"
     fake.write_text('#!/bin/sh\n[ "$1" = -c ] && { echo "python fake torch none"; exit 0; }\n'
                     f'echo "${{POOLBENCH_INFLOW_KERNEL:-auto}} $*" >> {seen}\n')
     fake.chmod(0o755)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": str(fake), "DEVICE": "cpu", "SHAPE": "smoke",
-           "STEPS": "extraction_cost extraction_chunks", "PROFILE": "0", "CHUNK_STAGES": "attention,all"}
+           "PROFILE": "0", **env_extra}
     env.pop("POOLBENCH_INFLOW_KERNEL", None)
     subprocess.run(["bash", str(ROOT / "bench" / "gpu_measure.sh")], env=env, check=True, capture_output=True,
                    timeout=60)
-    first, second = seen.read_text().splitlines()
+    return seen.read_text().splitlines()
+
+
+def test_the_chunked_inflow_step_runs_the_stages_with_the_kernel_off(tmp_path):
+    """extraction_chunks, the kernel's A/B at stage level: extraction_cost again on CHUNK_STAGES, with
+    POOLBENCH_INFLOW_KERNEL=off in its environment only (the step before it keeps the kernel)."""
+    first, second = _extraction_lines(tmp_path, STEPS="extraction_cost extraction_chunks",
+                                      CHUNK_STAGES="attention,all")
     assert first.startswith("auto bench/extraction_cost.py ") and "--stages forward_backward,hidden" in first
     assert second.startswith("off bench/extraction_cost.py ") and "--stages attention,all" in second
     assert "--out " + str(tmp_path / "out" / "extraction_chunks.json") in second
+
+
+def test_the_serial_step_runs_the_stages_with_overlap_off(tmp_path):
+    """extraction_serial, the overlap's A/B at stage level: extraction_cost again on SERIAL_STAGES with
+    --overlap off (the step before it keeps the default: on where CUDA is)."""
+    first, second = _extraction_lines(tmp_path, STEPS="extraction_cost extraction_serial")
+    assert "--overlap" not in first
+    assert second.startswith("auto bench/extraction_cost.py ") and "--stages hidden,all" in second
+    assert "--overlap off" in second and "--out " + str(tmp_path / "out" / "extraction_serial.json") in second

@@ -30,7 +30,7 @@ from poolbench.extractor.batching import (
 )
 from poolbench.extractor.gradient_saliency import gradient_forward
 from poolbench.extractor.hook_points import capture_layer_outputs
-from poolbench.extractor.layer_sinks import LaunchedSink, LayerExtras, SinkT
+from poolbench.extractor.layer_sinks import KeptLayers, LaunchedSink, LayerExtras, SinkT
 from poolbench.extractor.model_config import attention_heads, text_config
 from poolbench.extractor.padded_batches import PaddedBatch, model_inputs
 from poolbench.extractor.site_hooks import check_sites, site_module
@@ -140,18 +140,26 @@ def capture_chunks(
     free = free_memory_bytes(next(model.parameters()).device) if "gradient" in needs else 0
     plan = _ChunkPlan(iter(batches), costs, budget, free)
     in_flight: _InFlight[SinkT] | None = None  # a chunk enqueued, finished after the next one is enqueued (overlap)
+    first = overlap and prepare_for is not None  # the first chunk may run before its sink is made (KeptLayers)
     with _Preparer(prepare, overlap, stats) as preparer:
         while (entry := plan.next()) is not None:
             batch_index, chunk = entry
+            ahead_of_sink, first = first and _kept_layers_fit(model, chunk, layers, needs), False
             try:
-                make = preparer.take(chunk)
-                upcoming = plan.peek()
-                if upcoming is not None:
-                    preparer.ahead(upcoming)
-                sink = make()
-                launched = _launch_chunk(model, decoder_layers, chunk, layers, sink, batch_index,
-                                         stop_early=stop_early, needs=needs, site_modules=site_modules,
-                                         gradient_rows=plan.gradient_rows(chunk.input_ids.shape[1]))
+                if ahead_of_sink:
+                    launched = _launch_before_its_sink(model, decoder_layers, chunk, layers, batch_index, preparer,
+                                                       plan, stop_early=stop_early, needs=needs,
+                                                       site_modules=site_modules)
+                    sink = launched.sink
+                else:
+                    make = preparer.take(chunk)
+                    upcoming = plan.peek()
+                    if upcoming is not None:
+                        preparer.ahead(upcoming)
+                    sink = make()
+                    launched = _launch_chunk(model, decoder_layers, chunk, layers, sink, batch_index,
+                                             stop_early=stop_early, needs=needs, site_modules=site_modules,
+                                             gradient_rows=plan.gradient_rows(chunk.input_ids.shape[1]))
                 # its copies start behind this chunk's work, so it can be finished late
                 late = overlap and isinstance(sink, LaunchedSink) and sink.launched()
             except torch.OutOfMemoryError:
@@ -190,6 +198,39 @@ class _InFlight(Generic[SinkT]):
     chunk: PaddedBatch
     sink: SinkT
     launch_seconds: float
+
+
+def _kept_layers_fit(model: nn.Module, chunk: PaddedBatch, layers: tuple[int, ...], needs: frozenset[str]) -> bool:
+    """Whether the first chunk's requested layers (states in the model's dtype, attention and gradient extras)
+    take at most a quarter of the device's free memory beside its forward."""
+    parameter = next(model.parameters())
+    heads, _ = attention_heads(model)
+    rows, length = chunk.input_ids.shape
+    per_token = int(getattr(text_config(model), "hidden_size", 0) or 0) * parameter.element_size()
+    per_token += (8 * heads if "attention" in needs else 0) + (8 if "gradient" in needs else 0)
+    return len(layers) * rows * length * per_token <= free_memory_bytes(parameter.device) // 4
+
+
+def _launch_before_its_sink(model: nn.Module, decoder_layers: Sequence[nn.Module], chunk: PaddedBatch,
+                            layers: tuple[int, ...], batch_index: int, preparer: _Preparer, plan: _ChunkPlan, *,
+                            stop_early: bool, needs: frozenset[str], site_modules: Sequence[nn.Module]
+                            ) -> _InFlight:
+    """A job's first chunk: its preparation (the job's text-side work, its weights) starts on the background
+    thread, its forward is enqueued with the layers kept, and its sink, once made, is handed them. The device
+    runs the first forward while the host prepares it, where it waited idle for that preparation before."""
+    preparer.ahead(chunk)
+    kept = KeptLayers()
+    launched = _launch_chunk(model, decoder_layers, chunk, layers, kept, batch_index, stop_early=stop_early,
+                             needs=needs, site_modules=site_modules,
+                             gradient_rows=plan.gradient_rows(chunk.input_ids.shape[1]))
+    start = time.perf_counter()
+    make = preparer.take(chunk)
+    upcoming = plan.peek()
+    if upcoming is not None:
+        preparer.ahead(upcoming)
+    sink = make()
+    kept.hand_to(sink)
+    return _InFlight(batch_index, chunk, sink, launched.launch_seconds + time.perf_counter() - start)
 
 
 def _raise_cuda_error(exc: RuntimeError, batch_index: int, chunk: PaddedBatch) -> NoReturn:

@@ -43,6 +43,26 @@ class LaunchedSink(Protocol):
     def launched(self) -> bool: ...
 
 
+class KeptLayers:
+    """A chunk's layers (token states and extras, on their device) kept until its sink exists, then handed to it in
+    order: the very tensors the sink would have been handed as each layer ran, so the same values
+    (capture.capture_chunks runs a job's first forward before its sink is made)."""
+
+    def __init__(self) -> None:
+        self.layers: list[tuple[int, torch.Tensor, LayerExtras]] = []
+
+    def __call__(self, layer: int, hidden: torch.Tensor, extras: LayerExtras) -> None:
+        self.layers.append((layer, hidden, dict(extras)))
+
+    def finish(self) -> None:
+        raise AssertionError("kept layers are handed to their chunk's sink, never finished")
+
+    def hand_to(self, sink: LayerSink) -> None:
+        for layer, hidden, extras in self.layers:
+            sink(layer, hidden, extras)
+        self.layers = []
+
+
 SinkT = TypeVar("SinkT", bound=LayerSink)
 
 

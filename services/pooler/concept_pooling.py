@@ -8,6 +8,7 @@ another leaves partly empty.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import nullcontext
@@ -161,9 +162,15 @@ def pool_concept_group(
     budget = resolve_max_batch_tokens(loaded.model, layers, max_batch_tokens)
     batches = pad_batches(loaded.tokenizer, tokens, batch_size=batch_size, max_tokens=budget)
     starts = np.concatenate([[0], np.cumsum([len(member.passages) for member in members])]).astype(int)
-    texts = [concept_text(member.concept, member.passages, tokens, range(starts[i], starts[i + 1]), needs,
-                          member.parses) for i, member in enumerate(members)]
-    extras = ChunkExtras(texts, owner, needs, loaded.tokenizer)
+
+    def text_side() -> ChunkExtras:
+        """The members' parses and train-split statistics: made by the first chunk's preparation, which runs
+        beside the first forward with overlap (capture.capture_chunks), not before it."""
+        texts = [concept_text(member.concept, member.passages, tokens, range(starts[i], starts[i + 1]), needs,
+                              member.parses) for i, member in enumerate(members)]
+        return ChunkExtras(texts, owner, needs, loaded.tokenizer)
+
+    extras = _Once(text_side)
     builders = [PooledTableBuilder(member.passages, loaded.hidden_size) for member in members]
     heads = [{int(layer): ITIHeadTableBuilder(loaded.hidden_size) for layer in layers} for _ in members]
     metadata = [dict(member.metadata) for member in members]
@@ -181,7 +188,7 @@ def pool_concept_group(
     def prepare(chunk: PaddedBatch) -> Callable[[], DevicePooler | HostPooler | GradientTee | TokenKeeper]:
         """The CPU side of a chunk: its rows' text extras and static weights, ready to send; S2's gradient sums
         and the learned aggregators' kept token states are sinks around the pooling sink."""
-        make = prepare_chunk_pooler(specs, chunk, layers, extras(chunk), device, buffers)
+        make = prepare_chunk_pooler(specs, chunk, layers, extras()(chunk), device, buffers)
 
         def wrapped() -> DevicePooler | HostPooler | GradientTee | TokenKeeper:
             sink = make() if gradients is None else GradientTee(make(), chunk)
@@ -189,9 +196,12 @@ def pool_concept_group(
 
         return wrapped
 
+    last_planned = batches[-1].indices[-1] if batches else -1
+
     def build(chunk: PaddedBatch, sink: DevicePooler | HostPooler | GradientTee | TokenKeeper) -> None:
         """A captured chunk's rows into its concepts' tables (copied out of the pooler's host buffer, which then
-        serves a later chunk)."""
+        serves a later chunk). The job's last chunk (it holds the plan's last passage: halves keep their order)
+        hands its buffer over to the tables instead, with no copy: after the last forward nothing else runs."""
         keeper = sink if isinstance(sink, TokenKeeper) else None
         outer = keeper.sink if keeper is not None else sink
         tee = outer if isinstance(outer, GradientTee) else None
@@ -203,23 +213,27 @@ def pool_concept_group(
             kept_states.add(chunk, keeper)
         pooled = pooler.pooled
         assert pooled is not None
-        for i, rows in _rows_by_owner(extras.owners(chunk)):
+        final = chunk.indices[-1] == last_planned
+        for i, rows in _rows_by_owner(extras().owners(chunk)):
             ids = pooled.passage_ids if rows is None else [pooled.passage_ids[r] for r in rows]
             if gradients is not None and tee is not None:
                 gradients[i].add(tee, rows)
             builders[i].add(pooled.vectors, pooled.layers, pooled.strategy_ids, ids,
-                            _take(pooled.fallback, rows, 1), rows)  # copies each layer's rows out of the buffer
+                            _take(pooled.fallback, rows, 1), rows, copy=not final)  # each layer's rows
             for spec in supervised:
                 assert pooler.heads is not None
                 per_head, outputs = pooler.heads
                 metadata[i][f"{spec.id}{HEADS_META}"] = str(per_head.shape[2])
                 head_metadata[i][f"{spec.id}{FRACTION_META}"] = str(spec.param("head_fraction"))
                 for j, layer in enumerate(pooled.layers):  # a copy a layer: each layer's table owns its memory
-                    heads[i][int(layer)].add(spec.id, [layer], ids, _take(per_head[j:j + 1], rows, 1),
-                                             _take(outputs[j:j + 1], rows, 1))
+                    heads[i][int(layer)].add(spec.id, [layer], ids, _take(per_head[j:j + 1], rows, 1, not final),
+                                             _take(outputs[j:j + 1], rows, 1, not final))
         stats.pool_seconds += pooler.pool_seconds
         stats.transfer_seconds += pooler.transfer_seconds
-        pooler.release()
+        if final:
+            pooler.hand_over()
+        else:
+            pooler.release()
 
     with ThreadPoolExecutor(1, thread_name_prefix="poolbench-tables") if overlap else nullcontext() as table_thread:
         pending: Future | None = None
@@ -254,6 +268,19 @@ def pool_concept_group(
     return out
 
 
+class _Once:
+    """A value made by its first caller, whichever thread that is; later callers wait for it and share it."""
+
+    def __init__(self, make: Callable[[], ChunkExtras]) -> None:
+        self._make, self._value, self._lock = make, None, threading.Lock()
+
+    def __call__(self) -> ChunkExtras:
+        with self._lock:
+            if self._value is None:
+                self._value = self._make()
+            return self._value
+
+
 def _rows_by_owner(owners: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
     """(concept, its rows of the chunk) per concept present; rows None when the whole chunk is one concept's."""
     present = np.unique(owners)
@@ -262,9 +289,10 @@ def _rows_by_owner(owners: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
     return [(int(i), np.flatnonzero(owners == i)) for i in present]
 
 
-def _take(values: np.ndarray, rows: np.ndarray | None, axis: int) -> np.ndarray:
-    """The rows as a new array: a pooler's arrays are views of a host buffer that later chunks reuse."""
-    return np.array(values) if rows is None else np.take(values, rows, axis=axis)
+def _take(values: np.ndarray, rows: np.ndarray | None, axis: int, copy: bool = True) -> np.ndarray:
+    """The rows as a new array (a pooler's arrays are views of a host buffer that later chunks reuse), or all of
+    them as they are where `copy` is False (a buffer handed over to the tables)."""
+    return (np.array if copy else np.asarray)(values) if rows is None else np.take(values, rows, axis=axis)
 
 
 def _remove_first_pc(table: pa.Table, strategy_id: str) -> pa.Table:

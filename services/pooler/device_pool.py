@@ -309,6 +309,13 @@ class DevicePooler:
         self._launched = True
         return True
 
+    def hand_over(self) -> None:
+        """The host buffer is the tables' from now (a job's last chunk, whose rows keep views of it): it never goes
+        back to the run's buffers, so no later chunk can write over rows a table holds."""
+        if isinstance(self.release, weakref.finalize):
+            self.release.detach()
+        self.release = lambda: None
+
     def finish(self) -> None:
         """Wait for this chunk's copies (its event, not the whole device), check the device-side weights, and
         hold the chunk's pooled vectors (views of the host buffer)."""
@@ -351,6 +358,9 @@ class HostPooler:
 
     def release(self) -> None:
         """Nothing to give back: this chunk's arrays are its own."""
+
+    def hand_over(self) -> None:
+        """Nothing to hand over: this chunk's arrays are its own."""
 
     def __call__(self, layer: int, hidden: torch.Tensor, extras: LayerExtras) -> None:
         self._capture(layer, hidden, extras)

@@ -180,11 +180,14 @@ class PooledTableBuilder:
         passage_ids: Sequence[str],
         fallback: np.ndarray,
         rows: np.ndarray | None = None,
+        *,
+        copy: bool = True,
     ) -> None:
         """Add one pooled batch (vectors [L, S, B', d] of which `rows` are these passages', all where None;
         fallback [S, B]). Each layer's vectors are copied into a buffer of their own: a pooler's arrays are views of a
         host buffer that later chunks reuse, and a layer's table that owns its memory is freed once it is written,
-        not when the job's last layer is (ExtractorWorker._store)."""
+        not when the job's last layer is (ExtractorWorker._store). `copy=False` keeps views of `vectors` (a job's
+        last chunk, whose buffer no later chunk takes: DevicePooler.hand_over)."""
         n_strategies, batch = len(strategy_ids), len(passage_ids)
         dim = vectors.shape[-1]
         passages = [self._by_id[pid] for pid in passage_ids]
@@ -198,7 +201,7 @@ class PooledTableBuilder:
             "fallback": pa.array(np.asarray(fallback, dtype=bool).reshape(-1)),
         }
         for i, layer in enumerate(layers):
-            own = np.array(vectors[i], dtype=np.float32) if rows is None else \
+            own = (np.array if copy else np.asarray)(vectors[i], dtype=np.float32) if rows is None else \
                 np.take(vectors[i], rows, axis=1).astype(np.float32, copy=False)
             record = pa.RecordBatch.from_pydict({
                 **columns, "layer": pa.array(np.full(n_strategies * batch, layer, dtype=np.int16)),

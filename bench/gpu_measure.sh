@@ -17,7 +17,10 @@
 # chunked path's, T_INFLOW (45 s); the extraction stages take the kernel unless POOLBENCH_INFLOW_KERNEL=off), the
 # opt-in extraction_chunks (extraction_cost's CHUNK_STAGES, "attention", with the inflow in chunks, no profile:
 # extraction_chunks.{json,log}, T_EXTRACT: the kernel's A/B at stage level, `STEPS="extraction_cost
-# extraction_chunks" STAGES=attention,all CHUNK_STAGES=attention,all PROFILE=0`), and
+# extraction_chunks" STAGES=attention,all CHUNK_STAGES=attention,all PROFILE=0`), the opt-in extraction_serial
+# (extraction_cost's SERIAL_STAGES, "hidden,all", with --overlap off: no preparation ahead, each chunk finished
+# before the next forward, the first forward after its pooler: extraction_serial.{json,log}, T_EXTRACT: the
+# overlap's A/B, `STEPS="extraction_cost extraction_serial" STAGES=hidden,all PROFILE=0`), and
 # scale_probes, which runs scale.py once per value of PROBES_SWEEP ("1 2 4": D1 probe tasks beside the extractor,
 # $POOLBENCH_PROBES_PER_GPU) into scale_p<N>.{json,log}, T_SCALE each: `STEPS=scale_probes` is a call of its own
 # (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back. d1_parallel runs
@@ -77,6 +80,7 @@ T_D1P=${T_D1P:-60}
 EXTRA_D1P=${EXTRA_D1P:-}           # more options for d1_parallel.py
 PROBES_SWEEP=${PROBES_SWEEP:-1 2 4}
 CHUNK_STAGES=${CHUNK_STAGES:-attention}
+SERIAL_STAGES=${SERIAL_STAGES:-hidden,all}
 BUDGET=${BUDGET:-560}
 MIN_STEP=${MIN_STEP:-30}
 LOG="$OUT/gpu.log"
@@ -166,6 +170,10 @@ wants extraction_cost && run_step extraction_cost "$T_EXTRACT" "$PYTHON" bench/e
 # shellcheck disable=SC2086
 wants extraction_chunks && POOLBENCH_INFLOW_KERNEL=off run_step extraction_chunks "$T_EXTRACT" "$PYTHON" \
   bench/extraction_cost.py "${extract_args[@]}" --stages "$CHUNK_STAGES" --out "$OUT/extraction_chunks.json" $EXTRA_EXTRACT
+# The same stages with the host's work in series with the device (--overlap off), the overlap's A/B
+# shellcheck disable=SC2086
+wants extraction_serial && run_step extraction_serial "$T_EXTRACT" "$PYTHON" bench/extraction_cost.py \
+  "${extract_args[@]}" --stages "$SERIAL_STAGES" --overlap off --out "$OUT/extraction_serial.json" $EXTRA_EXTRACT
 
 scale_args=(--shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" --concepts "$SCALE_CONCEPTS" --corpus-size full
             --max-length 512 --repeats "$SCALE_REPEATS" ${SCALE_LIMIT:+--limit "$SCALE_LIMIT"})

@@ -51,8 +51,10 @@ def test_the_bench_pools_several_concepts_per_job_with_the_next_chunk_prepared_a
     result = json.loads(out.read_text())
     assert result["concepts_per_job"] == "3" and result["overlap"] == "on" and len(result["jobs"]) == 1
     hidden = result["stages"]["hidden"]
-    # 9 passages in one job: batches of 4, 4 and 1 rows, where one job per concept would run 3 x (3 rows)
-    assert result["forwards"] == {"raw": 3, "hidden": 3} and hidden["prepared_ahead"] == 2
+    # 9 passages in one job: batches of 4, 4 and 1 rows, where one job per concept would run 3 x (3 rows); each
+    # chunk prepared on the background thread (the first beside its own forward) and finished one chunk late
+    assert result["forwards"] == {"raw": 3, "hidden": 3} and hidden["prepared_ahead"] == 3
+    assert hidden["finished_late"] == 3
     assert hidden["forward_padded_tokens"] == result["stages"]["raw"]["forward_padded_tokens"]
     assert result["seconds_split"]["hidden"]["prepare_s"] > 0
 

@@ -121,8 +121,10 @@ def capture_chunks(
     With `overlap`, a LaunchedSink is also finished one chunk late: the next chunk's forward is enqueued first,
     then this chunk's copies are waited for and it comes out, so the host's work between two chunks (finishing
     one, handing it to its tables, making the next sink, enqueueing its first layers) runs while the device is
-    still busy, where a device-wide wait after every chunk left the device idle through it. Chunks come out in
-    order either way, with the same values.
+    still busy, where a device-wide wait after every chunk left the device idle through it. And the first chunk's
+    forward is enqueued before its sink is made, its layers kept (KeptLayers, where they take at most a quarter of
+    the free memory) while its preparation runs on the background thread. Chunks come out in order either way,
+    with the same values.
 
     `site` (site_hooks.SITES) is the tensor each layer hands: the block output (residual) or its attention or MLP
     sub-block's output; attention extras (S1, S3) are read from the blocks whatever the site.

@@ -154,11 +154,7 @@ def capture_chunks(
                                                        site_modules=site_modules)
                     sink = launched.sink
                 else:
-                    make = preparer.take(chunk)
-                    upcoming = plan.peek()
-                    if upcoming is not None:
-                        preparer.ahead(upcoming)
-                    sink = make()
+                    sink = _make_sink(preparer, plan, chunk)
                     launched = _launch_chunk(model, decoder_layers, chunk, layers, sink, batch_index,
                                              stop_early=stop_early, needs=needs, site_modules=site_modules,
                                              gradient_rows=plan.gradient_rows(chunk.input_ids.shape[1]))
@@ -179,15 +175,13 @@ def capture_chunks(
                 continue
             except RuntimeError as exc:
                 _raise_cuda_error(exc, batch_index, chunk)
-            if late:  # the chunk before it is finished now, while this one runs
-                if in_flight is not None:
-                    yield _finish_chunk(model, in_flight, stats, late=True)
-                in_flight = launched
-                continue
-            if in_flight is not None:  # a sink that cannot finish late: the one before it first, in order
+            if in_flight is not None:  # the chunk before it, while this one runs
                 yield _finish_chunk(model, in_flight, stats, late=True)
                 in_flight = None
-            yield _finish_chunk(model, launched, stats, late=False)
+            if late:
+                in_flight = launched
+            else:  # a sink that cannot finish late is finished at once, after the one before it
+                yield _finish_chunk(model, launched, stats, late=False)
         if in_flight is not None:
             yield _finish_chunk(model, in_flight, stats, late=True)
 
@@ -226,13 +220,18 @@ def _launch_before_its_sink(model: nn.Module, decoder_layers: Sequence[nn.Module
                              needs=needs, site_modules=site_modules,
                              gradient_rows=plan.gradient_rows(chunk.input_ids.shape[1]))
     start = time.perf_counter()
+    sink = _make_sink(preparer, plan, chunk)
+    kept.hand_to(sink)
+    return _InFlight(batch_index, chunk, sink, launched.launch_seconds + time.perf_counter() - start)
+
+
+def _make_sink(preparer: _Preparer, plan: _ChunkPlan, chunk: PaddedBatch):
+    """`chunk`'s sink from its preparation, with the next chunk's preparation started behind it."""
     make = preparer.take(chunk)
     upcoming = plan.peek()
     if upcoming is not None:
         preparer.ahead(upcoming)
-    sink = make()
-    kept.hand_to(sink)
-    return _InFlight(batch_index, chunk, sink, launched.launch_seconds + time.perf_counter() - start)
+    return make()
 
 
 def _raise_cuda_error(exc: RuntimeError, batch_index: int, chunk: PaddedBatch) -> NoReturn:

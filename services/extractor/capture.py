@@ -6,9 +6,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Generic, NoReturn
 
@@ -23,11 +22,12 @@ from poolbench.extractor.batching import (
     budget_cap,
     default_max_batch_tokens,
     free_memory_bytes,
-    gradient_rows_per_forward,
     row_chunks,
-    rows_per_forward,
     token_costs,
 )
+from poolbench.extractor.chunk_plan import ChunkPlan
+from poolbench.extractor.chunk_preparer import ChunkPreparer
+from poolbench.extractor.extraction_stats import ExtractionStats
 from poolbench.extractor.gradient_saliency import gradient_forward
 from poolbench.extractor.hook_points import capture_layer_outputs
 from poolbench.extractor.layer_sinks import KeptLayers, LaunchedSink, LayerExtras, SinkT
@@ -36,25 +36,6 @@ from poolbench.extractor.padded_batches import PaddedBatch, model_inputs
 from poolbench.extractor.site_hooks import check_sites, site_module
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ExtractionStats:
-    """Counters a bench reads: real tokens vs padded tokens, and where the time went."""
-
-    batches: int = 0
-    passages: int = 0
-    tokens: int = 0
-    padded_tokens: int = 0
-    forward_seconds: float = 0.0
-    convert_seconds: float = 0.0
-    pool_seconds: float = 0.0  # inside the capture's sinks (launching device pooling), a pooler's to fill
-    transfer_seconds: float = 0.0  # waiting for pooled vectors (or token states) to reach the host
-    prepare_seconds: float = 0.0  # making chunks' sinks ready on the host (text extras, weights), either thread
-    prepared_ahead: int = 0  # chunks whose preparation ran on the background thread, beside an earlier forward
-    finished_late: int = 0  # chunks finished after the next chunk's forward was enqueued (overlap)
-    skipped: list[tuple[str, int]] = field(default_factory=list)  # (passage id, tokens) too big for the device
-    skipped_indices: list[int] = field(default_factory=list)  # the same passages' indices in the batches' plan
 
 
 def sync_device(model: nn.Module) -> None:
@@ -140,10 +121,10 @@ def capture_chunks(
     site_modules = decoder_layers if site == "residual" else \
         [site_module(block, layer, site) for layer, block in enumerate(decoder_layers)]
     free = free_memory_bytes(next(model.parameters()).device) if "gradient" in needs else 0
-    plan = _ChunkPlan(iter(batches), costs, budget, free)
+    plan = ChunkPlan(iter(batches), costs, budget, free)
     in_flight: _InFlight[SinkT] | None = None  # a chunk enqueued, finished after the next one is enqueued (overlap)
     first = overlap and prepare_for is not None  # the first chunk may run before its sink is made (KeptLayers)
-    with _Preparer(prepare, overlap, stats) as preparer:
+    with ChunkPreparer(prepare, overlap, stats) as preparer:
         while (entry := plan.next()) is not None:
             batch_index, chunk = entry
             ahead_of_sink, first = first and _kept_layers_fit(model, chunk, layers, needs), False
@@ -208,9 +189,9 @@ def _kept_layers_fit(model: nn.Module, chunk: PaddedBatch, layers: tuple[int, ..
 
 
 def _launch_before_its_sink(model: nn.Module, decoder_layers: Sequence[nn.Module], chunk: PaddedBatch,
-                            layers: tuple[int, ...], batch_index: int, preparer: _Preparer, plan: _ChunkPlan, *,
-                            stop_early: bool, needs: frozenset[str], site_modules: Sequence[nn.Module]
-                            ) -> _InFlight:
+                            layers: tuple[int, ...], batch_index: int, preparer: ChunkPreparer[SinkT],
+                            plan: ChunkPlan, *, stop_early: bool, needs: frozenset[str],
+                            site_modules: Sequence[nn.Module]) -> _InFlight[SinkT]:
     """A job's first chunk: its preparation (the job's text-side work, its weights) starts on the background
     thread, its forward is enqueued with the layers kept, and its sink, once made, is handed them. The device
     runs the first forward while the host prepares it, where it waited idle for that preparation before."""
@@ -225,7 +206,7 @@ def _launch_before_its_sink(model: nn.Module, decoder_layers: Sequence[nn.Module
     return _InFlight(batch_index, chunk, sink, launched.launch_seconds + time.perf_counter() - start)
 
 
-def _make_sink(preparer: _Preparer, plan: _ChunkPlan, chunk: PaddedBatch):
+def _make_sink(preparer: ChunkPreparer[SinkT], plan: ChunkPlan, chunk: PaddedBatch) -> SinkT:
     """`chunk`'s sink from its preparation, with the next chunk's preparation started behind it."""
     make = preparer.take(chunk)
     upcoming = plan.peek()
@@ -247,119 +228,6 @@ def _raise_cuda_error(exc: RuntimeError, batch_index: int, chunk: PaddedBatch) -
 def _unprepared(sink_for: Callable[[PaddedBatch], SinkT], chunk: PaddedBatch) -> Callable[[], SinkT]:
     """A sink_for as a prepare_for: nothing to do ahead, everything when the sink is made."""
     return partial(sink_for, chunk)
-
-
-class _ChunkPlan:
-    """The row chunks of the batches in order, each batch cut at the budget when it comes up; after an
-    out-of-memory halving every later batch is cut at the smaller size, one already looked at (to prepare its
-    first chunk ahead) included. S2's sub-chunks (from the free memory at the start) halve with them."""
-
-    def __init__(self, batches: Iterator[PaddedBatch], costs: TokenCosts, budget: int, free_bytes: int = 0) -> None:
-        self._batches = enumerate(batches)
-        self._costs, self._budget, self._free = costs, budget, free_bytes
-        self._logged: set[int] = set()
-        self._halvings = 0
-        self._pending: list[tuple[int, PaddedBatch]] = []
-        self._looked: tuple[int, PaddedBatch, int, list[tuple[int, PaddedBatch]]] | None = None  # index, batch,
-        # the halvings it was cut at, its chunks
-
-    def _cut(self, index: int, batch: PaddedBatch) -> list[tuple[int, PaddedBatch]]:
-        rows = max(1, rows_per_forward(self._costs, self._budget, batch.input_ids.shape[1]) >> self._halvings)
-        return [(index, batch.select(chunk)) for chunk in row_chunks(len(batch.indices), rows)]
-
-    def gradient_rows(self, length: int) -> int:
-        """Rows of one S2 forward + backward inside a chunk of padded length `length` (0 without S2)."""
-        if not self._costs.gradient:
-            return 0
-        chunk = rows_per_forward(self._costs, self._budget, length)
-        rows = gradient_rows_per_forward(self._costs, self._budget, length, self._free)
-        if rows < chunk and length not in self._logged:
-            self._logged.add(length)
-            logger.info("S2 at %d tokens: forward + backward over %d rows at a time inside chunks of %d rows "
-                        "(%.1f GiB free); the other strategies pool the whole chunk", length, rows, chunk,
-                        self._free / 2**30)
-        return max(1, rows >> self._halvings)
-
-    def _look(self) -> bool:
-        """Cut the next batch (once) without starting it; False at the end."""
-        if self._looked is None:
-            for index, batch in self._batches:
-                self._looked = (index, batch, self._halvings, self._cut(index, batch))
-                break
-        return self._looked is not None
-
-    def next(self) -> tuple[int, PaddedBatch] | None:
-        """The next chunk to capture, or None when every batch is done."""
-        while not self._pending:
-            if not self._look():
-                return None
-            assert self._looked is not None
-            index, batch, halvings, chunks = self._looked
-            self._looked = None
-            self._pending = chunks if halvings == self._halvings else self._cut(index, batch)
-        return self._pending.pop(0)
-
-    def peek(self) -> PaddedBatch | None:
-        """The chunk after the one `next` gave, as it stands now (a halving may still replace it)."""
-        if self._pending:
-            return self._pending[0][1]
-        if not self._look():
-            return None
-        assert self._looked is not None
-        chunks = self._looked[3]
-        return chunks[0][1] if chunks else None
-
-    def halve(self, index: int, chunk: PaddedBatch) -> None:
-        """Retry `chunk` as its two halves, first; this batch's other chunks keep their size, later ones shrink."""
-        self._halvings += 1
-        n = len(chunk.indices)
-        self._pending[:0] = [(index, chunk.select(slice(0, n // 2))), (index, chunk.select(slice(n // 2, n)))]
-
-
-class _Preparer:
-    """Runs chunks' preparations, the next one on a background thread while a forward runs when `overlap`;
-    a preparation made for one chunk object is only ever used for that object."""
-
-    def __init__(self, prepare: Callable[[PaddedBatch], Callable[[], SinkT]], overlap: bool,
-                 stats: ExtractionStats | None) -> None:
-        self._prepare = prepare
-        self._stats = stats
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="poolbench-prepare") if overlap else None
-        self._slot: tuple[PaddedBatch, Future] | None = None
-
-    def __enter__(self) -> _Preparer:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
-    def _timed(self, chunk: PaddedBatch) -> tuple[Callable[[], object], float]:
-        start = time.perf_counter()
-        make = self._prepare(chunk)
-        return make, time.perf_counter() - start
-
-    def take(self, chunk: PaddedBatch) -> Callable[[], SinkT]:
-        """`chunk`'s preparation: the one made ahead for this very chunk, else made now."""
-        slot, self._slot = self._slot, None
-        if slot is not None and slot[0] is chunk:
-            make, seconds = slot[1].result()
-            if self._stats is not None:
-                self._stats.prepared_ahead += 1
-        else:
-            if slot is not None:
-                slot[1].cancel()
-            make, seconds = self._timed(chunk)
-        if self._stats is not None:
-            self._stats.prepare_seconds += seconds
-        return make  # type: ignore[return-value]
-
-    def ahead(self, chunk: PaddedBatch) -> None:
-        """Start preparing `chunk` in the background (with overlap), to be taken after the current forward."""
-        if self._pool is not None and (self._slot is None or self._slot[0] is not chunk):
-            if self._slot is not None:
-                self._slot[1].cancel()
-            self._slot = (chunk, self._pool.submit(self._timed, chunk))
 
 
 def _release(model: nn.Module) -> None:
@@ -400,13 +268,12 @@ def _finish_chunk(model: nn.Module, chunk: _InFlight[SinkT], stats: ExtractionSt
     try:
         if not late:
             sync_device(model)
-        converted = time.perf_counter()
+        waited = time.perf_counter()
         chunk.sink.finish()
     except RuntimeError as exc:
         _raise_cuda_error(exc, chunk.batch_index, chunk.chunk)
     done = time.perf_counter()
-    if late:
-        converted = done
+    converted = done if late else waited  # late, the wait is inside finish: all of it forward seconds
     if stats is not None:
         batch = chunk.chunk
         stats.batches += 1

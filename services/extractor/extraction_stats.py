@@ -1,0 +1,24 @@
+"""What a capture counts for a bench and the run's log: real against padded tokens, and where the time went."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class ExtractionStats:
+    """Counters a bench reads: real tokens vs padded tokens, and where the time went."""
+
+    batches: int = 0
+    passages: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0
+    forward_seconds: float = 0.0
+    convert_seconds: float = 0.0
+    pool_seconds: float = 0.0  # inside the capture's sinks (launching device pooling), a pooler's to fill
+    transfer_seconds: float = 0.0  # waiting for pooled vectors (or token states) to reach the host
+    prepare_seconds: float = 0.0  # making chunks' sinks ready on the host (text extras, weights), either thread
+    prepared_ahead: int = 0  # chunks whose preparation ran on the background thread, beside an earlier forward
+    finished_late: int = 0  # chunks finished after the next chunk's forward was enqueued (overlap)
+    skipped: list[tuple[str, int]] = field(default_factory=list)  # (passage id, tokens) too big for the device
+    skipped_indices: list[int] = field(default_factory=list)  # the same passages' indices in the batches' plan

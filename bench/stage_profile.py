@@ -26,7 +26,7 @@ PHASES: dict[str, tuple[str, str]] = {
     "pool_layer": ("poolbench.pooler.device_pool", "DevicePooler.__call__"),
     "pool_finish": ("poolbench.pooler.device_pool", "DevicePooler.finish"),
     "s2_head": ("poolbench.extractor.lm_head_likelihood", "log_likelihood_and_gradient"),
-    "s2_backward": ("poolbench.extractor.lm_head_likelihood", "layer_gradients"),
+    "s2_backward": ("poolbench.extractor.lm_head_likelihood", "layer_gradients"),  # with S2 layers pooled in it
     "s2_sums": ("poolbench.pooler.gradient_sums", "GradientTee.__call__"),
     "prepare": ("poolbench.pooler.device_pool", "prepare_chunk_pooler"),
     "tables": ("poolbench.pooler.pooled_table", "PooledTableBuilder.add"),

@@ -23,6 +23,13 @@ SITES: dict[str, tuple[int, str, str]] = {
            "kernels and inputs are the same", "every pooled, S3 head and S2 gradient table, overlap on and off"),
     "test_capture_pipeline.py::test_gradient_sums_reach_the_host_through_launched": (
         1, COPY + " of small integers", "S2's gradient sums after GradientTee.launched's copy to the host"),
+    "test_gradient_in_backward.py::test_each_layer_equals_autograd_over_every_layer_bit_for_bit": (
+        2, SAME + ": S2's forward, LM head and backward run the same kernels on the same inputs; a hook on each "
+           "layer's output reads the gradient autograd.grad would capture there", "each layer's states and "
+           "gradient extras, written inside the backward against autograd.grad over every layer (CPU)"),
+    "test_gradient_in_backward.py::test_on_cuda_the_layers_are_written_in_the_backward_with_autograds_values": (
+        1, SAME + " (the forward; the gradients are compared within the bound)",
+        "each layer's states on CUDA, in and after the backward"),
     "test_device_pool.py::assert_same": (2, INTS + "; head outputs gathered at the last token (a copy)",
                                          "fallback flags, the last token's head outputs"),
     "test_device_pool_ops.py::test_three_bfloat16_parts_hold_float32_weights_exactly": (

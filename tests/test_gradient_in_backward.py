@@ -56,12 +56,14 @@ def in_the_backward(model, inputs, mask, layers) -> list[tuple[int, torch.Tensor
     return written
 
 
-@pytest.mark.parametrize("layers", [(0, 1, 2), (1, 2), (2,)])
-def test_each_layer_equals_autograd_over_every_layer_bit_for_bit(llama, layers) -> None:
-    inputs = model_inputs(llama, left_padded())
+@pytest.mark.parametrize(("layers", "dtype"), [((0, 1, 2), torch.float32), ((1, 2), torch.float32),
+                                               ((2,), torch.float32), ((0, 1, 2), torch.bfloat16)])
+def test_each_layer_equals_autograd_over_every_layer_bit_for_bit(llama, layers, dtype) -> None:
+    model = llama if dtype == torch.float32 else random_llama().to(dtype)
+    inputs = model_inputs(model, left_padded())
     mask = inputs["attention_mask"].to(torch.bool)
-    expected = after_the_backward(llama, inputs, mask, layers)
-    written = in_the_backward(llama, inputs, mask, layers)
+    expected = after_the_backward(model, inputs, mask, layers)
+    written = in_the_backward(model, inputs, mask, layers)
     assert sorted(layer for layer, _, _ in written) == list(layers)  # each layer once, the shallowest too
     for layer, hidden, extras in written:
         want_hidden, want = expected[layer]

@@ -62,7 +62,8 @@ def _written_from_its_gradient(layer: int, hidden: torch.Tensor, mask: torch.Ten
 
 def _write_layer(layer: int, hidden: torch.Tensor, grad: torch.Tensor, mask: torch.Tensor, write: Write) -> None:
     with torch.no_grad():
+        wide = grad.float()  # cast once for the three (at bf16 and 16 x 512 tokens of d 4,096: 134 MB a cast)
         write(layer, hidden.detach(), {
-            "gradient_norm": torch.linalg.vector_norm(grad.float(), dim=-1),
-            "gradient_x_input": (grad.float() * hidden.float()).sum(-1).abs(),
-            "gradient_sum": (grad.float() * mask[:, :, None]).sum(dim=1)})
+            "gradient_norm": torch.linalg.vector_norm(wide, dim=-1),
+            "gradient_x_input": (wide * hidden.float()).sum(-1).abs(),
+            "gradient_sum": (wide * mask[:, :, None]).sum(dim=1)})

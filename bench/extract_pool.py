@@ -19,8 +19,8 @@ from rich.console import Console
 from rich.table import Table
 
 from poolbench.corpus.source import open_corpus
-from poolbench.extractor.capture import ExtractionStats
 from poolbench.extractor.extract import extract_batches
+from poolbench.extractor.extraction_stats import ExtractionStats
 from poolbench.extractor.forward_baselines import forward_only
 from poolbench.extractor.loading import load_model
 from poolbench.extractor.padded_batches import prepare_batches

@@ -54,7 +54,8 @@ from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import open_corpus
 from poolbench.driver.pool_groups import estimated_tokens, group_token_target, plan_groups
 from poolbench.extractor.batching import rows_per_forward
-from poolbench.extractor.capture import ExtractionStats, model_token_costs, resolve_max_batch_tokens
+from poolbench.extractor.capture import model_token_costs, resolve_max_batch_tokens
+from poolbench.extractor.extraction_stats import ExtractionStats
 from poolbench.extractor.forward_baselines import forward_backward, forward_only
 from poolbench.extractor.inflow_kernel import kernel_wanted
 from poolbench.extractor.loading import LoadedModel, load_model, load_tokenizer

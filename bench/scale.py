@@ -142,7 +142,7 @@ def peak_bytes(device: torch.device) -> int:
 def install_counter(worker: object) -> None:
     """In the extractor actor: every pool_concept_group call counts into one ExtractionStats; the peak restarts."""
     import poolbench.pooler.worker as module
-    from poolbench.extractor.capture import ExtractionStats
+    from poolbench.extractor.extraction_stats import ExtractionStats
 
     stats = ExtractionStats()
     original = module.pool_concept_group

@@ -26,8 +26,9 @@ from poolbench.extractor.batching import (
     rows_per_forward,
     token_costs,
 )
-from poolbench.extractor.capture import ExtractionStats, model_token_costs, resolve_max_batch_tokens
+from poolbench.extractor.capture import model_token_costs, resolve_max_batch_tokens
 from poolbench.extractor.extract import extract_batches
+from poolbench.extractor.extraction_stats import ExtractionStats
 from poolbench.extractor.loading import load_model
 from poolbench.extractor.padded_batches import prepare_batches, tokenize_passages
 from poolbench.pooler.concept_pooling import pool_concept_tables

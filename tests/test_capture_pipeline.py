@@ -16,7 +16,8 @@ import torch
 from negation_pairs import passages
 
 import poolbench.extractor.capture as capture
-from poolbench.extractor.capture import ExtractionStats, capture_chunks
+from poolbench.extractor.capture import capture_chunks
+from poolbench.extractor.extraction_stats import ExtractionStats
 from poolbench.extractor.loading import LoadedModel, load_model
 from poolbench.extractor.padded_batches import PaddedBatch, prepare_batches
 from poolbench.pooler.concept_pooling import ConceptPassages, PooledConcept, pool_concept_group

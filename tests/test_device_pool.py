@@ -246,7 +246,8 @@ def test_a_chunk_that_runs_out_of_memory_halves_and_a_passage_too_big_alone_is_s
                                                                                        overlap) -> None:
     """Also with the next chunk prepared ahead: the chunk that failed was prepared (ahead) for itself, and its
     halves are each prepared anew, never handed the failed chunk's preparation."""
-    from poolbench.extractor.capture import ExtractionStats, capture_chunks
+    from poolbench.extractor.capture import capture_chunks
+    from poolbench.extractor.extraction_stats import ExtractionStats
     from poolbench.extractor.loading import load_model
     from poolbench.extractor.padded_batches import prepare_batches
     from poolbench.pooler.device_pool import prepare_chunk_pooler

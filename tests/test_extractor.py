@@ -16,8 +16,8 @@ from poolbench.corpus.passage import Passage
 from poolbench.errors import ExtractionError
 from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.batching import plan_batches
-from poolbench.extractor.capture import ExtractionStats
 from poolbench.extractor.extract import extract_activations, extract_batches
+from poolbench.extractor.extraction_stats import ExtractionStats
 from poolbench.extractor.forward_baselines import forward_only
 from poolbench.extractor.hook_points import HookPointError, add_hooks, capture_layer_outputs
 from poolbench.extractor.padded_batches import prepare_batches

@@ -9,10 +9,8 @@ from torch import nn
 
 from poolbench.corpus.passage import Passage
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.extractor.capture import (
-    ExtractionStats,
-    capture_chunks,
-)
+from poolbench.extractor.capture import capture_chunks
+from poolbench.extractor.extraction_stats import ExtractionStats
 from poolbench.extractor.layer_sinks import HostCapture
 from poolbench.extractor.padded_batches import PaddedBatch, prepare_batches
 

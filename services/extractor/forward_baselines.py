@@ -14,12 +14,8 @@ from poolbench.extractor.batching import (
     gradient_rows_per_forward,
     row_chunks,
 )
-from poolbench.extractor.capture import (
-    ExtractionStats,
-    model_token_costs,
-    resolve_max_batch_tokens,
-    sync_device,
-)
+from poolbench.extractor.capture import model_token_costs, resolve_max_batch_tokens, sync_device
+from poolbench.extractor.extraction_stats import ExtractionStats
 from poolbench.extractor.lm_head_likelihood import final_hidden, layer_gradients, lm_head
 from poolbench.extractor.padded_batches import PaddedBatch, model_inputs
 

@@ -20,7 +20,8 @@ import pyarrow as pa
 from poolbench.config import resolve_overlap
 from poolbench.corpus.passage import Passage
 from poolbench.extractor.activations import ActivationBatch
-from poolbench.extractor.capture import ExtractionStats, capture_chunks, resolve_max_batch_tokens
+from poolbench.extractor.capture import capture_chunks, resolve_max_batch_tokens
+from poolbench.extractor.extraction_stats import ExtractionStats
 from poolbench.extractor.loading import LoadedModel
 from poolbench.extractor.padded_batches import PaddedBatch, pad_batches, tokenize_passages
 from poolbench.pooler.chunk_extras import ChunkExtras, concept_text

@@ -9,7 +9,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from poolbench.extractor.batching import free_memory_bytes, gradient_rows_per_forward, rows_per_forward
-from poolbench.extractor.capture import ExtractionStats, capture_chunks, model_token_costs
+from poolbench.extractor.capture import capture_chunks, model_token_costs
+from poolbench.extractor.extraction_stats import ExtractionStats
 from poolbench.extractor.forward_baselines import forward_backward, forward_only
 from poolbench.extractor.padded_batches import PaddedBatch
 

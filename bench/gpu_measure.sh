@@ -20,7 +20,11 @@
 # extraction_chunks" STAGES=attention,all CHUNK_STAGES=attention,all PROFILE=0`), the opt-in extraction_serial
 # (extraction_cost's SERIAL_STAGES, "hidden,all", with --overlap off: no preparation ahead, each chunk finished
 # before the next forward, the first forward after its pooler: extraction_serial.{json,log}, T_EXTRACT: the
-# overlap's A/B, `STEPS="extraction_cost extraction_serial" STAGES=hidden,all PROFILE=0`), and
+# overlap's A/B, `STEPS="extraction_cost extraction_serial" STAGES=hidden,all PROFILE=0`), the opt-in
+# extraction_unstaged (extraction_cost's UNSTAGED_STAGES, "hidden,attention,all", with $POOLBENCH_STAGED_COPIES=0:
+# each layer's pooled vectors copied to the host on the compute stream, not staged and sent in one copy a chunk on
+# a copy stream: extraction_unstaged.{json,log}, T_EXTRACT: the staging's A/B, `STEPS="extraction_cost
+# extraction_unstaged" STAGES=hidden,attention,all PROFILE=0`), and
 # scale_probes, which runs scale.py once per value of PROBES_SWEEP ("1 2 4": D1 probe tasks beside the extractor,
 # $POOLBENCH_PROBES_PER_GPU) into scale_p<N>.{json,log}, T_SCALE each: `STEPS=scale_probes` is a call of its own
 # (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back. d1_parallel runs
@@ -81,6 +85,7 @@ EXTRA_D1P=${EXTRA_D1P:-}           # more options for d1_parallel.py
 PROBES_SWEEP=${PROBES_SWEEP:-1 2 4}
 CHUNK_STAGES=${CHUNK_STAGES:-attention}
 SERIAL_STAGES=${SERIAL_STAGES:-hidden,all}
+UNSTAGED_STAGES=${UNSTAGED_STAGES:-hidden,attention,all}
 BUDGET=${BUDGET:-560}
 MIN_STEP=${MIN_STEP:-30}
 LOG="$OUT/gpu.log"
@@ -174,6 +179,11 @@ wants extraction_chunks && POOLBENCH_INFLOW_KERNEL=off run_step extraction_chunk
 # shellcheck disable=SC2086
 wants extraction_serial && run_step extraction_serial "$T_EXTRACT" "$PYTHON" bench/extraction_cost.py \
   "${extract_args[@]}" --stages "$SERIAL_STAGES" --overlap off --out "$OUT/extraction_serial.json" $EXTRA_EXTRACT
+# The same stages with each layer copied out on the compute stream (no staging on the device), the staging's A/B
+# shellcheck disable=SC2086
+wants extraction_unstaged && POOLBENCH_STAGED_COPIES=0 run_step extraction_unstaged "$T_EXTRACT" "$PYTHON" \
+  bench/extraction_cost.py "${extract_args[@]}" --stages "$UNSTAGED_STAGES" --out "$OUT/extraction_unstaged.json" \
+  $EXTRA_EXTRACT
 
 scale_args=(--shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" --concepts "$SCALE_CONCEPTS" --corpus-size full
             --max-length 512 --repeats "$SCALE_REPEATS" ${SCALE_LIMIT:+--limit "$SCALE_LIMIT"})

@@ -30,6 +30,12 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_gradient_in_backward.py::test_on_cuda_the_layers_are_written_in_the_backward_with_autograds_values": (
         1, SAME + " (the forward; the gradients are compared within the bound)",
         "each layer's states on CUDA, in and after the backward"),
+    "test_device_staging.py::test_staged_pooling_writes_the_host_only_at_launch_and_the_same_values": (
+        3, SAME + ": staged or not, the same kernels write the same values, into device memory first and then one "
+           "copy", "pooled vectors, fallback flags, S3's head vectors and outputs, staged and unstaged (CPU)"),
+    "test_device_staging.py::test_on_cuda_the_layers_copy_nothing_and_one_copy_goes_on_the_copy_stream": (
+        2, SAME + " (on CUDA: the copy a layer on the compute stream, or one on the copy stream)",
+        "pooled vectors and fallback flags, staged and unstaged"),
     "test_device_pool.py::assert_same": (2, INTS + "; head outputs gathered at the last token (a copy)",
                                          "fallback flags, the last token's head outputs"),
     "test_device_pool_ops.py::test_three_bfloat16_parts_hold_float32_weights_exactly": (

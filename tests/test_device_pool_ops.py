@@ -162,8 +162,8 @@ def test_a_chunk_larger_than_every_free_buffer_lets_the_largest_go_whatever_thei
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_layer_loop_never_waits_for_the_gpu(dtype) -> None:
-    """Every layer's pooling launched with CUDA's sync debug mode set to raise: no stream synchronisation, no
-    blocking copy; then the pooled vectors equal the numpy twin (bfloat16: on the states cast to float32)."""
+    """Every layer's pooling launched with CUDA's sync debug mode set to raise: no stream synchronisation, no copy
+    to the host at all; then the pooled vectors equal the numpy twin (bfloat16: on the states cast to float32)."""
     batch = sinky_batch(5)
     specs = [s for s in list_strategies() if "parse" not in s.needs] + more_of_the_same()
     pooler, calls = layer_calls(batch, specs, "cuda", dtype)
@@ -176,7 +176,7 @@ def test_the_layer_loop_never_waits_for_the_gpu(dtype) -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert not count.names & HOST_OPS
-    assert all(target == "cpu" and source.startswith("cuda") for _, source, target in count.moves)  # D2H only
+    assert count.moves == []  # the layers write the device's staging; one copy at launch (test_device_staging)
     pooler.finish()
     cast = torch.from_numpy(batch.hidden).to(dtype).float().numpy()
     assert_same(pooler, ActivationBatch(**{**batch.__dict__, "hidden": cast}), specs,

@@ -63,17 +63,19 @@ def test_without_ray_the_driver_steps_are_skipped_and_said_so(tmp_path):
     assert "step d1_cost (limit 1 s)" in log and "step scale " not in log and "step scale_p" not in log, log
 
 
-def _extraction_lines(tmp_path, **env_extra: str) -> list[str]:
-    """The command lines gpu_measure.sh runs extraction_cost with (a fake python records each, after the inflow
-    kernel setting of its environment)."""
+def _extraction_lines(tmp_path, setting: tuple[str, str] = ("POOLBENCH_INFLOW_KERNEL", "auto"),
+                      **env_extra: str) -> list[str]:
+    """The command lines gpu_measure.sh runs extraction_cost with (a fake python records each, after `setting`'s
+    variable in its environment, or its default: the inflow kernel's by default)."""
+    variable, default = setting
     seen = tmp_path / "seen"
     fake = tmp_path / "python"
     fake.write_text('#!/bin/sh\n[ "$1" = -c ] && { echo "python fake torch none"; exit 0; }\n'
-                    f'echo "${{POOLBENCH_INFLOW_KERNEL:-auto}} $*" >> {seen}\n')
+                    f'echo "${{{variable}:-{default}}} $*" >> {seen}\n')
     fake.chmod(0o755)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": str(fake), "DEVICE": "cpu", "SHAPE": "smoke",
            "PROFILE": "0", **env_extra}
-    env.pop("POOLBENCH_INFLOW_KERNEL", None)
+    env.pop(variable, None)
     subprocess.run(["bash", str(ROOT / "bench" / "gpu_measure.sh")], env=env, check=True, capture_output=True,
                    timeout=60)
     return seen.read_text().splitlines()
@@ -96,3 +98,13 @@ def test_the_serial_step_runs_the_stages_with_overlap_off(tmp_path):
     assert "--overlap" not in first
     assert second.startswith("auto bench/extraction_cost.py ") and "--stages hidden,all" in second
     assert "--overlap off" in second and "--out " + str(tmp_path / "out" / "extraction_serial.json") in second
+
+
+def test_the_unstaged_step_runs_the_stages_copying_each_layer_out(tmp_path):
+    """extraction_unstaged, the staging's A/B at stage level: extraction_cost again on UNSTAGED_STAGES with
+    POOLBENCH_STAGED_COPIES=0 in its environment only (the step before it stages)."""
+    first, second = _extraction_lines(tmp_path, ("POOLBENCH_STAGED_COPIES", "default"),
+                                      STEPS="extraction_cost extraction_unstaged")
+    assert first.startswith("default bench/extraction_cost.py ")
+    assert second.startswith("0 bench/extraction_cost.py ") and "--stages hidden,attention,all" in second
+    assert "--out " + str(tmp_path / "out" / "extraction_unstaged.json") in second

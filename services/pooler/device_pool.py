@@ -1,5 +1,6 @@
 """Pooling inside the capture: each layer's token states are pooled by torch on the model's device as the layer
-runs, and only pooled vectors [S, B, d] leave it (non-blocking copies into reused page-locked buffers on CUDA).
+runs, and only pooled vectors [S, B, d] leave it (on a GPU staged on the device and sent in one copy a chunk on a
+copy stream, into reused page-locked buffers: device_staging).
 
 A chunk's strategies become a fixed plan before the forward (device_plan: static weights, masks and index tensors
 in one buffer, sent once). Per layer the work is a fixed number of device ops whatever the number of strategies:
@@ -13,6 +14,7 @@ reference twin. A weight rule that reads token states itself sends its chunk the
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -27,11 +29,22 @@ from poolbench.extractor.activations import ActivationBatch
 from poolbench.extractor.layer_sinks import HostCapture, LayerExtras
 from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.device_plan import AUTO, KEEP, SKIP, HostWeights, host_weights, unpack
+from poolbench.pooler.device_staging import DeviceStaging, flat_views, layout_numel
 from poolbench.pooler.iti import head_vectors, selects_heads
 from poolbench.pooler.pool import PooledBatch, pool_tokens
 from poolbench.pooler.reference import NORM_EPS
 from poolbench.pooler.sink import AUTO_OTHERS, SINK_RATIO
 from poolbench.pooler.spec import HiddenOnDevice, StrategySpec
+
+STAGED_ENV = "POOLBENCH_STAGED_COPIES"  # "0": a device pooler copies each layer out on the compute stream (A/B)
+
+
+def staged_by_default(device: torch.device) -> bool:
+    """Whether a pooler on `device` stages its output (device_staging): on any device but the CPU, unless
+    $POOLBENCH_STAGED_COPIES is "0", which keeps the copy a layer on the compute stream for an A/B on a GPU. A
+    tuning knob, never a result: the same kernels write the same values either way."""
+    return device.type != "cpu" and os.environ.get(STAGED_ENV, "1") != "0"
+
 
 _ATTENTION = {"attention_inflow": "attention_head_inflow", "attention_inflow_last": "attention_head_inflow_last"}
 
@@ -109,11 +122,14 @@ class DevicePooler:
     the token states, and after `finish` holds `pooled` (a PooledBatch) and, for supervised strategies, `heads`
     (per-head pooled vectors [L, B, H, d] and last-token head outputs [L, B, H, Dh]). `weights` are the chunk's
     HostWeights when they were built ahead (else built here); `buffers` lends a run's reused host buffers (then
-    `pooled` is a view of one until `release`), else the pooler allocates its own."""
+    `pooled` is a view of one until `release`), else the pooler allocates its own. `staged` (by default on any
+    device but the CPU) writes each layer into a device buffer sent to the host in one copy on a copy stream once the
+    chunk is launched (device_staging), where a copy a layer on the compute stream held the next layer's kernels."""
 
     def __init__(self, specs: Sequence[StrategySpec], chunk: PaddedBatch, layers: Sequence[int],
                  host_extras: Mapping[str, np.ndarray], device: torch.device,
-                 weights: HostWeights | None = None, buffers: HostBuffers | None = None) -> None:
+                 weights: HostWeights | None = None, buffers: HostBuffers | None = None,
+                 staged: bool | None = None) -> None:
         self.specs = list(specs)
         self.chunk = chunk
         self.layers = tuple(int(layer) for layer in layers)
@@ -157,8 +173,11 @@ class DevicePooler:
         self._fallback = torch.zeros((len(plan.weighted), batch), dtype=torch.bool, device=self.device)
         self._bad = torch.zeros(len(plan.kinds), dtype=torch.bool, device=self.device)
         self._host: torch.Tensor | None = None
-        self._views: dict[str, torch.Tensor] = {}
-        self._out: torch.Tensor | None = None  # [S, B, d] float32 on the device (CUDA), reused at every layer
+        self._views: dict[str, torch.Tensor] = {}  # of the host buffer, which finish reads
+        self._staged = staged_by_default(self.device) if staged is None else staged
+        self._staging: DeviceStaging | None = None
+        self._write: dict[str, torch.Tensor] = {}  # where the layers write: the staging's views, else the host's
+        self._out: torch.Tensor | None = None  # unstaged on a device: [S, B, d] scratch, copied out at every layer
         self._filled: torch.Tensor | None = None
         self._launched = False
         self._event: torch.cuda.Event | None = None
@@ -166,7 +185,8 @@ class DevicePooler:
         assert (KEEP, SKIP, AUTO) == (0, 1, 2)  # the rows of _fixed_rules, then the norm rule, then attention
 
     def _allocate(self, hidden: torch.Tensor, extras: LayerExtras) -> None:
-        """The chunk's host buffer (one, from the run's reused ones) and views of it; the device scratch."""
+        """The chunk's host buffer (one, from the run's reused ones) and views of it; the device staging of the
+        same layout and the device scratch."""
         batch, _, dim = hidden.shape
         n_layers, n_specs = len(self.layers), len(self.specs)
         shapes = {"out": (n_layers, n_specs, batch, dim),
@@ -175,14 +195,13 @@ class DevicePooler:
             inflow, outputs = extras["attention_head_inflow"], extras["attention_head_output_last"]
             shapes["heads"] = (n_layers, batch, inflow.shape[1], dim)
             shapes["outputs"] = (n_layers, *outputs.shape)
-        sizes = {name: int(np.prod(shape)) for name, shape in shapes.items()}
-        self._host = self._buffers.take(sum(sizes.values()))
+        self._host = self._buffers.take(layout_numel(shapes))
         self.release = weakref.finalize(self, self._buffers.give, self._host)
-        offset = 0
-        for name, shape in shapes.items():
-            self._views[name] = self._host[offset:offset + sizes[name]].view(shape)
-            offset += sizes[name]
-        if self.device.type != "cpu":
+        self._views = flat_views(self._host, shapes)
+        if self._staged:
+            self._staging = DeviceStaging(shapes, hidden.device)
+        self._write = self._staging.views if self._staging is not None else self._views
+        if not self._staged and self.device.type != "cpu":
             self._out = torch.empty((n_specs, batch, dim), dtype=torch.float32, device=self.device)
         if self._plan.reductions:
             self._filled = torch.empty_like(hidden)
@@ -196,7 +215,7 @@ class DevicePooler:
             hidden = hidden.float()  # the product needs float32 there, and CPU's bfloat16 kernels lose to one cast
         if self._host is None:
             self._allocate(hidden, extras)
-        out = self._out if self._out is not None else self._views["out"][i]
+        out = self._out if self._out is not None else self._write["out"][i]
         norms = torch.linalg.vector_norm(hidden, dim=-1, dtype=torch.float32) if plan.norms else None
         rows = self._source_rows(i, norms, extras) if plan.weighted else None
         drop = self._drop_rules(norms, rows) if plan.any_sink else None
@@ -218,8 +237,8 @@ class DevicePooler:
             if rows is not None:
                 out.index_copy_(0, a["w_index"], pooled[:, :len(plan.weighted)].transpose(0, 1))
             if self._supervised:
-                self._views["heads"][i].copy_(pooled[:, len(plan.weighted):], non_blocking=True)
-                self._views["outputs"][i].copy_(extras["attention_head_output_last"], non_blocking=True)
+                self._write["heads"][i].copy_(pooled[:, len(plan.weighted):], non_blocking=True)
+                self._write["outputs"][i].copy_(extras["attention_head_output_last"], non_blocking=True)
         if plan.reductions:
             out.index_copy_(0, a["r_index"], self._reduce(hidden, drop))
         if self._out is not None:
@@ -296,15 +315,20 @@ class DevicePooler:
         return choices.gather(0, pick[:, :, None].expand(-1, -1, dim)).float()
 
     def launched(self) -> bool:
-        """Every layer is enqueued: the flags' copy goes behind them and one event marks the chunk's last copy,
-        so `finish` may come after a later chunk is enqueued and still wait for this chunk alone. The device
-        scratch is let go here (the allocator reuses it in stream order) so a chunk finished late holds none."""
+        """Every layer is enqueued: the flags are written behind them, the staged output goes to the host in one copy
+        on the copy stream, and its event marks the chunk's end, so `finish` may come after a later chunk is
+        enqueued and still wait for this chunk alone (unstaged on CUDA, an event on the compute stream behind the
+        flags' copy). The device scratch is let go here (the allocator reuses it in stream order) so a chunk
+        finished late holds none."""
         assert self._host is not None
-        flags = self._views["flags"]
-        flags.copy_(torch.cat([self._fallback.flatten(), self._bad]).float(), non_blocking=True)
-        if self.device.type == "cuda":
+        self._write["flags"].copy_(torch.cat([self._fallback.flatten(), self._bad]).float(), non_blocking=True)
+        if self._staging is not None:
+            self._event = self._staging.send(self._host)
+            self._staging = None
+        elif self.device.type == "cuda":
             self._event = torch.cuda.Event()
             self._event.record()
+        self._write = {}
         self._filled = self._out = None
         self._launched = True
         return True

@@ -88,7 +88,9 @@ class GradientTee:
                                       ).copy_(norm_sums, non_blocking=pin))
         self._taken = {}
         if isinstance(self.inner, LaunchedSink):
-            return self.inner.launched()  # its event, recorded after the sums' copies on one stream, covers them
+            # its event comes after the sums' copies: recorded on the compute stream behind them, or on the copy
+            # stream after it waited for the compute stream (device_staging.DeviceStaging.send)
+            return self.inner.launched()
         if pin:
             self._event = torch.cuda.Event()
             self._event.record()

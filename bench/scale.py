@@ -94,6 +94,7 @@ def after_the_first(rows: list[dict]) -> dict | None:
     full_tokens = FULL_CONCEPTS * FULL_PASSAGES * FULL_TOKENS
     projected = first["pool_s"] + pool_s / tokens * max(0, full_tokens - first["tokens"])
     return {"concepts": [r["concept"] for r in rest], "tokens": tokens, "pool_s": pool_s, "raw_s": raw_s,
+            "pool_s_beside_d1": sum(r.get("pooling_beside_d1_s", 0.0) for r in rest),
             "tokens_per_s": tokens / pool_s, "tokens_per_s_over_raw": raw_s / pool_s,
             "projected_pooling_s": projected,
             "met_pooling_over_raw": raw_s / pool_s >= TARGETS["pooling_over_raw_tokens_per_s_min"]}
@@ -120,6 +121,26 @@ def total_after_the_first(rows: list[dict], warm: dict | None, d1_beside: bool, 
             "d1_per_full_concept_s": max(scaled), "d1_keeps_pace": keeps_pace, "d1_after_pooling_s": d1_after,
             "total_s": warm["projected_pooling_s"] + d1_after,
             "note": "a projection from the concepts pooled after the first, not a measurement"}
+
+
+def beside_d1_seconds(rows: list[dict], d1_beside: bool) -> list[float]:
+    """Per concept, the seconds of its pooling during which another concept's D1 probes ran: on a GPU those share the
+    device with the forward (driver/probe_gate.py), so a pooling rate read beside them is the driver's rate with its
+    probes, not the extractor's alone. From the events' times: a concept pooled over [pooled_at - pool_s, pooled_at],
+    its D1 from its pooling's end (beside) or from the last pooling's end (waiting) to probed_at."""
+    gate = max(r["pooled_at_s"] for r in rows)
+    probes = [(r["pooled_at_s"] if d1_beside else gate, r["probed_at_s"]) for r in rows]
+    out = []
+    for i, row in enumerate(rows):
+        start, end = row["pooled_at_s"] - row["pool_s"], row["pooled_at_s"]
+        others = sorted((max(a, start), min(b, end)) for j, (a, b) in enumerate(probes) if j != i)
+        covered, reached = 0.0, start
+        for a, b in others:
+            a = max(a, reached)
+            if b > a:
+                covered, reached = covered + b - a, b
+        out.append(covered)
+    return out
 
 
 def device_name(device: torch.device) -> str:
@@ -269,6 +290,9 @@ def driver_run(args: argparse.Namespace, concepts: list[str], work: Path, per_co
     gate = max(c["pooled_at_s"] for c in per_concept.values())
     for c in per_concept.values():
         c["d1_s"] = c["probed_at_s"] - (c["pooled_at_s"] if beside else gate)
+    rows = list(per_concept.values())
+    for c, seconds in zip(rows, beside_d1_seconds(rows, beside), strict=True):
+        c["pooling_beside_d1_s"] = seconds
     timing = results.document.get("timing") or {}
     d1_start = min(c["pooled_at_s"] for c in per_concept.values()) if beside else gate
     run.update(pooling_s=sum(c["pool_s"] for c in per_concept.values()),
@@ -407,8 +431,9 @@ def report(result: dict) -> None:
                   f"({result['padded_tokens']:,} padded), {result['passages']} passages, "
                   f"{len(result['config']['concepts'])} concept(s)")
     for row in result["per_concept"]:
-        console.print(f"  {row['concept']}: pooling {row['pool_s']:.1f} s, D1 {row['d1_s']:.1f} s, "
-                      f"raw forward {row['raw_s']:.2f} s over {row['tokens']:,} tokens")
+        console.print(f"  {row['concept']}: pooling {row['pool_s']:.1f} s ({row['pooling_beside_d1_s']:.1f} s of it "
+                      f"beside another concept's D1), D1 {row['d1_s']:.1f} s, raw forward {row['raw_s']:.2f} s over "
+                      f"{row['tokens']:,} tokens")
     console.print(f"pooling {s['pooling']:.1f} s ({result['pooling']['tokens_per_s']:,.0f} tok/s, "
                   f"{result['pooling']['over_raw']:.2f}x raw), D1 {s['d1']:.1f} s, run total {s['total']:.1f} s; "
                   f"raw forward {s['raw_forward']:.2f} s ({result['raw_forward']['tokens_per_s']:,.0f} tok/s)")
@@ -416,7 +441,8 @@ def report(result: dict) -> None:
     if warm:
         console.print(f"after the first concept: pooling {warm['pool_s']:.1f} s over {warm['tokens']:,} tokens "
                       f"({warm['tokens_per_s']:,.0f} tok/s, {warm['tokens_per_s_over_raw']:.2f} of the raw "
-                      f"forward's rate); projected pooling {warm['projected_pooling_s'] / 60:.1f} min")
+                      f"forward's rate; {warm['pool_s_beside_d1']:.1f} s of it beside D1 probes); projected "
+                      f"pooling {warm['projected_pooling_s'] / 60:.1f} min")
     console.print(f"projection ({p['note']}) to {p['concepts']} x {p['passages_per_concept']} passages x "
                   f"{p['tokens_per_passage']} tokens: raw forward {p['raw_forward_s'] / 60:.1f} min, pooling "
                   f"{p['pooling_s'] / 60:.1f} min, D1 {p['d1_s'] / 60:.1f} min, total {p['total_s'] / 60:.1f} min")

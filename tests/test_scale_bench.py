@@ -147,3 +147,23 @@ def test_the_smoke_run_reports_the_concepts_after_the_first(smoke_run) -> None:
     assert total["d1_keeps_pace"] is False and r["met_total_from"] == "total_after_the_first"
     assert total["total_s"] == pytest.approx(warm["projected_pooling_s"] + r["projection"]["d1_s"], rel=1e-12)
     assert r["met"]["total_s_max"] == (total["total_s"] <= r["targets"]["total_s_max"])
+
+
+def test_the_seconds_a_pooling_ran_beside_other_concepts_probes_count_each_moment_once() -> None:
+    from scale import after_the_first, beside_d1_seconds
+    # session 30's H100 run (scale.log): bureaucratic pooled 43.8-71.7 s, academic_tone 71.6-83.5 s, each concept's
+    # D1 from its pooling's end to its probed line: academic_tone pooled all of it beside bureaucratic's D1 but 0.1 s
+    rows = [{"concept": "bureaucratic", "tokens": 100_715, "pool_s": 27.9, "raw_s": 3.17, "pooled_at_s": 71.7,
+             "probed_at_s": 100.3},
+            {"concept": "academic_tone", "tokens": 101_509, "pool_s": 11.9, "raw_s": 3.19, "pooled_at_s": 83.5,
+             "probed_at_s": 101.3}]
+    assert beside_d1_seconds(rows, True) == pytest.approx([0.0, 11.8], abs=1e-9)
+    assert beside_d1_seconds(rows, False) == [0.0, 0.0]  # a CPU run's probes wait for the last pooling
+    for row, seconds in zip(rows, beside_d1_seconds(rows, True), strict=True):
+        row["pooling_beside_d1_s"] = seconds
+    assert after_the_first(rows)["pool_s_beside_d1"] == pytest.approx(11.8, abs=1e-9)
+    # two other concepts' probes overlapping each other inside one pooling: 2-6 and 4-8 s cover 6 s, not 8
+    three = [{"pool_s": 10.0, "pooled_at_s": 10.0, "probed_at_s": 30.0},
+             {"pool_s": 1.0, "pooled_at_s": 2.0, "probed_at_s": 6.0},
+             {"pool_s": 1.0, "pooled_at_s": 4.0, "probed_at_s": 8.0}]
+    assert beside_d1_seconds(three, True)[0] == 6.0

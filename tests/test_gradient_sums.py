@@ -196,3 +196,39 @@ def test_d2_alpha_unit_is_read_from_the_stored_norm_sums_without_a_forward(loade
         calls.clear()
         _, sums, counts = gradient_arrays(gradients, [p.id for p in data if p.split == "train"])
         assert_float32_close(unit, forward, terms=32 + int(counts.sum()), scale=float(sums.max()))
+
+
+def test_a_bfloat16_layers_norm_sums_are_those_of_its_float32_cast_bit_for_bit() -> None:
+    """GradientTee reduces a bfloat16 layer's token norms in float32 without a float32 copy of the states: the very
+    values the norm of that copy gives (the cast is exact; the reduction runs the same float32 kernel), summed over
+    the tokens alpha's unit is measured on (real, not special, not the first)."""
+    from poolbench.extractor.padded_batches import PaddedBatch
+    from poolbench.pooler.gradient_sums import GradientTee, norm_mask
+
+    class Inner:
+        def __call__(self, layer, hidden, extras) -> None:
+            self.extras = dict(extras)
+
+        def finish(self) -> None:
+            pass
+
+    rng = np.random.default_rng(3)
+    rows, length, dim = 4, 9, 40
+    mask = np.ones((rows, length), dtype=bool)
+    mask[1, :3] = False  # left padding
+    mask[2, 6:] = False  # right padding
+    special = np.zeros_like(mask)
+    special[0, 4] = True
+    chunk = PaddedBatch(list(range(rows)), [f"p{r}" for r in range(rows)], ["x"] * rows,
+                        rng.integers(0, 50, (rows, length)), mask, np.zeros((rows, length, 2), np.int32), special)
+    hidden = torch.from_numpy(rng.standard_normal((rows, length, dim)).astype(np.float32) * 8).bfloat16()
+    inner = Inner()
+    tee = GradientTee(inner, chunk)
+    tee(3, hidden, {"gradient_sum": torch.ones(rows, dim), "gradient_norm": torch.ones(rows, length)})
+    tee.finish()
+    assert set(inner.extras) == {"gradient_norm"}  # the sums are the tee's, the rest goes on
+    expected = torch.where(torch.from_numpy(norm_mask(chunk)), torch.linalg.vector_norm(hidden.float(), dim=-1),
+                           0.0).double().sum(dim=1)
+    assert tee.layers == (3,) and tee.norm_sums is not None
+    np.testing.assert_array_equal(tee.norm_sums[0], expected.numpy())
+    np.testing.assert_array_equal(tee.norm_counts, norm_mask(chunk).sum(axis=1))

@@ -65,5 +65,6 @@ def _write_layer(layer: int, hidden: torch.Tensor, grad: torch.Tensor, mask: tor
         wide = grad.float()  # cast once for the three (at bf16 and 16 x 512 tokens of d 4,096: 134 MB a cast)
         write(layer, hidden.detach(), {
             "gradient_norm": torch.linalg.vector_norm(wide, dim=-1),
-            "gradient_x_input": (wide * hidden.float()).sum(-1).abs(),
+            # the product promotes the states to float32 element by element (exact), as a cast of them would
+            "gradient_x_input": (wide * hidden).sum(-1).abs(),
             "gradient_sum": (wide * mask[:, :, None]).sum(dim=1)})

@@ -76,12 +76,14 @@ def more_of_the_same() -> list[StrategySpec]:
 
 
 def layer_calls(batch: ActivationBatch, specs: list[StrategySpec], device: str = "cpu",
-                dtype: torch.dtype = torch.float32) -> tuple[DevicePooler, list]:
-    """A DevicePooler for the batch and, per layer, the (layer, states, extras) the capture would hand it."""
+                dtype: torch.dtype = torch.float32, *, staged: bool | None = None,
+                buffers: HostBuffers | None = None) -> tuple[DevicePooler, list]:
+    """A DevicePooler for the batch (`staged`, `buffers`: DevicePooler's) and, per layer, the (layer, states,
+    extras) the capture would hand it."""
     chunk = PaddedBatch(list(range(len(batch.passage_ids))), batch.passage_ids, batch.texts, batch.input_ids,
                         batch.attention_mask, batch.offsets, batch.special_mask)
     host = {k: v for k, v in batch.extras.items() if k not in LAYER_NAMES and not k.startswith("attention_")}
-    pooler = DevicePooler(specs, chunk, batch.layers, host, torch.device(device))
+    pooler = DevicePooler(specs, chunk, batch.layers, host, torch.device(device), buffers=buffers, staged=staged)
     calls = [(layer, torch.from_numpy(batch.hidden[i]).to(device=device, dtype=dtype),
               {k: torch.from_numpy(batch.extras[k][i]).to(device) for k in LAYER_NAMES})
              for i, layer in enumerate(batch.layers)]

@@ -8,31 +8,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_device_pool import LAYER_NAMES, assert_same, every_strategy, sinky_batch
+from test_device_pool import assert_same, every_strategy, sinky_batch
 from test_device_pool_ops import HOST_OPS, CountOps, layer_calls
 
 from poolbench.errors import StrategyError
-from poolbench.extractor.padded_batches import PaddedBatch
 from poolbench.pooler.device_pool import STAGED_ENV, DevicePooler, HostBuffers, staged_by_default
 from poolbench.pooler.device_staging import DeviceStaging, flat_views, layout_numel
 from poolbench.pooler.registry import list_strategies
 
-CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-
-def pooler_for(batch, specs, device="cpu", *, staged=None, buffers=None) -> tuple[DevicePooler, list]:
-    chunk = PaddedBatch(list(range(len(batch.passage_ids))), batch.passage_ids, batch.texts, batch.input_ids,
-                        batch.attention_mask, batch.offsets, batch.special_mask)
-    host = {k: v for k, v in batch.extras.items() if k not in LAYER_NAMES and not k.startswith("attention_")}
-    pooler = DevicePooler(specs, chunk, batch.layers, host, torch.device(device), buffers=buffers, staged=staged)
-    calls = [(layer, torch.from_numpy(batch.hidden[i]).to(device),
-              {k: torch.from_numpy(batch.extras[k][i]).to(device) for k in LAYER_NAMES})
-             for i, layer in enumerate(batch.layers)]
-    return pooler, calls
-
 
 def pooled(batch, specs, *, staged, buffers=None) -> DevicePooler:
-    pooler, calls = pooler_for(batch, specs, staged=staged, buffers=buffers)
+    pooler, calls = layer_calls(batch, specs, staged=staged, buffers=buffers)
     for call in calls:
         pooler(*call)
     pooler.finish()
@@ -62,7 +48,7 @@ def test_staged_pooling_writes_the_host_only_at_launch_and_the_same_values(seed:
     buffers = HostBuffers(pin=False)
     big = torch.full((10**6,), float("nan"))
     buffers.give(big)
-    pooler, calls = pooler_for(batch, specs, staged=True, buffers=buffers)
+    pooler, calls = layer_calls(batch, specs, staged=True, buffers=buffers)
     for call in calls:
         pooler(*call)
     assert torch.isnan(big).all()
@@ -85,7 +71,7 @@ def test_staging_adds_no_op_to_a_layer() -> None:
     specs = [s for s in list_strategies() if "parse" not in s.needs]
     counts = {}
     for staged in (False, True):
-        pooler, calls = pooler_for(batch, specs, staged=staged)
+        pooler, calls = layer_calls(batch, specs, staged=staged)
         pooler(*calls[0])  # the first call also allocates the chunk's buffers
         with CountOps() as count:
             for call in calls[1:]:

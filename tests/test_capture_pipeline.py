@@ -16,12 +16,14 @@ import torch
 from negation_pairs import passages
 
 import poolbench.extractor.capture as capture
+import poolbench.pooler.device_pool as device_pool
 from poolbench.extractor.capture import capture_chunks
 from poolbench.extractor.extraction_stats import ExtractionStats
 from poolbench.extractor.loading import LoadedModel, load_model
 from poolbench.extractor.padded_batches import PaddedBatch, prepare_batches
 from poolbench.pooler.concept_pooling import ConceptPassages, PooledConcept, pool_concept_group
 from poolbench.pooler.device_pool import DevicePooler, HostPooler, prepare_chunk_pooler
+from poolbench.pooler.device_staging import DeviceStaging
 from poolbench.pooler.gradient_sums import GradientTee
 from poolbench.pooler.registry import list_strategies, resolve_strategies
 
@@ -194,6 +196,27 @@ def test_finishing_late_pools_the_same_tables_bit_for_bit(tiny_llama_dir) -> Non
         assert late.layer_gradients is not None
         sums = late.layer_gradients[1].column("gradient_sum").combine_chunks().values.to_numpy()
         assert np.abs(sums).max() > 0  # the gradient sums really came through the late path
+
+
+@pytest.mark.parametrize("gradient", [False, True], ids=["inference_mode", "with_s2"])
+def test_a_staged_pooler_through_the_real_capture_pools_the_same_tables(tiny_llama_dir, monkeypatch,
+                                                                         gradient) -> None:
+    """The staging a GPU takes by default (device_staging), forced on the CPU through the real capture: without S2
+    the forward runs in inference mode, where the staging buffer is made, and `launched` writes the flags into it
+    outside (the H200 run of session 35 stopped there: an inference tensor updated in place); with S2, inside the
+    backward. Every strategy's tables as unstaged, bit for bit, one copy a chunk."""
+    loaded = load_model(str(tiny_llama_dir))
+    members = [ConceptPassages("negation", passages(6, "train") + passages(3, "test"))]
+    specs = [spec for spec in resolve_strategies(None) if gradient or "gradient" not in spec.needs]
+    [plain] = pool_concept_group(loaded, members, [0, 1], specs, batch_size=2, max_length=48, overlap=True)
+    monkeypatch.setattr(device_pool, "staged_by_default", lambda device: True)
+    sent, launched = [], []
+    send, launch = DeviceStaging.send, DevicePooler.launched
+    monkeypatch.setattr(DeviceStaging, "send", lambda self, host: sent.append(1) or send(self, host))
+    monkeypatch.setattr(DevicePooler, "launched", lambda self: launched.append(1) or launch(self))
+    [staged] = pool_concept_group(loaded, members, [0, 1], specs, batch_size=2, max_length=48, overlap=True)
+    assert len(sent) == len(launched) >= 5  # one copy a chunk: 9 passages, two rows at most a chunk
+    _assert_identical(staged, plain)
 
 
 def test_gradient_sums_reach_the_host_through_launched(tiny_llama_dir) -> None:

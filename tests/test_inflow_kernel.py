@@ -167,9 +167,11 @@ def test_gpu_kernel_equals_the_float32_maps(monkeypatch, dtype) -> None:
             on_gpu = {name: value.cpu() for name, value in gpu.out[0].items()}
             assert_records_match(on_gpu, old.out[0], score_scale(query, key, kwargs), 512, 128, f"gpu {dtype}")
     assert len(calls) == 4 + 4 and not inflow_kernel._FAILED  # each record's, and the two checks' two each
+    on_device = [tensor.cuda() for tensor in (query, key, real, causal)]  # a pageable copy waits: made before
+    torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # the kernel's three launches never wait for the device
     try:
-        mean_inflow(query.cuda(), key.cuda(), real.cuda(), 0.1, True, causal.cuda())
+        mean_inflow(*on_device[:3], 0.1, True, on_device[3])
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert attention_inflow._kernel_serves(query.cuda(), 512, attention_inflow.ScoreRule(0.1, None, True, None))

@@ -53,7 +53,10 @@ class DeviceStaging:
 
     def __init__(self, shapes: Mapping[str, tuple[int, ...]], device: torch.device) -> None:
         self.numel = layout_numel(shapes)
-        self._buffer: torch.Tensor | None = torch.empty(self.numel, dtype=torch.float32, device=device)
+        # A normal tensor, as the host buffer (HostBuffers.take): the first layer's hook makes it inside the forward's
+        # inference mode, and `launched` writes the flags into it after the forward, outside.
+        with torch.inference_mode(False):
+            self._buffer: torch.Tensor | None = torch.empty(self.numel, dtype=torch.float32, device=device)
         self.views = flat_views(self._buffer, shapes)
 
     def send(self, host: torch.Tensor) -> torch.cuda.Event | None:

@@ -62,6 +62,7 @@ from poolbench.extractor.loading import LoadedModel, load_model, load_tokenizer
 from poolbench.extractor.model_shapes import SHAPE_PREFIX
 from poolbench.extractor.padded_batches import prepare_batches
 from poolbench.pooler.concept_pooling import ConceptPassages, pool_concept_group, strategy_needs
+from poolbench.pooler.device_pool import staged_by_default
 from poolbench.pooler.parses import ParseIndex, cached_parse_table, ids_digest
 from poolbench.pooler.registry import resolve_strategies
 from poolbench.pooler.spec import StrategySpec
@@ -251,6 +252,10 @@ def run_stage(args: argparse.Namespace) -> dict:
         # S1/S3's mean inflow: the Triton kernel (CUDA) or the chunked path (POOLBENCH_INFLOW_KERNEL=off forces it)
         "attention_inflow": None if "attention" not in needs else
         "kernel" if kernel_wanted(device) else "chunks",
+        # the device pooler's output: staged on the device and sent in one copy a chunk, or copied out at every layer
+        # on the compute stream (POOLBENCH_STAGED_COPIES=0; a CPU pooler writes the host buffer itself: neither)
+        "pooled_copies": "host" if device.type == "cpu" or args.pooling == "host" else
+        "staged" if staged_by_default(device) else "per_layer",
         "max_batch_tokens": budget, "rows_per_forward": {str(n): rows_per_forward(costs, budget, n) for n in lengths},
         "n_layers": loaded.n_layers, "hidden_size": loaded.hidden_size, "layers": layers,
         "dtype": str(loaded.dtype), "device": str(device),

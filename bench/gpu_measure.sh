@@ -39,9 +39,10 @@
 # corpus, the baseline, holds 14k tokens: 2 forwards),
 # REPEATS (2: best of two, the first warms every path), STAGES (the four the targets name), D1_CELLS (19), PROFILE
 # (1: each extraction_cost stage once more under torch.profiler, its time by phase of the capture, ~1 stage more),
-# T_TESTS / T_D1 / T_D1P / T_EXTRACT / T_SCALE (45 / 45 / 60 each / 280 / 200 s: each step's limit, 630 s in all; on
-# the H100, bench/measured/h100_session30, the steps took 22, 13, 28, over 212 (three of the four stages profiled
-# in 212 s; extraction_cost writes its JSON after each stage) and 149 s),
+# T_TESTS / T_D1 / T_D1P / T_EXTRACT / T_SCALE (150 / 45 / 60 each / 280 / 200 s: each step's limit; on the H100,
+# bench/measured/h100_session30, the steps took 22, 13, 28, over 212 (three of the four stages profiled in 212 s;
+# extraction_cost writes its JSON after each stage) and 149 s; on the H200, bench/measured/h200_session35, the
+# gpu-marked tests ran past 90 s since the inflow kernel's GPU test builds its Triton variants, ~1 s each),
 # BUDGET (560 s: the whole script's wall clock from its start; a step's limit is cut to what is left of it, less the
 # 5 s SIGKILL grace, and a step with under MIN_STEP (30) s left is skipped and said so, so the call ends inside the
 # device tool's 600 s with every step's files bundled; a step the tool killed mid-run would lose scale.py's JSON,
@@ -69,7 +70,7 @@ D1_CELLS=${D1_CELLS:-19}
 T_EXTRACT=${T_EXTRACT:-280}
 T_D1=${T_D1:-45}
 T_SCALE=${T_SCALE:-200}
-T_TESTS=${T_TESTS:-45}
+T_TESTS=${T_TESTS:-150}
 PYTHON=${PYTHON:-python3}
 EXTRA_EXTRACT=${EXTRA_EXTRACT:-}   # more options for extraction_cost.py (the CPU check shortens it)
 PROFILE=${PROFILE:-1}              # 1: extraction_cost's stages once more under torch.profiler (--profile)

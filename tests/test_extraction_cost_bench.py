@@ -55,6 +55,7 @@ def test_the_bench_pools_several_concepts_per_job_with_the_next_chunk_prepared_a
     # chunk prepared on the background thread (the first beside its own forward) and finished one chunk late
     assert result["forwards"] == {"raw": 3, "hidden": 3} and hidden["prepared_ahead"] == 3
     assert hidden["finished_late"] == 3
+    assert hidden["pooled_copies"] == "host" and hidden["attention_inflow"] is None  # a CPU pooler writes the host
     assert hidden["forward_padded_tokens"] == result["stages"]["raw"]["forward_padded_tokens"]
     assert result["seconds_split"]["hidden"]["prepare_s"] > 0
 

@@ -27,7 +27,9 @@
 # extraction_unstaged" STAGES=hidden,attention,all PROFILE=0`), and
 # scale_probes, which runs scale.py once per value of PROBES_SWEEP ("1 2 4": D1 probe tasks beside the extractor,
 # $POOLBENCH_PROBES_PER_GPU) into scale_p<N>.{json,log}, T_SCALE each: `STEPS=scale_probes` is a call of its own
-# (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back. d1_parallel runs
+# (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back; likewise scale_rows, which
+# runs scale.py once per value of ROWS_SWEEP ("32 64": --batch-size, the rows a forward may hold; the corpus's
+# ~126-token passages fill 32 rows to ~4k tokens, half the 8,192-token budget a forward) into scale_b<N>.{json,log}. d1_parallel runs
 # d1_parallel.py once per value of D1_PROCS ("8": D1 probe processes at once on the GPU, the driver's most a GPU,
 # D1P_CELLS (19) cells each, T_D1P each; 16 ran out of an H100's memory) into d1_p<N>.{json,log}.
 # Knobs (environment): SHAPE (llama-3.1-8b), DEVICE (cuda), DTYPE (bfloat16 on cuda, float32 on cpu),
@@ -84,6 +86,7 @@ D1P_CELLS=${D1P_CELLS:-19}
 T_D1P=${T_D1P:-60}
 EXTRA_D1P=${EXTRA_D1P:-}           # more options for d1_parallel.py
 PROBES_SWEEP=${PROBES_SWEEP:-1 2 4}
+ROWS_SWEEP=${ROWS_SWEEP:-32 64}
 CHUNK_STAGES=${CHUNK_STAGES:-attention}
 SERIAL_STAGES=${SERIAL_STAGES:-hidden,all}
 UNSTAGED_STAGES=${UNSTAGED_STAGES:-hidden,attention,all}
@@ -142,9 +145,9 @@ torch.version.cuda, 'available', torch.cuda.is_available())" 2>&1 | tee -a "$LOG
 wants() { case " $STEPS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 # scale.py runs the driver, which needs Ray: the short lease's kit (bench/gpu_kit.sh bench) carries none.
-if { wants scale || wants scale_probes; } && ! "$PYTHON" -c "import ray" 2>/dev/null; then
-  note "steps scale and scale_probes skipped: Ray does not import here (bench/gpu_kit.sh full carries it)"
-  STEPS=" $STEPS "; STEPS=${STEPS// scale_probes / }; STEPS=${STEPS// scale / }
+if { wants scale || wants scale_probes || wants scale_rows; } && ! "$PYTHON" -c "import ray" 2>/dev/null; then
+  note "steps scale, scale_probes and scale_rows skipped: Ray does not import here (bench/gpu_kit.sh full carries it)"
+  STEPS=" $STEPS "; STEPS=${STEPS// scale_probes / }; STEPS=${STEPS// scale_rows / }; STEPS=${STEPS// scale / }
 fi
 
 if [ -z "${GPU_TESTS:-}" ]; then
@@ -195,6 +198,13 @@ if wants scale_probes; then
     # shellcheck disable=SC2086
     run_step "scale_p$n" "$T_SCALE" "$PYTHON" bench/scale.py "${scale_args[@]}" --probes-per-gpu "$n" \
       --out "$OUT/scale_p$n.json" $EXTRA_SCALE
+  done
+fi
+if wants scale_rows; then
+  for n in $ROWS_SWEEP; do
+    # shellcheck disable=SC2086
+    run_step "scale_b$n" "$T_SCALE" "$PYTHON" bench/scale.py "${scale_args[@]}" --batch-size "$n" \
+      --out "$OUT/scale_b$n.json" $EXTRA_SCALE
   done
 fi
 note "done in $((SECONDS - started)) s; files: $(cd "$OUT" && ls | tr '\n' ' ')"

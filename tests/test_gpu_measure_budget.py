@@ -56,11 +56,21 @@ def test_without_a_budget_to_cut_every_step_keeps_its_own_limit(tmp_path):
 
 def test_without_ray_the_driver_steps_are_skipped_and_said_so(tmp_path):
     """The short lease's kit (bench/gpu_kit.sh bench) carries no Ray: scale.py would fail at its import after the
-    call had spent its setup, so the script drops scale and scale_probes up front and names why."""
-    _, log, _ = _measure(tmp_path, STEPS="d1_cost scale scale_probes", BUDGET="60", T_D1="1", T_SCALE="1",
-                         NO_RAY="1")
-    assert "steps scale and scale_probes skipped: Ray does not import here" in log, log
-    assert "step d1_cost (limit 1 s)" in log and "step scale " not in log and "step scale_p" not in log, log
+    call had spent its setup, so the script drops scale, scale_probes and scale_rows up front and names why."""
+    _, log, _ = _measure(tmp_path, STEPS="d1_cost scale scale_probes scale_rows", BUDGET="60", T_D1="1",
+                         T_SCALE="1", NO_RAY="1")
+    assert "steps scale, scale_probes and scale_rows skipped: Ray does not import here" in log, log
+    assert "step d1_cost (limit 1 s)" in log and "step scale" not in log, log
+
+
+def test_scale_rows_runs_the_driver_once_per_row_cap(tmp_path):
+    """STEPS=scale_rows: scale.py once per ROWS_SWEEP value with that --batch-size, each into its own JSON."""
+    _, log, _ = _measure(tmp_path, STEPS="scale_rows", ROWS_SWEEP="32 64", BUDGET="60", T_SCALE="1", MIN_STEP="1")
+    lines = [line for line in log.splitlines() if "step scale_b" in line and "bench/scale.py" in line]
+    assert len(lines) == 2, log
+    for line, rows in zip(lines, ("32", "64"), strict=True):
+        assert f"step scale_b{rows} (limit 1 s)" in line and f"--batch-size {rows} --out" in line, line
+        assert line.split("--out ")[1].split()[0].endswith(f"scale_b{rows}.json"), line
 
 
 def _extraction_lines(tmp_path, setting: tuple[str, str] = ("POOLBENCH_INFLOW_KERNEL", "auto"),

@@ -25,8 +25,8 @@
 # each layer's pooled vectors copied to the host on the compute stream, not staged and sent in one copy a chunk on
 # a copy stream: extraction_unstaged.{json,log}, T_EXTRACT: the staging's A/B, `STEPS="extraction_cost
 # extraction_unstaged" STAGES=hidden,attention,all PROFILE=0`), and
-# scale_probes, which runs scale.py once per value of PROBES_SWEEP ("1 2 4": D1 probe tasks beside the extractor,
-# $POOLBENCH_PROBES_PER_GPU) into scale_p<N>.{json,log}, T_SCALE each: `STEPS=scale_probes` is a call of its own
+# scale_probes, which runs scale.py once per value of PROBES_SWEEP ("0 1 2": D1 probe tasks beside the extractor,
+# $POOLBENCH_PROBES_PER_GPU; 0 holds them until the pooling is done) into scale_p<N>.{json,log}, T_SCALE each: `STEPS=scale_probes` is a call of its own
 # (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back; likewise scale_rows, which
 # runs scale.py once per value of ROWS_SWEEP ("32 64": --batch-size, the rows a forward may hold; the corpus's
 # ~126-token passages fill 32 rows to ~4k tokens, half the 8,192-token budget a forward) into scale_b<N>.{json,log}. d1_parallel runs
@@ -85,7 +85,7 @@ D1_PROCS=${D1_PROCS:-8}
 D1P_CELLS=${D1P_CELLS:-19}
 T_D1P=${T_D1P:-60}
 EXTRA_D1P=${EXTRA_D1P:-}           # more options for d1_parallel.py
-PROBES_SWEEP=${PROBES_SWEEP:-1 2 4}
+PROBES_SWEEP=${PROBES_SWEEP:-0 1 2}
 ROWS_SWEEP=${ROWS_SWEEP:-32 64}
 CHUNK_STAGES=${CHUNK_STAGES:-attention}
 SERIAL_STAGES=${SERIAL_STAGES:-hidden,all}

@@ -38,7 +38,7 @@ from rich.console import Console
 from poolbench.api import evaluate_config, run_config
 from poolbench.corpus.source import limit_passages, open_corpus
 from poolbench.driver.pipeline import default_layers
-from poolbench.driver.probe_gate import beside_the_forward
+from poolbench.driver.probe_gate import probes_beside
 from poolbench.extractor.capture import resolve_max_batch_tokens
 from poolbench.extractor.forward_baselines import forward_only
 from poolbench.extractor.loading import load_model
@@ -285,8 +285,8 @@ def driver_run(args: argparse.Namespace, concepts: list[str], work: Path, per_co
         results = evaluate_config(cfg, on_event=on_event)
     run["store_bytes"] = store_bytes_by_kind(work / "store")
     # The driver's own rule (driver/probe_gate.py): on CPU the probes wait for the last pooling, on a GPU a
-    # concept's probes start beside the next concept's forwards.
-    beside = beside_the_forward(cfg, on_gpu)
+    # concept's probes start beside the next concept's forwards (unless --probes-per-gpu 0).
+    beside = probes_beside(cfg, on_gpu)
     gate = max(c["pooled_at_s"] for c in per_concept.values())
     for c in per_concept.values():
         c["d1_s"] = c["probed_at_s"] - (c["pooled_at_s"] if beside else gate)
@@ -473,7 +473,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strategies", default=None, help="comma list (default: all 19 of the card)")
     parser.add_argument("--repeats", type=int, default=1, help="raw forward: best of N")
     parser.add_argument("--probes-per-gpu", type=int, default=None,
-                        help="D1 probe tasks beside one extractor ($POOLBENCH_PROBES_PER_GPU; default the run's 4)")
+                        help="D1 probe tasks beside one extractor ($POOLBENCH_PROBES_PER_GPU; default the run's 2; "
+                        "0: the probes wait for the pooling, then 8 share the GPU)")
     parser.add_argument("--out", type=Path, default=RESULTS / "scale.json")
     args = parser.parse_args(argv)
     if args.probes_per_gpu is not None:

@@ -29,7 +29,9 @@ def test_the_probes_per_gpu_knob_divides_the_room_beside_the_extractor(monkeypat
     monkeypatch.setenv(PROBES_PER_GPU_ENV, "2")
     assert probe_task_resources(True)["num_gpus"] == 0.125
     assert probe_task_resources(False) == {"num_cpus": 1}  # a CPU run asks for no GPU whatever it says
-    for bad in ("0", "-1", "two", "1.5"):
+    monkeypatch.setenv(PROBES_PER_GPU_ENV, "0")  # none beside: they wait for the pooling, then 8 share the GPU
+    assert probe_task_resources(True)["num_gpus"] == PROBE_GPU_SHARE
+    for bad in ("-1", "two", "1.5"):
         monkeypatch.setenv(PROBES_PER_GPU_ENV, bad)
         with pytest.raises(PoolBenchError, match=f"{PROBES_PER_GPU_ENV}='{bad}'"):
             probe_task_resources(True)

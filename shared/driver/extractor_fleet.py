@@ -55,14 +55,24 @@ JOB_SLOTS_GPU = 2
 COMPUTE_METHODS = ("pool_concept", "_compute_group", "switch_model")  # an extractor's methods on its compute thread
 
 
-def probe_gpu_share() -> float:
-    """A probe task's GPU share: PROBE_GPU_SHARE, or the room beside an extractor over $POOLBENCH_PROBES_PER_GPU."""
+def probes_per_gpu() -> int | None:
+    """$POOLBENCH_PROBES_PER_GPU: how many probe tasks run beside one extractor (None: unset, PROBE_GPU_SHARE's 2);
+    0 holds a GPU run's probes until its pooling is done (probe_gate.probes_beside), then 8 share the GPU: the A/B
+    for whether probes beside the forward slow it more than they gain (issue 52 item 4)."""
     raw = os.environ.get(PROBES_PER_GPU_ENV)
     if raw is None or raw == "":
-        return PROBE_GPU_SHARE
-    if not raw.isdigit() or int(raw) < 1:
-        raise PoolBenchError(f"{PROBES_PER_GPU_ENV}={raw!r}: give a whole number of probe tasks per GPU, 1 or more")
-    return (1.0 - EXTRACTOR_GPU_SHARE) / int(raw)
+        return None
+    if not raw.isdigit():
+        raise PoolBenchError(f"{PROBES_PER_GPU_ENV}={raw!r}: give a whole number of probe tasks per GPU, 0 or more "
+                             "(0: the probes wait for the pooling)")
+    return int(raw)
+
+
+def probe_gpu_share() -> float:
+    """A probe task's GPU share: PROBE_GPU_SHARE, or the room beside an extractor over $POOLBENCH_PROBES_PER_GPU
+    (with 0, PROBE_GPU_SHARE: the probes run once the extractors are gone)."""
+    beside = probes_per_gpu()
+    return PROBE_GPU_SHARE if not beside else (1.0 - EXTRACTOR_GPU_SHARE) / beside
 
 
 def kill_and_wait(actors: Sequence[ActorHandle]) -> None:

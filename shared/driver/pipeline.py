@@ -50,7 +50,7 @@ from .concept_pass import ConceptJob, ConceptPass, probe_task_resources
 from .early_engines import EarlyEngines, engine_settings, start_ahead
 from .extractor_fleet import ExtractorFleet
 from .nodes import alive_nodes
-from .probe_gate import ProbeGate, beside_the_forward
+from .probe_gate import ProbeGate, probes_beside
 from .ray_messages import plain_ray_messages
 from .run_plan import ConceptPlan, RunInputs, RunPlan
 from .steerability_stage import steerability_section
@@ -184,7 +184,7 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     wait for the pooling (probe_gate.py); `on_pooled` runs once the last pooling job is done."""
     on_gpu = run.on_gpu
     concepts = ConceptPass(cfg, run, inputs, emit,
-                           ProbeGate[Job[ConceptJob]](beside=beside_the_forward(cfg, on_gpu), on_pooled=on_pooled),
+                           ProbeGate[Job[ConceptJob]](beside=probes_beside(cfg, on_gpu), on_pooled=on_pooled),
                            probe_resources=probe_task_resources(on_gpu))
     probes, to_pool = concepts.skip_stored()
     check_store_room(inputs.store, to_pool, lambda: fetch(queue.actors[0].stored_bytes_per_passage_layer.remote(

@@ -17,6 +17,8 @@ from typing import Generic, TypeVar
 
 from poolbench.config import RunConfig, resolve_overlap
 
+from .extractor_fleet import probes_per_gpu
+
 J = TypeVar("J")
 
 
@@ -24,6 +26,13 @@ def beside_the_forward(cfg: RunConfig, on_gpu: bool) -> bool:
     """Whether host work (parse tasks ahead, probe tasks) runs beside the pooling forward: on a GPU unless
     --no-overlap, on CPU only with --overlap (it then shares the forward's cores)."""
     return resolve_overlap(cfg.overlap, on_gpu)
+
+
+def probes_beside(cfg: RunConfig, on_gpu: bool) -> bool:
+    """Whether probe tasks start beside the pooling: where host work does (beside_the_forward), unless a GPU run
+    is told to run none beside its extractors ($POOLBENCH_PROBES_PER_GPU=0): its probes on the GPU time-slice it
+    with the forward, which they may slow more than they gain."""
+    return beside_the_forward(cfg, on_gpu) and not (on_gpu and probes_per_gpu() == 0)
 
 
 @dataclass

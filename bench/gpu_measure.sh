@@ -52,7 +52,8 @@
 # status's budget_left_s where less device time is left),
 # GPU_TESTS (the gpu-marked test files; by
 # default every tests/test_*.py that marks one, but test_steerer.py's vLLM engine start (~2.5 min) and
-# test_reproduce.py's 7B run), INSTALL (1: reinstall the project from this tree into /tmp/site first, when the
+# test_reproduce.py's 7B run), TEST_WORKERS (4: pytest-xdist's processes for them where it imports; 1: one),
+# INSTALL (1: reinstall the project from this tree into /tmp/site first, when the
 # kit's env is there), PYTHON (python3).
 set -u
 cd "$(dirname "$0")/.."
@@ -153,8 +154,16 @@ fi
 if [ -z "${GPU_TESTS:-}" ]; then
   GPU_TESTS=$(grep -l "mark\.gpu" tests/test_*.py | grep -v -e test_steerer.py -e test_reproduce.py | tr '\n' ' ')
 fi
+# The gpu-marked tests in TEST_WORKERS (4) processes where pytest-xdist imports (the GPU image has it): the inflow
+# kernel's GPU test builds its Triton variants on one host core per process (over 50 s alone on a fresh H200,
+# bench/measured/h200_session35), so its two dtypes and the other files build and run side by side.
+PARALLEL=()
+if [ "${TEST_WORKERS:-4}" -gt 1 ] && "$PYTHON" -c "import xdist" 2>/dev/null; then
+  PARALLEL=(-n "${TEST_WORKERS:-4}" --dist worksteal)
+fi
 # shellcheck disable=SC2086
-wants pytest && run_step pytest "$T_TESTS" "$PYTHON" -m pytest -p no:cacheprovider -o addopts="-ra" -m "gpu and not slow" $GPU_TESTS
+wants pytest && run_step pytest "$T_TESTS" "$PYTHON" -m pytest -p no:cacheprovider -o addopts="-ra" "${PARALLEL[@]}" \
+  -m "gpu and not slow" $GPU_TESTS
 
 # shellcheck disable=SC2086
 wants inflow && run_step inflow "$T_INFLOW" "$PYTHON" bench/inflow_by_backward.py --device "$DEVICE" --dtype "$DTYPE" \

@@ -118,3 +118,15 @@ def test_the_unstaged_step_runs_the_stages_copying_each_layer_out(tmp_path):
     assert first.startswith("default bench/extraction_cost.py ")
     assert second.startswith("0 bench/extraction_cost.py ") and "--stages hidden,attention,all" in second
     assert "--out " + str(tmp_path / "out" / "extraction_unstaged.json") in second
+
+
+def test_the_gpu_tests_run_in_several_processes_where_xdist_imports(tmp_path):
+    """The pytest step takes -n TEST_WORKERS where the machine's Python imports xdist (the stand-in answers every
+    probe yes), and one process when told 1."""
+    _, log, _ = _measure(tmp_path, STEPS="pytest", BUDGET="60", T_TESTS="1", MIN_STEP="1")
+    [line] = [line for line in log.splitlines() if "step pytest (limit" in line]
+    assert "-n 4 --dist worksteal -m gpu and not slow" in line, line
+    (tmp_path / "one").mkdir()
+    _, log, _ = _measure(tmp_path / "one", STEPS="pytest", BUDGET="60", T_TESTS="1", MIN_STEP="1", TEST_WORKERS="1")
+    [line] = [line for line in log.splitlines() if "step pytest (limit" in line]
+    assert "-n " not in line and "-ra -m gpu and not slow" in line, line

@@ -19,21 +19,19 @@ on it (`met_total_from`). Writes bench/results/scale.json (--out).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import os
-import resource
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from bench_io import RESULTS, run_header, write_result
 from rich.console import Console
+from scale_counters import INTERRUPTED, capture_by_concept, counted_extractors, device_name, peak_bytes
 
 from poolbench.api import evaluate_config, run_config
 from poolbench.corpus.source import limit_passages, open_corpus
@@ -143,100 +141,6 @@ def beside_d1_seconds(rows: list[dict], d1_beside: bool) -> list[float]:
     return out
 
 
-def device_name(device: torch.device) -> str:
-    """The CUDA device's name, or the CPU's model name from /proc/cpuinfo."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "cpu"
-
-
-def peak_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
-
-
-def install_counter(worker: object) -> None:
-    """In the extractor actor: every pool_concept_group call counts into one ExtractionStats; the peak restarts."""
-    import poolbench.pooler.worker as module
-    from poolbench.extractor.extraction_stats import ExtractionStats
-
-    stats = ExtractionStats()
-    original = module.pool_concept_group
-
-    def counted(*args, **kwargs):
-        if kwargs.get("stats") is None:
-            kwargs["stats"] = stats
-        return original(*args, **kwargs)
-
-    module.pool_concept_group = counted
-    worker._scale_stats = stats  # type: ignore[attr-defined]
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-
-
-def read_counter(worker: object, layers: list[int], strategies: list[str], max_length: int) -> dict:
-    """In the extractor actor: what it counted, its peak memory, and the rows per forward its memory model plans."""
-    from poolbench.extractor.batching import rows_per_forward
-    from poolbench.extractor.capture import model_token_costs, resolve_max_batch_tokens
-    from poolbench.pooler.concept_pooling import strategy_needs
-    from poolbench.pooler.registry import resolve_strategies
-
-    stats, loaded = worker._scale_stats, worker.loaded  # type: ignore[attr-defined]
-    budget = resolve_max_batch_tokens(loaded.model, layers, None)
-    costs = model_token_costs(loaded.model, layers, strategy_needs(resolve_strategies(strategies)))
-    return {"forwards": stats.batches, "passages": stats.passages, "tokens": stats.tokens,
-            "padded_tokens": stats.padded_tokens, "forward_s": stats.forward_seconds, "pool_s": stats.pool_seconds,
-            "device_to_host_s": stats.transfer_seconds, "prepare_s": stats.prepare_seconds,
-            "prepared_ahead": stats.prepared_ahead, "peak_bytes": peak_bytes(loaded.device),
-            "peak_kind": "cuda_max_allocated" if loaded.device.type == "cuda" else "rss",
-            "device_name": device_name(loaded.device), "max_batch_tokens_now": budget,
-            "planned_rows_per_forward": rows_per_forward(costs, budget, max_length)}
-
-
-if __name__ != "__main__":  # imported (tests): the actor has no bench/ on its path, so ship these by value
-    from ray import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-@contextlib.contextmanager
-def counted_extractors(read: Callable[[], tuple[list[int], list[str], int]], collected: list[dict]) -> Iterator[None]:
-    """While open, each extractor the run starts counts its pooling, and hands its counts over before it is killed
-    (the fleet's release, once the last concept is pooled); `read` gives the run's layers, strategies, max_length."""
-    import ray
-
-    import poolbench.driver.extractor_fleet as fleet
-    spawner, release = fleet.extractor_spawner, fleet.ExtractorFleet.release
-
-    def counting_spawner(*args, **kwargs):
-        spawn = spawner(*args, **kwargs)
-
-        def spawn_counted():
-            actor = spawn()
-            ray.get(actor.__ray_call__.remote(install_counter))
-            return actor
-        return spawn_counted
-
-    def release_counted(self) -> None:
-        for actor in [] if INTERRUPTED else self.actors:  # interrupted: Ray may be going down, read nothing
-            try:
-                collected.append(ray.get(actor.__ray_call__.remote(read_counter, *read()), timeout=60))
-            except Exception as exc:  # a lost actor: its counts are lost, the run goes on
-                collected.append({"error": str(exc).splitlines()[0]})
-        release(self)
-
-    fleet.extractor_spawner, fleet.ExtractorFleet.release = counting_spawner, release_counted  # type: ignore
-    try:
-        yield
-    finally:
-        fleet.extractor_spawner, fleet.ExtractorFleet.release = spawner, release  # type: ignore
-
-
 def concept_names(spec: str, corpus_size: str) -> list[str]:
     """`--concepts 2`: the corpus's first two; `--concepts hedging,toxicity`: those."""
     if spec.isdigit():
@@ -249,7 +153,6 @@ class Interrupted(BaseException):
     like KeyboardInterrupt, so no `except Exception` on the way swallows it."""
 
 
-INTERRUPTED: list[bool] = []
 
 
 def on_sigint(_signum: int, _frame: object) -> None:
@@ -393,6 +296,9 @@ def measure(args: argparse.Namespace) -> dict:
         result["note"] = "interrupted: per_concept holds what was pooled and probed before the signal"
         return result
     counted = [c for c in counts if "error" not in c]
+    jobs = capture_by_concept(counted, {row["concept"]: row["raw_s"] for row in rows})
+    for row in rows:  # each concept's pooling job(s) from inside the extractor: its capture against its raw forward
+        row["capture"] = jobs.get(row["concept"], [])
     forwards = sum(c["forwards"] for c in counted)
     pooling = {"tokens_per_s": tokens / run["pooling_s"], "over_raw": run["pooling_s"] / raw_s,
                "tokens_per_s_over_raw": raw_s / run["pooling_s"], "forwards": forwards,
@@ -434,6 +340,11 @@ def report(result: dict) -> None:
         console.print(f"  {row['concept']}: pooling {row['pool_s']:.1f} s ({row['pooling_beside_d1_s']:.1f} s of it "
                       f"beside another concept's D1), D1 {row['d1_s']:.1f} s, raw forward {row['raw_s']:.2f} s over "
                       f"{row['tokens']:,} tokens")
+        for job in row.get("capture", []):
+            shared = f" (a job of {', '.join(job['concepts'])})" if len(job["concepts"]) > 1 else ""
+            ratio = f", {job['forward_over_raw']:.2f}x the raw forward" if job["forward_over_raw"] else ""
+            console.print(f"    capture{shared}: forwards {job['forward_s']:.1f} s{ratio}, host pooling "
+                          f"{job['pool_s']:.1f} s, preparation {job['prepare_s']:.1f} s, job {job['wall_s']:.1f} s")
     console.print(f"pooling {s['pooling']:.1f} s ({result['pooling']['tokens_per_s']:,.0f} tok/s, "
                   f"{result['pooling']['over_raw']:.2f}x raw), D1 {s['d1']:.1f} s, run total {s['total']:.1f} s; "
                   f"raw forward {s['raw_forward']:.2f} s ({result['raw_forward']['tokens_per_s']:,.0f} tok/s)")

@@ -72,6 +72,17 @@ def test_the_extractor_counts_its_forwards_on_the_same_tokens_and_the_projection
     assert extractor["forwards"] == r["pooling"]["forwards"] >= 2  # one job per concept on CPU
     assert r["pooling"]["rows_per_forward"] == r["passages"] / extractor["forwards"]
     assert extractor["peak_kind"] == r["peak_bytes"]["kind"] == "rss"
+    # each concept's own job as the actor counted it (one job a concept on CPU): its passages and tokens, and its
+    # capture's forwards against the raw forward over the same passages; the jobs sum to the actor's totals
+    for row in r["per_concept"]:
+        [job] = row["capture"]
+        assert job["concepts"] == [row["concept"]] and (job["passages"], job["tokens"]) == (row["passages"],
+                                                                                           row["tokens"])
+        assert 0 < job["forward_s"] <= job["wall_s"] and job["forward_over_raw"] == job["forward_s"] / row["raw_s"]
+    assert [job["concepts"] for job in extractor["jobs"]] == [row["capture"][0]["concepts"]
+                                                             for row in sorted(r["per_concept"],
+                                                                               key=lambda row: row["pooled_at_s"])]
+    assert extractor["forward_s"] == pytest.approx(sum(job["forward_s"] for job in extractor["jobs"]), rel=1e-12)
     assert r["peak_bytes"]["extractor"] > 0 and r["peak_bytes"]["raw_forward"] > 0
     p, s = r["projection"], r["seconds"]
     full_tokens, full_passages = 17 * 2000 * 400, 17 * 2000

@@ -178,3 +178,19 @@ def test_the_seconds_a_pooling_ran_beside_other_concepts_probes_count_each_momen
              {"pool_s": 1.0, "pooled_at_s": 2.0, "probed_at_s": 6.0},
              {"pool_s": 1.0, "pooled_at_s": 4.0, "probed_at_s": 8.0}]
     assert beside_d1_seconds(three, True)[0] == 6.0
+
+
+def test_a_group_jobs_capture_is_each_of_its_concepts_and_a_concept_pooled_in_passes_keeps_each_pass() -> None:
+    """capture_by_concept: a job of two concepts is both one's, against their raw forwards summed (its seconds are
+    the group's, not split); a concept whose layers were pooled in two passes keeps both jobs, each against its own
+    raw forward (each pass runs the whole forward); a lost extractor's entry holds no jobs."""
+    from scale_counters import capture_by_concept
+
+    group = {"concepts": ["a", "b"], "forward_s": 6.0}
+    passes = [{"concepts": ["c"], "forward_s": 2.0}, {"concepts": ["c"], "forward_s": 3.0}]
+    by_concept = capture_by_concept([{"jobs": [group, *passes[:1]]}, {"jobs": passes[1:]}, {"error": "lost"}],
+                                    {"a": 1.0, "b": 2.0, "c": 1.0})
+    assert by_concept["a"] == by_concept["b"] == [{**group, "forward_over_raw": 2.0}]
+    assert [job["forward_over_raw"] for job in by_concept["c"]] == [2.0, 3.0]
+    assert capture_by_concept([{"jobs": [{"concepts": ["d"], "forward_s": 1.0}]}], {})["d"][0]["forward_over_raw"] \
+        is None  # no raw forward timed for it: no ratio, not a division by zero

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -45,6 +44,7 @@ from pathlib import Path
 
 import torch
 from bench_io import add_model_options, run_header, write_result
+from device_facts import device_name, peak_bytes
 from model_shapes import SHAPES
 from rich.console import Console
 from rich.table import Table
@@ -84,19 +84,6 @@ def shaped_model(shape: str, dtype: str, device: str) -> LoadedModel:
     """A random-init Llama of a published shape, built in place on the device with a fixed seed, with the tokenizer
     the package ships (`shape:NAME` of load_model: no download, no embedded GGUF)."""
     return load_model(f"{SHAPE_PREFIX}{shape}", dtype=dtype, device=device)
-
-
-def device_name(device: torch.device) -> str:
-    """The CUDA device's name, or the CPU's model name from /proc/cpuinfo."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu"
 
 
 def open_model(args: argparse.Namespace, device: str | None = None) -> LoadedModel:
@@ -152,12 +139,6 @@ def job_groups(concepts: dict[str, list[Passage]], args: argparse.Namespace, dev
     target = group_token_target(None, device.type == "cuda", args.max_batch_tokens)
     sizes = [estimated_tokens(concepts[name], args.max_length) for name in names]
     return [[names[i] for i in group] for group in plan_groups(sizes, target)]
-
-
-def peak_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def run_stage(args: argparse.Namespace) -> dict:

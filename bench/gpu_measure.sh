@@ -202,18 +202,16 @@ scale_args=(--shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" --concepts "$SC
             --max-length 512 --repeats "$SCALE_REPEATS" ${SCALE_LIMIT:+--limit "$SCALE_LIMIT"})
 # shellcheck disable=SC2086
 wants scale && run_step scale "$T_SCALE" "$PYTHON" bench/scale.py "${scale_args[@]}" --out "$OUT/scale.json" $EXTRA_SCALE
-if wants scale_probes; then
-  for n in $PROBES_SWEEP; do
+# scale_sweep STEP TAG OPTION VALUES: scale.py once per value of OPTION, each a step scale_<TAG><value> of its own
+scale_sweep() {
+  local step=$1 tag=$2 option=$3 n
+  wants "$step" || return 0
+  for n in $4; do
     # shellcheck disable=SC2086
-    run_step "scale_p$n" "$T_SCALE" "$PYTHON" bench/scale.py "${scale_args[@]}" --probes-per-gpu "$n" \
-      --out "$OUT/scale_p$n.json" $EXTRA_SCALE
+    run_step "scale_$tag$n" "$T_SCALE" "$PYTHON" bench/scale.py "${scale_args[@]}" "$option" "$n" \
+      --out "$OUT/scale_$tag$n.json" $EXTRA_SCALE
   done
-fi
-if wants scale_rows; then
-  for n in $ROWS_SWEEP; do
-    # shellcheck disable=SC2086
-    run_step "scale_b$n" "$T_SCALE" "$PYTHON" bench/scale.py "${scale_args[@]}" --batch-size "$n" \
-      --out "$OUT/scale_b$n.json" $EXTRA_SCALE
-  done
-fi
+}
+scale_sweep scale_probes p --probes-per-gpu "$PROBES_SWEEP"
+scale_sweep scale_rows b --batch-size "$ROWS_SWEEP"
 note "done in $((SECONDS - started)) s; files: $(cd "$OUT" && ls | tr '\n' ' ')"

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import torch
 from bench_io import RESULTS, run_header, write_result
+from device_facts import device_name, peak_bytes
 from rich.console import Console
-from scale_counters import INTERRUPTED, capture_by_concept, counted_extractors, device_name, peak_bytes
+from scale_counters import INTERRUPTED, capture_by_concept, counted_extractors
 
 from poolbench.api import evaluate_config, run_config
 from poolbench.corpus.source import limit_passages, open_corpus

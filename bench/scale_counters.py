@@ -9,43 +9,26 @@ beside the raw forward over the same passages say which of the two a slow concep
 h200_session35: the driver's concept after the first pooled at 3.6x its raw forward, extraction_cost's all 19 at
 2.9x).
 
-The actor has no bench/ on its import path, so this module's functions travel by value (cloudpickle), whether
-scale.py runs as a script or is imported by a test.
+The actor has no bench/ on its import path, so this module's functions and device_facts' travel by value
+(cloudpickle), whether scale.py runs as a script or is imported by a test.
 """
 
 from __future__ import annotations
 
 import contextlib
-import resource
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
+import device_facts
 import torch
+from device_facts import device_name, peak_bytes
 from ray import cloudpickle
 
 # Set by scale.py's SIGINT handler: an interrupted run reads nothing from its actors (Ray may be going down).
 INTERRUPTED: list[bool] = []
 SUMMED = ("forwards", "passages", "tokens", "padded_tokens", "forward_s", "pool_s", "device_to_host_s", "prepare_s",
           "prepared_ahead")
-
-
-def device_name(device: torch.device) -> str:
-    """The CUDA device's name, or the CPU's model name from /proc/cpuinfo."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return "cpu"
-
-
-def peak_bytes(device: torch.device) -> int:
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def install_counter(worker: object) -> None:
@@ -144,3 +127,4 @@ def capture_by_concept(counts: list[dict], raw_s: dict[str, float]) -> dict[str,
 
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(device_facts)

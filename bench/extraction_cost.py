@@ -363,7 +363,8 @@ def main() -> None:
                         help="join passages up to this many tokens (default --max-length; 0: as stored)")
     parser.add_argument("--layers", default=None, help="comma list (default: all)")
     parser.add_argument("--max-batch-tokens", type=int, default=None, help="default: the run's, from free memory")
-    parser.add_argument("--stages", default=",".join(STAGES))
+    parser.add_argument("--stages", default=",".join(STAGES),
+                        help=f"comma list of {', '.join(STAGES + OPT_IN_STAGES)} (raw is always timed)")
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES),
                         help="a random-init Llama of this published shape instead of --model")
     parser.add_argument("--pooling", default="device", choices=("device", "host"),
@@ -386,6 +387,10 @@ def main() -> None:
         args.pack_to = args.max_length
     if args.concepts_per_job != "auto" and (not args.concepts_per_job.isdigit() or int(args.concepts_per_job) < 1):
         parser.error("--concepts-per-job: a whole number >= 1, or auto (the driver's grouping)")
+    known = STAGES + OPT_IN_STAGES
+    unknown = [stage for stage in args.stages.split(",") if stage not in known]
+    if unknown:  # an unknown name would pool nothing and be timed as if it were a stage
+        parser.error(f"--stages: no stage {', '.join(map(repr, unknown))}; the stages: {', '.join(known)}")
     if args.stage is not None:
         args.child_out.write_text(json.dumps(run_stage(args)))
         return

@@ -127,3 +127,13 @@ def test_a_run_interrupted_after_its_first_stage_keeps_that_stage_and_names_the_
     assert result["stages_left"] and result["stages_left"][-1] == "all"
     assert list(result["stages"]) + result["stages_left"] == ["raw", "hidden", "attention", "all"]
     assert result["ratios"]["all_vs_fwd_bwd"] is None and "interrupted:" in output
+
+
+def test_an_unknown_stage_stops_the_bench_before_it_times_anything(tmp_path) -> None:
+    """On the H200 of session 36 `--stages backward` (forward_backward meant) ran and reported 1.036x raw: a stage
+    name it did not know pooled nothing and was timed as if it were one. Now one line names it, nothing written."""
+    out = tmp_path / "cost.json"
+    run = subprocess.run([sys.executable, str(BENCH), "--shape", "tiny", "--stages", "raw,backward", "--device", "cpu",
+                          "--in-process", "--out", str(out)], cwd=BENCH.parent, capture_output=True, text=True)
+    assert run.returncode == 2 and not out.exists()
+    assert "--stages: no stage 'backward'; the stages: raw, forward_backward," in run.stderr.splitlines()[-1]

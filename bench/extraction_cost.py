@@ -52,6 +52,7 @@ from stage_profile import phase_line, profiled_stage
 
 from poolbench.corpus.passage import Passage
 from poolbench.corpus.source import open_corpus
+from poolbench.driver.pipeline import default_layers
 from poolbench.driver.pool_groups import estimated_tokens, group_token_target, plan_groups
 from poolbench.extractor.batching import rows_per_forward
 from poolbench.extractor.capture import model_token_costs, resolve_max_batch_tokens
@@ -141,13 +142,21 @@ def job_groups(concepts: dict[str, list[Passage]], args: argparse.Namespace, dev
     return [[names[i] for i in group] for group in plan_groups(sizes, target)]
 
 
+def stage_layers(option: str | None, n_layers: int) -> list[int]:
+    """--layers: a comma list, `driver` (the six a `run` probes by default, so a stage costs what the driver's
+    pooling does), or every layer (None)."""
+    if option == "driver":
+        return default_layers(n_layers)
+    return [int(v) for v in option.split(",")] if option else list(range(n_layers))
+
+
 def run_stage(args: argparse.Namespace) -> dict:
     """One stage in this process: best-of-repeats time of the stage and of the raw forward beside it."""
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = open_model(args)
-    layers = [int(v) for v in args.layers.split(",")] if args.layers else list(range(loaded.n_layers))
+    layers = stage_layers(args.layers, loaded.n_layers)
     concepts = packed_passages(loaded.tokenizer, args)
     jobs = job_groups(concepts, args, loaded.device)
     specs = stage_specs(args.stage)
@@ -361,7 +370,8 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=32, help="texts per concept")
     parser.add_argument("--pack-to", type=int, default=None,
                         help="join passages up to this many tokens (default --max-length; 0: as stored)")
-    parser.add_argument("--layers", default=None, help="comma list (default: all)")
+    parser.add_argument("--layers", default=None,
+                        help="comma list, or driver (the run's default six); default: all")
     parser.add_argument("--max-batch-tokens", type=int, default=None, help="default: the run's, from free memory")
     parser.add_argument("--stages", default=",".join(STAGES),
                         help=f"comma list of {', '.join(STAGES + OPT_IN_STAGES)} (raw is always timed)")

@@ -24,7 +24,11 @@
 # extraction_unstaged (extraction_cost's UNSTAGED_STAGES, "hidden,attention,all", with $POOLBENCH_STAGED_COPIES=0:
 # each layer's pooled vectors copied to the host on the compute stream, not staged and sent in one copy a chunk on
 # a copy stream: extraction_unstaged.{json,log}, T_EXTRACT: the staging's A/B, `STEPS="extraction_cost
-# extraction_unstaged" STAGES=hidden,attention,all PROFILE=0`), and
+# extraction_unstaged" STAGES=hidden,attention,all PROFILE=0`), the opt-in extraction_driver (extraction_cost at the
+# driver's shape: DRIVER_STAGES, "forward_backward,all", over DRIVER_TEXTS (400) passages a concept as stored, ~126
+# tokens, 32 rows a forward, one concept a job, the run's six default layers, profiled when PROFILE=1:
+# extraction_driver.{json,log}, T_EXTRACT: where scale.py's 3.2-3.4x its raw forward a concept goes, beside forward
+# + backward on the same batches; bench/measured/h200_session36), and
 # scale_probes, which runs scale.py once per value of PROBES_SWEEP ("0 1 2": D1 probe tasks beside the extractor,
 # $POOLBENCH_PROBES_PER_GPU; 0 holds them until the pooling is done) into scale_p<N>.{json,log}, T_SCALE each: `STEPS=scale_probes` is a call of its own
 # (3 x ~170 s for 2 concepts at SCALE_LIMIT=200), so it fits the 8 files that come back; likewise scale_rows, which
@@ -91,6 +95,8 @@ ROWS_SWEEP=${ROWS_SWEEP:-32 64}
 CHUNK_STAGES=${CHUNK_STAGES:-attention}
 SERIAL_STAGES=${SERIAL_STAGES:-hidden,all}
 UNSTAGED_STAGES=${UNSTAGED_STAGES:-hidden,attention,all}
+DRIVER_STAGES=${DRIVER_STAGES:-forward_backward,all}
+DRIVER_TEXTS=${DRIVER_TEXTS:-400}
 BUDGET=${BUDGET:-560}
 MIN_STEP=${MIN_STEP:-30}
 LOG="$OUT/gpu.log"
@@ -197,6 +203,12 @@ wants extraction_serial && run_step extraction_serial "$T_EXTRACT" "$PYTHON" ben
 wants extraction_unstaged && POOLBENCH_STAGED_COPIES=0 run_step extraction_unstaged "$T_EXTRACT" "$PYTHON" \
   bench/extraction_cost.py "${extract_args[@]}" --stages "$UNSTAGED_STAGES" --out "$OUT/extraction_unstaged.json" \
   $EXTRA_EXTRACT
+# The driver's shape: passages as stored (~126 tokens), its batch size, its six layers, one concept a job
+# shellcheck disable=SC2086
+wants extraction_driver && run_step extraction_driver "$T_EXTRACT" "$PYTHON" bench/extraction_cost.py \
+  --shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" --corpus-size full --concepts 2 --texts "$DRIVER_TEXTS" \
+  --max-length 512 --pack-to 0 --layers driver --concepts-per-job 1 --repeats "$REPEATS" --stages "$DRIVER_STAGES" \
+  $([ "$PROFILE" = 1 ] && echo --profile) --out "$OUT/extraction_driver.json" $EXTRA_EXTRACT
 
 scale_args=(--shape "$SHAPE" --device "$DEVICE" --dtype "$DTYPE" --concepts "$SCALE_CONCEPTS" --corpus-size full
             --max-length 512 --repeats "$SCALE_REPEATS" ${SCALE_LIMIT:+--limit "$SCALE_LIMIT"})

@@ -137,3 +137,17 @@ def test_an_unknown_stage_stops_the_bench_before_it_times_anything(tmp_path) -> 
                           "--in-process", "--out", str(out)], cwd=BENCH.parent, capture_output=True, text=True)
     assert run.returncode == 2 and not out.exists()
     assert "--stages: no stage 'backward'; the stages: raw, forward_backward," in run.stderr.splitlines()[-1]
+
+
+def test_driver_layers_are_the_six_a_run_probes() -> None:
+    """--layers driver: the 8B shape's 32 layers give the run's six (first and last among them), so extraction_driver
+    costs what scale.py's concepts pool; a comma list is taken as given, and nothing means every layer."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import extraction_cost
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    assert extraction_cost.stage_layers("driver", 32) == [0, 6, 12, 19, 25, 31]
+    assert extraction_cost.stage_layers("driver", 4) == [0, 1, 2, 3]
+    assert extraction_cost.stage_layers("3,5", 32) == [3, 5]
+    assert extraction_cost.stage_layers(None, 3) == [0, 1, 2]

@@ -120,6 +120,16 @@ def test_the_unstaged_step_runs_the_stages_copying_each_layer_out(tmp_path):
     assert "--out " + str(tmp_path / "out" / "extraction_unstaged.json") in second
 
 
+def test_the_driver_step_runs_the_stages_at_the_drivers_shape(tmp_path):
+    """extraction_driver: extraction_cost on DRIVER_STAGES over passages as stored (no packing), the run's default
+    layers, one concept a job, beside the step that packs 512-token texts over every layer."""
+    first, second = _extraction_lines(tmp_path, STEPS="extraction_cost extraction_driver")
+    assert "--pack-to 512" in first and "--layers" not in first
+    assert "--pack-to 0 --layers driver --concepts-per-job 1" in second and "--texts 400" in second
+    assert "--stages forward_backward,all" in second
+    assert "--out " + str(tmp_path / "out" / "extraction_driver.json") in second
+
+
 def test_the_gpu_tests_run_in_several_processes_where_xdist_imports(tmp_path):
     """The pytest step takes -n TEST_WORKERS where the machine's Python imports xdist (the stand-in answers every
     probe yes), and one process when told 1."""

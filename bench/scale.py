@@ -344,7 +344,9 @@ def report(result: dict) -> None:
         for job in row.get("capture", []):
             shared = f" (a job of {', '.join(job['concepts'])})" if len(job["concepts"]) > 1 else ""
             ratio = f", {job['forward_over_raw']:.2f}x the raw forward" if job["forward_over_raw"] else ""
-            console.print(f"    capture{shared}: forwards {job['forward_s']:.1f} s{ratio}, host pooling "
+            spread = (f" (first {job['first_forward_s']:.2f} s, median {job['median_forward_s']:.2f} s, slowest "
+                      f"{job['slowest_forward_s']:.2f} s)" if job.get("first_forward_s") is not None else "")
+            console.print(f"    capture{shared}: forwards {job['forward_s']:.1f} s{ratio}{spread}, host pooling "
                           f"{job['pool_s']:.1f} s, preparation {job['prepare_s']:.1f} s, job {job['wall_s']:.1f} s")
     console.print(f"pooling {s['pooling']:.1f} s ({result['pooling']['tokens_per_s']:,.0f} tok/s, "
                   f"{result['pooling']['over_raw']:.2f}x raw), D1 {s['d1']:.1f} s, run total {s['total']:.1f} s; "

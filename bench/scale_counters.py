@@ -16,6 +16,7 @@ The actor has no bench/ on its import path, so this module's functions and devic
 from __future__ import annotations
 
 import contextlib
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -52,12 +53,22 @@ def install_counter(worker: object) -> None:
                          "forwards": stats.batches, "passages": stats.passages, "tokens": stats.tokens,
                          "padded_tokens": stats.padded_tokens, "forward_s": stats.forward_seconds,
                          "pool_s": stats.pool_seconds, "device_to_host_s": stats.transfer_seconds,
-                         "prepare_s": stats.prepare_seconds, "prepared_ahead": stats.prepared_ahead})
+                         "prepare_s": stats.prepare_seconds, "prepared_ahead": stats.prepared_ahead,
+                         **forward_spread(stats.forward_seconds_each)})
 
     module.pool_concept_group = counted
     worker._scale_jobs = jobs  # type: ignore[attr-defined]
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
+
+
+def forward_spread(each: list[float]) -> dict:
+    """A job's forwards one by one (`forward_s_each`) and their first, median and slowest: a one-time start (CUDA's,
+    the kernels' first builds) sits in the first forwards, a cost of every forward in the median."""
+    if not each:
+        return {"forward_s_each": [], "first_forward_s": None, "median_forward_s": None, "slowest_forward_s": None}
+    return {"forward_s_each": list(each), "first_forward_s": each[0], "median_forward_s": statistics.median(each),
+            "slowest_forward_s": max(each)}
 
 
 def read_counter(worker: object, layers: list[int], strategies: list[str], max_length: int) -> dict:

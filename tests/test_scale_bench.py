@@ -79,6 +79,10 @@ def test_the_extractor_counts_its_forwards_on_the_same_tokens_and_the_projection
         assert job["concepts"] == [row["concept"]] and (job["passages"], job["tokens"]) == (row["passages"],
                                                                                            row["tokens"])
         assert 0 < job["forward_s"] <= job["wall_s"] and job["forward_over_raw"] == job["forward_s"] / row["raw_s"]
+        # its forwards one by one, in order: as many as it ran, summing to its forward seconds
+        each = job["forward_s_each"]
+        assert len(each) == job["forwards"] and sum(each) == pytest.approx(job["forward_s"], rel=1e-12)
+        assert (job["first_forward_s"], job["slowest_forward_s"]) == (each[0], max(each))
     assert [job["concepts"] for job in extractor["jobs"]] == [row["capture"][0]["concepts"]
                                                              for row in sorted(r["per_concept"],
                                                                                key=lambda row: row["pooled_at_s"])]
@@ -194,3 +198,15 @@ def test_a_group_jobs_capture_is_each_of_its_concepts_and_a_concept_pooled_in_pa
     assert [job["forward_over_raw"] for job in by_concept["c"]] == [2.0, 3.0]
     assert capture_by_concept([{"jobs": [{"concepts": ["d"], "forward_s": 1.0}]}], {})["d"][0]["forward_over_raw"] \
         is None  # no raw forward timed for it: no ratio, not a division by zero
+
+
+def test_a_jobs_forwards_one_by_one_show_a_start_in_the_first_and_a_steady_cost_in_the_median() -> None:
+    """forward_spread: a job whose first forward holds a one-time start (bench/measured/h200_session36: ~16 s on a
+    machine's first run) reads as a first forward far above its median; no forwards, no figures (not zeros)."""
+    from scale_counters import forward_spread
+
+    spread = forward_spread([16.4, 0.4, 0.5, 0.38, 0.41])
+    assert (spread["first_forward_s"], spread["median_forward_s"], spread["slowest_forward_s"]) == (16.4, 0.41, 16.4)
+    assert spread["forward_s_each"] == [16.4, 0.4, 0.5, 0.38, 0.41]
+    assert forward_spread([]) == {"forward_s_each": [], "first_forward_s": None, "median_forward_s": None,
+                                  "slowest_forward_s": None}

@@ -280,7 +280,8 @@ def _finish_chunk(model: nn.Module, chunk: _InFlight[SinkT], stats: ExtractionSt
         stats.passages += len(batch.indices)
         stats.tokens += int(batch.attention_mask.sum())
         stats.padded_tokens += batch.attention_mask.size
-        stats.forward_seconds += chunk.launch_seconds + converted - start
+        stats.forward_seconds_each.append(chunk.launch_seconds + converted - start)
+        stats.forward_seconds += stats.forward_seconds_each[-1]
         stats.convert_seconds += done - converted
         stats.finished_late += late
     return chunk.chunk, chunk.sink

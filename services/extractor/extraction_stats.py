@@ -14,6 +14,10 @@ class ExtractionStats:
     tokens: int = 0
     padded_tokens: int = 0
     forward_seconds: float = 0.0
+    # each chunk's share of forward_seconds, in order: a run's first chunks hold one-time costs (CUDA's start,
+    # kernels built on first use) that a sum hides (bench/measured/h200_session36: the first concept 9.4x its raw
+    # forward on a machine's first run, 4.3x on its next)
+    forward_seconds_each: list[float] = field(default_factory=list)
     convert_seconds: float = 0.0
     pool_seconds: float = 0.0  # inside the capture's sinks (launching device pooling), a pooler's to fill
     transfer_seconds: float = 0.0  # waiting for pooled vectors (or token states) to reach the host

@@ -26,6 +26,7 @@ def _count(stats: ExtractionStats, batch: PaddedBatch, seconds: float) -> None:
     stats.tokens += int(batch.attention_mask.sum())
     stats.padded_tokens += batch.attention_mask.size
     stats.forward_seconds += seconds
+    stats.forward_seconds_each.append(seconds)
 
 
 def forward_only(

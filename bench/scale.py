@@ -43,7 +43,7 @@ from poolbench.extractor.forward_baselines import forward_only
 from poolbench.extractor.loading import load_model
 from poolbench.extractor.model_shapes import SHAPE_PREFIX, SHAPES
 from poolbench.extractor.padded_batches import prepare_batches
-from poolbench.records.events import ConceptPooled, ConceptProbed, RunPlanned
+from poolbench.records.events import ConceptPooled, ConceptProbed, LayerProbed, RunPlanned
 
 FULL_CONCEPTS, FULL_PASSAGES, FULL_TOKENS = 17, 2000, 400  # PoolBench's own benchmark: 13.6 M tokens
 TARGETS = {"pooling_over_raw_tokens_per_s_min": 1 / 3, "d1_17_concepts_s_max": 300.0, "total_s_max": 1800.0}
@@ -181,6 +181,10 @@ def driver_run(args: argparse.Namespace, concepts: list[str], work: Path, per_co
         elif isinstance(event, ConceptPooled):
             per_concept[event.concept].update(pool_s=event.seconds, pooled_at_s=now)
             print(f"[{now:7.1f} s] pooled {event.concept} in {event.seconds:.1f} s", flush=True)
+        elif isinstance(event, LayerProbed):  # one layer's D1 task: where its seconds went, when it came back
+            per_concept[event.concept].setdefault("d1_layers", []).append(
+                {"layer": event.layer, "cells": event.cells, "read_s": event.read_s, "probe_s": event.probe_s,
+                 "write_s": event.write_s, "done_at_s": now})
         elif isinstance(event, ConceptProbed):
             per_concept[event.concept]["probed_at_s"] = now
             print(f"[{now:7.1f} s] probed {event.concept} (D1 with reliability)", flush=True)
@@ -348,6 +352,11 @@ def report(result: dict) -> None:
                       f"{job['slowest_forward_s']:.2f} s)" if job.get("first_forward_s") is not None else "")
             console.print(f"    capture{shared}: forwards {job['forward_s']:.1f} s{ratio}{spread}, host pooling "
                           f"{job['pool_s']:.1f} s, preparation {job['prepare_s']:.1f} s, job {job['wall_s']:.1f} s")
+        tasks = row.get("d1_layers", [])
+        if tasks:
+            console.print(f"    D1 tasks: {len(tasks)} layers, {sum(t['cells'] for t in tasks)} records; summed over "
+                          f"them reading {sum(t['read_s'] for t in tasks):.1f} s, fitting "
+                          f"{sum(t['probe_s'] for t in tasks):.1f} s, writing {sum(t['write_s'] for t in tasks):.1f} s")
     console.print(f"pooling {s['pooling']:.1f} s ({result['pooling']['tokens_per_s']:,.0f} tok/s, "
                   f"{result['pooling']['over_raw']:.2f}x raw), D1 {s['d1']:.1f} s, run total {s['total']:.1f} s; "
                   f"raw forward {s['raw_forward']:.2f} s ({result['raw_forward']['tokens_per_s']:,.0f} tok/s)")

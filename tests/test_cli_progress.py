@@ -6,7 +6,7 @@ import io
 
 from poolbench.cli.progress import LineProgress
 from poolbench.cli.run_display import RunDisplay
-from poolbench.records.events import ConceptPooled, ConceptProbed, ConceptProgress, RunPlanned
+from poolbench.records.events import ConceptPooled, ConceptProbed, ConceptProgress, LayerProbed, RunPlanned
 
 
 class Clock:
@@ -73,3 +73,20 @@ def test_the_steering_engines_start_up_is_one_line():
         "vLLM compiled, started in 95.2 s", "vLLM compiled, started in 97.0 s")))
     assert stream.getvalue() == ("steering engines: vLLM compiled, started in 95.2 s; vLLM compiled, started in "
                                  "97.0 s\n")
+
+
+def test_a_probed_layer_moves_the_d1_line_without_counting_a_concept():
+    """LayerProbed (one layer's D1 task back) is the probe line's detail, at most every detail_every_s, and does
+    not advance it: the count is concepts."""
+    stream, clock = io.StringIO(), Clock()
+    display = RunDisplay(LineProgress(stream, step_pct=50, detail_every_s=30, clock=clock))
+    display.show(RunPlanned(model_id="m", n_layers=32, hidden_size=8, concepts=("c0", "c1"), layers=(0, 6),
+                            strategies=("A1_mean",), worker_pids=(1,)))
+    clock.now += 40.0
+    display.show(LayerProbed(concept="c0", layer=6, cells=38, read_s=0.4, probe_s=2.46, write_s=0.1))
+    assert "probe D1: 0/2 · c0 layer 6: 38 cells in 2.5s" in stream.getvalue()
+    clock.now += 1.0
+    display.show(LayerProbed(concept="c0", layer=0, cells=38, read_s=0.4, probe_s=3.0, write_s=0.1))
+    assert "layer 0" not in stream.getvalue()  # a second detail within 30 s is not printed
+    display.show(ConceptProbed(concept="c0", skipped=False))
+    assert "probe D1: 1/2 (50%)" in stream.getvalue()

@@ -50,6 +50,13 @@ def test_the_smoke_run_writes_every_stage_beside_the_raw_forward(smoke_run) -> N
     rows = r["per_concept"]
     # --limit 5: five passages per class and split, two classes, two splits
     assert [row["passages"] for row in rows] == [20, 20] and r["passages"] == 40
+    # each concept's one layer came back as one D1 task (the driver's LayerProbed event), its records the concept's
+    # share of the run's, its seconds split into reading, fitting and writing, back before the concept was probed
+    for row in rows:
+        [task] = row["d1_layers"]
+        assert task["layer"] == 1 and task["cells"] == r["config"]["d1_records"] // 2
+        assert task["read_s"] > 0 and task["probe_s"] > 0 and task["write_s"] > 0
+        assert row["pooled_at_s"] < task["done_at_s"] <= row["probed_at_s"]
     for key in ("tokens", "padded_tokens"):
         assert r[key] == sum(row[key] for row in rows) > 0
     assert r["padded_tokens"] >= r["tokens"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -256,20 +257,25 @@ def probe_layer_task(store_url: str, pooled_key: str, d1_key: str, concept: str,
 def probe_layer(store: ArtifactStore, pooled_key: str, d1_key: str, concept: str, layer: int,
                 probing: ProbingOptions, *, types: dict[str, str] | None = None,
                 tiers: dict[str, str | None] | None = None, corpus_order: Sequence[str] | None = None) -> dict:
-    """probe_layer_task's work on an open store (either backend)."""
+    """probe_layer_task's work on an open store (either backend); its seconds reading, fitting and writing come
+    back with the layer (the driver's LayerProbed event)."""
+    start = time.perf_counter()
     shard_key = layer_shard_key(pooled_key, layer)
     table = store.get_table(shard_key)
     own = probing.protocol == DEFAULT_PROTOCOL  # only PoolBench's protocol probes supervised (S3, learned) cells
     heads = store.get_table(head_table_key(shard_key)) if needs_head_table(table) and own else None
     learned = store.get_table(learned_table_key(shard_key)) if needs_learned_table(table) and own else None
+    read = time.perf_counter()
     records, scores = probe_pooled_cells(table, concept, n_folds=probing.n_folds, seed=probing.seed,
                                          n_bootstrap=probing.n_bootstrap, reliability=probing.reliability,
                                          flash=probing.flash, heads=heads, types=types, tiers=tiers,
                                          protocol=probing.protocol, learned=learned, corpus_order=corpus_order)
+    probed = time.perf_counter()
     key = layer_shard_key(d1_key, layer)
     store.put_table(passage_scores_key(key), scores)
     store.put_table(key, d1_records_table(records))
-    return {"concept": concept, "layer": layer, "key": key, "cells": len(records)}
+    return {"concept": concept, "layer": layer, "key": key, "cells": len(records), "read_s": read - start,
+            "probe_s": probed - read, "write_s": time.perf_counter() - probed}
 
 
 def gather_layer_d1(store: ArtifactStore, d1_key: str, layers: list[int]) -> int:

@@ -14,6 +14,7 @@ from poolbench.records.events import (
     ConceptProbed,
     ConceptProgress,
     JobRetried,
+    LayerProbed,
     ModelBuilding,
     PoolingFitted,
     RunEvent,
@@ -70,6 +71,9 @@ class RunDisplay:
                 more = f" and {event.cells - 1} more cells" if event.cells > 1 else ""
                 bar(self.tasks["steer"], last=f"{event.concept}/{event.strategy} L{event.layer}{more}: "
                                               f"{event.tokens_done:,}/{event.tokens_total:,} tokens{eta}")
+            case LayerProbed():
+                bar(self.tasks["probe"], last=f"{event.concept} layer {event.layer}: {event.cells} cells in "
+                                              f"{event.probe_s:.1f}s")
             case ConceptProbed(concept=concept, skipped=skipped):
                 bar(self.tasks["probe"], advance=1, last=f"{concept} ({'cached' if skipped else 'done'})")
             case SteeringPlanned():

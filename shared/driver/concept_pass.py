@@ -17,7 +17,14 @@ from poolbench.pooler.pooled_table import write_pooled_manifest
 from poolbench.pooler.spec import StrategySpec
 from poolbench.pooler.worker import PoolTask
 from poolbench.prober.concept_probe import gather_layer_d1, probe_layer_task
-from poolbench.records.events import ArtifactQuarantined, ConceptPooled, ConceptProbed, EventSink, PoolingFitted
+from poolbench.records.events import (
+    ArtifactQuarantined,
+    ConceptPooled,
+    ConceptProbed,
+    EventSink,
+    LayerProbed,
+    PoolingFitted,
+)
 from poolbench.store.keys import layer_shard_key
 
 from .extractor_fleet import probe_gpu_share, worker_runtime_env
@@ -162,6 +169,8 @@ class ConceptPass:
                 seconds = self.pass_seconds.pop(summary["concept"], summary["seconds"])  # a split one's passes
                 self.emit(ConceptPooled(summary["concept"], skipped=False, seconds=seconds, node=node))
         else:
+            self.emit(LayerProbed(key.concept, int(result["layer"]), int(result["cells"]), result["read_s"],
+                                  result["probe_s"], result["write_s"], node=node))
             left = self.unprobed[key.concept]
             left.discard(int(result["layer"]))
             if not left:

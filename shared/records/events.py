@@ -118,6 +118,23 @@ class ConceptProbed:
 
 
 @dataclass(frozen=True)
+class LayerProbed:
+    """One layer of a concept probed now (its D1 cells with reliability, one task) and where the task's seconds
+    went: reading its pooled shards from the store, the fits, writing its records and scores. The driver's D1 of a
+    concept is its slowest layer after the queue; these say whether a slow one waited on the store or on the fits
+    (bench/scale.py, bench/measured/h200_session36: 2 x 19 x 6 cells in 26.7 s on an H200, where one process fits
+    a cell in 0.21 s)."""
+
+    concept: str
+    layer: int
+    cells: int
+    read_s: float
+    probe_s: float
+    write_s: float
+    node: str = ""
+
+
+@dataclass(frozen=True)
 class SteeringPlanned:
     """D2/D3 is about to run: how many cells, and how many scorers they need."""
 
@@ -190,7 +207,7 @@ class JobRetried:
 
 RunEvent = (ArtifactQuarantined | JobRetried | ModelBuilding | RunPlanned | PoolingFitted | ConceptPooled
             | ConceptProgress
-            | CellProgress | ConceptProbed
+            | CellProgress | LayerProbed | ConceptProbed
             | SteeringPlanned | SteeringStarted | ScorerReady | CellSteered)
 EventSink = Callable[[RunEvent], None]
 

@@ -31,22 +31,36 @@ def test_the_kernel_passes_the_check_the_capture_runs_first(dtype) -> None:
     uncapped and softcapped."""
     assert attention_inflow.kernel_agrees(torch.device("cpu"), dtype) and not inflow_kernel._FAILED
     assert attention_inflow.kernel_agrees(torch.device("cpu"), dtype, 2.0) and not inflow_kernel._FAILED
+    # at Llama-3.1-8B's head size, and with an additive mask (transformers' float form) as the capture asks
+    assert attention_inflow.kernel_agrees(torch.device("cpu"), dtype, head_dim=128, masks=(dtype,))
+    assert attention_inflow.kernel_agrees(torch.device("cpu"), dtype, 2.0, head_dim=128, masks=(dtype,))
+    assert not inflow_kernel._FAILED
 
 
 @pytest.fixture
 def kernel_calls(monkeypatch) -> list:
     """The calls that reached the kernel for a record (the capture's fallback to the chunked path would pass
-    silently else); the capture's agreement check, once a dtype, runs before they are counted."""
-    for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        for softcap in (None, 2.0, 3.0):  # Gemma 2's cap, and this file's window-float case's
-            assert attention_inflow.kernel_agrees(torch.device("cpu"), dtype, softcap)
+    silently else). The capture's agreement check runs at each record's head size and mask form the first time it
+    meets them (in this process: the check's cache is the module's); its own calls are not counted."""
+    checking: list[int] = []
+    agrees = attention_inflow.kernel_agrees
+
+    def checked(*args, **kwargs):
+        checking.append(1)
+        try:
+            return agrees(*args, **kwargs)
+        finally:
+            checking.pop()
+
     calls = []
     mean_inflow = inflow_kernel.mean_inflow
 
     def counted(*args, **kwargs):
-        calls.append(args[0].shape)
+        if not checking:
+            calls.append(args[0].shape)
         return mean_inflow(*args, **kwargs)
 
+    monkeypatch.setattr(attention_inflow, "kernel_agrees", checked)
     monkeypatch.setattr(inflow_kernel, "mean_inflow", counted)
     return calls
 

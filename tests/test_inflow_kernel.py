@@ -114,14 +114,15 @@ def test_a_kernel_that_does_not_compile_falls_back_once_with_a_warning(monkeypat
         raise OutOfResources(300_000, 232_448, "shared memory")
 
     asked, said = refused_kernel(monkeypatch, caplog, refuses)
-    assert asked == [(2, 4, 80, 64)] and "OutOfResources" in said  # the check's first call, then never again
+    # the check's first call (at the records' head size, 8), then never again
+    assert asked == [(2, 4, 80, 8)] and "OutOfResources" in said
 
 
 def test_a_kernel_that_computes_otherwise_is_refused_before_it_records(monkeypatch, caplog) -> None:
     """A kernel that compiles but is off by 1% of the inflow (a GPU or Triton that computes it otherwise; the
-    check's bound is 1.5e-3 of the largest inflow on its case, 1.4e-4 of 0.094): the check on its seeded case
-    (both mask forms) finds it beyond the round-off bound, warns once with both numbers, and no record comes from
-    it. The chunked path itself passes the check."""
+    check's bound at the records' head size 8 is 3.7e-4 of the largest inflow on its case, 3.8e-5 of 0.102): the
+    check on its seeded case (the records' head size and mask form) finds it beyond the round-off bound, warns once
+    with both numbers, and no record comes from it. The chunked path itself passes the check."""
     chunked = attention_inflow.attention_inflow
 
     def off(query, key, real, scaling, causal, mask, softcap=None):
@@ -129,7 +130,8 @@ def test_a_kernel_that_computes_otherwise_is_refused_before_it_records(monkeypat
         return chunked(query, key, real, attention_inflow.last_real_index(real), rule, chunk=7).mean * 1.01
 
     asked, said = refused_kernel(monkeypatch, caplog, off)
-    assert asked == [(2, 4, 80, 64)] * 2  # the check's case with and without a mask; never a record's (2, 4, 12, 8)
+    # the check's case at the records' head size and mask form (none); never a record's (2, 4, 12, 8)
+    assert asked == [(2, 4, 80, 8)]
     assert "differs from the chunked path by" in said and "over the round-off bound" in said
     monkeypatch.setattr(attention_inflow, "_KERNEL_AGREES", {})
     monkeypatch.setattr(inflow_kernel, "_FAILED", [])
@@ -166,7 +168,7 @@ def test_gpu_kernel_equals_the_float32_maps(monkeypatch, dtype) -> None:
                                       None if given is None else given.cuda(), None, kwargs)
             on_gpu = {name: value.cpu() for name, value in gpu.out[0].items()}
             assert_records_match(on_gpu, old.out[0], score_scale(query, key, kwargs), 512, 128, f"gpu {dtype}")
-    assert len(calls) == 4 + 4 and not inflow_kernel._FAILED  # each record's, and the two checks' two each
+    assert len(calls) == 4 + 4 and not inflow_kernel._FAILED  # each record's, and one check a softcap and mask form
     on_device = [tensor.cuda() for tensor in (query, key, real, causal)]  # a pageable copy waits: made before
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # the kernel's three launches never wait for the device

@@ -98,7 +98,8 @@ def attention_inflow(query: torch.Tensor, key: torch.Tensor, query_mask: torch.T
     key_ok = real[:, :n_k]
     mask = None if rule.mask is None else _broadcast_mask(rule.mask, n_q, n_k)
     last = _last_row(q, keys_t, last_index, n_k - n_q, mask, key_ok, rule, float32_out)
-    if chunk is None and _kernel_serves(query, n_k) and kernel_agrees(query.device, query.dtype, rule.softcap):
+    if chunk is None and _kernel_serves(query, n_k) and kernel_agrees(
+            query.device, query.dtype, rule.softcap, head_dim=head_dim, masks=(None if mask is None else mask.dtype,)):
         return Inflow(mean=inflow_kernel.mean_inflow(query, key, real, rule.scaling, rule.causal, mask, rule.softcap),
                       last=last)
     return Inflow(mean=_chunked_mean(q, keys_t, real, key_ok, mask, rule, float32_out, chunk), last=last)
@@ -110,32 +111,38 @@ def _kernel_serves(query: torch.Tensor, n_k: int) -> bool:
     return n_k == query.shape[2] and inflow_kernel.kernel_wanted(query.device)
 
 
-_KERNEL_AGREES: dict[tuple[str, torch.dtype, float | None], bool] = {}
+_KERNEL_AGREES: dict[tuple, bool] = {}
+BOTH_MASKS: tuple[torch.dtype | None, ...] = (None, torch.bool)
 
 
-def kernel_agrees(device: torch.device, dtype: torch.dtype, softcap: float | None = None) -> bool:
-    """Once a process for each device, dtype and softcap, before the kernel computes a record there: the kernel
-    and this chunked path on a seeded case (two tiles each way, grouped heads, left padding, sdpa's bool mask and
-    none, the softcap), within the round-off both paths share, |Δ| <= 4·eps32·(1 + 2(S + c))·√(Dh + Tk + Tq) with
-    S the largest scaling·Σ|q_i k_i| and c the softcap (tests/test_attention_inflow.py derives it). A kernel that
-    does not compile, or compiles and computes otherwise on some GPU or Triton, gives one warning and the chunked
-    path for the rest of the process: never a silently different S1/S3. A few milliseconds and one wait for the
-    device, once."""
-    key = (str(device), dtype, softcap or None)
+def kernel_agrees(device: torch.device, dtype: torch.dtype, softcap: float | None = None, *, head_dim: int = 64,
+                  masks: tuple[torch.dtype | None, ...] = BOTH_MASKS) -> bool:
+    """Once a process for each device, dtype, softcap, head size and mask form, before the kernel computes a record
+    there: the kernel and this chunked path on a seeded case (two tiles each way, grouped heads, left padding, each
+    of `masks`: none, sdpa's bool mask, or an additive one of that dtype; the softcap), within the round-off both
+    paths share, |Δ| <= 4·eps32·(1 + 2(S + c))·√(Dh + Tk + Tq) with S the largest scaling·Σ|q_i k_i| and c the
+    softcap (tests/test_attention_inflow.py derives it). A kernel that does not compile, or compiles and computes
+    otherwise on some GPU or Triton, gives one warning and the chunked path for the rest of the process: never a
+    silently different S1/S3. A few milliseconds and one wait for the device, once. The capture asks with its
+    layer's head size and mask form, so the kernels Triton builds for the check are the ones the records launch
+    (on a machine without Triton's cache, each build is a second or more of the first forward)."""
+    key = (str(device), dtype, softcap or None, head_dim, masks)
     if key not in _KERNEL_AGREES:
         generator = torch.Generator().manual_seed(0)
-        query = torch.randn(2, 4, 80, 64, generator=generator).to(dtype)
-        keys = torch.randn(2, 2, 80, 64, generator=generator).to(dtype)
+        query = torch.randn(2, 4, 80, head_dim, generator=generator).to(dtype)
+        keys = torch.randn(2, 2, 80, head_dim, generator=generator).to(dtype)
         real = torch.ones(2, 80, dtype=torch.bool)
         real[0, :30] = False
         causal = (torch.ones(80, 80, dtype=torch.bool).tril()[None] & real[:, None, :])[:, None]
         products = query.double().abs() @ keys.double().abs().repeat_interleave(2, dim=1).transpose(-1, -2)
         scale = 1 + 2 * (0.125 * float(products.max()) + (softcap or 0.0))
-        bound = 4 * torch.finfo(torch.float32).eps * scale * (64 + 80 + 80) ** 0.5
+        bound = 4 * torch.finfo(torch.float32).eps * scale * (head_dim + 80 + 80) ** 0.5
         q, k, r = query.to(device), keys.to(device), real.to(device)
         try:
             worst = 0.0
-            for mask in (None, causal.to(device)):
+            for form in masks:
+                mask = _check_mask(causal, form)
+                mask = None if mask is None else mask.to(device)
                 by_kernel = inflow_kernel.mean_inflow(q, k, r, 0.125, True, mask, softcap)
                 by_chunks = attention_inflow(q, k, r, last_real_index(r), ScoreRule(0.125, softcap, True, mask),
                                              chunk=16).mean
@@ -149,6 +156,14 @@ def kernel_agrees(device: torch.device, dtype: torch.dtype, softcap: float | Non
             agrees = False
         _KERNEL_AGREES[key] = agrees
     return _KERNEL_AGREES[key]
+
+
+def _check_mask(causal: torch.Tensor, form: torch.dtype | None) -> torch.Tensor | None:
+    """The check's mask in one form: none, the bool mask (True attends), or additive (0 where it attends, the
+    dtype's lowest elsewhere, as transformers builds it)."""
+    if form is None or form == torch.bool:
+        return None if form is None else causal
+    return torch.zeros(causal.shape, dtype=form).masked_fill(~causal, torch.finfo(form).min)
 
 
 def last_real_index(mask: torch.Tensor) -> torch.Tensor:

@@ -52,6 +52,9 @@ def test_cuda_image_uses_a_cuda_base_and_cuda_torch():
     text = dockerfile("Dockerfile.cuda")
     assert re.search(r"^ARG BASE_IMAGE=docker\.io/nvidia/cuda:\S+$", text, re.M)
     assert re.search(r"^ARG TORCH_INDEX_URL=https://download\.pytorch\.org/whl/cu\d+$", text, re.M)
+    # Triton's built kernels live in the node's /cache volume (beside the built models), made for the run's user
+    assert re.search(r"^ENV .*POOLBENCH_CACHE=/cache .*TRITON_CACHE_DIR=/cache/triton ", text, re.M | re.S)
+    assert "install -d -o poolbench -g poolbench /cache" in text
 
 
 def test_compose_services_images_ports_and_env():

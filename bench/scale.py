@@ -46,6 +46,11 @@ from poolbench.extractor.padded_batches import prepare_batches
 from poolbench.records.events import ConceptPooled, ConceptProbed, LayerProbed, RunPlanned
 
 FULL_CONCEPTS, FULL_PASSAGES, FULL_TOKENS = 17, 2000, 400  # PoolBench's own benchmark: 13.6 M tokens
+# What met["d1_17_concepts_s_max"] is judged on, which is not what bench/d1_cost.py times (the cells alone, N
+# processes at once): the driver's D1 wall clock here, start-ups, table reads and waits for a slot included.
+D1_MET_FROM = ("the driver's D1 wall clock (from the first concept pooled where the probes run beside the pooling, "
+               "from the last pooling where they wait), scaled by passages to 17 x 2,000: probe processes' starts, "
+               "table reads and waits included; bench/d1_cost.py times the cells alone")
 TARGETS = {"pooling_over_raw_tokens_per_s_min": 1 / 3, "d1_17_concepts_s_max": 300.0, "total_s_max": 1800.0}
 
 
@@ -329,6 +334,7 @@ def measure(args: argparse.Namespace) -> dict:
                 "d1_17_concepts_s_max": d1_17 <= TARGETS["d1_17_concepts_s_max"],
                 "total_s_max": total <= TARGETS["total_s_max"]},
         "met_total_from": "total_after_the_first" if warm_total else "projection",
+        "met_d1_from": D1_MET_FROM,
     }
 
 

@@ -105,6 +105,7 @@ def test_the_extractor_counts_its_forwards_on_the_same_tokens_and_the_projection
     assert "not a measurement" in p["note"]
     assert all(math.isfinite(v) and v > 0 for v in (p["pooling_s"], p["d1_s"], p["raw_forward_s"]))
     assert set(r["met"]) == set(r["targets"]) and all(isinstance(v, bool) for v in r["met"].values())
+    assert "wall clock" in r["met_d1_from"] and "d1_cost.py times the cells alone" in r["met_d1_from"]
     # The store as it stands on disk: the two strategies' float32 vectors (40 passages x 2 x d 64) and more (ids,
     # Arrow's framing, manifests, sidecars), no S3 head tables; projected per passage to 17 x 2,000.
     store = r["store"]

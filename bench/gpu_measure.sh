@@ -12,7 +12,8 @@
 # The wheels come from bench/gpu_kit.sh: `bench` (2 calls: every step but scale, which needs Ray and is then skipped,
 # said so in gpu.log) or `full` (5 calls).
 #
-# STEPS picks the steps, in this order: pytest inflow d1_cost d1_parallel extraction_cost scale (the default: all six;
+# STEPS picks the steps (a name it does not know stops the call before it starts, exit 2), in this order: pytest
+# inflow d1_cost d1_parallel extraction_cost scale (the default: all six;
 # inflow is bench/inflow_by_backward.py, S1/S3's inflow by the Triton kernel and by sdpa's backward against the
 # chunked path's, T_INFLOW (45 s); the extraction stages take the kernel unless POOLBENCH_INFLOW_KERNEL=off), the
 # opt-in extraction_chunks (extraction_cost's CHUNK_STAGES, "attention", with the inflow in chunks, no profile:
@@ -103,6 +104,17 @@ LOG="$OUT/gpu.log"
 started=$SECONDS
 
 note() { echo "[$((SECONDS - started)) s] $*" | tee -a "$LOG"; }
+
+# A step name it does not know would run nothing and the call would end "done" (session 36 lost a stage that way to
+# extraction_cost's own names): every word of STEPS must be a step, or the call stops before it starts anything.
+KNOWN_STEPS="pytest inflow d1_cost d1_parallel extraction_cost extraction_chunks extraction_serial extraction_unstaged
+extraction_driver scale scale_probes scale_rows"
+for step in $STEPS; do
+  case " $(echo $KNOWN_STEPS) " in
+    *" $step "*) ;;
+    *) note "STEPS names no step '$step'; the steps: $(echo $KNOWN_STEPS)" >&2; exit 2 ;;
+  esac
+done
 
 # run_step NAME LIMIT_S COMMAND...: its output tee'd to $OUT/NAME.log; SIGINT at the limit (cut to what is left of
 # BUDGET), SIGKILL 5 s later; skipped, and said so, when under MIN_STEP s of the budget are left.

@@ -140,3 +140,16 @@ def test_the_gpu_tests_run_in_several_processes_where_xdist_imports(tmp_path):
     _, log, _ = _measure(tmp_path / "one", STEPS="pytest", BUDGET="60", T_TESTS="1", MIN_STEP="1", TEST_WORKERS="1")
     [line] = [line for line in log.splitlines() if "step pytest (limit" in line]
     assert "-n " not in line and "-ra -m gpu and not slow" in line, line
+
+
+def test_a_step_name_it_does_not_know_stops_the_call_before_it_starts(tmp_path):
+    """STEPS="pytest extraction_drivr": one line names the typo (in gpu.log and on stderr), exit 2, and no step ran,
+    not even the ones it knows: a lease is not spent on a call that would end "done" without the step asked for."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": str(_sleeper(tmp_path)), "DEVICE": "cpu",
+           "SHAPE": "smoke", "STEPS": "pytest extraction_drivr"}
+    run = subprocess.run(["bash", str(ROOT / "bench" / "gpu_measure.sh")], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 2
+    assert "STEPS names no step 'extraction_drivr'; the steps: pytest inflow" in run.stderr
+    log = (tmp_path / "out" / "gpu.log").read_text()
+    assert "extraction_drivr" in log and "step pytest" not in log

@@ -141,8 +141,7 @@ def kernel_agrees(device: torch.device, dtype: torch.dtype, softcap: float | Non
         try:
             worst = 0.0
             for form in masks:
-                mask = _check_mask(causal, form)
-                mask = None if mask is None else mask.to(device)
+                mask = _check_mask(causal, form, device)
                 by_kernel = inflow_kernel.mean_inflow(q, k, r, 0.125, True, mask, softcap)
                 by_chunks = attention_inflow(q, k, r, last_real_index(r), ScoreRule(0.125, softcap, True, mask),
                                              chunk=16).mean
@@ -158,12 +157,14 @@ def kernel_agrees(device: torch.device, dtype: torch.dtype, softcap: float | Non
     return _KERNEL_AGREES[key]
 
 
-def _check_mask(causal: torch.Tensor, form: torch.dtype | None) -> torch.Tensor | None:
-    """The check's mask in one form: none, the bool mask (True attends), or additive (0 where it attends, the
-    dtype's lowest elsewhere, as transformers builds it)."""
-    if form is None or form == torch.bool:
-        return None if form is None else causal
-    return torch.zeros(causal.shape, dtype=form).masked_fill(~causal, torch.finfo(form).min)
+def _check_mask(causal: torch.Tensor, form: torch.dtype | None, device: torch.device) -> torch.Tensor | None:
+    """The check's mask in one form, on `device`: none, the bool mask (True attends), or additive (0 where it
+    attends, the dtype's lowest elsewhere, as transformers builds it)."""
+    if form is None:
+        return None
+    if form == torch.bool:
+        return causal.to(device)
+    return torch.zeros(causal.shape, dtype=form).masked_fill(~causal, torch.finfo(form).min).to(device)
 
 
 def last_real_index(mask: torch.Tensor) -> torch.Tensor:

@@ -275,13 +275,7 @@ def _finish_chunk(model: nn.Module, chunk: _InFlight[SinkT], stats: ExtractionSt
     done = time.perf_counter()
     converted = done if late else waited  # late, the wait is inside finish: all of it forward seconds
     if stats is not None:
-        batch = chunk.chunk
-        stats.batches += 1
-        stats.passages += len(batch.indices)
-        stats.tokens += int(batch.attention_mask.sum())
-        stats.padded_tokens += batch.attention_mask.size
-        stats.forward_seconds_each.append(chunk.launch_seconds + converted - start)
-        stats.forward_seconds += stats.forward_seconds_each[-1]
+        stats.count_forward(chunk.chunk, chunk.launch_seconds + converted - start)
         stats.convert_seconds += done - converted
         stats.finished_late += late
     return chunk.chunk, chunk.sink

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from poolbench.extractor.padded_batches import PaddedBatch
 
 
 @dataclass
@@ -26,3 +30,13 @@ class ExtractionStats:
     finished_late: int = 0  # chunks finished after the next chunk's forward was enqueued (overlap)
     skipped: list[tuple[str, int]] = field(default_factory=list)  # (passage id, tokens) too big for the device
     skipped_indices: list[int] = field(default_factory=list)  # the same passages' indices in the batches' plan
+
+    def count_forward(self, batch: PaddedBatch, seconds: float) -> None:
+        """One forward over `batch` that took `seconds`: its passages, real and padded tokens, and its time (the
+        capture's and the baselines' one way of counting, so their ratios compare like with like)."""
+        self.batches += 1
+        self.passages += len(batch.indices)
+        self.tokens += int(batch.attention_mask.sum())
+        self.padded_tokens += batch.attention_mask.size
+        self.forward_seconds += seconds
+        self.forward_seconds_each.append(seconds)

@@ -20,15 +20,6 @@ from poolbench.extractor.lm_head_likelihood import final_hidden, layer_gradients
 from poolbench.extractor.padded_batches import PaddedBatch, model_inputs
 
 
-def _count(stats: ExtractionStats, batch: PaddedBatch, seconds: float) -> None:
-    stats.batches += 1
-    stats.passages += len(batch.indices)
-    stats.tokens += int(batch.attention_mask.sum())
-    stats.padded_tokens += batch.attention_mask.size
-    stats.forward_seconds += seconds
-    stats.forward_seconds_each.append(seconds)
-
-
 def forward_only(
     model: nn.Module, batches: Iterable[PaddedBatch], *, stats: ExtractionStats | None = None
 ) -> ExtractionStats:
@@ -41,7 +32,7 @@ def forward_only(
         with torch.inference_mode():
             decoder(**model_inputs(decoder, batch))
         sync_device(model)
-        _count(stats, batch, time.perf_counter() - start)
+        stats.count_forward(batch, time.perf_counter() - start)
     return stats
 
 
@@ -71,5 +62,5 @@ def forward_backward(
                 final = final_hidden(model, {"inputs_embeds": embeds, **inputs})
                 layer_gradients(model, final, [embeds], ids, inputs["attention_mask"].to(torch.bool))  # type: ignore
             sync_device(model)
-            _count(stats, part, time.perf_counter() - start)
+            stats.count_forward(part, time.perf_counter() - start)
     return stats

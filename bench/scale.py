@@ -189,7 +189,8 @@ def driver_run(args: argparse.Namespace, concepts: list[str], work: Path, per_co
         elif isinstance(event, LayerProbed):  # one layer's D1 task: where its seconds went, when it came back
             per_concept[event.concept].setdefault("d1_layers", []).append(
                 {"layer": event.layer, "cells": event.cells, "read_s": event.read_s, "probe_s": event.probe_s,
-                 "write_s": event.write_s, "done_at_s": now})
+                 "write_s": event.write_s, "wall_s": event.wall_s, "pid": event.pid,
+                 "earlier_tasks": event.earlier_tasks, "devices": event.devices, "done_at_s": now})
         elif isinstance(event, ConceptProbed):
             per_concept[event.concept]["probed_at_s"] = now
             print(f"[{now:7.1f} s] probed {event.concept} (D1 with reliability)", flush=True)
@@ -360,9 +361,12 @@ def report(result: dict) -> None:
                           f"{job['pool_s']:.1f} s, preparation {job['prepare_s']:.1f} s, job {job['wall_s']:.1f} s")
         tasks = row.get("d1_layers", [])
         if tasks:
-            console.print(f"    D1 tasks: {len(tasks)} layers, {sum(t['cells'] for t in tasks)} records; summed over "
-                          f"them reading {sum(t['read_s'] for t in tasks):.1f} s, fitting "
-                          f"{sum(t['probe_s'] for t in tasks):.1f} s, writing {sum(t['write_s'] for t in tasks):.1f} s")
+            total = {name: sum(t[name] for t in tasks) for name in ("cells", "read_s", "probe_s", "write_s", "wall_s")}
+            console.print(f"    D1 tasks: {len(tasks)} layers, {total['cells']} records; summed over them reading "
+                          f"{total['read_s']:.1f} s, fitting {total['probe_s']:.1f} s, writing "
+                          f"{total['write_s']:.1f} s, from submission to result {total['wall_s']:.1f} s; "
+                          f"{len({t['pid'] for t in tasks})} "
+                          f"processes, {sum(t['earlier_tasks'] == 0 for t in tasks)} tasks first in theirs")
     console.print(f"pooling {s['pooling']:.1f} s ({result['pooling']['tokens_per_s']:,.0f} tok/s, "
                   f"{result['pooling']['over_raw']:.2f}x raw), D1 {s['d1']:.1f} s, run total {s['total']:.1f} s; "
                   f"raw forward {s['raw_forward']:.2f} s ({result['raw_forward']['tokens_per_s']:,.0f} tok/s)")

@@ -3,8 +3,8 @@ extractor and never let Ray pack two extractors onto one GPU (fractional request
 
 from __future__ import annotations
 
-from poolbench.driver.concept_pass import probe_task_resources
 from poolbench.driver.extractor_fleet import EXTRACTOR_GPU_SHARE, PROBE_GPU_SHARE
+from poolbench.driver.probe_tasks import probe_task_resources
 
 
 def test_probe_tasks_take_a_gpu_share_only_on_a_gpu_run():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,9 @@ def test_the_smoke_run_writes_every_stage_beside_the_raw_forward(smoke_run) -> N
         assert task["layer"] == 1 and task["cells"] == r["config"]["d1_records"] // 2
         assert task["read_s"] > 0 and task["probe_s"] > 0 and task["write_s"] > 0
         assert row["pooled_at_s"] < task["done_at_s"] <= row["probed_at_s"]
+        # from its submission to the driver seeing it: at least the task's own seconds; a CPU run hides the GPUs
+        assert task["wall_s"] >= task["read_s"] + task["probe_s"] + task["write_s"]
+        assert task["pid"] > 0 and task["pid"] != os.getpid() and task["devices"] == ""
     for key in ("tokens", "padded_tokens"):
         assert r[key] == sum(row[key] for row in rows) > 0
     assert r["padded_tokens"] >= r["tokens"]

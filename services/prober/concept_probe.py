@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 import warnings
 from collections.abc import Iterator, Sequence
@@ -250,8 +251,22 @@ def probe_layer_task(store_url: str, pooled_key: str, d1_key: str, concept: str,
     `probing` is the run's D1 group; `corpus_order` the concept's passage ids in corpus order (the pb protocol's)."""
     from poolbench.store.url import open_store
 
-    return probe_layer(open_store(store_url), pooled_key, d1_key, concept, layer, probing, types=types, tiers=tiers,
-                       corpus_order=corpus_order)
+    process = _task_process()
+    return {**probe_layer(open_store(store_url), pooled_key, d1_key, concept, layer, probing, types=types,
+                          tiers=tiers, corpus_order=corpus_order), **process}
+
+
+_TASKS_IN_THIS_PROCESS = [0]
+
+
+def _task_process() -> dict:
+    """Which process runs this task: its pid, how many probe tasks it ran before this one (0: this task paid the
+    process's start, imports and, on a GPU, CUDA's), and the GPUs Ray made visible to this task
+    (CUDA_VISIBLE_DEVICES). A process CUDA has started in keeps the GPU it saw first, whatever a later task is
+    given, so the driver reuses probe processes only where a node has one GPU (driver/probe_tasks.py)."""
+    earlier = _TASKS_IN_THIS_PROCESS[0]
+    _TASKS_IN_THIS_PROCESS[0] += 1
+    return {"pid": os.getpid(), "earlier_tasks": earlier, "devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
 
 def probe_layer(store: ArtifactStore, pooled_key: str, d1_key: str, concept: str, layer: int,

@@ -4,6 +4,7 @@ go on to their D1 probes (through the probe gate) and are counted."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from poolbench.pooler.parse_task import parse_concept_task
 from poolbench.pooler.pooled_table import write_pooled_manifest
 from poolbench.pooler.spec import StrategySpec
 from poolbench.pooler.worker import PoolTask
-from poolbench.prober.concept_probe import gather_layer_d1, probe_layer_task
+from poolbench.prober.concept_probe import gather_layer_d1
 from poolbench.records.events import (
     ArtifactQuarantined,
     ConceptPooled,
@@ -27,9 +28,10 @@ from poolbench.records.events import (
 )
 from poolbench.store.keys import layer_shard_key
 
-from .extractor_fleet import probe_gpu_share, worker_runtime_env
+from .extractor_fleet import worker_runtime_env
 from .host_room import VectorBytes, extractor_budget, fit_host_room
 from .probe_gate import ProbeGate, beside_the_forward
+from .probe_tasks import probe_task_function
 from .run_plan import ConceptPlan, PoolGroup, RunInputs, RunPlan
 from .variants import RESIDUAL
 from .work_queue import ActorJob, Job, TaskJob, WorkQueue, fetch
@@ -53,25 +55,19 @@ class ConceptJob:
         return f"{self.stage} {'+'.join(self.concepts)}" + (f" layer {self.layer}" if self.layer is not None else "")
 
 
-def probe_task_resources(on_gpu: bool) -> dict:
-    """A D1 task's Ray resources: one core, and on a GPU run a share of a GPU (probe_gpu_share) beside the
-    extractor's (EXTRACTOR_GPU_SHARE), so the batched fits (prober.batched_cell) run on the device; without a GPU
-    request Ray hides CUDA from the task and its fits would run on one host core."""
-    return {"num_cpus": 1, "num_gpus": probe_gpu_share()} if on_gpu else {"num_cpus": 1}
-
-
 class ConceptPass:
     """One pooling-and-probing pass over a run plan's concepts on the work queue, in named stages (skip what is
     stored, group the pooling, fit it to the hosts' memory, start, follow each finished job, tally), and the state
     those stages share."""
 
     def __init__(self, cfg: RunConfig, run: RunPlan, inputs: RunInputs, emit: EventSink,
-                 gate: ProbeGate[Job[ConceptJob]], probe_resources: dict | None = None) -> None:
+                 gate: ProbeGate[Job[ConceptJob]], probe_resources: dict | None = None,
+                 reuse_probe_processes: bool = True) -> None:
         self.cfg, self.run, self.inputs, self.emit, self.gate = cfg, run, inputs, emit, gate
         self.probe_resources = probe_resources or {"num_cpus": 1}
         self.computed = {"pooled": 0, "d1": 0, "pooled_skipped": 0, "d1_skipped": 0}
         self.plans = {p.concept: p for p in run.plans}
-        self.probe_task = ray.remote(max_retries=2)(probe_layer_task)
+        self.probe_task = probe_task_function(reuse_probe_processes)
         self.parse_task = ray.remote(max_retries=2)(parse_concept_task)
         self.runtime_env = worker_runtime_env()
         self.metadata = {"model": run.model["model_id"], "weights_hash": run.model["weights_hash"],
@@ -83,6 +79,7 @@ class ConceptPass:
         self.unsent: list[int] = []  # groups waiting for their concepts' parses
         self.passes_left: dict[str, int] = {}  # concept -> its pooling passes not yet done (host_room.py)
         self.pass_seconds: dict[str, float] = {}
+        self.submitted: dict[ConceptJob, float] = {}  # a probe task -> when it was submitted (perf_counter)
 
     def skip_stored(self) -> tuple[list[Job[ConceptJob]], PoolGroup]:
         """Stage 1: a concept whose pooled shards are all stored goes straight to its probes (none where its D1
@@ -169,8 +166,10 @@ class ConceptPass:
                 seconds = self.pass_seconds.pop(summary["concept"], summary["seconds"])  # a split one's passes
                 self.emit(ConceptPooled(summary["concept"], skipped=False, seconds=seconds, node=node))
         else:
+            wall = time.perf_counter() - self.submitted.pop(key)
             self.emit(LayerProbed(key.concept, int(result["layer"]), int(result["cells"]), result["read_s"],
-                                  result["probe_s"], result["write_s"], node=node))
+                                  result["probe_s"], result["write_s"], node=node, wall_s=wall, pid=result["pid"],
+                                  earlier_tasks=result["earlier_tasks"], devices=result["devices"]))
             left = self.unprobed[key.concept]
             left.discard(int(result["layer"]))
             if not left:
@@ -212,12 +211,16 @@ class ConceptPass:
         return whole
 
     def probe(self, plan: ConceptPlan, layer: int) -> TaskJob[ConceptJob]:
-        cfg = self.cfg
-        return TaskJob(ConceptJob("probe", plan.concept, layer), lambda: self.probe_task.options(
-            **self.probe_resources, runtime_env=self.runtime_env).remote(
-            self.inputs.store_url, plan.pooled_key, plan.d1_key, plan.concept, layer, cfg.probing,
-            types={p.id: p.domain for p in plan.passages}, tiers={p.id: p.tier for p in plan.passages},
-            corpus_order=tuple(p.id for p in plan.passages)))  # the corpus files' order (load_corpus)
+        cfg, key = self.cfg, ConceptJob("probe", plan.concept, layer)
+
+        def start() -> ray.ObjectRef:
+            self.submitted[key] = time.perf_counter()  # a retry starts the clock again
+            return self.probe_task.options(**self.probe_resources, runtime_env=self.runtime_env).remote(
+                self.inputs.store_url, plan.pooled_key, plan.d1_key, plan.concept, layer, cfg.probing,
+                types={p.id: p.domain for p in plan.passages}, tiers={p.id: p.tier for p in plan.passages},
+                corpus_order=tuple(p.id for p in plan.passages))  # the corpus files' order (load_corpus)
+
+        return TaskJob(key, start)
 
     def gather(self, plan: ConceptPlan) -> None:
         gather_layer_d1(self.inputs.store, plan.d1_key, self.run.layers)

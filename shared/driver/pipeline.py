@@ -46,11 +46,12 @@ from poolbench.store.keys import artifact_key
 from poolbench.store.url import open_store
 
 from .breakdowns import d1_by_bucket, d1_by_tier, lexical_baselines, lexical_by_tier
-from .concept_pass import ConceptJob, ConceptPass, probe_task_resources
+from .concept_pass import ConceptJob, ConceptPass
 from .early_engines import EarlyEngines, engine_settings, start_ahead
 from .extractor_fleet import ExtractorFleet
 from .nodes import alive_nodes
 from .probe_gate import ProbeGate, probes_beside
+from .probe_tasks import probe_task_resources, reuses_probe_processes
 from .ray_messages import plain_ray_messages
 from .run_plan import ConceptPlan, RunInputs, RunPlan
 from .steerability_stage import steerability_section
@@ -185,7 +186,8 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
     on_gpu = run.on_gpu
     concepts = ConceptPass(cfg, run, inputs, emit,
                            ProbeGate[Job[ConceptJob]](beside=probes_beside(cfg, on_gpu), on_pooled=on_pooled),
-                           probe_resources=probe_task_resources(on_gpu))
+                           probe_resources=probe_task_resources(on_gpu),
+                           reuse_probe_processes=reuses_probe_processes(on_gpu, alive_nodes()))
     probes, to_pool = concepts.skip_stored()
     check_store_room(inputs.store, to_pool, lambda: fetch(queue.actors[0].stored_bytes_per_passage_layer.remote(
         concepts.strategy_ids, cfg.store_dtype), "extractor"), cfg.store_dtype)

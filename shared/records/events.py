@@ -132,6 +132,10 @@ class LayerProbed:
     probe_s: float
     write_s: float
     node: str = ""
+    wall_s: float = 0.0  # from the task's submission to the driver seeing its result: waits and process start too
+    pid: int = 0  # the worker process that ran it
+    earlier_tasks: int = 0  # probe tasks that process ran before this one (0: it paid the process's start)
+    devices: str = ""  # the GPUs Ray made visible to it (CUDA_VISIBLE_DEVICES; "" on a CPU run)
 
 
 @dataclass(frozen=True)

@@ -68,3 +68,27 @@ def add_loopback_node(cluster: Cluster, **node):
 def node_name(node) -> str:
     """How the driver names a node (`ip:port` of its raylet)."""
     return f"{node.node_ip_address}:{node.node_manager_port}"
+
+
+@contextmanager
+def reported_gpus_ray(num_cpus: int, num_gpus: int) -> Iterator[None]:
+    """A private local Ray that reports `num_gpus` GPUs (Ray counts them and sets CUDA_VISIBLE_DEVICES per task;
+    torch sees none, so every tensor stays on the CPU); another module's Ray is stopped first, and conftest's
+    local_ray starts its own again for the modules after. The GPU plan leaves an extractor's CPU threads alone (a
+    GPU's forward is not theirs): one OpenMP thread, as Ray gives a one-CPU actor, whatever this process's
+    environment says, so a GPU-shaped run and a CPU run both compute on one thread."""
+    from poolbench.driver.local_ray import LOOPBACK_RUNTIME_ENV, init_local_ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    before = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        init_local_ray(num_cpus=num_cpus, num_gpus=num_gpus, runtime_env=LOOPBACK_RUNTIME_ENV)
+        yield
+    finally:
+        ray.shutdown()
+        if before is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = before

@@ -5,38 +5,22 @@ stays on the CPU. Its records must be the CPU plan's, bit for bit: the plan chan
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import ray
+from ray_cluster import reported_gpus_ray
 
 from poolbench.config import RunConfig
 from poolbench.driver.extractor_fleet import EXTRACTOR_GPU_SHARE, plan_workers
-from poolbench.driver.local_ray import LOOPBACK_RUNTIME_ENV, init_local_ray
 from poolbench.driver.pipeline import run_benchmark
 from poolbench.records.events import RunEvent
 
 
 @pytest.fixture(scope="module")
 def ray_with_a_gpu():
-    """A private local Ray with one (reported) GPU for this module; another module's Ray is stopped first and
-    conftest's local_ray starts its own again for the modules after."""
-    if ray.is_initialized():
-        ray.shutdown()
-    # The GPU plan leaves an extractor's CPU threads alone (a GPU's forward is not theirs): one OpenMP thread, as
-    # Ray gives a one-CPU actor, whatever this process's environment says, so both plans run on one thread.
-    before = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        init_local_ray(num_cpus=2, num_gpus=1, runtime_env=LOOPBACK_RUNTIME_ENV)
+    with reported_gpus_ray(num_cpus=2, num_gpus=1):
         yield
-    finally:
-        ray.shutdown()
-        if before is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = before
 
 
 def run(model: Path, store: Path, device: str) -> tuple:

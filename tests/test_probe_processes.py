@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import ray
 from negation_pairs import passages
+from ray_cluster import reported_gpus_ray
 
 from poolbench.config import ProbingOptions, RunConfig
 from poolbench.driver.local_ray import LOOPBACK_RUNTIME_ENV, init_local_ray
@@ -39,21 +40,8 @@ def test_probe_processes_are_reused_only_where_no_node_has_two_gpus() -> None:
 
 @pytest.fixture
 def ray_with_two_gpus():
-    """A private local Ray with two (reported) GPUs; another module's Ray is stopped first and conftest's local_ray
-    starts its own again for the modules after."""
-    if ray.is_initialized():
-        ray.shutdown()
-    before = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        init_local_ray(num_cpus=4, num_gpus=2, runtime_env=LOOPBACK_RUNTIME_ENV)
+    with reported_gpus_ray(num_cpus=4, num_gpus=2):
         yield
-    finally:
-        ray.shutdown()
-        if before is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        else:
-            os.environ["OMP_NUM_THREADS"] = before
 
 
 CONCEPTS = ("hedging", "toxicity", "negation_density")

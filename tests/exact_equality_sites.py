@@ -54,6 +54,10 @@ SITES: dict[str, tuple[int, str, str]] = {
            "thread (the CPU plan's torch_threads 1, the module's OMP_NUM_THREADS 1 for the GPU plan's actor) and "
            "probes one cell a call as the CPU plan does; only where the work runs differs",
         "every D1 record of the two plans"),
+    "test_probe_processes.py::test_probe_tasks_with_gpu_shares_on_a_two_gpu_node_each_run_in_a_process_of_their_own": (
+        1, SAME + ": the same probe task on the same stored tables, each in a Ray worker computing on one thread; "
+           "only the GPU share Ray counts it on (torch sees no GPU) and its process differ",
+        "each layer's D1 records, with and without a GPU share"),
     "test_pooled_shards.py::test_shards_written_on_several_threads_are_the_objects_one_thread_writes": (
         1, COPY + ": the same tables encoded and serialised on one thread or three", "the stored files' bytes"),
     "test_store.py::test_a_folder_stores_table_lies_in_its_file_mapped_into_memory": (

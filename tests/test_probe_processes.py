@@ -19,7 +19,7 @@ from poolbench.driver.nodes import Node
 from poolbench.driver.pipeline import run_benchmark
 from poolbench.driver.probe_tasks import probe_task_function, reuses_probe_processes
 from poolbench.pooler.worker import ExtractorWorker
-from poolbench.prober.concept_probe import probe_layer
+from poolbench.prober.concept_probe import probe_layer_task
 from poolbench.records.events import LayerProbed, RunEvent
 from poolbench.store.keys import layer_shard_key
 from poolbench.store.local import LocalStore
@@ -91,10 +91,13 @@ def test_probe_tasks_with_gpu_shares_on_a_two_gpu_node_each_run_in_a_process_of_
     results = ray.get(refs)
     assert [r["earlier_tasks"] for r in results] == [0] * 6 and len({r["pid"] for r in results}) == 6
     assert {r["devices"] for r in results} <= {"0", "1"} and all(r["devices"] for r in results)
-    # where the task ran changes nothing it wrote: each copy's records are the in-process probe's
+    # where the task ran changes nothing it wrote: each copy's records are those of the same task without a GPU
+    # share (every Ray worker here computes on one thread: the fixture's OMP_NUM_THREADS)
+    reference = ray.get([ray.remote(probe_layer_task).options(num_cpus=1).remote(
+        shards, "pooled/k", "d1/cpu", "negation", layer, probing) for layer in (0, 1)])
     store = LocalStore(tmp_path / "shards")
-    for layer in (0, 1):
-        here = probe_layer(store, "pooled/k", "d1/here", "negation", layer, probing)
-        expected = store.get_table(here["key"])
+    for layer, done in zip((0, 1), reference, strict=True):
+        expected = store.get_table(done["key"])
+        assert expected.num_rows == 2 * 2  # the two strategies' cells, a diffmean and a logistic probe each
         for k in range(3):
             assert store.get_table(layer_shard_key(f"d1/{k}", layer)).equals(expected)

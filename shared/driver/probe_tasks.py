@@ -1,15 +1,15 @@
 """The D1 probe task as Ray runs it: the resources it asks for, and whether one worker process may run several.
 
 Why the second: Ray sets CUDA_VISIBLE_DEVICES for each task it runs, but CUDA reads it once, when a process first
-uses the GPU, so a process keeps the GPU of its first probe task. Ray reuses a task's worker process for the next
-task of the same function, and it gives that task whichever GPU has room, so on a node with several GPUs a later
-probe would run on its process's first GPU instead of the one Ray counted it on, beside another GPU's extractor.
-(This happened on this CPU with a Ray that reports four GPUs: 4 of 8 processes ran tasks Ray had placed on two
-different GPUs.) Ray's own default for a function declared with GPUs is one task a process (`max_calls=1`); the
-probe function is declared without GPUs (they come per call, with the run's share), which turned that default off.
-So: where a node has more than one GPU, a probe process runs one task and exits; where every node has at most one,
-every task on a node sees the same GPU, and a process serves many tasks (Python, torch and CUDA started once a
-process, not once a layer)."""
+uses the GPU, so a process keeps the GPU of its first probe task. Ray reuses an idle worker process for a later task
+and gives that task whichever GPU has room, so on a node with several GPUs a later probe would run on its process's
+first GPU instead of the one Ray counted it on, beside another GPU's extractor (a local Ray reporting four GPUs gave
+4 of its 8 processes tasks on two different GPUs: bench/README.md, "Probe processes on a node with several GPUs").
+Ray's own default for a function declared with GPUs is one task a process (`max_calls=1`); the probe function is
+declared without GPUs (they come per call, with the run's share), which turned that default off. So: where a node
+has more than one GPU, a probe process runs one task and exits; where every node has at most one, every task on a
+node sees the same GPU, and a process serves many tasks (Python, torch and CUDA started once a process, not once a
+layer)."""
 
 from __future__ import annotations
 

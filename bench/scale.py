@@ -197,6 +197,7 @@ def driver_run(args: argparse.Namespace, concepts: list[str], work: Path, per_co
 
     with counted_extractors(lambda: (run["layers"], run["strategies"], args.max_length), counts):
         results = evaluate_config(cfg, on_event=on_event)
+    returned = time.perf_counter() - start
     run["store_bytes"] = store_bytes_by_kind(work / "store")
     # The driver's own rule (driver/probe_gate.py): on CPU the probes wait for the last pooling, on a GPU a
     # concept's probes start beside the next concept's forwards (unless --probes-per-gpu 0).
@@ -212,6 +213,9 @@ def driver_run(args: argparse.Namespace, concepts: list[str], work: Path, per_co
     run.update(pooling_s=sum(c["pool_s"] for c in per_concept.values()),
                d1_s=max(c["probed_at_s"] for c in per_concept.values()) - d1_start,
                total_s=float(timing.get("total_s", time.perf_counter() - start)), d1_waits_for_pooling=not beside,
+               # the run's stages after its last D1 result (gathering, baselines, breakdowns, the results documents
+               # and the answer), which no projection here scales: measured whole at this run's corpus
+               after_d1_s=returned - max(c["probed_at_s"] for c in per_concept.values()),
                d1_records=len(results.cells), cells=len({(c.concept, c.layer, c.strategy) for c in results.cells}))
 
 
@@ -326,6 +330,7 @@ def measure(args: argparse.Namespace) -> dict:
     return {
         **result,
         "seconds": {"pooling": run["pooling_s"], "d1": run["d1_s"], "total": run["total_s"], "raw_forward": raw_s,
+                    "after_d1": run["after_d1_s"],
                     "bench_wall": time.perf_counter() - started},
         "d1_waits_for_pooling": run["d1_waits_for_pooling"], "pooling": pooling, "projection": asdict(projection),
         "after_the_first": warm, "total_after_the_first": warm_total,
@@ -368,7 +373,8 @@ def report(result: dict) -> None:
                           f"{len({t['pid'] for t in tasks})} "
                           f"processes, {sum(t['earlier_tasks'] == 0 for t in tasks)} tasks first in theirs")
     console.print(f"pooling {s['pooling']:.1f} s ({result['pooling']['tokens_per_s']:,.0f} tok/s, "
-                  f"{result['pooling']['over_raw']:.2f}x raw), D1 {s['d1']:.1f} s, run total {s['total']:.1f} s; "
+                  f"{result['pooling']['over_raw']:.2f}x raw), D1 {s['d1']:.1f} s, after the last D1 result "
+                  f"{s['after_d1']:.1f} s, run total {s['total']:.1f} s; "
                   f"raw forward {s['raw_forward']:.2f} s ({result['raw_forward']['tokens_per_s']:,.0f} tok/s)")
     warm = result.get("after_the_first")
     if warm:

@@ -71,6 +71,8 @@ def test_the_smoke_run_writes_every_stage_beside_the_raw_forward(smoke_run) -> N
     # on CPU the D1 stage starts after the last pooling: it ends with the last concept probed
     assert r["d1_waits_for_pooling"] and s["d1"] == pytest.approx(max(row["d1_s"] for row in rows), rel=1e-12)
     assert 0 < s["pooling"] + s["d1"] <= s["total"] <= s["bench_wall"]
+    # the stages after the last D1 result (the results documents among them): inside the bench's wall clock
+    assert 0 < s["after_d1"] < s["bench_wall"] - max(row["probed_at_s"] for row in rows) + 1e-9
     assert r["pooling"]["tokens_per_s"] == pytest.approx(r["tokens"] / s["pooling"], rel=1e-12)
     assert r["raw_forward"]["tokens_per_s"] == pytest.approx(r["tokens"] / s["raw_forward"], rel=1e-12)
 

@@ -210,12 +210,12 @@ def driver_run(args: argparse.Namespace, concepts: list[str], work: Path, per_co
         c["pooling_beside_d1_s"] = seconds
     timing = results.document.get("timing") or {}
     d1_start = min(c["pooled_at_s"] for c in per_concept.values()) if beside else gate
-    run.update(pooling_s=sum(c["pool_s"] for c in per_concept.values()),
-               d1_s=max(c["probed_at_s"] for c in per_concept.values()) - d1_start,
+    last_probed = max(c["probed_at_s"] for c in per_concept.values())
+    run.update(pooling_s=sum(c["pool_s"] for c in per_concept.values()), d1_s=last_probed - d1_start,
                total_s=float(timing.get("total_s", time.perf_counter() - start)), d1_waits_for_pooling=not beside,
                # the run's stages after its last D1 result (gathering, baselines, breakdowns, the results documents
                # and the answer), which no projection here scales: measured whole at this run's corpus
-               after_d1_s=returned - max(c["probed_at_s"] for c in per_concept.values()),
+               after_d1_s=returned - last_probed,
                d1_records=len(results.cells), cells=len({(c.concept, c.layer, c.strategy) for c in results.cells}))
 
 

@@ -14,7 +14,6 @@ from negation_pairs import passages
 from ray_cluster import reported_gpus_ray
 
 from poolbench.config import ProbingOptions, RunConfig
-from poolbench.driver.local_ray import LOOPBACK_RUNTIME_ENV, init_local_ray
 from poolbench.driver.nodes import Node
 from poolbench.driver.pipeline import run_benchmark
 from poolbench.driver.probe_tasks import probe_task_function, reuses_probe_processes
@@ -77,27 +76,26 @@ def test_probe_tasks_with_gpu_shares_on_a_two_gpu_node_each_run_in_a_process_of_
     assert all(e.wall_s >= e.read_s + e.probe_s + e.write_s > 0 for e in probed)
     assert {e.devices for e in probed} == {""}  # CPU tasks: Ray leaves CUDA_VISIBLE_DEVICES alone
 
-    ray.shutdown()  # a fresh pool of worker processes for the GPU-share tasks
-    init_local_ray(num_cpus=4, num_gpus=2, runtime_env=LOOPBACK_RUNTIME_ENV)
-    shards = str(tmp_path / "shards")
-    worker = ExtractorWorker(str(tiny_llama_dir))
-    worker.pool_concept("negation", passages(12, "train") + passages(6, "test"), [0, 1], ["A1_mean", "P1_last"],
-                        store_url=shards, key="pooled/k", metadata={"concept": "negation"}, batch_size=8,
-                        max_length=64)
-    probing = ProbingOptions(n_folds=3, seed=0, n_bootstrap=20, reliability=False)
-    task = probe_task_function(reuse_processes=False)
-    refs = [task.options(num_cpus=1, num_gpus=0.5).remote(shards, "pooled/k", f"d1/{k}", "negation", layer, probing)
-            for k in range(3) for layer in (0, 1)]
-    results = ray.get(refs)
-    assert [r["earlier_tasks"] for r in results] == [0] * 6 and len({r["pid"] for r in results}) == 6
-    assert {r["devices"] for r in results} <= {"0", "1"} and all(r["devices"] for r in results)
-    # where the task ran changes nothing it wrote: each copy's records are those of the same task without a GPU
-    # share (every Ray worker here computes on one thread: the fixture's OMP_NUM_THREADS)
-    reference = ray.get([ray.remote(probe_layer_task).options(num_cpus=1).remote(
-        shards, "pooled/k", "d1/cpu", "negation", layer, probing) for layer in (0, 1)])
-    store = LocalStore(tmp_path / "shards")
-    for layer, done in zip((0, 1), reference, strict=True):
-        expected = store.get_table(done["key"])
-        assert expected.num_rows == 2 * 2  # the two strategies' cells, a diffmean and a logistic probe each
-        for k in range(3):
-            assert store.get_table(layer_shard_key(f"d1/{k}", layer)).equals(expected)
+    with reported_gpus_ray(num_cpus=4, num_gpus=2):  # a fresh pool of worker processes for the GPU-share tasks
+        shards = str(tmp_path / "shards")
+        worker = ExtractorWorker(str(tiny_llama_dir))
+        worker.pool_concept("negation", passages(12, "train") + passages(6, "test"), [0, 1], ["A1_mean", "P1_last"],
+                            store_url=shards, key="pooled/k", metadata={"concept": "negation"}, batch_size=8,
+                            max_length=64)
+        probing = ProbingOptions(n_folds=3, seed=0, n_bootstrap=20, reliability=False)
+        task = probe_task_function(reuse_processes=False)
+        refs = [task.options(num_cpus=1, num_gpus=0.5).remote(shards, "pooled/k", f"d1/{k}", "negation", layer, probing)
+                for k in range(3) for layer in (0, 1)]
+        results = ray.get(refs)
+        assert [r["earlier_tasks"] for r in results] == [0] * 6 and len({r["pid"] for r in results}) == 6
+        assert {r["devices"] for r in results} <= {"0", "1"} and all(r["devices"] for r in results)
+        # where the task ran changes nothing it wrote: each copy's records are those of the same task without a GPU
+        # share (every Ray worker here computes on one thread: the fixture's OMP_NUM_THREADS)
+        reference = ray.get([ray.remote(probe_layer_task).options(num_cpus=1).remote(
+            shards, "pooled/k", "d1/cpu", "negation", layer, probing) for layer in (0, 1)])
+        store = LocalStore(tmp_path / "shards")
+        for layer, done in zip((0, 1), reference, strict=True):
+            expected = store.get_table(done["key"])
+            assert expected.num_rows == 2 * 2  # the two strategies' cells, a diffmean and a logistic probe each
+            for k in range(3):
+                assert store.get_table(layer_shard_key(f"d1/{k}", layer)).equals(expected)

@@ -7,6 +7,7 @@ whole concept; what spans layers (the CV-chosen layer, win rate, Friedman) is co
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import time
@@ -256,7 +257,7 @@ def probe_layer_task(store_url: str, pooled_key: str, d1_key: str, concept: str,
                           tiers=tiers, corpus_order=corpus_order), **process}
 
 
-_TASKS_IN_THIS_PROCESS = [0]
+_TASKS_IN_THIS_PROCESS = itertools.count()  # probe tasks this process has started
 
 
 def _task_process() -> dict:
@@ -264,9 +265,8 @@ def _task_process() -> dict:
     process's start, imports and, on a GPU, CUDA's), and the GPUs Ray made visible to this task
     (CUDA_VISIBLE_DEVICES). A process CUDA has started in keeps the GPU it saw first, whatever a later task is
     given, so the driver reuses probe processes only where a node has one GPU (driver/probe_tasks.py)."""
-    earlier = _TASKS_IN_THIS_PROCESS[0]
-    _TASKS_IN_THIS_PROCESS[0] += 1
-    return {"pid": os.getpid(), "earlier_tasks": earlier, "devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
+    return {"pid": os.getpid(), "earlier_tasks": next(_TASKS_IN_THIS_PROCESS),
+            "devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
 
 def probe_layer(store: ArtifactStore, pooled_key: str, d1_key: str, concept: str, layer: int,

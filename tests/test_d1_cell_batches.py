@@ -138,3 +138,47 @@ def test_cells_batched_on_cuda_equal_each_cell_alone_on_the_cpu():
             assert result[name].to_record() == ref[name].to_record(), name
         assert stats["seed_cv_aurocs"] == ref_stats["seed_cv_aurocs"]
         assert stats["mdl_compression"] == pytest.approx(ref_stats["mdl_compression"], abs=1e-7)
+
+
+def _matrices(cells: int = 4, n: int = 200, d: int = 256):
+    """Float32 train rows of `cells` cells (a pooled table's dtype) over one set of pairs."""
+    rng = np.random.default_rng(3)
+    y = np.tile([1, 0], n // 2)
+    return [rng.normal(size=(n, d)).astype(np.float32) + y[:, None] * 0.3 for _ in range(cells)], y, \
+        np.repeat(np.arange(n // 2), 2)
+
+
+def test_a_batch_of_cells_widens_its_rows_once_into_the_stack_and_holds_each_cells_numbers():
+    """Several cells go to the fits as one float64 [B, n, d] tensor built slot by slot from their float32 rows, where
+    each cell's rows were first widened on the host (a float64 copy), those copies stacked (another) and the stack
+    sent: on a GPU most of a layer task's seconds (bench/measured/h100_session30). The numbers are the same to the
+    bit; restoring the host copies fails the allocation bound below."""
+    import tracemalloc
+
+    from poolbench.prober.batched_cell import _stacked
+    from poolbench.prober.d1 import check_split
+
+    Xs, y, groups = _matrices()
+    cpu = torch.device("cpu")
+    stacked = _stacked(Xs, cpu)
+    assert stacked.dtype == torch.float64
+    assert torch.equal(stacked, torch.as_tensor(np.stack([X.astype(np.float64) for X in Xs])))
+    one = np.ones((3, 2))
+    assert _stacked([one], cpu).data_ptr() == torch.as_tensor(one).data_ptr()  # one CPU cell: a view, no copy
+    kept, _, _ = check_split("train", Xs[0], y, groups, float64=False)
+    assert kept is Xs[0]  # checked in its own dtype, not copied
+    bad = Xs[0].copy()
+    bad[5, 7] = np.nan
+    with pytest.raises(concept_probe.ProbeError, match="train split: 1 of 200 passages have NaN/inf"):
+        check_split("train", bad, y, groups, float64=False)
+    assert check_split("train", np.ones((4, 2), int), np.array([1, 0, 1, 0]), np.arange(4),
+                       float64=False)[0].dtype == np.float64  # integers are widened as before
+    wide_bytes = sum(X.size for X in Xs) * 8
+    tracemalloc.start()
+    try:
+        batched_d1_cells(Xs, y, groups, Xs, y, groups, n_folds=2, n_bootstrap=5, reliability=False, device=cpu)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # the host's numpy arrays: scores and one cell's DiffMean on a CPU (a quarter), never the cells' float64 copies
+    assert peak < 0.5 * wide_bytes, (peak, wide_bytes)

@@ -150,17 +150,27 @@ def batched_d1_cells(X_trains: Sequence[np.ndarray], y_train: np.ndarray, groups
 
 
 def _stacked(matrices: Sequence[np.ndarray], device: torch.device) -> torch.Tensor:
-    """[B, rows, d] float64 on `device` (one cell: a view of its matrix, no copy on a CPU)."""
-    both = matrices[0][None] if len(matrices) == 1 else np.stack(matrices)
-    return torch.as_tensor(both, dtype=torch.float64, device=device)
+    """[B, rows, d] float64 on `device`: one cell's float64 matrix on a CPU is a view of it, no copy; otherwise each
+    matrix travels in its own dtype (a table's float32: half the bytes) into its slot of one float64 tensor, widened
+    where it lands. Where a host float64 copy of each matrix, a host stack of them and one transfer of the stack took
+    most of a GPU layer task's seconds (bench/measured/h100_session30: 2.1 of 4.0 s a layer). The same numbers: a
+    float32 value widens to one float64 wherever it is widened."""
+    first = matrices[0]
+    if len(matrices) == 1 and device.type == "cpu" and first.dtype == np.float64:
+        return torch.as_tensor(first[None])
+    out = torch.empty((len(matrices), *first.shape), dtype=torch.float64, device=device)
+    for slot, matrix in zip(out, matrices, strict=True):
+        slot.copy_(torch.from_numpy(np.ascontiguousarray(matrix)).to(device))
+    return out
 
 
 def _batched_d1_cells(X_trains: Sequence[np.ndarray], y_train: np.ndarray, groups_train: np.ndarray,
                       X_tests: Sequence[np.ndarray], y_test: np.ndarray, groups_test: np.ndarray, *, n_folds: int,
                       seed: int, n_bootstrap: int, reliability: bool, types_train: np.ndarray | None, n_seeds: int,
                       device: torch.device, ci_level: float) -> list[tuple[D1Result, dict]]:
-    trains = [check_split("train", X, y_train, groups_train) for X in X_trains]
-    tests = [check_split("test", X, y_test, groups_test) for X in X_tests]
+    wide = device.type == "cpu" and len(X_trains) == 1  # one CPU cell: its float64 rows, a view; else _stacked widens
+    trains = [check_split("train", X, y_train, groups_train, float64=wide) for X in X_trains]
+    tests = [check_split("test", X, y_test, groups_test, float64=wide) for X in X_tests]
     (_, y_train, groups_train), (_, y_test, groups_test) = trains[0], tests[0]
     X_trains, X_tests = [t[0] for t in trains], [t[0] for t in tests]
     widths = {X.shape[1] for X in (*X_trains, *X_tests)}

@@ -47,10 +47,12 @@ from poolbench.records.events import ConceptPooled, ConceptProbed, LayerProbed, 
 
 FULL_CONCEPTS, FULL_PASSAGES, FULL_TOKENS = 17, 2000, 400  # PoolBench's own benchmark: 13.6 M tokens
 # What met["d1_17_concepts_s_max"] is judged on, which is not what bench/d1_cost.py times (the cells alone, N
-# processes at once): the driver's D1 wall clock here, start-ups, table reads and waits for a slot included.
-D1_MET_FROM = ("the driver's D1 wall clock (from the first concept pooled where the probes run beside the pooling, "
-               "from the last pooling where they wait), scaled by passages to 17 x 2,000: probe processes' starts, "
-               "table reads and waits included; bench/d1_cost.py times the cells alone")
+# processes at once): the driver's D1 where it runs alone, start-ups, table reads and waits for a slot included.
+D1_MET_FROM = ("the driver's D1 where nothing else runs, scaled by passages to 17 x 2,000 (d1_alone): the last "
+               "concept's D1 (from the end of the pooling) where the probes run beside the pooling, every concept's "
+               "D1 from the last pooling where they wait; probe processes' starts, table reads and waits included. "
+               "Not the D1 wall clock from the first concept pooled (d1_wall_17_s), which beside the pooling holds "
+               "the later concepts' pooling; bench/d1_cost.py times the cells alone")
 TARGETS = {"pooling_over_raw_tokens_per_s_min": 1 / 3, "d1_17_concepts_s_max": 300.0, "total_s_max": 1800.0}
 
 
@@ -125,6 +127,26 @@ def total_after_the_first(rows: list[dict], warm: dict | None, d1_beside: bool, 
             "d1_per_full_concept_s": max(scaled), "d1_keeps_pace": keeps_pace, "d1_after_pooling_s": d1_after,
             "total_s": warm["projected_pooling_s"] + d1_after,
             "note": "a projection from the concepts pooled after the first, not a measurement"}
+
+
+def d1_alone(rows: list[dict], d1_beside: bool, d1_s: float) -> dict:
+    """The driver's D1 over a stretch where nothing else runs, scaled per passage to 17 x 2,000 passages: where the
+    probes wait for the pooling (a CPU, --probes-per-gpu 0), every concept's D1 from the last pooling (d1_s); where
+    they run beside it (a GPU), the last concept's, which starts when the pooling ends (its layer tasks beside any
+    earlier concept's still running: a backlog counts). Beside the pooling the D1 wall clock from the first concept
+    pooled holds the later concepts' pooling, so at 17 concepts it would be the pooling's ~25 minutes whatever
+    D1's speed; a concept alone has six layer tasks, fewer than the eight probe slots a GPU gives them after the
+    pooling, so scaling one concept by 17 leaves slots idle that a full run fills: an upper bound on that count."""
+    if d1_beside:
+        last = max(rows, key=lambda r: r["pooled_at_s"])
+        seconds, measured, passages = last["probed_at_s"] - last["pooled_at_s"], [last["concept"]], last["passages"]
+        source = "the last concept's D1, from the end of the pooling"
+    else:
+        seconds, measured = d1_s, [r["concept"] for r in rows]
+        passages, source = sum(r["passages"] for r in rows), "every concept's D1, from the last pooling"
+    return {"seconds": seconds, "concepts": measured, "passages": passages, "from": source,
+            "projected_17_concepts_s": seconds * FULL_CONCEPTS * FULL_PASSAGES / passages,
+            "note": "scaled per passage from this run's passages, not measured at 17 x 2,000"}
 
 
 def beside_d1_seconds(rows: list[dict], d1_beside: bool) -> list[float]:
@@ -324,7 +346,7 @@ def measure(args: argparse.Namespace) -> dict:
     projection = project(tokens, passages, raw_s, run["pooling_s"], run["d1_s"])
     warm = after_the_first(rows)
     warm_total = total_after_the_first(rows, warm, not run["d1_waits_for_pooling"], projection.d1_s)
-    d1_17 = run["d1_s"] * FULL_CONCEPTS * FULL_PASSAGES / passages
+    alone = d1_alone(rows, not run["d1_waits_for_pooling"], run["d1_s"])
     total = warm_total["total_s"] if warm_total else projection.total_s
     result["peak_bytes"]["extractor"] = max((c["peak_bytes"] for c in counted), default=None)
     return {
@@ -332,12 +354,15 @@ def measure(args: argparse.Namespace) -> dict:
         "seconds": {"pooling": run["pooling_s"], "d1": run["d1_s"], "total": run["total_s"], "raw_forward": raw_s,
                     "after_d1": run["after_d1_s"],
                     "bench_wall": time.perf_counter() - started},
-        "d1_waits_for_pooling": run["d1_waits_for_pooling"], "pooling": pooling, "projection": asdict(projection),
+        "d1_waits_for_pooling": run["d1_waits_for_pooling"], "d1_alone": alone,
+        # sessions 30-36 judged D1 on this: the wall clock from the first concept pooled, scaled per passage
+        "d1_wall_17_s": run["d1_s"] * FULL_CONCEPTS * FULL_PASSAGES / passages,
+        "pooling": pooling, "projection": asdict(projection),
         "after_the_first": warm, "total_after_the_first": warm_total,
         "store": store_projection(run["store_bytes"], passages),
         "met": {"pooling_over_raw_tokens_per_s_min": pooling["tokens_per_s_over_raw"] >= TARGETS[
                     "pooling_over_raw_tokens_per_s_min"],
-                "d1_17_concepts_s_max": d1_17 <= TARGETS["d1_17_concepts_s_max"],
+                "d1_17_concepts_s_max": alone["projected_17_concepts_s"] <= TARGETS["d1_17_concepts_s_max"],
                 "total_s_max": total <= TARGETS["total_s_max"]},
         "met_total_from": "total_after_the_first" if warm_total else "projection",
         "met_d1_from": D1_MET_FROM,
@@ -385,6 +410,11 @@ def report(result: dict) -> None:
     console.print(f"projection ({p['note']}) to {p['concepts']} x {p['passages_per_concept']} passages x "
                   f"{p['tokens_per_passage']} tokens: raw forward {p['raw_forward_s'] / 60:.1f} min, pooling "
                   f"{p['pooling_s'] / 60:.1f} min, D1 {p['d1_s'] / 60:.1f} min, total {p['total_s'] / 60:.1f} min")
+    alone = result["d1_alone"]
+    console.print(f"D1 alone: {alone['seconds']:.1f} s for {alone['passages']:,} passages ({alone['from']}), "
+                  f"{alone['projected_17_concepts_s'] / 60:.1f} min scaled to {p['concepts']} x "
+                  f"{p['passages_per_concept']} (target {TARGETS['d1_17_concepts_s_max'] / 60:.0f}); the wall clock "
+                  f"from the first concept pooled, scaled: {result['d1_wall_17_s'] / 60:.1f} min")
     outlook = result.get("total_after_the_first")
     if outlook:
         console.print(f"projection from the concepts after the first ({outlook['note']}): pooling "

@@ -111,7 +111,12 @@ def test_the_extractor_counts_its_forwards_on_the_same_tokens_and_the_projection
     assert "not a measurement" in p["note"]
     assert all(math.isfinite(v) and v > 0 for v in (p["pooling_s"], p["d1_s"], p["raw_forward_s"]))
     assert set(r["met"]) == set(r["targets"]) and all(isinstance(v, bool) for v in r["met"].values())
-    assert "wall clock" in r["met_d1_from"] and "d1_cost.py times the cells alone" in r["met_d1_from"]
+    assert "alone" in r["met_d1_from"] and "d1_cost.py times the cells alone" in r["met_d1_from"]
+    # a CPU run's probes wait for the pooling: D1 alone is every concept's, the run's D1 seconds, judged on it
+    alone = r["d1_alone"]
+    assert r["d1_waits_for_pooling"] and alone["seconds"] == s["d1"] and alone["passages"] == r["passages"]
+    assert alone["projected_17_concepts_s"] == pytest.approx(p["d1_s"], rel=1e-12) == r["d1_wall_17_s"]
+    assert r["met"]["d1_17_concepts_s_max"] == (alone["projected_17_concepts_s"] <= 300.0)
     # The store as it stands on disk: the two strategies' float32 vectors (40 passages x 2 x d 64) and more (ids,
     # Arrow's framing, manifests, sidecars), no S3 head tables; projected per passage to 17 x 2,000.
     store = r["store"]
@@ -163,6 +168,24 @@ def test_the_warm_total_adds_the_last_concepts_d1_only_while_d1_keeps_pace_besid
     lagging = total_after_the_first(slow, warm, True, 9999.0)
     assert lagging["d1_keeps_pace"] is False and lagging["total_s"] == pooling + 9999.0
     assert total_after_the_first(rows[:1], after_the_first(rows[:1]), True, 1.0) is None
+
+
+def test_d1_is_judged_where_it_runs_alone_not_on_a_wall_clock_that_holds_the_later_concepts_pooling() -> None:
+    """Beside the pooling, the D1 wall clock from the first concept pooled (10 s here) to the last result (40 s) holds
+    the later concepts' pooling; at 17 concepts it would be the pooling's length whatever D1's speed. The judgement
+    reads the last concept's D1 (c: pooled last, at 30 s, its last layer at 36 s), which starts when the pooling
+    ends; where the probes wait for the pooling, every concept's D1 after it (the run's d1_s)."""
+    from scale import d1_alone
+    rows = [{"concept": "a", "passages": 100, "pooled_at_s": 20.0, "probed_at_s": 25.0},
+            {"concept": "b", "passages": 400, "pooled_at_s": 10.0, "probed_at_s": 40.0},
+            {"concept": "c", "passages": 200, "pooled_at_s": 30.0, "probed_at_s": 36.0}]
+    beside = d1_alone(rows, True, 30.0)
+    assert (beside["seconds"], beside["concepts"], beside["passages"]) == (6.0, ["c"], 200)
+    assert beside["projected_17_concepts_s"] == 6.0 * 17 * 2000 / 200 == 1020.0  # the window would say 30 s x 48.6
+    waits = d1_alone(rows, False, 12.0)  # every concept's D1 after the last pooling: 12 s for 700 passages
+    assert (waits["seconds"], waits["concepts"], waits["passages"]) == (12.0, ["a", "b", "c"], 700)
+    assert waits["projected_17_concepts_s"] == pytest.approx(12.0 * 34_000 / 700, rel=1e-15)
+    assert "not measured at 17 x 2,000" in beside["note"]
 
 
 def test_the_smoke_run_reports_the_concepts_after_the_first(smoke_run) -> None:

@@ -204,3 +204,35 @@ def test_every_strategy_through_pool_concept_reports_fallbacks_per_cell(tiny) ->
         rows = plain.X[plain.split == split].astype(np.float64)
         u = np.linalg.svd(rows - rows.mean(axis=0), full_matrices=False)[2][0]
         np.testing.assert_allclose(sif.X[sif.split == split] @ u, 0, atol=1e-3)
+
+
+@pytest.mark.parametrize(("heads", "shape"), [(1, (4, 3, 5)), (8, (32, 6, 64)), (13, (16, 2, 2)), (32, (32, 40, 9))])
+def test_the_mean_of_the_chosen_heads_is_numpys_mean_of_their_copy_to_the_bit(heads, shape) -> None:
+    """S3's design averages the chosen heads' pooled vectors one slice after another, without numpy's copy of
+    them (524 MB a design at the driver's size); the very bits of pooled[heads].mean(axis=0), for one head, for
+    make run's 8 of 32 and for shapes whose rows are short."""
+    from poolbench.prober.supervised import mean_of_heads
+    pooled = np.random.default_rng(heads).normal(size=shape) * 10.0 ** np.arange(-3, 3)[:, None, None][
+        np.arange(shape[0]) % 6]
+    chosen = sorted(np.random.default_rng(7).choice(shape[0], size=min(heads, shape[0]), replace=False).tolist())
+    ours = mean_of_heads(pooled, chosen)
+    assert ours.tobytes() == pooled[chosen].mean(axis=0).tobytes()
+    assert not np.shares_memory(ours, pooled)
+
+
+def test_a_design_holds_one_mean_not_a_copy_of_its_chosen_heads() -> None:
+    """What design allocates on the host beside the cell: the mean (and the head ranking's small fits), never the
+    chosen heads' [k, N, d] copy (restoring pooled[heads].mean(axis=0) fails the bound)."""
+    import tracemalloc
+    y, groups = labelled(200, 0)
+    rng = np.random.default_rng(2)
+    cell = HeadSelectionCell(pooled=rng.normal(size=(8, 200, 512)), features=rng.normal(size=(200, 8, 4)), y=y,
+                             groups=groups, n_keep=4)
+    copy_bytes = 4 * 200 * 512 * 8
+    tracemalloc.start()
+    try:
+        X = cell.design(np.arange(160))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert X.shape == (200, 512) and peak < 0.5 * copy_bytes, (peak, copy_bytes)

@@ -109,6 +109,13 @@ SITES: dict[str, tuple[int, str, str]] = {
         "logsumexp_rows and torch.logsumexp"),
     "test_reliability.py::test_fold_sets_are_remembered_by_labels_groups_folds_and_seed": (
         1, INTS, "fold indices of the remembered fold sets and scikit-learn's"),
+    "test_d1_cell_batches.py::test_a_batch_of_cells_widens_its_rows_once_into_the_stack_and_holds_each_cells_numbers": (
+        1, COPY + ": float32 rows widened to float64 (exact) in their slot, against numpy's float64 casts stacked",
+        "a batch's float64 rows, built slot by slot and by numpy"),
+    "test_s3_supervised.py::test_an_s3_cell_on_the_probes_device_keeps_the_host_cells_heads_and_records": (
+        1, INTS + "; every logistic test score sits further from 0 than the solvers' stopping-rule bound (asserted "
+           "beside it), DiffMean's are the same host computation", "0/1 test predictions, device path against the "
+           "host"),
     "test_batched_logistic.py::test_s3_head_ranking_builds_its_splitter_once_and_keeps_each_heads_auroc": (
         1, SAME + ": the folds of a splitter built once equal those built per head, so each head's fits are the same "
            "computation", "per-head AUROCs"),

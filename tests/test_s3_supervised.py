@@ -218,6 +218,8 @@ def test_the_mean_of_the_chosen_heads_is_numpys_mean_of_their_copy_to_the_bit(he
     ours = mean_of_heads(pooled, chosen)
     assert ours.tobytes() == pooled[chosen].mean(axis=0).tobytes()
     assert not np.shares_memory(ours, pooled)
+    stored = pooled.astype(np.float32)  # as the head table holds them: widened while added, no float64 copy kept
+    assert mean_of_heads(stored, chosen).tobytes() == stored.astype(np.float64)[chosen].mean(axis=0).tobytes()
 
 
 def test_a_design_holds_one_mean_not_a_copy_of_its_chosen_heads() -> None:
@@ -236,3 +238,146 @@ def test_a_design_holds_one_mean_not_a_copy_of_its_chosen_heads() -> None:
     finally:
         tracemalloc.stop()
     assert X.shape == (200, 512) and peak < 0.5 * copy_bytes, (peak, copy_bytes)
+
+
+def _ranked_heads(seed: int = 4, heads: int = 12, n: int = 120):
+    """Features [n, heads, 6]: head h carries the label at strength 0.15·h, so the heads rank apart."""
+    rng = np.random.default_rng(seed)
+    y, groups = labelled(n, 0)
+    features = rng.normal(size=(n, heads, 6))
+    features[:, :, 0] += (2 * y[:, None] - 1) * 0.15 * np.arange(heads)
+    return features, y, groups
+
+
+def test_the_primal_batch_fits_each_head_and_fold_as_the_host_estimator_does() -> None:
+    """Every (head, fold) fit of one primal solve scores held-out rows as NewtonLogisticProbe's fit on the same rows,
+    within the bound two fits stopped at |gradient| < tol can differ by (test_batched_logistic's _bound)."""
+    from test_batched_logistic import _bound
+
+    from poolbench.prober.newton_logistic import NewtonLogisticProbe
+    from poolbench.prober.primal_logistic import fit_primal
+    features, y, _ = _ranked_heads()
+    X = torch.as_tensor(np.ascontiguousarray(features.transpose(1, 0, 2)))
+    folds = [np.arange(0, 80), np.arange(40, 120), np.r_[0:40, 80:120]]
+    fits = fit_primal(X, folds, [y[f] for f in folds])
+    scores = fits.scores(X).numpy()  # [heads, folds, rows]
+    for h in (0, 5, 11):
+        for k, rows in enumerate(folds):
+            held = np.setdiff1d(np.arange(120), rows)
+            host = NewtonLogisticProbe().fit(features[rows, h], y[rows])
+            gap = np.abs(scores[h, k, held] - host.decision_function(features[held, h]))
+            assert (gap <= _bound(host, features[held, h], y[held])).all(), (h, k)
+    # a fit that stops at max_iter short of tol: the solve declines (None) and the caller takes the host estimator
+    assert fit_primal(X, folds, [y[f] for f in folds], tol=1e-30, max_iter=3) is None
+
+
+def _auroc_slack(features: np.ndarray, y: np.ndarray, folds: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Per head, how far two solvers' fold-mean AUROCs can lie apart when each fit stops within the stopping rule's
+    bound of the optimum (test_batched_logistic's _bound on the scores): a (positive, negative) pair of a fold's
+    validation rows can change order only where their scores lie within the sum of their bounds, each such pair one
+    1/(n_pos·n_neg) of that fold's AUROC. 0 where no pair is that close."""
+    from test_batched_logistic import _bound
+
+    from poolbench.prober.newton_logistic import NewtonLogisticProbe
+    slack = np.zeros(features.shape[1])
+    for h in range(features.shape[1]):
+        for fit, val in folds:
+            model = NewtonLogisticProbe().fit(features[fit, h], y[fit])
+            scores, bound = model.decision_function(features[val, h]), _bound(model, features[val, h], y[val])
+            pos, neg = y[val] == 1, y[val] == 0
+            close = np.abs(scores[pos][:, None] - scores[neg][None, :]) <= bound[pos][:, None] + bound[neg][None, :]
+            slack[h] += close.sum() / (pos.sum() * neg.sum()) / len(folds)
+    return slack
+
+
+def test_s3_ranks_its_heads_in_one_primal_solve_on_the_probes_device(monkeypatch) -> None:
+    """Where the probes have a GPU, S3's head ranking is one primal solve there (the CPU twin here, the same code on
+    the CPU), not heads x folds host fits: the same heads kept, each AUROC within what the stopping rule lets two
+    solvers' differ by (_auroc_slack), with and without grouped folds; restoring the host path leaves the solve
+    uncalled."""
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    from poolbench.prober import supervised
+    features, y, groups = _ranked_heads()
+    host = supervised.head_aurocs(features, y, groups, seed=3)
+    calls = []
+    real = supervised.fit_primal
+    monkeypatch.setattr(supervised, "fit_primal", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cpu = torch.device("cpu")
+    ranked = supervised.head_aurocs(features, y, groups, seed=3, device=cpu)
+    assert calls == [1]
+    folds = list(StratifiedGroupKFold(supervised.INNER_FOLDS, shuffle=True, random_state=3).split(
+        np.zeros((y.size, 1)), y, groups))
+    assert (np.abs(ranked - host) <= _auroc_slack(features, y, folds)).all()
+    kept = lambda scores: sorted(range(scores.size), key=lambda h: (-scores[h], h))[:4]  # noqa: E731
+    assert kept(ranked) == kept(host) and len(set(host.tolist())) > 6  # the heads rank apart: not a tie's order
+    few = slice(0, 4)  # two pairs: fewer groups than folds, the training AUROC of an all-rows fit
+    every = [(np.arange(4), np.arange(4))]
+    gap = np.abs(supervised.head_aurocs(features[few], y[few], groups[few], device=cpu)
+                 - supervised.head_aurocs(features[few], y[few], groups[few]))
+    assert (gap <= _auroc_slack(features[few], y[few], every)).all()
+
+
+def test_an_s3_cell_on_the_probes_device_keeps_the_host_cells_heads_and_records() -> None:
+    """The whole cell with its fits on a device (the CPU twin): its head rankings in primal solves, its logistic
+    probe's fold and test fits through batched_logistic, DiffMean on the host: the heads each fold keeps and every
+    record field as the host estimators give them, the held-out scores within the stopping rule's bound."""
+    from test_batched_logistic import _bound
+
+    from poolbench.prober.newton_logistic import NewtonLogisticProbe
+    from poolbench.prober.supervised import mean_of_heads
+    features, y, groups = _ranked_heads(seed=5, n=160)
+    pooled = (np.random.default_rng(1).normal(size=(12, 160, 5)) + (2 * y[None, :, None] - 1) * 0.1
+              * np.arange(12)[:, None, None]).astype(np.float32)
+    train, test = np.arange(120), np.arange(120, 160)
+    cells = [HeadSelectionCell(pooled, features, y, groups, n_keep=3, device=device)
+             for device in (None, torch.device("cpu"))]
+    host, on_device = (evaluate_d1_supervised(c, y, groups, train, test, n_folds=N_FOLDS, n_bootstrap=50)
+                       for c in cells)
+    assert cells[0].chosen == cells[1].chosen and len(cells[0].chosen) == N_FOLDS + 1
+    X = mean_of_heads(pooled, cells[0].chosen[-1])
+    reference = NewtonLogisticProbe().fit(X[train], y[train])
+    bound = _bound(reference, X[test], y[test])
+    gap = np.abs(on_device["logistic"].test_scores - host["logistic"].test_scores)
+    assert (gap <= bound).all() and not (gap == 0).all()  # within the stopping rule; two solvers, not one twice
+    # so the 0/1 predictions agree where every score sits further from 0 than the bound, as here
+    assert (np.abs(host["logistic"].test_scores) > bound).all()
+    for name in host.probes:
+        assert on_device[name].to_record() == host[name].to_record(), name
+        np.testing.assert_array_equal(on_device[name].test_pred, host[name].test_pred)
+
+
+def test_the_prober_hands_s3_its_gpu_and_keeps_the_host_path_on_a_cpu(tiny, monkeypatch) -> None:
+    """probe_pooled_cells gives S3's cell the probes' device where it is a GPU (a stand-in here, the fits then run
+    on the CPU twin) and none on a CPU; the records are the same either way."""
+    from poolbench.prober import concept_probe, supervised
+    data = passages(12, "train") + passages(6, "test")
+    out = pool_concept_tables(tiny, data, [1], [get_strategy("A1"), get_strategy("S3_iti_probe")], batch_size=8)
+    seen = []
+    real = supervised.head_selection_cell
+
+    def spy(*args, device=None, **kwargs):
+        seen.append(device)
+        return real(*args, device=None if device is None else torch.device("cpu"), **kwargs)
+
+    monkeypatch.setattr(concept_probe, "head_selection_cell", spy)
+    host = probe_pooled_table(out.pooled, "negation", n_folds=3, n_bootstrap=20, heads=out.heads)
+    gpu = type("Gpu", (), {"type": "cuda"})()
+    monkeypatch.setattr(concept_probe, "probe_device", lambda: gpu)
+    ranked = probe_pooled_table(out.pooled, "negation", n_folds=3, n_bootstrap=20, heads=out.heads)
+    assert seen == [None, None, gpu, gpu]  # each run's two cells (A1, S3): the device only where it is a GPU
+    assert [r.model_dump() for r in ranked] == [r.model_dump() for r in host]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_an_s3_cell_on_cuda_keeps_the_host_cells_heads_and_records() -> None:
+    features, y, groups = _ranked_heads(seed=5, n=160)
+    pooled = np.random.default_rng(1).normal(size=(12, 160, 5)).astype(np.float32)
+    train, test = np.arange(120), np.arange(120, 160)
+    cells = [HeadSelectionCell(pooled, features, y, groups, n_keep=3, device=device)
+             for device in (None, torch.device("cuda"))]
+    host, on_gpu = (evaluate_d1_supervised(c, y, groups, train, test, n_folds=N_FOLDS, n_bootstrap=50) for c in cells)
+    assert cells[0].chosen == cells[1].chosen
+    for name in host.probes:
+        assert on_gpu[name].to_record() == host[name].to_record(), name

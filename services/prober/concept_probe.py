@@ -97,10 +97,12 @@ def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
     learned_view = LearnedFoldView(learned) if learned is not None else None
     metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     cells = []
+    # S3's fits run on the probes' GPU; on a CPU one host estimator a fit, as make run's records were computed
+    gpu = probe_device() if batched and probe_device().type != "cpu" else None
     for layer, strategy in view.cells:
         cell = view.matrix(layer, strategy)
         with fits_named(concept, layer, strategy):  # S3's head ranking fits probes too
-            supervised = (head_selection_cell(cell, metadata, head_view, layer, strategy, seed)
+            supervised = (head_selection_cell(cell, metadata, head_view, layer, strategy, seed, device=gpu)
                           or learned_fold_cell(cell, metadata, learned_view, layer, strategy))
         train_rows = np.flatnonzero(cell.split == "train")
         if flash is not None:  # a stratified, pair-preserving fraction of train; test stays whole

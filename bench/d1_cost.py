@@ -24,17 +24,20 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from bench_io import run_header, write_result
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from poolbench.corpus.passage import Passage
+from poolbench.pooler.iti import HEADS_META, ITIHeadTableBuilder
 from poolbench.pooler.pooled_table import PooledTableBuilder
 from poolbench.prober import batched_cell, batched_logistic, concept_probe
 from poolbench.prober.concept_probe import probe_pooled_cells
 
 DOMAINS = 4  # lexical types, so the control task (selectivity) runs as on the real corpus
+S3 = "S3_iti_probe"
 
 
 def passages(n_train: int, n_test: int) -> list[Passage]:
@@ -65,6 +68,40 @@ def layer_table(items: list[Passage], strategies: int, layer: int, d: int, seed:
     builder.add(vectors, [layer], [f"S{s:02d}" for s in range(strategies)], [p.id for p in items],
                 np.zeros((strategies, len(items)), bool))
     return builder.table()
+
+
+def s3_tables(items: list[Passage], heads: int, layer: int, d: int, seed: int) -> tuple[pa.Table, pa.Table]:
+    """One layer's S3 cell as the driver stores it: a PooledTable row a passage (the mean of its heads' pooled
+    vectors) naming its head count, and its ITIHeadTable (each head's pooled vector [d] and its own output
+    [d / heads]), the concept in a quarter of the heads, strongest in the first. The synthetic cells above have
+    no S3, whose head rankings and per-fold designs are a layer task's own work (bench/README.md, session 38)."""
+    rng = np.random.default_rng(seed + 1000 + layer)
+    y = np.array([p.label for p in items], dtype=np.float32)
+    width = d // heads
+    strength = np.where(np.arange(heads) < max(1, heads // 4), 0.6 / (1 + np.arange(heads)), 0.0)
+    outputs = rng.normal(size=(1, len(items), heads, width)).astype(np.float32)
+    outputs[..., 0] += (2 * y - 1)[None, :, None] * strength
+    pooled = rng.normal(size=(1, len(items), heads, d)).astype(np.float32)
+    pooled[..., 0] += (2 * y - 1)[None, :, None] * strength
+    ids = [p.id for p in items]
+    head_builder = ITIHeadTableBuilder(d)
+    head_builder.add(S3, [layer], ids, pooled, outputs)
+    builder = PooledTableBuilder(items, d)
+    builder.add(pooled.mean(axis=2)[:, None], [layer], [S3], ids, np.zeros((1, len(items)), bool))
+    return builder.table({f"{S3}{HEADS_META}": str(heads)}), head_builder.table()
+
+
+def s3_cell(items: list[Passage], types: dict[str, str], layer: int, args: argparse.Namespace) -> dict:
+    """Time one layer's S3 cell through the prober on its own (its records beside the others' would mix two costs):
+    on a GPU its rankings and logistic fits run there (supervised.py), on a CPU on the host's estimators."""
+    table, heads = s3_tables(items, args.s3_heads, layer, args.d, seed=0)
+    start, cpu0 = time.perf_counter(), time.process_time()
+    records, _ = probe_pooled_cells(table, "concept", types=types, heads=heads, batched=args.path == "batched")
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu0
+    print(f"layer {layer}: S3's cell ({args.s3_heads} heads) in {seconds:.1f} s ({cpu:.1f} CPU-s)", flush=True)
+    return {"s3_seconds": seconds, "s3_cpu_seconds": cpu, "s3_heads": args.s3_heads,
+            "s3_cv_auroc": [r.cv_auroc for r in records if r.probe == "logistic"],
+            "s3_heads_selected": [r.heads_selected for r in records if r.probe == "logistic"]}
 
 
 class OpCounter(TorchDispatchMode):
@@ -107,6 +144,8 @@ def main() -> None:
                         help="slice the fits' dual matrices as on a GPU (to count a GPU's ops on a CPU)")
     parser.add_argument("--cells-per-call", type=int, default=0,
                         help="cells of a layer probed in one batched call (default: the device's, 1 on a CPU)")
+    parser.add_argument("--s3-heads", type=int, default=0,
+                        help="also time an S3 cell a layer with this many heads (the 8B shape: 32), on its own")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "d1_cost.json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -139,7 +178,8 @@ def main() -> None:
         if isinstance(ops, OpCounter):
             print(f"layer {layer}: {ops.ops / cells:,.0f} torch ops and {ops.syncs / cells:,.0f} host syncs a cell",
                   flush=True)
-        per_layer.append({"layer": layer, "cells": cells, "seconds": seconds, "cpu_seconds": cpu,
+        s3 = s3_cell(items, types, layer, args) if args.s3_heads else {}
+        per_layer.append({"layer": layer, "cells": cells, "seconds": seconds, "cpu_seconds": cpu, **s3,
                           **({"torch_ops": ops.ops, "host_syncs": ops.syncs} if isinstance(ops, OpCounter) else {}),
                           "cv_auroc": [r.cv_auroc for r in records if r.probe == "logistic"],
                           "mdl_compression": [r.mdl_compression for r in records if r.probe == "logistic"]})

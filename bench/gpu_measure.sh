@@ -188,7 +188,7 @@ wants inflow && run_step inflow "$T_INFLOW" "$PYTHON" bench/inflow_by_backward.p
   --out "$OUT/inflow.json" $INFLOW_ARGS
 
 wants d1_cost && run_step d1_cost "$T_D1" "$PYTHON" bench/d1_cost.py --path batched --threads 1 --cells "$D1_CELLS" --profile 40 \
-  --out "$OUT/d1_cost.json" $EXTRA_D1
+  --s3-heads 32 --out "$OUT/d1_cost.json" $EXTRA_D1
 if wants d1_parallel; then
   for n in $D1_PROCS; do
     # shellcheck disable=SC2086

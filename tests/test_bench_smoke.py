@@ -80,3 +80,17 @@ def test_the_default_path_end_to_end_on_two_concepts(tmp_path):
     assert all(0.0 <= r["test_auroc"] <= 1.0 for r in results["cells"])
     assert {r["concept"] for r in results.get("d2", [])} <= {"hedging", "toxicity"}
     assert (out / "leaderboard.json").is_file()
+
+
+def test_d1_cost_times_an_s3_cell_beside_the_synthetic_ones(tmp_path):
+    """d1_cost's synthetic cells have no S3; `--s3-heads` adds a layer's S3 cell as the driver stores it (its pooled
+    row and its head table), timed on its own, and the prober keeps the head that carries the concept."""
+    out = tmp_path / "d1.json"
+    done = subprocess.run([sys.executable, str(BENCH / "d1_cost.py"), "--d", "64", "--n-train", "400", "--n-test",
+                           "200", "--layers", "1", "--cells", "2", "--s3-heads", "4", "--threads", "1", "--out",
+                           str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [layer] = json.loads(out.read_text())["per_layer"]
+    assert layer["cells"] == 2 and layer["s3_heads"] == 4 and positive_finite(layer["s3_seconds"])
+    assert layer["s3_heads_selected"] == [[0]] and layer["s3_cv_auroc"][0] > 0.65  # one of 4 heads kept: the first
+    assert "S3's cell (4 heads)" in done.stdout

@@ -98,7 +98,8 @@ def probe_pooled_cells(table: pa.Table, concept: str, *, n_folds: int = 5, seed:
     metadata = {k.decode(): v.decode() for k, v in (table.schema.metadata or {}).items()}
     cells = []
     # S3's fits run on the probes' GPU; on a CPU one host estimator a fit, as make run's records were computed
-    gpu = probe_device() if batched and probe_device().type != "cpu" else None
+    device = probe_device()
+    gpu = device if batched and device.type != "cpu" else None
     for layer, strategy in view.cells:
         cell = view.matrix(layer, strategy)
         with fits_named(concept, layer, strategy):  # S3's head ranking fits probes too

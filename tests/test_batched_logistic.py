@@ -356,3 +356,35 @@ def test_a_cpu_s_float32_factors_are_made_in_place_by_lapack_beside_a_fit_alread
         ref = NewtonLogisticProbe().fit(X2[rows[f]], labels[f])
         gap = np.abs(together.scores(Xt)[f].numpy() - ref.decision_function(X2))
         assert np.all(gap <= _bound(ref, X2, y2) + _evaluation_gap(ref, together, f, X2))
+
+
+def test_the_newton_loop_reads_the_device_once_a_step_and_once_a_line_search_round(monkeypatch):
+    """Each read of the device waits for its queue (on a GPU beside an extractor, for a time slice). The loop reads
+    how many fits go on and how many refactor in one packed integer, and a line-search round's pending and stuck fits
+    in another (`_counts`), where it read them in three and two: every read inside the loop is a `_counts` call (the
+    other three: the two standardisers' checks and the convergence count), and a step that takes its full Newton
+    step reads twice. 22 reads a cell became 10 at d1_cost's layer (bench/README, session 38)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Reads(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += str(func.overloadpacket) in ("aten._local_scalar_dense", "aten.nonzero", "aten.item")
+            return func(*args, **(kwargs or {}))
+
+    X, y, _ = _data(200, 40, 3)
+    cells = torch.as_tensor(np.stack([X, X[::-1].copy(), X * 1.5]))
+    rows = [np.arange(0, 150), np.arange(50, 200), np.r_[0:100, 150:200]]
+    counted = []
+    real = batched_logistic._counts
+    monkeypatch.setattr(batched_logistic, "_counts", lambda a, b: counted.append(1) or real(a, b))
+    reads = Reads()
+    with reads:
+        fit = fit_many(cells, rows, [y[r] for r in rows], exact=False)
+    steps = int(fit.iterations.max())
+    assert bool(fit.converged.all()) and steps >= 5
+    assert reads.count == len(counted) + 3
+    assert len(counted) >= 2 * steps + 1  # each step and its line search, then the check that stops the loop

@@ -182,9 +182,10 @@ def fit_many(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.nd
                          else parts[0].center for name in BatchFit.__dataclass_fields__))
     else:
         fit = _fit(X, rows, labels, C, tol, max_iter, exact, init, gram)
-    if not bool(fit.converged.all()):
+    short = int((~fit.converged).sum())  # one read of the device a call where every fit converged
+    if short:
         fit = _refit_one_at_a_time(X, rows, labels, fit, C, tol)
-    short = int((~fit.converged).sum())
+        short = int((~fit.converged).sum())
     if short:
         warnings.warn(f"{short} of {fit.converged.numel()} logistic fits stopped at max_iter={max_iter} with "
                       f"|gradient| still >= tol={tol:g}, and again one at a time (max_iter={REFIT_MAX_ITER}): their "
@@ -303,22 +304,25 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
     for _ in range(max_iter):
         grad, p, xtr, g_b = _gradient(Xc, idx, mask, y, own_rows(z_all), shift, scale, v, C)
         active &= ~(grad < tol)
-        if not bool(active.any()):
-            break
-        iterations += active.long()
         # A fit's Newton matrix is refactored when its gradient fell less than _REFRESH-fold in the last step
         # (curvature still moving); otherwise the last factor serves again: a descent direction either way.
         stale = active & ((factorizations == 0) | (grad > _REFRESH * last_grad))
+        # How many fits go on and how many refactor, in one read of the device (each read waits for the device's
+        # queue: on a GPU beside an extractor, a wait for its time slice), where three reads took them one by one.
+        n_active, n_stale = _counts(active, stale)
+        if not n_active:
+            break
+        iterations += active.long()
         last_grad = grad
-        if bool(stale.any()):
+        if n_stale:
             new_curv = C * p * (1 - p) * mask
             curv = torch.where(stale[:, :, None], new_curv, curv)
-            sel = stale.flatten().nonzero().squeeze(1)
+            sel = torch.nonzero_static(stale.flatten(), size=n_stale).squeeze(1)  # its size known: no read
             sq = curv.reshape(P, M)[sel].sqrt().to(factor_dtype)
-            Bm = (K if len(sel) == P else K[sel]) * (sq[:, :, None] * sq[:, None, :])
+            Bm = (K if n_stale == P else K[sel]) * (sq[:, :, None] * sq[:, None, :])
             Bm.diagonal(dim1=1, dim2=2).add_(1.0)
             factors = factor_in_place(Bm) if in_place else torch.linalg.cholesky(Bm)
-            if len(sel) == P:
+            if n_stale == P:
                 L = factors
             else:
                 L[sel] = factors
@@ -358,13 +362,15 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
             f_new = objective(z_all - step[:, None, :] * dz, v - step[:, :, None] * dv)
             descent = f_new <= f_val - _ARMIJO * step * slope
             pending &= ~(descent | (step < 1e-10))
-            if not bool(pending.any()):
+            # No step down to 1e-10 decreased the objective: the direction is not a descent direction in floating
+            # point (an ill-conditioned Newton matrix). Such a fit stays where it is and stops, not converged. Read
+            # with the round's pending fits: the last round's count is the one that stands.
+            stuck = active & ~descent
+            n_pending, n_stuck = _counts(pending, stuck)
+            if not n_pending:
                 break
             step = torch.where(pending, step * 0.5, step)
-        # No step down to 1e-10 decreased the objective: the direction is not a descent direction in floating point
-        # (an ill-conditioned Newton matrix). Such a fit stays where it is and stops, not converged.
-        stuck = active & ~descent
-        if bool(stuck.any()):
+        if n_stuck:
             step = torch.where(stuck, torch.zeros_like(step), step)
             f_new = torch.where(stuck, f_val, f_new)
             stalled |= stuck
@@ -380,6 +386,12 @@ def _fit(X: torch.Tensor, rows: Sequence[np.ndarray], labels: Sequence[np.ndarra
     intercept = c + (shift * v).sum(dim=2)
     return BatchFit(mean=mean, scale=scale, coef=coef, intercept=intercept, iterations=iterations,
                     factorizations=factorizations, converged=~active & ~stalled, center=center, v=v, c=c)
+
+
+def _counts(first: torch.Tensor, second: torch.Tensor) -> tuple[int, int]:
+    """(first.sum(), second.sum()) of two boolean masks in one read of the device: one packed integer."""
+    both = int((first.sum() * (second.numel() + 1) + second.sum()).item())
+    return both // (second.numel() + 1), both % (second.numel() + 1)
 
 
 def _gradient(Xc: torch.Tensor, idx: torch.Tensor, mask: torch.Tensor, y: torch.Tensor, zz: torch.Tensor,

@@ -356,7 +356,7 @@ def measure(args: argparse.Namespace) -> dict:
                     "bench_wall": time.perf_counter() - started},
         "d1_waits_for_pooling": run["d1_waits_for_pooling"], "d1_alone": alone,
         # sessions 30-36 judged D1 on this: the wall clock from the first concept pooled, scaled per passage
-        "d1_wall_17_s": run["d1_s"] * FULL_CONCEPTS * FULL_PASSAGES / passages,
+        "d1_wall_17_s": projection.d1_s,
         "pooling": pooling, "projection": asdict(projection),
         "after_the_first": warm, "total_after_the_first": warm_total,
         "store": store_projection(run["store_bytes"], passages),

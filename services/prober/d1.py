@@ -103,8 +103,9 @@ def check_split(
     table's rows), or with `float64=False` in its own floating dtype, no copy: for a caller that moves the rows to a
     device and widens them there (batched_cell), where 19 host copies at twice the bytes were most of a GPU layer
     task's seconds. The checks are the same either way: a float32 value is finite exactly when its float64 is."""
-    X = np.asarray(X) if not float64 and np.issubdtype(np.asarray(X).dtype, np.floating) else \
-        np.asarray(X, dtype=np.float64)
+    X = np.asarray(X)
+    if float64 or not np.issubdtype(X.dtype, np.floating):
+        X = X.astype(np.float64, copy=False)
     y = np.asarray(y)
     groups = np.asarray(groups)
     if X.ndim != 2:

@@ -79,13 +79,8 @@ def _head_aurocs_on(device: torch.device, features: np.ndarray, y: np.ndarray,
     X = torch.as_tensor(np.ascontiguousarray(np.asarray(features, dtype=np.float64).transpose(1, 0, 2)),
                         device=device)  # [H, n, Dh]: each head a cell
     usable = [(fit, val) for fit, val in folds if np.unique(y[fit]).size == 2 and np.unique(y[val]).size == 2]
-    if not usable:  # too few rows for grouped folds: the training AUROC of an all-rows fit
-        every = np.arange(y.size)
-        fits = fit_primal(X, [every], [y])
-        if fits is None:
-            return None
-        scores = fits.scores(X).cpu().numpy()
-        return np.array([auroc(scores[h, 0], y) for h in range(heads)])
+    every = np.arange(y.size)
+    usable = usable or [(every, every)]  # too few rows for grouped folds: the training AUROC of an all-rows fit
     fits = fit_primal(X, [fit for fit, _ in usable], [y[fit] for fit, _ in usable])
     if fits is None:
         return None

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).parent
+BIND_PREFIX = "gpu_bind_"  # the name a checked test module is imported under
 
 
 def _is_gpu_mark(node: ast.expr) -> bool:
@@ -45,10 +46,11 @@ def _resolve(expr: ast.expr, namespace: dict) -> object | None:
 
 
 def _ours(target: object) -> bool:
-    """A Python function or class of the project or of the tests: what a CPU pass can check and a GPU test calls."""
+    """A Python function or class of the project or of the tests (the checked module's own helpers included, imported
+    under _test_module's name): what a CPU pass can check and a GPU test calls."""
     module = getattr(target, "__module__", "") or ""
-    return (inspect.isfunction(target) or inspect.isclass(target)) and (
-        module.startswith("poolbench") or module.startswith("test") or module.startswith("tiny_models"))
+    return (inspect.isfunction(target) or inspect.isclass(target)) and module.startswith(
+        ("poolbench", "test", "tiny_models", BIND_PREFIX))
 
 
 def _with_local_imports(test: ast.FunctionDef, namespace: dict) -> dict:
@@ -98,7 +100,7 @@ def _test_module(path: Path) -> dict:
     """The test module's namespace, imported as pytest would (tests/ on the path), under its own name."""
     sys.path.insert(0, str(TESTS))
     try:
-        spec = importlib.util.spec_from_file_location(f"gpu_bind_{path.stem}", path)
+        spec = importlib.util.spec_from_file_location(f"{BIND_PREFIX}{path.stem}", path)
         assert spec and spec.loader
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

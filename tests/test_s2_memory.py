@@ -122,9 +122,9 @@ def test_s2_sub_chunks_join_into_the_plain_chunk(monkeypatch) -> None:
     sizes: list[int] = []
     forward = capture.gradient_forward
 
-    def counted(model, modules, inputs, mask, layers, write):
+    def counted(model, modules, inputs, mask, layers, write, **kwargs):
         sizes.append(int(mask.shape[0]))
-        forward(model, modules, inputs, mask, layers, write)
+        forward(model, modules, inputs, mask, layers, write, **kwargs)
 
     monkeypatch.setattr(capture, "gradient_forward", counted)
     out = list(extract_batches(llama, llama.model.layers, [batch], (1, 2), needs=needs,

@@ -115,9 +115,15 @@ def _configs(model: nn.Module, decoder_layers: Sequence[nn.Module]) -> list:
 
 @contextmanager
 def capture_attention(model: nn.Module, decoder_layers: Sequence[nn.Module], layers: Sequence[int],
-                      attention_mask: torch.Tensor, *, head_outputs: bool = False
+                      attention_mask: torch.Tensor, *, head_outputs: bool = False,
+                      checks: list[Callable[[], None]] | None = None
                       ) -> Iterator[dict[int, dict[str, torch.Tensor]]]:
-    """Yield {layer: {"inflow", "inflow_last": [B,H,T], "head_output_last": [B,H,Dh]}} filled by a forward."""
+    """Yield {layer: {"inflow", "inflow_last": [B,H,T], "head_output_last": [B,H,Dh]}} filled by a forward.
+
+    Whether the forward's mask let a real query see a later key is a device value: read at the exit, it made the
+    host wait for everything enqueued, the chunk's backward and pooling included. With `checks` it is copied to the
+    host behind that work and the check (LaterKeyCheck) appended there, for the caller to run once it waits for
+    the chunk anyway (capture._finish_chunk); without, it runs at the exit."""
     mask = attention_mask.to(torch.bool)
     last = last_real_index(mask)
     out: dict[int, dict[str, torch.Tensor]] = {}
@@ -148,11 +154,38 @@ def capture_attention(model: nn.Module, decoder_layers: Sequence[nn.Module], lay
     if missing:
         raise AttentionCaptureError(f"layers {missing}: attention never went through transformers' attention "
                                     f"interface in {type(model).__name__}; S1/S3 cannot observe it")
-    if later_keys:  # one read after the forward, where the capture waits for the device anyway
-        bad = [layer for layer, _, flag in later_keys.values() if bool(flag)]  # a mask or two (one per device)
+    if later_keys:  # a mask or two (one per device)
+        check = LaterKeyCheck(type(model).__name__, [(layer, flag) for layer, _, flag in later_keys.values()])
+        if checks is None:
+            check()
+        else:
+            checks.append(check)
+
+
+class LaterKeyCheck:
+    """The later-key flags of one forward's masks, copied to pinned host memory without waiting (on a GPU); calling
+    it waits for those copies alone and stops naming the first layer whose mask let a real query see a later key."""
+
+    def __init__(self, model_name: str, flags: Sequence[tuple[int, torch.Tensor]]) -> None:
+        self.model_name = model_name
+        self.layers = [layer for layer, _ in flags]
+        cuda = [flag for _, flag in flags if flag.device.type == "cuda"]
+        self.host = torch.empty(len(flags), dtype=torch.bool, pin_memory=bool(cuda))
+        self.events: list[torch.cuda.Event] = []
+        for i, (_, flag) in enumerate(flags):
+            self.host[i].copy_(flag.reshape(()), non_blocking=flag.device.type == "cuda")
+        for device in {flag.device for flag in cuda}:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self.events.append(event)
+
+    def __call__(self) -> None:
+        for event in self.events:
+            event.synchronize()
+        bad = [layer for layer, flag in zip(self.layers, self.host, strict=True) if bool(flag)]
         if bad:
-            raise AttentionCaptureError(f"layer {bad[0]}: {type(model).__name__}'s causal attention was given a mask "
-                                        "that lets a query see a later key; S1/S3's inflow assumes a causal mask")
+            raise AttentionCaptureError(f"layer {bad[0]}: {self.model_name}'s causal attention was given a mask that "
+                                        "lets a query see a later key; S1/S3's inflow assumes a causal mask")
 
 
 @contextmanager

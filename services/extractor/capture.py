@@ -31,6 +31,7 @@ from poolbench.extractor.extraction_stats import ExtractionStats
 from poolbench.extractor.gradient_saliency import gradient_forward
 from poolbench.extractor.hook_points import capture_layer_outputs
 from poolbench.extractor.layer_sinks import KeptLayers, LaunchedSink, LayerExtras, SinkT
+from poolbench.extractor.lm_head_likelihood import real_pairs_from_host
 from poolbench.extractor.model_config import attention_heads, text_config
 from poolbench.extractor.padded_batches import PaddedBatch, model_inputs
 from poolbench.extractor.site_hooks import check_sites, site_module
@@ -175,6 +176,7 @@ class _InFlight(Generic[SinkT]):
     chunk: PaddedBatch
     sink: SinkT
     launch_seconds: float
+    checks: Sequence[Callable[[], None]] = ()  # what the launch left to check once its work is done
 
 
 def _kept_layers_fit(model: nn.Module, chunk: PaddedBatch, layers: tuple[int, ...], needs: frozenset[str]) -> bool:
@@ -203,7 +205,8 @@ def _launch_before_its_sink(model: nn.Module, decoder_layers: Sequence[nn.Module
     start = time.perf_counter()
     sink = _make_sink(preparer, plan, chunk)
     kept.hand_to(sink)
-    return _InFlight(batch_index, chunk, sink, launched.launch_seconds + time.perf_counter() - start)
+    return _InFlight(batch_index, chunk, sink, launched.launch_seconds + time.perf_counter() - start,
+                     launched.checks)
 
 
 def _make_sink(preparer: ChunkPreparer[SinkT], plan: ChunkPlan, chunk: PaddedBatch) -> SinkT:
@@ -246,17 +249,18 @@ def _launch_chunk(model: nn.Module, decoder_layers: Sequence[nn.Module], batch: 
     start = time.perf_counter()
     gradient = "gradient" in needs
     n_rows = len(batch.indices)
+    checks: list[Callable[[], None]] = []
     if gradient and 0 < gradient_rows < n_rows:
-        parts = [_run_rows(model, decoder_layers, batch.select(rows), layers, needs, site_modules, stop_early)
-                 for rows in row_chunks(n_rows, gradient_rows)]
+        parts = [_run_rows(model, decoder_layers, batch.select(rows), layers, needs, site_modules, stop_early,
+                           checks=checks) for rows in row_chunks(n_rows, gradient_rows)]
         for layer in layers:
             hidden = torch.cat([part[layer][0] for part in parts])
             sink(layer, hidden, {name: torch.cat([part[layer][1][name] for part in parts])
                                  for name in parts[0][layer][1]})
         del parts
     else:
-        _run_rows(model, decoder_layers, batch, layers, needs, site_modules, stop_early, sink=sink)
-    return _InFlight(batch_index, batch, sink, time.perf_counter() - start)
+        _run_rows(model, decoder_layers, batch, layers, needs, site_modules, stop_early, sink=sink, checks=checks)
+    return _InFlight(batch_index, batch, sink, time.perf_counter() - start, checks)
 
 
 def _finish_chunk(model: nn.Module, chunk: _InFlight[SinkT], stats: ExtractionStats | None, *, late: bool
@@ -270,6 +274,8 @@ def _finish_chunk(model: nn.Module, chunk: _InFlight[SinkT], stats: ExtractionSt
             sync_device(model)
         waited = time.perf_counter()
         chunk.sink.finish()
+        for check in chunk.checks:  # the forward's own checks, read once its work is done (no wait of their own)
+            check()
     except RuntimeError as exc:
         _raise_cuda_error(exc, chunk.batch_index, chunk.chunk)
     done = time.perf_counter()
@@ -283,10 +289,13 @@ def _finish_chunk(model: nn.Module, chunk: _InFlight[SinkT], stats: ExtractionSt
 
 def _run_rows(model: nn.Module, decoder_layers: Sequence[nn.Module], batch: PaddedBatch, layers: tuple[int, ...],
               needs: frozenset[str], site_modules: Sequence[nn.Module], stop_early: bool,
-              sink: Callable[[int, torch.Tensor, LayerExtras], None] | None = None
-              ) -> dict[int, tuple[torch.Tensor, LayerExtras]]:
+              sink: Callable[[int, torch.Tensor, LayerExtras], None] | None = None,
+              checks: list[Callable[[], None]] | None = None) -> dict[int, tuple[torch.Tensor, LayerExtras]]:
     """One forward (and S2's backward) over these rows: each layer to `sink` as it comes, or, without a sink,
-    every layer's (hidden, extras) returned for the caller to join with its other sub-chunks."""
+    every layer's (hidden, extras) returned for the caller to join with its other sub-chunks. Nothing here reads
+    the device: S2's log-likelihood terms come from the batch's host mask, and the attention capture's check of the
+    mask goes to `checks`, run when the chunk is finished (a read here held the host until the chunk's forward,
+    backward and pooling were done, and the device idle while the host then worked between chunks)."""
     attention, gradient = "attention" in needs, "gradient" in needs
     kept: dict[int, tuple[torch.Tensor, LayerExtras]] = {}
     written: set[int] = set()
@@ -306,10 +315,11 @@ def _run_rows(model: nn.Module, decoder_layers: Sequence[nn.Module], batch: Padd
         inputs = model_inputs(model, batch)
         mask = inputs["attention_mask"].to(torch.bool)  # type: ignore[union-attr]
         heads = stack.enter_context(
-            capture_attention(model, decoder_layers, layers, mask, head_outputs="labels" in needs)
+            capture_attention(model, decoder_layers, layers, mask, head_outputs="labels" in needs, checks=checks)
             if attention else nullcontext({}))
         if gradient:
-            gradient_forward(model, site_modules, inputs, mask, layers, write)
+            pairs = real_pairs_from_host(batch.attention_mask, mask.device)
+            gradient_forward(model, site_modules, inputs, mask, layers, write, pairs=pairs)
         else:
             with capture_layer_outputs(site_modules, layers, stop_early=stop_early, sink=write):
                 model(**inputs)

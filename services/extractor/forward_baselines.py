@@ -16,7 +16,7 @@ from poolbench.extractor.batching import (
 )
 from poolbench.extractor.capture import model_token_costs, resolve_max_batch_tokens, sync_device
 from poolbench.extractor.extraction_stats import ExtractionStats
-from poolbench.extractor.lm_head_likelihood import final_hidden, layer_gradients, lm_head
+from poolbench.extractor.lm_head_likelihood import final_hidden, layer_gradients, lm_head, real_pairs_from_host
 from poolbench.extractor.padded_batches import PaddedBatch, model_inputs
 
 
@@ -60,7 +60,8 @@ def forward_backward(
                 ids = inputs.pop("input_ids")
                 embeds = embed(ids).detach().requires_grad_(True)  # type: ignore[arg-type]
                 final = final_hidden(model, {"inputs_embeds": embeds, **inputs})
-                layer_gradients(model, final, [embeds], ids, inputs["attention_mask"].to(torch.bool))  # type: ignore
+                layer_gradients(model, final, [embeds], ids, inputs["attention_mask"].to(torch.bool),  # type: ignore
+                                pairs=real_pairs_from_host(part.attention_mask, ids.device))  # as the capture
             sync_device(model)
             stats.count_forward(part, time.perf_counter() - start)
     return stats

@@ -11,13 +11,13 @@ from torch import nn
 
 from poolbench.extractor.attention_capture import gradient_layer_outputs
 from poolbench.extractor.layer_sinks import LayerExtras
-from poolbench.extractor.lm_head_likelihood import final_hidden, layer_gradients, lm_head
+from poolbench.extractor.lm_head_likelihood import Pairs, final_hidden, layer_gradients, lm_head
 
 Write = Callable[[int, torch.Tensor, LayerExtras], None]
 
 
 def gradient_forward(model: nn.Module, decoder_layers: Sequence[nn.Module], inputs: dict, mask: torch.Tensor,
-                     layers: tuple[int, ...], write: Write) -> None:
+                     layers: tuple[int, ...], write: Write, pairs: Pairs | None = None) -> None:
     """S2: forward to the final hidden state with the shallowest requested layer as a grad leaf (the backward stops
     there), and ONE backward of the sum of every row's log-likelihood: rows are independent, so each row's
     share of the gradient is its own gradient. Beside S2's token weights each layer hands "gradient_norm",
@@ -29,7 +29,8 @@ def gradient_forward(model: nn.Module, decoder_layers: Sequence[nn.Module], inpu
     backward's kernels, where the host's launches hide behind the device's work, instead of 32 layers of pooling
     launched after a finished backward on an idle device. The shallowest, the leaf the backward stops at, is
     written last, from the backward's result. Each layer's values are the ones autograd.grad over every layer
-    gave (tests/test_gradient_in_backward.py, bit for bit)."""
+    gave (tests/test_gradient_in_backward.py, bit for bit). `pairs`: the log-likelihood's terms from the batch's host
+    mask (lm_head_likelihood.real_pairs_from_host), so nothing here waits for the device."""
     lm_head(model)  # a model without an LM head fails here, before its forward
     first = min(layers)
     with gradient_layer_outputs(decoder_layers, layers) as captured:
@@ -39,7 +40,7 @@ def gradient_forward(model: nn.Module, decoder_layers: Sequence[nn.Module], inpu
                for layer, output in captured.items()]
     captured.clear()
     try:
-        (grad,) = layer_gradients(model, final, [hidden], inputs["input_ids"], mask)
+        (grad,) = layer_gradients(model, final, [hidden], inputs["input_ids"], mask, pairs=pairs)
     finally:
         for handle in handles:
             handle.remove()

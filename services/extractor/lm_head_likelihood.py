@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -23,6 +24,7 @@ from poolbench.errors import ExtractionError
 from poolbench.extractor.batching import chunk_tokens_for
 from poolbench.extractor.logsumexp_rows import logsumexp_rows
 from poolbench.extractor.model_config import text_config
+from poolbench.extractor.padded_batches import host_to_device
 
 
 @dataclass(frozen=True)
@@ -86,19 +88,36 @@ def final_hidden(model: nn.Module, inputs: dict) -> torch.Tensor:
     return seen[0]
 
 
-def real_pairs(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rows, positions) of every t whose token and next token are both real: the terms of the log-likelihood."""
+Pairs = tuple[torch.Tensor, torch.Tensor]  # (rows, positions) of the log-likelihood's terms, row-major
+
+
+def real_pairs(mask: torch.Tensor) -> Pairs:
+    """(rows, positions) of every t whose token and next token are both real: the terms of the log-likelihood.
+    On a GPU `nonzero` waits for the device's queue (its count sizes the result): the capture hands
+    real_pairs_from_host's instead."""
     pairs = mask[:, :-1] & mask[:, 1:]
     rows, positions = torch.nonzero(pairs, as_tuple=True)
     return rows, positions
 
 
+def real_pairs_from_host(mask: np.ndarray, device: torch.device) -> Pairs:
+    """real_pairs from the batch's host mask, the same indices in the same order (numpy's nonzero is row-major as
+    torch's is), sent to the device without waiting: the capture enqueues a chunk's LM head and backward behind
+    its forward, and a device nonzero there held the host until that forward had run."""
+    real = np.asarray(mask).astype(bool, copy=False)
+    found = np.nonzero(real[:, :-1] & real[:, 1:])
+    rows, positions = (host_to_device(index.astype(np.int64, copy=False), device) for index in found)
+    return rows, positions
+
+
 def log_likelihood_and_gradient(head: LMHead, hidden: torch.Tensor, input_ids: torch.Tensor, mask: torch.Tensor,
-                                *, chunk_tokens: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                                *, chunk_tokens: int | None = None, pairs: Pairs | None = None
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(s, ds/dh): s = sum over rows of log p(x_{t+1} | x_<=t) over real pairs (float32 scalar), and its gradient
-    at `hidden` [B, T, d] (hidden's dtype; zero where t has no real successor), one chunk of pairs at a time."""
+    at `hidden` [B, T, d] (hidden's dtype; zero where t has no real successor), one chunk of pairs at a time.
+    `pairs`: real_pairs(mask) computed already (real_pairs_from_host), or None to compute them here."""
     chunk = chunk_tokens or chunk_tokens_for(head.weight.shape[0])
-    rows, positions = real_pairs(mask.to(torch.bool))
+    rows, positions = pairs if pairs is not None else real_pairs(mask.to(torch.bool))
     targets = input_ids[rows, positions + 1]
     flat_index = rows * hidden.shape[1] + positions
     states = hidden.detach().reshape(-1, hidden.shape[-1])
@@ -147,8 +166,10 @@ def plain_head_chunk(head: LMHead, h: torch.Tensor, targets: torch.Tensor) -> tu
 
 
 def layer_gradients(model: nn.Module, final: torch.Tensor, tensors: Sequence[torch.Tensor], input_ids: torch.Tensor,
-                    mask: torch.Tensor, *, chunk_tokens: int | None = None) -> tuple[torch.Tensor, ...]:
+                    mask: torch.Tensor, *, chunk_tokens: int | None = None, pairs: Pairs | None = None
+                    ) -> tuple[torch.Tensor, ...]:
     """d s / d t for each of `tensors` (upstream of `final`, the decoder's last hidden state): the chunked head's
     gradient at `final`, then one backward through the decoder shared by every row and tensor."""
-    _, grad_final = log_likelihood_and_gradient(lm_head(model), final, input_ids, mask, chunk_tokens=chunk_tokens)
+    _, grad_final = log_likelihood_and_gradient(lm_head(model), final, input_ids, mask, chunk_tokens=chunk_tokens,
+                                                pairs=pairs)
     return torch.autograd.grad(final, list(tensors), grad_outputs=grad_final)

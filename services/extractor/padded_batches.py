@@ -158,9 +158,9 @@ def model_inputs(model: nn.Module, batch: PaddedBatch) -> dict[str, torch.Tensor
     tokenizers' default."""
     device = next(model.parameters()).device
     accepted = inspect.signature(model.forward).parameters
-    mask = _to_device(batch.attention_mask, device).to(torch.long)
+    mask = host_to_device(batch.attention_mask, device).to(torch.long)
     inputs: dict[str, torch.Tensor | bool] = {
-        "input_ids": _to_device(batch.input_ids, device),
+        "input_ids": host_to_device(batch.input_ids, device),
         "attention_mask": mask,
         "output_hidden_states": False,
     }
@@ -171,7 +171,7 @@ def model_inputs(model: nn.Module, batch: PaddedBatch) -> dict[str, torch.Tensor
     return inputs
 
 
-def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+def host_to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """An input array on the device. To CUDA through page-locked memory, non-blocking: a copy from pageable
     memory waits for everything already enqueued on the stream, so a chunk's inputs would wait for the chunk
     before it to end (the capture enqueues the next chunk before it finishes the last: capture.capture_chunks)."""

@@ -18,6 +18,17 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_alignment_parses.py::test_parses_are_cached_by_corpus_hash_and_reused": (1, INTS, "a cached parse table"),
     "test_batch_budget.py::test_chunks_of_a_batch_hold_what_the_whole_batch_holds_up_to_round_off": (
         1, INTS, "attention masks of the chunks and the whole batch"),
+    "test_capture_reads.py::test_a_launch_reads_the_device_only_in_transformers_mask_check": (
+        1, SAME + ": transformers' mask check answered from the host says what the device said for a padded "
+           "batch (materialise the mask): the same kernels on the same inputs", "every pooled vector, both runs"),
+    "test_capture_reads.py::test_host_pairs_are_the_device_pairs_in_their_order": (
+        1, INTS, "the log-likelihood's (row, position) indices from the host mask and from the device's nonzero"),
+    "test_capture_reads.py::test_on_cuda_a_launch_never_waits_for_the_device": (
+        1, SAME + " (on CUDA, the forward's strategies only: S2's go through sdpa's atomic backward and are not "
+           "compared)", "the vectors of every strategy but S2, under the sync debug mode and without"),
+    "test_learned_pooling.py::test_the_token_keeper_keeps_each_rows_tokens_without_reading_the_device": (
+        1, COPY + ": a gather of the same elements and a cast to float32, by flat positions or by a row's mask",
+        "each row's kept token states"),
     "test_capture_pipeline.py::_assert_identical": (
         1, SAME + ": finishing a chunk after the next one is enqueued moves host calls in time; the chunks, "
            "kernels and inputs are the same", "every pooled, S3 head and S2 gradient table, overlap on and off"),

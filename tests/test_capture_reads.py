@@ -45,7 +45,10 @@ class DeviceReads(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.ops += 1
         name = func.overloadpacket.__name__
-        if name in READS:
+        if name in ("index", "index_put", "index_put_") and len(args) > 1 and any(
+                isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in args[1] if t is not None):
+            name += "[bool]"  # an index by a boolean mask: a nonzero inside the kernel (CPU's dispatch shows none)
+        if name in READS or name.endswith("[bool]"):
             frames = [f.filename for f in traceback.extract_stack()[:-1] if "/torch/" not in f.filename]
             self.reads.append((name, frames[-1] if frames else "?"))
         return func(*args, **(kwargs or {}))

@@ -5,12 +5,17 @@ whole-train fit's vectors (what D2's DiffMean direction is taken from); S3 still
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
+import pytest
+import torch
 from negation_pairs import passages
+from test_capture_reads import DeviceReads
 
 from poolbench.config import ProbingOptions
 from poolbench.pooler.iti import head_table_key
-from poolbench.pooler.learned import LearnedFoldView, learned_table_key
+from poolbench.pooler.learned import LearnedFoldView, TokenKeeper, learned_table_key
 from poolbench.pooler.pooled_table import PooledTableView
 from poolbench.pooler.worker import ExtractorWorker, PoolTask
 from poolbench.prober.concept_probe import probe_layer_task
@@ -75,3 +80,27 @@ def test_a_run_with_a_learned_strategy_gives_ordinary_d1_cells_and_leaderboard_r
     paths = write_run_outputs(outcome, tmp_path / "out")
     rows = {row["strategy"]: row for row in json.loads(paths["leaderboard"].read_text())["strategies"]}
     assert rows["LA3_multimax"]["supervision"] == "labels" and "hedging" in rows["LA3_multimax"]["per_concept"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_token_keeper_keeps_each_rows_tokens_without_reading_the_device(dtype) -> None:
+    """Each row's kept tokens (real and not special; a row of special tokens only keeps them all; a padding row
+    none), as float32 and in order, the very values a boolean index a row gives; found on the host, so no layer's
+    call reads the device (a boolean index is a nonzero inside: rows x layers reads a chunk, restored it fails)."""
+    real = np.array([[1, 1, 1, 1, 0, 0], [0, 0, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]], bool)
+    special = np.array([[1, 0, 0, 0, 0, 0], [0, 0, 1, 0, 0, 1], [1, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]], bool)
+    chunk = SimpleNamespace(attention_mask=real.astype(np.int64), special_mask=special)
+    passed: list[int] = []
+    keeper = TokenKeeper(lambda layer, hidden, extras: passed.append(layer), chunk, [0, 3])
+    states = {layer: torch.randn(4, 6, 5, generator=torch.Generator().manual_seed(layer)).to(dtype)
+              for layer in (0, 3)}
+    with DeviceReads() as reads:
+        for layer, hidden in states.items():
+            keeper(layer, hidden, {})
+    assert passed == [0, 3] and reads.reads == []
+    keep = torch.from_numpy(np.array([[0, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 0], [1, 1, 0, 0, 0, 0], [0] * 6], bool))
+    for layer, hidden in states.items():
+        assert [len(row) for row in keeper.states[layer]] == [3, 2, 2, 0]
+        for b, row in enumerate(keeper.states[layer]):
+            assert row.dtype == torch.float32
+            assert torch.equal(row, hidden[b][keep[b]].float())

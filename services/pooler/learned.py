@@ -22,6 +22,7 @@ import torch
 
 from poolbench.corpus.passage import Passage
 from poolbench.errors import StoreError
+from poolbench.extractor.padded_batches import host_to_device
 from poolbench.pooler.learned_aggregators import AggregatorParams
 from poolbench.pooler.learned_fits import TrainSettings, fit_outer, outer_fit_rows, pad_tokens, standardised
 from poolbench.pooler.pooled_table import PooledTableBuilder
@@ -91,19 +92,29 @@ SPECS = (
 
 class TokenKeeper:
     """Wraps a chunk's capture sink: passes every layer on, and keeps each row's real, non-special token states
-    (float32, on their device) so the concept's learned aggregators can be fitted after its forwards."""
+    (float32, on their device) so the concept's learned aggregators can be fitted after its forwards.
+
+    The kept tokens are found on the host, once a chunk: one gather a layer by their flat positions (sent to the
+    device page-locked, without waiting) and a split by each row's count. A boolean index a row (before) is a
+    nonzero on the device, which on a GPU waited for the device's queue rows x layers times a chunk, inside the
+    capture's forward."""
 
     def __init__(self, sink, chunk, layers: Sequence[int]) -> None:
         self.sink = sink
         self._chunk = chunk
         self._keep = np.asarray(chunk.attention_mask, bool) & ~np.asarray(chunk.special_mask, bool)
         self._keep |= ~self._keep.any(axis=1, keepdims=True) & np.asarray(chunk.attention_mask, bool)
+        self._positions = np.flatnonzero(self._keep)  # row-major: row b's kept tokens in order, then row b + 1's
+        self._counts = [int(n) for n in self._keep.sum(axis=1)]
+        self._index: torch.Tensor | None = None
         self.states: dict[int, list[torch.Tensor]] = {int(layer): [] for layer in layers}
 
     def __call__(self, layer: int, hidden: torch.Tensor, extras) -> None:
         self.sink(layer, hidden, extras)
-        keep = torch.as_tensor(self._keep, device=hidden.device)
-        self.states[int(layer)] = [hidden[b][keep[b]].float().clone() for b in range(hidden.shape[0])]
+        if self._index is None or self._index.device != hidden.device:
+            self._index = host_to_device(self._positions.astype(np.int64), hidden.device)
+        kept = hidden.reshape(-1, hidden.shape[-1]).index_select(0, self._index).float()
+        self.states[int(layer)] = list(torch.split(kept, self._counts))
 
     def __getattr__(self, name: str):
         return getattr(self.sink, name)

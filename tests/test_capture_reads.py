@@ -137,6 +137,30 @@ def test_a_capture_stops_at_the_chunk_whose_mask_opened_a_later_key(tiny_llama_d
         pool_hedging(tiny_llama_dir)
 
 
+def test_a_chunks_mask_check_runs_after_the_next_chunk_is_enqueued(tiny_llama_dir, monkeypatch) -> None:
+    """With overlap, chunk k's later-key check runs when chunk k is finished, which is after chunk k+1's launch: the
+    host reads nothing of chunk k before chunk k+1 is on the device. Checking at the launch's end (before) would
+    put each check before the next launch."""
+    order: list[str] = []
+    original_check, original_launch = attention_capture.LaterKeyCheck.__call__, capture._launch_chunk
+
+    def check(self) -> None:
+        order.append("check")
+        original_check(self)
+
+    def launch(*args, **kwargs):
+        launched = original_launch(*args, **kwargs)
+        order.append("launch")
+        return launched
+
+    monkeypatch.setattr(attention_capture.LaterKeyCheck, "__call__", check)
+    monkeypatch.setattr(capture, "_launch_chunk", launch)
+    pool_hedging(tiny_llama_dir)
+    n = order.count("launch")
+    assert n >= 2 and order.count("check") == n
+    assert order == ["launch"] + ["launch", "check"] * (n - 1) + ["check"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_cuda_a_launch_never_waits_for_the_device(tiny_llama_dir, monkeypatch) -> None:

@@ -364,16 +364,7 @@ def test_the_newton_loop_reads_the_device_once_a_step_and_once_a_line_search_rou
     in another (`_counts`), where it read them in three and two: every read inside the loop is a `_counts` call (the
     other three: the two standardisers' checks and the convergence count), and a step that takes its full Newton
     step reads twice. 22 reads a cell became 10 at d1_cost's layer (bench/README, session 38)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Reads(TorchDispatchMode):
-        def __init__(self) -> None:
-            super().__init__()
-            self.count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.count += str(func.overloadpacket) in ("aten._local_scalar_dense", "aten.nonzero", "aten.item")
-            return func(*args, **(kwargs or {}))
+    from device_reads import DeviceReads
 
     X, y, _ = _data(200, 40, 3)
     cells = torch.as_tensor(np.stack([X, X[::-1].copy(), X * 1.5]))
@@ -381,10 +372,9 @@ def test_the_newton_loop_reads_the_device_once_a_step_and_once_a_line_search_rou
     counted = []
     real = batched_logistic._counts
     monkeypatch.setattr(batched_logistic, "_counts", lambda a, b: counted.append(1) or real(a, b))
-    reads = Reads()
-    with reads:
+    with DeviceReads() as reads:
         fit = fit_many(cells, rows, [y[r] for r in rows], exact=False)
     steps = int(fit.iterations.max())
     assert bool(fit.converged.all()) and steps >= 5
-    assert reads.count == len(counted) + 3
+    assert len(reads.reads) == len(counted) + 3
     assert len(counted) >= 2 * steps + 1  # each step and its line search, then the check that stops the loop

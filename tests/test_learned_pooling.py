@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from device_reads import DeviceReads
 from negation_pairs import passages
-from test_capture_reads import DeviceReads
 
 from poolbench.config import ProbingOptions
 from poolbench.pooler.iti import head_table_key

@@ -102,17 +102,17 @@ class TokenKeeper:
     def __init__(self, sink, chunk, layers: Sequence[int]) -> None:
         self.sink = sink
         self._chunk = chunk
-        self._keep = np.asarray(chunk.attention_mask, bool) & ~np.asarray(chunk.special_mask, bool)
-        self._keep |= ~self._keep.any(axis=1, keepdims=True) & np.asarray(chunk.attention_mask, bool)
-        self._positions = np.flatnonzero(self._keep)  # row-major: row b's kept tokens in order, then row b + 1's
-        self._counts = [int(n) for n in self._keep.sum(axis=1)]
+        keep = np.asarray(chunk.attention_mask, bool) & ~np.asarray(chunk.special_mask, bool)
+        keep |= ~keep.any(axis=1, keepdims=True) & np.asarray(chunk.attention_mask, bool)
+        self._positions = np.flatnonzero(keep).astype(np.int64, copy=False)  # row b's kept tokens, then row b + 1's
+        self._counts = [int(n) for n in keep.sum(axis=1)]
         self._index: torch.Tensor | None = None
         self.states: dict[int, list[torch.Tensor]] = {int(layer): [] for layer in layers}
 
     def __call__(self, layer: int, hidden: torch.Tensor, extras) -> None:
         self.sink(layer, hidden, extras)
         if self._index is None or self._index.device != hidden.device:
-            self._index = host_to_device(self._positions.astype(np.int64), hidden.device)
+            self._index = host_to_device(self._positions, hidden.device)
         kept = hidden.reshape(-1, hidden.shape[-1]).index_select(0, self._index).float()
         self.states[int(layer)] = list(torch.split(kept, self._counts))
 

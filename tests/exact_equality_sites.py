@@ -73,11 +73,11 @@ SITES: dict[str, tuple[int, str, str]] = {
         1, COPY + ": the same tables encoded and serialised on one thread or three", "the stored files' bytes"),
     "test_store.py::test_a_folder_stores_table_lies_in_its_file_mapped_into_memory": (
         2, COPY + ": a table stored and read back from its mapped file", "the table read, before and after a rewrite"),
-    "test_store.py::test_an_s3_tables_bytes_lie_in_its_spool_file_mapped_into_memory": (
+    "test_s3_spool.py::test_an_s3_tables_bytes_lie_in_its_spool_file_mapped_into_memory": (
         1, COPY + ": a table uploaded and read back from its mapped spool file", "the table read"),
     "test_store.py::test_a_table_is_stored_as_the_librarys_bytes_in_every_backend": (
         1, COPY, "a stored table read back against the table with its provenance"),
-    "test_store.py::test_an_s3_table_over_a_part_goes_up_in_parts_from_its_spool_and_reads_back_whole": (
+    "test_s3_spool.py::test_an_s3_table_over_a_part_goes_up_in_parts_from_its_spool_and_reads_back_whole": (
         1, COPY, "a table uploaded in parts from its spool file, read back against the table with its provenance"),
     "test_store.py::test_a_table_serialises_to_the_librarys_bytes_in_one_exact_buffer": (
         1, COPY + ": one table serialised by pyarrow's IPC writer into a sized buffer or a growing stream",

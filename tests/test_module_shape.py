@@ -1,6 +1,7 @@
-"""The house's shape: no module of shared/ or services/ over 500 lines, and no import cycle between modules.
+"""The house's shape: no module over 500 lines (the library, the services, the tests, the benches, the deploy
+scripts), and no import cycle between modules.
 
-A room that grows past 500 lines stops reading alone, and two modules that import each other are one idea split
+A room that grows past 500 lines stops reading alone (a test module as much as the code it holds to account), and two modules that import each other are one idea split
 badly (one of them cannot be read, loaded or tested without the other). The import graph is grimp's (what
 import-linter builds), so imports inside functions and under TYPE_CHECKING count as well.
 """
@@ -22,10 +23,14 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 500
 
 
+FOLDERS = ("shared", "services", "tests", "bench", "deploy")
+
+
 def test_no_module_over_500_lines():
     lengths = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines())
-               for folder in ("shared", "services") for p in sorted((ROOT / folder).rglob("*.py"))}
-    assert len(lengths) > 100  # the walk found the house, not an empty folder
+               for folder in FOLDERS for p in sorted((ROOT / folder).rglob("*.py"))}
+    assert sum(path.startswith(("shared/", "services/")) for path in lengths) > 100  # the house, not an empty folder
+    assert sum(path.startswith("tests/") for path in lengths) > 100  # and its tests
     over = {path: n for path, n in lengths.items() if n > MAX_LINES}
     assert over == {}, f"modules over {MAX_LINES} lines: {over}"
 

@@ -1,9 +1,10 @@
 """The house's shape: no module over 500 lines (the library, the services, the tests, the benches, the deploy
 scripts), and no import cycle between modules.
 
-A room that grows past 500 lines stops reading alone (a test module as much as the code it holds to account), and two modules that import each other are one idea split
-badly (one of them cannot be read, loaded or tested without the other). The import graph is grimp's (what
-import-linter builds), so imports inside functions and under TYPE_CHECKING count as well.
+A room that grows past 500 lines stops reading alone (a test module as much as the code it holds to account),
+and two modules that import each other are one idea split badly (one of them cannot be read, loaded or tested
+without the other). The import graph is grimp's (what import-linter builds), so imports inside functions and
+under TYPE_CHECKING count as well.
 """
 
 from __future__ import annotations

@@ -234,6 +234,12 @@ class PlacementOptions(BaseModel):
     num_workers: Annotated[int | None, Field(ge=1), opt(
         "extractor workers (default: one per GPU, else one per node with 2+ CPUs)")] = None
     torch_threads: Annotated[int | None, Field(ge=1), opt("torch threads per CPU worker")] = None
+    # A D1 run whose vectors outgrow the store's disk (an 8B model's full corpus: ~10 GB a concept at float32):
+    # pooler.pooled_drop, driver.room_gate. Changes no number; what later stages would read is gone.
+    drop_pooled: Annotated[bool, opt(
+        "delete each concept's pooled vectors (shards, S3's head tables, S2's gradient sums) once its D1 records "
+        "and per-passage scores are stored, pooling only as far ahead as the store's disk has room (needs "
+        "--no-steering; no steerability section)", flag="--drop-pooled/--keep-pooled")] = False
 
     def resolved_store(self) -> str:
         return self.store or default_store_url()

@@ -30,6 +30,7 @@ RUN_OPTIONS: dict[str, object] = {
     "--tensor-parallel-size": 1, "--vllm-eager": False, "--reference-model": "auto", "--capability-task": None,
     "--capability-task-dir": Path("tasks"),
     "--store": None, "--out": "runs/default", "--address": None, "--num-workers": None, "--torch-threads": None,
+    "--drop-pooled": False,
     "--log-samples": False, "--wandb-args": None, "--mlflow-uri": None,
 }
 
@@ -52,7 +53,7 @@ def test_every_run_option_is_one_config_field_and_the_list_users_rely_on():
     assert flags == {"--overlap": ["--no-overlap"], "--dump-activations": ["--no-dump-activations"],
                      "--reliability": ["--no-reliability"], "--steering": ["--no-steering"], "--full": ["--no-full"],
                      "--allow-weak-scorer": ["--no-allow-weak-scorer"], "--vllm-eager": ["--no-vllm-eager"],
-                     "--log-samples": ["--no-log-samples"]}
+                     "--log-samples": ["--no-log-samples"], "--drop-pooled": ["--keep-pooled"]}
     # the config's fields that are not options of `run`: the learning curve's sizes
     assert set(RunConfig.model_fields) - set(run_options()) == {"train_limit", "test_limit"}
 
@@ -94,6 +95,7 @@ def test_the_command_line_gives_the_config_written_by_hand():
     default, models = parsed()
     assert default == RunConfig() and models == ("embedded",)
     assert parsed("--layers", "1,3")[0].layers == (1, 3)
+    assert parsed("--drop-pooled")[0].drop_pooled is True and parsed("--keep-pooled")[0].drop_pooled is False
     # what results.json records: every field but those that change no number (tracking, plugins, capability)
     assert set(cfg.model_dump()) == set(RunConfig.model_fields) - {
         "strategy_modules", "capability_task", "capability_task_dir", "log_samples", "wandb_args", "mlflow_uri"}

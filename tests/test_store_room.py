@@ -1,5 +1,6 @@
 """The store's room for a run's pooling: the vector bytes counted before any forward equal what pooling stores,
-and a folder store too small for them stops the run first with one line."""
+and a folder store too small for them stops the run first with one line; with --drop-pooled the largest concept
+must fit the room the pooling may fill, not the sum."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import pyarrow as pa
 import pytest
 from negation_pairs import passages
 
+from poolbench.byte_size import size
 from poolbench.driver.run_plan import ConceptPlan
-from poolbench.driver.store_room import check_store_room, pooling_bytes, size
+from poolbench.driver.store_room import ROOM_SHARE, check_store_room, pooling_bytes, pooling_room
 from poolbench.errors import StoreError
 from poolbench.pooler.gradient_sums import gradient_table_key
 from poolbench.pooler.iti import head_table_key
@@ -19,6 +21,7 @@ from poolbench.pooler.stored_size import vector_bytes_per_passage_layer
 from poolbench.pooler.worker import ExtractorWorker
 from poolbench.store.keys import layer_shard_key
 from poolbench.store.local import LocalStore
+from poolbench.store.s3 import S3Store
 
 
 def vector_payload(table: pa.Table) -> int:
@@ -83,10 +86,13 @@ def test_a_folder_store_without_room_stops_the_run_before_pooling(tmp_path) -> N
     assert "\n" not in message and f"store local:{store.root}" in message
     assert "(3 concepts, 60 passages) needs at least 0.2 MB and its disk has 0.2 MB free" in message
     assert "--store-dtype bfloat16" in message and "fewer --layers" in message
+    assert "--drop-pooled (each concept's vectors leave the store once its D1 is stored; with --no-steering)" \
+        in message
     assert [size(n) for n in (99_999, 100_000, 2_345_678, 99_999_999, 10_423_000_000)] == \
         ["99999 bytes", "0.1 MB", "2.3 MB", "100.0 MB", "10.4 GB"]
-    with pytest.raises(StoreError, match="use fewer --layers") as err:
-        check_store_room(store, to_pool, per_passage_layer, "bfloat16", free_bytes=lambda _: 0)
+    with pytest.raises(StoreError, match=r"free: use --drop-pooled \(.*\), fewer --layers") as err:
+        check_store_room(store, to_pool, per_passage_layer, "bfloat16", steering=False, free_bytes=lambda _: 0)
+    assert "--store-dtype" not in str(err.value) and "--no-steering" not in str(err.value)
     assert check_store_room(store, [], per_passage_layer, "float32", free_bytes=lambda _: 0) is None
     assert len(asked) == 3  # the worker is asked only where there is pooling left
 
@@ -100,3 +106,25 @@ def test_the_disk_asked_is_the_store_folders(tmp_path) -> None:
     check_store_room(store, plans(1, 2), lambda: 1, "float32",
                      free_bytes=lambda path: seen.append(path) or shutil.disk_usage(path).free)
     assert seen == [store.root] and np.isfinite(shutil.disk_usage(store.root).free)
+
+
+def test_with_drop_pooled_the_largest_concept_must_fit_the_room_the_pooling_may_fill(tmp_path) -> None:
+    """The room is ROOM_SHARE of the disk's free bytes; the largest concept (passages x layers left) must fit it
+    whole, its D1 reading every layer at once: more stops with one line naming it; an S3 store, or nothing left to
+    pool, counts no room."""
+    store = LocalStore(tmp_path / "s")
+    to_pool = [*plans(2, 20), (ConceptPlan("big", passages(20, "train"), "hb"), [0, 3])]  # 60 / 60 / 80 rows
+    assert pooling_room(store, to_pool, lambda: 1000, "float32", free_bytes=lambda _: 100_000) == (90_000, 100_000)
+    assert ROOM_SHARE == 0.9
+    free = int(80_000 / ROOM_SHARE)  # 88,888: a room of 79,999
+    with pytest.raises(StoreError) as err:
+        pooling_room(store, to_pool, lambda: 1000, "float32", free_bytes=lambda _: free)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"store local:{store.root}: with --drop-pooled the largest "
+                                                      "concept's pooling (concept big, 40 passages) needs at least "
+                                                      "80000 bytes and the store may fill 79999 bytes (90% of its "
+                                                      "disk's 88888 bytes free)")
+    assert "--store-dtype bfloat16" in message
+    assert pooling_room(store, to_pool, lambda: 1000, "float32", free_bytes=lambda _: free + 1) == (80_000, free + 1)
+    assert pooling_room(store, [], lambda: 1000, "float32", free_bytes=lambda _: 0) == (None, None)
+    assert pooling_room(S3Store.__new__(S3Store), to_pool, lambda: 1000, "float32") == (None, None)

@@ -60,6 +60,9 @@ def _pooled(results: dict, store, concept: str):
     if concept not in artifacts:
         raise PoolBenchError(f"concept '{concept}' was not run (ran: {', '.join(sorted(artifacts))})")
     key = artifacts[concept]["pooled"]
+    if key is None:
+        raise PoolBenchError(f"concept '{concept}': the run dropped its pooled vectors once its D1 was stored "
+                             "(--drop-pooled); run it again with --keep-pooled for the reliability commands")
     table = read_pooled_table(store, key)
     heads = read_head_table(store, key) if needs_head_table(table) else None
     return ConceptCells(table, heads, concept=concept, seed=int(results.get("seed", 0)))

@@ -17,6 +17,7 @@ from poolbench.records.events import (
     LayerProbed,
     ModelBuilding,
     PoolingFitted,
+    PoolingRoom,
     RunEvent,
     RunPlanned,
     ScorerReady,
@@ -82,7 +83,7 @@ class RunDisplay:
             case ScorerReady():
                 bar(self.tasks["scorer"], advance=1,
                     last=f"{event.concept} (held-out AUROC {event.heldout_auroc:.2f})")
-            case JobRetried() | PoolingFitted():
+            case JobRetried() | PoolingFitted() | PoolingRoom():
                 self.progress.console.print(event.line, highlight=False, markup=False)
             case SteeringStarted(engines=engines) if engines:
                 self.progress.console.print(f"steering engines: {'; '.join(engines)}", highlight=False, markup=False)

@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from poolbench.byte_size import size
 from poolbench.errors import PoolBenchError
 
 from .run_plan import PoolGroup
-from .store_room import size
 
 HOST_SHARE = 0.8  # of an extractor's available memory its jobs may hold: the rest is Ray's, D1 tasks', Arrow's
 

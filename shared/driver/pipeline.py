@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -34,6 +35,7 @@ from poolbench.records.events import (
     ConceptProgress,
     EventSink,
     ModelBuilding,
+    PoolingRoom,
     RunPlanned,
     ignore_event,
 )
@@ -55,7 +57,7 @@ from .probe_tasks import probe_task_resources, reuses_probe_processes
 from .ray_messages import plain_ray_messages
 from .run_plan import ConceptPlan, RunInputs, RunPlan
 from .steerability_stage import steerability_section
-from .store_room import check_store_room
+from .store_room import check_store_room, pooling_room, room_now
 from .variants import MAIN, Variant, axis_variants
 from .work_queue import Job, WorkQueue, fetch, poll_actors
 
@@ -96,6 +98,9 @@ def read_inputs(cfg: RunConfig) -> RunInputs:
     """Strategies, corpus and store as the config names them; a malformed --flash fails here too."""
     if cfg.flash is not None:
         parse_fraction(cfg.flash)
+    if cfg.drop_pooled and cfg.steering:
+        raise PoolBenchError("--drop-pooled: the steering stage reads the pooled vectors the drop takes; add "
+                             "--no-steering (or keep them: --keep-pooled)")
     specs = resolve_strategies(list(cfg.strategies) if cfg.strategies else None)
     corpus = open_corpus(cfg.corpus, cfg.corpus_size, cfg.concepts)
     check_corpus(corpus)
@@ -189,8 +194,15 @@ def execute(cfg: RunConfig, run: RunPlan, inputs: RunInputs, queue: WorkQueue[Co
                            probe_resources=probe_task_resources(on_gpu),
                            reuse_probe_processes=reuses_probe_processes(on_gpu, alive_nodes()))
     probes, to_pool = concepts.skip_stored()
-    check_store_room(inputs.store, to_pool, lambda: fetch(queue.actors[0].stored_bytes_per_passage_layer.remote(
-        concepts.strategy_ids, cfg.store_dtype), "extractor"), cfg.store_dtype)
+    per_passage_layer = functools.cache(lambda: fetch(queue.actors[0].stored_bytes_per_passage_layer.remote(
+        concepts.strategy_ids, cfg.store_dtype), "extractor"))
+    if cfg.drop_pooled:
+        room, free = pooling_room(inputs.store, to_pool, per_passage_layer, cfg.store_dtype)
+        concepts.bound_room(None if room is None else functools.partial(room_now, inputs.store),
+                            per_passage_layer() if room is not None else 0)
+        emit(PoolingRoom(room, free))
+    else:
+        check_store_room(inputs.store, to_pool, per_passage_layer, cfg.store_dtype, steering=cfg.steering)
     concepts.group_pooling(to_pool, on_gpu, n_extractors=len(queue.actors))
     concepts.fit_to_host(queue)
     jobs = concepts.first_jobs(probes, on_gpu)
@@ -237,7 +249,7 @@ def outcome_of(cfg: RunConfig, inputs: RunInputs, run: RunPlan, records: list[D1
                                                            "reference_variant": s.reference_variant}
                                        for s in run.specs],
         records=records,
-        artifacts={p.concept: {"pooled": p.pooled_key, "d1": p.d1_key,
+        artifacts={p.concept: {"pooled": None if cfg.drop_pooled else p.pooled_key, "d1": p.d1_key,
                                "passage_scores": passage_scores_key(p.d1_key)} for p in run.plans},
         computed=computed, timing=timing, store=inputs.store.describe(), steering=steering,
     )
@@ -295,8 +307,9 @@ def _benchmark(cfg: RunConfig, on_event: EventSink | None, strategy_modules: tup
     passages = {p.concept: p.passages for p in run.plans}
     d1_tiers = d1_by_tier(scores, passages, records, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
     lexical_tiers = lexical_by_tier(passages, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
-    steerability = steerability_section(inputs.store, {p.concept: p.pooled_key for p in run.plans}, records,
-                                        seed=cfg.seed, weights_hash=run.model.get("weights_hash"))
+    steerability = None if cfg.drop_pooled else steerability_section(  # it reads the dropped vectors
+        inputs.store, {p.concept: p.pooled_key for p in run.plans}, records, seed=cfg.seed,
+        weights_hash=run.model.get("weights_hash"))
     timing = {"d1_s": time.perf_counter() - started}
     steering, steering_error = None, ""
     if cfg.steering:
@@ -315,5 +328,6 @@ def _benchmark(cfg: RunConfig, on_event: EventSink | None, strategy_modules: tup
     return replace(outcome_of(cfg, inputs, run, records, computed, timing, steering), lexical=lexical,
                    d1_buckets=buckets, d1_tiers=d1_tiers, lexical_tiers=lexical_tiers, steering_error=steering_error,
                    cluster=cluster, passage_scores=scores, steerability=steerability, axis_records=axis_records,
-                   axis_artifacts={axis.variant.name: {p.concept: {"pooled": p.pooled_key, "d1": p.d1_key}
+                   axis_artifacts={axis.variant.name: {p.concept: {"pooled": None if cfg.drop_pooled
+                                                                   else p.pooled_key, "d1": p.d1_key}
                                                        for p in axis.plans} for axis in axes})

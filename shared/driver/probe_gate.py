@@ -62,6 +62,13 @@ class ProbeGate(Generic[J]):
             self._done()
         return now
 
+    def flush(self) -> list[J]:
+        """The held jobs, now, while the pooling waits for room in the store (--drop-pooled, room_gate.py): the
+        concepts pooled so far must be probed for their vectors to leave. `on_pooled` still waits for the last
+        pooling job, and the probes of pooling still to come are held again."""
+        now, self.held = self.held, []
+        return now
+
     def _admit(self, jobs: Iterable[J]) -> list[J]:
         if self.beside or self.pools_left <= 0:
             return list(jobs)

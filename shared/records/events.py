@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from poolbench.byte_size import size
+
 
 @dataclass(frozen=True)
 class ModelBuilding:
@@ -48,6 +50,24 @@ class PoolingFitted:
     def line(self) -> str:
         return (f"pooling fitted to {self.budget / 1e9:.1f} GB of host memory an extractor: "
                 f"{'; '.join(self.steps)}")
+
+
+@dataclass(frozen=True)
+class PoolingRoom:
+    """--drop-pooled: each concept's vectors leave the store once its D1 is stored, and the pooling runs ahead of D1
+    only within `room` bytes of the disk at the start (read again at each decision: driver.room_gate); None where
+    the store's room is not counted (S3)."""
+
+    room: int | None
+    free: int | None  # the store's free bytes at the start
+
+    @property
+    def line(self) -> str:
+        head = "each concept's pooled vectors leave the store once its D1 is stored (--drop-pooled)"
+        if self.room is None or self.free is None:
+            return head
+        return (f"{head}; the pooling runs ahead of D1 as far as {size(self.room)} of the store's disk allows, "
+                f"with room for each concept's D1 files ({size(self.free)} free at the start)")
 
 
 @dataclass(frozen=True)
@@ -209,7 +229,8 @@ class JobRetried:
                 "on": self.on}
 
 
-RunEvent = (ArtifactQuarantined | JobRetried | ModelBuilding | RunPlanned | PoolingFitted | ConceptPooled
+RunEvent = (ArtifactQuarantined | JobRetried | ModelBuilding | RunPlanned | PoolingFitted | PoolingRoom
+            | ConceptPooled
             | ConceptProgress
             | CellProgress | LayerProbed | ConceptProbed
             | SteeringPlanned | SteeringStarted | ScorerReady | CellSteered)

@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
 
@@ -16,8 +16,8 @@ import pyarrow as pa
 from poolbench.atomic_write import atomic_file, atomic_path
 from poolbench.errors import StoreError
 from poolbench.store.arrow_tables import map_file, write_ipc_file
-from poolbench.store.artifact_store import SUFFIX_DIR, TMP_PREFIX, ArtifactStore, StoredObject
-from poolbench.store.keys import sha256_file
+from poolbench.store.artifact_store import BLOB_SUFFIXES, SUFFIX_DIR, TMP_PREFIX, ArtifactStore, StoredObject
+from poolbench.store.keys import sha256_file, validate_key
 
 SIDECAR_SUFFIX = ".poolbench-meta.json"
 LOCAL_PREFIX = "local:"  # how describe() names a folder store (made absolute); results.json records it
@@ -48,6 +48,18 @@ class LocalStore(ArtifactStore):
 
     def describe(self) -> str:
         return f"{LOCAL_PREFIX}{self.root}"
+
+    def stored_bytes(self, keys: Iterable[str]) -> int:
+        """The bytes these keys' blobs take on disk, sidecars included (0 for a key not stored): what a run's
+        room in this folder is spent on (driver.room_gate)."""
+        total = 0
+        for key in keys:
+            for suffix in BLOB_SUFFIXES:
+                path = self._path(validate_key(key) + suffix)
+                for file in (path, self._sidecar(path)):
+                    with contextlib.suppress(FileNotFoundError):
+                        total += file.stat().st_size
+        return total
 
     def _path(self, name: str) -> Path:
         return self.root / name

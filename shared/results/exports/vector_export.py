@@ -114,6 +114,9 @@ def exported_vector(run: Path, concept: str, strategy: str, layer: int | None = 
     strategy = resolve_strategies([strategy])[0].id
     layer = choose_layer(doc, run, concept, strategy, layer)
     pooled = ((doc.get("artifacts") or {}).get(concept) or {}).get("pooled")
+    if not pooled and (doc.get("config") or {}).get("drop_pooled"):
+        raise ExportError(f"--concept: {run} dropped its pooled vectors once each concept's D1 was stored "
+                          "(--drop-pooled): run it again with --keep-pooled to export a vector")
     if not pooled:
         concepts = sorted(c for c, a in (doc.get("artifacts") or {}).items() if a.get("pooled"))
         raise ExportError(f"--concept: {run} has no pooled table for '{concept}' (run concepts: "

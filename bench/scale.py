@@ -195,13 +195,15 @@ def driver_run(args: argparse.Namespace, concepts: list[str], work: Path, per_co
     cfg = run_config(model=SHAPE_PREFIX + args.shape, dtype=args.dtype, device=args.device,
                      corpus_size=args.corpus_size, concepts=concepts, max_length=args.max_length, limit=args.limit,
                      batch_size=args.batch_size, n_bootstrap=args.n_bootstrap, steering=False, reliability=True,
-                     store=str(work / "store"), out=str(work / "run"),
+                     store=str(work / "store"), out=str(work / "run"), drop_pooled=args.drop_pooled,
                      **({"layers": [int(v) for v in args.layers.split(",")]} if args.layers else {}),
                      **({"strategies": args.strategies.split(",")} if args.strategies else {}))
     start = time.perf_counter()
 
     def on_event(event: object) -> None:
         now = time.perf_counter() - start
+        if args.drop_pooled and isinstance(event, ConceptPooled | ConceptProbed):  # the vectors in the store at most
+            run["peak_pooled_bytes"] = max(run.get("peak_pooled_bytes", 0), pooled_bytes(work / "store"))
         if isinstance(event, RunPlanned):
             run.update(layers=list(event.layers), strategies=list(event.strategies), n_layers=event.n_layers,
                        hidden_size=event.hidden_size, planned_at_s=now)
@@ -254,8 +256,18 @@ def store_bytes_by_kind(root: Path) -> dict[str, int]:
     return dict(sorted(sizes.items()))
 
 
-def store_projection(by_kind: dict[str, int], passages: int) -> dict:
-    """The pooled artifacts' bytes a passage (at the run's layers), and at the full benchmark's 17 x 2,000."""
+def pooled_bytes(root: Path) -> int:
+    return sum(n for kind, n in store_bytes_by_kind(root).items() if kind in POOLED_KINDS)
+
+
+def store_projection(by_kind: dict[str, int], passages: int, peak_pooled: int | None = None) -> dict:
+    """The pooled artifacts' bytes a passage (at the run's layers), and at the full benchmark's 17 x 2,000; with
+    --drop-pooled (`peak_pooled`: the most found in the store as each concept was pooled or probed) none is left at
+    the end to count, so none is projected."""
+    if peak_pooled is not None:
+        return {"bytes_by_kind": by_kind, "drop_pooled": True, "peak_pooled_bytes": peak_pooled,
+                "note": "--drop-pooled: each concept's vectors left the store once its D1 was stored; the peak is "
+                        "read as each concept was pooled or probed"}
     pooled = sum(n for kind, n in by_kind.items() if kind in POOLED_KINDS)
     per_passage = pooled / passages
     return {"bytes_by_kind": by_kind, "pooled_bytes": pooled, "pooled_bytes_per_passage": per_passage,
@@ -317,7 +329,7 @@ def measure(args: argparse.Namespace) -> dict:
         "torch": torch.__version__, "cuda": torch.version.cuda, "complete": "cells" in run,
         "config": {"concepts": concepts, "corpus_size": args.corpus_size, "max_length": args.max_length,
                    "limit": args.limit, "batch_size": args.batch_size, "n_bootstrap": args.n_bootstrap,
-                   "reliability": True, "steering": False, "layers": run.get("layers"),
+                   "reliability": True, "steering": False, "drop_pooled": args.drop_pooled, "layers": run.get("layers"),
                    "strategies": run.get("strategies"), "n_layers": run.get("n_layers"),
                    "hidden_size": run.get("hidden_size"), "cells": run.get("cells"),
                    "d1_records": run.get("d1_records")},
@@ -359,7 +371,8 @@ def measure(args: argparse.Namespace) -> dict:
         "d1_wall_17_s": projection.d1_s,
         "pooling": pooling, "projection": asdict(projection),
         "after_the_first": warm, "total_after_the_first": warm_total,
-        "store": store_projection(run["store_bytes"], passages),
+        "store": store_projection(run["store_bytes"], passages, run.get("peak_pooled_bytes", 0)
+                                  if args.drop_pooled else None),
         "met": {"pooling_over_raw_tokens_per_s_min": pooling["tokens_per_s_over_raw"] >= TARGETS[
                     "pooling_over_raw_tokens_per_s_min"],
                 "d1_17_concepts_s_max": alone["projected_17_concepts_s"] <= TARGETS["d1_17_concepts_s_max"],
@@ -422,9 +435,14 @@ def report(result: dict) -> None:
                       f"({'the last concept' if outlook['d1_keeps_pace'] else 'all of it'}), total "
                       f"{outlook['total_s'] / 60:.1f} min")
     store = result["store"]
-    console.print(f"store: pooled artifacts {store['pooled_bytes'] / 1e9:.2f} GB "
-                  f"({store['pooled_bytes_per_passage'] / 1e6:.2f} MB a passage), projected "
-                  f"{store['projected_pooled_gb']:.1f} GB for {p['concepts']} x {p['passages_per_concept']} passages")
+    if store.get("drop_pooled"):
+        console.print(f"store: pooled artifacts at most {store['peak_pooled_bytes'] / 1e9:.2f} GB at once "
+                      "(--drop-pooled)")
+    else:
+        console.print(f"store: pooled artifacts {store['pooled_bytes'] / 1e9:.2f} GB "
+                      f"({store['pooled_bytes_per_passage'] / 1e6:.2f} MB a passage), projected "
+                      f"{store['projected_pooled_gb']:.1f} GB for {p['concepts']} x {p['passages_per_concept']} "
+                      "passages")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -444,6 +462,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--probes-per-gpu", type=int, default=None,
                         help="D1 probe tasks beside one extractor ($POOLBENCH_PROBES_PER_GPU; default the run's 2; "
                         "0: the probes wait for the pooling, then 8 share the GPU)")
+    parser.add_argument("--drop-pooled", action="store_true",
+                        help="the run's --drop-pooled: each concept's vectors leave the store once its D1 is stored "
+                        "(a full corpus that outgrows the disk: 17 concepts of an 8B model are ~177 GB at float32)")
     parser.add_argument("--out", type=Path, default=RESULTS / "scale.json")
     args = parser.parse_args(argv)
     if args.probes_per_gpu is not None:

@@ -247,3 +247,25 @@ def test_a_jobs_forwards_one_by_one_show_a_start_in_the_first_and_a_steady_cost_
     assert spread["forward_s_each"] == [16.4, 0.4, 0.5, 0.38, 0.41]
     assert forward_spread([]) == {"forward_s_each": [], "first_forward_s": None, "median_forward_s": None,
                                   "slowest_forward_s": None}
+
+
+def test_a_smoke_run_that_drops_its_vectors_counts_the_most_the_store_held_and_projects_none(tmp_path) -> None:
+    """--drop-pooled: the store ends without pooled artifacts, so scale.json gives the most it held as each concept
+    was pooled or probed (one concept's at least: its shards are there when its pooling is reported) and no
+    per-passage projection of a count that is gone."""
+    out = tmp_path / "scale.json"
+    done = subprocess.run([sys.executable, str(BENCH / "scale.py"), "--shape", "smoke", "--device", "cpu",
+                           "--concepts", "2", "--limit", "5", "--max-length", "32", "--layers", "1",
+                           "--strategies", "A1_mean,P1_last", "--n-bootstrap", "20", "--drop-pooled",
+                           "--out", str(out)],
+                          cwd=BENCH, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    store = r["store"]
+    assert store["drop_pooled"] is True and r["config"]["drop_pooled"] is True
+    assert "pooled" not in store["bytes_by_kind"] and "projected_pooled_gb" not in store
+    one_concept = 20 * 2 * 64 * 4  # 20 passages, 2 strategies of the smoke shape's width 64, float32: its payload
+    # at least the concept just pooled; at most both (on a CPU both are pooled before either is probed, the disk's
+    # room allowing), each with its ids, Arrow framing and sidecar (a few kB here; 64 KiB allowed)
+    assert one_concept < store["peak_pooled_bytes"] < 2 * (one_concept + 65_536)
+    assert "pooled artifacts at most" in done.stdout

@@ -151,6 +151,14 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_gguf_checkpoint.py::test_converted_folder_is_a_plain_hf_folder": (1, COPY, "tensors copied from GGUF"),
     "test_gguf_checkpoint.py::test_q8_0_weights_are_the_dequantised_values": (1, COPY, "Q8_0 dequantised weights"),
     "test_job_retried.py::test_cluster_activity_gathers_both_stages": (1, INTS, "job counts and node names"),
+    "test_drop_pooled.py::test_dropping_the_vectors_keeps_every_record_and_a_rerun_pools_nothing": (
+        3, SAME + ": one config, its vectors deleted after D1 or kept; a rerun reads the stored records",
+        "D1 records and per-passage scores of a dropping and a keeping run, and the rerun's records"),
+    "test_drop_pooled.py::test_with_room_for_one_concept_the_next_is_pooled_only_once_the_last_ones_vectors_left": (
+        1, SAME + ": each concept pooled in a job of its own either way, only later", "D1 records, room or none"),
+    "test_drop_pooled.py::test_a_resumed_run_probes_what_was_left_and_pools_only_the_layers_whose_d1_is_missing": (
+        2, SAME + "; a layer's states do not depend on which other layers are captured",
+        "D1 records of the resumed runs and a keeping run"),
     "test_pipeline.py::test_a_run_killed_between_layer_shards_recomputes_only_the_missing_ones": (
         1, SAME + "; a layer's states do not depend on which later layers are captured",
         "D1 records of a resumed run and the first"),

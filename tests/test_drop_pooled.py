@@ -34,7 +34,7 @@ def stored_pooling(store: LocalStore, pooled_key: str, layers: list[int]) -> lis
     return [key for key in pooled_keys(pooled_key, layers) if store.exists(key)]
 
 
-def test_a_run_that_drops_its_vectors_has_the_records_of_one_that_keeps_them_and_a_rerun_pools_nothing(
+def test_dropping_the_vectors_keeps_every_record_and_a_rerun_pools_nothing(
         tiny_llama_dir, local_ray, cache, tmp_path):
     keep = run_benchmark(config(tiny_llama_dir, str(tmp_path / "keep")))
     events: list[RunEvent] = []

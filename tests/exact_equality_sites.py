@@ -156,6 +156,9 @@ SITES: dict[str, tuple[int, str, str]] = {
         "D1 records and per-passage scores of a dropping and a keeping run, and the rerun's records"),
     "test_drop_pooled.py::test_with_room_for_one_concept_the_next_is_pooled_only_once_the_last_ones_vectors_left": (
         1, SAME + ": each concept pooled in a job of its own either way, only later", "D1 records, room or none"),
+    "test_drop_pooled.py::test_concepts_pooled_a_layer_a_pass_drop_their_vectors_and_keep_every_record": (
+        1, SAME + "; a layer's states do not depend on which other layers are captured",
+        "D1 records of concepts pooled a layer a pass and whole"),
     "test_drop_pooled.py::test_a_resumed_run_probes_what_was_left_and_pools_only_the_layers_whose_d1_is_missing": (
         2, SAME + "; a layer's states do not depend on which other layers are captured",
         "D1 records of the resumed runs and a keeping run"),

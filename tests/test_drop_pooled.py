@@ -11,10 +11,14 @@ from pathlib import Path
 import pytest
 
 from poolbench.config import RunConfig
+from poolbench.driver import concept_pass
+from poolbench.driver.host_room import JOB_FIXED
 from poolbench.driver.pipeline import run_benchmark
+from poolbench.driver.room_gate import RoomGate
 from poolbench.driver.store_room import ROOM_SHARE
 from poolbench.errors import PoolBenchError
 from poolbench.pooler.pooled_drop import pooled_keys
+from poolbench.pooler.worker import ExtractorWorker
 from poolbench.prober.passage_scores import passage_scores_key
 from poolbench.records.events import ConceptPooled, ConceptProbed, ConceptProgress, PoolingRoom, RunEvent
 from poolbench.store.keys import layer_shard_key
@@ -138,6 +142,43 @@ def test_a_resumed_run_probes_what_was_left_and_pools_only_the_layers_whose_d1_i
     assert resumed.computed == {"pooled": 1, "d1": 1, "pooled_skipped": 1, "d1_skipped": 1, "pooled_dropped": 1}
     assert pooled_layers == [[1]] and stored_pooling(store, pooled, [0, 1]) == []
     assert [r.to_dict() for r in resumed.records] == [r.to_dict() for r in kept.records]
+
+
+@pytest.mark.parametrize("disk", ["ample", "short"])
+def test_concepts_pooled_a_layer_a_pass_drop_their_vectors_and_keep_every_record(
+        tiny_llama_dir, local_ray, cache, tmp_path, monkeypatch, disk):
+    """The host's memory cuts each concept's pooling into one pass a layer (host_room.py): the first concept's
+    passes start together (its D1 needs both before any ratio is known). On a short disk, the second concept's
+    first pass fits its room and its second does not while the first's files are there: with nothing running
+    that could free room, the driver starts it anyway (RoomGate.force) instead of ending with a concept unprobed."""
+    kept = run_benchmark(config(tiny_llama_dir, str(tmp_path / "kept")))
+    keys = {concept: artifacts["pooled"] for concept, artifacts in kept.artifacts.items()}
+    source = LocalStore(tmp_path / "kept")
+    held, copied = ExtractorWorker(str(tiny_llama_dir)).host_bytes_per_passage_layer(list(STRATEGIES), "float32",
+                                                                                      False)
+    monkeypatch.setattr(concept_pass, "extractor_budget", lambda rooms: (held + copied) * 72 + JOB_FIXED)
+    store = LocalStore(tmp_path / "store")
+    if disk == "short":  # the test's disk holds only the vector files; the ratios are those the keeping run's show
+        count = ExtractorWorker(str(tiny_llama_dir)).stored_bytes_per_passage_layer(list(STRATEGIES),
+                                                                                    "float32") * 72  # a layer
+        scale = source.stored_bytes(pooled_keys(keys["hedging"], [0, 1])) / (2 * count)
+        d1 = kept.artifacts["hedging"]["d1"]
+        d1_scale = source.stored_bytes(concept_pass.d1_keys(d1, [0, 1])) / (2 * count)
+        fits_first = count * (scale + d1_scale) / ROOM_SHARE  # toxicity's layer 0, nothing on the disk
+        fits_second = (count * scale + 2 * count * d1_scale) / ROOM_SHARE + count * scale  # its layer 1 then
+        capacity = int((fits_first + fits_second) / 2)
+        every_file = [key for pooled in keys.values() for key in pooled_keys(pooled, [0, 1])]
+        real_usage = shutil.disk_usage
+        monkeypatch.setattr(shutil, "disk_usage", lambda path: real_usage(path)._replace(
+            free=capacity - store.stored_bytes(every_file)))
+    forced: list[list[str]] = []
+    real_force = RoomGate.force
+    monkeypatch.setattr(RoomGate, "force", lambda gate: forced.append(real_force(gate)) or forced[-1])
+    dropped = run_benchmark(config(tiny_llama_dir, str(store.root), drop_pooled=True))
+    assert dropped.computed["pooled_in_passes"] == 2 and dropped.computed["pooled_dropped"] == 2
+    assert [r.to_dict() for r in dropped.records] == [r.to_dict() for r in kept.records]
+    assert all(stored_pooling(store, pooled, [0, 1]) == [] for pooled in keys.values())
+    assert len(forced) == (1 if disk == "short" else 0)
 
 
 def test_dropping_the_vectors_with_steering_on_stops_before_any_model_loads(tmp_path) -> None:

@@ -84,6 +84,18 @@ def test_a_concepts_passes_add_up_and_leave_together_and_a_concept_never_admitte
     assert gate.dropped("a") == ["b+c"] and gate.counted == {"b": 30, "c": 20}
 
 
+def test_the_first_concepts_passes_start_together_and_a_forced_job_starts_whatever_the_room() -> None:
+    disk = Disk(100)
+    gate: RoomGate[str] = RoomGate(disk)
+    assert gate.admit({"a": 30}, "a layer 0") == ["a layer 0"]
+    assert gate.admit({"a": 30}, "a layer 1") == ["a layer 1"]  # its D1 needs both: no ratio is known before it
+    assert gate.admit({"b": 30}, "b layer 0") == []
+    assert gate.admit({"b": 30}, "b layer 1") == []
+    disk.room = 0
+    assert gate.force() == ["b layer 0"] and gate.counted == {"a": 60, "b": 30}
+    assert gate.force() == ["b layer 1"] and gate.force() == [] and gate.waiting == 0
+
+
 def stored_concept(store: LocalStore, key: str, layers: list[int]) -> None:
     """What a concept's pooling stores with S2 and S3 (and a learned aggregator): per layer the PooledTable shard,
     its head, learned-fit and gradient-sum tables; then the manifest."""

@@ -191,13 +191,23 @@ class ConceptPass:
             self.unsent = [g for g in self.unsent if g not in ready]
             return jobs + self.start_pooling([self.groups[g] for g in ready])
         if key.stage != "pool":
-            return jobs
+            return jobs + self.unstall(jobs)
         self.pools_running -= 1
         jobs += self.gate.pooled(job for concept in key.concepts if not self.passes_left.get(concept)
                                  for job in self.probe_unless_stored(self.plans[concept]))
         if self.pools_running == 0 and self.room.waiting:
             jobs += self.gate.flush()
-        return jobs
+        return jobs + self.unstall(jobs)
+
+    def unstall(self, starting: list[Job[ConceptJob]]) -> list[Job[ConceptJob]]:
+        """The waiting pooling job, forced (room_gate.py), where nothing runs that could free room: no pooling,
+        no probe task, no parse task, nothing starting."""
+        probing = any(self.unprobed.values())
+        if starting or self.pools_running or probing or self.unparsed or not self.room.waiting:
+            return []
+        forced = self.room.force()
+        self.pools_running += len(forced)
+        return forced
 
     def tally(self, key: ConceptJob, result: list[dict] | dict, node: str) -> None:
         """Stage 5, each finished job counted and reported; a concept's D1 gathered once its last layer is probed."""

@@ -15,9 +15,14 @@ concept's files, 1.58x its count). And once pooled, a concept's probes write wha
 per-passage scores (~0.25 GB a concept at 19 strategies x 6 layers, against ~10 GB of vectors at d 4,096; at a
 toy's width more than the vectors). So each admitted concept holds room for its vector files until they are written
 and for its D1 files until its vectors leave, both at the largest ratio to its count measured on a concept so far
-(`measured`, `dropped`); until the first concept has been pooled and probed, one concept runs at a time. A test on a
-45 MiB disk (bench/README.md) filled it with vectors and then had no room for their scores before the D1 share
-was counted.
+(`measured`, `dropped`); until the first concept has been pooled and probed, one concept runs at a time (its
+passes over its layers, where the host's memory cuts them, one after another). A test on a 45 MiB disk
+(bench/README.md) filled it with vectors and then had no room for their scores before the D1 share was counted.
+
+Where the run would otherwise stand still (no job and no probe running, a job waiting), the driver starts the
+waiting job whatever the room (`force`): a later pass of a concept whose first passes fill the room, say, after the
+disk shrank under other writes. It may then meet a full disk: one line and a resumable store, never a run that
+waits for a room nothing will free.
 """
 
 from __future__ import annotations
@@ -64,24 +69,36 @@ class RoomGate(Generic[J]):
             self.d1_scale = max(self.d1_scale or 0.0, d1_stored / counted)
         return self._release()
 
+    def force(self) -> list[J]:
+        """The first waiting job, started whatever the room: nothing else is left to free it."""
+        if not self.held:
+            return []
+        need, job = self.held.popleft()
+        self._count(need)
+        return [job]
+
     @property
     def waiting(self) -> int:
         return len(self.held)
 
     def _release(self) -> list[J]:
         out = []
-        while self.held and self._fits(sum(self.held[0][0].values())):
+        while self.held and self._fits(self.held[0][0]):
             need, job = self.held.popleft()
-            for concept, size in need.items():  # a concept pooled in passes adds each pass's layers
-                self.counted[concept] = self.counted.get(concept, 0) + size
-                self.unwritten[concept] = self.unwritten.get(concept, 0) + size
+            self._count(need)
             out.append(job)
         return out
 
-    def _fits(self, size: int) -> bool:
+    def _count(self, need: Mapping[str, int]) -> None:
+        for concept, size in need.items():  # a concept pooled in passes adds each pass's layers
+            self.counted[concept] = self.counted.get(concept, 0) + size
+            self.unwritten[concept] = self.unwritten.get(concept, 0) + size
+
+    def _fits(self, need: Mapping[str, int]) -> bool:
         if self.room is None or not self.counted:
             return True
-        if self.scale is None or self.d1_scale is None:
-            return False
+        if self.scale is None or self.d1_scale is None:  # the first concept's later passes only
+            return set(need) <= set(self.counted)
+        size = sum(need.values())
         vectors = (sum(self.unwritten.values()) + size) * self.scale
         return vectors + (sum(self.counted.values()) + size) * self.d1_scale <= self.room()

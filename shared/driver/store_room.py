@@ -54,7 +54,7 @@ def check_store_room(store: ArtifactStore, to_pool: list[tuple[ConceptPlan, list
         return None
     needed = pooling_bytes(to_pool, per_passage_layer())
     if needed > free:
-        smaller = "--store-dtype bfloat16 (16-bit vectors, about half), " if store_dtype == "float32" else ""
+        smaller = _smaller(store_dtype)
         concepts = f"{len(to_pool)} concept{'s' if len(to_pool) != 1 else ''}"
         dropping = ("--drop-pooled (each concept's vectors leave the store once its D1 is stored"
                     f"{'; with --no-steering' if steering else ''}), ")
@@ -65,17 +65,21 @@ def check_store_room(store: ArtifactStore, to_pool: list[tuple[ConceptPlan, list
     return needed
 
 
+def _smaller(store_dtype: str) -> str:
+    return "--store-dtype bfloat16 (16-bit vectors, about half), " if store_dtype == "float32" else ""
+
+
 def room_now(store: ArtifactStore) -> int:
-    """The bytes a --drop-pooled run's vectors may take in a folder store now: ROOM_SHARE of its disk's free bytes."""
+    """The bytes a --drop-pooled run may plan into now (its vector and D1 files): ROOM_SHARE of the disk's free."""
     return int(ROOM_SHARE * (free_room(store) or 0))
 
 
 def pooling_room(store: ArtifactStore, to_pool: list[tuple[ConceptPlan, list[int]]],
                  per_passage_layer: Callable[[], int], store_dtype: str,
                  free_bytes: Callable[[Path], int] | None = None) -> tuple[int | None, int | None]:
-    """(room, free) for a --drop-pooled run: the bytes of vectors the pooling may hold in the store at once
-    (ROOM_SHARE of the disk's free bytes) and those free bytes; (None, None) for a store whose room is not
-    counted (S3) or where nothing is left to pool. Stops with one line when the largest concept alone does not fit
+    """(room, free) for a --drop-pooled run at its start: room_now and the disk's free bytes (the room is read again
+    at each decision of the room gate); (None, None) for a store whose room is not counted (S3) or where nothing is
+    left to pool. Stops with one line when the largest concept alone does not fit
     the room: its D1 needs all its layers stored at once."""
     free = free_room(store, free_bytes) if to_pool else None
     if free is None:
@@ -84,7 +88,7 @@ def pooling_room(store: ArtifactStore, to_pool: list[tuple[ConceptPlan, list[int
     plan, layers = max(to_pool, key=lambda item: len(item[0].passages) * len(item[1]))
     needed = pooling_bytes([(plan, layers)], per_passage_layer())
     if needed > room:
-        smaller = "--store-dtype bfloat16 (16-bit vectors, about half), " if store_dtype == "float32" else ""
+        smaller = _smaller(store_dtype)
         raise StoreError(
             f"store {store.describe()}: with --drop-pooled the largest concept's pooling (concept {plan.concept}, "
             f"{len(plan.passages)} passages) needs at least {size(needed)} and the store may fill {size(room)} "

@@ -293,13 +293,17 @@ class ConceptPass:
         if self.drop:
             self.drop_vectors(plan)
 
+    def counted_store(self) -> LocalStore | None:
+        """The folder store whose disk the room gate counts (None: no bound, nothing to measure)."""
+        store = self.inputs.store
+        return store if self.room.room is not None and isinstance(store, LocalStore) else None
+
     def measure_room(self, concept: str) -> None:
         """With a bounded room, what a pooled concept's files take on disk against its count (room_gate.py)."""
-        store = self.inputs.store
-        if self.room.room is None or not isinstance(store, LocalStore):
-            return
-        stored = store.stored_bytes(pooled_keys(self.plans[concept].pooled_key, self.run.layers))
-        self.release(self.room.measured(concept, stored))
+        store = self.counted_store()
+        if store is not None:
+            stored = store.stored_bytes(pooled_keys(self.plans[concept].pooled_key, self.run.layers))
+            self.release(self.room.measured(concept, stored))
 
     def release(self, jobs: list[Job[ConceptJob]]) -> None:
         """Pooling jobs the room let start, for the queue's next follow-up (after)."""
@@ -307,10 +311,10 @@ class ConceptPass:
         self.released += jobs
 
     def drop_vectors(self, plan: ConceptPlan) -> None:
-        store = self.inputs.store
-        if drop_pooled(store, plan.pooled_key, self.run.layers):
+        if drop_pooled(self.inputs.store, plan.pooled_key, self.run.layers):
             self.computed["pooled_dropped"] = self.computed.get("pooled_dropped", 0) + 1
-        written = store.stored_bytes(d1_keys(plan.d1_key, self.run.layers)) if isinstance(store, LocalStore) else 0
+        store = self.counted_store()
+        written = store.stored_bytes(d1_keys(plan.d1_key, self.run.layers)) if store is not None else 0
         self.release(self.room.dropped(plan.concept, written))
 
     def probe_unless_stored(self, plan: ConceptPlan) -> list[Job[ConceptJob]]:

@@ -277,4 +277,11 @@ SITES: dict[str, tuple[int, str, str]] = {
         1, COPY, "the figures' PNG bytes in the W&B offline run against the ones the adapter handed it"),
     "test_trackers.py::test_a_tiny_run_logs_itself_to_both_trackers": (
         1, COPY, "answer.json in the W&B offline run against the run folder's"),
+    "test_after_d1_statistics.py::test_pair_resamples_are_drawn_once_read_only_and_equal_to_a_fresh_draw": (
+        1, SAME + ": the memo cleared, the same seed's multinomial draws again", "the pair resamples' weights"),
+    "test_after_d1_statistics.py::test_same_pair_comparisons_come_in_the_loops_order": (
+        1, INTS + "; 'right' is 0, 0.5 or 1", "the comparisons' indices and outcomes against the loop's"),
+    "test_after_d1_statistics.py::test_one_lexical_fit_serves_the_baseline_and_every_tier": (
+        1, SAME + ": TF-IDF and the logistic fit on the same train texts, a tier's texts scored one by one",
+        "the per-tier lexical records with one fit a concept and with a refit per tier"),
 }

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -27,6 +30,10 @@ from poolbench.store.url import open_store
 CONCEPTS = ("hedging", "toxicity")
 STRATEGIES = ("A1_mean", "P1_last", "P2_first")
 
+
+def sha256_of_records(records: object) -> str:
+    """bench/after_d1.py's hash of a stage's records (JSON, sorted keys)."""
+    return hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
 
 
 def config(model: Path, store: str, **overrides) -> RunConfig:
@@ -82,6 +89,19 @@ def test_run_writes_every_cell_and_a_rerun_computes_nothing(tiny_llama_dir, loca
     leaderboard = json.loads(paths["leaderboard"].read_text())
     assert {row["strategy"] for row in leaderboard["strategies"]} == set(STRATEGIES)
     assert all(set(row["per_concept"]) == set(CONCEPTS) for row in leaderboard["strategies"])
+    # bench/after_d1.py times what the driver computes after D1 on a finished run folder: it must recompute the
+    # answer this run wrote, and its lexical baselines (hashed as results.json holds them) from the same corpus.
+    bench = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "bench" / "after_d1.py"), "--run",
+                            str(tmp_path / "out"), "--repeats", "1", "--out", str(tmp_path / "after_d1.json")],
+                           capture_output=True, text=True, timeout=300)
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    timed = json.loads((tmp_path / "after_d1.json").read_text())
+    assert timed["cells"] == 24 and timed["concepts"] == 2 and set(timed["seconds_best"]) == {
+        "read_scores", "lexical", "d1_by_tier", "d1_by_bucket", "answer"}
+    answer = json.loads((tmp_path / "out" / "answer.json").read_text())
+    assert timed["records_sha256"]["answer"] == sha256_of_records(answer)
+    assert timed["records_sha256"]["lexical"] == sha256_of_records(
+        [results["lexical_baseline"], results.get("lexical_by_tier", [])])
 
     store = open_store(cfg.resolved_store())
     for keys in outcome.artifacts.values():

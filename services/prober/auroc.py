@@ -17,8 +17,12 @@ from scipy.special import expit
 from scipy.stats import norm, rankdata
 
 from poolbench.errors import PoolBenchError
+from poolbench.prober.array_memo import ArrayMemo, digest
 
 _MAX_REDRAW_ROUNDS = 100
+# A full-corpus run's tier resamples are ~27 MB each (1,000 x ~3,400 passages, three tiers), the answer's ~5 MB a
+# concept (17): one stage's draws fit.
+_WEIGHTS = ArrayMemo(max_bytes=256 * 2**20)
 
 
 class ProbeError(PoolBenchError, ValueError):
@@ -54,8 +58,11 @@ def auroc_batch(scores: np.ndarray, labels: np.ndarray, weights: np.ndarray) -> 
     block_starts = np.flatnonzero(np.r_[True, sorted_scores[1:] != sorted_scores[:-1]])
     w_sorted = weights[:, order]
     pos_sorted = pos[order]
-    p_blocks = np.add.reduceat(np.where(pos_sorted, w_sorted, 0.0), block_starts, axis=1)
-    n_blocks = np.add.reduceat(np.where(pos_sorted, 0.0, w_sorted), block_starts, axis=1)
+    p_blocks = np.where(pos_sorted, w_sorted, 0.0)
+    n_blocks = np.where(pos_sorted, 0.0, w_sorted)
+    if block_starts.size < scores.size:  # tied scores: one block each (without ties every block is one column)
+        p_blocks = np.add.reduceat(p_blocks, block_starts, axis=1)
+        n_blocks = np.add.reduceat(n_blocks, block_starts, axis=1)
     n_below = np.cumsum(n_blocks, axis=1) - n_blocks
     numerator = np.sum(p_blocks * (n_below + 0.5 * n_blocks), axis=1)
     denominator = p_blocks.sum(axis=1) * n_blocks.sum(axis=1)
@@ -83,10 +90,20 @@ def group_bootstrap_weights(
     A passage's weight is how many times its group was drawn, so a matched pair always enters a
     resample together. Rows that draw one class only are redrawn (not skipped), so every row is a
     valid resample and the CI always rests on exactly `n_bootstrap` AUROCs.
+
+    The array is read-only and may be shared: a run's breakdowns resample the same passages once per strategy (D1
+    by tier: every strategy's held-out scores on one tier's passages; the answer's paired bootstrap: each concept's
+    pairs against every other strategy), and the draws depend only on the groups' partition, the labels, the count
+    and the seed, so they are drawn once (_WEIGHTS) and every later call gets the same bits.
     """
     labels = np.asarray(labels).astype(bool)
     _, group_index = np.unique(np.asarray(groups), return_inverse=True)
     group_index = group_index.ravel()
+    return _WEIGHTS.get((digest(group_index.tobytes(), labels.tobytes()), int(n_bootstrap), int(seed)),
+                        lambda: _draw_group_weights(group_index, labels, n_bootstrap, seed))
+
+
+def _draw_group_weights(group_index: np.ndarray, labels: np.ndarray, n_bootstrap: int, seed: int) -> np.ndarray:
     n_groups = int(group_index.max()) + 1
     has_pos = np.zeros(n_groups, dtype=bool)
     has_neg = np.zeros(n_groups, dtype=bool)
@@ -107,7 +124,9 @@ def group_bootstrap_weights(
             f"bootstrap: resamples kept drawing one class only after {_MAX_REDRAW_ROUNDS} redraws "
             f"({int(has_pos.sum())} groups with a positive, {int(has_neg.sum())} with a negative)"
         )
-    return counts[:, group_index].astype(np.float64)
+    weights = counts.astype(np.float64)[:, group_index]
+    weights.flags.writeable = False
+    return weights
 
 
 def bootstrap_aurocs(

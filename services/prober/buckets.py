@@ -27,15 +27,25 @@ def heldout_scores(X_train: np.ndarray, y_train: np.ndarray, X_test: np.ndarray,
 
 def _same_group_comparisons(scores: np.ndarray, labels: np.ndarray, strata: np.ndarray,
                             groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(positive index, negative index, 1 / 0.5 / 0 ordered right) of every same-stratum, same-group comparison."""
+    """(positive index, negative index, 1 / 0.5 / 0 ordered right) of every same-stratum, same-group comparison:
+    (stratum, group) keys in sorted order, within a key each positive (ascending) against every negative
+    (ascending). The order is the sums' order downstream (a matrix-vector product), so it is the one a loop over
+    the sorted keys gives, built here without a Python loop (a full-corpus tier holds ~1,700 keys, and the answer's
+    breakdowns ask ~1,400 times)."""
     keys = np.char.add(np.char.add(strata.astype(str), "\x00"), groups.astype(str))
-    pos_i, neg_j = [], []
-    for key in np.unique(keys):
-        rows = np.flatnonzero(keys == key)
-        p, n = rows[labels[rows]], rows[~labels[rows]]
-        pos_i.extend(np.repeat(p, n.size))
-        neg_j.extend(np.tile(n, p.size))
-    i, j = np.asarray(pos_i, dtype=np.int64), np.asarray(neg_j, dtype=np.int64)
+    if keys.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, np.zeros(0)
+    key_index = np.unique(keys, return_inverse=True)[1].ravel()
+    by_key = np.argsort(key_index, kind="stable")  # rows grouped by sorted key, ascending within a key
+    pos_rows, neg_rows = by_key[labels[by_key]], by_key[~labels[by_key]]
+    pos_key = key_index[pos_rows]
+    neg_count = np.bincount(key_index[neg_rows], minlength=int(key_index.max()) + 1)
+    neg_start = np.cumsum(neg_count) - neg_count
+    reps = neg_count[pos_key]
+    i = np.repeat(pos_rows, reps).astype(np.int64)
+    within = np.arange(i.size) - np.repeat(np.cumsum(reps) - reps, reps)
+    j = neg_rows[np.repeat(neg_start[pos_key], reps) + within].astype(np.int64)
     return i, j, (scores[i] > scores[j]) + 0.5 * (scores[i] == scores[j])
 
 

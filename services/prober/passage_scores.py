@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from poolbench.prober.auroc import ProbeError
 from poolbench.store.keys import artifact_key
@@ -94,11 +95,14 @@ class HeldOutCell:
 
 def held_out_cells(table: pa.Table, chosen: Mapping[str, int], probe: str) -> dict[tuple[str, str], HeldOutCell]:
     """(concept, strategy) -> its held-out scores at the layer `chosen` names for the strategy."""
+    # Arrow keeps the probe's held-out rows before any column leaves it: a run's table holds every layer, both
+    # probes and the out-of-fold rows (~2.4 M rows at the full corpus), and its strings become Python objects
+    # on the way to numpy.
+    table = table.filter(pc.and_(pc.equal(table.column("kind"), HELDOUT), pc.equal(table.column("probe"), probe)))
     cols = {name: table.column(name).to_numpy(zero_copy_only=False)
-            for name in ("concept", "layer", "strategy", "probe", "kind", "passage_id", "pair_id", "label", "score")}
-    keep = (cols["kind"] == HELDOUT) & (cols["probe"] == probe)
-    layer_of = np.array([chosen.get(str(s), -10**6) for s in cols["strategy"]])
-    keep &= cols["layer"] == layer_of
+            for name in ("concept", "layer", "strategy", "passage_id", "pair_id", "label", "score")}
+    layer_of = np.array([chosen.get(str(s), -10**6) for s in cols["strategy"]], dtype=np.int64)
+    keep = cols["layer"] == layer_of
     out: dict[tuple[str, str], HeldOutCell] = {}
     groups: dict[tuple[str, str], list[int]] = {}
     for i in np.flatnonzero(keep):

@@ -182,23 +182,39 @@ def rank_intervals(scores: np.ndarray, *, n_bootstrap: int = 1000, seed: int = 0
     return low, high
 
 
+def concept_resamples(cells: Sequence[HeldOutCell], *, n_bootstrap: int = 1000,
+                      seed: int = 0) -> list[tuple[float, np.ndarray]]:
+    """Per concept (k-th cell), the strategy's held-out AUROC and its AUROCs under that concept's pair resamples
+    (seed + k): what pairs_bootstrap takes from each side, computed once for the best, which meets every other."""
+    out = []
+    for k, cell in enumerate(cells):
+        pos = cell.labels.astype(bool)
+        weights = group_bootstrap_weights(cell.pair_ids, pos, n_bootstrap, seed + k)
+        out.append((float(auroc_batch(cell.scores, pos, np.ones((1, pos.size)))[0]),
+                    auroc_batch(cell.scores, pos, weights)))
+    return out
+
+
 def pairs_bootstrap(best: Sequence[HeldOutCell], other: Sequence[HeldOutCell], *, n_bootstrap: int = 1000,
-                    seed: int = 0, level: float = 0.95) -> PairsBootstrap:
+                    seed: int = 0, level: float = 0.95,
+                    best_resamples: Sequence[tuple[float, np.ndarray]] | None = None) -> PairsBootstrap:
     """Mean over concepts of AUROC(best) - AUROC(other) on the same held-out passages, both scored under the same
-    resamples of matched pairs in every concept; p is twice the smaller tail share at 0 (at least 1/B)."""
+    resamples of matched pairs in every concept; p is twice the smaller tail share at 0 (at least 1/B).
+    `best_resamples`: concept_resamples(best) with the same count and seed, where the caller has it."""
     if len(best) != len(other) or not best:
         raise ProbeError(f"pairs bootstrap: {len(best)} concepts for the best but {len(other)} for the other")
-    diffs = np.zeros(n_bootstrap)
-    point, n_pairs = 0.0, 0
-    for k, (a, b) in enumerate(zip(best, other, strict=True)):
+    for a, b in zip(best, other, strict=True):
         if not np.array_equal(a.passage_ids, b.passage_ids):
             raise ProbeError("pairs bootstrap: the two strategies were not scored on the same held-out passages")
-        pos = a.labels.astype(bool)
-        weights = group_bootstrap_weights(a.pair_ids, pos, n_bootstrap, seed + k)
-        ones = np.ones((1, pos.size))
-        point += float(auroc_batch(a.scores, pos, ones)[0] - auroc_batch(b.scores, pos, ones)[0])
-        diffs += auroc_batch(a.scores, pos, weights) - auroc_batch(b.scores, pos, weights)
-        n_pairs += int(np.unique(a.pair_ids).size)
+    if best_resamples is None:
+        best_resamples = concept_resamples(best, n_bootstrap=n_bootstrap, seed=seed)
+    diffs = np.zeros(n_bootstrap)
+    point, n_pairs = 0.0, 0
+    for (a_point, a_resampled), (b_point, b_resampled), cell in zip(
+            best_resamples, concept_resamples(other, n_bootstrap=n_bootstrap, seed=seed), best, strict=True):
+        point += a_point - b_point
+        diffs += a_resampled - b_resampled
+        n_pairs += int(np.unique(cell.pair_ids).size)
     diffs /= len(best)
     tail = (1.0 - level) / 2.0
     low, high = np.quantile(diffs, [tail, 1.0 - tail])
@@ -247,6 +263,7 @@ def compare_strategies(test: Mapping[str, Mapping[str, float]], cv: Mapping[str,
     holm = holm_adjusted(raw)
     strictest = alpha / len(others)  # Holm's first step: what a new comparison would have to clear
     comparisons = []
+    best_resamples = None  # the best's side of every paired bootstrap, computed at the first
     for s, holm_p in zip(others, holm, strict=True):
         j = strategies.index(s)
         mean_d = float(diffs[s].mean())
@@ -257,8 +274,11 @@ def compare_strategies(test: Mapping[str, Mapping[str, float]], cv: Mapping[str,
                          alpha=alpha, equivalence_posterior=equivalence_posterior, nsamples=posterior_samples)
         pairs = None
         if held_out is not None and all((c, x) in held_out for c in concepts for x in (best, s)):
-            pairs = pairs_bootstrap([held_out[(c, best)] for c in concepts], [held_out[(c, s)] for c in concepts],
-                                    n_bootstrap=n_bootstrap, seed=seed, level=level)
+            best_cells = [held_out[(c, best)] for c in concepts]
+            if best_resamples is None:
+                best_resamples = concept_resamples(best_cells, n_bootstrap=n_bootstrap, seed=seed)
+            pairs = pairs_bootstrap(best_cells, [held_out[(c, s)] for c in concepts], n_bootstrap=n_bootstrap,
+                                    seed=seed, level=level, best_resamples=best_resamples)
         comparisons.append(Comparison(
             strategy=s, layer=int(layers[s]), verdict=verdict, test=words, n_concepts=len(concepts),
             mean_difference=mean_d, sd_difference=float(diffs[s].std(ddof=1)),

@@ -4,7 +4,7 @@ density / placement for strategies at their CV-chosen layer, read from the held-
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from poolbench.corpus.passage import PLACEMENTS, TIERS, Passage
 from poolbench.prober.buckets import BucketAuroc, bucket_aurocs
-from poolbench.prober.lexical import lexical_baseline, lexical_record
+from poolbench.prober.lexical import LexicalFit, lexical_baseline, lexical_record, train_fit
 from poolbench.prober.passage_scores import held_out_cells
 from poolbench.prober.reliability import cv_chosen_layers
 from poolbench.records.breakdowns import BucketAurocRecord, LexicalTierRecord, TierAurocRecord
@@ -51,10 +51,16 @@ def _subset_fields(b: BucketAuroc, n_bootstrap: int) -> dict:
             "concept_aurocs": b.stratum_aurocs, "comparisons": "across_pairs", "auroc_with_twins": b.auroc_with_twins}
 
 
+def lexical_fits(passages_by_concept: dict[str, Sequence[Passage]]) -> dict[str, LexicalFit]:
+    """Each concept's lexical probe, fitted once on its train split for its baseline and every tier's."""
+    return {concept: train_fit(passages) for concept, passages in passages_by_concept.items()}
+
+
 def lexical_baselines(passages_by_concept: dict[str, Sequence[Passage]], *, n_bootstrap: int,
-                      seed: int) -> list[LexicalBaselineRecord]:
-    """One lexical baseline per concept, in the order given."""
-    return [lexical_record(concept, passages, n_bootstrap=n_bootstrap, seed=seed, ci_level=CI_LEVEL)
+                      seed: int, fits: Mapping[str, LexicalFit] | None = None) -> list[LexicalBaselineRecord]:
+    """One lexical baseline per concept, in the order given (`fits`: lexical_fits of these passages)."""
+    return [lexical_record(concept, passages, n_bootstrap=n_bootstrap, seed=seed, ci_level=CI_LEVEL,
+                           fit=None if fits is None else fits[concept])
             for concept, passages in passages_by_concept.items()]
 
 
@@ -135,20 +141,22 @@ def d1_by_tier(scores: pa.Table, passages_by_concept: dict[str, Sequence[Passage
 
 
 def lexical_by_tier(passages_by_concept: dict[str, Sequence[Passage]], *, n_bootstrap: int,
-                    seed: int) -> list[LexicalTierRecord]:
+                    seed: int, fits: Mapping[str, LexicalFit] | None = None) -> list[LexicalTierRecord]:
     """Per concept and tier, the lexical baseline trained on the whole train split and scored on that tier's test
-    passages (a tier with one class in test is skipped)."""
+    passages (a tier with one class in test is skipped): one fit a concept (`fits`, or made here) for its tiers."""
     out = []
     for concept, passages in passages_by_concept.items():
         train = [p for p in passages if p.split == "train"]
+        fit = fits[concept] if fits is not None else None
         for tier in TIERS:
             test = [p for p in passages if p.split == "test" and p.tier == tier]
             if len({p.label for p in test}) < 2:
                 continue
+            fit = fit if fit is not None else train_fit(passages)
             r = lexical_baseline([p.text for p in train], np.array([p.label for p in train]),
                                  [p.text for p in test], np.array([p.label for p in test]),
                                  np.array([p.group for p in test]), n_bootstrap=n_bootstrap, seed=seed,
-                                 ci_level=CI_LEVEL)
+                                 ci_level=CI_LEVEL, fit=fit)
             out.append(LexicalTierRecord(concept=concept, tier=tier, test_auroc=r.test_auroc, ci_low=r.ci_low,
                                          ci_high=r.ci_high, ci_level=CI_LEVEL, n_test=r.n_test,
                                          n_bootstrap=n_bootstrap))

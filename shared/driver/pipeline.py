@@ -28,7 +28,7 @@ from poolbench.prober.flash import parse_fraction
 from poolbench.prober.passage_scores import concat_scores, passage_scores_key
 from poolbench.prober.pb_protocol import pb_key_fields
 from poolbench.prober.reliability import RELIABILITY_VERSION
-from poolbench.records.breakdowns import BucketAurocRecord
+from poolbench.records.breakdowns import BucketAurocRecord, LexicalTierRecord
 from poolbench.records.cluster import ClusterActivity
 from poolbench.records.d1 import D1CellRecord, d1_records_from_table
 from poolbench.records.events import (
@@ -47,7 +47,7 @@ from poolbench.store.artifact_store import ArtifactStore
 from poolbench.store.keys import artifact_key
 from poolbench.store.url import open_store
 
-from .breakdowns import d1_by_bucket, d1_by_tier, lexical_baselines, lexical_by_tier
+from .breakdowns import d1_by_bucket, d1_by_tier, lexical_baselines, lexical_by_tier, lexical_fits
 from .concept_pass import ConceptJob, ConceptPass
 from .early_engines import EarlyEngines, engine_settings, start_ahead
 from .extractor_fleet import ExtractorFleet
@@ -225,10 +225,13 @@ def collect_records(store: ArtifactStore, run: RunPlan) -> list[D1CellRecord]:
 
 
 def breakdowns(cfg: RunConfig, run: RunPlan, records: list[D1CellRecord], scores: pa.Table
-               ) -> tuple[list[LexicalBaselineRecord], list[BucketAurocRecord]]:
-    """The lexical baseline per concept and D1 by density / placement: seconds, no model, so never cached."""
+               ) -> tuple[list[LexicalBaselineRecord], list[LexicalTierRecord], list[BucketAurocRecord]]:
+    """The lexical baseline per concept and per tier (one fit a concept for both) and D1 by density / placement:
+    seconds, no model, so never cached."""
     passages = {p.concept: p.passages for p in run.plans}
-    return (lexical_baselines(passages, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed),
+    fits = lexical_fits(passages)
+    return (lexical_baselines(passages, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed, fits=fits),
+            lexical_by_tier(passages, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed, fits=fits),
             d1_by_bucket(scores, passages, records, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed))
 
 
@@ -303,10 +306,9 @@ def _benchmark(cfg: RunConfig, on_event: EventSink | None, strategy_modules: tup
     records = collect_records(inputs.store, run)
     axis_records = [axis.variant.tag(record) for axis in axes for record in collect_records(inputs.store, axis)]
     scores = concat_scores([inputs.store.get_table(passage_scores_key(p.d1_key)) for p in run.plans])
-    lexical, buckets = breakdowns(cfg, run, records, scores)
+    lexical, lexical_tiers, buckets = breakdowns(cfg, run, records, scores)
     passages = {p.concept: p.passages for p in run.plans}
     d1_tiers = d1_by_tier(scores, passages, records, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
-    lexical_tiers = lexical_by_tier(passages, n_bootstrap=cfg.n_bootstrap, seed=cfg.seed)
     steerability = None if cfg.drop_pooled else steerability_section(  # it reads the dropped vectors
         inputs.store, {p.concept: p.pooled_key for p in run.plans}, records, seed=cfg.seed,
         weights_hash=run.model.get("weights_hash"))

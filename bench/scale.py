@@ -106,9 +106,12 @@ def after_the_first(rows: list[dict]) -> dict | None:
             "met_pooling_over_raw": raw_s / pool_s >= TARGETS["pooling_over_raw_tokens_per_s_min"]}
 
 
-def total_after_the_first(rows: list[dict], warm: dict | None, d1_beside: bool, serial_d1_s: float) -> dict | None:
+def total_after_the_first(rows: list[dict], warm: dict | None, d1_beside: bool, serial_d1_s: float,
+                          after_d1_s: float) -> dict | None:
     """The full benchmark's wall clock on the warm model: the pooling as after_the_first projects it (the first
-    concept's one-off start paid once), then the D1 that is left when the last concept is pooled.
+    concept's one-off start paid once), then the D1 that is left when the last concept is pooled, then what the run
+    computes after its last D1 result (`after_d1_s`, already scaled to the full size: baselines, breakdowns, the
+    answer's bootstraps and the documents, on the host).
 
     On a GPU a concept's probes run beside the next concept's forwards (driver/probe_gate.py), so only the last
     concept's D1 adds to the pooling, as long as every concept's D1, scaled to a full concept's passages, takes no
@@ -125,7 +128,7 @@ def total_after_the_first(rows: list[dict], warm: dict | None, d1_beside: bool, 
     d1_after = scaled[last] if keeps_pace else serial_d1_s
     return {"pooling_s": warm["projected_pooling_s"], "full_concept_pooling_s": per_full_concept,
             "d1_per_full_concept_s": max(scaled), "d1_keeps_pace": keeps_pace, "d1_after_pooling_s": d1_after,
-            "total_s": warm["projected_pooling_s"] + d1_after,
+            "after_d1_s": after_d1_s, "total_s": warm["projected_pooling_s"] + d1_after + after_d1_s,
             "note": "a projection from the concepts pooled after the first, not a measurement"}
 
 
@@ -357,7 +360,11 @@ def measure(args: argparse.Namespace) -> dict:
                "extractors": counts}
     projection = project(tokens, passages, raw_s, run["pooling_s"], run["d1_s"])
     warm = after_the_first(rows)
-    warm_total = total_after_the_first(rows, warm, not run["d1_waits_for_pooling"], projection.d1_s)
+    # The stage after D1 grows with the passages (its bootstraps resample them; strategies are the run's own), not
+    # with the tokens: scaled per passage, as D1 is.
+    after_d1_full_s = run["after_d1_s"] * projection.passages / passages
+    warm_total = total_after_the_first(rows, warm, not run["d1_waits_for_pooling"], projection.d1_s,
+                                       after_d1_full_s)
     alone = d1_alone(rows, not run["d1_waits_for_pooling"], run["d1_s"])
     total = warm_total["total_s"] if warm_total else projection.total_s
     result["peak_bytes"]["extractor"] = max((c["peak_bytes"] for c in counted), default=None)
@@ -432,8 +439,8 @@ def report(result: dict) -> None:
     if outlook:
         console.print(f"projection from the concepts after the first ({outlook['note']}): pooling "
                       f"{outlook['pooling_s'] / 60:.1f} min, then D1 {outlook['d1_after_pooling_s'] / 60:.1f} min "
-                      f"({'the last concept' if outlook['d1_keeps_pace'] else 'all of it'}), total "
-                      f"{outlook['total_s'] / 60:.1f} min")
+                      f"({'the last concept' if outlook['d1_keeps_pace'] else 'all of it'}), then "
+                      f"{outlook['after_d1_s'] / 60:.1f} min after D1, total {outlook['total_s'] / 60:.1f} min")
     store = result["store"]
     if store.get("drop_pooled"):
         console.print(f"store: pooled artifacts at most {store['peak_pooled_bytes'] / 1e9:.2f} GB at once "

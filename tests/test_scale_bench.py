@@ -155,19 +155,19 @@ def test_the_warm_total_adds_the_last_concepts_d1_only_while_d1_keeps_pace_besid
     warm = after_the_first(rows)  # 500 tok/s after the first: a full concept (2,000 x 400 tokens) pools in 1,600 s
     pooling = 30.0 + 8.0 / 4000 * (13_600_000 - 4000)
     # D1 per full concept (2,000 passages): a 5 s x 20 = 100, b 30 s x 5 = 150, c 6 s x 10 = 60; c is pooled last
-    beside = total_after_the_first(rows, warm, True, 9999.0)
+    beside = total_after_the_first(rows, warm, True, 9999.0, 45.0)  # 45 s after the last D1 result, full size
     assert beside["full_concept_pooling_s"] == 1600.0 and beside["d1_per_full_concept_s"] == 150.0
     assert beside["d1_keeps_pace"] is True and beside["d1_after_pooling_s"] == 60.0
-    assert beside["pooling_s"] == pooling and beside["total_s"] == pooling + 60.0
+    assert beside["pooling_s"] == pooling and beside["total_s"] == pooling + 60.0 + 45.0
     assert "not a measurement" in beside["note"]
     # D1 after the pooling (a CPU run): all of it is added
-    waits = total_after_the_first(rows, warm, False, 9999.0)
+    waits = total_after_the_first(rows, warm, False, 9999.0, 0.0)
     assert waits["d1_keeps_pace"] is False and waits["total_s"] == pooling + 9999.0
     # b's D1 scaled to a full concept (400 s x 5 = 2,000 s) outlasts a full concept's pooling: all of D1 again
     slow = [dict(r, probed_at_s=410.0) if r["concept"] == "b" else r for r in rows]
-    lagging = total_after_the_first(slow, warm, True, 9999.0)
+    lagging = total_after_the_first(slow, warm, True, 9999.0, 0.0)
     assert lagging["d1_keeps_pace"] is False and lagging["total_s"] == pooling + 9999.0
-    assert total_after_the_first(rows[:1], after_the_first(rows[:1]), True, 1.0) is None
+    assert total_after_the_first(rows[:1], after_the_first(rows[:1]), True, 1.0, 0.0) is None
 
 
 def test_d1_is_judged_where_it_runs_alone_not_on_a_wall_clock_that_holds_the_later_concepts_pooling() -> None:
@@ -197,7 +197,10 @@ def test_the_smoke_run_reports_the_concepts_after_the_first(smoke_run) -> None:
     # a CPU run's D1 waits for the pooling: the warm total adds all of the projected D1, and judges the target
     total = r["total_after_the_first"]
     assert total["d1_keeps_pace"] is False and r["met_total_from"] == "total_after_the_first"
-    assert total["total_s"] == pytest.approx(warm["projected_pooling_s"] + r["projection"]["d1_s"], rel=1e-12)
+    # ... and the stage after D1, measured whole and scaled per passage as D1 is
+    after = r["seconds"]["after_d1"] * r["projection"]["passages"] / r["passages"]
+    assert total["after_d1_s"] == pytest.approx(after, rel=1e-12) and total["after_d1_s"] > 0
+    assert total["total_s"] == pytest.approx(warm["projected_pooling_s"] + r["projection"]["d1_s"] + after, rel=1e-12)
     assert r["met"]["total_s_max"] == (total["total_s"] <= r["targets"]["total_s_max"])
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,9 +25,10 @@ from bench_io import RESULTS, run_header, write_result
 from poolbench.corpus.source import open_corpus
 from poolbench.driver import breakdowns
 from poolbench.prober import auroc as auroc_module
+from poolbench.prober.passage_scores import concat_scores
 from poolbench.records.d1 import D1CellRecord
 from poolbench.results.answer.answer import answer_json, build_answer
-from poolbench.results.answer.passage_table import read_run_scores
+from poolbench.results.answer.passage_table import read_run_scores, write_run_scores
 
 
 def _digest(records: object) -> str:
@@ -41,7 +43,7 @@ def _lexical(passages: dict, n_bootstrap: int, seed: int) -> tuple[list, list]:
 
 
 def one_pass(run: Path, passages: dict, records: list, results: dict, leaderboard: dict, n_bootstrap: int,
-             seed: int) -> tuple[dict, dict]:
+             seed: int) -> tuple[dict, dict, int]:
     memo = getattr(auroc_module, "_WEIGHTS", None)
     if memo is not None:
         memo.clear()
@@ -49,6 +51,13 @@ def one_pass(run: Path, passages: dict, records: list, results: dict, leaderboar
     start = time.perf_counter()
     scores = read_run_scores(run)
     seconds["read_scores"] = time.perf_counter() - start
+    # The driver joins the concepts' score tables, writes the run folder's copy and the answer reads it back.
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as scratch:
+        written = write_run_scores(concat_scores([scores]), Path(scratch))
+        file_bytes = written.stat().st_size
+        scores = read_run_scores(Path(scratch))
+    seconds["join_write_read_scores"] = time.perf_counter() - start
     stages = {
         "lexical": lambda: [[r.to_dict() for r in part] for part in _lexical(passages, n_bootstrap, seed)],
         "d1_by_tier": lambda: [r.to_dict() for r in breakdowns.d1_by_tier(scores, passages, records,
@@ -61,7 +70,7 @@ def one_pass(run: Path, passages: dict, records: list, results: dict, leaderboar
         start = time.perf_counter()
         made[name] = _digest(stage())
         seconds[name] = time.perf_counter() - start
-    return seconds, made
+    return seconds, made, file_bytes
 
 
 def main() -> None:
@@ -80,14 +89,15 @@ def main() -> None:
     n_bootstrap, seed = int(config.get("n_bootstrap") or 1000), int(config.get("seed") or 0)
     repeats = [one_pass(args.run, passages, records, results, leaderboard, n_bootstrap, seed)
                for _ in range(args.repeats)]
-    digests = {d["answer"] + d["d1_by_tier"] for _, d in repeats}
+    digests = {d["answer"] + d["d1_by_tier"] for _, d, _ in repeats}
     if len(digests) != 1:
         raise SystemExit("after_d1: two repeats over one run folder made different records")
-    best = {name: min(s[name] for s, _ in repeats) for name in repeats[0][0]}
+    best = {name: min(s[name] for s, _, _ in repeats) for name in repeats[0][0]}
     result = run_header("after_d1", args, "cpu") | {
         "run": str(args.run), "concepts": len(passages), "cells": len(records),
         "passages": sum(len(p) for p in passages.values()), "seconds_best": best,
-        "seconds_each": [s for s, _ in repeats], "total_best_s": sum(best.values()),
+        "seconds_each": [s for s, _, _ in repeats], "total_best_s": sum(best.values()),
+        "run_scores_file_bytes": repeats[0][2],
         "records_sha256": repeats[0][1]}
     print(json.dumps({"seconds_best": best, "total_best_s": result["total_best_s"]}, indent=1))
     write_result(result, args.out)

@@ -284,4 +284,7 @@ SITES: dict[str, tuple[int, str, str]] = {
     "test_after_d1_statistics.py::test_one_lexical_fit_serves_the_baseline_and_every_tier": (
         1, SAME + ": TF-IDF and the logistic fit on the same train texts, a tier's texts scored one by one",
         "the per-tier lexical records with one fit a concept and with a refit per tier"),
+    "test_after_d1_statistics.py::test_a_runs_scores_are_one_record_batch_in_the_run_folder": (
+        2, COPY + ": Arrow's concatenation into one piece, and the run folder's zstd round trip",
+        "the joined score table against the cells' tables, and read back from the run folder"),
 }

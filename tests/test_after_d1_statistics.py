@@ -4,6 +4,7 @@ best strategy's side of the paired bootstrap computed once, one lexical fit a co
 Each gives the bits the unshared computation gave."""
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from sklearn.metrics import roc_auc_score
 
@@ -13,8 +14,9 @@ from poolbench.prober import auroc as auroc_module
 from poolbench.prober.array_memo import ArrayMemo
 from poolbench.prober.auroc import auroc_batch, group_bootstrap_weights
 from poolbench.prober.buckets import _same_group_comparisons
-from poolbench.prober.passage_scores import HeldOutCell
+from poolbench.prober.passage_scores import HELDOUT, HeldOutCell, cell_scores_table, concat_scores
 from poolbench.prober.verdicts import concept_resamples, pairs_bootstrap
+from poolbench.results.answer.passage_table import read_run_scores, write_run_scores
 
 
 def _frozen(values) -> np.ndarray:
@@ -147,3 +149,19 @@ def test_one_lexical_fit_serves_the_baseline_and_every_tier():
     shared = lexical_by_tier(passages, n_bootstrap=50, seed=0, fits=lexical_fits(passages))
     assert [r.tier for r in refitted] == ["standard", "hard"]
     assert [r.to_dict() for r in shared] == [r.to_dict() for r in refitted]
+
+
+def test_a_runs_scores_are_one_record_batch_in_the_run_folder(tmp_path):
+    """Joined from 40 cells' tables, the run's scores are written as one Arrow record batch (a batch a cell made
+    make run's file 7,752 batches), the same rows in the same order; no table at all is the schema's empty one."""
+    cells = [cell_scores_table("c", 1, f"S{k}", "logistic", HELDOUT, np.array([f"p{k}-{i}" for i in range(5)]),
+                               np.array([f"g{i}" for i in range(5)]), np.arange(5) % 2, np.linspace(0, 1, 5) + k)
+             for k in range(40)]
+    joined = concat_scores(cells)
+    assert {column.num_chunks for column in joined.columns} == {1}
+    assert joined.equals(pa.concat_tables(cells))
+    write_run_scores(joined, tmp_path)
+    with pa.ipc.open_file(tmp_path / "passage_scores.arrow") as stored:
+        assert stored.num_record_batches == 1
+    assert read_run_scores(tmp_path).equals(joined)
+    assert concat_scores([]).num_rows == 0 and concat_scores([]).schema == joined.schema

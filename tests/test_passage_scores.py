@@ -59,6 +59,7 @@ def test_the_stored_scores_reproduce_every_cell_in_either_store(artifact_store: 
     assert stored.schema == PASSAGE_SCORES_SCHEMA
     assert stored.num_rows == 2 * 2 * (24 + 12)  # strategies x probes x (train out-of-fold + test held-out)
     assert stored.equals(artifact_store.get_table(passage_scores_key(layer_shard_key("d1/k", 3))))
+    assert {column.num_chunks for column in stored.columns} == {1}  # one record batch, not one per cell
     records = d1_records_from_table(artifact_store.get_table("d1/k"))
     check_reproduces(records, stored)
     rows = passage_scores_of(stored)

@@ -70,8 +70,19 @@ def cell_scores_table(concept: str, layer: int, strategy: str, probe: str, kind:
 
 
 def concat_scores(tables: Sequence[pa.Table]) -> pa.Table:
-    """Many cells' tables as one (an empty table with the schema when there are none)."""
-    return pa.concat_tables(tables) if tables else PASSAGE_SCORES_SCHEMA.empty_table()
+    """Many cells' tables as one, each column in one piece (an empty table with the schema when there are none).
+
+    One piece, not one per cell: a table of thousands of cells is written as thousands of Arrow record batches,
+    each with its own metadata and, zstd-compressed in the run folder, its own compression frame. make run's
+    7,752 batches took 2.4 s to write and 2.3 s to read back there (18.1 MB), one batch 0.03 and 0.01 s (7.1 MB).
+    Where a string column would pass Arrow's 2 GiB offsets in one piece (no run holds such ids), the pieces stay."""
+    if not tables:
+        return PASSAGE_SCORES_SCHEMA.empty_table()
+    joined = pa.concat_tables(tables)
+    try:
+        return joined.combine_chunks()
+    except (pa.ArrowInvalid, pa.ArrowCapacityError):  # offsets past 2 GiB in one string column
+        return joined
 
 
 def passage_scores_of(table: pa.Table) -> list[PassageScore]:

@@ -97,7 +97,8 @@ def test_run_writes_every_cell_and_a_rerun_computes_nothing(tiny_llama_dir, loca
     assert bench.returncode == 0, bench.stderr[-3000:]
     timed = json.loads((tmp_path / "after_d1.json").read_text())
     assert timed["cells"] == 24 and timed["concepts"] == 2 and set(timed["seconds_best"]) == {
-        "read_scores", "lexical", "d1_by_tier", "d1_by_bucket", "answer"}
+        "read_scores", "join_write_read_scores", "lexical", "d1_by_tier", "d1_by_bucket", "answer"}
+    assert timed["run_scores_file_bytes"] == (tmp_path / "out" / "passage_scores.arrow").stat().st_size
     answer = json.loads((tmp_path / "out" / "answer.json").read_text())
     assert timed["records_sha256"]["answer"] == sha256_of_records(answer)
     assert timed["records_sha256"]["lexical"] == sha256_of_records(

@@ -3,21 +3,11 @@ the same inputs (the same bits back, not a recomputation that could differ), lea
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 
 import numpy as np
-
-
-def digest(*parts: bytes) -> str:
-    """A short key for large inputs (arrays' bytes): sha256 over their lengths and contents."""
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(len(part).to_bytes(8, "little"))
-        h.update(part)
-    return h.hexdigest()
 
 
 class ArrayMemo:

@@ -17,7 +17,8 @@ from scipy.special import expit
 from scipy.stats import norm, rankdata
 
 from poolbench.errors import PoolBenchError
-from poolbench.prober.array_memo import ArrayMemo, digest
+from poolbench.prober.array_memo import ArrayMemo
+from poolbench.store.keys import sha256_bytes
 
 _MAX_REDRAW_ROUNDS = 100
 # A full-corpus run's tier resamples are ~27 MB each (1,000 x ~3,400 passages, three tiers), the answer's ~5 MB a
@@ -99,7 +100,9 @@ def group_bootstrap_weights(
     labels = np.asarray(labels).astype(bool)
     _, group_index = np.unique(np.asarray(groups), return_inverse=True)
     group_index = group_index.ravel()
-    return _WEIGHTS.get((digest(group_index.tobytes(), labels.tobytes()), int(n_bootstrap), int(seed)),
+    # group_index is n int64s, labels n bools: their bytes joined are unambiguous.
+    return _WEIGHTS.get((sha256_bytes(group_index.astype(np.int64).tobytes() + labels.tobytes()), int(n_bootstrap),
+                         int(seed)),
                         lambda: _draw_group_weights(group_index, labels, n_bootstrap, seed))
 
 

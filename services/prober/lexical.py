@@ -74,13 +74,20 @@ def fit_lexical(train_texts: Sequence[str], y_train: np.ndarray) -> LexicalFit:
 
 def lexical_baseline(train_texts: Sequence[str], y_train: np.ndarray, test_texts: Sequence[str], y_test: np.ndarray,
                      groups_test: np.ndarray, *, n_bootstrap: int = 1000, seed: int = 0,
-                     ci_level: float = 0.95, fit: LexicalFit | None = None) -> LexicalResult:
-    """Fit TF-IDF + logistic on train (or take `fit`, made from these train texts), score test; the CI resamples
-    `groups_test` (matched pairs) as D1's does."""
+                     ci_level: float = 0.95) -> LexicalResult:
+    """Fit TF-IDF + logistic on train, score test; the CI resamples `groups_test` (matched pairs) as D1's does."""
+    if len(test_texts) != np.asarray(y_test).size:
+        raise ProbeError("lexical baseline: texts and labels differ in length")
+    return score_lexical(fit_lexical(train_texts, y_train), test_texts, y_test, groups_test,
+                         n_bootstrap=n_bootstrap, ci_level=ci_level)
+
+
+def score_lexical(fit: LexicalFit, test_texts: Sequence[str], y_test: np.ndarray, groups_test: np.ndarray, *,
+                  n_bootstrap: int = 1000, ci_level: float = 0.95) -> LexicalResult:
+    """A fitted lexical probe's held-out AUROC on the test texts and its pair-clustered CI."""
     y_test = np.asarray(y_test)
     if len(test_texts) != y_test.size:
         raise ProbeError("lexical baseline: texts and labels differ in length")
-    fit = fit if fit is not None else fit_lexical(train_texts, y_train)
     scores = fit.scores(test_texts)
     ci = auroc_ci(scores, y_test, groups_test, ci_level)
     return LexicalResult(test_auroc=auroc(scores, y_test), ci_low=ci.low, ci_high=ci.high, ci_level=ci_level,
@@ -98,12 +105,10 @@ def lexical_record(concept: str, passages: Sequence[Passage], *, n_bootstrap: in
                    ci_level: float = 0.95, fit: LexicalFit | None = None) -> LexicalBaselineRecord:
     """The lexical baseline of one concept's passages (train split -> test split), as results.json keeps it;
     `fit`: train_fit(passages), where the caller has it."""
-    train = [p for p in passages if p.split == "train"]
     test = [p for p in passages if p.split == "test"]
-    result = lexical_baseline([p.text for p in train], np.array([p.label for p in train]),
-                              [p.text for p in test], np.array([p.label for p in test]),
-                              np.array([p.group for p in test]), n_bootstrap=n_bootstrap, seed=seed,
-                              ci_level=ci_level, fit=fit)
+    result = score_lexical(fit if fit is not None else train_fit(passages), [p.text for p in test],
+                           np.array([p.label for p in test]), np.array([p.group for p in test]),
+                           n_bootstrap=n_bootstrap, ci_level=ci_level)
     return LexicalBaselineRecord(concept=concept, test_auroc=result.test_auroc, ci_low=result.ci_low,
                                  ci_high=result.ci_high, ci_level=result.ci_level, n_train=result.n_train,
                                  n_test=result.n_test, n_bootstrap=result.n_bootstrap,

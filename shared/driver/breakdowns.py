@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from poolbench.corpus.passage import PLACEMENTS, TIERS, Passage
 from poolbench.prober.buckets import BucketAuroc, bucket_aurocs
-from poolbench.prober.lexical import LexicalFit, lexical_baseline, lexical_record, train_fit
+from poolbench.prober.lexical import LexicalFit, lexical_record, score_lexical, train_fit
 from poolbench.prober.passage_scores import held_out_cells
 from poolbench.prober.reliability import cv_chosen_layers
 from poolbench.records.breakdowns import BucketAurocRecord, LexicalTierRecord, TierAurocRecord
@@ -146,17 +146,14 @@ def lexical_by_tier(passages_by_concept: dict[str, Sequence[Passage]], *, n_boot
     passages (a tier with one class in test is skipped): one fit a concept (`fits`, or made here) for its tiers."""
     out = []
     for concept, passages in passages_by_concept.items():
-        train = [p for p in passages if p.split == "train"]
         fit = fits[concept] if fits is not None else None
         for tier in TIERS:
             test = [p for p in passages if p.split == "test" and p.tier == tier]
             if len({p.label for p in test}) < 2:
                 continue
             fit = fit if fit is not None else train_fit(passages)
-            r = lexical_baseline([p.text for p in train], np.array([p.label for p in train]),
-                                 [p.text for p in test], np.array([p.label for p in test]),
-                                 np.array([p.group for p in test]), n_bootstrap=n_bootstrap, seed=seed,
-                                 ci_level=CI_LEVEL, fit=fit)
+            r = score_lexical(fit, [p.text for p in test], np.array([p.label for p in test]),
+                              np.array([p.group for p in test]), n_bootstrap=n_bootstrap, ci_level=CI_LEVEL)
             out.append(LexicalTierRecord(concept=concept, tier=tier, test_auroc=r.test_auroc, ci_low=r.ci_low,
                                          ci_high=r.ci_high, ci_level=CI_LEVEL, n_test=r.n_test,
                                          n_bootstrap=n_bootstrap))
